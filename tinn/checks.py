@@ -1,0 +1,86 @@
+"""Input validation shared by every module: shapes, dtypes, devices, network ids.
+
+Checks that need a device-to-host sync (NaN scans, id range) can be switched off
+for hot loops with `tinn.checks.set_enabled(False)` once a pipeline is trusted.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import runtime
+from .errors import InputError
+
+_enabled = {"sync_checks": True}
+
+
+def set_enabled(flag: bool) -> None:
+    """Enable/disable the checks that cost a device sync (id range, NaN scan)."""
+    _enabled["sync_checks"] = bool(flag)
+
+
+@contextlib.contextmanager
+def disabled():
+    old = _enabled["sync_checks"]
+    _enabled["sync_checks"] = False
+    try:
+        yield
+    finally:
+        _enabled["sync_checks"] = old
+
+
+def sync_checks_enabled() -> bool:
+    return _enabled["sync_checks"]
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    want = runtime.device()
+    if t.device.type != want.type:
+        raise InputError(
+            f"{name} is on {t.device} but tinn runs on {runtime.arch()!r} and expects tensors on {want}; "
+            f"move it with .to('{want.type}')"
+        )
+
+
+def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False) -> torch.Tensor:
+    """A (batch, n_dims) float32 tensor on tinn's device, contiguous (copied only if it was not)."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise InputError(f"{name} has dtype {t.dtype}; allowed: torch.float32 (convert with .float())")
+    if t.dim() != 2:
+        raise InputError(f"{name} must have shape (batch, {n_dims if n_dims is not None else 'dims'}), got {tuple(t.shape)}")
+    if n_dims is not None and t.shape[1] != n_dims:
+        raise InputError(f"{name} has last dimension {t.shape[1]}; expected {n_dims}")
+    check_device(name, t)
+    if check_finite and _enabled["sync_checks"] and t.numel() and not bool(torch.isfinite(t).all()):
+        raise InputError(f"{name} contains NaN or Inf")
+    return t.contiguous()
+
+
+def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
+    """Validate per-sample network ids; returns an int32 contiguous tensor.
+
+    `None` is allowed only for a single network (all samples go to network 0).
+    """
+    if ids is None:
+        if n_networks != 1:
+            raise InputError(f"net_ids is required: this array holds {n_networks} networks")
+        return torch.zeros(batch, dtype=torch.int32, device=runtime.device())
+    if not isinstance(ids, torch.Tensor):
+        raise InputError(f"net_ids must be a torch.Tensor of int32, got {type(ids).__name__}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"net_ids has dtype {ids.dtype}; allowed: torch.int32 (or torch.int64)")
+    if ids.dim() != 1 or ids.shape[0] != batch:
+        raise InputError(f"net_ids must have shape ({batch},) to match the batch, got {tuple(ids.shape)}")
+    check_device("net_ids", ids)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    if _enabled["sync_checks"] and batch:
+        lo, hi = torch.aminmax(ids)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= n_networks:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"net_ids contains {bad}; allowed: 0 <= id < n_networks={n_networks}")
+    return ids.contiguous()

@@ -1,0 +1,30 @@
+"""Encodings and the factory that builds them from tcnn `encoding` configs."""
+from __future__ import annotations
+
+from ..config import Section
+from ..errors import ConfigError
+from .base import Encoding
+from .basic import FrequencyEncoding, IdentityEncoding
+
+# otype -> class with `from_config(n_input_dims, Section, n_networks, seed)`.
+ENCODINGS: dict[str, type] = {
+    "Identity": IdentityEncoding,
+    "Frequency": FrequencyEncoding,
+}
+
+
+def register_encoding(otype: str, cls: type) -> None:
+    ENCODINGS[otype] = cls
+
+
+def create_encoding(n_input_dims: int, config: dict | Section | None, n_networks: int = 1, seed: int = 1337,
+                    path: str = "encoding") -> Encoding:
+    """Build an encoding from a tcnn-style config dict (`{"otype": "Frequency", ...}`)."""
+    cfg = config if isinstance(config, Section) else Section(config or {"otype": "Identity"}, path)
+    if n_input_dims < 1:
+        raise ConfigError(f"n_input_dims={n_input_dims} must be >= 1")
+    otype = cfg.otype(list(ENCODINGS))
+    return ENCODINGS[otype].from_config(n_input_dims, cfg, n_networks=n_networks, seed=seed)
+
+
+__all__ = ["Encoding", "ENCODINGS", "create_encoding", "register_encoding", "IdentityEncoding", "FrequencyEncoding"]

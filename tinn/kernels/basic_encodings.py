@@ -1,0 +1,43 @@
+"""Identity and Frequency encodings (parameter-free, elementwise)."""
+import math
+
+import taichi as ti
+
+f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+
+PI = math.pi
+
+
+@ti.kernel
+def identity_forward(x: f32_2d, out: f32_2d, scale: ti.f32, offset: ti.f32):
+    for b, d in ti.ndrange(x.shape[0], x.shape[1]):
+        out[b, d] = x[b, d] * scale + offset
+
+
+@ti.kernel
+def identity_backward(dy: f32_2d, dx: f32_2d, scale: ti.f32):
+    for b, d in ti.ndrange(dy.shape[0], dy.shape[1]):
+        dx[b, d] = dy[b, d] * scale
+
+
+@ti.kernel
+def frequency_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
+    # tcnn layout: feature j encodes input dim j // (2F), frequency 2^((j//2) % F), sin for even j, cos for odd.
+    for b, j in ti.ndrange(out.shape[0], out.shape[1]):
+        d = j // (2 * n_frequencies)
+        k = (j // 2) % n_frequencies
+        phase = ti.cast(j % 2, ti.f32) * (PI / 2)
+        out[b, j] = ti.sin(x[b, d] * ti.cast(1 << k, ti.f32) * PI + phase)
+
+
+@ti.kernel
+def frequency_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.i32):
+    for b, d in ti.ndrange(x.shape[0], x.shape[1]):
+        acc = 0.0
+        for jj in range(2 * n_frequencies):
+            j = d * 2 * n_frequencies + jj
+            k = jj // 2
+            freq = ti.cast(1 << k, ti.f32) * PI
+            phase = ti.cast(jj % 2, ti.f32) * (PI / 2)
+            acc += dy[b, j] * freq * ti.cos(x[b, d] * freq + phase)
+        dx[b, d] = acc
