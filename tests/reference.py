@@ -1,0 +1,43 @@
+"""Independent float64 PyTorch re-implementations used as test references."""
+import torch
+
+K_ACT = 10.0
+
+
+def activation(name: str, z: torch.Tensor) -> torch.Tensor:
+    if name == "None":
+        return z
+    if name == "ReLU":
+        return torch.relu(z)
+    if name == "LeakyReLU":
+        return torch.where(z > 0, z, 0.01 * z)
+    if name == "Exponential":
+        return torch.exp(z)
+    if name == "Sine":
+        return torch.sin(z)
+    if name == "Sigmoid":
+        return torch.sigmoid(z)
+    if name == "Squareplus":
+        s = z * K_ACT
+        return 0.5 * (s + torch.sqrt(s * s + 4)) / K_ACT
+    if name == "Softplus":
+        return torch.nn.functional.softplus(z * K_ACT) / K_ACT
+    if name == "Tanh":
+        return torch.tanh(z)
+    raise ValueError(name)
+
+
+def mlp_array(net, params: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, hidden: str, output: str):
+    """Per-sample MLP: gathers each sample's weight matrices and applies them in float64."""
+    h = x
+    idx = ids.long()
+    for l in range(net.n_layers):
+        w = net.weights(l, params)[idx]  # (batch, out, in)
+        z = torch.einsum("boi,bi->bo", w, h)
+        h = activation(output if l == net.n_layers - 1 else hidden, z)
+    return h
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -1,0 +1,146 @@
+"""NetworkArray forward and hand-written backward against a float64 torch reference."""
+import pytest
+import torch
+
+import tinn
+from tinn.activations import ACTIVATIONS
+from tinn.errors import ConfigError, InputError
+from tinn.networks import NetworkArray
+
+from reference import mlp_array, rel_err
+
+TOL = 1e-4
+
+
+def ragged_ids(batch, n_networks, gen):
+    """Uneven routing: a few heavy networks, many light ones, some empty, shuffled order."""
+    weights = torch.rand(n_networks, generator=gen) ** 4
+    weights[::7] = 0.0  # networks with no samples at all
+    ids = torch.multinomial(weights, batch, replacement=True, generator=gen)
+    return ids.to(torch.int32)
+
+
+def check_against_reference(n_in, n_out, width, depth, hidden, output, n_networks, batch, seed=0, otype="FullyFusedMLP"):
+    gen = torch.Generator().manual_seed(seed)
+    cfg = {"otype": otype, "n_neurons": width, "n_hidden_layers": depth, "activation": hidden,
+           "output_activation": output}
+    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=seed)
+    x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).requires_grad_()
+    ids = ragged_ids(batch, n_networks, gen) if n_networks > 1 else torch.zeros(batch, dtype=torch.int32)
+    y = net(x, ids)
+    dy = torch.randn(batch, n_out, generator=gen)
+    y.backward(dy)
+
+    p64 = net.params.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, ids, hidden, output)
+    y64.backward(dy.double())
+
+    assert rel_err(y.detach(), y64.detach()) < TOL
+    assert rel_err(x.grad, x64.grad) < TOL
+    assert rel_err(net.params.grad, p64.grad) < TOL
+    # Networks that received no samples get exactly zero gradient.
+    empty = torch.bincount(ids.long(), minlength=n_networks) == 0
+    assert torch.all(net.params.grad[empty] == 0)
+    # Inference path (no stored activations) gives the same output.
+    with torch.no_grad():
+        assert torch.equal(net(x.detach(), ids), y.detach())
+
+
+@pytest.mark.parametrize("width,depth", [(16, 0), (16, 1), (32, 2), (64, 3), (128, 1)])
+def test_widths_and_depths(width, depth):
+    check_against_reference(3, 4, width, depth, "ReLU", "None", n_networks=64, batch=700)
+
+
+@pytest.mark.parametrize("hidden,output", [
+    ("LeakyReLU", "Sigmoid"), ("Exponential", "Tanh"), ("Sine", "None"), ("Sigmoid", "Squareplus"),
+    ("Squareplus", "Softplus"), ("Softplus", "Exponential"), ("Tanh", "Sine"), ("None", "ReLU"),
+])
+def test_activations(hidden, output):
+    check_against_reference(4, 3, 16, 2, hidden, output, n_networks=64, batch=500, seed=3)
+
+
+def test_many_networks_cutlass_width():
+    check_against_reference(2, 3, 24, 1, "ReLU", "None", n_networks=1024, batch=3000, seed=5, otype="CutlassMLP")
+
+
+def test_single_network_without_ids():
+    net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
+    x = torch.rand(50, 3)
+    assert torch.equal(net(x), net(x, torch.zeros(50, dtype=torch.int32)))
+
+
+def test_routing_is_per_sample_and_order_preserving():
+    """Each output row equals running that row alone through its own network."""
+    net = NetworkArray(2, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=5)
+    x = torch.rand(40, 2)
+    ids = torch.randint(0, 5, (40,), dtype=torch.int32)
+    y = net.inference(x, ids)
+    for b in [0, 7, 39]:
+        alone = net.inference(x[b:b + 1], ids[b:b + 1])
+        assert torch.equal(alone[0], y[b])
+    perm = torch.randperm(40)
+    assert torch.equal(net.inference(x[perm], ids[perm]), y[perm])
+
+
+def test_init_matches_tcnn_bounds_and_seed():
+    net = NetworkArray(8, 4, {"n_neurons": 32, "n_hidden_layers": 2}, n_networks=3, seed=7)
+    for layer, (o, i) in enumerate(net.layer_shapes()):
+        w = net.weights(layer).detach()
+        bound = (6.0 / (o + i)) ** 0.5
+        assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+    same = NetworkArray(8, 4, {"n_neurons": 32, "n_hidden_layers": 2}, n_networks=3, seed=7)
+    other = NetworkArray(8, 4, {"n_neurons": 32, "n_hidden_layers": 2}, n_networks=3, seed=8)
+    assert torch.equal(net.params, same.params)
+    assert not torch.equal(net.params, other.params)
+    assert not torch.equal(net.weights(0)[0], net.weights(0)[1])  # networks differ from each other
+
+
+def test_parameter_count_and_layout():
+    net = NetworkArray(5, 3, {"n_neurons": 16, "n_hidden_layers": 2}, n_networks=2)
+    assert net.layer_shapes() == [(16, 5), (16, 16), (3, 16)]
+    assert net.params.shape == (2, 16 * 5 + 16 * 16 + 3 * 16)
+    assert net.flops_per_sample() == 2 * net.params.shape[1]
+
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"otype": "Transformer"}, "network.otype"),
+    ({"n_neurons": 48}, "network.n_neurons"),
+    ({"n_hidden_layers": 9}, "network.n_hidden_layers"),
+    ({"activation": "GELU"}, "network.activation"),
+    ({"output_activation": 3}, "network.output_activation"),
+])
+def test_bad_network_config_names_key(cfg, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        NetworkArray(3, 3, cfg)
+
+
+def test_otype_is_case_insensitive_like_tcnn():
+    net = NetworkArray(3, 3, {"otype": "fullyfusedmlp", "activation": "relu"})
+    assert net.config["otype"] == "FullyFusedMLP" and net.hidden_act == ACTIVATIONS["ReLU"]
+
+
+def test_bad_inputs_give_clear_errors():
+    net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
+    x = torch.rand(10, 3)
+    ids = torch.zeros(10, dtype=torch.int32)
+    with pytest.raises(InputError, match="float32"):
+        net(x.double(), ids)
+    with pytest.raises(InputError, match="last dimension 4; expected 3"):
+        net(torch.rand(10, 4), ids)
+    with pytest.raises(InputError, match="net_ids contains 4; allowed: 0 <= id < n_networks=4"):
+        net(x, torch.full((10,), 4, dtype=torch.int32))
+    with pytest.raises(InputError, match="net_ids contains -1"):
+        net(x, torch.full((10,), -1, dtype=torch.int32))
+    with pytest.raises(InputError, match="net_ids is required"):
+        net(x)
+    with pytest.raises(InputError, match="shape \\(10,\\)"):
+        net(x, torch.zeros(9, dtype=torch.int32))
+    with pytest.raises(InputError, match="dtype torch.float32"):
+        net(x, torch.zeros(10))
+    assert torch.equal(net(x, ids.long()), net(x, ids))  # int64 ids are accepted
+
+
+def test_empty_batch():
+    net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
+    assert net(torch.rand(0, 3), torch.zeros(0, dtype=torch.int32)).shape == (0, 2)

@@ -1,0 +1,26 @@
+"""Activation names (tcnn spelling) and their kernel codes."""
+from __future__ import annotations
+
+from .config import Section
+
+# Codes are compile-time constants inside the kernels (see kernels/activations.py).
+ACTIVATIONS = {
+    "None": 0,
+    "ReLU": 1,
+    "LeakyReLU": 2,
+    "Exponential": 3,
+    "Sine": 4,
+    "Sigmoid": 5,
+    "Squareplus": 6,
+    "Softplus": 7,
+    "Tanh": 8,
+}
+SINE = ACTIVATIONS["Sine"]
+
+
+def activation_code(cfg: Section, key: str, default: str) -> int:
+    return ACTIVATIONS[cfg.choice(key, list(ACTIVATIONS), default)]
+
+
+def activation_name(code: int) -> str:
+    return next(k for k, v in ACTIVATIONS.items() if v == code)

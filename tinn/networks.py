@@ -1,0 +1,181 @@
+"""`NetworkArray`: N independent MLPs of one shape, each sample routed by network id.
+
+Follows tcnn's network config (`otype` FullyFusedMLP / CutlassMLP, `n_neurons`,
+`n_hidden_layers`, `activation`, `output_activation`); like tcnn the layers have
+no biases. All N weight sets live in one (N, n_params) float32 nn.Parameter that
+the Taichi kernels read and write in place.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import checks, runtime
+from .activations import SINE, activation_code, activation_name
+from .config import Section
+from .errors import ConfigError
+from .kernels import mlp_array as K
+from .routing import Routing, route
+
+NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
+FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
+MAX_NETWORKS = 1 << 20
+
+
+def parse_network_config(config, path: str = "network") -> dict:
+    cfg = config if isinstance(config, Section) else Section(config, path)
+    otype = cfg.otype(NETWORK_OTYPES, "FullyFusedMLP")
+    if otype == "FullyFusedMLP":
+        width = cfg.integer("n_neurons", 64, allowed=FULLY_FUSED_WIDTHS)
+    else:
+        width = cfg.integer("n_neurons", 64, lo=1, hi=256)
+    return {
+        "otype": otype,
+        "n_neurons": width,
+        "n_hidden_layers": cfg.integer("n_hidden_layers", 2, lo=0, hi=8),
+        "activation": activation_code(cfg, "activation", "ReLU"),
+        "output_activation": activation_code(cfg, "output_activation", "None"),
+    }
+
+
+class _MLPArrayFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, net_ids, params, net):
+        out, acts, pre, routing = net._forward_train(x.detach(), net_ids, params.detach())
+        ctx.net = net
+        ctx.routing = routing
+        ctx.save_for_backward(x.detach(), net_ids, params.detach(), acts, pre, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        # Saved outputs come back attached to the graph; kernels must get plain tensors.
+        x, net_ids, params, acts, pre, out = (t.detach() for t in ctx.saved_tensors)
+        want_dx = ctx.needs_input_grad[0]
+        dx, dparams = ctx.net._backward(dy.detach().contiguous(), x, net_ids, params, acts, pre, out, ctx.routing, want_dx)
+        return dx, None, dparams, None
+
+
+class NetworkArray(torch.nn.Module):
+    """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b]."""
+
+    def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
+                 n_networks: int = 1, seed: int = 1337, tile_size: int | None = None):
+        super().__init__()
+        runtime.ensure_init()
+        cfg = parse_network_config(network_config or {})
+        for name, value, lo in (("n_input_dims", n_input_dims, 1), ("n_output_dims", n_output_dims, 1)):
+            if not isinstance(value, int) or value < lo:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
+        if not isinstance(n_networks, int) or not 1 <= n_networks <= MAX_NETWORKS:
+            raise ConfigError(f"n_networks={n_networks!r} is out of range; allowed: 1..{MAX_NETWORKS}")
+        self.config = cfg
+        self.n_input_dims, self.n_output_dims, self.n_networks = n_input_dims, n_output_dims, n_networks
+        self.width = cfg["n_neurons"]
+        self.n_layers = cfg["n_hidden_layers"] + 1  # weight matrices
+        self.hidden_act, self.output_act = cfg["activation"], cfg["output_activation"]
+        self.keep_pre = SINE in (self.hidden_act, self.output_act)
+        # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
+        self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
+        self.seed = seed
+        self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
+        self.reset_parameters(seed)
+
+    # ---- shapes -------------------------------------------------------------------------------
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """(fan_out, fan_in) of each weight matrix."""
+        dims = [self.n_input_dims] + [self.width] * (self.n_layers - 1) + [self.n_output_dims]
+        return [(dims[l + 1], dims[l]) for l in range(self.n_layers)]
+
+    def n_params_per_network(self) -> int:
+        return sum(o * i for o, i in self.layer_shapes())
+
+    def weights(self, layer: int, params: torch.Tensor | None = None) -> torch.Tensor:
+        """View of weight matrix `layer` for all networks, shaped (N, fan_out, fan_in)."""
+        p = self.params if params is None else params
+        shapes = self.layer_shapes()
+        off = sum(o * i for o, i in shapes[:layer])
+        o, i = shapes[layer]
+        return p[:, off:off + o * i].view(p.shape[0], o, i)
+
+    def flops_per_sample(self) -> int:
+        return 2 * self.n_params_per_network()
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """tcnn's init: each matrix uniform in ±sqrt(6 / (fan_in + fan_out)), reproducible from the seed."""
+        gen = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        host = torch.empty(self.n_networks, self.n_params_per_network())
+        off = 0
+        for o, i in self.layer_shapes():
+            bound = math.sqrt(6.0 / (o + i))
+            host[:, off:off + o * i].uniform_(-bound, bound, generator=gen)
+            off += o * i
+        self.params.copy_(host)
+
+    # ---- forward ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = checks.float_input("input", x, self.n_input_dims)
+        ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
+        if torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad):
+            return _MLPArrayFn.apply(x, ids, self.params, self)
+        return self._inference(x.detach(), ids)
+
+    def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return self.forward(x, net_ids)
+
+    def _launch_forward(self, x, ids, params, order, keep_all):
+        batch = x.shape[0]
+        dev = x.device
+        slots = (self.n_layers - 1) if keep_all else 2
+        acts = torch.empty(max(slots, 1), batch if self.n_layers > 1 else 1, self.width, device=dev)
+        pre = torch.empty((self.n_layers, batch, max(self.width, self.n_output_dims)) if self.keep_pre else (1, 1, 1),
+                          device=dev)
+        out = torch.empty(batch, self.n_output_dims, device=dev)
+        if batch:
+            K.forward(x, ids, order, params, acts, pre, out, self.n_layers, self.width,
+                      self.hidden_act, self.output_act, keep_all, self.keep_pre)
+        return out, acts, pre
+
+    def _inference(self, x, ids):
+        routing_order = route(ids, self.n_networks, self.tile_size).order if self.n_networks > 1 else \
+            torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+        out, _, _ = self._launch_forward(x, ids, self.params.detach(), routing_order, keep_all=False)
+        return out
+
+    def _forward_train(self, x, ids, params):
+        routing = route(ids, self.n_networks, self.tile_size)
+        out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
+        return out, acts, pre, routing
+
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing, want_dx: bool):
+        batch = x.shape[0]
+        dev = x.device
+        deltas = torch.empty(self.n_layers, batch, max(self.width, self.n_output_dims), device=dev)
+        dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
+        dparams = torch.zeros_like(params)
+        if batch:
+            K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx,
+                              self.n_input_dims, self.n_layers, self.width,
+                              self.hidden_act, self.output_act, self.keep_pre, want_dx)
+            for l in range(self.n_layers):
+                K.weight_gradient(x, routing.order, routing.tile_net, routing.tile_start, routing.tile_end,
+                                  acts, deltas, dparams, l, self.n_layers, self.width, self.n_output_dims)
+        return (dx if want_dx else None), dparams
+
+    def memory_bytes(self) -> int:
+        return self.params.numel() * self.params.element_size()
+
+    def extra_repr(self) -> str:
+        return (f"n_networks={self.n_networks}, in={self.n_input_dims}, out={self.n_output_dims}, "
+                f"width={self.width}, hidden_layers={self.n_layers - 1}, "
+                f"activation={activation_name(self.hidden_act)}, output_activation={activation_name(self.output_act)}")
+
+
+class Network(NetworkArray):
+    """A single MLP (tcnn's `Network`): a NetworkArray of one."""
+
+    def __init__(self, n_input_dims: int, n_output_dims: int, network_config=None, seed: int = 1337):
+        super().__init__(n_input_dims, n_output_dims, network_config, n_networks=1, seed=seed)

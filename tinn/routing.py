@@ -1,0 +1,46 @@
+"""Grouping samples by network id: the sort order and the per-network tiles.
+
+Computed with torch ops on the device (no host loop). A *tile* is a run of at
+most `tile_size` consecutive samples (in sorted order) that share a network;
+backward kernels reduce weight gradients per tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Routing:
+    order: torch.Tensor        # int32 (batch,): sample indices sorted by network id
+    tile_net: torch.Tensor     # int32 (n_tiles,)
+    tile_start: torch.Tensor   # int32 (n_tiles,) positions into `order`
+    tile_end: torch.Tensor     # int32 (n_tiles,)
+    counts: torch.Tensor       # int64 (n_networks,) samples per network
+
+    @property
+    def n_tiles(self) -> int:
+        return self.tile_net.shape[0]
+
+
+def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256) -> Routing:
+    batch = net_ids.shape[0]
+    dev = net_ids.device
+    if n_networks == 1:
+        order = torch.arange(batch, dtype=torch.int32, device=dev)
+        counts = torch.tensor([batch], dtype=torch.int64, device=dev)
+    else:
+        order = torch.argsort(net_ids, stable=True).to(torch.int32)
+        counts = torch.bincount(net_ids, minlength=n_networks)
+    seg_end = torch.cumsum(counts, 0)
+    seg_start = seg_end - counts
+    tiles_per_net = (counts + tile_size - 1) // tile_size
+    n_tiles = int(tiles_per_net.sum())  # the one host sync: sizes the tile arrays
+    tile_net = torch.repeat_interleave(torch.arange(n_networks, device=dev), tiles_per_net, output_size=n_tiles)
+    first_tile = torch.cumsum(tiles_per_net, 0) - tiles_per_net
+    k = torch.arange(n_tiles, device=dev) - first_tile[tile_net]
+    tile_start = seg_start[tile_net] + k * tile_size
+    tile_end = torch.minimum(tile_start + tile_size, seg_end[tile_net])
+    i32 = torch.int32
+    return Routing(order, tile_net.to(i32), tile_start.to(i32), tile_end.to(i32), counts)

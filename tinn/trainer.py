@@ -1,0 +1,106 @@
+"""`Trainer`: model + loss + optimizer, tcnn style.
+
+`training_step(inputs, targets, net_ids)` runs forward, the loss kernel (which
+yields dLoss/dprediction directly), the hand-written backward through torch
+autograd, and one optimizer step. It returns the loss as a 0-d tensor so the
+caller decides when to sync.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import checkpoint, checks
+from .config import Section
+from .errors import CheckpointError, InputError
+from .losses import create_loss
+from .models import NetworkWithInputEncoding
+from .optimizers import create_optimizer
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, loss=None, optimizer=None, config: dict | None = None,
+                 track_per_network_loss: bool = False):
+        self.model = model
+        self.loss = loss if loss is not None and not isinstance(loss, (dict, Section)) else \
+            create_loss(loss or {"otype": "L2"})
+        self.optimizer = optimizer if optimizer is not None and not isinstance(optimizer, (dict, Section)) else \
+            create_optimizer(optimizer or {"otype": "Adam"}, list(model.named_parameters()))
+        self.config = config or {}
+        self.track_per_network_loss = track_per_network_loss
+        self.per_network_loss: torch.Tensor | None = None
+        self.step = 0
+
+    @classmethod
+    def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
+                    seed: int = 1337, **kwargs) -> "Trainer":
+        """Build model, loss and optimizer from a tcnn config with `loss`/`optimizer`/`encoding`/`network`."""
+        root = Section(config, "")
+        model = NetworkWithInputEncoding(
+            n_input_dims, n_output_dims,
+            root.section("encoding", required=False).data or {"otype": "Identity"},
+            root.section("network", required=True),
+            n_networks=n_networks, seed=seed,
+        )
+        loss = create_loss(root.section("loss", required=False).data or {"otype": "L2"})
+        optimizer = create_optimizer(root.section("optimizer", required=False).data or {"otype": "Adam"},
+                                     list(model.named_parameters()))
+        return cls(model, loss, optimizer, config=config, **kwargs)
+
+    @property
+    def n_networks(self) -> int:
+        return getattr(self.model, "n_networks", 1)
+
+    def _inputs(self, inputs, targets, net_ids):
+        x = checks.float_input("inputs", inputs, self.model.n_input_dims, check_finite=True)
+        t = checks.float_input("targets", targets, self.model.n_output_dims, check_finite=True)
+        if t.shape[0] != x.shape[0]:
+            raise InputError(f"targets has batch {t.shape[0]} but inputs has batch {x.shape[0]}")
+        ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
+        return x, t, ids
+
+    def training_step(self, inputs: torch.Tensor, targets: torch.Tensor, net_ids: torch.Tensor | None = None,
+                      run_optimizer: bool = True) -> torch.Tensor:
+        x, t, ids = self._inputs(inputs, targets, net_ids)
+        self.optimizer.zero_grad()
+        with checks.disabled():  # already validated
+            pred = self.model(x, ids)
+        result = self.loss.evaluate(pred.detach(), t, net_ids=ids if self.track_per_network_loss else None,
+                                    n_networks=self.n_networks if self.track_per_network_loss else None)
+        pred.backward(result.grad)
+        if run_optimizer:
+            self.optimizer.step()
+            self.step += 1
+        if self.track_per_network_loss:
+            self.per_network_loss = result.per_network
+        return result.value
+
+    def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(inputs, net_ids)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.optimizer.learning_rate = value
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        checkpoint.save(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                               "trainer": {"step": self.step}}, metadata={"config": self.config})
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict:
+        sections, metadata = checkpoint.load(path)
+        for name in ("model", "optimizer", "trainer"):
+            if name not in sections:
+                raise CheckpointError(f"{path}: section {name!r} is missing")
+        checkpoint.load_module_state(self.model, sections["model"], str(path))
+        dev = next(self.model.parameters()).device
+        self.optimizer.load_state_dict({k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                                        for k, v in sections["optimizer"].items()})
+        self.step = int(sections["trainer"]["step"])
+        return metadata
