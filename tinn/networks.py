@@ -160,9 +160,14 @@ class NetworkArray(torch.nn.Module):
             K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx,
                               self.n_input_dims, self.n_layers, self.width,
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)
-            for l in range(self.n_layers):
-                K.weight_gradient(x, routing.order, routing.tile_net, routing.tile_start, routing.tile_end,
-                                  acts, deltas, dparams, l, self.n_layers, self.width, self.n_output_dims)
+            partial = torch.empty(routing.n_tiles, params.shape[1], device=dev)
+            offset = 0
+            for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
+                src, from_acts = (x, False) if l == 0 else (acts, True)
+                K.tile_weight_gradient(src, from_acts, routing.order, routing.tile_start, routing.tile_end,
+                                       deltas, partial, l, fan_in, fan_out, offset)
+                offset += fan_out * fan_in
+            K.reduce_tiles(partial, routing.tile_net, dparams)
         return (dx if want_dx else None), dparams
 
     def memory_bytes(self) -> int:

@@ -70,6 +70,9 @@ def forward(
                     pre[l, b, o] = z
 
 
+COLS = 8  # columns one thread accumulates in registers
+
+
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
@@ -108,25 +111,50 @@ def backward_deltas(
                 dx[b, i] = g
 
 
+@ti.func
+def _accumulate_block(src: ti.template(), layer: ti.template(), order: ti.template(), deltas: ti.template(),
+                      l, o, t0, t1, i0, n_cols: ti.template()):
+    """Sum over samples s in [t0, t1) of deltas[l, b, o] * src[b, i0:i0+n_cols] (registers only)."""
+    acc = ti.Vector.zero(ti.f32, n_cols)
+    for s in range(t0, t1):
+        b = order[s]
+        d = deltas[l, b, o]
+        for k in ti.static(range(n_cols)):
+            if ti.static(layer):
+                acc[k] += d * src[l - 1, b, i0 + k]
+            else:
+                acc[k] += d * src[b, i0 + k]
+    return acc
+
+
 @ti.kernel
-def weight_gradient(
-    x: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_end: i32_1d,
-    acts: f32_3d, deltas: f32_3d, grad: f32_2d,
-    l: ti.i32, n_layers: ti.i32, width: ti.i32, n_out: ti.i32,
+def tile_weight_gradient(
+    src: ti.types.ndarray(dtype=ti.f32), from_acts: ti.template(), order: i32_1d,
+    tile_start: i32_1d, tile_end: i32_1d, deltas: f32_3d, partial: f32_2d,
+    l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32,
 ):
-    """grad[net, W_l[o, i]] += sum over the tile's samples of deltas[l, b, o] * input_l[b, i]."""
-    n_in = x.shape[1]
-    fan_in = n_in if l == 0 else width
-    fan_out = n_out if l == n_layers - 1 else width
-    offset = 0 if l == 0 else n_in * width + (l - 1) * width * width
-    for t, o, i in ti.ndrange(tile_net.shape[0], fan_out, fan_in):
-        g = 0.0
-        if l == 0:
-            for s in range(tile_start[t], tile_end[t]):
-                b = order[s]
-                g += deltas[l, b, o] * x[b, i]
+    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, b, o] * input_l[b, i].
+
+    input_l is `src` = x (layer 0) or acts[l - 1]. One thread owns (tile, output
+    row, block of COLS inputs) and keeps its sums in registers: no atomics, and
+    each weight is written once per tile. Full blocks take a branch-free path.
+    """
+    n_blocks = (fan_in + COLS - 1) // COLS
+    for t, o, blk in ti.ndrange(tile_start.shape[0], fan_out, n_blocks):
+        i0 = blk * COLS
+        row = offset + o * fan_in + i0
+        if i0 + COLS <= fan_in:
+            acc = _accumulate_block(src, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0, COLS)
+            for k in ti.static(range(COLS)):
+                partial[t, row + k] = acc[k]
         else:
-            for s in range(tile_start[t], tile_end[t]):
-                b = order[s]
-                g += deltas[l, b, o] * acts[l - 1, b, i]
-        ti.atomic_add(grad[tile_net[t], offset + o * fan_in + i], g)
+            for k in range(fan_in - i0):
+                acc = _accumulate_block(src, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0 + k, 1)
+                partial[t, row + k] = acc[0]
+
+
+@ti.kernel
+def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d):
+    """grad[net] = sum of the partial gradients of the net's tiles."""
+    for t, k in partial:
+        ti.atomic_add(grad[tile_net[t], k], partial[t, k])

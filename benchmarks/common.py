@@ -1,0 +1,54 @@
+"""Timing and reporting helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+import tinn
+
+
+def sync() -> None:
+    tinn.runtime.sync()
+
+
+def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
+    """Median wall time in seconds of fn() with device syncs around each call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_memory_reset() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_mib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else float("nan")
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """columns: (key, header, format)."""
+    headers = [h for _, h, _ in columns]
+    cells = [[("-" if r.get(k) is None else format(r[k], f)) for k, _, f in columns] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print(" | ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for c in cells:
+        print(" | ".join(v.rjust(w) for v, w in zip(c, widths)))
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=1)

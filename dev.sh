@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One entry point that sets everything up on a fresh machine, then runs:
+#   ./dev.sh demo [args]   the image demo on the embedded default image (GPU if present, else CPU)
+#   ./dev.sh test [args]   the test suite (CPU backend)
+#   ./dev.sh bench [args]  the MLP-array benchmark
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${TINN_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+  fi
+  # torch first and pinned: a loose requirement could pull a multi-GB build.
+  "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==${TINN_TORCH_VERSION:-2.13.0}"
+  "$VENV/bin/python" -c "import taichi, imageio, pytest, tinn" 2>/dev/null || "$VENV/bin/pip" install -q -e ".[test]"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  demo)  setup; exec "$VENV/bin/python" demos/mlp_learning_an_image.py "$@" ;;
+  test)  setup; TINN_ARCH=${TINN_ARCH:-cpu} exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  bench) setup; exec "$VENV/bin/python" benchmarks/bench_mlp_array.py "$@" ;;
+  setup) setup ;;
+  *) echo "usage: ./dev.sh {demo|test|bench|setup} [args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""Training tasks shared by demos, the viewer and tests."""
