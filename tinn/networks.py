@@ -80,6 +80,7 @@ class NetworkArray(torch.nn.Module):
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
         self.seed = seed
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
+        self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
         self.reset_parameters(seed)
 
     # ---- shapes -------------------------------------------------------------------------------

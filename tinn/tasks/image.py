@@ -25,13 +25,13 @@ def default_image(size: int = 256) -> np.ndarray:
                     0.5 + 0.5 * np.cos(18 * r),
                     x * (1 - y)], axis=-1)
     checker = ((np.floor(x * 8) + np.floor(y * 8)) % 2)[..., None]
-    img = np.where((x < 0.35) & (y < 0.35), 0.2 + 0.6 * checker * np.array([1.0, 0.8, 0.3]), img)
+    img = np.where(((x < 0.35) & (y < 0.35))[..., None], 0.2 + 0.6 * checker * np.array([1.0, 0.8, 0.3]), img)
     for cx, cy, rad, col in [(0.75, 0.25, 0.12, (0.9, 0.1, 0.1)), (0.25, 0.75, 0.1, (0.1, 0.2, 0.9)),
                              (0.7, 0.72, 0.07, (1.0, 1.0, 0.2))]:
         disc = (np.hypot(x - cx, y - cy) < rad)[..., None]
         img = np.where(disc, np.array(col), img)
     stripes = (0.5 + 0.5 * np.sin(x * size * 0.9))[..., None]
-    img = np.where((y > 0.9) & (x > 0.5), stripes * np.array([1.0, 1.0, 1.0]), img)
+    img = np.where(((y > 0.9) & (x > 0.5))[..., None], stripes * np.array([1.0, 1.0, 1.0]), img)
     return img.astype(np.float32)
 
 

@@ -1,0 +1,121 @@
+"""Runtime initialisation and tcnn config loading/validation."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tinn
+from tinn.config import Section, load_config, loads
+from tinn.errors import ConfigError
+from tinn.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_init_is_idempotent_and_refuses_switching():
+    assert tinn.init() == "cpu"
+    assert tinn.init("cpu") == "cpu"
+    assert tinn.runtime.device().type == "cpu"
+    with pytest.raises(ConfigError, match="already initialised"):
+        _switch()
+
+
+def _switch():
+    # Asking for another arch after init must fail loudly (only 'cpu' exists here, so fake the state).
+    old = tinn.runtime._state["arch"]
+    tinn.runtime._state["arch"] = "cuda"
+    try:
+        tinn.init("cpu")
+    finally:
+        tinn.runtime._state["arch"] = old
+
+
+def test_bad_arch_names_allowed_values():
+    with pytest.raises(ConfigError, match="allowed"):
+        tinn.runtime._resolve("tpu")
+
+
+def test_kernel_before_init_gives_clear_error():
+    code = ("import tinn, torch\n"
+            "from tinn.kernels import mlp_array\n"
+            "try:\n"
+            "    tinn.runtime.device()\n"
+            "except tinn.NotInitializedError as e:\n"
+            "    print('OK', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "OK tinn is not initialised: call tinn.init()" in out.stdout, out.stderr
+
+
+def test_tinn_arch_environment_variable():
+    code = "import tinn; print('ARCH', tinn.init())"
+    env = dict(os.environ, TINN_ARCH="cpu")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "ARCH cpu" in out.stdout, out.stderr
+    env["TINN_ARCH"] = "metal"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "arch='metal' is not supported" in out.stderr
+
+
+def test_comments_in_json_like_commentjson():
+    text = """
+    // line comment
+    {
+        "a": "http://not-a-comment", # hash comment
+        /* block
+           comment */
+        "b": [1, 2, 3],
+        "c": "/* kept */"
+    }"""
+    assert loads(text) == {"a": "http://not-a-comment", "b": [1, 2, 3], "c": "/* kept */"}
+
+
+def test_invalid_json_reports_line():
+    with pytest.raises(ConfigError, match="line 3"):
+        loads('{\n"a": 1,\n"b": }')
+
+
+def test_shipped_configs_load_and_build():
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if name.startswith("config") and name.endswith(".json"):  # full tcnn-style configs
+            cfg = load_config(os.path.join(ROOT, "configs", name))
+            assert {"loss", "optimizer", "encoding", "network"} <= set(cfg), name
+            trainer = Trainer.from_config(cfg, 2, 3, n_networks=2)
+            assert trainer.model.network.n_networks == 2
+
+
+@pytest.mark.parametrize("section,patch,message", [
+    ("network", {"otype": "Transformer"}, r"network\.otype='Transformer' is not supported; allowed: \['FullyFusedMLP', 'CutlassMLP'\]"),
+    ("network", {"n_neurons": 100}, r"network\.n_neurons=100 is not supported; allowed: \[16, 32, 64, 128\]"),
+    ("network", {"n_hidden_layers": -1}, r"network\.n_hidden_layers=-1 is out of range"),
+    ("encoding", {"otype": "Fourier"}, r"encoding\.otype='Fourier' is not supported; allowed: \["),
+    ("encoding", {"n_frequencies": 0}, r"encoding\.n_frequencies=0 is out of range"),
+    ("loss", {"otype": "Huber"}, r"loss\.otype"),
+    ("optimizer", {"otype": "RMSprop"}, r"optimizer\.otype"),
+    ("optimizer", {"learning_rate": -1}, r"optimizer\.learning_rate"),
+])
+def test_config_errors_name_the_key(section, patch, message):
+    cfg = load_config(os.path.join(ROOT, "configs", "config.json"))
+    cfg[section] = dict(cfg[section], **patch)
+    with pytest.raises(ConfigError, match=message):
+        Trainer.from_config(cfg, 2, 3)
+
+
+def test_missing_network_section():
+    with pytest.raises(ConfigError, match="network is missing"):
+        Trainer.from_config({"loss": {"otype": "L2"}}, 2, 3)
+
+
+def test_section_accessors():
+    s = Section({"n": 3, "x": 0.5, "flag": True, "name": "relu"}, "net")
+    assert s.integer("n", lo=1) == 3 and s.number("x") == 0.5 and s.boolean("flag") is True
+    assert s.choice("name", ["ReLU", "Tanh"]) == "ReLU"
+    with pytest.raises(ConfigError, match=r"net\.n=3 is out of range; allowed: >= 4"):
+        s.integer("n", lo=4)
+    with pytest.raises(ConfigError, match=r"net\.x=0.5 must be an integer"):
+        s.integer("x")
+    with pytest.raises(ConfigError, match=r"net\.flag=True must be a finite number"):
+        s.number("flag")
+    with pytest.raises(ConfigError, match=r"net\.missing is missing"):
+        s.number("missing")
