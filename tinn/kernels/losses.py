@@ -1,0 +1,103 @@
+"""Loss kernels: per-element value and gradient of every tcnn loss, plus per-network sums.
+
+One kernel serves all losses (the loss is a runtime switch) so a process compiles it
+once. It runs one thread per sample with a dynamic loop over the output dims: dims are
+small, and RelativeL2Luminance needs the whole RGB row of a sample anyway.
+"""
+import taichi as ti
+
+f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+# Loss ids (the Python side maps otype names to these).
+L2, L1, RELATIVE_L2, RELATIVE_L1, MAPE, SMAPE, RELATIVE_L2_LUMINANCE, CROSS_ENTROPY, VARIANCE = range(9)
+
+EPS = 0.01  # tcnn's stabiliser in all relative losses
+
+
+@ti.func
+def _signed(scale: ti.f32, diff: ti.f32) -> ti.f32:
+    # copysign(scale, diff) with +0 -> +scale, as CUDA's copysignf does for +0.
+    return ti.select(diff >= 0.0, scale, -scale)
+
+
+@ti.kernel
+def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pdf: ti.i32, inv_n: ti.f32,
+                 grad: f32_2d, row_value: f32_1d):
+    """grad[b, d] = d(mean loss)/d pred[b, d] (already divided by N); row_value[b] = sum_d loss[b, d] (not divided)."""
+    for b in range(pred.shape[0]):
+        dims = pred.shape[1]
+        inv_lum_sq = 0.0
+        if kind == RELATIVE_L2_LUMINANCE:
+            # Luminance of the predicted RGB (plus the second RGB triple of 6-channel outputs, as tcnn does);
+            # treated as a constant in the gradient.
+            r, g, bl = pred[b, 0], pred[b, 1], pred[b, 2]
+            if dims >= 6:
+                r += pred[b, 3]
+                g += pred[b, 4]
+                bl += pred[b, 5]
+            lum = 0.299 * r + 0.587 * g + 0.114 * bl
+            inv_lum_sq = 1.0 / (lum * lum + EPS)
+        acc = 0.0
+        for d in range(dims):
+            p = pred[b, d]
+            t = target[b, d]
+            q = 1.0
+            if use_pdf != 0:
+                q = pdf[b, d]
+            v = 0.0
+            dv = 0.0
+            # Where the pdf enters differs per loss; this follows tcnn loss by loss.
+            if kind == L2:
+                diff = p - t
+                v = diff * diff / q
+                dv = 2.0 * diff / q
+            elif kind == L1:
+                diff = p - t
+                v = ti.abs(diff) / q
+                dv = _signed(1.0 / q, diff)
+            elif kind == RELATIVE_L2:
+                diff = p - t / q
+                inv = 1.0 / (p * p + EPS)  # denominator treated as constant (Noise2Noise / tcnn)
+                v = diff * diff * inv
+                dv = 2.0 * diff * inv
+            elif kind == RELATIVE_L1:
+                diff = p - t
+                s = 1.0 / (ti.abs(p) + EPS) / q
+                v = ti.abs(diff) * s
+                dv = _signed(s, diff)
+            elif kind == MAPE:
+                diff = p - t / q
+                s = 1.0 / (ti.abs(t) + EPS)
+                v = ti.abs(diff) * s
+                dv = _signed(s, diff)
+            elif kind == SMAPE:
+                diff = p - t / q
+                s = 1.0 / (0.5 * (ti.abs(t) + ti.abs(p)) + EPS)
+                v = ti.abs(diff) * s
+                dv = _signed(s, diff)
+            elif kind == RELATIVE_L2_LUMINANCE:
+                diff = p - t
+                v = diff * diff * inv_lum_sq / q
+                dv = 2.0 * diff * inv_lum_sq / q
+            elif kind == CROSS_ENTROPY:
+                f = -t / q
+                v = f * ti.log(p)
+                dv = f / p
+            elif kind == VARIANCE:
+                f = t * t / q
+                v = f / p - f / q
+                dv = -f / (p * p)
+            acc += v
+            grad[b, d] = dv * inv_n
+        row_value[b] = acc
+
+
+@ti.kernel
+def per_network_sums(row_value: f32_1d, net_ids: i32_1d, sums: f32_1d, counts: i32_1d):
+    """sums[k] += row values of samples of network k; counts[k] += their number (both zeroed by the caller)."""
+    for b in range(row_value.shape[0]):
+        k = net_ids[b]
+        sums[k] += row_value[b]
+        counts[k] += 1

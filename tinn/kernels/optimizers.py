@@ -1,0 +1,177 @@
+"""Optimizer kernels. Every parameter tensor is viewed as (rows, cols): one row per network of an
+array (rows = 1 for a plain tensor), so `lr_scale[row]` gives per-network learning rates.
+
+All updates are elementwise and in place; state tensors have the parameter's (rows, cols) shape.
+Loops are plain ndrange loops (no static unrolling) to keep compile time small.
+"""
+import taichi as ti
+
+f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
+i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
+
+
+@ti.func
+def _weight_decay(rel: ti.f32, absolute: ti.f32, w: ti.f32) -> ti.f32:
+    # Relative decay ~ L2 regularisation, absolute decay ~ L1 (shrinks |w| by a constant), as in tcnn.
+    return (1.0 - rel) * w - ti.select(w >= 0.0, absolute, -absolute)
+
+
+@ti.kernel
+def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32):
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        wv = w[r, c]
+        w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
+
+
+@ti.kernel
+def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
+              lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, l2_reg: ti.f32,
+              rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, lower: ti.f32, upper: ti.f32,
+              is_matrix: ti.i32):
+    """tcnn Adam. Non-matrix params (encodings) skip elements whose gradient is exactly 0 and get no
+    l2_reg: hash-grid entries untouched by a batch must neither move nor age their moments, hence the
+    per-element step counter used for bias correction."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        grad = g[r, c]
+        if is_matrix != 0 or grad != 0.0:
+            wv = w[r, c]
+            if is_matrix != 0:
+                grad += l2_reg * wv
+            mv = beta1 * m[r, c] + (1.0 - beta1) * grad
+            vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
+            m[r, c] = mv
+            v[r, c] = vv
+            t = steps[r, c] + 1
+            steps[r, c] = t
+            tf = ti.cast(t, ti.f32)
+            lr_t = lr * lr_scale[r] * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
+            eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
+            nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
+            if clip != 0.0:
+                nw = ti.min(ti.max(nw, -clip), clip)
+            w[r, c] = nw
+
+
+@ti.kernel
+def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d, lr_scale: f32_1d,
+                  lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
+    """Novograd: one second moment per (network row, layer segment) from the layer's squared gradient
+    norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics)."""
+    for r, s in ti.ndrange(v.shape[0], v.shape[1]):
+        sq = 0.0
+        for c in range(seg_start[s], seg_start[s + 1]):
+            sq += g[r, c] * g[r, c]
+        vv = beta2 * v[r, s] + (1.0 - beta2) * sq
+        v[r, s] = vv
+        lr_r = lr * lr_scale[r]
+        inv = 1.0 / (ti.sqrt(vv) + epsilon)
+        for c in range(seg_start[s], seg_start[s + 1]):
+            mv = beta1 * m[r, c] + (1.0 - beta1) * g[r, c] * inv
+            m[r, c] = mv
+            w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
+
+
+@ti.kernel
+def shampoo_moments(w: f32_2d, g: f32_2d, m1: f32_2d, m2: f32_2d, u: f32_2d, l2_reg: ti.f32,
+                    a1: ti.f32, b1: ti.f32, a2: ti.f32, b2: ti.f32, epsilon: ti.f32):
+    """Debiased first/second moments (m = b*m + a*g with tcnn's debiased a, b) and the Adam
+    direction u = m1 / (sqrt(m2) + eps) that Shampoo preconditions."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        gv = g[r, c] + l2_reg * w[r, c]
+        mv = b1 * m1[r, c] + a1 * gv
+        sv = b2 * m2[r, c] + a2 * gv * gv
+        m1[r, c] = mv
+        m2[r, c] = sv
+        u[r, c] = mv / (ti.sqrt(sv) + epsilon)
+
+
+@ti.kernel
+def shampoo_gram(src: f32_2d, off: ti.i32, rows_m: ti.i32, cols_n: ti.i32, L: f32_3d, R: f32_3d,
+                 alpha: ti.f32, beta: ti.f32):
+    """L = beta L + alpha G G^T and R = beta R + alpha G^T G for the (M, N) matrix G stored row-major
+    at columns [off, off + M N) of every network row of `src`."""
+    for n, i, j in ti.ndrange(src.shape[0], rows_m, rows_m):
+        acc = 0.0
+        for k in range(cols_n):
+            acc += src[n, off + i * cols_n + k] * src[n, off + j * cols_n + k]
+        L[n, i, j] = beta * L[n, i, j] + alpha * acc
+    for n, i, j in ti.ndrange(src.shape[0], cols_n, cols_n):
+        acc = 0.0
+        for k in range(rows_m):
+            acc += src[n, off + k * cols_n + i] * src[n, off + k * cols_n + j]
+        R[n, i, j] = beta * R[n, i, j] + alpha * acc
+
+
+@ti.kernel
+def shampoo_layer_step(w: f32_2d, u: f32_2d, sm: f32_2d, off: ti.i32, rows_m: ti.i32, cols_n: ti.i32,
+                       L_root: f32_3d, R_root: f32_3d, tmp: f32_3d, lr_scale: f32_1d, lr: ti.f32,
+                       a_s: ti.f32, b_s: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, frobenius: ti.i32):
+    """sm = EMA(L_root u R_root); w -= lr' sm with lr' = lr * |u|_F / |sm|_F (grafting onto the Adam
+    step size) when `frobenius`. The top-level loops run one after the other."""
+    for n, i, j in ti.ndrange(w.shape[0], rows_m, cols_n):
+        acc = 0.0
+        for k in range(rows_m):
+            acc += L_root[n, i, k] * u[n, off + k * cols_n + j]
+        tmp[n, i, j] = acc
+    for n, i, j in ti.ndrange(w.shape[0], rows_m, cols_n):
+        acc = 0.0
+        for k in range(cols_n):
+            acc += tmp[n, i, k] * R_root[n, k, j]
+        e = off + i * cols_n + j
+        sm[n, e] = b_s * sm[n, e] + a_s * acc
+    for n in range(w.shape[0]):
+        lr_n = lr * lr_scale[n]
+        if frobenius != 0:
+            nu = 0.0
+            ns = 0.0
+            for e in range(off, off + rows_m * cols_n):
+                nu += u[n, e] * u[n, e]
+                ns += sm[n, e] * sm[n, e]
+            lr_n = ti.select(ns > 0.0, lr_n * ti.sqrt(nu) / ti.sqrt(ns), 0.0)
+        for e in range(off, off + rows_m * cols_n):
+            w[n, e] = _weight_decay(rel_decay * lr_n, abs_decay * lr_n, w[n, e]) - lr_n * sm[n, e]
+
+
+@ti.kernel
+def direction_step(w: f32_2d, u: f32_2d, lr_scale: f32_1d, lr: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
+    """w = decay(w) - lr * u (Shampoo's update of parameters not covered by matrices)."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        lr_r = lr * lr_scale[r]
+        w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * u[r, c]
+
+
+@ti.kernel
+def ema_step(w: f32_2d, ema: f32_2d, decay: ti.f32, debias_old: ti.f32, debias_new: ti.f32):
+    """Bias-corrected exponential moving average of the weights (equals w after the first step)."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        ema[r, c] = (ema[r, c] * decay * debias_old + w[r, c] * (1.0 - decay)) * debias_new
+
+
+@ti.kernel
+def average_step(w: f32_2d, oldest: f32_2d, avg: f32_2d, inv_n: ti.f32):
+    """Sliding-window mean over the last n samples: avg += (w - oldest) / n; the slot takes w."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        wv = w[r, c]
+        avg[r, c] = avg[r, c] + (wv - oldest[r, c]) * inv_n
+        oldest[r, c] = wv
+
+
+@ti.kernel
+def lookahead_step(w: f32_2d, slow: f32_2d, alpha: ti.f32):
+    """slow <- slow + alpha (fast - slow); the fast weights restart from it."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        nw = slow[r, c] * (1.0 - alpha) + w[r, c] * alpha
+        w[r, c] = nw
+        slow[r, c] = nw
+
+
+@ti.kernel
+def accumulate_grad(pool: f32_2d, g: f32_2d, first: ti.i32, inv_n: ti.f32):
+    for r, c in ti.ndrange(pool.shape[0], pool.shape[1]):
+        prev = 0.0
+        if first == 0:
+            prev = pool[r, c]
+        pool[r, c] = prev + g[r, c] * inv_n

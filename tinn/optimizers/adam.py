@@ -1,0 +1,68 @@
+"""tcnn's Adam (with AdaBound, weight decay and clipping options).
+
+Differences from torch.optim.Adam, on purpose (they are tcnn's):
+- epsilon is added to sqrt(v) *before* bias correction: w -= lr_t * m / (sqrt(v) + eps) with
+  lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t); both agree when eps is negligible.
+- l2_reg (default 1e-8) is added to the gradient of matrix params only; non-matrix params
+  (encoding tables, see `base.is_matrix_param`) skip elements with an exactly zero gradient,
+  keeping a per-element step count for the bias correction.
+- relative_decay / absolute_decay shrink the weight by (relative_decay * lr_t) * w and
+  (absolute_decay * lr_t) * sign(w) (decoupled, scaled by the bias-corrected rate).
+- adabound clamps lr_t / (sqrt(v) + eps) to [0.1 - 0.1/((1-beta2) t + 1), 0.1 + 0.1/((1-beta2) t)].
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import Section
+from ..kernels import optimizers as K
+from .base import LeafOptimizer, check_keys, is_matrix_param
+
+F32_MAX = 3.4028234663852886e38
+
+
+class Adam(LeafOptimizer):
+    otype = "Adam"
+    OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "l2_reg", "relative_decay", "absolute_decay",
+               "adabound", "clipping_magnitude", "non_matrix_learning_rate_factor", "optimize_matrix_params",
+               "optimize_non_matrix_params")
+
+    def __init__(self, named_params, cfg: Section):
+        check_keys(cfg, self.OPTIONS)
+        super().__init__(named_params, cfg)
+        self.beta1 = cfg.number("beta1", 0.9, lo=0.0, hi=0.999999)
+        self.beta2 = cfg.number("beta2", 0.999, lo=0.0, hi=0.999999)
+        self.epsilon = cfg.number("epsilon", 1e-8, lo=0.0, lo_open=True)
+        self.l2_reg = cfg.number("l2_reg", 1e-8, lo=0.0)
+        self.relative_decay = cfg.number("relative_decay", 0.0, lo=0.0, hi=1.0)
+        self.absolute_decay = cfg.number("absolute_decay", 0.0, lo=0.0)
+        self.adabound = cfg.boolean("adabound", False)
+        self.clipping_magnitude = cfg.number("clipping_magnitude", 0.0, lo=0.0)
+        self.non_matrix_learning_rate_factor = cfg.number("non_matrix_learning_rate_factor", 1.0, lo=0.0)
+        self.optimize_matrix_params = cfg.boolean("optimize_matrix_params", True)
+        self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
+        self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
+        for name, _ in self.named_params:
+            self.new_state("m", name)
+            self.new_state("v", name)
+            self.new_state("steps", name, dtype=torch.int32)
+
+    def _bounds(self) -> tuple[float, float]:
+        if not self.adabound:
+            return 0.0, F32_MAX
+        t = float(self.step_count)
+        return 0.1 - 0.1 / ((1 - self.beta2) * t + 1), 0.1 + 0.1 / ((1 - self.beta2) * t)
+
+    def _update(self, name, w, g, lr_scale):
+        matrix = self.is_matrix[name]
+        if not (self.optimize_matrix_params if matrix else self.optimize_non_matrix_params):
+            return
+        lr = self.learning_rate * (1.0 if matrix else self.non_matrix_learning_rate_factor)
+        lower, upper = self._bounds()
+        K.adam_step(w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.state[f"steps.{name}"], lr_scale,
+                    lr, self.beta1, self.beta2, self.epsilon, self.l2_reg, self.relative_decay, self.absolute_decay,
+                    self.clipping_magnitude, lower, upper, int(matrix))
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype, "learning_rate": self.learning_rate,
+                **{k: getattr(self, k) for k in self.OPTIONS if k != "learning_rate"}}

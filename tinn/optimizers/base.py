@@ -1,0 +1,298 @@
+"""The optimizer contract shared by leaf optimizers (SGD, Adam, ...) and wrappers (EMA, Composite, ...).
+
+An optimizer owns a list of named float32 parameters living on tinn's device. Each
+parameter is viewed as (rows, cols) with one row per network of an array (its first
+dimension; a 0-d tensor is one row), which is what per-network learning-rate scales
+(`set_lr_scale`) index. `step()` reads `p.grad` and updates every parameter in place
+with one kernel per tensor; parameters whose grad is None are left alone.
+
+State is kept flat so checkpoints need no pickle: `state_dict()` maps keys to tensors
+or plain scalars; a wrapper stores its nested optimizer's entries under `nested.`
+(Composite: `nested.0.`, `nested.1.`, ...). `load_state_dict` restores a run bit-exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+
+from .. import checks, runtime
+from ..config import Section
+from ..errors import CheckpointError, ConfigError, InputError
+
+State = dict  # str -> torch.Tensor | int | float | str | bool
+
+
+def check_keys(cfg: Section, allowed: Iterable[str]) -> None:
+    """Reject keys an optimizer does not know (a typo would otherwise be a silent default)."""
+    allowed = sorted(set(allowed) | {"otype"})
+    for key in cfg.data:
+        if key not in allowed:
+            raise ConfigError(f"{cfg.key(key)} is not an option of {cfg.data.get('otype')!r}; allowed: {allowed}")
+
+
+def rows_of(p: torch.Tensor) -> int:
+    return int(p.shape[0]) if p.dim() >= 1 and p.shape[0] > 0 else 1
+
+
+def as_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """(rows, cols) view sharing memory with `t` (which must be contiguous)."""
+    return t.view(rows, -1)
+
+
+def is_matrix_param(name: str, p: torch.Tensor) -> bool:
+    """tcnn's matrix/non-matrix split: network weights are matrix params, encoding tables are not.
+
+    A tensor attribute `tinn_matrix` (bool) overrides; otherwise any dotted name component
+    starting with "encoding" marks a non-matrix parameter.
+    """
+    flag = getattr(p, "tinn_matrix", None)
+    if flag is not None:
+        return bool(flag)
+    return not any(part.startswith("encoding") for part in name.split("."))
+
+
+def layer_shapes(name: str, p: torch.Tensor) -> list[tuple[int, int]] | None:
+    """The weight matrices in each network row of `p`, as (fan_out, fan_in) row-major blocks, or None.
+
+    Taken from the tensor attribute `tinn_layer_shapes` (set by network modules whose rows hold several
+    layers); a 3-D tensor (networks, M, N) is one M x N matrix per network. Novograd and Shampoo use it.
+    """
+    shapes = getattr(p, "tinn_layer_shapes", None)
+    if shapes is not None:
+        shapes = [(int(a), int(b)) for a, b in shapes]
+        cols = p.numel() // rows_of(p)
+        if sum(a * b for a, b in shapes) != cols or any(a < 1 or b < 1 for a, b in shapes):
+            raise InputError(f"parameter {name!r}: tinn_layer_shapes {shapes} do not tile its {cols} values per network")
+        return shapes
+    if p.dim() == 3 and p.numel():
+        return [(int(p.shape[1]), int(p.shape[2]))]
+    return None
+
+
+def validate_params(named_params) -> list[tuple[str, torch.Tensor]]:
+    runtime.require_init()
+    out, seen = [], set()
+    for item in named_params:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise InputError("named_params must be a list of (name, torch.nn.Parameter) pairs, "
+                             f"got an item of type {type(item).__name__}")
+        name, p = item
+        if name in seen:
+            raise InputError(f"parameter name {name!r} appears twice in named_params")
+        seen.add(name)
+        if p.dtype != torch.float32:
+            raise InputError(f"parameter {name!r} has dtype {p.dtype}; allowed: torch.float32")
+        checks.check_device(f"parameter {name!r}", p)
+        if not p.is_contiguous():
+            raise InputError(f"parameter {name!r} must be contiguous (updated in place through a flat view)")
+        out.append((name, p))
+    return out
+
+
+class Optimizer:
+    """Base class. Subclasses fill `scalars` (plain values saved in the state dict), `state`
+    (tensors saved in the state dict) and `children` (nested optimizers with key prefixes)."""
+
+    otype = "Optimizer"
+
+    def __init__(self, named_params, path: str = "optimizer"):
+        self.named_params = validate_params(named_params)
+        self.params = dict(self.named_params)
+        self.path = path
+        self.scalars: dict[str, int | float | bool | str] = {}
+        self.state: dict[str, torch.Tensor] = {}
+        self.children: list[tuple[str, "Optimizer"]] = []
+
+    # ---- stepping -------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One update of every parameter from its `.grad` (None: that parameter is skipped)."""
+        grads = {}
+        for name, p in self.named_params:
+            g = p.grad
+            if g is not None:
+                if g.shape != p.shape or g.dtype != torch.float32:
+                    raise InputError(f"gradient of {name!r} is {tuple(g.shape)} {g.dtype}; expected "
+                                     f"{tuple(p.shape)} torch.float32")
+                g = g.detach().contiguous()
+            grads[name] = g
+        with torch.no_grad():
+            self._apply(grads)
+
+    def _apply(self, grads: dict[str, torch.Tensor | None]) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        for _, p in self.named_params:
+            p.grad = None
+
+    # ---- learning rate ---------------------------------------------------------------------------
+    @property
+    def learning_rate(self) -> float:
+        return self._get_lr()
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        value = float(value)
+        if not value >= 0.0 or value == float("inf"):
+            raise ConfigError(f"{self.path}.learning_rate={value!r} is out of range; allowed: >= 0")
+        self._set_lr(value)
+
+    def _get_lr(self) -> float:
+        raise NotImplementedError
+
+    def _set_lr(self, value: float) -> None:
+        raise NotImplementedError
+
+    @property
+    def step_count(self) -> int:
+        return int(self.scalars["step_count"])
+
+    def set_lr_scale(self, name: str, scale: torch.Tensor | None) -> None:
+        """Per-network learning-rate multipliers for parameter `name`: a (rows,) float32 tensor, one
+        value per network (the parameter's first dimension). None resets to 1."""
+        raise NotImplementedError
+
+    def lr_scale(self, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---- weights for inference -------------------------------------------------------------------
+    def inference_params(self, name: str) -> torch.Tensor:
+        """The weights to evaluate with. The live parameter, except for EMA / Average / Lookahead,
+        which return their averaged (slow) weights, as tcnn's `custom_weights`."""
+        self._check_name(name)
+        return self.params[name]
+
+    @contextlib.contextmanager
+    def swap_in_inference_params(self):
+        """Temporarily copy `inference_params` into the parameters (e.g. to render with EMA weights);
+        the live training weights are restored on exit."""
+        saved = {}
+        with torch.no_grad():
+            for name, p in self.named_params:
+                src = self.inference_params(name)
+                if src is not p:
+                    saved[name] = p.detach().clone()
+                    p.copy_(src)
+        try:
+            yield self
+        finally:
+            with torch.no_grad():
+                for name, value in saved.items():
+                    self.params[name].copy_(value)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> State:
+        out: State = {}
+        self._collect(out, "")
+        return out
+
+    def _collect(self, out: State, prefix: str) -> None:
+        out[prefix + "otype"] = self.otype
+        for k, v in self.scalars.items():
+            out[prefix + k] = v
+        for k, t in self.state.items():
+            out[prefix + k] = t
+        for child_prefix, child in self.children:
+            child._collect(out, prefix + child_prefix)
+
+    def load_state_dict(self, state: State) -> None:
+        """Restore from `state_dict()` output; every key must match (names, shapes, optimizer types)."""
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise CheckpointError(f"optimizer state does not match this optimizer (missing {missing[:8]}, "
+                                  f"unexpected {unexpected[:8]})")
+        for key, mine in own.items():
+            value = state[key]
+            if isinstance(mine, torch.Tensor):
+                if not isinstance(value, torch.Tensor) or value.shape != mine.shape or value.dtype != mine.dtype:
+                    got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else repr(value)
+                    raise CheckpointError(f"optimizer state {key!r} is {got}; expected {tuple(mine.shape)} {mine.dtype}")
+            elif key.endswith("otype"):
+                if value != mine:
+                    raise CheckpointError(f"optimizer state {key!r} is {value!r}; this optimizer is {mine!r}")
+            elif isinstance(value, torch.Tensor) or isinstance(value, bool) != isinstance(mine, bool):
+                raise CheckpointError(f"optimizer state {key!r} is {value!r}; expected a {type(mine).__name__}")
+        with torch.no_grad():
+            self._restore(state, "")
+
+    def _restore(self, state: State, prefix: str) -> None:
+        for k, v in self.scalars.items():
+            self.scalars[k] = type(v)(state[prefix + k])
+        for k, t in self.state.items():
+            t.copy_(state[prefix + k])
+        for child_prefix, child in self.children:
+            child._restore(state, prefix + child_prefix)
+        self._after_restore()
+
+    def _after_restore(self) -> None:
+        pass
+
+    # ---- misc ------------------------------------------------------------------------------------
+    def hyperparams(self) -> dict:
+        raise NotImplementedError
+
+    def _check_name(self, name: str) -> None:
+        if name not in self.params:
+            raise InputError(f"unknown parameter {name!r}; this optimizer has {list(self.params)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.hyperparams()})"
+
+
+class LeafOptimizer(Optimizer):
+    """An optimizer that updates parameters itself; handles learning rate, per-network scales, steps."""
+
+    def __init__(self, named_params, cfg: Section, default_lr: float = 1e-3):
+        super().__init__(named_params, cfg.path)
+        self.scalars["step_count"] = 0
+        self.scalars["learning_rate"] = cfg.number("learning_rate", default_lr, lo=0.0)
+        self.rows = {name: rows_of(p) for name, p in self.named_params}
+        for name, p in self.named_params:
+            self.state[f"lr_scale.{name}"] = torch.ones(self.rows[name], dtype=torch.float32, device=p.device)
+
+    def new_state(self, kind: str, name: str, dtype=torch.float32) -> torch.Tensor:
+        """A zeroed (rows, cols) state tensor for parameter `name`, registered as `kind.name`."""
+        p = self.params[name]
+        t = torch.zeros(self.rows[name], max(p.numel() // self.rows[name], 0), dtype=dtype, device=p.device)
+        self.state[f"{kind}.{name}"] = t
+        return t
+
+    def _get_lr(self) -> float:
+        return float(self.scalars["learning_rate"])
+
+    def _set_lr(self, value: float) -> None:
+        self.scalars["learning_rate"] = float(value)
+
+    def lr_scale(self, name: str) -> torch.Tensor:
+        self._check_name(name)
+        return self.state[f"lr_scale.{name}"]
+
+    def set_lr_scale(self, name: str, scale: torch.Tensor | None) -> None:
+        self._check_name(name)
+        own = self.state[f"lr_scale.{name}"]
+        if scale is None:
+            own.fill_(1.0)
+            return
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != tuple(own.shape):
+            got = f"{tuple(scale.shape)} {scale.dtype}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+            raise InputError(f"lr scale for {name!r} must be a float32 tensor of shape {tuple(own.shape)} "
+                             f"(one value per network), got {got}")
+        checks.check_device("lr scale", scale)
+        own.copy_(scale)
+
+    def _apply(self, grads) -> None:
+        self.scalars["step_count"] += 1
+        for name, p in self.named_params:
+            g = grads.get(name)
+            if g is None or p.numel() == 0:
+                continue
+            rows = self.rows[name]
+            self._update(name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"])
+
+    def _update(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
+        raise NotImplementedError

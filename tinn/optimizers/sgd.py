@@ -1,0 +1,21 @@
+"""Plain SGD with L2 regularisation, as tcnn: w -= lr * (g + l2_reg * w)."""
+from __future__ import annotations
+
+from ..config import Section
+from ..kernels import optimizers as K
+from .base import LeafOptimizer, check_keys
+
+
+class SGD(LeafOptimizer):
+    otype = "SGD"
+
+    def __init__(self, named_params, cfg: Section):
+        check_keys(cfg, ("learning_rate", "l2_reg"))
+        super().__init__(named_params, cfg)
+        self.l2_reg = cfg.number("l2_reg", 1e-8, lo=0.0)
+
+    def _update(self, name, w, g, lr_scale):
+        K.sgd_step(w, g, lr_scale, self.learning_rate, self.l2_reg)
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype, "learning_rate": self.learning_rate, "l2_reg": self.l2_reg}

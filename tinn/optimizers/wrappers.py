@@ -1,0 +1,240 @@
+"""Wrapper optimizers: each holds one nested optimizer (`"nested": {...}` in the config, required).
+
+EMA, Average and Lookahead keep extra weights that are meant for inference (tcnn's
+`custom_weights`): read them with `opt.inference_params(name)`, or evaluate inside
+`with opt.swap_in_inference_params(): ...`, which copies them into the parameters and
+restores the training weights afterwards. Wrapping composes: EMA over Lookahead averages
+Lookahead's slow weights, as in tcnn.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import Section
+from ..kernels import optimizers as K
+from .base import Optimizer, as_rows, check_keys
+
+
+class Wrapper(Optimizer):
+    """Delegates learning rate, step count and per-network scales to the nested optimizer."""
+
+    OPTIONS: tuple = ()
+
+    def __init__(self, named_params, cfg: Section):
+        from . import create_optimizer  # the package factory; imported late to avoid a cycle
+
+        check_keys(cfg, self.OPTIONS + ("nested",))
+        super().__init__(named_params, cfg.path)
+        self.nested = create_optimizer(cfg.section("nested"), self.named_params)
+        self.children = [("nested.", self.nested)]
+
+    def _apply(self, grads) -> None:
+        self.nested._apply(grads)
+
+    def _get_lr(self) -> float:
+        return self.nested.learning_rate
+
+    def _set_lr(self, value: float) -> None:
+        self.nested.learning_rate = value
+
+    @property
+    def step_count(self) -> int:
+        return self.nested.step_count
+
+    def set_lr_scale(self, name, scale) -> None:
+        self.nested.set_lr_scale(name, scale)
+
+    def lr_scale(self, name):
+        return self.nested.lr_scale(name)
+
+    def inference_params(self, name: str) -> torch.Tensor:
+        return self.nested.inference_params(name)
+
+    def _own_hyperparams(self) -> dict:
+        return {k: getattr(self, k) for k in self.OPTIONS}
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype, **self._own_hyperparams(), "nested": self.nested.hyperparams()}
+
+    def _rows_view(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        p = self.params[name]
+        return as_rows(t, p.shape[0] if p.dim() >= 1 and p.shape[0] > 0 else 1)
+
+    def _new_copy(self, kind: str, name: str, zero: bool = True) -> torch.Tensor:
+        p = self.params[name]
+        t = torch.zeros_like(p.detach()) if zero else p.detach().clone()
+        self.state[f"{kind}.{name}"] = t
+        return t
+
+
+class EMA(Wrapper):
+    """Bias-corrected exponential moving average of the weights after every nested step:
+    ema_t = (decay (1 - decay^(t-1)) ema_{t-1} + (1 - decay) w_t) / (1 - decay^t), so ema_1 = w_1.
+    `full_precision` is accepted for tcnn compatibility; tinn always averages in float32."""
+
+    otype = "EMA"
+    OPTIONS = ("decay", "full_precision")
+
+    def __init__(self, named_params, cfg: Section):
+        super().__init__(named_params, cfg)
+        self.decay = cfg.number("decay", 0.99, lo=0.0, hi=0.999999)
+        self.full_precision = cfg.boolean("full_precision", False)
+        for name, _ in self.named_params:
+            self._new_copy("ema", name)
+
+    def _apply(self, grads) -> None:
+        self.nested._apply(grads)
+        t = self.nested.step_count
+        old = 1.0 - self.decay ** (t - 1)
+        new = 1.0 / (1.0 - self.decay ** t)
+        for name, p in self.named_params:
+            if p.numel():
+                K.ema_step(self._rows_view(name, self.nested.inference_params(name).detach()),
+                           self._rows_view(name, self.state[f"ema.{name}"]), self.decay, old, new)
+
+    def inference_params(self, name: str) -> torch.Tensor:
+        self._check_name(name)
+        return self.state[f"ema.{name}"] if self.step_count > 0 else self.nested.inference_params(name)
+
+
+class Average(Wrapper):
+    """Mean of the weights over the last `n_samples` steps (a ring buffer of n_samples copies: mind the
+    memory). tcnn divides by n_samples from the start (zeros fill the window); tinn's
+    `inference_params` returns the mean over the min(step, n_samples) weights actually seen."""
+
+    otype = "Average"
+    OPTIONS = ("n_samples",)
+
+    def __init__(self, named_params, cfg: Section):
+        super().__init__(named_params, cfg)
+        self.n_samples = cfg.integer("n_samples", 128, lo=1, hi=1 << 16)
+        for name, p in self.named_params:
+            self._new_copy("average", name)
+            self.state[f"samples.{name}"] = torch.zeros((self.n_samples,) + tuple(p.shape), dtype=torch.float32,
+                                                        device=p.device)
+
+    def _apply(self, grads) -> None:
+        self.nested._apply(grads)
+        slot = self.nested.step_count % self.n_samples
+        for name, p in self.named_params:
+            if p.numel():
+                K.average_step(self._rows_view(name, self.nested.inference_params(name).detach()),
+                               self._rows_view(name, self.state[f"samples.{name}"][slot]),
+                               self._rows_view(name, self.state[f"average.{name}"]), 1.0 / self.n_samples)
+
+    def inference_params(self, name: str) -> torch.Tensor:
+        self._check_name(name)
+        t = self.step_count
+        if t == 0:
+            return self.nested.inference_params(name)
+        avg = self.state[f"average.{name}"]
+        return avg if t >= self.n_samples else avg * (self.n_samples / t)
+
+
+class Lookahead(Wrapper):
+    """Lookahead (Zhang et al. 2019): every n_steps nested steps the slow weights move alpha of the way
+    to the fast ones and the fast weights restart there. The slow weights are the inference weights."""
+
+    otype = "Lookahead"
+    OPTIONS = ("alpha", "n_steps")
+
+    def __init__(self, named_params, cfg: Section):
+        super().__init__(named_params, cfg)
+        self.alpha = cfg.number("alpha", 0.5, lo=0.0, hi=1.0)
+        self.n_steps = cfg.integer("n_steps", 16, lo=1)
+        for name, _ in self.named_params:
+            self._new_copy("slow", name)
+
+    def _apply(self, grads) -> None:
+        if self.nested.step_count == 0:
+            for name, p in self.named_params:
+                self.state[f"slow.{name}"].copy_(p.detach())
+        self.nested._apply(grads)
+        # Sync right after every n_steps-th fast step, so the next gradient is taken at the synced
+        # weights (tcnn syncs at the start of the following step, after its gradient was computed).
+        if self.nested.step_count % self.n_steps == 0:
+            for name, p in self.named_params:
+                if p.numel():
+                    K.lookahead_step(self._rows_view(name, p.detach()),
+                                     self._rows_view(name, self.state[f"slow.{name}"]), self.alpha)
+
+    def inference_params(self, name: str) -> torch.Tensor:
+        self._check_name(name)
+        return self.state[f"slow.{name}"] if self.step_count > 0 else self.params[name]
+
+
+class ExponentialDecay(Wrapper):
+    """Piecewise-constant decay of the nested learning rate: before nested step t (counting from 0),
+    if decay_start <= t <= decay_end and (t - decay_start) % decay_interval == 0, the factor is
+    multiplied by decay_base. `learning_rate` is the current (decayed) rate; setting it rescales
+    the base so that the current rate becomes the new value (tcnn semantics)."""
+
+    otype = "ExponentialDecay"
+    OPTIONS = ("decay_base", "decay_start", "decay_interval", "decay_end")
+
+    def __init__(self, named_params, cfg: Section):
+        super().__init__(named_params, cfg)
+        self.decay_base = cfg.number("decay_base", 0.1, lo=0.0)
+        self.decay_start = cfg.integer("decay_start", 10000, lo=0)
+        self.decay_interval = cfg.integer("decay_interval", 10000, lo=1)
+        self.decay_end = cfg.integer("decay_end", 10000000, lo=0)
+        self.scalars["base_learning_rate"] = float(self.nested.learning_rate)
+        self.scalars["learning_rate_factor"] = 1.0
+
+    def _apply(self, grads) -> None:
+        t = self.nested.step_count
+        if t == 0:
+            self.scalars["learning_rate_factor"] = 1.0
+        if self.decay_start <= t <= self.decay_end and (t - self.decay_start) % self.decay_interval == 0:
+            self.scalars["learning_rate_factor"] *= self.decay_base
+        self.nested.learning_rate = self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
+        self.nested._apply(grads)
+
+    def _get_lr(self) -> float:
+        return self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
+
+    def _set_lr(self, value: float) -> None:
+        factor = self.scalars["learning_rate_factor"]
+        self.scalars["base_learning_rate"] = value / factor if factor > 0 else value
+        self.nested.learning_rate = value
+
+
+class Batched(Wrapper):
+    """Averages gradients over `batch_size_multiplier` calls of step() and runs the nested optimizer
+    on the mean every that many calls (a larger effective batch). A parameter whose grad was None
+    throughout a window is skipped by the nested step; inside a window None counts as zero."""
+
+    otype = "Batched"
+    OPTIONS = ("batch_size_multiplier",)
+
+    def __init__(self, named_params, cfg: Section):
+        super().__init__(named_params, cfg)
+        self.batch_size_multiplier = cfg.integer("batch_size_multiplier", 16, lo=1)
+        self.scalars["step_count"] = 0
+        for name, _ in self.named_params:
+            self._new_copy("pool", name)
+            self.scalars[f"seen.{name}"] = False
+
+    @property
+    def step_count(self) -> int:
+        return int(self.scalars["step_count"])
+
+    def _apply(self, grads) -> None:
+        k = self.batch_size_multiplier
+        first = self.scalars["step_count"] % k == 0
+        for name, p in self.named_params:
+            pool = self.state[f"pool.{name}"]
+            if first:
+                self.scalars[f"seen.{name}"] = False
+            g = grads.get(name)
+            if g is None:
+                if first:
+                    pool.zero_()
+                continue
+            if p.numel():
+                K.accumulate_grad(self._rows_view(name, pool), self._rows_view(name, g), int(first), 1.0 / k)
+            self.scalars[f"seen.{name}"] = True
+        self.scalars["step_count"] += 1
+        if self.scalars["step_count"] % k == 0:
+            self.nested._apply({name: (self.state[f"pool.{name}"] if self.scalars[f"seen.{name}"] else None)
+                                for name, _ in self.named_params})
