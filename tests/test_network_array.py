@@ -24,11 +24,12 @@ def check_against_reference(n_in, n_out, width, depth, hidden, output, n_network
     gen = torch.Generator().manual_seed(seed)
     cfg = {"otype": otype, "n_neurons": width, "n_hidden_layers": depth, "activation": hidden,
            "output_activation": output}
+    dev = tinn.runtime.device()
     net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=seed)
-    x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).requires_grad_()
-    ids = ragged_ids(batch, n_networks, gen) if n_networks > 1 else torch.zeros(batch, dtype=torch.int32)
+    x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).to(dev).requires_grad_()
+    ids = (ragged_ids(batch, n_networks, gen) if n_networks > 1 else torch.zeros(batch, dtype=torch.int32)).to(dev)
     y = net(x, ids)
-    dy = torch.randn(batch, n_out, generator=gen)
+    dy = torch.randn(batch, n_out, generator=gen).to(dev)
     y.backward(dy)
 
     p64 = net.params.detach().double().requires_grad_()

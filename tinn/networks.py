@@ -127,23 +127,26 @@ class NetworkArray(torch.nn.Module):
         with torch.no_grad():
             return self.forward(x, net_ids)
 
+    def _static_shape(self):
+        return self.n_input_dims, self.width, self.n_output_dims, self.n_layers
+
     def _launch_forward(self, x, ids, params, order, keep_all):
+        # Scratch buffers are feature-major and indexed by sorted position: (layer, feature, position).
         batch = x.shape[0]
         dev = x.device
-        slots = (self.n_layers - 1) if keep_all else 2
-        acts = torch.empty(max(slots, 1), batch if self.n_layers > 1 else 1, self.width, device=dev)
-        pre = torch.empty((self.n_layers, batch, max(self.width, self.n_output_dims)) if self.keep_pre else (1, 1, 1),
+        slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
+        acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev)
+        pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
                           device=dev)
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch:
-            K.forward(x, ids, order, params, acts, pre, out, self.n_layers, self.width,
+            K.forward(x, ids, order, params, acts, pre, out, *self._static_shape(),
                       self.hidden_act, self.output_act, keep_all, self.keep_pre)
         return out, acts, pre
 
     def _inference(self, x, ids):
-        routing_order = route(ids, self.n_networks, self.tile_size).order if self.n_networks > 1 else \
-            torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-        out, _, _ = self._launch_forward(x, ids, self.params.detach(), routing_order, keep_all=False)
+        order = route(ids, self.n_networks, self.tile_size, tiles=False).order
+        out, _, _ = self._launch_forward(x, ids, self.params.detach(), order, keep_all=False)
         return out
 
     def _forward_train(self, x, ids, params):
@@ -154,18 +157,16 @@ class NetworkArray(torch.nn.Module):
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing, want_dx: bool):
         batch = x.shape[0]
         dev = x.device
-        deltas = torch.empty(self.n_layers, batch, max(self.width, self.n_output_dims), device=dev)
+        deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         dparams = torch.zeros_like(params)
         if batch:
-            K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx,
-                              self.n_input_dims, self.n_layers, self.width,
+            K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)
             partial = torch.empty(routing.n_tiles, params.shape[1], device=dev)
             offset = 0
             for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
-                src, from_acts = (x, False) if l == 0 else (acts, True)
-                K.tile_weight_gradient(src, from_acts, routing.order, routing.tile_start, routing.tile_end,
+                K.tile_weight_gradient(x, acts, l > 0, routing.order, routing.tile_start, routing.tile_end,
                                        deltas, partial, l, fan_in, fan_out, offset)
                 offset += fan_out * fan_in
             K.reduce_tiles(partial, routing.tile_net, dparams)

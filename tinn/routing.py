@@ -24,7 +24,8 @@ class Routing:
         return self.tile_net.shape[0]
 
 
-def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256) -> Routing:
+def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256, tiles: bool = True) -> Routing:
+    """Sort order and tiles; `tiles=False` skips the tiles (inference only needs the order)."""
     batch = net_ids.shape[0]
     dev = net_ids.device
     if n_networks == 1:
@@ -33,6 +34,9 @@ def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256) -> Routi
     else:
         order = torch.argsort(net_ids, stable=True).to(torch.int32)
         counts = torch.bincount(net_ids, minlength=n_networks)
+    if not tiles:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return Routing(order, empty, empty, empty, counts)
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
     tiles_per_net = (counts + tile_size - 1) // tile_size

@@ -5,11 +5,25 @@ from ..config import Section
 from ..errors import ConfigError
 from .base import Encoding
 from .basic import FrequencyEncoding, IdentityEncoding
+from .composite import CompositeEncoding
+from .grid import GridEncoding
+from .oneblob import OneBlobEncoding
+from .spherical_harmonics import SphericalHarmonicsEncoding
+from .triangle_wave import TriangleWaveEncoding
 
 # otype -> class with `from_config(n_input_dims, Section, n_networks, seed)`.
 ENCODINGS: dict[str, type] = {
     "Identity": IdentityEncoding,
     "Frequency": FrequencyEncoding,
+    "TriangleWave": TriangleWaveEncoding,
+    "OneBlob": OneBlobEncoding,
+    "SphericalHarmonics": SphericalHarmonicsEncoding,
+    "Composite": CompositeEncoding,
+    # One class; the otype only picks the default backing storage ("type"), as in tcnn.
+    "Grid": GridEncoding,
+    "HashGrid": GridEncoding,
+    "DenseGrid": GridEncoding,
+    "TiledGrid": GridEncoding,
 }
 
 
@@ -27,4 +41,6 @@ def create_encoding(n_input_dims: int, config: dict | Section | None, n_networks
     return ENCODINGS[otype].from_config(n_input_dims, cfg, n_networks=n_networks, seed=seed)
 
 
-__all__ = ["Encoding", "ENCODINGS", "create_encoding", "register_encoding", "IdentityEncoding", "FrequencyEncoding"]
+__all__ = ["Encoding", "ENCODINGS", "create_encoding", "register_encoding", "IdentityEncoding", "FrequencyEncoding",
+           "TriangleWaveEncoding", "OneBlobEncoding", "SphericalHarmonicsEncoding", "CompositeEncoding",
+           "GridEncoding"]

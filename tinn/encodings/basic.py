@@ -7,6 +7,7 @@ from .. import runtime
 from ..config import Section
 from ..kernels import basic_encodings as K
 from .base import Encoding
+from .perdim import PerDimEncode
 
 
 class _IdentityFn(torch.autograd.Function):
@@ -19,9 +20,8 @@ class _IdentityFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        dx = torch.empty_like(dy)
-        K.identity_backward(dy.contiguous(), dx, ctx.scale)
-        return dx, None, None
+        # A torch op rather than the kernel so the input gradient stays differentiable (double backward).
+        return dy * ctx.scale, None, None
 
 
 class IdentityEncoding(Encoding):
@@ -39,23 +39,6 @@ class IdentityEncoding(Encoding):
         return _IdentityFn.apply(x, self.scale, self.offset)
 
 
-class _FrequencyFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, n_frequencies):
-        out = torch.empty(x.shape[0], x.shape[1] * 2 * n_frequencies, dtype=torch.float32, device=x.device)
-        K.frequency_forward(x.detach(), out, n_frequencies)
-        ctx.save_for_backward(x.detach())
-        ctx.n_frequencies = n_frequencies
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        dx = torch.empty_like(x)
-        K.frequency_backward(x, dy.contiguous(), dx, ctx.n_frequencies)
-        return dx, None
-
-
 class FrequencyEncoding(Encoding):
     """sin/cos of 2^k * pi * x for k < n_frequencies, per input dimension (tcnn order)."""
 
@@ -71,4 +54,21 @@ class FrequencyEncoding(Encoding):
 
     def encode(self, x, net_ids):
         runtime.require_init()
-        return _FrequencyFn.apply(x, self.n_frequencies)
+        return PerDimEncode.apply(x, self)
+
+    # Kernel launchers used by PerDimEncode (x, dy contiguous and detached).
+    def _fwd(self, x):
+        out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
+        K.frequency_forward(x, out, self.n_frequencies)
+        return out
+
+    def _bwd(self, x, dy):
+        dx = torch.empty_like(x)
+        K.frequency_backward(x, dy, dx, self.n_frequencies)
+        return dx
+
+    def _derivs(self, x):
+        fp = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
+        fpp = torch.empty_like(fp)
+        K.frequency_derivatives(x, fp, fpp, self.n_frequencies)
+        return fp, fpp

@@ -41,3 +41,16 @@ def frequency_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.i32)
             phase = ti.cast(jj % 2, ti.f32) * (PI / 2)
             acc += dy[b, j] * freq * ti.cos(x[b, d] * freq + phase)
         dx[b, d] = acc
+
+
+@ti.kernel
+def frequency_derivatives(x: f32_2d, fp: f32_2d, fpp: f32_2d, n_frequencies: ti.i32):
+    # First and second derivative of every feature with respect to its input dim (double backward).
+    for b, j in ti.ndrange(fp.shape[0], fp.shape[1]):
+        d = j // (2 * n_frequencies)
+        k = (j // 2) % n_frequencies
+        phase = ti.cast(j % 2, ti.f32) * (PI / 2)
+        freq = ti.cast(1 << k, ti.f32) * PI
+        arg = x[b, d] * freq + phase
+        fp[b, j] = freq * ti.cos(arg)
+        fpp[b, j] = -freq * freq * ti.sin(arg)

@@ -1,155 +1,196 @@
 """Forward and hand-written backward of an array of identically shaped MLPs.
 
 Layout: `params[net, :]` holds the network's weight matrices back to back,
-layer l as a row-major (out_l, in_l) block (tcnn MLPs have no biases). Layer l
-reads `n_in` inputs when l == 0 and `width` otherwise, and writes `width`
-outputs except the last, which writes `n_out`.
+layer l as a row-major (fan_out, fan_in) block (tcnn MLPs have no biases).
+Layer 0 reads N_IN inputs, hidden layers WIDTH, the last layer writes N_OUT.
+Shapes are compile-time constants, so each thread keeps the current layer's
+input vector in registers (statically indexed) while it loops over outputs.
 
-Samples are visited in `order` (samples sorted by network id), so neighbouring
-threads read the same weights; each sample still reads/writes its own row, so
-the caller's order is kept on output.
-
-Weight gradients are reduced per tile (a run of at most `tile` samples that share
-a network) before one atomic add per weight, instead of one atomic per
-(sample, weight).
+Samples are visited in sorted order: position `s` is the s-th sample after
+grouping by network id, `order[s]` its index in the caller's batch. Neighbouring
+threads then share a network, so weight reads are broadcasts. Scratch buffers
+(activations, pre-activations, deltas) are feature-major, `buf[layer, feature, s]`,
+so that a warp's reads and writes are contiguous; inputs, outputs and their
+gradients stay in the caller's row order.
 """
+import warnings
+
 import taichi as ti
 
 from . import activations as act
 
-f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+# The register-resident layers unroll up to 128 multiply-adds per row on purpose.
+warnings.filterwarnings("ignore", message="You are unrolling more than", category=SyntaxWarning)
+
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
+COLS = 8  # input columns one thread accumulates in registers in the weight-gradient kernel
+
 
 @ti.func
-def layer_shape(l, n_layers, n_in, width, n_out):
-    """(fan_in, fan_out, offset into params) of weight matrix l."""
-    fan_in = n_in if l == 0 else width
-    fan_out = n_out if l == n_layers - 1 else width
-    offset = 0 if l == 0 else n_in * width + (l - 1) * width * width
-    return fan_in, fan_out, offset
+def layer_offset(l, n_in: ti.template(), width: ti.template()):
+    """Offset of weight matrix l inside a network's parameter row."""
+    return 0 if l == 0 else n_in * width + (l - 1) * width * width
+
+
+@ti.func
+def dot_row(params: ti.template(), net, row, h: ti.template(), n: ti.template()):
+    z = 0.0
+    for i in ti.static(range(n)):
+        z += params[net, row + i] * h[i]
+    return z
+
+
+@ti.func
+def load_column(buf: ti.template(), l, s, n: ti.template()):
+    """Feature vector buf[l, 0:n, s] into registers."""
+    return ti.Vector([buf[l, i, s] for i in ti.static(range(n))], dt=ti.f32)
 
 
 @ti.kernel
 def forward(
     x: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
     acts: f32_3d, pre: f32_3d, out: f32_2d,
-    n_layers: ti.i32, width: ti.i32,
-    hidden_act: ti.template(), output_act: ti.template(),
-    keep_all: ti.template(), keep_pre: ti.template(),
+    n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
+    hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(), keep_pre: ti.template(),
 ):
-    """keep_all: acts[l] keeps every layer's output (training); else two ping-pong slots (inference)."""
-    n_in = x.shape[1]
-    n_out = out.shape[1]
+    """keep_all: acts[l] keeps every hidden layer's output (training); else two ping-pong slots (inference)."""
     for s in range(order.shape[0]):
         b = order[s]
         net = net_ids[b]
-        for l in range(n_layers):
-            fan_in, fan_out, offset = layer_shape(l, n_layers, n_in, width, n_out)
-            src = l - 1 if ti.static(keep_all) else (l + 1) % 2
-            dst = l if ti.static(keep_all) else l % 2
-            for o in range(fan_out):
-                z = 0.0
-                row = offset + o * fan_in
-                if l == 0:  # explicit branches: a ternary would read both buffers
-                    for i in range(fan_in):
-                        z += params[net, row + i] * x[b, i]
-                else:
-                    for i in range(fan_in):
-                        z += params[net, row + i] * acts[src, b, i]
-                y = 0.0
-                if l == n_layers - 1:
-                    y = act.apply(z, output_act)
-                    out[b, o] = y
-                else:
-                    y = act.apply(z, hidden_act)
-                    acts[dst, b, o] = y
+        h_in = ti.Vector([x[b, i] for i in ti.static(range(n_in))], dt=ti.f32)
+        if ti.static(n_layers == 1):
+            for o in range(n_out):
+                z = dot_row(params, net, o * n_in, h_in, n_in)
+                out[b, o] = act.apply(z, output_act)
                 if ti.static(keep_pre):
-                    pre[l, b, o] = z
+                    pre[0, o, s] = z
+        else:
+            for o in range(width):
+                z = dot_row(params, net, o * n_in, h_in, n_in)
+                acts[0, o, s] = act.apply(z, hidden_act)
+                if ti.static(keep_pre):
+                    pre[0, o, s] = z
+            for l in range(1, n_layers - 1):
+                src = l - 1 if ti.static(keep_all) else (l - 1) % 2
+                dst = l if ti.static(keep_all) else l % 2
+                h = load_column(acts, src, s, width)
+                offset = layer_offset(l, n_in, width)
+                for o in range(width):
+                    z = dot_row(params, net, offset + o * width, h, width)
+                    acts[dst, o, s] = act.apply(z, hidden_act)
+                    if ti.static(keep_pre):
+                        pre[l, o, s] = z
+            last = n_layers - 1
+            h = load_column(acts, last - 1 if ti.static(keep_all) else (last - 1) % 2, s, width)
+            offset = layer_offset(last, n_in, width)
+            for o in range(n_out):
+                z = dot_row(params, net, offset + o * width, h, width)
+                out[b, o] = act.apply(z, output_act)
+                if ti.static(keep_pre):
+                    pre[last, o, s] = z
 
 
-COLS = 8  # columns one thread accumulates in registers
+@ti.func
+def transpose_dot(params: ti.template(), net, offset, i, fan_in: ti.template(), g: ti.template(),
+                  fan_out: ti.template()):
+    """(W^T g)[i] for the (fan_out, fan_in) matrix at `offset`."""
+    v = 0.0
+    for o in ti.static(range(fan_out)):
+        v += params[net, offset + o * fan_in + i] * g[o]
+    return v
 
 
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
-    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d,
-    dx: f32_2d, n_in: ti.i32, n_layers: ti.i32, width: ti.i32,
+    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
+    n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_pre: ti.template(), want_dx: ti.template(),
 ):
-    """deltas[l, b, o] = dLoss/dz of layer l's output o; dx = dLoss/dinput when want_dx."""
-    n_out = dy.shape[1]
+    """deltas[l, o, s] = dLoss/dz of layer l's output o; dx = dLoss/dinput when want_dx."""
+    last = n_layers - 1
     for s in range(order.shape[0]):
         b = order[s]
         net = net_ids[b]
-        last = n_layers - 1
-        for o in range(n_out):
+        g_out = ti.Vector.zero(ti.f32, n_out)
+        for o in ti.static(range(n_out)):
             z = 0.0
             if ti.static(keep_pre):
-                z = pre[last, b, o]
-            deltas[last, b, o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
-        for r in range(n_layers - 1):
-            l = n_layers - 2 - r  # hidden layer whose output feeds layer l + 1
-            _, fan_out_next, offset_next = layer_shape(l + 1, n_layers, n_in, width, n_out)
+                z = pre[last, o, s]
+            g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
+            deltas[last, o, s] = g_out[o]
+        if ti.static(n_layers > 1):
+            offset = layer_offset(last, n_in, width)
             for i in range(width):
-                g = 0.0
-                for o in range(fan_out_next):
-                    g += params[net, offset_next + o * width + i] * deltas[l + 1, b, o]
                 z = 0.0
                 if ti.static(keep_pre):
-                    z = pre[l, b, i]
-                deltas[l, b, i] = g * act.derivative(z, acts[l, b, i], hidden_act)
+                    z = pre[last - 1, i, s]
+                v = transpose_dot(params, net, offset, i, width, g_out, n_out)
+                deltas[last - 1, i, s] = v * act.derivative(z, acts[last - 1, i, s], hidden_act)
+            for r in range(n_layers - 2):
+                l = n_layers - 3 - r  # hidden layer whose output feeds layer l + 1
+                g = load_column(deltas, l + 1, s, width)
+                offset_next = layer_offset(l + 1, n_in, width)
+                for i in range(width):
+                    z = 0.0
+                    if ti.static(keep_pre):
+                        z = pre[l, i, s]
+                    v = transpose_dot(params, net, offset_next, i, width, g, width)
+                    deltas[l, i, s] = v * act.derivative(z, acts[l, i, s], hidden_act)
         if ti.static(want_dx):
-            fan_out0 = n_out if n_layers == 1 else width
-            for i in range(n_in):
-                g = 0.0
-                for o in range(fan_out0):
-                    g += params[net, o * n_in + i] * deltas[0, b, o]
-                dx[b, i] = g
+            if ti.static(n_layers == 1):
+                for i in range(n_in):
+                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g_out, n_out)
+            else:
+                g0 = load_column(deltas, 0, s, width)
+                for i in range(n_in):
+                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g0, width)
 
 
 @ti.func
-def _accumulate_block(src: ti.template(), layer: ti.template(), order: ti.template(), deltas: ti.template(),
-                      l, o, t0, t1, i0, n_cols: ti.template()):
-    """Sum over samples s in [t0, t1) of deltas[l, b, o] * src[b, i0:i0+n_cols] (registers only)."""
+def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.template(), order: ti.template(),
+                      deltas: ti.template(), l, o, t0, t1, i0, n_cols: ti.template()):
+    """Sum over positions s in [t0, t1) of deltas[l, o, s] * input_l[i0:i0+n_cols] (registers only)."""
     acc = ti.Vector.zero(ti.f32, n_cols)
     for s in range(t0, t1):
-        b = order[s]
-        d = deltas[l, b, o]
-        for k in ti.static(range(n_cols)):
-            if ti.static(layer):
-                acc[k] += d * src[l - 1, b, i0 + k]
-            else:
-                acc[k] += d * src[b, i0 + k]
+        d = deltas[l, o, s]
+        if ti.static(from_acts):
+            for k in ti.static(range(n_cols)):
+                acc[k] += d * acts[l - 1, i0 + k, s]
+        else:
+            b = order[s]
+            for k in ti.static(range(n_cols)):
+                acc[k] += d * x[b, i0 + k]
     return acc
 
 
 @ti.kernel
 def tile_weight_gradient(
-    src: ti.types.ndarray(dtype=ti.f32), from_acts: ti.template(), order: i32_1d,
+    x: f32_2d, acts: f32_3d, from_acts: ti.template(), order: i32_1d,
     tile_start: i32_1d, tile_end: i32_1d, deltas: f32_3d, partial: f32_2d,
     l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32,
 ):
-    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, b, o] * input_l[b, i].
+    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, o, s] * input_l[s, i].
 
-    input_l is `src` = x (layer 0) or acts[l - 1]. One thread owns (tile, output
-    row, block of COLS inputs) and keeps its sums in registers: no atomics, and
-    each weight is written once per tile. Full blocks take a branch-free path.
+    input_l is x (layer 0) or acts[l - 1]. One thread owns (tile, output row,
+    block of COLS inputs) and keeps its sums in registers: no atomics, and each
+    weight is written once per tile. Full blocks take a branch-free path.
     """
     n_blocks = (fan_in + COLS - 1) // COLS
     for t, o, blk in ti.ndrange(tile_start.shape[0], fan_out, n_blocks):
         i0 = blk * COLS
         row = offset + o * fan_in + i0
         if i0 + COLS <= fan_in:
-            acc = _accumulate_block(src, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0, COLS)
+            acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0, COLS)
             for k in ti.static(range(COLS)):
                 partial[t, row + k] = acc[k]
         else:
             for k in range(fan_in - i0):
-                acc = _accumulate_block(src, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0 + k, 1)
+                acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o, tile_start[t], tile_end[t],
+                                        i0 + k, 1)
                 partial[t, row + k] = acc[0]
 
 

@@ -1,0 +1,120 @@
+"""Composite encoding (tcnn): nested encodings over ranges of input dims, then a reduction.
+
+Trainable nested encodings (grids) do not keep their own tensors here: the composite owns a
+single `params` table `(n_networks, sum of nested params)` so the contract "one nn.Parameter
+whose first dim is the network id" still holds, and each nested grid reads its column range.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import Section
+from ..errors import ConfigError
+from .base import Encoding
+
+REDUCTIONS = ("Concatenation", "Sum", "Product")
+
+
+class CompositeEncoding(Encoding):
+    otype = "Composite"
+
+    def __init__(self, n_input_dims: int, nested: list, reduction: str = "Concatenation", n_networks: int = 1):
+        """`nested`: list of (first input dim, Encoding) pairs."""
+        if reduction not in REDUCTIONS:
+            raise ConfigError(f"reduction={reduction!r} is not supported; allowed: {list(REDUCTIONS)}")
+        if not nested:
+            raise ConfigError("Composite needs at least one nested encoding")
+        for begin, enc in nested:
+            if begin < 0 or begin + enc.n_input_dims > n_input_dims:
+                raise ConfigError(f"nested {enc.otype} encodes dims [{begin}, {begin + enc.n_input_dims}) "
+                                  f"but the composite has only {n_input_dims} input dims")
+        widths = [enc.n_output_dims for _, enc in nested]
+        if reduction != "Concatenation" and len(set(widths)) != 1:
+            raise ConfigError(f"reduction={reduction!r} needs nested encodings of equal output width, got {widths}")
+        n_out = sum(widths) if reduction == "Concatenation" else widths[0]
+        super().__init__(n_input_dims, n_out, n_networks)
+        self.reduction = reduction
+        self.begins = [int(b) for b, _ in nested]
+        self.nested = torch.nn.ModuleList([enc for _, enc in nested])
+
+        # Take over the nested parameter tables: one (n_networks, total) table, column ranges per child.
+        self.param_offsets: list[int | None] = []
+        tables, offset = [], 0
+        for enc in self.nested:
+            if enc.n_params_per_network() > 0:
+                if enc.params is None or not hasattr(enc, "encode_with"):
+                    raise ConfigError(f"nested {enc.otype} has parameters but cannot read them from a shared table")
+                tables.append(enc.params.data)
+                enc.params = None
+                self.param_offsets.append(offset)
+                offset += tables[-1].shape[1]
+            else:
+                self.param_offsets.append(None)
+        self._n_params = offset
+        if tables:
+            self.params = torch.nn.Parameter(torch.cat(tables, dim=1))
+
+    @classmethod
+    def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
+        from . import create_encoding  # the factory imports this module
+
+        items = cfg.data.get("nested")
+        if not isinstance(items, list) or not items:
+            raise ConfigError(f"{cfg.key('nested')} must be a non-empty JSON array of encodings")
+        reduction = cfg.choice("reduction", REDUCTIONS, "Concatenation")
+        sections = [Section(item, f"{cfg.key('nested')}[{i}]") for i, item in enumerate(items)]
+        any_begin = any(s.has("dims_to_encode_begin") for s in sections)
+        specified = sum(s.integer("n_dims_to_encode", 0, lo=0) for s in sections if s.has("n_dims_to_encode"))
+        if not any_begin and specified > n_input_dims:
+            raise ConfigError(f"{cfg.key('nested')}: nested encodings encode {specified} dims but the composite "
+                              f"has {n_input_dims}")
+        remaining = None if any_begin else n_input_dims - specified
+        nested, offset = [], 0
+        for i, s in enumerate(sections):
+            if s.has("n_dims_to_encode"):
+                if s.has("dims_to_encode_begin"):
+                    offset = s.integer("dims_to_encode_begin", lo=0, hi=n_input_dims)
+                n_dims = s.integer("n_dims_to_encode", lo=0, hi=n_input_dims)
+            else:
+                if remaining is None:
+                    raise ConfigError(f"{s.path}.n_dims_to_encode is missing: only one nested encoding may leave it "
+                                      "unspecified, and none when dims_to_encode_begin is used")
+                n_dims, remaining = remaining, None
+            if n_dims > 0:
+                if offset + n_dims > n_input_dims:
+                    raise ConfigError(f"{s.path} encodes dims [{offset}, {offset + n_dims}) but the composite has "
+                                      f"only {n_input_dims} input dims")
+                nested.append((offset, create_encoding(n_dims, s, n_networks=n_networks, seed=seed + i)))
+            offset += n_dims
+        return cls(n_input_dims, nested, reduction, n_networks)
+
+    def n_params_per_network(self) -> int:
+        return self._n_params
+
+    def memory_report(self) -> dict:
+        return {"otype": self.otype, "n_networks": self.n_networks, "params_per_network": self._n_params,
+                "bytes_per_network": self._n_params * 4, "total_bytes": self.memory_bytes(),
+                "nested": [enc.memory_report() if hasattr(enc, "memory_report") else {"otype": enc.otype}
+                           for enc in self.nested]}
+
+    def encode(self, x, net_ids):
+        return self.encode_with(x, net_ids, self.params, 0)
+
+    def encode_with(self, x, net_ids, params, param_offset: int):
+        outs = []
+        for begin, enc, off in zip(self.begins, self.nested, self.param_offsets):
+            xi = x[:, begin:begin + enc.n_input_dims]
+            xi = xi if xi.is_contiguous() else xi.contiguous()
+            if off is None:
+                outs.append(enc.encode(xi, net_ids))
+            else:
+                outs.append(enc.encode_with(xi, net_ids, params, param_offset + off))
+        if self.reduction == "Concatenation":
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        result = outs[0]
+        for o in outs[1:]:
+            result = result + o if self.reduction == "Sum" else result * o
+        return result
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", reduction={self.reduction}, begins={self.begins}"

@@ -1,0 +1,254 @@
+"""Multiresolution grid encodings: tcnn's `Grid` / `HashGrid` / `DenseGrid` / `TiledGrid`.
+
+With `n_networks > 1` the module holds one independent grid per network (one per
+KiloNeRF cell / octree node) in a single `params` tensor shaped
+`(n_networks, n_params_per_network)`; every sample looks up the grid of its
+`net_ids` entry. Gradients reach `params` and the inputs through torch autograd,
+and the input-gradient path is itself differentiable (second order), so
+eikonal / normal losses on `d(encoding)/dx` train the grids.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import runtime
+from ..config import Section
+from ..errors import ConfigError
+from ..kernels import grid_encoding as K
+from .base import Encoding
+from .grid_layout import (GRID_TYPES, HASH_PRIMES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
+                          default_per_level_scale, grid_layout)
+
+_OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense", "TiledGrid": "Tiled"}
+_INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
+_TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
+_INT32_MAX = 2**31 - 1
+
+
+def _placeholder(device) -> torch.Tensor:
+    """A (1, 1) tensor for kernel arguments a launch does not touch."""
+    return torch.zeros(1, 1, dtype=torch.float32, device=device)
+
+
+class _GridLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, params, net_ids, grid, param_offset):
+        out = torch.empty(x.shape[0], grid.n_output_dims, dtype=torch.float32, device=x.device)
+        grid._launch_forward(x.detach(), net_ids, params.detach(), param_offset, out)
+        # Save the originals, not detached copies: with create_graph the backward must stay connected to them.
+        ctx.save_for_backward(x, params, net_ids)
+        ctx.grid, ctx.param_offset = grid, param_offset
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, params, net_ids = ctx.saved_tensors
+        want_x, want_params = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (want_x or want_params):
+            return None, None, None, None, None
+        dx, dparams = _GridLookupBackward.apply(x, params, dy.contiguous(), net_ids, ctx.grid, ctx.param_offset,
+                                                want_x, want_params)
+        return (dx if want_x else None), (dparams if want_params else None), None, None, None
+
+
+class _GridLookupBackward(torch.autograd.Function):
+    """(dx, dparams) = backward of the lookup; differentiable once more for eikonal-style losses."""
+
+    @staticmethod
+    def forward(ctx, x, params, dy, net_ids, grid, param_offset, want_x, want_params):
+        ctx.set_materialize_grads(False)
+        dx = torch.zeros_like(x) if want_x else _placeholder(x.device)
+        dparams = torch.zeros_like(params) if want_params else _placeholder(x.device)
+        grid._launch_backward(x.detach(), net_ids, params.detach(), param_offset, dy.detach(), dparams, dx,
+                              want_params, want_x)
+        ctx.save_for_backward(x, params, dy, net_ids)
+        ctx.grid, ctx.param_offset = grid, param_offset
+        ctx.want_x, ctx.want_params = want_x, want_params
+        return dx, dparams
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_dx, g_dparams):
+        x, params, dy, net_ids = (t.detach() for t in ctx.saved_tensors)
+        grid, off = ctx.grid, ctx.param_offset
+        need_x, need_params, need_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        out_x = torch.zeros_like(x) if need_x else None
+        out_params = torch.zeros_like(params) if need_params else None
+        out_dy = torch.zeros_like(dy) if need_dy else None
+        if g_dx is not None and ctx.want_x:
+            grid._launch_backward_backward(x, net_ids, params, off, dy, g_dx.contiguous(), out_dy, out_params, out_x)
+        if g_dparams is not None and ctx.want_params and (need_dy or need_x):
+            # dparams scatters w(x) * dy, so its derivative is a lookup into g_dparams:
+            # w.r.t. dy the plain lookup, w.r.t. x the lookup's input gradient.
+            g_table = g_dparams.contiguous()
+            if need_dy:
+                looked_up = torch.empty_like(dy)
+                grid._launch_forward(x, net_ids, g_table, off, looked_up)
+                out_dy += looked_up
+            if need_x:
+                grid._launch_backward(x, net_ids, g_table, off, dy, _placeholder(x.device), out_x, False, True)
+        return out_x, out_params, out_dy, None, None, None, None, None
+
+
+class GridEncoding(Encoding):
+    """Trainable multiresolution grid (tcnn semantics), one grid per network.
+
+    Output: `n_levels * n_features_per_level` features, level-major
+    (`out[:, level * F + f]`). Inputs are expected in [0, 1]^D; outside they wrap
+    (dense/tiled) or hash, as in tcnn.
+    """
+
+    otype = "Grid"
+
+    def __init__(self, n_input_dims: int, n_levels: int = 16, n_features_per_level: int = 2,
+                 log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float | None = None,
+                 interpolation: str = "Linear", grid_type: str = "Hash", hash: str = "CoherentPrime",
+                 n_networks: int = 1, seed: int = 1337):
+        if n_input_dims not in (2, 3, 4):
+            raise ConfigError(f"grid encodings take 2, 3 or 4 input dims, got n_input_dims={n_input_dims}")
+        if n_features_per_level not in (1, 2, 4, 8):
+            raise ConfigError(f"n_features_per_level={n_features_per_level} is not supported; allowed: [1, 2, 4, 8]")
+        if not 1 <= n_levels <= MAX_N_LEVELS:
+            raise ConfigError(f"n_levels={n_levels} is out of range; allowed: >= 1 and <= {MAX_N_LEVELS}")
+        for name, value, allowed in (("interpolation", interpolation, INTERPOLATIONS),
+                                     ("type", grid_type, GRID_TYPES), ("hash", hash, HASH_TYPES)):
+            if value not in allowed:
+                raise ConfigError(f"{name}={value!r} is not supported; allowed: {list(allowed)}")
+        if n_networks < 1:
+            raise ConfigError(f"n_networks={n_networks} must be >= 1")
+        if per_level_scale is None:
+            per_level_scale = default_per_level_scale(grid_type, n_levels, base_resolution)
+        layout = grid_layout(n_input_dims, n_levels, n_features_per_level, log2_hashmap_size, base_resolution,
+                             per_level_scale, grid_type)
+        if layout.n_params > _INT32_MAX:
+            raise ConfigError(f"one grid would hold {layout.n_params} floats (> 2^31-1); lower n_levels, base_resolution, "
+                              f"per_level_scale or log2_hashmap_size (type={grid_type!r})")
+        super().__init__(n_input_dims, n_levels * n_features_per_level, n_networks)
+        self.layout: GridLayout = layout
+        self.n_levels, self.n_features_per_level = n_levels, n_features_per_level
+        self.log2_hashmap_size, self.base_resolution = log2_hashmap_size, base_resolution
+        self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
+        self.grid_type, self.hash = grid_type, hash
+        self.seed = seed
+
+        dev = runtime.device()
+        level_i = [[lv.offset, lv.resolution, lv.size] for lv in layout.levels]
+        self.register_buffer("_level_i", torch.tensor(level_i, dtype=torch.int32, device=dev), persistent=False)
+        self.register_buffer("_level_scale", torch.tensor([lv.scale for lv in layout.levels], dtype=torch.float32,
+                                                          device=dev), persistent=False)
+        primes = np.array(HASH_PRIMES[hash][:n_input_dims], dtype=np.uint32).view(np.int32)
+        self.register_buffer("_primes", torch.from_numpy(primes.copy()).to(dev), persistent=False)
+        self.params = torch.nn.Parameter(self.initial_params(seed))
+
+    @classmethod
+    def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
+        otype = cfg.otype(list(_OTYPE_DEFAULT_TYPE))
+        f = cfg.integer("n_features_per_level", 2, allowed=(1, 2, 4, 8))
+        n_features_key = next((k for k in ("n_features", "n_grid_features") if cfg.has(k)), None)
+        if n_features_key is not None:
+            if cfg.has("n_levels"):
+                raise ConfigError(f"{cfg.key('n_levels')} and {cfg.key(n_features_key)} are exclusive "
+                                  "(one determines the other); give only one")
+            n_features = cfg.integer(n_features_key, lo=f)
+            if n_features % f:
+                raise ConfigError(f"{cfg.key(n_features_key)}={n_features} must be a multiple of "
+                                  f"n_features_per_level={f}")
+            n_levels = n_features // f
+        else:
+            n_levels = cfg.integer("n_levels", 16, lo=1, hi=MAX_N_LEVELS)
+        grid_type = cfg.choice("type", GRID_TYPES, _OTYPE_DEFAULT_TYPE[otype])
+        base = cfg.integer("base_resolution", 16, lo=1)
+        scale = cfg.number("per_level_scale", default_per_level_scale(grid_type, n_levels, base), lo=0.0,
+                           lo_open=True)
+        if cfg.has("stochastic_interpolation") and cfg.boolean("stochastic_interpolation"):
+            raise ConfigError(f"{cfg.key('stochastic_interpolation')}=true is not supported; allowed: false")
+        return cls(
+            n_input_dims,
+            n_levels=n_levels,
+            n_features_per_level=f,
+            log2_hashmap_size=cfg.integer("log2_hashmap_size", 19, lo=1, hi=30),
+            base_resolution=base,
+            per_level_scale=scale,
+            interpolation=cfg.choice("interpolation", INTERPOLATIONS, "Linear"),
+            grid_type=grid_type,
+            hash=cfg.choice("hash", HASH_TYPES, "CoherentPrime"),
+            n_networks=n_networks,
+            seed=seed,
+        )
+
+    # -- parameters ---------------------------------------------------------------------------
+    def initial_params(self, seed: int) -> torch.Tensor:
+        """tcnn's init: uniform in [-1e-4, 1e-4], reproducible from `seed` (drawn on the CPU, then moved)."""
+        gen = torch.Generator(device="cpu").manual_seed(int(seed))
+        values = torch.rand(self.n_networks, self.layout.n_params, generator=gen, dtype=torch.float32)
+        return (values * 2e-4 - 1e-4).to(runtime.device())
+
+    def n_params_per_network(self) -> int:
+        return self.layout.n_params
+
+    # -- memory reporting ----------------------------------------------------------------------
+    def memory_bytes_per_network(self) -> int:
+        return self.layout.n_params * 4
+
+    def memory_bytes(self) -> int:
+        # From the layout, not self.params: inside a Composite the table lives in the composite.
+        return self.n_networks * self.memory_bytes_per_network()
+
+    def memory_report(self) -> dict:
+        """Parameter memory per level, per grid and in total (float32; gradients and optimizer state add
+        the same amount again each)."""
+        f = self.n_features_per_level
+        levels = [
+            {"level": i, "resolution": lv.resolution, "scale": lv.scale, "entries": lv.size,
+             "hashed": self.layout.level_is_hashed(i), "bytes_per_network": lv.size * f * 4}
+            for i, lv in enumerate(self.layout.levels)
+        ]
+        return {
+            "otype": self.otype, "type": self.grid_type, "n_networks": self.n_networks,
+            "params_per_network": self.layout.n_params, "bytes_per_network": self.memory_bytes_per_network(),
+            "total_bytes": self.memory_bytes(), "levels": levels,
+        }
+
+    # -- forward ---------------------------------------------------------------------------------
+    def encode(self, x, net_ids):
+        return self.encode_with(x, net_ids, self.params, 0)
+
+    def encode_with(self, x, net_ids, params, param_offset: int):
+        """Look up with an external parameter table whose columns [param_offset, param_offset + n_params)
+        hold this grid (used by Composite, which owns one table for all nested encodings)."""
+        if x.shape[0] == 0:
+            return x.new_zeros(0, self.n_output_dims) + params.sum() * 0
+        return _GridLookup.apply(x, params, net_ids, self, int(param_offset))
+
+    # -- kernel launches (tensors already validated, contiguous and detached) -----------------------
+    def _common(self):
+        return (self._level_i, self._level_scale, self._primes)
+
+    def _codes(self):
+        return self.n_features_per_level, _INTERP_CODE[self.interpolation], _TYPE_CODE[self.grid_type]
+
+    def _launch_forward(self, x, net_ids, params, off, out):
+        f, interp, gtype = self._codes()
+        K.grid_forward(x, net_ids, params, off, *self._common(), out, f, interp, gtype, self.n_input_dims)
+
+    def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x):
+        f, interp, gtype = self._codes()
+        K.grid_backward(x, net_ids, params, off, *self._common(), dy, dparams, dx, f, interp, gtype,
+                        int(bool(want_params)), int(bool(want_x)), self.n_input_dims)
+
+    def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
+        f, interp, gtype = self._codes()
+        ph = _placeholder(x.device)
+        K.grid_backward_backward(
+            x, net_ids, params, off, *self._common(), dy, g_dx,
+            out_dy if out_dy is not None else ph, out_params if out_params is not None else ph,
+            out_x if out_x is not None else ph, f, interp, gtype,
+            int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims)
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + f", type={self.grid_type}, n_levels={self.n_levels}, "
+                f"F={self.n_features_per_level}, log2_hashmap_size={self.log2_hashmap_size}, "
+                f"base_resolution={self.base_resolution}, per_level_scale={self.per_level_scale:g}, "
+                f"interpolation={self.interpolation}")

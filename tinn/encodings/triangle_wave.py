@@ -1,0 +1,43 @@
+"""TriangleWave encoding (tcnn): a cheaper, cosine-free relative of Frequency."""
+from __future__ import annotations
+
+import torch
+
+from ..config import Section
+from ..kernels import triangle_wave as K
+from .base import Encoding
+from .perdim import PerDimEncode
+
+
+class TriangleWaveEncoding(Encoding):
+    """n_frequencies triangle waves per input dim; feature d * n_frequencies + k has period 2^(1-k)."""
+
+    otype = "TriangleWave"
+
+    def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_networks: int = 1):
+        super().__init__(n_input_dims, n_input_dims * n_frequencies, n_networks)
+        self.n_frequencies = int(n_frequencies)
+
+    @classmethod
+    def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
+        # 2^(k+1) must stay an exact float32 power of two and an int32 shift: k < 30.
+        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
+
+    def encode(self, x, net_ids):
+        return PerDimEncode.apply(x, self)
+
+    def _fwd(self, x):
+        out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
+        K.triangle_wave_forward(x, out, self.n_frequencies)
+        return out
+
+    def _bwd(self, x, dy):
+        dx = torch.empty_like(x)
+        K.triangle_wave_backward(x, dy, dx, self.n_frequencies)
+        return dx
+
+    def _derivs(self, x):
+        fp = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
+        fpp = torch.empty_like(fp)
+        K.triangle_wave_derivatives(x, fp, fpp, self.n_frequencies)
+        return fp, fpp

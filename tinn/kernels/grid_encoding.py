@@ -1,0 +1,256 @@
+"""Multiresolution grid encoding kernels (hash / dense / tiled), one grid per network.
+
+Layout (see tinn/encodings/grid_layout.py): `params[net, param_offset + level_offset*F + entry*F + f]`.
+Per-level numbers come in as small tables computed on the host:
+`level_i[level] = (entry_offset, resolution, n_entries)`, `level_scale[level]` (float32).
+
+Threads run over (level, sample) with the level outermost, so neighbouring threads
+read the same level's table and it stays in cache (tcnn launches one level per block
+row for the same reason). The number of input dims `D` is a template (2, 3, 4): the
+corner loops unroll over 2^D corners and the per-dimension loops stay in registers;
+features per level and everything else are runtime arguments so only three kernel
+instances per entry point are ever compiled.
+
+Parameter gradients are scattered with float32 atomics, skipped for zero upstream
+gradients. Input gradients of different levels meet in `dx` through atomics too
+(at most n_levels-way contention per sample).
+"""
+import taichi as ti
+
+f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
+
+NEAREST, LINEAR, SMOOTHSTEP = 0, 1, 2
+HASH, DENSE, TILED = 0, 1, 2
+# Largest resolution per dimension count whose dense stride res^D fits in uint32.
+MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)
+
+
+@ti.func
+def _lattice(x: ti.template(), b, scale, D: ti.template()):
+    """Cell origin and fractional position; the +0.5 staggers levels against each other (tcnn)."""
+    cell = ti.Vector([0] * D, dt=ti.i32)
+    frac = ti.Vector([0.0] * D, dt=ti.f32)
+    for d in ti.static(range(D)):
+        p = x[b, d] * scale + 0.5
+        fl = ti.floor(p)
+        cell[d] = ti.cast(fl, ti.i32)
+        frac[d] = p - fl
+    return cell, frac
+
+
+@ti.func
+def _smooth(frac, interp, D: ti.template()):
+    """Interpolation weight s(t) and its first/second derivatives per dimension."""
+    s = frac
+    ds = ti.Vector([1.0] * D, dt=ti.f32)
+    dds = ti.Vector([0.0] * D, dt=ti.f32)
+    if interp == SMOOTHSTEP:
+        for d in ti.static(range(D)):
+            t = frac[d]
+            s[d] = t * t * (3.0 - 2.0 * t)
+            ds[d] = 6.0 * t * (1.0 - t)
+            dds[d] = 6.0 - 12.0 * t
+    return s, ds, dds
+
+
+@ti.func
+def _entry(cell, corner, res, size, grid_type, primes: ti.template(), D: ti.template()):
+    """Table entry of a cell corner: dense index when it fits, spatial hash otherwise (uint32 wraparound)."""
+    size_u = ti.cast(size, ti.u32)
+    res_u = ti.cast(res, ti.u32)
+    stride = ti.u32(1)
+    index = ti.u32(0)
+    if res_u <= ti.u32(MAX_DENSE_BASE[D]):
+        for d in ti.static(range(D)):
+            index += ti.cast(cell[d] + ((corner >> d) & 1), ti.u32) * stride
+            stride *= res_u
+    else:
+        stride = ti.u32(0xFFFFFFFF)
+    if grid_type == HASH and size_u < stride:
+        h = ti.u32(0)
+        for d in ti.static(range(D)):
+            h ^= ti.cast(cell[d] + ((corner >> d) & 1), ti.u32) * ti.cast(primes[d], ti.u32)
+        index = h
+    return ti.cast(index % size_u, ti.i32)
+
+
+@ti.func
+def _weight(s, c: ti.template(), D: ti.template()):
+    w = 1.0
+    for d in ti.static(range(D)):
+        if ti.static((c >> d) & 1):
+            w *= s[d]
+        else:
+            w *= 1.0 - s[d]
+    return w
+
+
+@ti.func
+def _dweight(s, ds, c: ti.template(), k: ti.template(), D: ti.template()):
+    """d(corner weight)/d(frac_k)."""
+    w = 1.0
+    for d in ti.static(range(D)):
+        if ti.static(d == k):
+            if ti.static((c >> d) & 1):
+                w *= ds[d]
+            else:
+                w *= -ds[d]
+        elif ti.static((c >> d) & 1):
+            w *= s[d]
+        else:
+            w *= 1.0 - s[d]
+    return w
+
+
+@ti.kernel
+def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, level_i: i32_2d,
+                 level_scale: f32_1d, primes: i32_1d, out: f32_2d, n_features: ti.i32, interp: ti.i32,
+                 grid_type: ti.i32, D: ti.template()):
+    for level, b in ti.ndrange(level_i.shape[0], x.shape[0]):
+        net = net_ids[b]
+        scale = level_scale[level]
+        res, size = level_i[level, 1], level_i[level, 2]
+        base = param_offset + level_i[level, 0] * n_features
+        col = level * n_features
+        cell, frac = _lattice(x, b, scale, D)
+        if interp == NEAREST:
+            e = base + _entry(cell, 0, res, size, grid_type, primes, D) * n_features
+            for f in range(n_features):
+                out[b, col + f] = params[net, e + f]
+        else:
+            s, ds, dds = _smooth(frac, interp, D)
+            idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+            w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+            for c in ti.static(range(1 << D)):
+                idx[c] = base + _entry(cell, c, res, size, grid_type, primes, D) * n_features
+                w[c] = _weight(s, c, D)
+            for f in range(n_features):
+                acc = 0.0
+                for c in ti.static(range(1 << D)):
+                    acc += w[c] * params[net, idx[c] + f]
+                out[b, col + f] = acc
+
+
+@ti.kernel
+def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, level_i: i32_2d,
+                  level_scale: f32_1d, primes: i32_1d, dy: f32_2d, dparams: f32_2d, dx: f32_2d,
+                  n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, want_params: ti.i32, want_x: ti.i32,
+                  D: ti.template()):
+    """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed."""
+    for level, b in ti.ndrange(level_i.shape[0], x.shape[0]):
+        net = net_ids[b]
+        scale = level_scale[level]
+        res, size = level_i[level, 1], level_i[level, 2]
+        base = param_offset + level_i[level, 0] * n_features
+        col = level * n_features
+        cell, frac = _lattice(x, b, scale, D)
+        if interp == NEAREST:
+            # Piecewise constant: no input gradient, one entry per feature receives dy.
+            if want_params:
+                e = base + _entry(cell, 0, res, size, grid_type, primes, D) * n_features
+                for f in range(n_features):
+                    g = dy[b, col + f]
+                    if g != 0.0:
+                        ti.atomic_add(dparams[net, e + f], g)
+        else:
+            s, ds, dds = _smooth(frac, interp, D)
+            idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+            w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+            for c in ti.static(range(1 << D)):
+                idx[c] = base + _entry(cell, c, res, size, grid_type, primes, D) * n_features
+                w[c] = _weight(s, c, D)
+            if want_params:
+                for f in range(n_features):
+                    g = dy[b, col + f]
+                    if g != 0.0:
+                        for c in ti.static(range(1 << D)):
+                            ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
+            if want_x:
+                vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)  # corner value . dy, summed over features
+                for f in range(n_features):
+                    g = dy[b, col + f]
+                    for c in ti.static(range(1 << D)):
+                        vg[c] += g * params[net, idx[c] + f]
+                for k in ti.static(range(D)):
+                    acc = 0.0
+                    for c in ti.static(range(1 << D)):
+                        acc += vg[c] * _dweight(s, ds, c, k, D)
+                    ti.atomic_add(dx[b, k], acc * scale)
+
+
+@ti.kernel
+def grid_backward_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, level_i: i32_2d,
+                           level_scale: f32_1d, primes: i32_1d, dy: f32_2d, gdx: f32_2d, g_dy: f32_2d,
+                           g_params: f32_2d, g_x: f32_2d, n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
+                           want_dy: ti.i32, want_params: ti.i32, want_x: ti.i32, D: ti.template()):
+    """Second order: given gdx = dL/d(dx) where dx = J(x, params)^T dy, accumulate
+    dL/ddy (= J gdx), dL/dparams and dL/dx (Hessian term). All outputs must start zeroed.
+    The corner loop is dynamic here (rare path; keeps the compiled kernel small)."""
+    for level, b in ti.ndrange(level_i.shape[0], x.shape[0]):
+        if interp != NEAREST:  # nearest lookups have dx == 0, so every second-order term vanishes
+            net = net_ids[b]
+            scale = level_scale[level]
+            res, size = level_i[level, 1], level_i[level, 2]
+            base = param_offset + level_i[level, 0] * n_features
+            col = level * n_features
+            cell, frac = _lattice(x, b, scale, D)
+            s, ds, dds = _smooth(frac, interp, D)
+            gv = ti.Vector([0.0] * D, dt=ti.f32)
+            for k in ti.static(range(D)):
+                gv[k] = gdx[b, k]
+            gx = ti.Vector([0.0] * D, dt=ti.f32)
+            for c in range(1 << D):
+                e = base + _entry(cell, c, res, size, grid_type, primes, D) * n_features
+                wv = ti.Vector([0.0] * D, dt=ti.f32)   # signed per-dimension factor and derivatives
+                dwv = ti.Vector([0.0] * D, dt=ti.f32)
+                ddwv = ti.Vector([0.0] * D, dt=ti.f32)
+                for d in ti.static(range(D)):
+                    if (c >> d) & 1:
+                        wv[d] = s[d]
+                        dwv[d] = ds[d]
+                        ddwv[d] = dds[d]
+                    else:
+                        wv[d] = 1.0 - s[d]
+                        dwv[d] = -ds[d]
+                        ddwv[d] = -dds[d]
+                wd = 0.0  # directional derivative of the corner weight along gdx (in x units)
+                for k in ti.static(range(D)):
+                    prod = 1.0
+                    for d in ti.static(range(D)):
+                        if ti.static(d == k):
+                            prod *= dwv[d]
+                        else:
+                            prod *= wv[d]
+                    wd += gv[k] * prod
+                wd *= scale
+                if want_dy:
+                    for f in range(n_features):
+                        g_dy[b, col + f] = g_dy[b, col + f] + wd * params[net, e + f]
+                if want_params:
+                    for f in range(n_features):
+                        g = dy[b, col + f]
+                        if g != 0.0:
+                            ti.atomic_add(g_params[net, e + f], g * wd)
+                if want_x:
+                    vg = 0.0
+                    for f in range(n_features):
+                        vg += dy[b, col + f] * params[net, e + f]
+                    for j in ti.static(range(D)):
+                        hj = 0.0
+                        for k in ti.static(range(D)):
+                            prod = 1.0
+                            for d in ti.static(range(D)):
+                                if ti.static(d == j and d == k):
+                                    prod *= ddwv[d]
+                                elif ti.static(d == j or d == k):
+                                    prod *= dwv[d]
+                                else:
+                                    prod *= wv[d]
+                            hj += prod * gv[k]
+                        gx[j] += vg * hj
+            if want_x:
+                for j in ti.static(range(D)):
+                    ti.atomic_add(g_x[b, j], gx[j] * scale * scale)
