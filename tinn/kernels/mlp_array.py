@@ -26,7 +26,7 @@ f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
-COLS = 8  # input columns one thread accumulates in registers in the weight-gradient kernel
+ROWS, COLS = 4, 8  # weight-gradient block one thread accumulates in registers
 
 
 @ti.func
@@ -152,18 +152,22 @@ def backward_deltas(
 
 @ti.func
 def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.template(), order: ti.template(),
-                      deltas: ti.template(), l, o, t0, t1, i0, n_cols: ti.template()):
-    """Sum over positions s in [t0, t1) of deltas[l, o, s] * input_l[i0:i0+n_cols] (registers only)."""
-    acc = ti.Vector.zero(ti.f32, n_cols)
+                      deltas: ti.template(), l, o0, t0, t1, i0, n_rows: ti.template(), n_cols: ti.template()):
+    """Sum over positions s in [t0, t1) of the outer product deltas[l, o0:o0+n_rows, s] x input_l[s, i0:i0+n_cols].
+
+    Register tiling: n_rows + n_cols loads feed n_rows * n_cols multiply-adds.
+    """
+    acc = ti.Matrix.zero(ti.f32, n_rows, n_cols)
     for s in range(t0, t1):
-        d = deltas[l, o, s]
+        d = ti.Vector([deltas[l, o0 + r, s] for r in ti.static(range(n_rows))], dt=ti.f32)
+        a = ti.Vector.zero(ti.f32, n_cols)
         if ti.static(from_acts):
-            for k in ti.static(range(n_cols)):
-                acc[k] += d * acts[l - 1, i0 + k, s]
+            a = ti.Vector([acts[l - 1, i0 + k, s] for k in ti.static(range(n_cols))], dt=ti.f32)
         else:
             b = order[s]
-            for k in ti.static(range(n_cols)):
-                acc[k] += d * x[b, i0 + k]
+            a = ti.Vector([x[b, i0 + k] for k in ti.static(range(n_cols))], dt=ti.f32)
+        for r, k in ti.static(ti.ndrange(n_rows, n_cols)):
+            acc[r, k] += d[r] * a[k]
     return acc
 
 
@@ -175,23 +179,26 @@ def tile_weight_gradient(
 ):
     """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, o, s] * input_l[s, i].
 
-    input_l is x (layer 0) or acts[l - 1]. One thread owns (tile, output row,
-    block of COLS inputs) and keeps its sums in registers: no atomics, and each
-    weight is written once per tile. Full blocks take a branch-free path.
+    input_l is x (layer 0) or acts[l - 1]. One thread owns (tile, block of ROWS
+    outputs, block of COLS inputs) and keeps its sums in registers: no atomics,
+    and each weight is written once per tile. Full blocks take a branch-free
+    path; ragged edges fall back to one element at a time.
     """
-    n_blocks = (fan_in + COLS - 1) // COLS
-    for t, o, blk in ti.ndrange(tile_start.shape[0], fan_out, n_blocks):
-        i0 = blk * COLS
-        row = offset + o * fan_in + i0
-        if i0 + COLS <= fan_in:
-            acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o, tile_start[t], tile_end[t], i0, COLS)
-            for k in ti.static(range(COLS)):
-                partial[t, row + k] = acc[k]
+    n_col_blocks = (fan_in + COLS - 1) // COLS
+    n_row_blocks = (fan_out + ROWS - 1) // ROWS
+    for t, rb, cb in ti.ndrange(tile_start.shape[0], n_row_blocks, n_col_blocks):
+        o0 = rb * ROWS
+        i0 = cb * COLS
+        t0, t1 = tile_start[t], tile_end[t]
+        if o0 + ROWS <= fan_out and i0 + COLS <= fan_in:
+            acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0, t0, t1, i0, ROWS, COLS)
+            for r, k in ti.static(ti.ndrange(ROWS, COLS)):
+                partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[r, k]
         else:
-            for k in range(fan_in - i0):
-                acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o, tile_start[t], tile_end[t],
-                                        i0 + k, 1)
-                partial[t, row + k] = acc[0]
+            for r in range(ti.min(ROWS, fan_out - o0)):
+                for k in range(ti.min(COLS, fan_in - i0)):
+                    acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0 + r, t0, t1, i0 + k, 1, 1)
+                    partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[0, 0]
 
 
 @ti.kernel
