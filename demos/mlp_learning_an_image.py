@@ -85,7 +85,8 @@ def run(argv=None) -> dict:
         if step % log_every == 0 or step in save_at or step == steps:
             loss_value = float(loss)  # syncs
             train_time += time.perf_counter() - t0
-            prediction = task.render(trainer.model)
+            with trainer.inference_weights():
+                prediction = task.render(trainer.model)
             value = task.psnr(prediction)
             history.append({"step": step, "loss": loss_value, "psnr": value})
             bar.update(step, loss=loss_value, psnr=value)

@@ -124,3 +124,23 @@ def test_image_demo_single_network_learns(tmp_path):
                         "--out", str(tmp_path), "--log-every", "100"])
     assert summary["n_networks"] == 1
     assert summary["final_psnr"] > 15.0, summary["history"]
+
+
+def test_inference_uses_ema_weights_and_restores_live_ones():
+    cfg = dict(CONFIG, optimizer={"otype": "EMA", "decay": 0.9,
+                                  "nested": {"otype": "Adam", "learning_rate": 1e-2}})
+    trainer = Trainer.from_config(cfg, 2, 2, n_networks=8)
+    for b in batches(10):
+        trainer.training_step(*b)
+    x, _, ids = batches(1, seed=5)[0]
+    live = trainer.model.inference(x, ids)
+    ema = trainer.inference(x, ids)
+    assert not torch.allclose(live, ema)
+    params = dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        saved = params["network.params"].clone()
+        params["network.params"].copy_(trainer.optimizer.inference_params("network.params"))
+        expected = trainer.model.inference(x, ids)
+        params["network.params"].copy_(saved)
+    assert torch.equal(ema, expected)
+    assert torch.equal(trainer.model.inference(x, ids), live)  # live weights are back

@@ -77,8 +77,13 @@ class Trainer:
         return result.value
 
     def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        with torch.no_grad():
+        """Evaluate with the optimizer's inference weights (EMA / Average / Lookahead averages, else live)."""
+        with torch.no_grad(), self.optimizer.swap_in_inference_params():
             return self.model(inputs, net_ids)
+
+    def inference_weights(self):
+        """Context in which `self.model` holds the inference weights (e.g. to render a whole image)."""
+        return self.optimizer.swap_in_inference_params()
 
     @property
     def learning_rate(self) -> float:
