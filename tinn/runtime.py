@@ -46,6 +46,8 @@ def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = 
     kwargs.setdefault("ad_stack_size", 256)
     kwargs.setdefault("default_fp", ti.f32)
     kwargs.setdefault("log_level", ti.WARN)
+    # The MLP kernels unroll up to 128 multiply-adds per row on purpose (register-resident vectors).
+    kwargs.setdefault("unrolling_limit", 0)
     ti.init(arch=ti_arch, debug=debug, offline_cache=offline_cache, **kwargs)
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")

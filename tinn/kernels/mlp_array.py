@@ -13,14 +13,9 @@ threads then share a network, so weight reads are broadcasts. Scratch buffers
 so that a warp's reads and writes are contiguous; inputs, outputs and their
 gradients stay in the caller's row order.
 """
-import warnings
-
 import taichi as ti
 
 from . import activations as act
-
-# The register-resident layers unroll up to 128 multiply-adds per row on purpose.
-warnings.filterwarnings("ignore", message="You are unrolling more than", category=SyntaxWarning)
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
