@@ -3,6 +3,11 @@ from . import checks, runtime
 from .config import load_config
 from .encodings import Encoding, create_encoding
 from .errors import CheckpointError, ConfigError, InputError, NotInitializedError, TinnError
+from .losses import create_loss
+from .models import NetworkWithInputEncoding
+from .networks import Network, NetworkArray
+from .optimizers import create_optimizer
 from .runtime import init
+from .trainer import Trainer
 
 __version__ = "0.1.0"
