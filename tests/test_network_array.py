@@ -145,3 +145,7 @@ def test_bad_inputs_give_clear_errors():
 def test_empty_batch():
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
     assert net(torch.rand(0, 3), torch.zeros(0, dtype=torch.int32)).shape == (0, 2)
+
+
+def test_sixteen_thousand_networks():
+    check_against_reference(2, 2, 16, 1, "ReLU", "None", n_networks=16384, batch=4000, seed=11)
