@@ -68,7 +68,13 @@ def run(argv=None) -> dict:
     if args.gui:
         from tinn.viewer import run_viewer
 
-        return run_viewer(trainer, task, steps=steps, batch=batch, out_dir=args.out, headless=args.headless)
+        # --log-every doubles as the frame interval (headless default: every steps/10).
+        summary = run_viewer(trainer, task, steps=steps, batch=batch, out_dir=args.out, headless=args.headless,
+                             frame_every=args.log_every)
+        psnr = "-" if summary["final_psnr"] is None else f"{summary['final_psnr']:.2f}"
+        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {psnr} dB; "
+              f"frames, loss_curve.png and summary.json in {args.out}")
+        return summary
 
     os.makedirs(args.out, exist_ok=True)
     save_at = {int(s) for s in args.save_at.split(",")} if args.save_at else {steps}

@@ -1,0 +1,303 @@
+"""The training viewer: frames show the prediction (GGUI offscreen and the numpy/PNG fallback),
+the controls act through the controller (via the same widget code GGUI runs), and a missing
+Vulkan gives a one-line message and the fallback, not a stack trace."""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+
+from tinn.tasks.image import ImageTask, default_image
+from tinn.trainer import Trainer
+from tinn.viewer import ImageTrainerSource, Viewer, ViewerUnavailable, app, vulkan_installed
+from tinn.viewer.controller import ViewerController
+from tinn.viewer.font import draw_text
+from tinn.viewer.layout import Layout
+from tinn.viewer.render import loss_curve_image, quantize
+from tinn.viewer.window import draw_controls, handle_key
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = {
+    "loss": {"otype": "L2"},
+    "optimizer": {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15},
+    "encoding": {"otype": "Frequency", "n_frequencies": 4},
+    "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "ReLU"},
+}
+VULKAN, NO_VULKAN_REASON = vulkan_installed()
+needs_vulkan = pytest.mark.skipif(not VULKAN, reason=f"GGUI needs Vulkan: {NO_VULKAN_REASON}")
+
+
+def make_source(size=48, tiles=2, batch=1024):
+    task = ImageTask(default_image(size), tiles=tiles, seed=0)
+    trainer = Trainer.from_config(CONFIG, 2, 3, n_networks=task.n_networks, seed=7)
+    return ImageTrainerSource(trainer, task, batch), trainer, task
+
+
+def panel(frame, viewer, name):
+    """A panel of a saved frame, sampled back to image resolution (the layout zooms by an integer here)."""
+    zoom = int(viewer.layout.zoom)
+    assert zoom == viewer.layout.zoom
+    return viewer.layout.panels[name].crop(frame)[zoom // 2::zoom, zoom // 2::zoom]
+
+
+def read_rgb(path):
+    return iio.imread(path)[..., :3]
+
+
+# ---- frames --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", [pytest.param("ggui", marks=needs_vulkan), "png"])
+def test_headless_run_saves_frames_showing_the_prediction(tmp_path, backend, monkeypatch):
+    monkeypatch.setenv(app.BACKEND_ENV, backend)  # "ggui": fail rather than fall back
+    source, trainer, task = make_source()
+    viewer = Viewer(source, out_dir=str(tmp_path), headless=True, frame_every=3)
+    assert viewer.backend == backend and not viewer.frontend.visible
+    summary = viewer.run(steps=6)
+
+    assert summary["steps"] == 6 and len(summary["history"]["loss"]) == 6
+    assert [os.path.basename(f) for f in summary["frames"]] == ["frame_000000.png", "frame_000003.png",
+                                                                "frame_000006.png"]
+    frame = read_rgb(summary["frames"][-1])
+    assert frame.shape[:2] == viewer.layout.size
+
+    expected = quantize(task.render(trainer.model).cpu().numpy())
+    shown = panel(frame, viewer, "prediction")
+    assert shown.shape == expected.shape
+    assert np.abs(shown.astype(int) - expected).max() <= 1
+    assert shown.std() > 5  # not blank
+    first = panel(read_rgb(summary["frames"][0]), viewer, "prediction")
+    assert np.abs(first.astype(int) - shown).mean() > 1  # training moved it
+    reference = quantize(task.image.cpu().numpy())
+    assert np.abs(panel(frame, viewer, "reference").astype(int) - reference).max() <= 1
+    # The sidebar carries the controls (GGUI's imgui) or the status text (fallback).
+    assert viewer.layout.sidebar.crop(frame).std() > 5
+
+    curve = read_rgb(summary["loss_curve"])
+    assert curve.std() > 5
+    with open(tmp_path / "summary.json") as f:
+        assert json.load(f)["backend"] == backend
+
+
+def test_missing_vulkan_or_display_is_one_line_and_falls_back(monkeypatch):
+    layout = Layout((16, 16), arrays=False)
+    messages = []
+    monkeypatch.delenv(app.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(app, "vulkan_installed", lambda: (False, "no Vulkan loader (libvulkan) installed"))
+    front = app.open_frontend(layout, headless=True, log=messages.append, out_dir="out/x")
+    assert front.kind == "png"
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert "no Vulkan loader" in messages[0] and "falling back" in messages[0] and "out/x" in messages[0]
+
+    # Vulkan looks installed but the window still fails: same fallback, Taichi's reason in the line.
+    class Failing:
+        def __init__(self, *a, **k):
+            raise ViewerUnavailable("GGUI could not open a window (Vulkan must be available for GGUI)")
+
+    messages.clear()
+    monkeypatch.setattr(app, "vulkan_installed", lambda: (True, ""))
+    monkeypatch.setattr(app, "GGUIFrontend", Failing)
+    assert app.open_frontend(layout, headless=False, log=messages.append).kind == "png"
+    assert any("Vulkan must be available" in m for m in messages)
+    with pytest.raises(ViewerUnavailable):
+        app.open_frontend(layout, headless=True, backend="ggui", log=messages.append)
+
+    # A window asked for without a display: GLFW would end the process, so it goes offscreen first.
+    class Recording:
+        kind = "ggui"
+
+        def __init__(self, layout, visible, title):
+            self.visible = visible
+
+    messages.clear()
+    monkeypatch.setattr(app, "GGUIFrontend", Recording)
+    monkeypatch.setattr(app, "has_display", lambda: False)
+    assert app.open_frontend(layout, headless=False, log=messages.append).visible is False
+    assert len(messages) == 1 and "no display" in messages[0]
+
+
+def test_cli_without_vulkan_prints_a_line_and_writes_frames(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    env = dict(os.environ, TINN_ARCH="cpu", VK_ICD_FILENAMES=str(tmp_path / "no_such_icd.json"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DISPLAY", None)
+    env.pop("TINN_VIEWER_BACKEND", None)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "tinn.viewer", "--config", str(config), "--size", "32",
+                           "--tiles", "2", "--batch", "512", "--steps", "2", "--out", str(out)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text
+    assert "tinn.viewer: GGUI unavailable: no Vulkan driver" in text
+    assert {"frame_000000.png", "frame_000002.png", "loss_curve.png", "summary.json"} <= set(os.listdir(out))
+
+
+# ---- controls, through the widget code ----------------------------------------------------------------
+class FakeGui:
+    """Stands in for `window.get_gui()`: records widgets, "clicks" the buttons named in `press`."""
+
+    def __init__(self, press=(), slider=None):
+        self.press, self.slider = set(press), slider or {}
+        self.labels, self.texts = [], []
+
+    @contextlib.contextmanager
+    def sub_window(self, name, x, y, w, h):
+        assert 0 <= x < 1 and 0 <= y < 1 and x + w <= 1.0001 and y + h <= 1.0001
+        yield self
+
+    def text(self, line):
+        self.texts.append(line)
+
+    def button(self, label):
+        self.labels.append(label)
+        return label in self.press
+
+    def slider_float(self, label, value, minimum, maximum):
+        self.labels.append(label)
+        return np.float32(self.slider.get(label, value))  # imgui hands back float32
+
+
+def click(viewer, *labels, **slider):
+    gui = FakeGui(labels, {k.replace("_", " "): v for k, v in slider.items()})
+    draw_controls(gui, viewer.controller, viewer.layout)
+    assert set(labels) <= set(gui.labels), gui.labels
+    return gui
+
+
+@pytest.fixture
+def png_viewer(tmp_path):
+    source, trainer, task = make_source(size=32)
+    return Viewer(source, out_dir=str(tmp_path), headless=True, backend="png"), trainer
+
+
+def test_pause_resume_and_single_step(png_viewer):
+    viewer, trainer = png_viewer
+    c = viewer.controller
+    assert c.advance(2) == 2 and c.step == 2
+    click(viewer, "Pause")
+    assert c.paused and c.advance(5) == 0 and c.step == 2
+    click(viewer, "Step")
+    assert c.paused and c.step == 3 == trainer.step and len(c.losses) == 3
+    click(viewer, "Resume")
+    assert not c.paused and c.advance(1) == 1
+    assert handle_key(" ", c) and c.paused
+    assert handle_key("n", c) and c.step == 5
+    assert not handle_key("q", c)
+
+
+def test_learning_rate_slider(png_viewer):
+    viewer, trainer = png_viewer
+    click(viewer, log10_lr=-3.0)
+    assert trainer.learning_rate == pytest.approx(1e-3, rel=1e-4)
+    for _ in range(3):  # an untouched slider must not drift the rate through float32 round-off
+        click(viewer)
+    assert trainer.learning_rate == pytest.approx(1e-3, rel=1e-4)
+    viewer.controller.set_learning_rate(-1.0)  # rejected, rate kept
+    assert trainer.learning_rate == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_reset_restores_parameters_and_optimizer(png_viewer):
+    viewer, trainer = png_viewer
+    c = viewer.controller
+    model0 = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt0 = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in trainer.optimizer.state_dict().items()}
+    c.advance(3)
+    c.set_learning_rate(5e-3)
+    assert any(not torch.equal(model0[k], v) for k, v in trainer.model.state_dict().items())
+    before = viewer.draw()
+    click(viewer, "Reset parameters")
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(model0[k], v), k
+    for k, v in trainer.optimizer.state_dict().items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(opt0[k], v), k
+    assert c.step == 0 == trainer.step and c.losses == [] and c.network_loss is None
+    assert trainer.learning_rate == pytest.approx(5e-3)  # the user's rate survives a reset
+    after = viewer.draw()  # the prediction is re-rendered, not served from the cache
+    assert not np.array_equal(panel(before, viewer, "prediction"), panel(after, viewer, "prediction"))
+    viewer.source.reset(seed=5)  # the adapter can also re-draw the weights from another seed
+    assert not torch.equal(trainer.model.network.params, model0["network.params"])
+
+
+def test_save_checkpoint_and_screenshot(png_viewer, tmp_path):
+    viewer, trainer = png_viewer
+    c = viewer.controller
+    c.advance(2)
+    click(viewer, "Save checkpoint", "Save screenshot")
+    ckpt = tmp_path / "checkpoint_step000002.tinn"
+    assert ckpt.exists()
+    fresh = Trainer.from_config(CONFIG, 2, 3, n_networks=trainer.n_networks, seed=99)
+    fresh.load_checkpoint(ckpt)
+    for (k, a), b in zip(trainer.model.state_dict().items(), fresh.model.state_dict().values()):
+        assert torch.equal(a, b), k
+    [shot] = c.screenshot_requests
+    frame = viewer.draw()  # the front end writes queued screenshots after drawing
+    assert np.array_equal(read_rgb(shot), frame) and c.screenshot_requests == []
+
+
+# ---- any source, not only images ----------------------------------------------------------------------
+class FieldSource:
+    """A generic source with only the required methods: fit a 2-channel field by gradient descent."""
+
+    def __init__(self):
+        y, x = torch.meshgrid(torch.linspace(0, 1, 20), torch.linspace(0, 1, 24), indexing="ij")
+        self.target = torch.stack([x, y], -1)
+        self.value = torch.zeros_like(self.target, requires_grad=True)
+
+    def train_step(self):
+        loss = ((self.value - self.target) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            self.value -= 200.0 * self.value.grad
+            self.value.grad = None
+        return loss.detach()
+
+    def render(self):
+        return self.value.detach()
+
+    def reference(self):
+        return self.target
+
+
+def test_generic_source_without_optional_capabilities(tmp_path):
+    viewer = Viewer(FieldSource(), out_dir=str(tmp_path), headless=True, backend="png", zoom=2)
+    summary = viewer.run(steps=4)
+    assert summary["final_psnr"] > 10 and summary["final_loss"] < summary["history"]["loss"][0]
+    gui = click(viewer)
+    assert "Reset parameters" not in gui.labels and "log10 lr" not in gui.labels and "Pause" in gui.labels
+    assert "ownership" not in viewer.layout.panels
+    shown = panel(read_rgb(summary["frames"][-1]), viewer, "prediction")
+    assert shown.shape == (20, 24, 3) and np.all(shown[..., 2] == 0)  # 2 channels drawn as red/green
+
+
+# ---- drawing helpers ------------------------------------------------------------------------------------
+def test_layout_loss_curve_and_text():
+    for arrays in (False, True):
+        layout = Layout((100, 60), arrays=arrays)
+        h, w = layout.size
+        rects = list(layout.panels.values()) + [layout.sidebar]
+        for i, a in enumerate(rects):
+            assert a.y >= 0 and a.x >= 0 and a.y + a.h <= h and a.x + a.w <= w
+            for b in rects[i + 1:]:  # no overlaps
+                assert a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + a.h <= b.y or b.y + b.h <= a.y
+    curve = loss_curve_image(range(1, 101), np.geomspace(1.0, 1e-3, 100), 120, 300)
+    assert curve.shape == (120, 300, 3) and curve.std() > 5
+    assert loss_curve_image([1, 2], [float("nan"), 0.0], 50, 80).shape == (50, 80, 3)  # nothing plottable
+    img = np.zeros((10, 40, 3), np.uint8)
+    draw_text(img, "PSNR 1.5", 1, -3)  # clipped at the border, no error
+    assert img.any()
+
+
+def test_controller_status_and_finish():
+    source, trainer, task = make_source(size=16, tiles=1, batch=256)
+    c = ViewerController(source, max_steps=3)
+    assert c.advance(10) == 3 and c.finished and c.advance(1) == 0
+    c.flush()
+    assert c.loss_steps == [1, 2, 3] and c.steps_per_second > 0
+    assert c.network_loss is None  # a single network has no per-network panel
+    assert any(line.startswith("step 3 / 3") for line in c.status_lines())

@@ -1,0 +1,188 @@
+"""Viewer state and every action a control can trigger, with no GUI in sight.
+
+The GGUI widgets, the keyboard shortcuts and the tests all call these methods, so
+what the tests check is what the buttons do.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from .source import OPTIONAL
+
+LOG10_LR_RANGE = (-5.0, 0.0)  # the learning-rate slider works on log10(lr): rates span decades
+NETWORK_LOSS_DECAY = 0.9  # per-network loss is averaged over steps: one batch gives each network few samples
+
+
+class ViewerController:
+    def __init__(self, source, out_dir: str = "out/viewer", max_steps: int | None = None):
+        self.source = source
+        self.out_dir = out_dir
+        self.max_steps = max_steps
+        self.paused = False
+        self.quit_requested = False
+        self.step = 0
+        self.version = 0  # bumped whenever the parameters change, so renders can be cached
+        self.loss_steps: list[int] = []
+        self.losses: list[float] = []
+        self.loss: float | None = None
+        self.psnr: float | None = None
+        self.steps_per_second: float | None = None
+        self.network_loss: torch.Tensor | None = None
+        self.message = ""
+        self.screenshot_requests: list[str] = []
+        self._pending: list[torch.Tensor | float] = []  # losses not yet read back (reading syncs the device)
+        self._pending_time = 0.0
+        self._screenshots = 0
+
+    # ---- what the source offers -----------------------------------------------------------------
+    def can(self, capability: str) -> bool:
+        assert capability in OPTIONAL, capability
+        return hasattr(self.source, capability)
+
+    @property
+    def finished(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    # ---- actions (bound to widgets and keys) ------------------------------------------------------
+    def toggle_pause(self) -> None:
+        self.pause() if not self.paused else self.resume()
+
+    def pause(self) -> None:
+        self.paused = True
+        self.message = "paused"
+
+    def resume(self) -> None:
+        self.paused = False
+        self.message = "running"
+
+    def single_step(self) -> None:
+        """Pause, then run exactly one training step."""
+        self.paused = True
+        self._train(1)
+        self.flush()
+        self.message = f"stepped to {self.step}"
+
+    @property
+    def learning_rate(self) -> float | None:
+        return float(self.source.learning_rate) if self.can("learning_rate") else None
+
+    def set_learning_rate(self, value: float) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            self.message = f"ignored learning rate {value}"
+            return
+        self.source.learning_rate = value
+        self.message = f"lr = {value:.3g}"
+
+    @property
+    def log10_learning_rate(self) -> float:
+        lr = self.learning_rate
+        return math.log10(lr) if lr else LOG10_LR_RANGE[0]
+
+    def set_log10_learning_rate(self, value: float) -> None:
+        """The slider's callback: it moves on a log scale."""
+        lo, hi = LOG10_LR_RANGE
+        self.set_learning_rate(10.0 ** min(max(float(value), lo), hi))
+
+    def reset(self) -> None:
+        """Initial parameters and optimizer state, step 0, fresh loss curve; the learning rate is kept."""
+        self.source.reset()
+        self.step = 0
+        self.version += 1
+        self.loss_steps.clear()
+        self.losses.clear()
+        self._pending.clear()
+        self.loss = self.psnr = None
+        self.network_loss = None
+        self.message = "parameters reset"
+
+    def save_checkpoint(self, path: str | None = None) -> str:
+        path = path or os.path.join(self.out_dir, f"checkpoint_step{self.step:06d}.tinn")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.source.save_checkpoint(path)
+        self.message = f"saved {os.path.basename(path)}"
+        return path
+
+    def request_screenshot(self, path: str | None = None) -> str:
+        """Queue a screenshot; the front end writes it after drawing the next frame."""
+        if path is None:
+            self._screenshots += 1
+            path = os.path.join(self.out_dir, f"screenshot_{self.step:06d}_{self._screenshots}.png")
+        self.screenshot_requests.append(path)
+        self.message = f"screenshot {os.path.basename(path)}"
+        return path
+
+    def quit(self) -> None:
+        self.quit_requested = True
+
+    # ---- the training loop's side -----------------------------------------------------------------
+    def advance(self, steps: int = 1, budget_s: float | None = None) -> int:
+        """Train unless paused or done: `steps` steps, or as many as fit in `budget_s` (at least one)."""
+        if self.paused or self.finished:
+            return 0
+        left = steps if self.max_steps is None else min(steps, self.max_steps - self.step)
+        if budget_s is None:
+            return self._train(left)
+        start, done = time.perf_counter(), 0
+        while not self.finished and (done == 0 or time.perf_counter() - start < budget_s):
+            done += self._train(1)
+        return done
+
+    def _train(self, n: int) -> int:
+        start = time.perf_counter()
+        for _ in range(n):
+            loss = self.source.train_step()
+            self._pending.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+            self.step += 1
+            per_net = self.source.per_network_loss() if self.can("per_network_loss") else None
+            if per_net is not None:
+                per_net = per_net.detach()
+                self.network_loss = per_net.clone() if self.network_loss is None else \
+                    torch.lerp(per_net, self.network_loss, NETWORK_LOSS_DECAY)
+        if n:
+            self.version += 1
+        self._pending_time += time.perf_counter() - start
+        return n
+
+    def flush(self) -> None:
+        """Read back queued losses (one device sync) and update loss, curve and steps/s."""
+        if not self._pending:
+            return
+        start = time.perf_counter()
+        if all(isinstance(v, torch.Tensor) for v in self._pending):
+            values = torch.stack([v.reshape(()).float() for v in self._pending]).tolist()
+        else:
+            values = [float(v) for v in self._pending]
+        elapsed = self._pending_time + time.perf_counter() - start
+        first = self.step - len(values) + 1
+        self.loss_steps.extend(range(first, self.step + 1))
+        self.losses.extend(values)
+        self.loss = values[-1]
+        if elapsed > 0:
+            rate = len(values) / elapsed
+            self.steps_per_second = rate if self.steps_per_second is None else 0.7 * self.steps_per_second + 0.3 * rate
+        self._pending.clear()
+        self._pending_time = 0.0
+
+    def take_screenshot_requests(self) -> list[str]:
+        out, self.screenshot_requests = self.screenshot_requests, []
+        return out
+
+    def status_lines(self) -> list[str]:
+        def fmt(v, spec):
+            return "-" if v is None else format(v, spec)
+
+        lines = [f"step {self.step}" + (f" / {self.max_steps}" if self.max_steps else ""),
+                 f"loss {fmt(self.loss, '.4g')}",
+                 f"psnr {fmt(self.psnr, '.2f')} db",
+                 f"steps/s {fmt(self.steps_per_second, '.1f')}"]
+        if self.can("learning_rate"):
+            lines.append(f"lr {self.learning_rate:.3g}")
+        lines.append("paused" if self.paused else ("done" if self.finished else "training"))
+        if self.message:
+            lines.append(self.message)
+        return lines

@@ -1,0 +1,91 @@
+"""What the viewer trains and shows: a "source".
+
+A source is any object with
+
+    train_step() -> loss         one optimisation step; a float or 0-d tensor (not synced here)
+    render() -> (H, W, C)        the current prediction as an image-like array, values in [0, 1]
+    reference() -> (H, W, C)     what the prediction should look like (same size)
+
+and, optionally (the viewer hides the matching panel or control when one is missing),
+
+    ownership() -> (H, W) ints   which network owns each pixel (network arrays)
+    per_network_loss() -> (n,)   each network's loss at the last step
+    learning_rate                read/write attribute
+    reset()                      back to the initial parameters and optimizer state
+    save_checkpoint(path)
+    psnr(prediction) -> float    else the viewer computes PSNR against reference()
+
+Scene demos write their own source; `ImageTrainerSource` adapts `ImageTask` + `Trainer`.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr")
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+class ImageTrainerSource:
+    """`ImageTask` + `Trainer` as a viewer source: random batches of `batch` pixels per step."""
+
+    def __init__(self, trainer, task, batch: int = 1 << 13):
+        self.trainer, self.task, self.batch = trainer, task, int(batch)
+        self.arrays = task.n_networks > 1
+        if self.arrays:
+            trainer.track_per_network_loss = True
+        # Reset restores these snapshots: the run's true starting point, encodings and optimizer moments included.
+        self._initial_model = _clone(trainer.model.state_dict())
+        self._initial_optimizer = _clone(trainer.optimizer.state_dict())
+        self._initial_step = trainer.step
+        self._ownership = task.pixel_net_ids() if self.arrays else None
+
+    def train_step(self) -> torch.Tensor:
+        return self.trainer.training_step(*self.task.batch(self.batch))
+
+    def render(self) -> torch.Tensor:
+        return self.task.render(self.trainer.model)
+
+    def reference(self) -> torch.Tensor:
+        return self.task.image
+
+    def ownership(self) -> torch.Tensor | None:
+        return self._ownership
+
+    def per_network_loss(self) -> torch.Tensor | None:
+        return self.trainer.per_network_loss if self.arrays else None
+
+    @property
+    def learning_rate(self) -> float:
+        return self.trainer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.trainer.learning_rate = value
+
+    def reset(self, seed: int | None = None) -> None:
+        """Back to the starting parameters; with `seed`, re-draw network weights from that seed instead.
+
+        The learning rate the user set is kept: it is a viewer control, not trained state.
+        """
+        lr = self.learning_rate
+        with torch.no_grad():
+            self.trainer.model.load_state_dict(self._initial_model)
+            if seed is not None:
+                for module in self.trainer.model.modules():
+                    if hasattr(module, "reset_parameters"):
+                        module.reset_parameters(seed)
+        self.trainer.optimizer.load_state_dict(_clone(self._initial_optimizer))
+        self.trainer.step = self._initial_step
+        self.trainer.per_network_loss = None
+        self.learning_rate = lr
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        self.trainer.save_checkpoint(path)
+
+    def psnr(self, prediction) -> float:
+        return self.task.psnr(prediction)
