@@ -27,16 +27,21 @@ _TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
 _INT32_MAX = 2**31 - 1
 
 
+_PLACEHOLDERS: dict = {}
+
+
 def _placeholder(device) -> torch.Tensor:
-    """A (1, 1) tensor for kernel arguments a launch does not touch."""
-    return torch.zeros(1, 1, dtype=torch.float32, device=device)
+    """A shared (1, 1) tensor for kernel arguments a launch never touches (never returned to autograd)."""
+    t = _PLACEHOLDERS.get(device)
+    if t is None:
+        t = _PLACEHOLDERS[device] = torch.zeros(1, 1, dtype=torch.float32, device=device)
+    return t
 
 
 class _GridLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, params, net_ids, grid, param_offset):
-        out = torch.empty(x.shape[0], grid.n_output_dims, dtype=torch.float32, device=x.device)
-        grid._launch_forward(x.detach(), net_ids, params.detach(), param_offset, out)
+        out = grid._launch_forward(x.detach(), net_ids, params.detach(), param_offset)
         # Save the originals, not detached copies: with create_graph the backward must stay connected to them.
         ctx.save_for_backward(x, params, net_ids)
         ctx.grid, ctx.param_offset = grid, param_offset
@@ -59,8 +64,9 @@ class _GridLookupBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, params, dy, net_ids, grid, param_offset, want_x, want_params):
         ctx.set_materialize_grads(False)
-        dx = torch.zeros_like(x) if want_x else _placeholder(x.device)
-        dparams = torch.zeros_like(params) if want_params else _placeholder(x.device)
+        # Unwanted outputs are tiny fresh tensors (outputs of a Function must not be shared).
+        dx = torch.zeros_like(x) if want_x else x.new_zeros(1, 1)
+        dparams = torch.zeros_like(params) if want_params else x.new_zeros(1, 1)
         grid._launch_backward(x.detach(), net_ids, params.detach(), param_offset, dy.detach(), dparams, dx,
                               want_params, want_x)
         ctx.save_for_backward(x, params, dy, net_ids)
@@ -84,9 +90,7 @@ class _GridLookupBackward(torch.autograd.Function):
             # w.r.t. dy the plain lookup, w.r.t. x the lookup's input gradient.
             g_table = g_dparams.contiguous()
             if need_dy:
-                looked_up = torch.empty_like(dy)
-                grid._launch_forward(x, net_ids, g_table, off, looked_up)
-                out_dy += looked_up
+                out_dy += grid._launch_forward(x, net_ids, g_table, off)
             if need_x:
                 grid._launch_backward(x, net_ids, g_table, off, dy, _placeholder(x.device), out_x, False, True)
         return out_x, out_params, out_dy, None, None, None, None, None
@@ -122,9 +126,12 @@ class GridEncoding(Encoding):
             per_level_scale = default_per_level_scale(grid_type, n_levels, base_resolution)
         layout = grid_layout(n_input_dims, n_levels, n_features_per_level, log2_hashmap_size, base_resolution,
                              per_level_scale, grid_type)
+        if layout.levels[-1].resolution > _INT32_MAX:
+            raise ConfigError(f"the finest level's resolution {layout.levels[-1].resolution} exceeds 2^31-1; "
+                              "lower n_levels, base_resolution or per_level_scale")
         if layout.n_params > _INT32_MAX:
-            raise ConfigError(f"one grid would hold {layout.n_params} floats (> 2^31-1); lower n_levels, base_resolution, "
-                              f"per_level_scale or log2_hashmap_size (type={grid_type!r})")
+            raise ConfigError(f"one grid would hold {layout.n_params} floats (> 2^31-1); lower n_levels, "
+                              f"base_resolution, per_level_scale or log2_hashmap_size (type={grid_type!r})")
         super().__init__(n_input_dims, n_levels * n_features_per_level, n_networks)
         self.layout: GridLayout = layout
         self.n_levels, self.n_features_per_level = n_levels, n_features_per_level
@@ -133,13 +140,7 @@ class GridEncoding(Encoding):
         self.grid_type, self.hash = grid_type, hash
         self.seed = seed
 
-        dev = runtime.device()
-        level_i = [[lv.offset, lv.resolution, lv.size] for lv in layout.levels]
-        self.register_buffer("_level_i", torch.tensor(level_i, dtype=torch.int32, device=dev), persistent=False)
-        self.register_buffer("_level_scale", torch.tensor([lv.scale for lv in layout.levels], dtype=torch.float32,
-                                                          device=dev), persistent=False)
-        primes = np.array(HASH_PRIMES[hash][:n_input_dims], dtype=np.uint32).view(np.int32)
-        self.register_buffer("_primes", torch.from_numpy(primes.copy()).to(dev), persistent=False)
+        self._meta = self._kernel_table()
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -177,6 +178,26 @@ class GridEncoding(Encoding):
             n_networks=n_networks,
             seed=seed,
         )
+
+    def _kernel_table(self):
+        """The per-level table the kernels read (see tinn/kernels/grid_encoding.py), as a persistent Taichi
+        ndarray on the device: cheaper to pass per launch than torch tensors, and it never changes."""
+        meta = np.zeros((self.n_levels + 1, 4), dtype=np.int32)
+        for i, lv in enumerate(self.layout.levels):
+            meta[i, :3] = (lv.offset, lv.resolution, lv.size)
+            meta[i, 3] = np.array(lv.scale, dtype=np.float32).view(np.int32)
+        primes = np.array(HASH_PRIMES[self.hash][:self.n_input_dims], dtype=np.uint32)
+        meta[-1, :self.n_input_dims] = primes.view(np.int32)  # same bits; the kernel reads them as uint32
+        return K.make_table(meta)
+
+    def __getstate__(self):  # pickling (torch.save(module)): the Taichi table is rebuilt, not serialised
+        state = self.__dict__.copy()
+        state.pop("_meta", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._meta = self._kernel_table()
 
     # -- parameters ---------------------------------------------------------------------------
     def initial_params(self, seed: int) -> torch.Tensor:
@@ -224,18 +245,22 @@ class GridEncoding(Encoding):
 
     # -- kernel launches (tensors already validated, contiguous and detached) -----------------------
     def _common(self):
-        return (self._level_i, self._level_scale, self._primes)
+        return (self._meta,)
 
     def _codes(self):
         return self.n_features_per_level, _INTERP_CODE[self.interpolation], _TYPE_CODE[self.grid_type]
 
-    def _launch_forward(self, x, net_ids, params, off, out):
+    def _launch_forward(self, x, net_ids, params, off) -> torch.Tensor:
+        """(batch, n_output_dims) features; the kernel writes them feature-major (coalesced), then one transpose."""
         f, interp, gtype = self._codes()
-        K.grid_forward(x, net_ids, params, off, *self._common(), out, f, interp, gtype, self.n_input_dims)
+        out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
+        K.grid_forward(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
+        return out_t.t().contiguous()
 
     def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x):
         f, interp, gtype = self._codes()
-        K.grid_backward(x, net_ids, params, off, *self._common(), dy, dparams, dx, f, interp, gtype,
+        dy_t = dy.t().contiguous()  # feature-major, read coalesced by the kernel
+        K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
                         int(bool(want_params)), int(bool(want_x)), self.n_input_dims)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
