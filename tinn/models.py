@@ -14,6 +14,15 @@ from .encodings import create_encoding
 from .networks import NetworkArray
 
 
+def encode_then_evaluate(model, x: torch.Tensor, net_ids: torch.Tensor | None) -> torch.Tensor:
+    """Shared forward of encoding+network models: validate once, route ids to the parts that need them."""
+    x = checks.float_input("input", x, model.n_input_dims)
+    ids = checks.net_ids(net_ids, x.shape[0], model.n_networks)
+    with checks.disabled():  # validated once above
+        enc_ids = ids if model.encoding.n_networks > 1 else None
+        return model.network(model.encoding(x, enc_ids), ids)
+
+
 class NetworkWithInputEncoding(torch.nn.Module):
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False):
@@ -25,11 +34,7 @@ class NetworkWithInputEncoding(torch.nn.Module):
                                     n_networks=n_networks, seed=seed + 1)
 
     def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = checks.float_input("input", x, self.n_input_dims)
-        ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
-        with checks.disabled():  # validated once above
-            enc_ids = ids if self.encoding.n_networks > 1 else None
-            return self.network(self.encoding(x, enc_ids), ids)
+        return encode_then_evaluate(self, x, net_ids)
 
     def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():
