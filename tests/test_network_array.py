@@ -65,22 +65,22 @@ def test_many_networks_cutlass_width():
     check_against_reference(2, 3, 24, 1, "ReLU", "None", n_networks=1024, batch=3000, seed=5, otype="CutlassMLP")
 
 
-def test_single_network_without_ids():
+def test_single_network_without_ids(device):
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
-    x = torch.rand(50, 3)
-    assert torch.equal(net(x), net(x, torch.zeros(50, dtype=torch.int32)))
+    x = torch.rand(50, 3, device=device)
+    assert torch.equal(net(x), net(x, torch.zeros(50, dtype=torch.int32, device=device)))
 
 
-def test_routing_is_per_sample_and_order_preserving():
+def test_routing_is_per_sample_and_order_preserving(device):
     """Each output row equals running that row alone through its own network."""
     net = NetworkArray(2, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=5)
-    x = torch.rand(40, 2)
-    ids = torch.randint(0, 5, (40,), dtype=torch.int32)
+    x = torch.rand(40, 2, device=device)
+    ids = torch.randint(0, 5, (40,), dtype=torch.int32, device=device)
     y = net.inference(x, ids)
     for b in [0, 7, 39]:
         alone = net.inference(x[b:b + 1], ids[b:b + 1])
         assert torch.equal(alone[0], y[b])
-    perm = torch.randperm(40)
+    perm = torch.randperm(40, device=device)
     assert torch.equal(net.inference(x[perm], ids[perm]), y[perm])
 
 
@@ -121,31 +121,38 @@ def test_otype_is_case_insensitive_like_tcnn():
     assert net.config["otype"] == "FullyFusedMLP" and net.hidden_act == ACTIVATIONS["ReLU"]
 
 
-def test_bad_inputs_give_clear_errors():
+def test_bad_inputs_give_clear_errors(device):
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
-    x = torch.rand(10, 3)
-    ids = torch.zeros(10, dtype=torch.int32)
+    x = torch.rand(10, 3, device=device)
+    ids = torch.zeros(10, dtype=torch.int32, device=device)
     with pytest.raises(InputError, match="float32"):
         net(x.double(), ids)
     with pytest.raises(InputError, match="last dimension 4; expected 3"):
-        net(torch.rand(10, 4), ids)
+        net(torch.rand(10, 4, device=device), ids)
     with pytest.raises(InputError, match="net_ids contains 4; allowed: 0 <= id < n_networks=4"):
-        net(x, torch.full((10,), 4, dtype=torch.int32))
+        net(x, torch.full((10,), 4, dtype=torch.int32, device=device))
     with pytest.raises(InputError, match="net_ids contains -1"):
-        net(x, torch.full((10,), -1, dtype=torch.int32))
+        net(x, torch.full((10,), -1, dtype=torch.int32, device=device))
     with pytest.raises(InputError, match="net_ids is required"):
         net(x)
     with pytest.raises(InputError, match="shape \\(10,\\)"):
-        net(x, torch.zeros(9, dtype=torch.int32))
+        net(x, torch.zeros(9, dtype=torch.int32, device=device))
     with pytest.raises(InputError, match="dtype torch.float32"):
-        net(x, torch.zeros(10))
+        net(x, torch.zeros(10, device=device))
     assert torch.equal(net(x, ids.long()), net(x, ids))  # int64 ids are accepted
 
 
-def test_empty_batch():
+def test_empty_batch(device):
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
-    assert net(torch.rand(0, 3), torch.zeros(0, dtype=torch.int32)).shape == (0, 2)
+    assert net(torch.rand(0, 3, device=device), torch.zeros(0, dtype=torch.int32, device=device)).shape == (0, 2)
 
 
 def test_sixteen_thousand_networks():
     check_against_reference(2, 2, 16, 1, "ReLU", "None", n_networks=16384, batch=4000, seed=11)
+
+
+def test_tensor_on_wrong_device_is_named():
+    other = "cpu" if tinn.runtime.device().type == "cuda" else "meta"
+    net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
+    with pytest.raises(InputError, match="input is on .* but tinn runs on"):
+        net(torch.empty(4, 3, device=other))
