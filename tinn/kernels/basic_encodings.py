@@ -15,12 +15,6 @@ def identity_forward(x: f32_2d, out: f32_2d, scale: ti.f32, offset: ti.f32):
 
 
 @ti.kernel
-def identity_backward(dy: f32_2d, dx: f32_2d, scale: ti.f32):
-    for b, d in ti.ndrange(dy.shape[0], dy.shape[1]):
-        dx[b, d] = dy[b, d] * scale
-
-
-@ti.kernel
 def frequency_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
     # tcnn layout: feature j encodes input dim j // (2F), frequency 2^((j//2) % F), sin for even j, cos for odd.
     for b, j in ti.ndrange(out.shape[0], out.shape[1]):
