@@ -14,8 +14,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tinn  # noqa: E402
@@ -43,13 +41,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def save_png(path: str, image) -> None:
-    import imageio.v3 as iio
-
-    arr = (np.clip(image.detach().cpu().numpy(), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    iio.imwrite(path, arr)
-
-
 def run(argv=None) -> dict:
     args = parse_args(argv)
     arch = tinn.init(args.arch)
@@ -58,7 +49,7 @@ def run(argv=None) -> dict:
     batch = args.batch or (1 << 18 if on_gpu else 1 << 13)
     config = tinn.load_config(args.config)
 
-    from tinn.tasks.image import ImageTask, default_image, load_image
+    from tinn.tasks.image import ImageTask, default_image, load_image, save_png
     from tinn.trainer import Trainer
 
     image = load_image(args.image) if args.image else default_image(args.size)

@@ -21,7 +21,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -51,13 +50,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def write_image(path: str, image: torch.Tensor) -> None:
-    import imageio.v3 as iio
-
-    arr = (np.clip(image.detach().cpu().numpy(), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    iio.imwrite(path, arr)
-
-
 def build_model(config: dict, n_channels: int, n_networks: int, sequential: bool, seed: int) -> torch.nn.Module:
     if sequential:
         # tcnn's sample: "equivalent to the above, but slower"; a Sequential passes no net_ids, so one network.
@@ -83,7 +75,7 @@ def run(argv=None) -> dict:
         if key not in config:
             raise tinn.ConfigError(f"{args.config}: section {key!r} is missing")
 
-    from tinn.tasks.image import ImageTask, default_image, load_image
+    from tinn.tasks.image import ImageTask, default_image, load_image, save_png
 
     image = load_image(args.image) if args.image else default_image(args.size)
     task = ImageTask(image, tiles=args.tiles, seed=args.seed)
@@ -93,7 +85,7 @@ def run(argv=None) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     os.makedirs(args.out, exist_ok=True)
-    write_image(os.path.join(args.out, "reference.png"), task.image)
+    save_png(os.path.join(args.out, "reference.png"), task.image)
     print(f"tinn {tinn.__version__} on {arch}: {task.n_networks} network(s), image {task.width}x{task.height}, "
           f"batch {batch_size}, {steps} steps, {model.n_params() if hasattr(model, 'n_params') else '-'} params")
 
@@ -124,12 +116,12 @@ def run(argv=None) -> dict:
             psnr = task.psnr(prediction)
             history.append({"step": i, "loss": loss_val, "psnr": psnr})
             print(f"Step#{i}: loss={loss_val:.6f} psnr={psnr:.2f}dB time={int(elapsed * 1e6)}[µs]")
-            write_image(os.path.join(args.out, f"step_{i:06d}.png"), prediction)
+            save_png(os.path.join(args.out, f"step_{i:06d}.png"), prediction)
             prev_time = time.perf_counter()  # ignore the time spent evaluating and saving
 
     with torch.no_grad():
         result = render()
-    write_image(os.path.join(args.out, "result.png"), result)
+    save_png(os.path.join(args.out, "result.png"), result)
     tcnn.free_temporary_memory()
     summary = {"arch": arch, "steps": steps, "batch": batch_size, "n_networks": task.n_networks,
                "sequential": args.sequential, "final_psnr": history[-1]["psnr"], "final_loss": history[-1]["loss"],

@@ -50,6 +50,14 @@ def load_image(path: str) -> np.ndarray:
     return np.clip(arr.astype(np.float32), 0.0, 1.0)
 
 
+def save_png(path: str, image: torch.Tensor) -> None:
+    """Write an (H, W, C) float image in [0,1] as an 8-bit PNG (clipped, rounded)."""
+    import imageio.v3 as iio
+
+    arr = (np.clip(image.detach().cpu().numpy(), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    iio.imwrite(path, arr)
+
+
 def psnr(pred: torch.Tensor, ref: torch.Tensor) -> float:
     mse = float(torch.mean((pred.clamp(0, 1) - ref) ** 2))
     return float("inf") if mse == 0 else -10.0 * math.log10(mse)
