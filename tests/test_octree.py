@@ -1,0 +1,150 @@
+"""Octree LoD scene: construction, level selection, lookup against a brute-force reference, and an end-to-end
+training run of the demo on a tiny procedural scene (CPU)."""
+import math
+
+import pytest
+import torch
+
+from tinn.errors import InputError
+from tinn.scenes.octree import Octree, levels_for_radius
+
+BOX = ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
+
+# Two clusters in opposite corners: 5 points near (-1,-1,-1), 3 near (1,1,1).
+CORNER_A = [(-0.95, -0.95, -0.95), (-0.80, -0.95, -0.95), (-0.95, -0.80, -0.95), (-0.96, -0.96, -0.96),
+            (-0.94, -0.94, -0.94)]
+CORNER_B = [(0.9, 0.9, 0.9), (0.8, 0.85, 0.95), (0.95, 0.95, 0.8)]
+
+
+def corners_tree():
+    return Octree.build(torch.tensor(CORNER_A + CORNER_B), *BOX, max_depth=4, min_points=3)
+
+
+def test_build_two_corners_exact_layout():
+    tree = corners_tree()
+    # root (8 points) splits into the two occupied corner octants; the 3-point corner stays a leaf (3 is not > 3);
+    # the 5-point one splits down to depth 4, where its points fall into 3 octants of the depth-3 cell.
+    assert tree.nodes_per_level() == [1, 2, 1, 1, 3]
+    assert tree.n_nodes == 8 and tree.deepest == 4
+    assert tree.children[0].tolist() == [1, -1, -1, -1, -1, -1, -1, 2]   # 6 empty octants pruned
+    assert tree.children[1].tolist() == [3, -1, -1, -1, -1, -1, -1, -1]
+    assert tree.children[2].tolist() == [-1] * 8                          # leaf
+    assert tree.children[4].tolist() == [5, 6, 7, -1, -1, -1, -1, -1]
+    assert tree.parent.tolist() == [-1, 0, 0, 1, 3, 4, 4, 4]
+    assert tree.depth.tolist() == [0, 1, 1, 2, 3, 4, 4, 4]
+    assert tree.point_count.tolist() == [8, 5, 3, 5, 5, 3, 1, 1]
+    assert tree.half_size.tolist() == [1.0, 0.5, 0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0625]
+    assert torch.allclose(tree.center[2], torch.tensor([0.5, 0.5, 0.5]))
+    assert torch.allclose(tree.center[6], torch.tensor([-0.8125, -0.9375, -0.9375]))
+    assert tree.is_leaf().tolist() == [False, False, True, False, False, True, True, True]
+    # Each node's point range holds exactly its points.
+    pts = tree.points
+    for node in range(tree.n_nodes):
+        f, c = int(tree.point_first[node]), int(tree.point_count[node])
+        inside = ((pts - tree.center[node]).abs() <= tree.half_size[node]).all(dim=1)
+        assert int(inside.sum()) == c and bool(inside[f:f + c].all())
+
+
+def test_lookup_known_points():
+    tree = corners_tree()
+    cases = [  # point, level, expected node
+        ((-0.95, -0.95, -0.95), 10, 5),   # deeper than any node: clamped to the leaf
+        ((-0.95, -0.95, -0.95), 2, 3),
+        ((-0.95, -0.95, -0.95), 0, 0),
+        ((-0.95, -0.95, -0.95), -3, 0),   # negative levels select the root
+        ((0.9, 0.9, 0.9), 4, 2),           # the corner-B leaf at depth 1
+        ((0.5, -0.5, 0.5), 0, 0),          # empty octant, but level 0 asks for the root
+        ((0.5, -0.5, 0.5), 1, -1),         # pruned octant
+        ((-0.6, -0.6, -0.6), 1, 1),
+        ((-0.6, -0.6, -0.6), 2, 3),
+        ((-0.6, -0.6, -0.6), 3, -1),       # node 3's octant towards the centre was pruned
+        ((-0.9, -0.8, -0.95), 4, 7),
+        ((1.5, 0.0, 0.0), 0, -1),          # outside the box
+        ((1.0, 1.0, 1.0), 1, 2),           # on the box face: inside
+    ]
+    points = torch.tensor([c[0] for c in cases])
+    levels = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    assert tree.lookup(points, levels).tolist() == [c[2] for c in cases]
+    assert tree.lookup(points[:1], 2).tolist() == [3]  # an int level for all points
+
+
+def test_non_cubic_box_ignores_points_outside():
+    box_min, box_max = [-1.0, -0.5, -0.25], [1.0, 0.5, 0.25]
+    pts = torch.tensor([[0.5, 0.2, 0.1], [0.0, 0.9, 0.0]])  # the second lies in the root cube, outside the box
+    tree = Octree.build(pts, box_min, box_max, max_depth=2, min_points=0)
+    assert tree.edge == 2.0 and tree.point_count[0].item() == 1
+    assert tree.nodes_per_level() == [1, 1, 1]
+    assert tree.lookup(pts, 2).tolist() == [2, -1]
+
+
+def test_levels_for_radius_formula():
+    r = torch.tensor([2.0, 1.0, 0.99, 0.5, 0.26, 4.0, 0.25, 1e-3])
+    assert levels_for_radius(r, 2.0).tolist() == [0, 1, 1, 2, 2, 0, 3, 10]
+    assert levels_for_radius(torch.tensor([0.0]), 2.0).item() > 20  # radius 0: the finest level there is
+    gen = torch.Generator().manual_seed(0)
+    r = torch.rand(1000, generator=gen) * 0.5 + 1e-4
+    expected = [max(0, math.floor(math.log2(3.0 / v))) for v in r.double().tolist()]
+    assert levels_for_radius(r, 3.0).tolist() == expected
+
+
+def _brute_force_lookup(tree: Octree, point, level) -> int:
+    p = torch.tensor(point)
+    if not bool(((p >= tree.box_min) & (p <= tree.box_max)).all()):
+        return -1
+    node = 0
+    for d in range(level):
+        kids = [k for k in tree.children[node].tolist() if k >= 0]
+        if not kids:
+            return node
+        inside = [k for k in kids if bool(((p - tree.center[k]).abs() <= tree.half_size[k]).all())]
+        if not inside:
+            return -1
+        node = inside[0]
+    return node
+
+
+def test_lookup_matches_brute_force_reference():
+    gen = torch.Generator().manual_seed(3)
+    blobs = torch.tensor([[0.3, -0.4, 0.2], [-0.6, 0.5, -0.1], [0.1, 0.7, 0.6]])
+    pts = (blobs[torch.randint(0, 3, (400,), generator=gen)] + 0.15 * torch.randn(400, 3, generator=gen))
+    tree = Octree.build(pts, *BOX, max_depth=5, min_points=4)
+    assert tree.deepest == 5 and tree.n_nodes > 40
+    queries = torch.rand(1500, 3, generator=gen) * 2.4 - 1.2
+    levels = torch.randint(-1, 8, (1500,), generator=gen, dtype=torch.int32)
+    got = tree.lookup(queries, levels).tolist()
+    want = [_brute_force_lookup(tree, q, int(lv)) for q, lv in zip(queries.tolist(), levels.tolist())]
+    assert got == want
+    assert sum(w == -1 for w in want) > 100 and len(set(want)) > 30  # both empty space and many nodes seen
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"points": torch.zeros(4, 2)}, "points"),
+    ({"points": torch.zeros(4, 3, dtype=torch.int64)}, "points"),
+    ({"points": torch.tensor([[0.0, float("nan"), 0.0]])}, "NaN"),
+    ({"points": torch.full((3, 3), 5.0)}, "no point"),
+    ({"box_max": [1.0, -1.0, 1.0]}, "box_max"),
+    ({"box_min": [0.0, 0.0]}, "box_min"),
+    ({"max_depth": -1}, "max_depth"),
+    ({"max_depth": 17}, "max_depth"),
+    ({"max_depth": 2.0}, "max_depth"),
+    ({"min_points": -1}, "min_points"),
+])
+def test_build_bad_input(kwargs, match):
+    args = {"points": torch.zeros(4, 3), "box_min": BOX[0], "box_max": BOX[1], "max_depth": 3, "min_points": 1}
+    args.update(kwargs)
+    with pytest.raises(InputError, match=match):
+        Octree.build(**args)
+
+
+def test_lookup_and_levels_bad_input():
+    tree = corners_tree()
+    with pytest.raises(InputError, match="levels"):
+        tree.lookup(torch.zeros(3, 3), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(InputError, match="levels"):
+        tree.lookup(torch.zeros(3, 3), torch.zeros(3))
+    with pytest.raises(InputError, match="points"):
+        tree.lookup(torch.zeros(3, 4), 1)
+    with pytest.raises(InputError, match="sample_radius"):
+        levels_for_radius(torch.tensor([0.1, -0.1]), 2.0)
+    with pytest.raises(InputError, match="root_size"):
+        levels_for_radius(torch.tensor([0.1]), 0.0)
