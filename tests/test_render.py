@@ -1,0 +1,237 @@
+"""Rays, ray-box, sampling, packing and compositing (forward and backward against float64 torch references)."""
+import math
+
+import pytest
+import torch
+
+from tinn.errors import InputError
+from tinn.render import camera_rays, composite, composite_dense, pack, pixel_radius, ray_box, stratified_t
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rays
+# ---------------------------------------------------------------------------------------------------------
+def test_camera_rays_match_hand_computed_rays():
+    # Camera at (1, 2, 3) turned 90 degrees about +y: camera -z (forward) looks along world -x, camera +x is world -z.
+    c2w = torch.tensor([[0.0, 0.0, 1.0, 1.0],
+                        [0.0, 1.0, 0.0, 2.0],
+                        [-1.0, 0.0, 0.0, 3.0],
+                        [0.0, 0.0, 0.0, 1.0]])
+    origins, dirs = camera_rays(c2w, width=4, height=2, focal=2.0)
+    assert origins.shape == (8, 3) and dirs.shape == (8, 3)
+    assert torch.equal(origins, torch.tensor([[1.0, 2.0, 3.0]]).expand(8, 3))
+    # Pixel (i=0, j=0): camera direction ((0.5 - 2) / 2, -(0.5 - 1) / 2, -1) = (-0.75, 0.25, -1)
+    # -> world (x, y, z) = (cam_z, cam_y, -cam_x) = (-1, 0.25, 0.75), normalised by sqrt(1 + 1/16 + 9/16).
+    n = math.sqrt(1 + 0.0625 + 0.5625)
+    torch.testing.assert_close(dirs[0], torch.tensor([-1.0, 0.25, 0.75]) / n)
+    # Pixel (i=3, j=1) is ray 1 * 4 + 3 = 7: camera (1.5 - ... ) = ((3.5 - 2) / 2, -(1.5 - 1) / 2, -1) = (0.75, -0.25, -1).
+    torch.testing.assert_close(dirs[7], torch.tensor([-1.0, -0.25, -0.75]) / n)
+    # Row-major: ray 1 is pixel (i=1, j=0): camera (-0.25, 0.25, -1) -> world (-1, 0.25, 0.25).
+    torch.testing.assert_close(dirs[1], torch.tensor([-1.0, 0.25, 0.25]) / math.sqrt(1 + 0.0625 + 0.0625))
+    torch.testing.assert_close(dirs.norm(dim=1), torch.ones(8))
+
+
+def test_camera_rays_are_view_major():
+    a = torch.eye(4)
+    b = torch.eye(4)
+    b[:3, 3] = torch.tensor([0.0, 0.0, 4.0])
+    origins, dirs = camera_rays(torch.stack([a, b]), width=3, height=2, focal=5.0)
+    o_b, d_b = camera_rays(b, 3, 2, 5.0)
+    assert origins.shape == (12, 3)
+    torch.testing.assert_close(origins[6:], o_b)
+    torch.testing.assert_close(dirs[6:], d_b)
+    # The centre column of an odd-width image looks straight ahead in x.
+    assert float(dirs[1, 0]) == 0.0 and float(dirs[1, 1]) > 0 and float(dirs[1, 2]) < 0
+    assert pixel_radius(100.0) == pytest.approx(0.005)
+
+
+def test_camera_rays_reject_bad_input():
+    with pytest.raises(InputError, match="c2w"):
+        camera_rays(torch.eye(3), 4, 4, 1.0)
+    with pytest.raises(InputError, match="focal"):
+        camera_rays(torch.eye(4), 4, 4, 0.0)
+    with pytest.raises(InputError, match="width"):
+        camera_rays(torch.eye(4), 0, 4, 1.0)
+
+
+def test_ray_box_hits_and_misses():
+    s = 1 / math.sqrt(2)
+    origins = torch.tensor([[0.0, 0.0, -5.0],    # straight through: enters at 4, leaves at 6
+                            [0.0, 0.5, 0.0],     # starts inside: t_near clamped to 0, leaves at 1
+                            [0.0, 5.0, -5.0],    # passes above the box
+                            [0.0, 0.0, 5.0],     # box behind the ray
+                            [-3.0, -3.0, 0.0],   # diagonal: enters at 2 sqrt2, leaves at 4 sqrt2
+                            [0.0, 1.5, 0.0]])    # parallel to a face, outside it
+    dirs = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [s, s, 0.0],
+                         [1.0, 0.0, 0.0]])
+    t_near, t_far = ray_box(origins, dirs, torch.tensor([-1.0, -1.0, -1.0]), (1.0, 1.0, 1.0))
+    torch.testing.assert_close(t_near[[0, 1, 4]], torch.tensor([4.0, 0.0, 2 * math.sqrt(2)]))
+    torch.testing.assert_close(t_far[[0, 1, 4]], torch.tensor([6.0, 1.0, 4 * math.sqrt(2)]))
+    assert bool((t_far[[2, 3, 5]] <= t_near[[2, 3, 5]]).all())
+    assert bool((t_near >= 0).all()) and bool(torch.isfinite(t_near).all())
+    with pytest.raises(InputError, match="box_max"):
+        ray_box(origins, dirs, (1.0, 1.0, 1.0), (-1.0, -1.0, -1.0))
+    with pytest.raises(InputError, match="directions"):
+        ray_box(origins, dirs[:2], (-1.0,) * 3, (1.0,) * 3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling and packing
+# ---------------------------------------------------------------------------------------------------------
+def test_stratified_t_midpoints_jitter_and_misses():
+    t_near = torch.tensor([1.0, 2.0, 3.0])
+    t_far = torch.tensor([3.0, 2.5, 1.0])  # the last ray misses
+    t, deltas = stratified_t(t_near, t_far, 4, jitter=False)
+    torch.testing.assert_close(t[0], torch.tensor([1.25, 1.75, 2.25, 2.75]))
+    torch.testing.assert_close(deltas[0], torch.full((4,), 0.5))
+    torch.testing.assert_close(deltas[1], torch.full((4,), 0.125))
+    assert bool((deltas[2] == 0).all())
+    g = torch.Generator().manual_seed(3)
+    tj, dj = stratified_t(t_near, t_far, 4, jitter=True, generator=g)
+    torch.testing.assert_close(dj, deltas)
+    edges = t_near[:2, None] + torch.arange(4)[None] * deltas[:2]
+    assert bool((tj[:2] >= edges).all()) and bool((tj[:2] <= edges + deltas[:2]).all())
+    assert not torch.equal(tj, t)
+    tj2, _ = stratified_t(t_near, t_far, 4, jitter=True, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(tj, tj2)
+
+
+def test_pack_keeps_masked_samples_front_to_back():
+    mask = torch.tensor([[True, False, True, True],
+                         [False, False, False, False],
+                         [False, True, False, False]])
+    index, offsets = pack(mask)
+    assert index.dtype == torch.int64 and offsets.dtype == torch.int32
+    assert index.tolist() == [0, 2, 3, 9]
+    assert offsets.tolist() == [0, 3, 3, 4]
+    with pytest.raises(InputError, match="mask"):
+        pack(mask.int())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compositing
+# ---------------------------------------------------------------------------------------------------------
+def ref_composite(sigma, rgb, deltas, offsets, background, t):
+    """The compositing formula, ray by ray, in plain torch (float64 inputs give a float64 reference)."""
+    out_rgb, out_op, out_depth = [], [], []
+    for r in range(len(offsets) - 1):
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        alpha = 1 - torch.exp(-sigma[a:b] * deltas[a:b])
+        trans = torch.cumprod(torch.cat([alpha.new_ones(1), 1 - alpha]), 0)[:-1]
+        w = trans * alpha
+        bg = background if background.dim() == 1 else background[r]
+        out_rgb.append((w[:, None] * rgb[a:b]).sum(0) + (1 - w.sum()) * bg)
+        out_op.append(w.sum())
+        out_depth.append((w * t[a:b]).sum())
+    return torch.stack(out_rgb), torch.stack(out_op), torch.stack(out_depth)
+
+
+def make_rays(seed=0):
+    """Rays with 3, 0, 1, 7, 5 and 12 samples: thin media, dense media, an empty ray."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [3, 0, 1, 7, 5, 12]
+    m = sum(counts)
+    offsets = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
+    sigma = torch.rand(m, generator=g) * 4
+    sigma[3] = 60.0                     # the 1-sample ray is almost opaque
+    sigma[4:11] = torch.rand(7, generator=g) * 0.002  # a ray of very thin medium (series branch of 1 - exp(-x))
+    deltas = torch.rand(m, generator=g) * 0.3 + 0.05
+    rgb = torch.rand(m, 3, generator=g)
+    t = torch.cat([torch.cumsum(deltas[int(offsets[r]):int(offsets[r + 1])], 0) + 1 for r in range(len(counts))])
+    return sigma, rgb, deltas, offsets, t, g
+
+
+@pytest.mark.parametrize("bg_kind", ["none", "shared", "per_ray"])
+def test_composite_forward_matches_formula(bg_kind):
+    sigma, rgb, deltas, offsets, t, g = make_rays()
+    n_rays = len(offsets) - 1
+    bg = {"none": None, "shared": torch.tensor([0.2, 0.5, 0.9]), "per_ray": torch.rand(n_rays, 3, generator=g)}[bg_kind]
+    out = composite(sigma, rgb, deltas, offsets, background=bg, t=t)
+    bg64 = torch.zeros(3, dtype=torch.float64) if bg is None else bg.double()
+    ref_rgb, ref_op, ref_depth = ref_composite(sigma.double(), rgb.double(), deltas.double(), offsets, bg64, t.double())
+    torch.testing.assert_close(out.rgb.double(), ref_rgb, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.opacity.double(), ref_op, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.depth.double(), ref_depth, rtol=1e-5, atol=1e-6)
+    # The empty ray shows the background only; the thin ray's opacity is tiny but exact in relative terms.
+    torch.testing.assert_close(out.rgb[1].double(), bg64 if bg64.dim() == 1 else bg64[1])
+    assert float(out.opacity[1]) == 0.0
+    torch.testing.assert_close(out.opacity[3].double(), ref_op[3], rtol=1e-5, atol=0)
+    assert composite(sigma, rgb, deltas, offsets).depth is None
+
+
+@pytest.mark.parametrize("bg_kind", ["shared", "per_ray"])
+def test_composite_gradients_match_autograd(bg_kind):
+    sigma, rgb, deltas, offsets, t, g = make_rays(1)
+    n_rays = len(offsets) - 1
+    bg = torch.tensor([0.3, 0.6, 0.1]) if bg_kind == "shared" else torch.rand(n_rays, 3, generator=g)
+    g_rgb = torch.randn(n_rays, 3, generator=g)
+    g_op = torch.randn(n_rays, generator=g)
+    g_depth = torch.randn(n_rays, generator=g)
+
+    leaves = [x.clone().requires_grad_() for x in (sigma, rgb, deltas, t, bg)]
+    out = composite(leaves[0], leaves[1], leaves[2], offsets, background=leaves[4], t=leaves[3])
+    loss = (out.rgb * g_rgb).sum() + (out.opacity * g_op).sum() + (out.depth * g_depth).sum()
+    grads = torch.autograd.grad(loss, leaves)
+
+    leaves64 = [x.double().requires_grad_() for x in (sigma, rgb, deltas, t, bg)]
+    r_rgb, r_op, r_depth = ref_composite(leaves64[0], leaves64[1], leaves64[2], offsets, leaves64[4], leaves64[3])
+    loss64 = (r_rgb * g_rgb.double()).sum() + (r_op * g_op.double()).sum() + (r_depth * g_depth.double()).sum()
+    refs = torch.autograd.grad(loss64, leaves64)
+    for name, got, ref in zip(("sigma", "rgb", "deltas", "t", "background"), grads, refs):
+        assert got.shape == ref.shape, name
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    # The opaque 1-sample ray hides everything behind: its sample's colour gets (almost) the whole gradient.
+    assert float(grads[1][3].norm()) == pytest.approx(float(g_rgb[2].norm()), rel=1e-4)
+
+
+def test_composite_gradients_only_where_asked():
+    sigma, rgb, deltas, offsets, t, _ = make_rays(2)
+    s = sigma.clone().requires_grad_()
+    out = composite(s, rgb, deltas, offsets, background=torch.ones(3))
+    out.rgb.sum().backward()
+    assert s.grad is not None and s.grad.shape == sigma.shape
+    assert out.depth is None
+
+
+def test_composite_dense_equals_packed():
+    g = torch.Generator().manual_seed(4)
+    n_rays, n_samples = 5, 9
+    sigma = torch.rand(n_rays, n_samples, generator=g) * 3
+    rgb = torch.rand(n_rays, n_samples, 3, generator=g)
+    deltas = torch.full((n_rays, n_samples), 0.2)
+    deltas[2] = 0.0  # a missed ray
+    t = torch.cumsum(deltas, 1)
+    bg = torch.tensor([1.0, 1.0, 1.0])
+    dense = composite_dense(sigma, rgb, deltas, background=bg, t=t)
+    offsets = torch.arange(n_rays + 1, dtype=torch.int32) * n_samples
+    packed = composite(sigma.reshape(-1), rgb.reshape(-1, 3), deltas.reshape(-1), offsets, background=bg, t=t.reshape(-1))
+    assert torch.equal(dense.rgb, packed.rgb) and torch.equal(dense.opacity, packed.opacity)
+    assert torch.equal(dense.depth, packed.depth)
+    torch.testing.assert_close(dense.rgb[2], bg)
+    ref_rgb, _, _ = ref_composite(sigma.reshape(-1).double(), rgb.reshape(-1, 3).double(), deltas.reshape(-1).double(),
+                                  offsets, bg.double(), t.reshape(-1).double())
+    torch.testing.assert_close(dense.rgb.double(), ref_rgb, rtol=1e-5, atol=1e-6)
+
+
+def test_composite_rejects_bad_input():
+    sigma, rgb, deltas, offsets, t, _ = make_rays()
+    with pytest.raises(InputError, match="rgb must have shape"):
+        composite(sigma, rgb[:-1], deltas, offsets)
+    with pytest.raises(InputError, match="deltas must have shape"):
+        composite(sigma, rgb, deltas[:, None], offsets)
+    with pytest.raises(InputError, match="sigma has dtype"):
+        composite(sigma.double(), rgb, deltas, offsets)
+    with pytest.raises(InputError, match="ray_offsets has dtype"):
+        composite(sigma, rgb, deltas, offsets.long())
+    with pytest.raises(InputError, match="end at M"):
+        composite(sigma, rgb, deltas, offsets[:-1])
+    bad = offsets.clone()
+    bad[2], bad[3] = bad[3], bad[2] - 1
+    with pytest.raises(InputError, match="non-decreasing"):
+        composite(sigma, rgb, deltas, bad)
+    with pytest.raises(InputError, match="background must have shape"):
+        composite(sigma, rgb, deltas, offsets, background=torch.ones(2, 3))
+    with pytest.raises(InputError, match="t must have shape"):
+        composite(sigma, rgb, deltas, offsets, t=t[:3])
+    with pytest.raises(InputError, match="rgb must have shape"):
+        composite_dense(sigma[None], rgb, deltas[None])
