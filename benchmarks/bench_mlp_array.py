@@ -1,11 +1,16 @@
-"""MLP-array benchmark: tinn against the PyTorch way of doing the same job, in one run.
+"""MLP-array benchmark: tinn against the PyTorch ways of doing the same job, in one run.
 
-PyTorch baseline: samples grouped by network into a zero-padded (N, max_count, dims)
-batch, then `torch.bmm` per layer in fp32; training = the same forward, L2 loss,
-autograd backward and `torch.optim.Adam`. tinn: `NetworkArray` forward, and
-`Trainer.training_step` (forward, L2 loss kernel, hand-written backward, Adam kernel).
+PyTorch baselines, fp32: (1) samples grouped by network into a zero-padded
+(N, max_count, dims) batch, then `torch.bmm` per layer; (2) `torch.func.vmap` of
+`functional_call` over the N networks' stacked parameters (the stack_module_state
+recipe) on the same padded batch. Training = forward, L2 loss, autograd backward,
+`torch.optim.Adam`. tinn: `NetworkArray` inference, and `Trainer.training_step`
+(forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
+unfused kernels (`--unfused`) for comparison. Reported: times, TFLOP/s, % of the
+GPU's FP32 peak (non-tensor-core), inference samples/s, peak GPU memory.
 
     python benchmarks/bench_mlp_array.py                       # GPU sizes if CUDA, tiny sizes on CPU
+    python benchmarks/bench_mlp_array.py --suite               # N in 1..16384 x widths 16..128, even + ragged
     python benchmarks/bench_mlp_array.py --networks 1,64,4096 --log2-samples 20,22 --json out.json
 """
 from __future__ import annotations
@@ -33,6 +38,23 @@ def make_ids(batch: int, n: int, routing: str, device) -> torch.Tensor:
     return torch.multinomial(w, batch, replacement=True).to(torch.int32)
 
 
+def pad_by_network(x, ids, n):
+    order = torch.argsort(ids)
+    counts = torch.bincount(ids, minlength=n)
+    m = int(counts.max())
+    starts = torch.cumsum(counts, 0) - counts
+    sorted_ids = ids[order].long()
+    slot = torch.arange(x.shape[0], device=x.device) - starts[sorted_ids]
+    h = torch.zeros(n, m, x.shape[1], device=x.device)
+    h[sorted_ids, slot] = x[order]
+
+    def gather(y):
+        out = torch.empty(x.shape[0], y.shape[2], device=x.device)
+        out[order] = y[sorted_ids, slot]
+        return out
+    return h, gather
+
+
 class TorchBmmArray(torch.nn.Module):
     """Reference PyTorch implementation: padded per-network batches and bmm."""
 
@@ -42,25 +64,73 @@ class TorchBmmArray(torch.nn.Module):
             [torch.nn.Parameter(net.weights(l).detach().transpose(1, 2).contiguous()) for l in range(net.n_layers)])
 
     def forward(self, x, ids, n):
-        order = torch.argsort(ids)
-        counts = torch.bincount(ids, minlength=n)
-        m = int(counts.max())
-        starts = torch.cumsum(counts, 0) - counts
-        sorted_ids = ids[order].long()
-        slot = torch.arange(x.shape[0], device=x.device) - starts[sorted_ids]
-        h = torch.zeros(n, m, x.shape[1], device=x.device)
-        h[sorted_ids, slot] = x[order]
+        h, gather = pad_by_network(x, ids, n)
         for l, w in enumerate(self.weights):
             h = torch.bmm(h, w)
             if l < len(self.weights) - 1:
                 h = torch.relu(h)
-        out = torch.empty(x.shape[0], h.shape[2], device=x.device)
-        out[order] = h[sorted_ids, slot]
-        return out
+        return gather(h)
+
+
+def padded_bytes(ids: torch.Tensor, n: int, dims: int) -> int:
+    return n * int(torch.bincount(ids.long(), minlength=n).max()) * dims * 4
+
+
+class VmapArray(torch.nn.Module):
+    """PyTorch's model-ensembling recipe: one functional MLP vmapped over stacked per-network weights."""
+
+    def __init__(self, net):
+        super().__init__()
+        layers = []
+        for l, (fan_out, fan_in) in enumerate(net.layer_shapes()):
+            layers.append(torch.nn.Linear(fan_in, fan_out, bias=False, device="meta"))
+            if l < net.n_layers - 1:
+                layers.append(torch.nn.ReLU())
+        # The template lives on the meta device and outside the module tree: it only supplies structure.
+        self.__dict__["base"] = torch.nn.Sequential(*layers)
+        names = [f"{i}.weight" for i, m in enumerate(layers) if isinstance(m, torch.nn.Linear)]
+        self.stacked = torch.nn.ParameterDict(
+            {k.replace(".", "_"): torch.nn.Parameter(net.weights(l).detach().clone()) for l, k in enumerate(names)})
+        self.names = names
+
+    def forward(self, x, ids, n):
+        padded, gather = pad_by_network(x, ids, n)
+        params = {k: self.stacked[k.replace(".", "_")] for k in self.names}
+        y = torch.func.vmap(lambda p, h: torch.func.functional_call(self.base, p, (h,)))(params, padded)
+        return gather(y)
+
+
+def fp32_peak_tflops(device_name: str) -> float | None:
+    """Dense FP32 (CUDA-core) peak of known GPUs; None if unknown (then no % column)."""
+    name = device_name.lower()
+    if "h100" in name:
+        return 51.2 if "pcie" in name else 66.9
+    if "h200" in name:
+        return 66.9
+    if "a100" in name:
+        return 19.5
+    return None
+
+
+def time_torch(row, prefix, model, x, ids, target, n, reps):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.mean((model(x, ids.long(), n) - target) ** 2)
+        loss.backward()
+        opt.step()
+
+    peak_memory_reset()
+    with torch.no_grad():
+        row[f"{prefix}_fwd_ms"] = 1e3 * time_fn(lambda: model(x, ids.long(), n), reps=reps)
+    row[f"{prefix}_train_ms"] = 1e3 * time_fn(step, reps=reps)
+    row[f"{prefix}_mem_mib"] = peak_memory_mib()
 
 
 def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hidden: int, routing: str,
-               reps: int, skip_torch: bool) -> dict:
+               reps: int, skip_torch: bool, unfused: bool = False, vmap: bool = True, peak: float | None = None,
+               torch_limit_gib: float = 12.0) -> dict:
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
@@ -83,26 +153,32 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
     row["tinn_mem_mib"] = peak_memory_mib()
     row["tinn_fwd_tflops"] = flop / row["tinn_fwd_ms"] / 1e9
     row["tinn_train_tflops"] = 3 * flop / row["tinn_train_ms"] / 1e9
+    row["tinn_infer_samples_per_s"] = batch / row["tinn_fwd_ms"] * 1e3
     row["tinn_train_samples_per_s"] = batch / row["tinn_train_ms"] * 1e3
+    if peak:
+        row["tinn_fwd_pct_peak"] = 100 * row["tinn_fwd_tflops"] / peak
+        row["tinn_train_pct_peak"] = 100 * row["tinn_train_tflops"] / peak
+    if unfused and getattr(net, "fused", False):
+        net.fused = False
+        with tinn.checks.disabled():
+            row["unfused_fwd_ms"] = 1e3 * time_fn(lambda: net.inference(x, ids), reps=reps)
+            row["unfused_train_ms"] = 1e3 * time_fn(lambda: trainer.training_step(x, target, ids), reps=reps)
+        net.fused = True
+    del trainer
 
-    if not skip_torch:
-        ref = TorchBmmArray(net).to(dev)
-        opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
-
-        def torch_step():
-            opt.zero_grad(set_to_none=True)
-            loss = torch.mean((ref(x, ids.long(), n) - target) ** 2)
-            loss.backward()
-            opt.step()
-
-        peak_memory_reset()
-        with torch.no_grad():
-            row["torch_fwd_ms"] = 1e3 * time_fn(lambda: ref(x, ids.long(), n), reps=reps)
-        row["torch_train_ms"] = 1e3 * time_fn(torch_step, reps=reps)
-        row["torch_mem_mib"] = peak_memory_mib()
+    # Padded PyTorch batches grow with the busiest network; skip (and say so) past the memory limit.
+    too_big = padded_bytes(ids, n, max(width, n_in)) * (hidden + 3) * 3 > torch_limit_gib * 2**30
+    if too_big:
+        row["torch_note"] = f"skipped: padded batch over {torch_limit_gib:g} GiB"
+    if not skip_torch and not too_big:
+        time_torch(row, "torch", TorchBmmArray(net).to(dev), x, ids, target, n, reps)
         row["torch_fwd_tflops"] = flop / row["torch_fwd_ms"] / 1e9
+        row["torch_train_tflops"] = 3 * flop / row["torch_train_ms"] / 1e9
         row["fwd_speedup"] = row["torch_fwd_ms"] / row["tinn_fwd_ms"]
         row["train_speedup"] = row["torch_train_ms"] / row["tinn_train_ms"]
+        if vmap:
+            time_torch(row, "vmap", VmapArray(net).to(dev), x, ids, target, n, reps)
+            row["vmap_train_speedup"] = row["vmap_train_ms"] / row["tinn_train_ms"]
     return row
 
 
@@ -118,31 +194,48 @@ def main(argv=None):
     p.add_argument("--routing", default="even", help="comma list of even, sorted, ragged")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-torch", action="store_true")
+    p.add_argument("--no-vmap", action="store_true", help="skip the torch.func.vmap baseline")
+    p.add_argument("--unfused", action="store_true", help="also time tinn's unfused CUDA kernels")
+    p.add_argument("--suite", action="store_true",
+                   help="the full grid: N in 1,64,1024,4096,16384 x widths 16,32,64,128 x even,ragged")
+    p.add_argument("--peak-tflops", type=float, default=None, help="FP32 peak for the %% column (default: by GPU name)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     arch = tinn.init(args.arch)
     gpu = arch == "cuda"
+    if args.suite:
+        args.networks = args.networks or ("1,64,1024,4096,16384" if gpu else "1,64,1024")
+        args.widths = "16,32,64,128"
+        args.routing = "even,ragged" if args.routing == "even" else args.routing
     networks = [int(v) for v in (args.networks or ("1,64,4096" if gpu else "1,64")).split(",")]
     sizes = [int(v) for v in (args.log2_samples or ("20,22" if gpu else "14")).split(",")]
+    device = torch.cuda.get_device_name(0) if gpu else "cpu"
+    peak = args.peak_tflops or (fp32_peak_tflops(device) if gpu else None)
     rows = []
     for routing in args.routing.split(","):
         for width in [int(w) for w in args.widths.split(",")]:
             for n in networks:
                 for s in sizes:
                     row = bench_case(n, s, width, args.n_input, args.n_output, args.hidden_layers, routing,
-                                     args.reps, args.skip_torch)
+                                     args.reps, args.skip_torch, unfused=args.unfused, vmap=not args.no_vmap,
+                                     peak=peak)
                     rows.append(row)
                     print(row, flush=True)
-    device = torch.cuda.get_device_name(0) if gpu else "cpu"
-    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}")
+    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}"
+          + (f", FP32 peak {peak:g} TFLOP/s" if peak else ""))
     print_table(rows, [("networks", "N", "d"), ("width", "W", "d"), ("samples", "samples", "d"),
                        ("routing", "routing", "s"),
                        ("tinn_fwd_ms", "tinn fwd ms", ".2f"), ("torch_fwd_ms", "torch fwd ms", ".2f"),
-                       ("tinn_fwd_tflops", "tinn TF/s", ".2f"), ("torch_fwd_tflops", "torch TF/s", ".2f"),
+                       ("vmap_fwd_ms", "vmap fwd ms", ".2f"), ("unfused_fwd_ms", "unfused fwd", ".2f"),
+                       ("tinn_fwd_tflops", "tinn TF/s", ".2f"), ("tinn_fwd_pct_peak", "% peak", ".1f"),
+                       ("torch_fwd_tflops", "torch TF/s", ".2f"),
                        ("tinn_train_ms", "tinn step ms", ".2f"), ("torch_train_ms", "torch step ms", ".2f"),
-                       ("train_speedup", "step x", ".2f"), ("tinn_train_samples_per_s", "tinn samples/s", ".3g"),
-                       ("tinn_mem_mib", "tinn MiB", ".0f"), ("torch_mem_mib", "torch MiB", ".0f")])
-    write_json(args.json, {"device": device, "arch": arch, "rows": rows})
+                       ("vmap_train_ms", "vmap step ms", ".2f"), ("unfused_train_ms", "unfused step", ".2f"),
+                       ("train_speedup", "step x bmm", ".2f"), ("vmap_train_speedup", "step x vmap", ".2f"),
+                       ("tinn_infer_samples_per_s", "infer samples/s", ".3g"),
+                       ("tinn_mem_mib", "tinn MiB", ".0f"), ("torch_mem_mib", "bmm MiB", ".0f"),
+                       ("vmap_mem_mib", "vmap MiB", ".0f")])
+    write_json(args.json, {"device": device, "arch": arch, "fp32_peak_tflops": peak, "rows": rows})
     return rows
 
 

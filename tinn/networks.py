@@ -8,6 +8,7 @@ the Taichi kernels read and write in place.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -16,7 +17,8 @@ from .activations import SINE, activation_code, activation_name
 from .config import Section
 from .errors import ConfigError
 from .kernels import mlp_array as K
-from .routing import Routing, route
+from .kernels import mlp_fused as FK
+from .routing import Routing, TileRouting, route, route_bounded
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
@@ -78,6 +80,10 @@ class NetworkArray(torch.nn.Module):
         self.keep_pre = SINE in (self.hidden_act, self.output_act)
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
+        # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine keeps the
+        # unfused path because its derivative needs pre-activations. TINN_FUSED=0 turns them off.
+        self.fused = (runtime.arch() == "cuda" and not self.keep_pre and os.environ.get("TINN_FUSED", "1") != "0"
+                      and FK.supported(n_input_dims, self.width, n_output_dims))
         self.seed = seed
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
         self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
@@ -144,19 +150,48 @@ class NetworkArray(torch.nn.Module):
                       self.hidden_act, self.output_act, keep_all, self.keep_pre)
         return out, acts, pre
 
+    def _fused_geometry(self):
+        return FK.geometry(self.n_input_dims, self.width, self.n_output_dims)
+
+    def _launch_fused_forward(self, x, ids, params, keep_all):
+        ts, f = self._fused_geometry()
+        tiles = route_bounded(ids, self.n_networks, ts)
+        batch = x.shape[0]
+        acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
+                           device=x.device)
+        out = torch.empty(batch, self.n_output_dims, device=x.device)
+        if batch:
+            FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out,
+                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, f)
+        return out, acts, tiles
+
     def _inference(self, x, ids):
+        if self.fused:
+            return self._launch_fused_forward(x, ids, self.params.detach(), keep_all=False)[0]
         order = route(ids, self.n_networks, self.tile_size, tiles=False).order
         out, _, _ = self._launch_forward(x, ids, self.params.detach(), order, keep_all=False)
         return out
 
     def _forward_train(self, x, ids, params):
+        if self.fused:
+            out, acts, tiles = self._launch_fused_forward(x, ids, params, keep_all=True)
+            return out, acts, acts[:0], tiles
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
 
-    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing, want_dx: bool):
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | TileRouting, want_dx: bool):
         batch = x.shape[0]
         dev = x.device
+        if self.fused:
+            ts, f = self._fused_geometry()
+            dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
+            dparams = torch.zeros_like(params)
+            if batch:
+                FK.backward(dy, x, routing.order, routing.tile_net, routing.tile_start, routing.tile_count, params,
+                            acts, out, dparams, dx, *self._static_shape(), self.hidden_act, self.output_act,
+                            want_dx, ts, f)
+            return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         dparams = torch.zeros_like(params)

@@ -48,3 +48,46 @@ def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256, tiles: b
     tile_end = torch.minimum(tile_start + tile_size, seg_end[tile_net])
     i32 = torch.int32
     return Routing(order, tile_net.to(i32), tile_start.to(i32), tile_end.to(i32), counts)
+
+
+@dataclass
+class TileRouting:
+    """Sort order plus tiles of at most `tile_size` samples of one network, sized without a host sync."""
+    order: torch.Tensor        # int32 (batch,)
+    tile_net: torch.Tensor     # int32 (n_max,)
+    tile_start: torch.Tensor   # int32 (n_max,) positions into `order`
+    tile_count: torch.Tensor   # int32 (n_max,); 0 marks a padding tile that kernels skip
+
+
+def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int) -> TileRouting:
+    """Tiles for one-block-per-tile kernels.
+
+    Network n with c samples needs ceil(c / tile_size) tiles, so the total is at
+    most batch // tile_size + (networks with samples) + 1: allocating that bound
+    and marking the unused tail with count 0 keeps the whole routing on the
+    device (no `int(...)` sync before the launch).
+    """
+    batch = net_ids.shape[0]
+    dev = net_ids.device
+    i32 = torch.int32
+    if n_networks == 1:
+        n_tiles = (batch + tile_size - 1) // tile_size
+        start = torch.arange(n_tiles, device=dev, dtype=torch.int64) * tile_size
+        return TileRouting(torch.arange(batch, dtype=i32, device=dev), torch.zeros(n_tiles, dtype=i32, device=dev),
+                           start.to(i32), torch.clamp(batch - start, max=tile_size).to(i32))
+    order = torch.argsort(net_ids, stable=True).to(i32)
+    counts = torch.bincount(net_ids, minlength=n_networks)
+    seg_end = torch.cumsum(counts, 0)
+    seg_start = seg_end - counts
+    tiles_per_net = (counts + tile_size - 1) // tile_size
+    last_tile = torch.cumsum(tiles_per_net, 0)          # inclusive: tiles of networks 0..n
+    n_max = batch // tile_size + min(n_networks, batch) + 1
+    t = torch.arange(n_max, device=dev)
+    net = torch.searchsorted(last_tile, t, right=True)  # == n_networks past the last real tile
+    valid = net < n_networks
+    net = torch.clamp(net, max=n_networks - 1)
+    k = t - (last_tile[net] - tiles_per_net[net])
+    start = seg_start[net] + k * tile_size
+    count = torch.clamp(torch.minimum(seg_end[net] - start, torch.full_like(start, tile_size)), min=0)
+    count = torch.where(valid, count, torch.zeros_like(count))
+    return TileRouting(order, net.to(i32), torch.clamp(start, 0, max(batch - 1, 0)).to(i32), count.to(i32))

@@ -1,0 +1,44 @@
+"""Tile routing: every sample lands in exactly one tile of its own network."""
+import pytest
+import torch
+
+from tinn.routing import route, route_bounded
+
+
+def covered_samples(r, ids):
+    seen = torch.zeros(ids.shape[0], dtype=torch.int64)
+    for net, start, count in zip(r.tile_net.tolist(), r.tile_start.tolist(), r.tile_count.tolist()):
+        members = r.order[start:start + count].long()
+        assert torch.all(ids[members] == net)  # a tile holds one network's samples
+        seen[members] += 1
+    return seen
+
+
+@pytest.mark.parametrize("n_networks,batch,tile", [(1, 1000, 128), (7, 1000, 64), (64, 300, 128), (500, 3000, 128)])
+def test_bounded_tiles_cover_each_sample_once(n_networks, batch, tile):
+    gen = torch.Generator().manual_seed(n_networks)
+    w = torch.rand(n_networks, generator=gen) ** 3
+    w[::5] = 0.0 if n_networks > 1 else 1.0
+    ids = torch.multinomial(w, batch, replacement=True, generator=gen).to(torch.int32)
+    r = route_bounded(ids, n_networks, tile)
+    assert torch.all(covered_samples(r, ids) == 1)
+    assert int(r.tile_count.max()) <= tile
+    # As few real tiles as the counts allow; the rest are padding (count 0).
+    counts = torch.bincount(ids.long(), minlength=n_networks)
+    assert int((r.tile_count > 0).sum()) == int(((counts + tile - 1) // tile).sum())
+    assert r.tile_net.shape[0] >= int(((counts + tile - 1) // tile).sum())
+
+
+def test_bounded_tiles_agree_with_synced_routing():
+    ids = torch.tensor([3, 1, 1, 0, 3, 3, 3, 2, 1], dtype=torch.int32)
+    a, b = route(ids, 4, tile_size=2), route_bounded(ids, 4, 2)
+    real = b.tile_count > 0
+    assert torch.equal(a.order, b.order)
+    assert torch.equal(a.tile_net, b.tile_net[real])
+    assert torch.equal(a.tile_start, b.tile_start[real])
+    assert torch.equal(a.tile_end - a.tile_start, b.tile_count[real])
+
+
+def test_empty_batch_has_only_padding():
+    r = route_bounded(torch.zeros(0, dtype=torch.int32), 16, 128)
+    assert int(r.tile_count.sum()) == 0
