@@ -1,0 +1,161 @@
+"""KiloNeRF: the scene box cut into a regular G^3 grid of cells, one tiny MLP per cell.
+
+All G^3 networks live in ONE tinn network array (`NetworkWithInputEncoding`, n_networks=G^3), so a
+batch of samples from anywhere in the scene is evaluated in one launch: every sample carries the id
+of its cell. A cell's network sees the sample's position relative to the cell (local coordinates in
+[-1, 1]^3), so each network only has to model its own small piece of space.
+
+Cell ids: cell (ix, iy, iz) has id (ix * G + iy) * G + iz; ix grows with x. A point on a face between
+two cells belongs to the upper cell, a point on box_max to the last cell.
+
+Per cell: Frequency encoding (sin/cos of 2^k pi u, k < n_frequencies) of u = local / 2 in
+[-0.5, 0.5]^3 — halving keeps opposite faces of a cell apart (sin/cos of pi * local would map
+local = -1 and +1 to the same code) — then an MLP of `n_neurons` (32) with `n_hidden_layers` (2)
+hidden ReLU layers and 4 outputs: sigma = exp(min(raw, 15)) (`training.density_activation`) and
+rgb = sigmoid. No view dependence: the scenes here are diffuse.
+
+Training (see `demos/kilonerf.py`): a `HashGridField` teacher learns the images, an `OccupancyGrid`
+is filled from its density, `Distiller` fits every cell to the teacher at random points of occupied
+space, then `PhotometricTrainer` fine-tunes the student through the compositor with empty space skipped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from ..models import NetworkWithInputEncoding
+from .occupancy import OccupancyGrid, as_box, check_points
+from .training import activate, adam, render_image  # noqa: F401  (render_image: this module's public API too)
+
+MAX_GRID = 64  # 262144 cells; beyond that the per-cell networks see too few samples to train
+
+
+@dataclass
+class CellCoords:
+    ids: torch.Tensor      # (M,) int32 cell id, clamped to the nearest cell for points outside the box
+    local: torch.Tensor    # (M, 3) float32 position within the cell, in [-1, 1]^3 (clamped)
+    inside: torch.Tensor   # (M,) bool: the point lies in the box (faces included)
+
+
+def check_grid(grid) -> int:
+    if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= MAX_GRID:
+        raise InputError(f"grid={grid!r} is out of range; allowed: an integer in 1..{MAX_GRID} (cells per axis)")
+    return grid
+
+
+def cell_of(points: torch.Tensor, box_min: torch.Tensor, box_max: torch.Tensor, grid: int) -> CellCoords:
+    """The cell of each point on a `grid`^3 split of [box_min, box_max], its local coordinates and an inside flag."""
+    points = check_points("points", points)
+    grid = check_grid(grid)
+    cell_size = (box_max - box_min) / grid
+    scaled = (points - box_min) / cell_size  # in [0, grid] inside the box
+    inside = ((points >= box_min) & (points <= box_max)).all(dim=1)
+    q = torch.floor(scaled).clamp_(0, grid - 1)
+    local = ((scaled - q) * 2.0 - 1.0).clamp_(-1.0, 1.0)
+    q = q.to(torch.int32)
+    ids = (q[:, 0] * grid + q[:, 1]) * grid + q[:, 2]
+    return CellCoords(ids.contiguous(), local.contiguous(), inside)
+
+
+class KiloNeRF(torch.nn.Module):
+    """A field (see `tinn.scenes.training`) made of grid^3 tiny networks, one per cell, in one network array."""
+
+    def __init__(self, box_min, box_max, grid: int = 16, n_frequencies: int = 4, n_neurons: int = 32,
+                 n_hidden_layers: int = 2, occupancy: OccupancyGrid | None = None, seed: int = 1337):
+        super().__init__()
+        self.grid = check_grid(grid)
+        lo, hi = as_box(box_min, box_max)
+        self.register_buffer("box_min", lo)
+        self.register_buffer("box_max", hi)
+        self.encoding_config = {"otype": "Frequency", "n_frequencies": n_frequencies}
+        self.network_config = {"otype": "FullyFusedMLP", "n_neurons": n_neurons, "n_hidden_layers": n_hidden_layers,
+                               "activation": "ReLU", "output_activation": "None"}
+        self.networks = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
+                                                 n_networks=self.grid ** 3, seed=seed)
+        self.occupancy = occupancy  # used by render_image(model, ...) for empty-space skipping
+
+    @property
+    def n_networks(self) -> int:
+        return self.grid ** 3
+
+    def cell_of(self, points: torch.Tensor) -> CellCoords:
+        return cell_of(points, self.box_min, self.box_max, self.grid)
+
+    def raw(self, points: torch.Tensor) -> torch.Tensor:
+        """(M, 4) raw outputs, every sample through its cell's network, all cells in one launch."""
+        cells = self.cell_of(points)
+        return self.networks(cells.local * 0.5, cells.ids)
+
+    def forward(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sigma (M,), rgb (M, 3); points outside the box get sigma 0."""
+        cells = self.cell_of(points)
+        sigma, rgb = activate(self.networks(cells.local * 0.5, cells.ids))
+        return torch.where(cells.inside, sigma, torch.zeros_like(sigma)), rgb
+
+    def density(self, points: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.forward(points)[0]
+
+    def memory_bytes(self) -> int:
+        """Bytes of network parameters (plus the occupancy grid's booleans when one is attached)."""
+        return self.networks.memory_bytes() + (self.occupancy.memory_bytes() if self.occupancy is not None else 0)
+
+
+class Distiller:
+    """Fits a student field to a teacher at random points of occupied space (`occupancy.sample`).
+
+    Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step)
+    for a fixed `step` (the render step): densities are compared by what they do to a ray — a cell that is
+    opaque either way costs nothing — and colours matter where the teacher has matter.
+    """
+
+    def __init__(self, student, teacher, occupancy: OccupancyGrid, step: float, batch: int = 1 << 16,
+                 learning_rate: float = 5e-3, total_steps: int | None = None, final_lr_factor: float = 0.1,
+                 seed: int = 0):
+        if not float(step) > 0:
+            raise InputError(f"step={step!r} must be a positive distance (the render step)")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InputError(f"batch={batch!r} must be an integer >= 1")
+        self.student, self.teacher, self.occupancy = student, teacher, occupancy
+        self.step_size, self.batch = float(step), batch
+        self.optimizer = adam(student.named_parameters(), learning_rate)
+        self.base_lr, self.total_steps, self.final_lr_factor = float(learning_rate), total_steps, final_lr_factor
+        self.generator = torch.Generator(device=occupancy.occupied.device).manual_seed(seed)
+        self.step_count = 0
+
+    def targets(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            sigma, rgb = self.teacher(points)
+        return 1.0 - torch.exp(-sigma * self.step_size), rgb
+
+    def loss(self, points: torch.Tensor) -> torch.Tensor:
+        alpha_t, rgb_t = self.targets(points)
+        sigma, rgb = self.student(points)
+        alpha = 1.0 - torch.exp(-sigma * self.step_size)
+        return ((alpha - alpha_t) ** 2).mean() + (alpha_t[:, None] * (rgb - rgb_t) ** 2).mean()
+
+    def step(self) -> torch.Tensor:
+        if self.total_steps:
+            progress = min(self.step_count / self.total_steps, 1.0)
+            self.optimizer.learning_rate = self.base_lr * self.final_lr_factor ** progress
+        loss = self.loss(self.occupancy.sample(self.batch, self.generator))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.step_count += 1
+        return loss.detach()
+
+    @torch.no_grad()
+    def error(self, n_points: int = 1 << 15, seed: int = 12345) -> dict:
+        """Student-teacher error at fresh occupied points: RMS alpha and alpha-weighted RMS colour difference."""
+        gen = torch.Generator(device=self.occupancy.occupied.device).manual_seed(seed)
+        points = self.occupancy.sample(n_points, gen)
+        alpha_t, rgb_t = self.targets(points)
+        sigma, rgb = self.student(points)
+        alpha = 1.0 - torch.exp(-sigma * self.step_size)
+        w = alpha_t[:, None].expand_as(rgb)
+        return {"alpha_rms": math.sqrt(float(((alpha - alpha_t) ** 2).mean())),
+                "rgb_rms": math.sqrt(float((w * (rgb - rgb_t) ** 2).sum() / w.sum().clamp_min(1e-12)))}

@@ -1,0 +1,142 @@
+"""A boolean voxel grid over the scene box that marks where density is: empty-space skipping.
+
+`OccupancyGrid.from_density(density, box_min, box_max, resolution, threshold)` evaluates a density
+function (a trained teacher, an analytic scene) at a few jittered points in every voxel and keeps
+the voxels whose largest value exceeds `threshold`. The max over several points, plus an optional
+dilation by whole voxels, keeps thin surfaces that fall between voxel centres.
+
+Renderers test samples with `query(points)` and evaluate networks only where it is True;
+distillation draws its training points with `sample(n)` (uniform over the occupied volume).
+Voxel (ix, iy, iz) is `occupied[ix, iy, iz]`; ix grows with x.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import checks, runtime
+from ..errors import InputError
+
+MAX_RESOLUTION = 1024  # 1024^3 booleans = 1 GiB; more is a mistake, not a scene
+
+
+def as_box(box_min, box_max, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3,) float32 box corners on `device` (tinn's device by default), checked: finite, max > min per axis."""
+    device = device or runtime.device()
+    out = []
+    for name, value in (("box_min", box_min), ("box_max", box_max)):
+        t = torch.as_tensor(value, dtype=torch.float32).detach().reshape(-1) if not isinstance(value, torch.Tensor) \
+            else value.detach().float().reshape(-1)
+        if t.shape != (3,):
+            raise InputError(f"{name} must have 3 entries (x, y, z), got shape {tuple(t.shape)}")
+        if not bool(torch.isfinite(t).all()):
+            raise InputError(f"{name} contains NaN or Inf: {t.tolist()}")
+        out.append(t.to(device))
+    if not bool((out[1] > out[0]).all()):
+        raise InputError(f"box_max must exceed box_min on every axis, got box_min={out[0].tolist()}, "
+                         f"box_max={out[1].tolist()}")
+    return out[0], out[1]
+
+
+def check_points(name: str, points) -> torch.Tensor:
+    """(M, 3) float32 points on tinn's device."""
+    if not isinstance(points, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of shape (M, 3), got {type(points).__name__}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise InputError(f"{name} must have shape (M, 3), got {tuple(points.shape)}")
+    if points.dtype != torch.float32:
+        raise InputError(f"{name} has dtype {points.dtype}; allowed: torch.float32 (convert with .float())")
+    checks.check_device(name, points)
+    return points
+
+
+def check_resolution(name: str, value, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise InputError(f"{name}={value!r} is out of range; allowed: an integer in 1..{hi}")
+    return value
+
+
+class OccupancyGrid:
+    """`occupied` (R, R, R) bool over the box [box_min, box_max]."""
+
+    def __init__(self, occupied: torch.Tensor, box_min, box_max):
+        if not isinstance(occupied, torch.Tensor) or occupied.dtype != torch.bool or occupied.dim() != 3 \
+                or len(set(occupied.shape)) != 1:
+            got = f"{occupied.dtype} {tuple(occupied.shape)}" if isinstance(occupied, torch.Tensor) \
+                else type(occupied).__name__
+            raise InputError(f"occupied must be a cubic (R, R, R) torch.bool tensor, got {got}")
+        check_resolution("resolution", int(occupied.shape[0]), MAX_RESOLUTION)
+        self.box_min, self.box_max = as_box(box_min, box_max)
+        self.occupied = occupied.to(self.box_min.device).contiguous()
+        self.resolution = int(occupied.shape[0])
+        self.voxel_size = (self.box_max - self.box_min) / self.resolution
+
+    @classmethod
+    @torch.no_grad()
+    def from_density(cls, density, box_min, box_max, resolution: int, threshold: float, n_jitter: int = 8,
+                     dilate: int = 1, chunk: int = 1 << 18, seed: int = 0) -> "OccupancyGrid":
+        """Voxels where max(density) over `n_jitter` points (the centre and uniform jittered points in the
+        voxel) exceeds `threshold`, then grown by `dilate` voxels in every direction.
+
+        `density(points (M, 3)) -> (M,)` is called in chunks of `chunk` points, without gradients.
+        """
+        resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
+        check_resolution("n_jitter", n_jitter, 1024)
+        if isinstance(dilate, bool) or not isinstance(dilate, int) or dilate < 0:
+            raise InputError(f"dilate={dilate!r} must be an integer >= 0 (voxels)")
+        if not float(threshold) >= 0.0:
+            raise InputError(f"threshold={threshold!r} must be a density >= 0")
+        lo, hi = as_box(box_min, box_max)
+        dev = lo.device
+        voxel = (hi - lo) / resolution
+        r = torch.arange(resolution, device=dev, dtype=torch.float32)
+        ijk = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), dim=-1).reshape(-1, 3)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        best = torch.full((ijk.shape[0],), -float("inf"), device=dev)
+        for k in range(n_jitter):
+            for start in range(0, ijk.shape[0], chunk):
+                cell = ijk[start:start + chunk]
+                u = torch.full_like(cell, 0.5) if k == 0 else torch.rand(cell.shape, device=dev, generator=gen)
+                value = density((lo + (cell + u) * voxel).contiguous()).reshape(-1).float()
+                best[start:start + chunk] = torch.maximum(best[start:start + chunk], value)
+        occupied = (best > float(threshold)).reshape(resolution, resolution, resolution)
+        if dilate:
+            occupied = F.max_pool3d(occupied[None, None].float(), 2 * dilate + 1, stride=1, padding=dilate)[0, 0] > 0
+        return cls(occupied, lo, hi)
+
+    # ---- queries ------------------------------------------------------------------------------
+    def voxel_of(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Integer voxel (M, 3) int64 of each point (clamped to the grid) and whether the point is in the box."""
+        points = check_points("points", points)
+        inside = ((points >= self.box_min) & (points <= self.box_max)).all(dim=1)
+        q = torch.floor((points - self.box_min) / self.voxel_size).clamp_(0, self.resolution - 1).to(torch.int64)
+        return q, inside
+
+    def query(self, points: torch.Tensor) -> torch.Tensor:
+        """(M,) bool: the point lies in the box and in an occupied voxel."""
+        q, inside = self.voxel_of(points)
+        r = self.resolution
+        return self.occupied.reshape(-1)[(q[:, 0] * r + q[:, 1]) * r + q[:, 2]] & inside
+
+    def occupied_fraction(self) -> float:
+        return float(self.occupied.float().mean())
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """n points (n, 3) uniform over the occupied volume (every occupied voxel equally likely)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InputError(f"n={n!r} must be an integer >= 0")
+        flat = torch.nonzero(self.occupied.reshape(-1)).reshape(-1)
+        if flat.numel() == 0:
+            raise InputError("the occupancy grid is empty: nothing to sample (lower the threshold?)")
+        dev = self.occupied.device
+        pick = flat[torch.randint(0, flat.numel(), (n,), device=dev, generator=generator)]
+        r = self.resolution
+        ijk = torch.stack([pick // (r * r), (pick // r) % r, pick % r], dim=1).float()
+        u = torch.rand(n, 3, device=dev, generator=generator)
+        return (self.box_min + (ijk + u) * self.voxel_size).contiguous()
+
+    def memory_bytes(self) -> int:
+        return self.occupied.numel() * self.occupied.element_size()
+
+    def __repr__(self) -> str:
+        return f"OccupancyGrid(resolution={self.resolution}, occupied={self.occupied_fraction():.3f})"

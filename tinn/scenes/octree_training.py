@@ -1,0 +1,176 @@
+"""Training an `OctreeField` from posed images through image pyramids, and evaluating it.
+
+Pyramid level k is the image set downscaled by 2^k: its pixels have 2^k times wider footprints, so its
+samples select nodes about k levels coarser. Every batch draws the same number of rays from each pyramid
+level, so every octree level gets trained (coarse nodes learn the low-pass scene the coarse images show).
+The loss is photometric L2 through `tinn.render.composite`; torch autograd carries it into the node array.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .. import checks, runtime
+from ..errors import ConfigError, InputError
+from ..optimizers import create_optimizer
+from ..render import pixel_radius
+from .octree_field import OctreeField, photometric_loss
+
+DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
+                     "l2_reg": 1e-6}
+
+
+def image_pyramid(images, n_levels: int) -> list:
+    """[images, images.downscaled(2), images.downscaled(4), ...]: n_levels entries, each at least 1 pixel wide."""
+    if not isinstance(n_levels, int) or isinstance(n_levels, bool) or n_levels < 1:
+        raise ConfigError(f"pyramid_levels={n_levels!r} must be an integer >= 1")
+    factor = 2 ** (n_levels - 1)
+    if images.width // factor < 1 or images.height // factor < 1:
+        raise ConfigError(f"pyramid_levels={n_levels} downscales {images.width}x{images.height} images by {factor}: "
+                          f"below one pixel; allowed: at most {int(math.log2(min(images.width, images.height))) + 1}")
+    if images.width % factor or images.height % factor:
+        raise ConfigError(f"pyramid_levels={n_levels} needs width and height divisible by {factor}, got "
+                          f"{images.width}x{images.height}; lower pyramid_levels or change the resolution")
+    return [images] + [images.downscaled(2 ** k) for k in range(1, n_levels)]
+
+
+class PyramidRays:
+    """Every ray of every pyramid level (origins, directions, target colours, pixel radius), on the device."""
+
+    def __init__(self, images, n_levels: int):
+        self.levels = image_pyramid(images, n_levels)
+        dev = runtime.device()
+        parts = [level.to(dev).rays() for level in self.levels]
+        self.origins = torch.cat([p[0] for p in parts]).float().contiguous()
+        self.directions = torch.cat([p[1] for p in parts]).float().contiguous()
+        self.colors = torch.cat([p[2] for p in parts]).float().contiguous()
+        counts = [p[0].shape[0] for p in parts]
+        self.counts = torch.tensor(counts, device=dev)
+        self.offsets = torch.tensor([0] + counts[:-1], device=dev).cumsum(0)
+        self.radius = torch.cat([torch.full((c,), pixel_radius(level.focal), device=dev)
+                                 for c, level in zip(counts, self.levels)])
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.levels)
+
+    def sample(self, n_rays: int, generator: torch.Generator | None = None):
+        """n_rays random rays, an equal share from every pyramid level: (origins, directions, colors, radius)."""
+        level = torch.arange(n_rays, device=self.counts.device) % self.n_levels
+        u = torch.rand(n_rays, device=self.counts.device, generator=generator)
+        count = self.counts[level]
+        idx = self.offsets[level] + torch.minimum((u * count).long(), count - 1)
+        return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx]
+
+
+class OctreeTrainer:
+    """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels."""
+
+    def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
+                 batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0):
+        for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
+            if not isinstance(value, int) or value < lo:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
+        self.field, self.n_samples, self.batch_rays = field, n_samples, batch_rays
+        self.rays = PyramidRays(images, pyramid_levels)
+        self.background = images.background.to(runtime.device()).float()
+        self.optimizer_config = dict(optimizer_config or DEFAULT_OPTIMIZER)
+        self.optimizer = create_optimizer(self.optimizer_config, field.model.named_parameters())
+        self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
+        self.step_count = 0
+        self.train_seconds = 0.0
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.optimizer.learning_rate = value
+
+    def step(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        origins, directions, colors, radius = self.rays.sample(self.batch_rays, self.generator)
+        for p in self.field.model.parameters():
+            p.grad = None
+        with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
+            result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
+                                            background=self.background, generator=self.generator)
+        loss = photometric_loss(result.rgb, colors)
+        loss.backward()
+        self.optimizer.step()
+        self.step_count += 1
+        self.train_seconds += time.perf_counter() - t0
+        return loss.detach()
+
+
+def psnr(prediction: torch.Tensor, reference: torch.Tensor) -> float:
+    mse = float(torch.mean((prediction.clamp(0, 1) - reference) ** 2))
+    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
+
+
+@torch.no_grad()
+def evaluate(field: OctreeField, images, n_samples: int, views=None) -> dict:
+    """Render views of `images` (all by default); PSNR over them, per-frame touched-node reports and timing."""
+    if len(images) == 0:
+        raise InputError("evaluate needs at least one view")
+    views = list(range(len(images))) if views is None else list(views)
+    dev = runtime.device()
+    images = images.to(dev)
+    renders, reports, seconds = [], [], []
+    for v in views:
+        runtime.sync()
+        t0 = time.perf_counter()
+        frame = field.render_image(images.c2w[v], images.width, images.height, images.focal, n_samples,
+                                   background=images.background.float())
+        runtime.sync()
+        seconds.append(time.perf_counter() - t0)
+        renders.append(frame["image"])
+        reports.append(field.touched_report(frame["touched"]))
+    pred = torch.stack(renders)
+    ref = images.images[views].to(dev)
+    mean_s = sum(seconds) / len(seconds)
+    return {"psnr": psnr(pred, ref), "renders": pred, "reports": reports, "render_seconds": mean_s,
+            "fps": 1.0 / mean_s if mean_s > 0 else float("inf"),
+            "fraction_touched": sum(r["fraction_touched"] for r in reports) / len(reports)}
+
+
+@torch.no_grad()
+def foreground_points(images, resolution: int = 64, tolerance: float = 0.05, keep_fraction: float = 0.9,
+                      chunk: int = 1 << 16) -> torch.Tensor:
+    """Visual hull of posed images, as voxel centres (n, 3): the points to build an octree over when a scene
+    has no surface points (real captures).
+
+    A voxel centre inside the box is kept when, among the views that see it, at least `keep_fraction` show a
+    pixel that differs from the background by more than `tolerance` (a lenient vote: background-coloured
+    parts of an object would otherwise carve it away).
+    """
+    if not isinstance(resolution, int) or not 2 <= resolution <= 512:
+        raise ConfigError(f"resolution={resolution!r} must be an integer in 2..512")
+    if not 0.0 < keep_fraction <= 1.0:
+        raise ConfigError(f"keep_fraction={keep_fraction!r} must be in (0, 1]")
+    dev = runtime.device()
+    images = images.to(dev)
+    lo, hi = images.box_min.float(), images.box_max.float()
+    axis = (torch.arange(resolution, device=dev, dtype=torch.float32) + 0.5) / resolution
+    grid = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+    centres = lo + grid * (hi - lo)
+    foreground = ((images.images - images.background.float()).abs().amax(dim=-1) > tolerance)  # (V, H, W)
+    w2c = torch.linalg.inv(images.c2w.float())                                             # (V, 4, 4)
+    kept = []
+    for start in range(0, centres.shape[0], chunk):
+        p = centres[start:start + chunk]
+        cam = torch.einsum("vab,nb->vna", w2c[:, :3, :3], p) + w2c[:, None, :3, 3]        # (V, n, 3)
+        depth = -cam[..., 2]
+        safe = depth.clamp(min=1e-6)
+        col = torch.floor(cam[..., 0] / safe * images.focal + images.width / 2).long()
+        row = torch.floor(-cam[..., 1] / safe * images.focal + images.height / 2).long()
+        seen = (depth > 1e-6) & (col >= 0) & (col < images.width) & (row >= 0) & (row < images.height)
+        view = torch.arange(len(images), device=dev)[:, None].expand_as(col)
+        fg = foreground[view, row.clamp(0, images.height - 1), col.clamp(0, images.width - 1)] & seen
+        n_seen = seen.sum(dim=0)
+        keep = (n_seen > 0) & (fg.sum(dim=0) >= keep_fraction * n_seen)
+        kept.append(p[keep])
+    return torch.cat(kept)
