@@ -131,3 +131,69 @@ def test_surface_points_lie_on_every_primitive():
     nearest = scene.primitive_sdfs(pts).argmin(dim=1)
     assert torch.bincount(nearest, minlength=4).min() > 100
     assert torch.equal(pts, surface_points(scene, 2000, seed=1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NeRF-synthetic loader
+# ---------------------------------------------------------------------------------------------------------
+def write_blender_scene(root, n_views=2, size=8, angle=0.7):
+    """A tiny NeRF-synthetic folder: RGBA PNGs plus transforms_train.json (one path with .png, one without)."""
+    import imageio.v3 as iio
+
+    rng = np.random.default_rng(0)
+    (root / "train").mkdir()
+    frames, rgba = [], []
+    for v in range(n_views):
+        img = rng.integers(0, 256, size=(size, size, 4), dtype=np.uint8)
+        img[0, 0, 3] = 0      # fully transparent pixel: pure background
+        img[0, 1, 3] = 255    # opaque pixel: its own colour
+        iio.imwrite(root / "train" / f"r_{v}.png", img)
+        rgba.append(img)
+        pose = np.eye(4)
+        pose[:3, 3] = [0.0, -4.0 - v, 0.5 * v]
+        pose[:3, :3] = [[1, 0, 0], [0, 0, -1], [0, 1, 0]]  # looking along +y
+        frames.append({"file_path": f"./train/r_{v}" + (".png" if v else ""), "rotation": 0.1,
+                       "transform_matrix": pose.tolist()})
+    (root / "transforms_train.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
+    return np.stack(rgba), frames
+
+
+def test_load_nerf_synthetic_reads_poses_focal_and_composited_images(tmp_path):
+    rgba, frames = write_blender_scene(tmp_path)
+    data = load_nerf_synthetic(tmp_path, background=(0.0, 0.5, 1.0))
+    assert len(data) == 2 and (data.width, data.height) == (8, 8)
+    assert data.focal == pytest.approx(0.5 * 8 / math.tan(0.5 * 0.7))
+    for v in range(2):
+        torch.testing.assert_close(data.c2w[v], torch.tensor(frames[v]["transform_matrix"], dtype=torch.float32))
+    a = rgba[..., 3:].astype(np.float64) / 255
+    want = rgba[..., :3] / 255 * a + np.array([0.0, 0.5, 1.0]) * (1 - a)
+    torch.testing.assert_close(data.images.double(), torch.from_numpy(want), atol=1e-6, rtol=0)
+    torch.testing.assert_close(data.images[:, 0, 0], torch.tensor([[0.0, 0.5, 1.0]] * 2))
+    torch.testing.assert_close(data.images[:, 0, 1].double(), torch.from_numpy(rgba[:, 0, 1, :3] / 255.0))
+    assert torch.equal(data.box_max, torch.full((3,), 1.5)) and (data.near, data.far) == (2.0, 6.0)
+
+    small = load_nerf_synthetic(tmp_path, downscale=2, background=(0.0, 0.5, 1.0), max_views=1)
+    assert len(small) == 1 and (small.width, small.height) == (4, 4)
+    assert small.focal == pytest.approx(data.focal / 2)
+    torch.testing.assert_close(small.images[0], data.downscaled(2).images[0])
+
+
+def test_load_nerf_synthetic_errors(tmp_path):
+    with pytest.raises(InputError, match="transforms_train.json not found"):
+        load_nerf_synthetic(tmp_path)
+    write_blender_scene(tmp_path)
+    with pytest.raises(InputError, match="transforms_test.json not found.*transforms_train.json"):
+        load_nerf_synthetic(tmp_path, split="test")
+    (tmp_path / "transforms_val.json").write_text(json.dumps({"frames": []}))
+    with pytest.raises(InputError, match="camera_angle_x"):
+        load_nerf_synthetic(tmp_path, split="val")
+    (tmp_path / "transforms_val.json").write_text(json.dumps({"camera_angle_x": 0.5,
+                                                              "frames": [{"file_path": "./val/missing"}]}))
+    with pytest.raises(InputError, match="transform_matrix"):
+        load_nerf_synthetic(tmp_path, split="val")
+    (tmp_path / "transforms_val.json").write_text(json.dumps(
+        {"camera_angle_x": 0.5, "frames": [{"file_path": "./val/missing", "transform_matrix": np.eye(4).tolist()}]}))
+    with pytest.raises(InputError, match="does not exist"):
+        load_nerf_synthetic(tmp_path, split="val")
+    with pytest.raises(InputError, match="divisible"):
+        load_nerf_synthetic(tmp_path, downscale=3)
