@@ -212,7 +212,6 @@ class PhotometricTrainer:
         self.base_lr, self.total_steps, self.final_lr_factor = float(learning_rate), total_steps, float(final_lr_factor)
         self.generator = torch.Generator(device=dev).manual_seed(seed)
         self.step_count = 0
-        self.last_skipped_fraction = 0.0
 
     def step(self) -> torch.Tensor:
         if self.total_steps:
@@ -227,7 +226,6 @@ class PhotometricTrainer:
         loss.backward()
         self.optimizer.step()
         self.step_count += 1
-        self._last = out
         return loss.detach()
 
     @property

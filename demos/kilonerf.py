@@ -1,0 +1,337 @@
+"""KiloNeRF in tinn: a scene as a regular grid of thousands of tiny networks, evaluated in one launch.
+
+    python demos/kilonerf.py                         # full size: 16^3 = 4096 networks, 100 views at 100 px (GPU)
+    python demos/kilonerf.py --small                 # CPU-sized: 4^3 networks, 24 views at 32 px
+    python demos/kilonerf.py --data nerf_synthetic/lego --res 100
+    python demos/kilonerf.py --small --gui [--headless]   # the training viewer (phases shown live)
+
+Phases: (1) a teacher (one hash grid + 64-wide MLP) learns the training images; (2) an occupancy
+grid is filled from the teacher's density; (3) distillation: every cell's network fits the teacher
+at random points of occupied space; (4) fine-tuning of the grid of networks on the images through
+the compositor, with empty space skipped. Prints and returns held-out PSNR (teacher and student),
+time per phase, render time per frame, memory and the share of samples skipped; writes PNGs of a
+held-out view (prediction vs ground truth) and summary.json to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import tinn  # noqa: E402
+from tinn.progress import ProgressBar  # noqa: E402
+
+# Full size (the defaults) and --small; an explicit flag wins over both.
+FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 4096,
+        "teacher_steps": 2000, "distill_steps": 2000, "finetune_steps": 1000, "distill_batch": 1 << 18,
+        "occupancy_res": 128, "teacher_levels": 16, "teacher_log2_hashmap": 19, "teacher_base": 16}
+SMALL = {"grid": 4, "views": 24, "test_views": 2, "res": 32, "samples": 32, "batch_rays": 512,
+         "teacher_steps": 200, "distill_steps": 200, "finetune_steps": 100, "distill_batch": 8192,
+         "occupancy_res": 32, "teacher_levels": 8, "teacher_log2_hashmap": 14, "teacher_base": 4}
+PHASES = ("teacher", "distill", "finetune")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
+    p.add_argument("--data", default=None, help="a NeRF-synthetic scene folder (transforms_*.json); replaces --scene")
+    p.add_argument("--small", action="store_true", help="CPU-sized run (smaller grid, views, steps)")
+    p.add_argument("--grid", type=int, default=None, help="cells per axis (networks: grid^3); full size 16")
+    p.add_argument("--views", type=int, default=None, help="training views (full size 100)")
+    p.add_argument("--test-views", type=int, default=None, help="held-out views for PSNR (full size 4)")
+    p.add_argument("--res", type=int, default=None, help="image width and height in pixels (full size 100)")
+    p.add_argument("--samples", type=int, default=None, help="samples per ray across the scene box (full size 128)")
+    p.add_argument("--batch-rays", type=int, default=None, help="rays per photometric step (full size 4096)")
+    p.add_argument("--teacher-steps", type=int, default=None, help="teacher training steps (full size 2000)")
+    p.add_argument("--distill-steps", type=int, default=None, help="distillation steps (full size 2000)")
+    p.add_argument("--finetune-steps", type=int, default=None, help="student fine-tuning steps (full size 1000)")
+    p.add_argument("--distill-batch", type=int, default=None, help="points per distillation step (full size 2^18)")
+    p.add_argument("--occupancy-res", type=int, default=None, help="occupancy voxels per axis (full size 128)")
+    p.add_argument("--frequencies", type=int, default=4, help="Frequency-encoding octaves of each cell's network")
+    p.add_argument("--neurons", type=int, default=32, choices=[16, 32, 64], help="width of each cell's network")
+    p.add_argument("--teacher-lr", type=float, default=1e-2)
+    p.add_argument("--distill-lr", type=float, default=5e-3)
+    p.add_argument("--finetune-lr", type=float, default=2e-3)
+    p.add_argument("--alpha-threshold", type=float, default=0.01,
+                   help="a voxel is occupied where one render step of the teacher's density has alpha above this")
+    p.add_argument("--out", default="out/kilonerf", help="output directory for PNGs and summary.json")
+    p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gui", action="store_true", help="train in the interactive GGUI viewer")
+    p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
+    p.add_argument("--frame-every", type=int, default=None, help="viewer: save a frame every K steps")
+    args = p.parse_args(argv)
+    for key, value in (SMALL if args.small else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    for key in ("grid", "views", "test_views", "res", "samples", "batch_rays", "distill_batch", "occupancy_res"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    for key in ("teacher_steps", "distill_steps", "finetune_steps"):
+        if getattr(args, key) < 0:
+            p.error(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
+    return args
+
+
+def load_data(args):
+    """(train, test) PosedImages on tinn's device."""
+    from tinn.scenes import ProceduralScene, load_nerf_synthetic, render_views
+
+    if args.data is None:
+        scene = ProceduralScene()
+        # Different seeds: held-out cameras are not training cameras.
+        return (render_views(scene, args.views, args.res, args.res, seed=args.seed),
+                render_views(scene, args.test_views, args.res, args.res, seed=args.seed + 1000))
+    probe = load_nerf_synthetic(args.data, "train", max_views=1)
+    factor = max(1, round(probe.width / args.res))
+    dev = tinn.runtime.device()
+    train = load_nerf_synthetic(args.data, "train", downscale=factor, max_views=args.views).to(dev)
+    test = load_nerf_synthetic(args.data, "test", downscale=factor, max_views=args.test_views).to(dev)
+    return train, test
+
+
+class KiloNeRFPipeline:
+    """Teacher -> occupancy -> distillation -> fine-tuning, one step at a time; also a viewer source."""
+
+    def __init__(self, args, train, test):
+        from tinn.scenes.kilonerf import KiloNeRF
+        from tinn.scenes.training import HashGridField, PhotometricTrainer
+
+        self.args, self.train, self.test = args, train, test
+        self.steps = {"teacher": args.teacher_steps, "distill": args.distill_steps, "finetune": args.finetune_steps}
+        self.n_steps = sum(self.steps.values())
+        self.render_step = float((train.box_max - train.box_min).norm()) / args.samples  # longest sample spacing
+        self.teacher = HashGridField(train.box_min, train.box_max, n_levels=args.teacher_levels,
+                                     log2_hashmap_size=args.teacher_log2_hashmap, base_resolution=args.teacher_base,
+                                     finest_resolution=max(4 * args.res, args.teacher_base), n_neurons=64,
+                                     n_hidden_layers=2, seed=args.seed + 1)
+        self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
+                                n_neurons=args.neurons, n_hidden_layers=2, seed=args.seed + 2)
+        self.trainers = {"teacher": PhotometricTrainer(self.teacher, train, args.samples, args.batch_rays,
+                                                       args.teacher_lr, total_steps=args.teacher_steps,
+                                                       seed=args.seed)}
+        self.times = {"teacher": 0.0, "occupancy": 0.0, "distill": 0.0, "finetune": 0.0}
+        self.phase_index, self.phase_step, self.last_loss = 0, 0, None
+        self.distill_error = None
+        self._skip_empty_phases()
+
+    # ---- phases -------------------------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return PHASES[self.phase_index] if self.phase_index < len(PHASES) else "done"
+
+    def _skip_empty_phases(self) -> None:
+        while self.phase != "done" and self.phase_step >= self.steps[self.phase]:
+            self._finish_phase()
+
+    def _finish_phase(self) -> None:
+        """End the current phase and set up the next (occupancy grid and distiller after the teacher, ...)."""
+        from tinn.scenes.kilonerf import Distiller
+        from tinn.scenes.occupancy import OccupancyGrid
+        from tinn.scenes.training import PhotometricTrainer, timed
+
+        args, finished = self.args, self.phase
+        self.phase_index += 1
+        self.phase_step = 0
+        if finished == "teacher":
+            # Occupied: one render step through the voxel's densest point would reach alpha_threshold.
+            threshold = -math.log1p(-args.alpha_threshold) / self.render_step
+            self.occupancy, seconds = timed(OccupancyGrid.from_density, self.teacher.density, self.train.box_min,
+                                            self.train.box_max, args.occupancy_res, threshold, seed=args.seed)
+            self.times["occupancy"] += seconds
+            self.student.occupancy = self.occupancy
+            self.trainers["distill"] = Distiller(self.student, self.teacher, self.occupancy, self.render_step,
+                                                 batch=args.distill_batch, learning_rate=args.distill_lr,
+                                                 total_steps=args.distill_steps, seed=args.seed)
+        elif finished == "distill":
+            self.distill_error = self.trainers["distill"].error()
+            self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.batch_rays,
+                                                           args.finetune_lr, occupancy=self.occupancy,
+                                                           total_steps=args.finetune_steps, seed=args.seed + 1)
+
+    def train_step(self) -> torch.Tensor:
+        """One step of the current phase (the viewer's `train_step`); moves on to the next phase when it is done."""
+        if self.phase == "done":
+            return self.last_loss
+        phase = self.phase
+        t0 = time.perf_counter()
+        self.last_loss = self.trainers[phase].step()
+        tinn.runtime.sync()
+        self.times[phase] += time.perf_counter() - t0
+        self.phase_step += 1
+        self._skip_empty_phases()
+        return self.last_loss
+
+    def run_phase(self, bar: ProgressBar | None = None, offset: int = 0) -> str:
+        """Run the current phase to its end (timed as a whole: no per-step sync). Returns its name."""
+        phase = self.phase
+        trainer, n = self.trainers[phase], self.steps[phase]
+        log_every = max(n // 10, 1)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        for i in range(self.phase_step, n):
+            self.last_loss = trainer.step()
+            if bar is not None and ((i + 1) % log_every == 0 or i + 1 == n):
+                bar.update(offset + i + 1, phase=phase, loss=float(self.last_loss))
+        tinn.runtime.sync()
+        self.times[phase] += time.perf_counter() - t0
+        self.phase_step = n
+        self._skip_empty_phases()
+        return phase
+
+    # ---- models and views ---------------------------------------------------------------------
+    def current_model(self):
+        """The model being trained: the teacher first, the grid of networks from distillation on."""
+        return self.teacher if self.phase == "teacher" else self.student
+
+    def render_view(self, model, view: int = 0, occupancy="auto"):
+        from tinn.scenes.training import render_image
+
+        return render_image(model, self.test.c2w[view], self.test.width, self.test.height, self.test.focal,
+                            n_samples=self.args.samples, background=self.test.background, occupancy=occupancy)
+
+    def heldout_psnr(self, model, occupancy="auto") -> float:
+        """Mean PSNR over the held-out views."""
+        from tinn.scenes.training import psnr
+
+        return sum(psnr(self.render_view(model, v, occupancy).rgb, self.test.images[v])
+                   for v in range(len(self.test))) / len(self.test)
+
+    # viewer source
+    def render(self) -> torch.Tensor:
+        return self.render_view(self.current_model()).rgb
+
+    def reference(self) -> torch.Tensor:
+        return self.test.images[0]
+
+    @property
+    def learning_rate(self) -> float:
+        return self.trainers[self.phase].optimizer.learning_rate if self.phase != "done" else 0.0
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if self.phase != "done":
+            trainer = self.trainers[self.phase]
+            trainer.base_lr = float(value)
+            trainer.optimizer.learning_rate = value
+
+
+def frame_time(render, repeats: int) -> float:
+    """Seconds per frame: one warm-up render, then the mean of `repeats` (device work included)."""
+    render()
+    tinn.runtime.sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        render()
+    tinn.runtime.sync()
+    return (time.perf_counter() - t0) / repeats
+
+
+def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
+    """Held-out numbers, render timings, memory; PNGs of held-out view 0."""
+    from tinn.scenes.training import psnr
+    from tinn.tasks.image import save_png
+
+    test, args = pipe.test, pipe.args
+    teacher_view = pipe.render_view(pipe.teacher, occupancy=None)
+    student_view = pipe.render_view(pipe.student)
+    truth = test.images[0]
+    save_png(os.path.join(out_dir, "heldout_student.png"), student_view.rgb)
+    save_png(os.path.join(out_dir, "heldout_teacher.png"), teacher_view.rgb)
+    save_png(os.path.join(out_dir, "heldout_truth.png"), truth)
+    save_png(os.path.join(out_dir, "heldout_comparison.png"), torch.cat([student_view.rgb, teacher_view.rgb, truth], 1))
+    background = test.background.reshape(1, 1, 3).expand_as(test.images)
+    summary = {
+        "arch": tinn.runtime.arch(), "scene": args.data or args.scene, "grid": args.grid,
+        "n_networks": pipe.student.n_networks, "views": len(pipe.train), "test_views": len(test),
+        "res": [test.width, test.height], "samples_per_ray": args.samples,
+        "steps": dict(pipe.steps),
+        "psnr_background": psnr(background, test.images),
+        "psnr_teacher": pipe.heldout_psnr(pipe.teacher, occupancy=None),
+        "psnr_student": pipe.heldout_psnr(pipe.student),
+        "distill_error": pipe.distill_error,
+        "time_s": {k: round(v, 3) for k, v in pipe.times.items()},
+        "occupied_fraction": pipe.occupancy.occupied_fraction(),
+        "skipped_fraction": student_view.skipped_fraction,
+        "param_bytes_teacher": pipe.teacher.memory_bytes(),
+        "param_bytes_student": pipe.student.networks.memory_bytes(),
+        "occupancy_bytes": pipe.occupancy.memory_bytes(),
+    }
+    ms = {"teacher": 1e3 * frame_time(lambda: pipe.render_view(pipe.teacher, occupancy=None), timing_repeats),
+          "teacher_skipping": 1e3 * frame_time(lambda: pipe.render_view(pipe.teacher, occupancy=pipe.occupancy),
+                                               timing_repeats),
+          "student": 1e3 * frame_time(lambda: pipe.render_view(pipe.student), timing_repeats)}
+    summary["render_ms_per_frame"] = {k: round(v, 3) for k, v in ms.items()}
+    summary["frames_per_second"] = {k: round(1e3 / v, 2) for k, v in ms.items()}
+    if torch.cuda.is_available() and tinn.runtime.arch() == "cuda":
+        summary["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return summary
+
+
+def print_summary(s: dict) -> None:
+    t = s["time_s"]
+    print(f"held-out PSNR: teacher {s['psnr_teacher']:.2f} dB, KiloNeRF {s['psnr_student']:.2f} dB "
+          f"(background only {s['psnr_background']:.2f} dB) over {s['test_views']} views")
+    print(f"training time: teacher {t['teacher']:.1f} s, occupancy {t['occupancy']:.2f} s, "
+          f"distillation {t['distill']:.1f} s, fine-tuning {t['finetune']:.1f} s")
+    r, f = s["render_ms_per_frame"], s["frames_per_second"]
+    w, h = s["res"]
+    print(f"render {w}x{h}, {s['samples_per_ray']} samples/ray: teacher {r['teacher']:.1f} ms ({f['teacher']:.1f} fps), "
+          f"teacher+skipping {r['teacher_skipping']:.1f} ms, KiloNeRF {r['student']:.1f} ms ({f['student']:.1f} fps)")
+    print(f"empty space: {100 * s['occupied_fraction']:.1f}% of voxels occupied, "
+          f"{100 * s['skipped_fraction']:.1f}% of in-box samples skipped")
+    mem = (f"memory: KiloNeRF {s['n_networks']} networks {s['param_bytes_student'] / 2**20:.2f} MiB, "
+           f"teacher {s['param_bytes_teacher'] / 2**20:.2f} MiB, occupancy {s['occupancy_bytes'] / 2**20:.2f} MiB")
+    if "peak_gpu_mib" in s:
+        mem += f", peak GPU (torch) {s['peak_gpu_mib']:.0f} MiB"
+    print(mem)
+
+
+def run(argv=None) -> dict:
+    args = parse_args(argv)
+    arch = tinn.init(args.arch)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.perf_counter()
+    train, test = load_data(args)
+    data_s = time.perf_counter() - t0
+    pipe = KiloNeRFPipeline(args, train, test)
+    print(f"tinn {tinn.__version__} on {arch}: KiloNeRF {args.grid}^3 = {pipe.student.n_networks} networks, "
+          f"{len(train)} views at {train.width}x{train.height}, {args.samples} samples/ray; steps "
+          f"teacher {args.teacher_steps}, distill {args.distill_steps}, finetune {args.finetune_steps} "
+          f"(data {data_s:.1f} s)")
+    viewer_summary = None
+    if args.gui:
+        from tinn.viewer import Viewer
+
+        viewer = Viewer(pipe, out_dir=args.out, headless=args.headless, frame_every=args.frame_every,
+                        title="tinn KiloNeRF")
+        viewer_summary = viewer.run(pipe.n_steps)
+    else:
+        bar = ProgressBar(pipe.n_steps)
+        done = 0
+        while pipe.phase != "done":
+            done += pipe.steps[pipe.run_phase(bar, offset=done)]
+        bar.close()
+    if pipe.phase != "done":  # a viewer closed early: finish the phases so the report is complete
+        while pipe.phase != "done":
+            pipe.run_phase()
+    summary = report(pipe, args.out, timing_repeats=10 if arch == "cuda" else 2)
+    summary["time_s"]["data"] = round(data_s, 3)
+    if viewer_summary is not None:
+        summary["viewer"] = {k: viewer_summary[k] for k in ("backend", "steps", "frames") if k in viewer_summary}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print_summary(summary)
+    print(f"PNGs and summary.json in {args.out}")
+    return summary
+
+
+if __name__ == "__main__":
+    run()
