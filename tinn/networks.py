@@ -18,7 +18,7 @@ from .config import Section
 from .errors import ConfigError
 from .kernels import mlp_array as K
 from .kernels import mlp_fused as FK
-from .routing import Routing, TileRouting, route, route_bounded
+from .routing import Routing, route, route_bounded
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
@@ -151,10 +151,10 @@ class NetworkArray(torch.nn.Module):
         return out, acts, pre
 
     def _fused_geometry(self):
-        return FK.geometry(self.n_input_dims, self.width, self.n_output_dims)
+        return FK.geometry(self.n_input_dims, self.width, self.n_output_dims, self.n_layers)
 
     def _launch_fused_forward(self, x, ids, params, keep_all):
-        ts, f = self._fused_geometry()
+        ts, _, _, f = self._fused_geometry()
         tiles = route_bounded(ids, self.n_networks, ts)
         batch = x.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -163,7 +163,7 @@ class NetworkArray(torch.nn.Module):
         if batch:
             FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out,
                        *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, f)
-        return out, acts, tiles
+        return out, acts, ids
 
     def _inference(self, x, ids):
         if self.fused:
@@ -174,23 +174,25 @@ class NetworkArray(torch.nn.Module):
 
     def _forward_train(self, x, ids, params):
         if self.fused:
-            out, acts, tiles = self._launch_fused_forward(x, ids, params, keep_all=True)
-            return out, acts, acts[:0], tiles
+            out, acts, _ = self._launch_fused_forward(x, ids, params, keep_all=True)
+            return out, acts, acts[:0], None  # the backward routes its own (larger) chunks
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
 
-    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | TileRouting, want_dx: bool):
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | None, want_dx: bool):
         batch = x.shape[0]
         dev = x.device
         if self.fused:
-            ts, f = self._fused_geometry()
+            _, ts, chunk, f = self._fused_geometry()
             dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
             dparams = torch.zeros_like(params)
             if batch:
-                FK.backward(dy, x, routing.order, routing.tile_net, routing.tile_start, routing.tile_count, params,
+                # Sorted positions don't depend on the tile size, so the stored activations line up.
+                chunks = route_bounded(ids, self.n_networks, ts * chunk)
+                FK.backward(dy, x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, params,
                             acts, out, dparams, dx, *self._static_shape(), self.hidden_act, self.output_act,
-                            want_dx, ts, f)
+                            want_dx, ts, chunk, f)
             return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
