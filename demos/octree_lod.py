@@ -1,0 +1,266 @@
+"""Octree level-of-detail scene: one tiny network (hash grid + MLP) per octree node, InfNeRF-style.
+
+    python demos/octree_lod.py                       # procedural scene, full size (GPU: a few minutes)
+    python demos/octree_lod.py --small               # CPU-sized run
+    python demos/octree_lod.py --data path/to/nerf_synthetic/lego --res 100
+    python demos/octree_lod.py --small --gui --headless   # the training viewer, frames in --out
+
+The octree is built over the scene's surface points (procedural scene) or its visual hull (--data);
+every node owns a network. Each sample picks a node by its footprint (t * pixel radius), so rays from
+coarse pyramid levels train coarse nodes and a far camera renders from coarse nodes only. Prints and
+returns held-out PSNR (full resolution and a coarser pyramid level), training and render time, memory,
+nodes per level and the share of parameters a frame touches (near and far camera).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tinn  # noqa: E402
+from tinn.progress import ProgressBar  # noqa: E402
+
+FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 5, "min_points": 8, "steps": 4000,
+        "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
+        "grid_features": 4, "neurons": 32}
+SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
+         "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
+         "grid_features": 2, "neurons": 16}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
+    p.add_argument("--data", default=None, help="a NeRF-synthetic scene folder (transforms_*.json + PNGs)")
+    p.add_argument("--small", action="store_true", help="CPU-sized defaults (32 px, depth 3, 250 steps)")
+    p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 5, small: 3)")
+    p.add_argument("--min-points", type=int, default=None, help="a node splits while it holds more points")
+    p.add_argument("--views", type=int, default=None, help="training views (full: 100, small: 24)")
+    p.add_argument("--test-views", type=int, default=None, help="held-out views")
+    p.add_argument("--res", type=int, default=None, help="image side in pixels (full: 128, small: 32)")
+    p.add_argument("--steps", type=int, default=None, help="training steps")
+    p.add_argument("--pyramid-levels", type=int, default=None, help="image pyramid levels trained (1 = none)")
+    p.add_argument("--samples", type=int, default=None, help="samples per ray")
+    p.add_argument("--batch", type=int, default=None, help="rays per step")
+    p.add_argument("--points", type=int, default=None, help="surface points the octree is built over")
+    p.add_argument("--grid-levels", type=int, default=None,
+                   help="grid levels per node (resolutions 2, 4, 8, ...; the finest sets the LoD rule)")
+    p.add_argument("--grid-features", type=int, default=None, help="features per grid level (1, 2, 4, 8)")
+    p.add_argument("--neurons", type=int, default=None, help="MLP width per node (16, 32, 64, 128)")
+    p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
+    p.add_argument("--out", default="out/octree_lod", help="output folder (PNGs, summary.json)")
+    p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gui", action="store_true", help="train in the interactive viewer")
+    p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
+    args = p.parse_args(argv)
+    defaults = dict(SMALL if args.small else FULL)
+    if args.data and not args.small:
+        defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
+    for key, value in defaults.items():
+        attr = {"n_points": "points"}.get(key, key)
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, value)
+    if args.pyramid_levels == defaults["pyramid_levels"]:
+        # The default pyramid stops where the image side stops being divisible by 2^level.
+        while args.pyramid_levels > 1 and args.res % 2 ** (args.pyramid_levels - 1):
+            args.pyramid_levels -= 1
+    return args
+
+
+def load_scene(args):
+    """(train images, held-out images, points to build the octree over)."""
+    from tinn.scenes.octree_training import foreground_points
+
+    if args.data:
+        from tinn.scenes.data import load_nerf_synthetic
+
+        probe = load_nerf_synthetic(args.data, split="train", max_views=1)
+        if probe.width % args.res:
+            raise SystemExit(f"--res {args.res} must divide the images' width {probe.width}")
+        down = probe.width // args.res
+        train = load_nerf_synthetic(args.data, split="train", downscale=down, max_views=args.views)
+        test = load_nerf_synthetic(args.data, split="test", downscale=down, max_views=args.test_views)
+        points = foreground_points(train, resolution=min(2 ** (args.max_depth + 3), 256))
+        return train, test, points
+    from tinn.scenes.procedural import ProceduralScene, render_views, surface_points
+
+    scene = ProceduralScene()
+    train = render_views(scene, args.views, args.res, args.res, seed=args.seed)
+    test = render_views(scene, args.test_views, args.res, args.res, seed=args.seed + 1000)
+    return train, test, surface_points(scene, args.points, seed=args.seed)
+
+
+def build_field(args, train, points):
+    from tinn.scenes.octree import Octree
+    from tinn.scenes.octree_field import OctreeField
+
+    dev = tinn.runtime.device()
+    tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
+                        args.min_points)
+    encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
+                # Tables big enough to stay dense: (2^levels)^3 entries at the finest level.
+                "log2_hashmap_size": min(3 * args.grid_levels, 19), "base_resolution": 2, "per_level_scale": 2.0}
+    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
+               "n_neurons": args.neurons, "n_hidden_layers": 1}
+    return OctreeField(tree, encoding, network, seed=args.seed + 1)
+
+
+def far_view(images, view: int, factor: float):
+    """The same camera pulled back from the origin by `factor` (it keeps looking at the scene centre)."""
+    c2w = images.c2w[view].clone()
+    c2w[:3, 3] *= factor
+    return c2w
+
+
+class OctreeSource:
+    """Viewer source: trains the octree field, shows a held-out view and which node each pixel meets first."""
+
+    def __init__(self, trainer, test, samples: int, view: int = 0):
+        self.trainer, self.field, self.test, self.samples, self.view = trainer, trainer.field, test, samples, view
+        frame = self._frame()
+        self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
+
+    def _frame(self):
+        t = self.test
+        return self.field.render_image(t.c2w[self.view], t.width, t.height, t.focal, self.samples,
+                                       background=t.background.float())
+
+    def train_step(self):
+        return self.trainer.step()
+
+    def render(self):
+        return self._frame()["image"]
+
+    def reference(self):
+        return self.test.images[self.view]
+
+    def ownership(self):
+        return self._ownership
+
+    @property
+    def learning_rate(self) -> float:
+        return self.trainer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.trainer.learning_rate = value
+
+
+def _save(path, image):
+    from tinn.tasks.image import save_png
+
+    save_png(path, image)
+
+
+def _ownership_png(path, first_node, n_nodes):
+    """Each pixel coloured by the node its ray meets first (black: none)."""
+    import numpy as np
+    import torch
+
+    from tinn.viewer.render import network_colors
+
+    ids = first_node.cpu().numpy().astype(np.int64)
+    img = np.where((ids >= 0)[..., None], network_colors(n_nodes)[np.clip(ids, 0, None)], 0.0)
+    _save(path, torch.from_numpy(img.astype(np.float32)))
+
+
+def run(argv=None) -> dict:
+    args = parse_args(argv)
+    arch = tinn.init(args.arch)
+    import torch
+
+    from tinn.scenes.octree_training import OctreeTrainer, evaluate
+
+    dev = tinn.runtime.device()
+    on_gpu = arch == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    train, test, points = load_scene(args)
+    train, test = train.to(dev), test.to(dev)
+    field = build_field(args, train, points)
+    tree = field.octree
+    trainer = OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
+                            batch_rays=args.batch, seed=args.seed)
+    print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
+          f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
+          f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")
+
+    os.makedirs(args.out, exist_ok=True)
+    if args.gui:
+        from tinn.viewer import Viewer
+
+        viewer = Viewer(OctreeSource(trainer, test, args.samples), out_dir=args.out, headless=args.headless,
+                        title="tinn octree LoD")
+        summary = viewer.run(args.steps)
+        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {summary['final_psnr']}")
+        return summary
+
+    bar = ProgressBar(args.steps)
+    t0 = time.perf_counter()
+    loss = None
+    for step in range(1, args.steps + 1):
+        loss = trainer.step()
+        if step % max(args.steps // 20, 1) == 0 or step == args.steps:
+            bar.update(step, loss=float(loss))
+    tinn.runtime.sync()
+    train_seconds = time.perf_counter() - t0
+    bar.close()
+
+    full = evaluate(field, test, args.samples)
+    coarse_factor = 2 ** min(2, args.pyramid_levels - 1)
+    coarse = evaluate(field, test.downscaled(coarse_factor), args.samples) if coarse_factor > 1 else full
+    background_psnr = -10 * torch.log10(((test.images - test.background.float()) ** 2).mean()).item()
+
+    # Near vs far: the same held-out camera, pulled back; a far camera's samples select coarser nodes.
+    near = field.render_image(test.c2w[0], test.width, test.height, test.focal, args.samples,
+                              background=test.background.float())
+    far = field.render_image(far_view(test, 0, args.far_factor), test.width, test.height, test.focal, args.samples,
+                             background=test.background.float())
+    near_report, far_report = field.touched_report(near["touched"]), field.touched_report(far["touched"])
+
+    _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
+    _save(os.path.join(args.out, "test_reference.png"), test.images[0])
+    if coarse is not full:
+        _save(os.path.join(args.out, f"test_prediction_x{coarse_factor}.png"), coarse["renders"][0])
+    _save(os.path.join(args.out, "far_prediction.png"), far["image"])
+    _ownership_png(os.path.join(args.out, "near_first_node.png"), near["first_node"], tree.n_nodes)
+    _ownership_png(os.path.join(args.out, "far_first_node.png"), far["first_node"], tree.n_nodes)
+
+    summary = {
+        "arch": arch, "steps": args.steps, "views": len(train), "resolution": [train.width, train.height],
+        "pyramid_levels": args.pyramid_levels, "nodes": tree.n_nodes, "nodes_per_level": tree.nodes_per_level(),
+        "params_per_node": field.params_per_node(), "params_total": field.n_params(),
+        "param_bytes": field.memory_bytes(),
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
+        "train_seconds": train_seconds, "steps_per_second": args.steps / train_seconds,
+        "final_loss": float(loss) if loss is not None else None,
+        "psnr": full["psnr"], f"psnr_x{coarse_factor}": coarse["psnr"], "coarse_factor": coarse_factor,
+        "background_psnr": background_psnr,
+        "render_seconds": full["render_seconds"], "fps": full["fps"],
+        "fraction_touched_mean": full["fraction_touched"],
+        "near": near_report, "far": far_report, "far_factor": args.far_factor,
+    }
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    mem = f"{summary['param_bytes'] / 2**20:.1f} MiB params"
+    if on_gpu:
+        mem += f", peak GPU {summary['peak_gpu_bytes'] / 2**20:.0f} MiB"
+    print(f"held-out PSNR {full['psnr']:.2f} dB (x{coarse_factor} coarser: {coarse['psnr']:.2f} dB; "
+          f"background only: {background_psnr:.2f} dB)")
+    print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); render "
+          f"{full['render_seconds'] * 1e3:.1f} ms/frame ({full['fps']:.1f} fps) at {test.width}x{test.height}; {mem}")
+    for name, rep in (("near", near_report), (f"far x{args.far_factor:g}", far_report)):
+        print(f"{name} camera: {rep['nodes_touched']}/{rep['nodes_total']} nodes, "
+              f"{rep['params_touched']}/{rep['params_total']} params ({100 * rep['fraction_touched']:.1f}%) "
+              f"touched; per depth {rep['nodes_touched_per_depth']}")
+    print(f"PNGs and summary.json in {args.out}")
+    return summary
+
+
+if __name__ == "__main__":
+    run()
