@@ -31,10 +31,12 @@ from tinn.progress import ProgressBar  # noqa: E402
 # Full size (the defaults) and --small; an explicit flag wins over both.
 FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 4096,
         "teacher_steps": 2000, "distill_steps": 2000, "finetune_steps": 1000, "distill_batch": 1 << 18,
-        "occupancy_res": 128, "teacher_levels": 16, "teacher_log2_hashmap": 19, "teacher_base": 16}
+        "occupancy_res": 128, "teacher_levels": 16, "teacher_log2_hashmap": 19, "teacher_base": 16,
+        "teacher_hidden_layers": 2, "teacher_lr": 1e-2}
 SMALL = {"grid": 4, "views": 24, "test_views": 2, "res": 32, "samples": 32, "batch_rays": 512,
          "teacher_steps": 200, "distill_steps": 200, "finetune_steps": 100, "distill_batch": 8192,
-         "occupancy_res": 32, "teacher_levels": 8, "teacher_log2_hashmap": 14, "teacher_base": 4}
+         "occupancy_res": 32, "teacher_levels": 8, "teacher_log2_hashmap": 14, "teacher_base": 4,
+        "teacher_hidden_layers": 1, "teacher_lr": 3e-2}
 PHASES = ("teacher", "distill", "finetune")
 
 
@@ -56,8 +58,12 @@ def parse_args(argv=None):
     p.add_argument("--occupancy-res", type=int, default=None, help="occupancy voxels per axis (full size 128)")
     p.add_argument("--frequencies", type=int, default=4, help="Frequency-encoding octaves of each cell's network")
     p.add_argument("--neurons", type=int, default=32, choices=[16, 32, 64], help="width of each cell's network")
-    p.add_argument("--teacher-lr", type=float, default=1e-2)
-    p.add_argument("--distill-lr", type=float, default=5e-3)
+    p.add_argument("--teacher-levels", type=int, default=None, help="teacher hash-grid levels (full size 16)")
+    p.add_argument("--teacher-log2-hashmap", type=int, default=None, help="teacher hash table size, log2 (full 19)")
+    p.add_argument("--teacher-base", type=int, default=None, help="teacher's coarsest grid resolution (full 16)")
+    p.add_argument("--teacher-hidden-layers", type=int, default=None, help="teacher MLP hidden layers (full 2)")
+    p.add_argument("--teacher-lr", type=float, default=None, help="teacher learning rate (full 1e-2, small 3e-2)")
+    p.add_argument("--distill-lr", type=float, default=1e-2)
     p.add_argument("--finetune-lr", type=float, default=2e-3)
     p.add_argument("--alpha-threshold", type=float, default=0.01,
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
@@ -111,7 +117,7 @@ class KiloNeRFPipeline:
         self.teacher = HashGridField(train.box_min, train.box_max, n_levels=args.teacher_levels,
                                      log2_hashmap_size=args.teacher_log2_hashmap, base_resolution=args.teacher_base,
                                      finest_resolution=max(4 * args.res, args.teacher_base), n_neurons=64,
-                                     n_hidden_layers=2, seed=args.seed + 1)
+                                     n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1)
         self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
                                 n_neurons=args.neurons, n_hidden_layers=2, seed=args.seed + 2)
         self.trainers = {"teacher": PhotometricTrainer(self.teacher, train, args.samples, args.batch_rays,
@@ -119,7 +125,7 @@ class KiloNeRFPipeline:
                                                        seed=args.seed)}
         self.times = {"teacher": 0.0, "occupancy": 0.0, "distill": 0.0, "finetune": 0.0}
         self.phase_index, self.phase_step, self.last_loss = 0, 0, None
-        self.distill_error = None
+        self.distill_error, self.psnr_distilled = None, None
         self._skip_empty_phases()
 
     # ---- phases -------------------------------------------------------------------------------
@@ -152,6 +158,7 @@ class KiloNeRFPipeline:
                                                  total_steps=args.distill_steps, seed=args.seed)
         elif finished == "distill":
             self.distill_error = self.trainers["distill"].error()
+            self.psnr_distilled = self.heldout_psnr(self.student)  # before fine-tuning, to show what it adds
             self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.batch_rays,
                                                            args.finetune_lr, occupancy=self.occupancy,
                                                            total_steps=args.finetune_steps, seed=args.seed + 1)
@@ -256,6 +263,7 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
         "psnr_background": psnr(background, test.images),
         "psnr_teacher": pipe.heldout_psnr(pipe.teacher, occupancy=None),
         "psnr_student": pipe.heldout_psnr(pipe.student),
+        "psnr_student_distilled": pipe.psnr_distilled,
         "distill_error": pipe.distill_error,
         "time_s": {k: round(v, 3) for k, v in pipe.times.items()},
         "occupied_fraction": pipe.occupancy.occupied_fraction(),
@@ -277,8 +285,10 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
 
 def print_summary(s: dict) -> None:
     t = s["time_s"]
+    distilled = "-" if s["psnr_student_distilled"] is None else f"{s['psnr_student_distilled']:.2f}"
     print(f"held-out PSNR: teacher {s['psnr_teacher']:.2f} dB, KiloNeRF {s['psnr_student']:.2f} dB "
-          f"(background only {s['psnr_background']:.2f} dB) over {s['test_views']} views")
+          f"(after distillation {distilled} dB; background only {s['psnr_background']:.2f} dB) "
+          f"over {s['test_views']} views")
     print(f"training time: teacher {t['teacher']:.1f} s, occupancy {t['occupancy']:.2f} s, "
           f"distillation {t['distill']:.1f} s, fine-tuning {t['finetune']:.1f} s")
     r, f = s["render_ms_per_frame"], s["frames_per_second"]
@@ -297,6 +307,18 @@ def print_summary(s: dict) -> None:
 def run(argv=None) -> dict:
     args = parse_args(argv)
     arch = tinn.init(args.arch)
+    threads = torch.get_num_threads()
+    if arch == "cpu":
+        # Taichi's CPU kernels have their own thread pool; torch's OpenMP threads competing for the same cores
+        # made each training step 2-3x slower here. Restored on exit (tests call run() in-process).
+        torch.set_num_threads(1)
+    try:
+        return _run(args, arch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args, arch: str) -> dict:
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     train, test = load_data(args)
