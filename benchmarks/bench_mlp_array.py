@@ -130,7 +130,7 @@ def time_torch(row, prefix, model, x, ids, target, n, reps):
 
 def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hidden: int, routing: str,
                reps: int, skip_torch: bool, unfused: bool = False, vmap: bool = True, peak: float | None = None,
-               torch_limit_gib: float = 12.0) -> dict:
+               torch_limit_gib: float | None = None) -> dict:
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
@@ -167,7 +167,10 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
     del trainer
 
     # Padded PyTorch batches grow with the busiest network; skip (and say so) past the memory limit.
-    too_big = padded_bytes(ids, n, max(width, n_in)) * (hidden + 3) * 3 > torch_limit_gib * 2**30
+    if torch_limit_gib is None:
+        total = torch.cuda.get_device_properties(0).total_memory if dev.type == "cuda" else 16 * 2**30
+        torch_limit_gib = 0.6 * total / 2**30
+    too_big = padded_bytes(ids, n, max(width, n_in)) * (hidden + 3) * 2 > torch_limit_gib * 2**30
     if too_big:
         row["torch_note"] = f"skipped: padded batch over {torch_limit_gib:g} GiB"
     if not skip_torch and not too_big:

@@ -154,7 +154,7 @@ class NetworkArray(torch.nn.Module):
         return FK.geometry(self.n_input_dims, self.width, self.n_output_dims, self.n_layers)
 
     def _launch_fused_forward(self, x, ids, params, keep_all):
-        ts, _, _, f = self._fused_geometry()
+        ts, staged, _, _, f = self._fused_geometry()
         tiles = route_bounded(ids, self.n_networks, ts)
         batch = x.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -162,7 +162,7 @@ class NetworkArray(torch.nn.Module):
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
             FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out,
-                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, f)
+                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f)
         return out, acts, ids
 
     def _inference(self, x, ids):
@@ -184,7 +184,7 @@ class NetworkArray(torch.nn.Module):
         batch = x.shape[0]
         dev = x.device
         if self.fused:
-            _, ts, chunk, f = self._fused_geometry()
+            _, _, ts, chunk, f = self._fused_geometry()
             dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
             dparams = torch.zeros_like(params)
             if batch:

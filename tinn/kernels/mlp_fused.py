@@ -51,9 +51,9 @@ def features(n_in: int, width: int, n_out: int) -> int:
     return round_up(max(n_in, width, n_out), 16)
 
 
-def _largest_tile(n_buffers: int, f: int) -> int:
-    """Largest multiple of 16 samples whose n_buffers feature-major buffers fit in 48 KB."""
-    return min(128, ((SHARED_FLOATS // (n_buffers * f) - 1) // LANES_S) * LANES_S)
+def _largest_tile(n_buffers: int, f: int, reserved: int = 0) -> int:
+    """Largest multiple of 16 samples whose n_buffers feature-major buffers fit in 48 KB next to `reserved` floats."""
+    return min(128, (((SHARED_FLOATS - reserved) // (n_buffers * f) - 1) // LANES_S) * LANES_S)
 
 
 def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int):
@@ -68,10 +68,17 @@ def grad_registers(n_in: int, width: int, n_out: int, n_layers: int, upto: int |
 
 
 def geometry(n_in: int, width: int, n_out: int, n_layers: int):
-    """(forward tile, backward sub-tile, sub-tiles per backward chunk, padded feature count)."""
+    """(forward tile, forward weights in shared memory?, backward sub-tile, sub-tiles per backward chunk, F).
+
+    The forward pass stages each layer's weights in shared memory when a tile of at
+    least 64 samples still fits beside them (widths up to 64); else weights come through L1.
+    """
     f = features(n_in, width, n_out)
     chunk = 8 if grad_registers(n_in, width, n_out, n_layers) <= MAX_GRAD_REGISTERS else 1
-    return _largest_tile(1, f), _largest_tile(2, f), chunk, f
+    staged = _largest_tile(1, f, f * (f + 1))
+    if staged >= 64:
+        return staged, True, _largest_tile(2, f), chunk, f
+    return _largest_tile(1, f), False, _largest_tile(2, f), chunk, f
 
 
 def supported(n_in: int, width: int, n_out: int) -> bool:
@@ -86,12 +93,15 @@ def layer_offset(l: ti.template(), n_in: ti.template(), width: ti.template()):
 @ti.func
 def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_count: ti.template(),
               n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
-              R: ti.template(), C: ti.template(), TSP: ti.template()):
+              R: ti.template(), C: ti.template(), TSP: ti.template(), w_base: ti.template() = -1,
+              WP: ti.template() = 0):
     """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c].
 
     A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in)
     read from global memory: M = W^T (forward, k = input) or, with `transposed`, M = W
     (backward, k = output). Columns past n_cols are clamped to a valid address and ignored.
+    With w_base >= 0 the forward matrix is read from shared memory instead, row-major W[o, i]
+    with row stride WP.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
     for k in range(k_count):
@@ -101,7 +111,9 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
             j = c * LANES_O + lane_o
             if ti.static(n_cols % LANES_O != 0):
                 j = ti.min(j, n_cols - 1)
-            if ti.static(transposed):
+            if ti.static(w_base >= 0):
+                m[c] = sh[w_base + j * WP + k]
+            elif ti.static(transposed):
                 m[c] = params[net, offset + k * n_cols + j]
             else:
                 m[c] = params[net, offset + j * k_count + k]
@@ -141,6 +153,16 @@ def load_features(sh: ti.template(), base, buf: ti.template(), l, start, count, 
 
 
 @ti.func
+def load_weights(sh: ti.template(), base, params: ti.template(), net, offset, tid,
+                 fan_out: ti.template(), fan_in: ti.template(), WP: ti.template()):
+    """Weight matrix (fan_out, fan_in) into shared memory rows of stride WP (coalesced, conflict-free)."""
+    for j in range((fan_out * fan_in + BLOCK - 1) // BLOCK):
+        idx = j * BLOCK + tid
+        if idx < fan_out * fan_in:
+            sh[base + (idx // fan_in) * WP + idx % fan_in] = params[net, offset + idx]
+
+
+@ti.func
 def store_block(sh: ti.template(), base, acc: ti.template(), lane_s, lane_o, n_rows: ti.template(),
                 R: ti.template(), C: ti.template(), TSP: ti.template()):
     """Register block back to feature-major shared memory (rows < n_rows)."""
@@ -169,31 +191,36 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(),
+    TS: ti.template(), staged: ti.template(), F: ti.template(),
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position]."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     A = ti.static(0)
+    WP = ti.static(F + 1)
+    WB = ti.static(F * TSP if staged else -1)  # staged weights follow the activations
+    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
     ti.loop_config(block_dim=BLOCK)
     for g in range(tile_net.shape[0] * BLOCK):
         t = g // BLOCK
         tid = g % BLOCK
         lane_s = tid % LANES_S
         lane_o = tid // LANES_S
-        sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
+        sh = ti.simt.block.SharedArray((F * TSP + (F * WP if staged else 0),), ti.f32)
         count = tile_count[t]
         if count > 0:  # uniform per block: padding tiles skip every barrier together
             net = tile_net[t]
             start = tile_start[t]
             load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP)
+            if ti.static(staged):
+                load_weights(sh, WB, params, net, 0, tid, shapes[0][0], shapes[0][1], WP)
             ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
                 fan_in = ti.static(n_in if l == 0 else width)
                 fan_out = ti.static(n_out if l == n_layers - 1 else width)
                 C = ti.static((fan_out + LANES_O - 1) // LANES_O)
                 acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                lane_s, lane_o, R, C, TSP)
+                                lane_s, lane_o, R, C, TSP, WB, WP)
                 for r, c in ti.static(ti.ndrange(R, C)):
                     acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
                 ti.simt.block.sync()
@@ -203,6 +230,9 @@ def forward(
                         s = r * LANES_S + lane_s
                         if s < count:
                             acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
+                if ti.static(staged and l < n_layers - 1):
+                    load_weights(sh, WB, params, net, layer_offset(l + 1, n_in, width), tid,
+                                 shapes[l + 1][0], shapes[l + 1][1], WP)
                 ti.simt.block.sync()
             write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
             ti.simt.block.sync()
