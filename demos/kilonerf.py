@@ -165,15 +165,15 @@ class KiloNeRFPipeline:
 
     def train_step(self) -> torch.Tensor:
         """One step of the current phase (the viewer's `train_step`); moves on to the next phase when it is done."""
-        if self.phase == "done":
-            return self.last_loss
-        phase = self.phase
+        # Past the planned steps (a viewer resumed after the end) fine-tuning goes on.
+        phase = self.phase if self.phase != "done" else "finetune"
         t0 = time.perf_counter()
         self.last_loss = self.trainers[phase].step()
         tinn.runtime.sync()
         self.times[phase] += time.perf_counter() - t0
-        self.phase_step += 1
-        self._skip_empty_phases()
+        if self.phase != "done":
+            self.phase_step += 1
+            self._skip_empty_phases()
         return self.last_loss
 
     def run_phase(self, bar: ProgressBar | None = None, offset: int = 0) -> str:
@@ -204,12 +204,18 @@ class KiloNeRFPipeline:
         return render_image(model, self.test.c2w[view], self.test.width, self.test.height, self.test.focal,
                             n_samples=self.args.samples, background=self.test.background, occupancy=occupancy)
 
-    def heldout_psnr(self, model, occupancy="auto") -> float:
-        """Mean PSNR over the held-out views."""
+    def heldout(self, model, occupancy="auto") -> tuple[float, float]:
+        """Mean PSNR over the held-out views, and the share of their in-box samples that skipping left out."""
         from tinn.scenes.training import psnr
 
-        return sum(psnr(self.render_view(model, v, occupancy).rgb, self.test.images[v])
-                   for v in range(len(self.test))) / len(self.test)
+        views = [self.render_view(model, v, occupancy) for v in range(len(self.test))]
+        value = sum(psnr(out.rgb, self.test.images[v]) for v, out in enumerate(views)) / len(views)
+        candidates = sum(out.n_candidates for out in views)
+        evaluated = sum(out.n_evaluated for out in views)
+        return value, (1.0 - evaluated / candidates if candidates else 0.0)
+
+    def heldout_psnr(self, model, occupancy="auto") -> float:
+        return self.heldout(model, occupancy)[0]
 
     # viewer source
     def render(self) -> torch.Tensor:
@@ -220,30 +226,16 @@ class KiloNeRFPipeline:
 
     @property
     def learning_rate(self) -> float:
-        return self.trainers[self.phase].optimizer.learning_rate if self.phase != "done" else 0.0
+        return self.trainers[self.phase if self.phase != "done" else "finetune"].learning_rate
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
-        if self.phase != "done":
-            trainer = self.trainers[self.phase]
-            trainer.base_lr = float(value)
-            trainer.optimizer.learning_rate = value
-
-
-def frame_time(render, repeats: int) -> float:
-    """Seconds per frame: one warm-up render, then the mean of `repeats` (device work included)."""
-    render()
-    tinn.runtime.sync()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        render()
-    tinn.runtime.sync()
-    return (time.perf_counter() - t0) / repeats
+        self.trainers[self.phase if self.phase != "done" else "finetune"].learning_rate = value
 
 
 def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     """Held-out numbers, render timings, memory; PNGs of held-out view 0."""
-    from tinn.scenes.training import psnr
+    from tinn.scenes.training import psnr, seconds_per_frame
     from tinn.tasks.image import save_png
 
     test, args = pipe.test, pipe.args
@@ -254,28 +246,29 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     save_png(os.path.join(out_dir, "heldout_teacher.png"), teacher_view.rgb)
     save_png(os.path.join(out_dir, "heldout_truth.png"), truth)
     save_png(os.path.join(out_dir, "heldout_comparison.png"), torch.cat([student_view.rgb, teacher_view.rgb, truth], 1))
-    background = test.background.reshape(1, 1, 3).expand_as(test.images)
+    background = test.background.reshape(1, 1, 3).expand_as(test.images[0])
+    psnr_student, skipped = pipe.heldout(pipe.student)
     summary = {
         "arch": tinn.runtime.arch(), "scene": args.data or args.scene, "grid": args.grid,
         "n_networks": pipe.student.n_networks, "views": len(pipe.train), "test_views": len(test),
         "res": [test.width, test.height], "samples_per_ray": args.samples,
         "steps": dict(pipe.steps),
-        "psnr_background": psnr(background, test.images),
+        "psnr_background": sum(psnr(background, image) for image in test.images) / len(test),
         "psnr_teacher": pipe.heldout_psnr(pipe.teacher, occupancy=None),
-        "psnr_student": pipe.heldout_psnr(pipe.student),
+        "psnr_student": psnr_student,
         "psnr_student_distilled": pipe.psnr_distilled,
         "distill_error": pipe.distill_error,
         "time_s": {k: round(v, 3) for k, v in pipe.times.items()},
         "occupied_fraction": pipe.occupancy.occupied_fraction(),
-        "skipped_fraction": student_view.skipped_fraction,
+        "skipped_fraction": skipped,
         "param_bytes_teacher": pipe.teacher.memory_bytes(),
         "param_bytes_student": pipe.student.networks.memory_bytes(),
         "occupancy_bytes": pipe.occupancy.memory_bytes(),
     }
-    ms = {"teacher": 1e3 * frame_time(lambda: pipe.render_view(pipe.teacher, occupancy=None), timing_repeats),
-          "teacher_skipping": 1e3 * frame_time(lambda: pipe.render_view(pipe.teacher, occupancy=pipe.occupancy),
-                                               timing_repeats),
-          "student": 1e3 * frame_time(lambda: pipe.render_view(pipe.student), timing_repeats)}
+    renders = {"teacher": lambda: pipe.render_view(pipe.teacher, occupancy=None),
+               "teacher_skipping": lambda: pipe.render_view(pipe.teacher, occupancy=pipe.occupancy),
+               "student": lambda: pipe.render_view(pipe.student)}
+    ms = {name: 1e3 * seconds_per_frame(fn, timing_repeats) for name, fn in renders.items()}
     summary["render_ms_per_frame"] = {k: round(v, 3) for k, v in ms.items()}
     summary["frames_per_second"] = {k: round(1e3 / v, 2) for k, v in ms.items()}
     if torch.cuda.is_available() and tinn.runtime.arch() == "cuda":

@@ -172,7 +172,7 @@ def test_distillation_reduces_student_teacher_error(one_torch_thread):
     teacher = AnalyticField(scene.density, scene.color)
     occ = OccupancyGrid.from_density(scene.density, teacher.box_min, teacher.box_max, 16, threshold=1.0)
     student = KiloNeRF(teacher.box_min, teacher.box_max, grid=2, n_frequencies=4, occupancy=occ, seed=5)
-    distiller = Distiller(student, teacher, occ, step=2 * 3 ** 0.5 / 32, batch=4096, learning_rate=1e-2,
+    distiller = Distiller(student, teacher, occ, step_size=2 * 3 ** 0.5 / 32, batch=4096, learning_rate=1e-2,
                           total_steps=150)
     before = distiller.error()
     for _ in range(150):

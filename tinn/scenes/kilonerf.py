@@ -107,20 +107,20 @@ class KiloNeRF(torch.nn.Module):
 class Distiller:
     """Fits a student field to a teacher at random points of occupied space (`occupancy.sample`).
 
-    Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step)
-    for a fixed `step` (the render step): densities are compared by what they do to a ray — a cell that is
+    Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step_size)
+    for a fixed `step_size` (the render step): densities are compared by what they do to a ray — a cell that is
     opaque either way costs nothing — and colours matter where the teacher has matter.
     """
 
-    def __init__(self, student, teacher, occupancy: OccupancyGrid, step: float, batch: int = 1 << 16,
-                 learning_rate: float = 5e-3, total_steps: int | None = None, final_lr_factor: float = 0.1,
+    def __init__(self, student, teacher, occupancy: OccupancyGrid, step_size: float, batch: int = 1 << 16,
+                 learning_rate: float = 1e-2, total_steps: int | None = None, final_lr_factor: float = 0.1,
                  seed: int = 0):
-        if not float(step) > 0:
-            raise InputError(f"step={step!r} must be a positive distance (the render step)")
+        if not float(step_size) > 0:
+            raise InputError(f"step_size={step_size!r} must be a positive distance (the render step)")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise InputError(f"batch={batch!r} must be an integer >= 1")
         self.student, self.teacher, self.occupancy = student, teacher, occupancy
-        self.step_size, self.batch = float(step), batch
+        self.step_size, self.batch = float(step_size), batch
         self.optimizer = adam(student.named_parameters(), learning_rate)
         self.base_lr, self.total_steps, self.final_lr_factor = float(learning_rate), total_steps, final_lr_factor
         self.generator = torch.Generator(device=occupancy.occupied.device).manual_seed(seed)
@@ -147,6 +147,15 @@ class Distiller:
         self.optimizer.step()
         self.step_count += 1
         return loss.detach()
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.base_lr = float(value)
+        self.optimizer.learning_rate = value
 
     @torch.no_grad()
     def error(self, n_points: int = 1 << 15, seed: int = 12345) -> dict:

@@ -9,7 +9,7 @@ that shape renders and trains with the functions here:
   occupied voxels (`tinn.render.sampling.pack`), networks evaluated on the kept samples only,
   composited with `tinn.render.compositing.composite` (whose backward trains the networks).
 - `PhotometricTrainer`: random rays from all training views, L2 to the pixel colours, tinn Adam.
-- `psnr`, `timed`.
+- `psnr`, `timed`, `seconds_per_frame`.
 
 Outputs: rgb = sigmoid(raw[1:4]); sigma = `density_activation(raw[0])`, a truncated exponential
 (exp with its argument clamped to <= 15, as in instant-ngp): densities of the order of 10-100 are
@@ -179,6 +179,15 @@ def timed(fn, *args, **kwargs):
     result = fn(*args, **kwargs)
     runtime.sync()
     return result, time.perf_counter() - t0
+
+
+def seconds_per_frame(render, repeats: int = 10) -> float:
+    """Mean seconds of `render()` over `repeats` calls after one warm-up call (compiles, caches), device included."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"repeats={repeats!r} must be an integer >= 1")
+    render()
+    _, seconds = timed(lambda: [render() for _ in range(repeats)])
+    return seconds / repeats
 
 
 # ---- photometric training -------------------------------------------------------------------------
