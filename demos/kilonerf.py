@@ -286,7 +286,8 @@ def print_summary(s: dict) -> None:
           f"distillation {t['distill']:.1f} s, fine-tuning {t['finetune']:.1f} s")
     r, f = s["render_ms_per_frame"], s["frames_per_second"]
     w, h = s["res"]
-    print(f"render {w}x{h}, {s['samples_per_ray']} samples/ray: teacher {r['teacher']:.1f} ms ({f['teacher']:.1f} fps), "
+    print(f"render {w}x{h}, {s['samples_per_ray']} samples/ray: "
+          f"teacher {r['teacher']:.1f} ms ({f['teacher']:.1f} fps), "
           f"teacher+skipping {r['teacher_skipping']:.1f} ms, KiloNeRF {r['student']:.1f} ms ({f['student']:.1f} fps)")
     print(f"empty space: {100 * s['occupied_fraction']:.1f}% of voxels occupied, "
           f"{100 * s['skipped_fraction']:.1f}% of in-box samples skipped")

@@ -28,7 +28,9 @@ import torch
 from ..errors import InputError
 from ..models import NetworkWithInputEncoding
 from .occupancy import OccupancyGrid, as_box, check_points
-from .training import activate, adam, render_image  # noqa: F401  (render_image: this module's public API too)
+from .training import activate, adam, render_image
+
+__all__ = ["CellCoords", "Distiller", "KiloNeRF", "cell_of", "render_image"]
 
 MAX_GRID = 64  # 262144 cells; beyond that the per-cell networks see too few samples to train
 

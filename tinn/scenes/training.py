@@ -27,9 +27,7 @@ from .. import runtime
 from ..errors import InputError
 from ..models import NetworkWithInputEncoding
 from ..optimizers import create_optimizer
-from ..render.compositing import composite
-from ..render.rays import camera_rays, ray_box
-from ..render.sampling import pack, stratified_t
+from ..render import camera_rays, composite, pack, ray_box, stratified_t
 from .occupancy import as_box, check_points
 
 MAX_LOG_DENSITY = 15.0
