@@ -244,6 +244,8 @@ def run(argv=None) -> dict:
         "render_seconds": full["render_seconds"], "fps": full["fps"],
         "fraction_touched_mean": full["fraction_touched"],
         "near": near_report, "far": far_report, "far_factor": args.far_factor,
+        "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
+                            for v, r in enumerate(full["reports"])],
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -10,6 +10,15 @@ from tinn.scenes.octree import Octree, levels_for_radius
 
 BOX = ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
 
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors: torch's thread pool only adds barrier waits, which explode when the cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 # Two clusters in opposite corners: 5 points near (-1,-1,-1), 3 near (1,1,1).
 CORNER_A = [(-0.95, -0.95, -0.95), (-0.80, -0.95, -0.95), (-0.95, -0.80, -0.95), (-0.96, -0.96, -0.96),
             (-0.94, -0.94, -0.94)]
@@ -255,11 +264,11 @@ def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
     import octree_lod
 
-    s = octree_lod.run(["--small", "--res", "24", "--views", "16", "--test-views", "2", "--steps", "120",
+    s = octree_lod.run(["--small", "--res", "24", "--views", "16", "--test-views", "2", "--steps", "250",
                         "--pyramid-levels", "2", "--samples", "32", "--batch", "512", "--out", str(tmp_path)])
-    # Measured 23.4 dB held out (background alone: 9.3 dB).
-    assert s["psnr"] > 20.0 and s["psnr"] > s["background_psnr"] + 10
-    assert s["psnr_x2"] > 20.0
+    # Measured 27.2 dB held out, 25.6 dB at half resolution (background alone: 9.3 dB).
+    assert s["psnr"] > 25.0 and s["psnr"] > s["background_psnr"] + 15
+    assert s["psnr_x2"] > 23.5
     assert s["nodes_per_level"][0] == 1 and sum(s["nodes_per_level"]) == s["nodes"]
     near, far = s["near"], s["far"]
     assert 0 < near["fraction_touched"] < 0.6 and near["params_touched"] < near["params_total"]
@@ -268,3 +277,85 @@ def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
     assert sum(far["nodes_touched_per_depth"][2:]) == 0                # far: only depths 0-1
     for name in ("test_prediction.png", "far_prediction.png", "near_first_node.png", "summary.json"):
         assert (tmp_path / name).exists()
+
+
+def test_foreground_points_cover_the_surfaces_and_carve_empty_space():
+    from tinn.scenes.octree_training import foreground_points
+    from tinn.scenes.procedural import ProceduralScene, render_views, surface_points
+
+    scene = ProceduralScene()
+    views = render_views(scene, 24, 32, 32, seed=0, n_samples=64)
+    hull = foreground_points(views, resolution=24)
+    voxel = 2.0 / 24
+    assert 0 < hull.shape[0] < 0.5 * 24 ** 3
+    assert float(scene.sdf(hull).max()) < 0.45                     # nothing far from the objects survives
+    surface = surface_points(scene, 500, seed=1)
+    nearest = torch.cdist(surface, hull).amin(dim=1)
+    assert float((nearest <= voxel * math.sqrt(3) / 2 + 1e-6).float().mean()) > 0.97   # surfaces are kept
+
+
+def _write_nerf_synthetic(root, n_train, n_test, size):
+    """A NeRF-synthetic style folder (RGB PNGs, transforms json) rendered from the procedural scene."""
+    import json
+
+    import imageio.v3 as iio
+    import numpy as np
+
+    from tinn.scenes.procedural import ProceduralScene, render_views
+
+    scene = ProceduralScene()
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 7)):
+        views = render_views(scene, n, size, size, seed=seed, n_samples=64)
+        (root / split).mkdir(parents=True)
+        frames = []
+        for v in range(n):
+            iio.imwrite(root / split / f"r_{v}.png", (views.images[v].numpy() * 255 + 0.5).astype(np.uint8))
+            frames.append({"file_path": f"./{split}/r_{v}", "transform_matrix": views.c2w[v].tolist()})
+        angle = 2 * math.atan(0.5 * size / views.focal)
+        (root / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
+
+
+def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import octree_lod
+
+    _write_nerf_synthetic(tmp_path / "scene", 12, 2, 32)
+    s = octree_lod.run(["--data", str(tmp_path / "scene"), "--small", "--res", "16", "--steps", "40",
+                        "--pyramid-levels", "2", "--samples", "32", "--batch", "256", "--out", str(tmp_path / "a")])
+    assert s["views"] == 12 and s["resolution"] == [16, 16]
+    assert s["nodes"] > 9 and s["psnr"] > s["background_psnr"] + 3   # built over the visual hull, learning
+    monkeypatch.setenv("TINN_VIEWER_BACKEND", "png")
+    v = octree_lod.run(["--small", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "3",
+                        "--pyramid-levels", "2", "--samples", "16", "--batch", "128", "--gui", "--headless",
+                        "--out", str(tmp_path / "gui")])
+    assert v["steps"] == 3 and len(v["frames"]) == 4 and v["final_psnr"] is not None
+
+
+def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
+    from tinn.errors import ConfigError
+    from tinn.render import pixel_radius
+    from tinn.scenes.octree_training import PyramidRays
+    from tinn.scenes.procedural import ProceduralScene, render_views
+
+    views = render_views(ProceduralScene(), 3, 8, 8, seed=2, n_samples=32)
+    rays = PyramidRays(views, 3)
+    assert rays.counts.tolist() == [192, 48, 12]
+    assert rays.level_counts(70) == [40, 20, 10] and rays.level_counts(3) == [1, 1, 1]
+    origins, directions, colors, radius = rays.sample(700, torch.Generator().manual_seed(0))
+    for k, want in enumerate(rays.level_counts(700)):
+        level = views.downscaled(2 ** k)
+        sel = radius == pixel_radius(level.focal)
+        assert int(sel.sum()) == want
+        lo, ld, lc = level.rays()
+        nearest = torch.cdist(directions[sel], ld).argmin(dim=1)        # each sampled ray is a ray of this level
+        assert torch.allclose(directions[sel], ld[nearest], atol=1e-6)
+        assert torch.allclose(origins[sel], lo[nearest]) and torch.allclose(colors[sel], lc[nearest])
+    with pytest.raises(ConfigError, match="pyramid_levels=5"):
+        PyramidRays(views, 5)                       # 8 px images cannot be halved 4 times
+    with pytest.raises(ConfigError, match="divisible by 4"):
+        PyramidRays(render_views(ProceduralScene(), 1, 10, 10, n_samples=8), 3)
+    with pytest.raises(ConfigError, match="pyramid_levels"):
+        PyramidRays(views, 0)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from .. import checks
 from ..errors import ConfigError, InputError
 from ..models import NetworkWithInputEncoding
-from ..render import composite, pack, ray_box, stratified_t
+from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
@@ -37,8 +37,6 @@ class RayBatchResult(NamedTuple):
     opacity: torch.Tensor           # (R,)
     node_ids: torch.Tensor          # (M,) int32: the node of every evaluated sample
     ray_offsets: torch.Tensor       # (R + 1,) int32: ray r owns node_ids[ray_offsets[r]:ray_offsets[r + 1]]
-    sigma: torch.Tensor             # (M,) densities of the evaluated samples
-    deltas: torch.Tensor            # (M,) their interval lengths
 
 
 def finest_grid_resolution(encoding_config: dict) -> Optional[float]:
@@ -134,17 +132,14 @@ class OctreeField(torch.nn.Module):
         node_ids = ids[sample_index]
         with checks.disabled():  # ids come from the octree: in range by construction
             sigma, rgb = self.query(points[sample_index], node_ids)
-        kept_deltas = deltas.reshape(-1)[sample_index].contiguous()
-        out = composite(sigma, rgb, kept_deltas, ray_offsets, background)
-        return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets, sigma, kept_deltas)
+        out = composite(sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), ray_offsets, background)
+        return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets)
 
     @torch.no_grad()
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                      background: torch.Tensor | None = None, chunk: int = 1 << 14) -> dict:
         """Render one view in chunks of rays. Returns image (H, W, 3), first_node (H, W) (the node met first along
         each pixel's ray, -1 for none) and touched (sorted distinct node ids evaluated for the frame)."""
-        from ..render import camera_rays, pixel_radius
-
         origins, directions = camera_rays(c2w, width, height, focal)
         radius = pixel_radius(focal)
         colors, firsts, touched = [], [], []

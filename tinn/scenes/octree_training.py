@@ -1,8 +1,9 @@
 """Training an `OctreeField` from posed images through image pyramids, and evaluating it.
 
 Pyramid level k is the image set downscaled by 2^k: its pixels have 2^k times wider footprints, so its
-samples select nodes about k levels coarser. Every batch draws the same number of rays from each pyramid
-level, so every octree level gets trained (coarse nodes learn the low-pass scene the coarse images show).
+samples select nodes about k levels coarser. Every batch draws rays from every pyramid level (level k a
+share proportional to 2^-k), so every octree level gets trained (coarse nodes learn the low-pass scene the
+coarse images show).
 The loss is photometric L2 through `tinn.render.composite`; torch autograd carries it into the node array.
 """
 from __future__ import annotations
@@ -51,15 +52,32 @@ class PyramidRays:
         self.offsets = torch.tensor([0] + counts[:-1], device=dev).cumsum(0)
         self.radius = torch.cat([torch.full((c,), pixel_radius(level.focal), device=dev)
                                  for c, level in zip(counts, self.levels)])
+        self._level_of_slot = (None, None)  # (batch size, level of every batch slot), rebuilt when the size changes
 
     @property
     def n_levels(self) -> int:
         return len(self.levels)
 
+    def level_counts(self, n_rays: int) -> list[int]:
+        """Rays per pyramid level in a batch of n_rays: level k gets a share proportional to 2^-k (the full
+        resolution, with the most pixels and the finest detail, about half), and every level at least one."""
+        if n_rays < self.n_levels:
+            raise ConfigError(f"batch of {n_rays} rays cannot cover {self.n_levels} pyramid levels; "
+                              f"allowed: >= {self.n_levels}")
+        weights = [2.0 ** -k for k in range(self.n_levels)]
+        counts = [max(1, int(n_rays * w / sum(weights))) for w in weights]
+        counts[0] += n_rays - sum(counts)
+        return counts
+
     def sample(self, n_rays: int, generator: torch.Generator | None = None):
-        """n_rays random rays, an equal share from every pyramid level: (origins, directions, colors, radius)."""
-        level = torch.arange(n_rays, device=self.counts.device) % self.n_levels
-        u = torch.rand(n_rays, device=self.counts.device, generator=generator)
+        """n_rays random rays, `level_counts(n_rays)` from each pyramid level: (origins, directions, colors,
+        radius)."""
+        dev = self.counts.device
+        if self._level_of_slot[0] != n_rays:
+            counts = torch.tensor(self.level_counts(n_rays), device=dev)
+            self._level_of_slot = (n_rays, torch.repeat_interleave(torch.arange(self.n_levels, device=dev), counts))
+        level = self._level_of_slot[1]
+        u = torch.rand(n_rays, device=dev, generator=generator)
         count = self.counts[level]
         idx = self.offsets[level] + torch.minimum((u * count).long(), count - 1)
         return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx]
