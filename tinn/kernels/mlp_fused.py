@@ -27,6 +27,8 @@ per weight per chunk instead of per sample.
 CUDA only: `ti.simt.block.sync()` does not compile on the CPU backend, which
 keeps the unfused kernels of `mlp_array.py`.
 """
+import os
+
 import taichi as ti
 
 from . import activations as act
@@ -75,6 +77,7 @@ def geometry(n_in: int, width: int, n_out: int, n_layers: int):
     """
     f = features(n_in, width, n_out)
     chunk = 8 if grad_registers(n_in, width, n_out, n_layers) <= MAX_GRAD_REGISTERS else 1
+    chunk = int(os.environ.get("TINN_FUSED_CHUNK", chunk))  # tuning knob for benchmarks
     staged = _largest_tile(1, f, f * (f + 1))
     if staged >= 64:
         return staged, True, _largest_tile(2, f), chunk, f
