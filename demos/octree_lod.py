@@ -1,7 +1,7 @@
 """Octree level-of-detail scene: one tiny network (hash grid + MLP) per octree node, InfNeRF-style.
 
-    python demos/octree_lod.py                       # procedural scene, full size (GPU: a few minutes)
-    python demos/octree_lod.py --small               # CPU-sized run
+    python demos/octree_lod.py                       # procedural scene, full size on a GPU (a few minutes)
+    python demos/octree_lod.py --small               # CPU-sized run (the default without a GPU)
     python demos/octree_lod.py --data path/to/nerf_synthetic/lego --res 100
     python demos/octree_lod.py --small --gui --headless   # the training viewer, frames in --out
 
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tinn  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
 
-FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 5, "min_points": 8, "steps": 4000,
+FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
         "grid_features": 4, "neurons": 32}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
     p.add_argument("--data", default=None, help="a NeRF-synthetic scene folder (transforms_*.json + PNGs)")
     p.add_argument("--small", action="store_true", help="CPU-sized defaults (32 px, depth 3, 250 steps)")
-    p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 5, small: 3)")
+    p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 4, small: 3)")
     p.add_argument("--min-points", type=int, default=None, help="a node splits while it holds more points")
     p.add_argument("--views", type=int, default=None, help="training views (full: 100, small: 24)")
     p.add_argument("--test-views", type=int, default=None, help="held-out views")
@@ -57,9 +57,15 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gui", action="store_true", help="train in the interactive viewer")
     p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
-    args = p.parse_args(argv)
-    defaults = dict(SMALL if args.small else FULL)
-    if args.data and not args.small:
+    p.add_argument("--full", action="store_true", help="full-size defaults even without a GPU")
+    return p.parse_args(argv)
+
+
+def apply_defaults(args, on_gpu: bool):
+    """Fill unset sizes: full size on a GPU (or with --full), CPU-sized otherwise (or with --small)."""
+    small = args.small or not (on_gpu or args.full)
+    defaults = dict(SMALL if small else FULL)
+    if args.data and not small:
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     for key, value in defaults.items():
         attr = {"n_points": "points"}.get(key, key)
@@ -69,7 +75,7 @@ def parse_args(argv=None):
         # The default pyramid stops where the image side stops being divisible by 2^level.
         while args.pyramid_levels > 1 and args.res % 2 ** (args.pyramid_levels - 1):
             args.pyramid_levels -= 1
-    return args
+    return small
 
 
 def load_scene(args):
@@ -172,6 +178,9 @@ def _ownership_png(path, first_node, n_nodes):
 def run(argv=None) -> dict:
     args = parse_args(argv)
     arch = tinn.init(args.arch)
+    small = apply_defaults(args, arch == "cuda")
+    if small and not args.small:
+        print("no GPU: CPU-sized run (--full for the full size)")
     import torch
 
     from tinn.scenes.octree_training import OctreeTrainer, evaluate
