@@ -133,7 +133,7 @@ def test_cli_without_vulkan_prints_a_line_and_writes_frames(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert "Traceback" not in text
-    assert "tinn.viewer: GGUI unavailable: no Vulkan driver" in text
+    assert "tinn.viewer: GGUI unavailable: no Vulkan" in text  # no driver, or no loader at all
     assert {"frame_000000.png", "frame_000002.png", "loss_curve.png", "summary.json"} <= set(os.listdir(out))
 
 
