@@ -28,7 +28,7 @@ import torch
 from ..errors import InputError
 from ..models import NetworkWithInputEncoding
 from .occupancy import OccupancyGrid, as_box, check_points
-from .training import activate, adam, render_image
+from .training import DecayingStep, activate, adam, render_image
 
 __all__ = ["CellCoords", "Distiller", "KiloNeRF", "cell_of", "render_image"]
 
@@ -106,7 +106,7 @@ class KiloNeRF(torch.nn.Module):
         return self.networks.memory_bytes() + (self.occupancy.memory_bytes() if self.occupancy is not None else 0)
 
 
-class Distiller:
+class Distiller(DecayingStep):
     """Fits a student field to a teacher at random points of occupied space (`occupancy.sample`).
 
     Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step_size)
@@ -140,24 +140,8 @@ class Distiller:
         return ((alpha - alpha_t) ** 2).mean() + (alpha_t[:, None] * (rgb - rgb_t) ** 2).mean()
 
     def step(self) -> torch.Tensor:
-        if self.total_steps:
-            progress = min(self.step_count / self.total_steps, 1.0)
-            self.optimizer.learning_rate = self.base_lr * self.final_lr_factor ** progress
-        loss = self.loss(self.occupancy.sample(self.batch, self.generator))
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.step_count += 1
-        return loss.detach()
-
-    @property
-    def learning_rate(self) -> float:
-        return self.optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.base_lr = float(value)
-        self.optimizer.learning_rate = value
+        self._apply_schedule()
+        return self._optimize(self.loss(self.occupancy.sample(self.batch, self.generator)))
 
     @torch.no_grad()
     def error(self, n_points: int = 1 << 15, seed: int = 12345) -> dict:

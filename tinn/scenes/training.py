@@ -196,7 +196,36 @@ def adam(named_parameters, learning_rate: float):
                              "epsilon": 1e-15}, named_parameters)
 
 
-class PhotometricTrainer:
+class DecayingStep:
+    """Shared by the scene trainers: an optimizer step under an exponential learning-rate decay.
+
+    Subclasses set `optimizer`, `base_lr`, `total_steps` (None = constant rate), `final_lr_factor`
+    and `step_count = 0`, and call `_optimize(loss)` from their `step()`.
+    """
+
+    def _optimize(self, loss: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.step_count += 1
+        return loss.detach()
+
+    def _apply_schedule(self) -> None:
+        if self.total_steps:
+            progress = min(self.step_count / self.total_steps, 1.0)
+            self.optimizer.learning_rate = self.base_lr * self.final_lr_factor ** progress
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.base_lr = float(value)
+        self.optimizer.learning_rate = value
+
+
+class PhotometricTrainer(DecayingStep):
     """Trains a field on posed images: each `step()` renders `batch_rays` random training rays (jittered samples,
     empty space skipped when an occupancy grid is given) and takes one Adam step on the mean squared colour error.
 
@@ -221,25 +250,9 @@ class PhotometricTrainer:
         self.step_count = 0
 
     def step(self) -> torch.Tensor:
-        if self.total_steps:
-            progress = min(self.step_count / self.total_steps, 1.0)
-            self.optimizer.learning_rate = self.base_lr * self.final_lr_factor ** progress
+        self._apply_schedule()
         pick = torch.randint(0, self.origins.shape[0], (self.batch_rays,), device=self.origins.device,
                              generator=self.generator)
         out = render_rays(self.field, self.origins[pick], self.directions[pick], self.n_samples, self.background,
                           self.occupancy, jitter=True, generator=self.generator)
-        loss = ((out.rgb - self.colors[pick]) ** 2).mean()
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.step_count += 1
-        return loss.detach()
-
-    @property
-    def learning_rate(self) -> float:
-        return self.optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.base_lr = float(value)
-        self.optimizer.learning_rate = value
+        return self._optimize(((out.rgb - self.colors[pick]) ** 2).mean())
