@@ -1,0 +1,42 @@
+"""Compile the fused kernels once with PTX printing on, then ask ptxas (from triton) for registers and spills."""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+out_dir = sys.argv[1]
+width = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+log = os.path.join(out_dir, f"ptx_w{width}.txt")
+fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+saved = os.dup(1)
+os.dup2(fd, 1)
+import tinn  # noqa: E402
+tinn.init(arch="cuda", print_kernel_nvptx=True, offline_cache=False)
+from tinn.networks import NetworkArray  # noqa: E402
+net = NetworkArray(32, 16, {"n_neurons": width, "n_hidden_layers": 2}, n_networks=64)
+x = torch.rand(4096, 32, device="cuda", requires_grad=True)
+ids = torch.randint(0, 64, (4096,), device="cuda", dtype=torch.int32)
+net(x, ids).sum().backward()
+torch.cuda.synchronize()
+sys.stdout.flush()
+os.dup2(saved, 1)
+text = open(log, errors="replace").read()
+ptxas = (glob.glob("/opt/torch/.venv/lib/python3*/site-packages/triton/backends/nvidia/bin/ptxas")
+         + glob.glob("/usr/local/cuda*/bin/ptxas"))
+print("ptxas:", ptxas[:1], "ptx chars:", len(text))
+# Each module starts with a ".version" line; keep the ones holding the fused kernels.
+mods = re.split(r"(?=^\.version)", text, flags=re.M)
+for i, m in enumerate(mods):
+    names = re.findall(r"\.entry\s+(\w+)", m)
+    if not any(n.startswith(("forward", "backward")) for n in names) or not ptxas:
+        continue
+    path = os.path.join(out_dir, f"mod{i}.ptx")
+    open(path, "w").write(m[: m.rfind("}") + 1] + "\n")
+    r = subprocess.run([ptxas[0], "-v", "-arch=sm_90", path, "-o", "/dev/null"], capture_output=True, text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        if any(k in line for k in ("Compiling entry", "registers", "spill", "error")):
+            print(names, line.strip())
+    os.remove(path)
