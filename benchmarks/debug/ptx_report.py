@@ -14,7 +14,8 @@ fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 saved = os.dup(1)
 os.dup2(fd, 1)
 import tinn  # noqa: E402
-tinn.init(arch="cuda", print_kernel_nvptx=True, offline_cache=False)
+os.chdir(out_dir)  # PTX files land in the working directory
+tinn.init(arch="cuda", print_kernel_asm=True, offline_cache=False)
 from tinn.networks import NetworkArray  # noqa: E402
 net = NetworkArray(32, 16, {"n_neurons": width, "n_hidden_layers": 2}, n_networks=64)
 x = torch.rand(4096, 32, device="cuda", requires_grad=True)
@@ -23,7 +24,10 @@ net(x, ids).sum().backward()
 torch.cuda.synchronize()
 sys.stdout.flush()
 os.dup2(saved, 1)
-text = open(log, errors="replace").read()
+text = open(log, errors="replace").read() + "".join(
+    open(f, errors="replace").read() for f in sorted(glob.glob(os.path.join(out_dir, "*.ptx"))))
+for f in glob.glob(os.path.join(out_dir, "*.ptx")):
+    os.remove(f)
 ptxas = (glob.glob("/opt/torch/.venv/lib/python3*/site-packages/triton/backends/nvidia/bin/ptxas")
          + glob.glob("/usr/local/cuda*/bin/ptxas"))
 print("ptxas:", ptxas[:1], "ptx chars:", len(text))
