@@ -48,6 +48,9 @@ def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = 
     kwargs.setdefault("log_level", ti.WARN)
     # The MLP kernels unroll up to 128 multiply-adds per row on purpose (register-resident vectors).
     kwargs.setdefault("unrolling_limit", 0)
+    if wanted == "cuda" and os.environ.get("TINN_GPU_MAX_REG"):
+        # Register cap per thread (occupancy vs spills), a tuning knob for the fused kernels.
+        kwargs.setdefault("gpu_max_reg", int(os.environ["TINN_GPU_MAX_REG"]))
     ti.init(arch=ti_arch, debug=debug, offline_cache=offline_cache, **kwargs)
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")
