@@ -25,7 +25,6 @@ def run(net, x, ids, dy):
     (48, 32, 3, 3, 300, 5000, "ragged"),
     (3, 16, 1, 1, 1, 1000, "single"),      # one network, many tiles: atomics across tiles
     (16, 64, 4, 0, 1024, 4000, "even"),   # no hidden layer
-    (64, 64, 64, 1, 8, 3000, "sorted"),
 ])
 def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks, batch, routing):
     dev = tinn.runtime.device()
