@@ -84,6 +84,9 @@ class NetworkArray(torch.nn.Module):
         # unfused path because its derivative needs pre-activations. TINN_FUSED=0 turns them off.
         self.fused = (runtime.arch() == "cuda" and not self.keep_pre and os.environ.get("TINN_FUSED", "1") != "0"
                       and FK.supported(n_input_dims, self.width, n_output_dims))
+        # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
+        self.fused_geometry = (FK.geometry(n_input_dims, self.width, n_output_dims, self.n_layers)
+                               if self.fused else None)
         self.seed = seed
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
         self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
@@ -92,8 +95,7 @@ class NetworkArray(torch.nn.Module):
     # ---- shapes -------------------------------------------------------------------------------
     def layer_shapes(self) -> list[tuple[int, int]]:
         """(fan_out, fan_in) of each weight matrix."""
-        dims = [self.n_input_dims] + [self.width] * (self.n_layers - 1) + [self.n_output_dims]
-        return [(dims[l + 1], dims[l]) for l in range(self.n_layers)]
+        return K.layer_shapes(self.n_input_dims, self.width, self.n_output_dims, self.n_layers)
 
     def n_params_per_network(self) -> int:
         return sum(o * i for o, i in self.layer_shapes())
@@ -150,11 +152,8 @@ class NetworkArray(torch.nn.Module):
                       self.hidden_act, self.output_act, keep_all, self.keep_pre)
         return out, acts, pre
 
-    def _fused_geometry(self):
-        return FK.geometry(self.n_input_dims, self.width, self.n_output_dims, self.n_layers)
-
     def _launch_fused_forward(self, x, ids, params, keep_all):
-        ts, staged, _, _, f = self._fused_geometry()
+        ts, staged, _, _, f = self.fused_geometry
         tiles = route_bounded(ids, self.n_networks, ts)
         batch = x.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -163,7 +162,7 @@ class NetworkArray(torch.nn.Module):
         if batch:
             FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out,
                        *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f)
-        return out, acts, ids
+        return out, acts
 
     def _inference(self, x, ids):
         if self.fused:
@@ -174,7 +173,7 @@ class NetworkArray(torch.nn.Module):
 
     def _forward_train(self, x, ids, params):
         if self.fused:
-            out, acts, _ = self._launch_fused_forward(x, ids, params, keep_all=True)
+            out, acts = self._launch_fused_forward(x, ids, params, keep_all=True)
             return out, acts, acts[:0], None  # the backward routes its own (larger) chunks
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
@@ -183,10 +182,10 @@ class NetworkArray(torch.nn.Module):
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | None, want_dx: bool):
         batch = x.shape[0]
         dev = x.device
+        dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
+        dparams = torch.zeros_like(params)
         if self.fused:
-            _, _, ts, chunk, f = self._fused_geometry()
-            dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
-            dparams = torch.zeros_like(params)
+            _, _, ts, chunk, f = self.fused_geometry
             if batch:
                 # Sorted positions don't depend on the tile size, so the stored activations line up.
                 chunks = route_bounded(ids, self.n_networks, ts * chunk)
@@ -195,8 +194,6 @@ class NetworkArray(torch.nn.Module):
                             want_dx, ts, chunk, f)
             return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
-        dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
-        dparams = torch.zeros_like(params)
         if batch:
             K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)

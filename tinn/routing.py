@@ -24,16 +24,19 @@ class Routing:
         return self.tile_net.shape[0]
 
 
+def sort_by_network(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, counts): int32 sample indices grouped by network id (stable), int64 samples per network."""
+    batch = net_ids.shape[0]
+    if n_networks == 1:
+        return (torch.arange(batch, dtype=torch.int32, device=net_ids.device),
+                torch.tensor([batch], dtype=torch.int64, device=net_ids.device))
+    return torch.argsort(net_ids, stable=True).to(torch.int32), torch.bincount(net_ids, minlength=n_networks)
+
+
 def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256, tiles: bool = True) -> Routing:
     """Sort order and tiles; `tiles=False` skips the tiles (inference only needs the order)."""
-    batch = net_ids.shape[0]
     dev = net_ids.device
-    if n_networks == 1:
-        order = torch.arange(batch, dtype=torch.int32, device=dev)
-        counts = torch.tensor([batch], dtype=torch.int64, device=dev)
-    else:
-        order = torch.argsort(net_ids, stable=True).to(torch.int32)
-        counts = torch.bincount(net_ids, minlength=n_networks)
+    order, counts = sort_by_network(net_ids, n_networks)
     if not tiles:
         empty = torch.empty(0, dtype=torch.int32, device=dev)
         return Routing(order, empty, empty, empty, counts)
@@ -70,13 +73,7 @@ def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int) -> Til
     batch = net_ids.shape[0]
     dev = net_ids.device
     i32 = torch.int32
-    if n_networks == 1:
-        n_tiles = (batch + tile_size - 1) // tile_size
-        start = torch.arange(n_tiles, device=dev, dtype=torch.int64) * tile_size
-        return TileRouting(torch.arange(batch, dtype=i32, device=dev), torch.zeros(n_tiles, dtype=i32, device=dev),
-                           start.to(i32), torch.clamp(batch - start, max=tile_size).to(i32))
-    order = torch.argsort(net_ids, stable=True).to(i32)
-    counts = torch.bincount(net_ids, minlength=n_networks)
+    order, counts = sort_by_network(net_ids, n_networks)
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
     tiles_per_net = (counts + tile_size - 1) // tile_size

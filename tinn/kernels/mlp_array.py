@@ -24,6 +24,12 @@ i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 ROWS, COLS = 4, 8  # weight-gradient block one thread accumulates in registers
 
 
+def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int) -> list[tuple[int, int]]:
+    """(fan_out, fan_in) of each weight matrix, in parameter-row order."""
+    dims = [n_in] + [width] * (n_layers - 1) + [n_out]
+    return [(dims[l + 1], dims[l]) for l in range(n_layers)]
+
+
 @ti.func
 def layer_offset(l, n_in: ti.template(), width: ti.template()):
     """Offset of weight matrix l inside a network's parameter row."""

@@ -32,6 +32,7 @@ import os
 import taichi as ti
 
 from . import activations as act
+from .mlp_array import layer_shapes
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -58,11 +59,6 @@ def _largest_tile(n_buffers: int, f: int, reserved: int = 0) -> int:
     return min(128, (((SHARED_FLOATS - reserved) // (n_buffers * f) - 1) // LANES_S) * LANES_S)
 
 
-def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int):
-    dims = [n_in] + [width] * (n_layers - 1) + [n_out]
-    return [(dims[l + 1], dims[l]) for l in range(n_layers)]
-
-
 def grad_registers(n_in: int, width: int, n_out: int, n_layers: int, upto: int | None = None) -> int:
     """Weight-gradient floats one backward thread keeps for layers [0, upto) (all by default)."""
     shapes = layer_shapes(n_in, width, n_out, n_layers)[:upto]
@@ -74,20 +70,21 @@ def geometry(n_in: int, width: int, n_out: int, n_layers: int):
 
     With TINN_FUSED_STAGE_WEIGHTS=1 the forward pass stages each layer's weights in shared
     memory when a tile of at least 64 samples still fits beside them; by default they come through L1.
+    The TINN_FUSED_* variables are tuning knobs for the A/B scripts in benchmarks/debug/.
     """
     f = features(n_in, width, n_out)
     chunk = 8 if grad_registers(n_in, width, n_out, n_layers) <= MAX_GRAD_REGISTERS else 1
-    chunk = int(os.environ.get("TINN_FUSED_CHUNK", chunk))  # tuning knob for benchmarks
-    staged = _largest_tile(1, f, f * (f + 1))
-    # Staging weights in shared memory measured slower on an H100 (training forward 8.1 ms against
-    # 6.2 ms through L1, 4096 nets x 64 wide, 2^22 samples): it shrinks the tile. Kept as an option.
-    # Tile caps (multiples of 16) are tuning knobs: smaller tiles mean fewer registers, more blocks per SM.
-    # Forward tiles of 64 (a 4 x 8 register block) ran 1.33x faster than 128 on an H100 (4.8 vs 6.4 ms).
+    chunk = int(os.environ.get("TINN_FUSED_CHUNK", chunk))
+    # Tile caps (multiples of 16): smaller tiles mean fewer registers and more blocks per SM. Forward
+    # tiles of 64 (a 4 x 8 register block) ran 1.33x faster than 128 on an H100 (4.8 vs 6.4 ms).
     fwd_cap = int(os.environ.get("TINN_FUSED_TILE", 64))
-    bwd_cap = int(os.environ.get("TINN_FUSED_BWD_TILE", 128))
+    bwd_tile = min(_largest_tile(2, f), int(os.environ.get("TINN_FUSED_BWD_TILE", 128)))
+    # Staging weights in shared memory measured slower (training forward 8.1 ms against 6.2 ms through
+    # L1, 4096 nets x 64 wide, 2^22 samples): it shrinks the tile. Kept as an option.
+    staged = _largest_tile(1, f, f * (f + 1))
     if staged >= 64 and os.environ.get("TINN_FUSED_STAGE_WEIGHTS") == "1":
-        return min(staged, fwd_cap), True, min(_largest_tile(2, f), bwd_cap), chunk, f
-    return min(_largest_tile(1, f), fwd_cap), False, min(_largest_tile(2, f), bwd_cap), chunk, f
+        return min(staged, fwd_cap), True, bwd_tile, chunk, f
+    return min(_largest_tile(1, f), fwd_cap), False, bwd_tile, chunk, f
 
 
 def supported(n_in: int, width: int, n_out: int) -> bool:
