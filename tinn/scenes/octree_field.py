@@ -24,6 +24,7 @@ from ..errors import ConfigError, InputError
 from ..models import NetworkWithInputEncoding
 from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
+from .training import density_activation
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
                     "base_resolution": 2, "per_level_scale": 2.0}
@@ -101,9 +102,7 @@ class OctreeField(torch.nn.Module):
         """(sigma (M,), rgb (M, 3)) of points evaluated by their nodes' networks (ids must all be >= 0)."""
         local = self.octree.local_coords(points, node_ids).clamp(0.0, 1.0)
         raw = self.model(local.contiguous(), node_ids)
-        sigma = torch.exp((raw[:, 0] + DENSITY_BIAS).clamp(max=15.0))
-        rgb = torch.sigmoid(raw[:, 1:4])
-        return sigma, rgb
+        return density_activation(raw[:, 0] + DENSITY_BIAS), torch.sigmoid(raw[:, 1:4])
 
     # ---- rays ----------------------------------------------------------------------------------------
     def render_rays(self, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,

@@ -17,6 +17,8 @@ from .. import checks, runtime
 from ..errors import ConfigError, InputError
 from ..optimizers import create_optimizer
 from ..render import pixel_radius
+from ..tasks.image import psnr
+from .training import DecayingStep
 from .octree_field import OctreeField, photometric_loss
 
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
@@ -83,7 +85,7 @@ class PyramidRays:
         return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx]
 
 
-class OctreeTrainer:
+class OctreeTrainer(DecayingStep):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
@@ -97,36 +99,19 @@ class OctreeTrainer:
         self.optimizer_config = dict(optimizer_config or DEFAULT_OPTIMIZER)
         self.optimizer = create_optimizer(self.optimizer_config, field.model.named_parameters())
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
+        self.base_lr, self.total_steps, self.final_lr_factor = self.optimizer.learning_rate, None, 1.0  # constant
         self.step_count = 0
         self.train_seconds = 0.0
-
-    @property
-    def learning_rate(self) -> float:
-        return self.optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.optimizer.learning_rate = value
 
     def step(self) -> torch.Tensor:
         t0 = time.perf_counter()
         origins, directions, colors, radius = self.rays.sample(self.batch_rays, self.generator)
-        for p in self.field.model.parameters():
-            p.grad = None
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
             result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
                                             background=self.background, generator=self.generator)
-        loss = photometric_loss(result.rgb, colors)
-        loss.backward()
-        self.optimizer.step()
-        self.step_count += 1
+        loss = self._optimize(photometric_loss(result.rgb, colors))
         self.train_seconds += time.perf_counter() - t0
-        return loss.detach()
-
-
-def psnr(prediction: torch.Tensor, reference: torch.Tensor) -> float:
-    mse = float(torch.mean((prediction.clamp(0, 1) - reference) ** 2))
-    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
+        return loss
 
 
 @torch.no_grad()

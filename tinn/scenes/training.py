@@ -28,6 +28,7 @@ from ..errors import InputError
 from ..models import NetworkWithInputEncoding
 from ..optimizers import create_optimizer
 from ..render import camera_rays, composite, pack, ray_box, stratified_t
+from ..tasks.image import psnr  # noqa: F401  (the project's one PSNR, offered here next to the scene helpers)
 from .occupancy import as_box, check_points
 
 MAX_LOG_DENSITY = 15.0
@@ -159,15 +160,6 @@ def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float
         n_evaluated += out.n_evaluated
     return RenderedImage(torch.cat(rgb).reshape(height, width, 3), torch.cat(opacity).reshape(height, width),
                          n_candidates, n_evaluated)
-
-
-def psnr(prediction: torch.Tensor, target: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio in dB of images in [0, 1] (prediction clamped)."""
-    if prediction.shape != target.shape:
-        raise InputError(f"prediction {tuple(prediction.shape)} and target {tuple(target.shape)} differ in shape")
-    mse = float(((prediction.detach().float().clamp(0, 1) - target.detach().float().to(prediction.device)) ** 2)
-                .mean())
-    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
 
 
 def timed(fn, *args, **kwargs):

@@ -59,7 +59,10 @@ def save_png(path: str, image: torch.Tensor) -> None:
 
 
 def psnr(pred: torch.Tensor, ref: torch.Tensor) -> float:
-    mse = float(torch.mean((pred.clamp(0, 1) - ref) ** 2))
+    """Peak signal-to-noise ratio in dB of images in [0, 1] (prediction clamped); shared by every demo."""
+    if pred.shape != ref.shape:
+        raise InputError(f"prediction {tuple(pred.shape)} and reference {tuple(ref.shape)} differ in shape")
+    mse = float(((pred.detach().float().clamp(0, 1) - ref.detach().float().to(pred.device)) ** 2).mean())
     return float("inf") if mse == 0 else -10.0 * math.log10(mse)
 
 
