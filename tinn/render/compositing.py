@@ -112,12 +112,14 @@ def composite(sigma, rgb, deltas, ray_offsets, background=None, t=None) -> Compo
     if sigma.dim() != 1:
         raise InputError(f"sigma must have shape (M,), got {tuple(sigma.shape)}")
     m = sigma.shape[0]
-    sigma = _float_tensor("sigma", sigma, (m,))
-    rgb = _float_tensor("rgb", rgb, (m, 3))
-    deltas = _float_tensor("deltas", deltas, (m,))
-    if t is not None:
-        t = _float_tensor("t", t, (m,))
+    sigma, rgb, deltas, t = _packed_samples(sigma, rgb, deltas, t, m)
     return _composite_checked(sigma, rgb, deltas, _offsets(ray_offsets, m), background, t)
+
+
+def _packed_samples(sigma, rgb, deltas, t, m: int):
+    """Validated, contiguous float32 per-sample inputs of M samples (t optional)."""
+    return (_float_tensor("sigma", sigma, (m,)), _float_tensor("rgb", rgb, (m, 3)),
+            _float_tensor("deltas", deltas, (m,)), None if t is None else _float_tensor("t", t, (m,)))
 
 
 def _composite_checked(sigma, rgb, deltas, ray_offsets, background, t) -> Composited:
@@ -161,11 +163,8 @@ def composite_dense(sigma, rgb, deltas, background=None, t=None) -> Composited:
         raise InputError(f"{n_rays} x {n_samples} samples exceed int32 offsets; composite in chunks of rays")
     runtime.require_init()
     m = n_rays * n_samples
-    sigma = _float_tensor("sigma", sigma.reshape(-1), (m,))
-    rgb = _float_tensor("rgb", rgb.reshape(-1, 3), (m, 3))
-    deltas = _float_tensor("deltas", deltas.reshape(-1), (m,))
-    if t is not None:
-        t = _float_tensor("t", t.reshape(-1), (m,))
+    sigma, rgb, deltas, t = _packed_samples(sigma.reshape(-1), rgb.reshape(-1, 3), deltas.reshape(-1),
+                                            None if t is None else t.reshape(-1), m)
     # Offsets built here are valid by construction: no checks (and no device sync) needed.
     offsets = torch.arange(0, n_rays + 1, dtype=torch.int32, device=sigma.device) * n_samples
     return _composite_checked(sigma, rgb, deltas, offsets, background, t)
