@@ -50,6 +50,8 @@ def test_training_step_rejects_bad_inputs():
         trainer.training_step(x, y[:255], ids)
     with pytest.raises(InputError, match="inputs contains NaN"):
         trainer.training_step(torch.full_like(x, float("nan")), y, ids)
+    with pytest.raises(InputError, match="targets contains NaN or Inf"):
+        trainer.training_step(x, y.index_fill(0, torch.tensor([3]), float("inf")), ids)
     with pytest.raises(InputError, match="targets has last dimension 3; expected 2"):
         trainer.training_step(x, torch.rand(256, 3), ids)
     with pytest.raises(InputError, match="net_ids contains 8"):

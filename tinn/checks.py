@@ -78,9 +78,28 @@ def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     if ids.dtype != torch.int32:
         ids = ids.to(torch.int32)
     if _enabled["sync_checks"] and batch:
-        lo, hi = torch.aminmax(ids)
-        lo, hi = int(lo), int(hi)
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one sync for both
         if lo < 0 or hi >= n_networks:
             bad = lo if lo < 0 else hi
             raise InputError(f"net_ids contains {bad}; allowed: 0 <= id < n_networks={n_networks}")
     return ids.contiguous()
+
+
+def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, targets: torch.Tensor,
+                   ids: torch.Tensor | None, n_networks: int) -> None:
+    """NaN/Inf scan of inputs and targets plus the id range, with one device sync for all three.
+
+    The shapes, dtypes and devices must already be checked. Only when something is wrong
+    do the detailed checks run again to name the field and the bad value.
+    """
+    if not _enabled["sync_checks"] or inputs.shape[0] == 0:
+        return
+    conditions = [torch.isfinite(inputs).all(), torch.isfinite(targets).all()]
+    if ids is not None:
+        lo, hi = torch.aminmax(ids)
+        conditions += [lo >= 0, hi < n_networks]
+    if bool(torch.stack(conditions).all()):
+        return
+    float_input(name_inputs, inputs, inputs.shape[1], check_finite=True)
+    float_input(name_targets, targets, targets.shape[1], check_finite=True)
+    net_ids(ids, inputs.shape[0], n_networks)

@@ -67,17 +67,17 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
     batch, dims = pred.shape
     n_total = batch * dims
     grad = torch.empty_like(pred)
-    rows = torch.empty(batch, dtype=torch.float32, device=pred.device)
-    if batch:
-        K.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total if n_total else 0.0, grad, rows)
-    value = rows.sum() / max(n_total, 1)
+    elements = torch.empty_like(pred)
+    if n_total:
+        K.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
+    value = elements.sum() / max(n_total, 1)
     per_network = None
     if n_networks is not None:
         ids = checks.net_ids(net_ids, batch, int(n_networks))
         sums = torch.zeros(int(n_networks), dtype=torch.float32, device=pred.device)
         counts = torch.zeros(int(n_networks), dtype=torch.int32, device=pred.device)
         if batch:
-            K.per_network_sums(rows, ids, sums, counts)
+            K.per_network_sums(elements.sum(1), ids, sums, counts)
         per_network = torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
     return LossResult(value, grad, per_network)
 

@@ -18,7 +18,7 @@ from .config import Section
 from .errors import ConfigError
 from .kernels import mlp_array as K
 from .kernels import mlp_fused as FK
-from .routing import Routing, route, route_bounded
+from .routing import Routing, TileRouting, route, route_fused
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
@@ -87,6 +87,8 @@ class NetworkArray(torch.nn.Module):
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(n_input_dims, self.width, n_output_dims, self.n_layers)
                                if self.fused else None)
+        # A single network's tiles depend only on the batch size: kept for the last few sizes.
+        self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
         self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
@@ -152,17 +154,32 @@ class NetworkArray(torch.nn.Module):
                       self.hidden_act, self.output_act, keep_all, self.keep_pre)
         return out, acts, pre
 
+    def _fused_tiles(self, ids, train: bool) -> tuple[TileRouting, ...]:
+        """Forward tiles, plus the backward's chunks when training (one sort for both)."""
+        _, _, ts, chunk, _ = self.fused_geometry
+        sizes = (self.fused_geometry[0], ts * chunk) if train else (self.fused_geometry[0],)
+        if self.n_networks > 1:
+            return route_fused(ids, self.n_networks, sizes)
+        key = (ids.shape[0], train)
+        tiles = self._single_network_tiles.get(key)
+        if tiles is None:
+            if len(self._single_network_tiles) >= 4:
+                self._single_network_tiles.clear()
+            tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
+        return tiles
+
     def _launch_fused_forward(self, x, ids, params, keep_all):
         ts, staged, _, _, f = self.fused_geometry
-        tiles = route_bounded(ids, self.n_networks, ts)
+        tiles = self._fused_tiles(ids, train=keep_all)
         batch = x.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
                            device=x.device)
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
-            FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out,
+            t = tiles[0]
+            FK.forward(x, t.order, t.tile_net, t.tile_start, t.tile_count, params, acts, out,
                        *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f)
-        return out, acts
+        return out, acts, (tiles[1] if keep_all else None)
 
     def _inference(self, x, ids):
         if self.fused:
@@ -173,13 +190,13 @@ class NetworkArray(torch.nn.Module):
 
     def _forward_train(self, x, ids, params):
         if self.fused:
-            out, acts = self._launch_fused_forward(x, ids, params, keep_all=True)
-            return out, acts, acts[:0], None  # the backward routes its own (larger) chunks
+            out, acts, chunks = self._launch_fused_forward(x, ids, params, keep_all=True)
+            return out, acts, acts[:0], chunks  # the backward's chunks, from the forward's sort
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
 
-    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | None, want_dx: bool):
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | TileRouting, want_dx: bool):
         batch = x.shape[0]
         dev = x.device
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
@@ -187,8 +204,7 @@ class NetworkArray(torch.nn.Module):
         if self.fused:
             _, _, ts, chunk, f = self.fused_geometry
             if batch:
-                # Sorted positions don't depend on the tile size, so the stored activations line up.
-                chunks = route_bounded(ids, self.n_networks, ts * chunk)
+                chunks = routing
                 FK.backward(dy, x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, params,
                             acts, out, dparams, dx, *self._static_shape(), self.hidden_act, self.output_act,
                             want_dx, ts, chunk, f)

@@ -62,8 +62,9 @@ class TileRouting:
     tile_count: torch.Tensor   # int32 (n_max,); 0 marks a padding tile that kernels skip
 
 
-def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int) -> TileRouting:
-    """Tiles for one-block-per-tile kernels.
+def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int,
+                  presorted: tuple[torch.Tensor, torch.Tensor] | None = None) -> TileRouting:
+    """Tiles for one-block-per-tile kernels; `presorted` reuses a `sort_by_network` result.
 
     Network n with c samples needs ceil(c / tile_size) tiles, so the total is at
     most batch // tile_size + (networks with samples) + 1: allocating that bound
@@ -73,7 +74,7 @@ def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int) -> Til
     batch = net_ids.shape[0]
     dev = net_ids.device
     i32 = torch.int32
-    order, counts = sort_by_network(net_ids, n_networks)
+    order, counts = presorted if presorted is not None else sort_by_network(net_ids, n_networks)
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
     tiles_per_net = (counts + tile_size - 1) // tile_size
@@ -88,3 +89,9 @@ def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int) -> Til
     count = torch.clamp(torch.minimum(seg_end[net] - start, torch.full_like(start, tile_size)), min=0)
     count = torch.where(valid, count, torch.zeros_like(count))
     return TileRouting(order, net.to(i32), torch.clamp(start, 0, max(batch - 1, 0)).to(i32), count.to(i32))
+
+
+def route_fused(net_ids: torch.Tensor, n_networks: int, tile_sizes: tuple[int, ...]) -> tuple[TileRouting, ...]:
+    """One sort, tiles of each size: the forward's tiles and the backward's chunks line up by sorted position."""
+    presorted = sort_by_network(net_ids, n_networks)
+    return tuple(route_bounded(net_ids, n_networks, size, presorted) for size in tile_sizes)

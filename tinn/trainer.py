@@ -53,11 +53,13 @@ class Trainer:
         return getattr(self.model, "n_networks", 1)
 
     def _inputs(self, inputs, targets, net_ids):
-        x = checks.float_input("inputs", inputs, self.model.n_input_dims, check_finite=True)
-        t = checks.float_input("targets", targets, self.model.n_output_dims, check_finite=True)
+        x = checks.float_input("inputs", inputs, self.model.n_input_dims)
+        t = checks.float_input("targets", targets, self.model.n_output_dims)
         if t.shape[0] != x.shape[0]:
             raise InputError(f"targets has batch {t.shape[0]} but inputs has batch {x.shape[0]}")
-        ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
+        with checks.disabled():  # the range check is part of the one-sync check below
+            ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
+        checks.training_batch("inputs", x, "targets", t, ids if net_ids is not None else None, self.n_networks)
         return x, t, ids
 
     def training_step(self, inputs: torch.Tensor, targets: torch.Tensor, net_ids: torch.Tensor | None = None,

@@ -1,4 +1,6 @@
-"""Compile the fused kernels once with PTX printing on, then ask ptxas (from triton) for registers and spills."""
+"""Compile the fused kernels once with PTX printing on, then ask ptxas (from triton) for registers and spills.
+
+KEEP_PTX=1 leaves the fused kernels' PTX modules (modN.ptx) in the output folder for reading."""
 import glob
 import os
 import re
@@ -43,4 +45,5 @@ for i, m in enumerate(mods):
     for line in (r.stdout + r.stderr).splitlines():
         if any(k in line for k in ("Compiling entry", "registers", "spill", "error")):
             print(names, line.strip())
-    os.remove(path)
+    if os.environ.get("KEEP_PTX") != "1":
+        os.remove(path)

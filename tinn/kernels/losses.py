@@ -1,8 +1,7 @@
 """Loss kernels: per-element value and gradient of every tcnn loss, plus per-network sums.
 
 One kernel serves all losses (the loss is a runtime switch) so a process compiles it
-once. It runs one thread per sample with a dynamic loop over the output dims: dims are
-small, and RelativeL2Luminance needs the whole RGB row of a sample anyway.
+once. It runs one thread per element; torch sums the per-element values.
 """
 import taichi as ti
 
@@ -24,14 +23,53 @@ def _signed(scale: ti.f32, diff: ti.f32) -> ti.f32:
 
 @ti.kernel
 def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pdf: ti.i32, inv_n: ti.f32,
-                 grad: f32_2d, row_value: f32_1d):
-    """grad[b, d] = d(mean loss)/d pred[b, d] (already divided by N); row_value[b] = sum_d loss[b, d] (not divided)."""
-    for b in range(pred.shape[0]):
+                 grad: f32_2d, value: f32_2d):
+    """grad[b, d] = d(mean loss)/d pred[b, d] (already divided by N); value[b, d] = loss[b, d] (not divided).
+
+    One thread per element: consecutive threads touch consecutive addresses (coalesced),
+    where a thread per sample strided by the row length.
+    """
+    for b, d in pred:
         dims = pred.shape[1]
-        inv_lum_sq = 0.0
-        if kind == RELATIVE_L2_LUMINANCE:
-            # Luminance of the predicted RGB (plus the second RGB triple of 6-channel outputs, as tcnn does);
-            # treated as a constant in the gradient.
+        p = pred[b, d]
+        t = target[b, d]
+        q = 1.0
+        if use_pdf != 0:
+            q = pdf[b, d]
+        v = 0.0
+        dv = 0.0
+        # Where the pdf enters differs per loss; this follows tcnn loss by loss.
+        if kind == L2:
+            diff = p - t
+            v = diff * diff / q
+            dv = 2.0 * diff / q
+        elif kind == L1:
+            diff = p - t
+            v = ti.abs(diff) / q
+            dv = _signed(1.0 / q, diff)
+        elif kind == RELATIVE_L2:
+            diff = p - t / q
+            inv = 1.0 / (p * p + EPS)  # denominator treated as constant (Noise2Noise / tcnn)
+            v = diff * diff * inv
+            dv = 2.0 * diff * inv
+        elif kind == RELATIVE_L1:
+            diff = p - t
+            s = 1.0 / (ti.abs(p) + EPS) / q
+            v = ti.abs(diff) * s
+            dv = _signed(s, diff)
+        elif kind == MAPE:
+            diff = p - t / q
+            s = 1.0 / (ti.abs(t) + EPS)
+            v = ti.abs(diff) * s
+            dv = _signed(s, diff)
+        elif kind == SMAPE:
+            diff = p - t / q
+            s = 1.0 / (0.5 * (ti.abs(t) + ti.abs(p)) + EPS)
+            v = ti.abs(diff) * s
+            dv = _signed(s, diff)
+        elif kind == RELATIVE_L2_LUMINANCE:
+            # Luminance of the predicted RGB (plus the second RGB triple of 6-channel outputs, as tcnn
+            # does); treated as a constant in the gradient. Each element re-reads its row's RGB (cached).
             r, g, bl = pred[b, 0], pred[b, 1], pred[b, 2]
             if dims >= 6:
                 r += pred[b, 3]
@@ -39,59 +77,19 @@ def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pd
                 bl += pred[b, 5]
             lum = 0.299 * r + 0.587 * g + 0.114 * bl
             inv_lum_sq = 1.0 / (lum * lum + EPS)
-        acc = 0.0
-        for d in range(dims):
-            p = pred[b, d]
-            t = target[b, d]
-            q = 1.0
-            if use_pdf != 0:
-                q = pdf[b, d]
-            v = 0.0
-            dv = 0.0
-            # Where the pdf enters differs per loss; this follows tcnn loss by loss.
-            if kind == L2:
-                diff = p - t
-                v = diff * diff / q
-                dv = 2.0 * diff / q
-            elif kind == L1:
-                diff = p - t
-                v = ti.abs(diff) / q
-                dv = _signed(1.0 / q, diff)
-            elif kind == RELATIVE_L2:
-                diff = p - t / q
-                inv = 1.0 / (p * p + EPS)  # denominator treated as constant (Noise2Noise / tcnn)
-                v = diff * diff * inv
-                dv = 2.0 * diff * inv
-            elif kind == RELATIVE_L1:
-                diff = p - t
-                s = 1.0 / (ti.abs(p) + EPS) / q
-                v = ti.abs(diff) * s
-                dv = _signed(s, diff)
-            elif kind == MAPE:
-                diff = p - t / q
-                s = 1.0 / (ti.abs(t) + EPS)
-                v = ti.abs(diff) * s
-                dv = _signed(s, diff)
-            elif kind == SMAPE:
-                diff = p - t / q
-                s = 1.0 / (0.5 * (ti.abs(t) + ti.abs(p)) + EPS)
-                v = ti.abs(diff) * s
-                dv = _signed(s, diff)
-            elif kind == RELATIVE_L2_LUMINANCE:
-                diff = p - t
-                v = diff * diff * inv_lum_sq / q
-                dv = 2.0 * diff * inv_lum_sq / q
-            elif kind == CROSS_ENTROPY:
-                f = -t / q
-                v = f * ti.log(p)
-                dv = f / p
-            elif kind == VARIANCE:
-                f = t * t / q
-                v = f / p - f / q
-                dv = -f / (p * p)
-            acc += v
-            grad[b, d] = dv * inv_n
-        row_value[b] = acc
+            diff = p - t
+            v = diff * diff * inv_lum_sq / q
+            dv = 2.0 * diff * inv_lum_sq / q
+        elif kind == CROSS_ENTROPY:
+            f = -t / q
+            v = f * ti.log(p)
+            dv = f / p
+        elif kind == VARIANCE:
+            f = t * t / q
+            v = f / p - f / q
+            dv = -f / (p * p)
+        value[b, d] = v
+        grad[b, d] = dv * inv_n
 
 
 @ti.kernel
