@@ -49,10 +49,13 @@ def test_grid_first_and_second_order_on_cuda(n_dims, kw, n_networks):
         assert_close(xd.grad.cpu(), xr.grad, rtol=1e-3, atol_frac=1e-4, what="d2/dx")
 
 
-def test_grid_atomics_under_heavy_contention_on_cuda():
-    """65k samples into coarse levels (27 and 125 vertices) and 64 grids: every entry takes thousands of adds."""
-    enc = make(3, 64, n_levels=2, n_features_per_level=4, base_resolution=3, per_level_scale=1.7,
+@pytest.mark.parametrize("n_networks", [64, 1], ids=["global-atomics", "shared-memory-levels"])
+def test_grid_atomics_under_heavy_contention_on_cuda(n_networks):
+    """65k samples into coarse levels (27 and 125 vertices): every entry takes thousands of adds. One grid
+    takes the shared-memory pre-reduction, 64 grids the global atomics."""
+    enc = make(3, n_networks, n_levels=2, n_features_per_level=4, base_resolution=3, per_level_scale=1.7,
                grid_type="Dense")
+    assert enc._shared_levels == 2  # both levels fit in a block's shared memory
     x, ids = inputs(enc, 1 << 16, seed=9)
     y = enc(x.cuda(), ids.cuda())
     w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))

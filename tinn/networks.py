@@ -155,9 +155,8 @@ class NetworkArray(torch.nn.Module):
         return out, acts, pre
 
     def _fused_tiles(self, ids, train: bool) -> tuple[TileRouting, ...]:
-        """Forward tiles, plus the backward's chunks when training (one sort for both)."""
-        _, _, ts, chunk, _ = self.fused_geometry
-        sizes = (self.fused_geometry[0], ts * chunk) if train else (self.fused_geometry[0],)
+        """Forward tiles, plus the weight-gradient chunks when training (one sort for both)."""
+        sizes = (self.fused_geometry.tile,) + ((FK.grad_chunk(ids.shape[0]),) if train else ())
         if self.n_networks > 1:
             return route_fused(ids, self.n_networks, sizes)
         key = (ids.shape[0], train)
@@ -169,7 +168,7 @@ class NetworkArray(torch.nn.Module):
         return tiles
 
     def _launch_fused_forward(self, x, ids, params, keep_all):
-        ts, staged, _, _, f = self.fused_geometry
+        ts, staged, f = self.fused_geometry
         tiles = self._fused_tiles(ids, train=keep_all)
         batch = x.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -179,7 +178,7 @@ class NetworkArray(torch.nn.Module):
             t = tiles[0]
             FK.forward(x, t.order, t.tile_net, t.tile_start, t.tile_count, params, acts, out,
                        *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f)
-        return out, acts, (tiles[1] if keep_all else None)
+        return out, acts, (tiles if keep_all else None)
 
     def _inference(self, x, ids):
         if self.fused:
@@ -191,23 +190,26 @@ class NetworkArray(torch.nn.Module):
     def _forward_train(self, x, ids, params):
         if self.fused:
             out, acts, chunks = self._launch_fused_forward(x, ids, params, keep_all=True)
-            return out, acts, acts[:0], chunks  # the backward's chunks, from the forward's sort
+            return out, acts, acts[:0], chunks  # the forward's tiles and the weight-gradient chunks
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
 
-    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | TileRouting, want_dx: bool):
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting], want_dx: bool):
         batch = x.shape[0]
         dev = x.device
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         dparams = torch.zeros_like(params)
         if self.fused:
-            _, _, ts, chunk, f = self.fused_geometry
             if batch:
-                chunks = routing
-                FK.backward(dy, x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, params,
-                            acts, out, dparams, dx, *self._static_shape(), self.hidden_act, self.output_act,
-                            want_dx, ts, chunk, f)
+                tiles, chunks = routing
+                ts, _, f = self.fused_geometry
+                deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
+                FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
+                                   acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
+                                   want_dx, ts, f)
+                FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts,
+                                    deltas, dparams, *self._static_shape(), f)
             return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         if batch:

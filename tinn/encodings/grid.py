@@ -141,6 +141,7 @@ class GridEncoding(Encoding):
         self.seed = seed
 
         self._meta = self._kernel_table()
+        self._shared_levels = K.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -260,8 +261,15 @@ class GridEncoding(Encoding):
     def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x):
         f, interp, gtype = self._codes()
         dy_t = dy.t().contiguous()  # feature-major, read coalesced by the kernel
-        K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
-                        int(bool(want_params)), int(bool(want_x)), self.n_input_dims)
+        first_level = 0
+        if want_params and params.shape[0] == 1 and self._shared_levels and runtime.arch() == "cuda":
+            # A single grid: coarse levels are summed per block in shared memory first.
+            first_level = self._shared_levels
+            K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
+                                   self.n_input_dims)
+        if first_level < self.n_levels or want_x:
+            K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
+                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()

@@ -21,9 +21,12 @@ Atomics: parameter gradients are scattered with float32 atomics (tcnn's fp16 one
 precision here). Contention is kept down by the level-major order (a warp's adds go to one
 level's cache-resident table), by skipping zero upstream gradients, and by reducing the input
 gradient over corners and features in registers (one add per level and dim). Coarse levels
-still take many adds per entry; the CUDA test checks 65k samples into 27- and 216-entry
-tables. A shared-memory pre-reduction is not used: samples of one block may belong to
-different grids, and block.sync() would need a separate CPU path.
+still take many adds per entry. On CUDA, for a single grid, `grid_backward_shared` takes
+the coarse levels whose table fits in a block's shared memory: a block sums the gradient of
+a few thousand samples into a shared copy of the level, then adds each touched entry to
+global memory once (shared atomics are on-chip; global ones to a few hundred hot entries
+serialise). Grid arrays keep the global atomics (a block's samples may belong to several
+grids), and so does the CPU (block.sync() does not compile there).
 """
 import taichi as ti
 
@@ -153,20 +156,22 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
 @ti.kernel
 def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                   dparams: f32_2d, dx: f32_2d, n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
-                  want_params: ti.i32, want_x: ti.i32, D: ti.template()):
+                  want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template()):
     """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed.
-    dy_t is feature-major like the forward output."""
+    dy_t is feature-major like the forward output. Levels below first_level are skipped (the shared-memory
+    kernel took their parameter gradient); when want_x they are still visited for dx alone."""
     ti.loop_config(block_dim=256)  # measured slightly faster than the default on an H100
-    for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
+    for level, b in ti.ndrange((0 if want_x else first_level, meta.shape[0] - 1), x.shape[0]):
         net = net_ids[b]
         scale = ti.bit_cast(meta[level, 3], ti.f32)
         res, size = meta[level, 1], meta[level, 2]
         base = param_offset + meta[level, 0] * n_features
         col = level * n_features
         cell, frac = _lattice(x, b, scale, D)
+        params_here = want_params != 0 and level >= first_level
         if interp == NEAREST:
             # Piecewise constant: no input gradient, one entry per feature receives dy.
-            if want_params:
+            if params_here:
                 e = base + _entry(cell, 0, res, size, grid_type, meta, D) * n_features
                 for f in range(n_features):
                     g = dy_t[col + f, b]
@@ -179,7 +184,7 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
             for c in ti.static(range(1 << D)):
                 idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * n_features
                 w[c] = _weight(s, c, D)
-            if want_params:
+            if params_here:
                 for f in range(n_features):
                     g = dy_t[col + f, b]
                     if g != 0.0:
@@ -196,6 +201,74 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
                     for c in ti.static(range(1 << D)):
                         acc += vg[c] * _dweight(s, ds, c, k, D)
                     ti.atomic_add(dx[b, k], acc * scale)
+
+
+SHARED_BLOCK = 256
+SHARED_FLOATS = 12288   # 48 KB, the static shared-memory limit per block
+SHARED_CHUNK = 4096     # samples per block: the flush of a whole level is paid once per this many
+
+
+def shared_levels(sizes: list[int], n_features: int) -> int:
+    """How many leading (coarse) levels fit in one block's shared memory."""
+    n = 0
+    while n < len(sizes) and sizes[n] * n_features <= SHARED_FLOATS:
+        n += 1
+    return n
+
+
+@ti.kernel
+def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d, dparams: f32_2d,
+                         n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template()):
+    """dL/dparams (+=) of levels [0, n_levels) of a single grid (dparams row 0), CUDA only.
+
+    One block per (level, chunk of SHARED_CHUNK samples): scatter into a zeroed shared copy of the
+    level with shared-memory atomics, then add the non-zero entries to global memory.
+    """
+    n_chunks = (x.shape[0] + SHARED_CHUNK - 1) // SHARED_CHUNK
+    ti.loop_config(block_dim=SHARED_BLOCK)
+    for g in range(n_levels * n_chunks * SHARED_BLOCK):
+        blk = g // SHARED_BLOCK
+        tid = g % SHARED_BLOCK
+        level = blk // n_chunks
+        first = (blk % n_chunks) * SHARED_CHUNK
+        sh = ti.simt.block.SharedArray((SHARED_FLOATS,), ti.f32)
+        scale = ti.bit_cast(meta[level, 3], ti.f32)
+        res, size = meta[level, 1], meta[level, 2]
+        n_floats = size * n_features
+        col = level * n_features
+        for j in range((n_floats + SHARED_BLOCK - 1) // SHARED_BLOCK):
+            idx = j * SHARED_BLOCK + tid
+            if idx < n_floats:
+                sh[idx] = 0.0
+        ti.simt.block.sync()
+        for j in range(SHARED_CHUNK // SHARED_BLOCK):
+            b = first + j * SHARED_BLOCK + tid
+            if b < x.shape[0]:
+                cell, frac = _lattice(x, b, scale, D)
+                if interp == NEAREST:
+                    e = _entry(cell, 0, res, size, grid_type, meta, D) * n_features
+                    for f in range(n_features):
+                        ti.atomic_add(sh[e + f], dy_t[col + f, b])
+                else:
+                    s, ds, dds = _smooth(frac, interp, D)
+                    idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+                    w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+                    for c in ti.static(range(1 << D)):
+                        idx[c] = _entry(cell, c, res, size, grid_type, meta, D) * n_features
+                        w[c] = _weight(s, c, D)
+                    for f in range(n_features):
+                        gv = dy_t[col + f, b]
+                        if gv != 0.0:
+                            for c in ti.static(range(1 << D)):
+                                ti.atomic_add(sh[idx[c] + f], w[c] * gv)
+        ti.simt.block.sync()
+        base = param_offset + meta[level, 0] * n_features
+        for j in range((n_floats + SHARED_BLOCK - 1) // SHARED_BLOCK):
+            idx = j * SHARED_BLOCK + tid
+            if idx < n_floats:
+                v = sh[idx]
+                if v != 0.0:
+                    ti.atomic_add(dparams[0, base + idx], v)
 
 
 @ti.kernel

@@ -16,18 +16,23 @@ Thread layout in a block of 128: `lane_s = tid % 16` picks samples lane_s + 16 r
 consecutive samples (distinct banks). Row strides are padded by one float so
 feature-major stores from coalesced row reads don't collide in one bank.
 
-Backward: a block owns a *chunk* of up to CHUNK sub-tiles of one network. Per
-sub-tile, the output deltas and the layer input sit in shared memory; per layer
-the block forms the weight gradient (each thread an R x C register block summed
-over the samples) and the deltas of the layer below (the forward GEMM with the
-transposed matrix). Weight gradients stay in registers across the chunk's
-sub-tiles when they fit (widths up to 64), so global memory sees one atomic add
-per weight per chunk instead of per sample.
+Backward, two launches:
+- `backward_deltas` mirrors the forward on the same tiles: the output deltas go down
+  the layers through W^T in shared memory, and each layer's deltas are written
+  feature-major to global memory (as the forward keeps the activations).
+- `weight_gradients` is a batched GEMM over *chunks* (up to a few thousand sorted
+  samples of one network): per step it stages GRAD_STEP samples of a layer's deltas
+  and input in shared memory (coalesced reads) and every thread accumulates an
+  8-row x 16-strided-column block of dW in registers; global memory sees one atomic
+  add per weight per chunk. Splitting the two keeps both kernels' register blocks
+  small (an earlier single backward kernel needed 254 registers and ran at a third
+  of the forward's rate).
 
 CUDA only: `ti.simt.block.sync()` does not compile on the CPU backend, which
 keeps the unfused kernels of `mlp_array.py`.
 """
 import os
+from typing import NamedTuple
 
 import taichi as ti
 
@@ -43,7 +48,9 @@ LANES_S = 16         # sample lanes
 LANES_O = BLOCK // LANES_S
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
-MAX_GRAD_REGISTERS = 64  # weight-gradient floats a thread may keep across sub-tiles
+UNROLL = int(os.environ.get("TINN_FUSED_UNROLL", 4))  # k steps per iteration of the GEMM loops
+GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
+GRAD_STEP = 32       # samples staged in shared memory per weight-gradient step
 
 
 def round_up(v: int, m: int) -> int:
@@ -59,32 +66,36 @@ def _largest_tile(n_buffers: int, f: int, reserved: int = 0) -> int:
     return min(128, (((SHARED_FLOATS - reserved) // (n_buffers * f) - 1) // LANES_S) * LANES_S)
 
 
-def grad_registers(n_in: int, width: int, n_out: int, n_layers: int, upto: int | None = None) -> int:
-    """Weight-gradient floats one backward thread keeps for layers [0, upto) (all by default)."""
-    shapes = layer_shapes(n_in, width, n_out, n_layers)[:upto]
-    return sum(((o + LANES_O - 1) // LANES_O) * ((i + LANES_S - 1) // LANES_S) for o, i in shapes)
+class Geometry(NamedTuple):
+    tile: int        # samples per forward / backward-deltas tile (multiple of 16)
+    staged: bool     # forward weights staged in shared memory (else read through L1)
+    features: int    # F: widest layer input/output, rounded up to 16
 
 
-def geometry(n_in: int, width: int, n_out: int, n_layers: int):
-    """(forward tile, forward weights in shared memory?, backward sub-tile, sub-tiles per backward chunk, F).
+def geometry(n_in: int, width: int, n_out: int, n_layers: int) -> Geometry:
+    """Tile geometry of a network shape, fixed at construction.
 
     With TINN_FUSED_STAGE_WEIGHTS=1 the forward pass stages each layer's weights in shared
     memory when a tile of at least 64 samples still fits beside them; by default they come through L1.
     The TINN_FUSED_* variables are tuning knobs for the A/B scripts in benchmarks/debug/.
     """
     f = features(n_in, width, n_out)
-    chunk = 8 if grad_registers(n_in, width, n_out, n_layers) <= MAX_GRAD_REGISTERS else 1
-    chunk = int(os.environ.get("TINN_FUSED_CHUNK", chunk))
-    # Tile caps (multiples of 16): smaller tiles mean fewer registers and more blocks per SM. Forward
-    # tiles of 64 (a 4 x 8 register block) ran 1.33x faster than 128 on an H100 (4.8 vs 6.4 ms).
-    fwd_cap = int(os.environ.get("TINN_FUSED_TILE", 64))
-    bwd_tile = min(_largest_tile(2, f), int(os.environ.get("TINN_FUSED_BWD_TILE", 128)))
+    # Tile cap (a multiple of 16): smaller tiles mean fewer registers and more blocks per SM. Tiles of
+    # 64 (a 4 x 8 register block) ran 1.33x faster than 128 on an H100 (4.8 vs 6.4 ms forward).
+    cap = int(os.environ.get("TINN_FUSED_TILE", 64))
     # Staging weights in shared memory measured slower (training forward 8.1 ms against 6.2 ms through
     # L1, 4096 nets x 64 wide, 2^22 samples): it shrinks the tile. Kept as an option.
     staged = _largest_tile(1, f, f * (f + 1))
     if staged >= 64 and os.environ.get("TINN_FUSED_STAGE_WEIGHTS") == "1":
-        return min(staged, fwd_cap), True, bwd_tile, chunk, f
-    return min(_largest_tile(1, f), fwd_cap), False, bwd_tile, chunk, f
+        return Geometry(min(staged, cap), True, f)
+    return Geometry(min(_largest_tile(1, f), cap), False, f)
+
+
+def grad_chunk(batch: int) -> int:
+    """Samples per weight-gradient block: long enough that atomics are rare, short enough that a
+    small batch still spreads over every SM (a single network's 2^18 samples make 512 blocks)."""
+    want = int(os.environ.get("TINN_FUSED_GRAD_CHUNK", 0)) or batch // 512
+    return max(256, min(2048, round_up(want, GRAD_STEP)))
 
 
 def supported(n_in: int, width: int, n_out: int) -> bool:
@@ -110,22 +121,37 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
     with row stride WP.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
-    for k in range(k_count):
-        a = ti.Vector([sh[a_base + k * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
-        m = ti.Vector.zero(ti.f32, C)
-        for c in ti.static(range(C)):
-            j = c * LANES_O + lane_o
-            if ti.static(n_cols % LANES_O != 0):
-                j = ti.min(j, n_cols - 1)
-            if ti.static(w_base >= 0):
-                m[c] = sh[w_base + j * WP + k]
-            elif ti.static(transposed):
-                m[c] = params[net, offset + k * n_cols + j]
-            else:
-                m[c] = params[net, offset + j * k_count + k]
-        for r, c in ti.static(ti.ndrange(R, C)):
-            acc[r, c] += a[r] * m[c]
+    # k in steps of UNROLL with the inner steps unrolled: constant address offsets and loads of the
+    # next step can be issued before the multiply-adds of this one (the loop alone was latency-bound).
+    for kb in range(k_count // UNROLL):
+        for ku in ti.static(range(UNROLL)):
+            gemm_step(acc, sh, a_base, params, net, offset, kb * UNROLL + ku, k_count, n_cols, transposed,
+                      lane_s, lane_o, R, C, TSP, w_base, WP)
+    for k in ti.static(range(k_count // UNROLL * UNROLL, k_count)):
+        gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
+                  lane_s, lane_o, R, C, TSP, w_base, WP)
     return acc
+
+
+@ti.func
+def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template(), net, offset, k,
+              k_count: ti.template(), n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
+              R: ti.template(), C: ti.template(), TSP: ti.template(), w_base: ti.template(), WP: ti.template()):
+    """One k of tile_gemm: R activations and C weights in, R * C multiply-adds into acc (by reference)."""
+    a = ti.Vector([sh[a_base + k * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
+    m = ti.Vector.zero(ti.f32, C)
+    for c in ti.static(range(C)):
+        j = c * LANES_O + lane_o
+        if ti.static(n_cols % LANES_O != 0):
+            j = ti.min(j, n_cols - 1)
+        if ti.static(w_base >= 0):
+            m[c] = sh[w_base + j * WP + k]
+        elif ti.static(transposed):
+            m[c] = params[net, offset + k * n_cols + j]
+        else:
+            m[c] = params[net, offset + j * k_count + k]
+    for r, c in ti.static(ti.ndrange(R, C)):
+        acc[r, c] += a[r] * m[c]
 
 
 @ti.func
@@ -244,113 +270,148 @@ def forward(
             ti.simt.block.sync()
 
 
-@ti.func
-def weight_gradient_block(sh: ti.template(), g_base, h_base, count, lane_i, lane_o,
-                          RW: ti.template(), CW: ti.template(), TSP: ti.template()):
-    """acc[r, c] = sum_s G[lane_o + 8 r, s] * H[lane_i + 16 c, s] over the sub-tile's samples."""
-    acc = ti.Matrix.zero(ti.f32, RW, CW)
-    for s in range(count):
-        d = ti.Vector([sh[g_base + (r * LANES_O + lane_o) * TSP + s] for r in ti.static(range(RW))], dt=ti.f32)
-        h = ti.Vector([sh[h_base + (c * LANES_S + lane_i) * TSP + s] for c in ti.static(range(CW))], dt=ti.f32)
-        for r, c in ti.static(ti.ndrange(RW, CW)):
-            acc[r, c] += d[r] * h[c]
-    return acc
-
-
-@ti.func
-def add_weight_gradient(dparams: ti.template(), net, offset, v, o, i, fan_out: ti.template(), fan_in: ti.template()):
-    if o < fan_out and i < fan_in:
-        ti.atomic_add(dparams[net, offset + o * fan_in + i], v)
-
-
 @ti.kernel
-def backward(
-    dy: f32_2d, x: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d,
-    params: f32_2d, acts: f32_3d, out: f32_2d, dparams: f32_2d, dx: f32_2d,
+def backward_deltas(
+    dy: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d,
+    params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
-    hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(),
-    TS: ti.template(), CHUNK: ti.template(), F: ti.template(),
+    hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
+    F: ti.template(),
 ):
-    """dparams += dLoss/dW; dx = dLoss/dx when want_dx. Tiles here are chunks of up to CHUNK * TS samples."""
+    """The forward's mirror image, on the forward's tiles: deltas[l, o, position] = dLoss/d(output o of layer l)
+    (pre-activation), layer by layer downwards with W^T; dx = the deltas of the input when want_dx."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
-    G = ti.static(0)              # deltas of the current layer's outputs
-    H = ti.static(F * TSP)        # the current layer's input
+    G = ti.static(0)
     last = ti.static(n_layers - 1)
     shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
-    keep = ti.static(CHUNK > 1)   # weight gradients summed in registers over the chunk
-    n_keep = ti.static(grad_registers(n_in, width, n_out, n_layers) if CHUNK > 1 else 1)
     ti.loop_config(block_dim=BLOCK)
     for g in range(tile_net.shape[0] * BLOCK):
         t = g // BLOCK
         tid = g % BLOCK
         lane_s = tid % LANES_S
         lane_o = tid // LANES_S
-        sh = ti.simt.block.SharedArray((2 * F * TSP,), ti.f32)
-        chunk_count = tile_count[t]
-        if chunk_count > 0:
+        sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
+        count = tile_count[t]
+        if count > 0:
             net = tile_net[t]
-            kept = ti.Vector.zero(ti.f32, n_keep)
-            for sub in range((chunk_count + TS - 1) // TS):
-                start = tile_start[t] + sub * TS
-                count = ti.min(TS, chunk_count - sub * TS)
-                # Output deltas: dy times the output activation's derivative (taken from the output).
-                for j in range((TS * n_out + BLOCK - 1) // BLOCK):
-                    idx = j * BLOCK + tid
-                    s = idx // n_out
-                    o = idx % n_out
-                    if s < TS:
-                        v = 0.0
-                        if s < count:
-                            b = order[start + s]
-                            v = dy[b, o] * act.derivative(0.0, out[b, o], output_act)
-                        sh[G + o * TSP + s] = v
-                if ti.static(last == 0):
-                    load_rows(sh, H, x, order, start, count, tid, n_in, TS, TSP)
-                else:
-                    load_features(sh, H, acts, last - 1, start, count, tid, width, TS, TSP)
-                ti.simt.block.sync()
-                for q in ti.static(range(n_layers)):
-                    l = ti.static(last - q)
+            start = tile_start[t]
+            # Output deltas: dy times the output activation's derivative (taken from the output).
+            for j in range((TS * n_out + BLOCK - 1) // BLOCK):
+                idx = j * BLOCK + tid
+                s = idx // n_out
+                o = idx % n_out
+                if s < TS:
+                    v = 0.0
+                    if s < count:
+                        b = order[start + s]
+                        v = dy[b, o] * act.derivative(0.0, out[b, o], output_act)
+                    sh[G + o * TSP + s] = v
+            ti.simt.block.sync()
+            for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
+                idx = j * BLOCK + tid
+                o = idx // TS
+                s = idx % TS
+                if o < n_out and s < count:
+                    deltas[last, o, start + s] = sh[G + o * TSP + s]
+            for q in ti.static(range(n_layers)):
+                l = ti.static(last - q)
+                if ti.static(l > 0 or want_dx):
                     fan_out, fan_in = ti.static(shapes[l])
-                    offset = layer_offset(l, n_in, width)
-                    # Weight gradient of layer l: threads own (8-strided rows, 16-strided columns).
-                    RW = ti.static((fan_out + LANES_O - 1) // LANES_O)
-                    CW = ti.static((fan_in + LANES_S - 1) // LANES_S)
-                    base = ti.static(grad_registers(n_in, width, n_out, n_layers, l))
-                    gw = weight_gradient_block(sh, G, H, count, lane_s, lane_o, RW, CW, TSP)
-                    for r, c in ti.static(ti.ndrange(RW, CW)):
-                        if ti.static(keep):
-                            kept[base + r * CW + c] += gw[r, c]
+                    C = ti.static((fan_in + LANES_O - 1) // LANES_O)
+                    acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
+                                    lane_s, lane_o, R, C, TSP)
+                    if ti.static(l > 0):
+                        # Times the hidden activation's derivative; layer l-1's output is layer l's input.
+                        for r, c in ti.static(ti.ndrange(R, C)):
+                            i = c * LANES_O + lane_o
+                            s = r * LANES_S + lane_s
+                            v = 0.0
+                            if i < fan_in and s < count:
+                                v = acc[r, c] * act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
+                                deltas[l - 1, i, start + s] = v
+                            acc[r, c] = v
+                    ti.simt.block.sync()
+                    store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
+                    ti.simt.block.sync()
+            if ti.static(want_dx):
+                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP)
+                ti.simt.block.sync()
+
+
+@ti.func
+def stage_features(sh: ti.template(), base, src: ti.template(), l: ti.template(), row0: ti.template(),
+                   rows: ti.template(), start, count, tid, KS: ti.template(), KSP: ti.template()):
+    """src[l, row0 + k, start + s] for k < rows, s < KS into sh[base + k * KSP + s] (zeros past count)."""
+    for j in range((rows * KS + BLOCK - 1) // BLOCK):
+        idx = j * BLOCK + tid
+        k = idx // KS
+        s = idx % KS
+        if k < rows:
+            v = 0.0
+            if s < count:
+                v = src[l, row0 + k, start + s]
+            sh[base + k * KSP + s] = v
+
+
+@ti.kernel
+def weight_gradients(
+    x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
+    acts: f32_3d, deltas: f32_3d, dparams: f32_2d,
+    n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(), F: ti.template(),
+):
+    """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
+
+    A batched GEMM with the samples as the long inner dimension: per step GRAD_STEP samples of the
+    deltas (up to GRAD_ROWS rows per pass) and of the layer input are staged in shared memory with
+    coalesced feature-major reads, and each thread keeps an (8 rows x 16-strided columns) register block.
+    Global memory sees one atomic add per weight per chunk.
+    """
+    KS = ti.static(GRAD_STEP)
+    KSP = ti.static(GRAD_STEP + 1)
+    GB = ti.static(0)                 # deltas rows of this pass
+    HB = ti.static(GRAD_ROWS * KSP)   # the layer's input
+    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
+    ti.loop_config(block_dim=BLOCK)
+    for g in range(chunk_net.shape[0] * BLOCK):
+        t = g // BLOCK
+        tid = g % BLOCK
+        lane_i = tid % LANES_S
+        lane_o = tid // LANES_S
+        sh = ti.simt.block.SharedArray(((GRAD_ROWS + F) * KSP,), ti.f32)
+        total = chunk_count[t]
+        if total > 0:
+            net = chunk_net[t]
+            for l in ti.static(range(n_layers)):
+                fan_out, fan_in = ti.static(shapes[l])
+                CW = ti.static((fan_in + LANES_S - 1) // LANES_S)
+                for p in ti.static(range((fan_out + GRAD_ROWS - 1) // GRAD_ROWS)):
+                    row0 = ti.static(p * GRAD_ROWS)
+                    rows = ti.static(min(GRAD_ROWS, fan_out - p * GRAD_ROWS))
+                    RW = ti.static((rows + LANES_O - 1) // LANES_O)
+                    acc = ti.Matrix.zero(ti.f32, RW, CW)
+                    for step in range((total + KS - 1) // KS):
+                        start = chunk_start[t] + step * KS
+                        count = ti.min(KS, total - step * KS)
+                        stage_features(sh, GB, deltas, l, row0, rows, start, count, tid, KS, KSP)
+                        if ti.static(l == 0):
+                            load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP)
                         else:
-                            add_weight_gradient(dparams, net, offset, gw[r, c], r * LANES_O + lane_o,
-                                                c * LANES_S + lane_s, fan_out, fan_in)
-                    if ti.static(l > 0 or want_dx):
-                        # Deltas one layer down: (W^T G)[i, s], times the hidden activation's derivative.
-                        C = ti.static((fan_in + LANES_O - 1) // LANES_O)
-                        acc = tile_gemm(sh, G, params, net, offset, fan_out, fan_in, True, lane_s, lane_o, R, C, TSP)
-                        if ti.static(l > 0):
-                            for r, c in ti.static(ti.ndrange(R, C)):
-                                i = c * LANES_O + lane_o
-                                if i < fan_in:
-                                    y = sh[H + i * TSP + r * LANES_S + lane_s]
-                                    acc[r, c] *= act.derivative(0.0, y, hidden_act)
+                            stage_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                         ti.simt.block.sync()
-                        store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
-                        if ti.static(l == 1):
-                            load_rows(sh, H, x, order, start, count, tid, n_in, TS, TSP)
-                        elif ti.static(l > 1):
-                            load_features(sh, H, acts, l - 2, start, count, tid, width, TS, TSP)
+                        for sb in range(KS // UNROLL):
+                            for su in ti.static(range(UNROLL)):
+                                s = sb * UNROLL + su
+                                d = ti.Vector([sh[GB + (r * LANES_O + lane_o) * KSP + s] for r in ti.static(range(RW))],
+                                              dt=ti.f32)
+                                h = ti.Vector([sh[HB + (c * LANES_S + lane_i) * KSP + s] for c in ti.static(range(CW))],
+                                              dt=ti.f32)
+                                for r, c in ti.static(ti.ndrange(RW, CW)):
+                                    acc[r, c] += d[r] * h[c]
                         ti.simt.block.sync()
-                if ti.static(want_dx):
-                    write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP)
-                ti.simt.block.sync()
-            if ti.static(keep):
-                for l in ti.static(range(n_layers)):
-                    fan_out, fan_in = ti.static(shapes[l])
-                    RW = ti.static((fan_out + LANES_O - 1) // LANES_O)
-                    CW = ti.static((fan_in + LANES_S - 1) // LANES_S)
-                    base = ti.static(grad_registers(n_in, width, n_out, n_layers, l))
+                    offset = layer_offset(l, n_in, width)
                     for r, c in ti.static(ti.ndrange(RW, CW)):
-                        add_weight_gradient(dparams, net, layer_offset(l, n_in, width), kept[base + r * CW + c],
-                                            r * LANES_O + lane_o, c * LANES_S + lane_s, fan_out, fan_in)
+                        o = row0 + r * LANES_O + lane_o
+                        i = c * LANES_S + lane_i
+                        if o < fan_out and i < fan_in:
+                            ti.atomic_add(dparams[net, offset + o * fan_in + i], acc[r, c])
