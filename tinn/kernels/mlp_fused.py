@@ -48,9 +48,10 @@ LANES_S = 16         # sample lanes
 LANES_O = BLOCK // LANES_S
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
-UNROLL = int(os.environ.get("TINN_FUSED_UNROLL", 4))  # k steps per iteration of the GEMM loops
+# Tuning knobs for the A/B scripts in benchmarks/debug/ (read once, at import).
+UNROLL = int(os.environ.get("TINN_FUSED_UNROLL", 1))  # k steps per iteration of the GEMM loops
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
-GRAD_STEP = 32       # samples staged in shared memory per weight-gradient step
+GRAD_STEP = int(os.environ.get("TINN_FUSED_GRAD_STEP", 32))  # samples staged per weight-gradient step
 
 
 def round_up(v: int, m: int) -> int:
