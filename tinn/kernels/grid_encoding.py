@@ -30,6 +30,8 @@ grids), and so does the CPU (block.sync() does not compile there).
 """
 import taichi as ti
 
+from .launch import fast_kernel
+
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
@@ -124,6 +126,7 @@ def _dweight(s, ds, c: ti.template(), k: ti.template(), D: ti.template()):
     return w
 
 
+@fast_kernel
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
                  n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, D: ti.template()):
@@ -153,6 +156,7 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
                 out_t[col + f, b] = acc
 
 
+@fast_kernel
 @ti.kernel
 def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                   dparams: f32_2d, dx: f32_2d, n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
@@ -216,6 +220,7 @@ def shared_levels(sizes: list[int], n_features: int) -> int:
     return n
 
 
+@fast_kernel
 @ti.kernel
 def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d, dparams: f32_2d,
                          n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template()):

@@ -5,6 +5,8 @@ once. It runs one thread per element; torch sums the per-element values.
 """
 import taichi as ti
 
+from .launch import fast_kernel
+
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -21,6 +23,7 @@ def _signed(scale: ti.f32, diff: ti.f32) -> ti.f32:
     return ti.select(diff >= 0.0, scale, -scale)
 
 
+@fast_kernel
 @ti.kernel
 def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pdf: ti.i32, inv_n: ti.f32,
                  grad: f32_2d, value: f32_2d):
@@ -92,6 +95,7 @@ def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pd
         grad[b, d] = dv * inv_n
 
 
+@fast_kernel
 @ti.kernel
 def per_network_sums(row_value: f32_1d, net_ids: i32_1d, sums: f32_1d, counts: i32_1d):
     """sums[k] += row values of samples of network k; counts[k] += their number (both zeroed by the caller)."""

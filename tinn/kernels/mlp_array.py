@@ -16,6 +16,7 @@ gradients stay in the caller's row order.
 import taichi as ti
 
 from . import activations as act
+from .launch import fast_kernel
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -50,6 +51,7 @@ def load_column(buf: ti.template(), l, s, n: ti.template()):
     return ti.Vector([buf[l, i, s] for i in ti.static(range(n))], dt=ti.f32)
 
 
+@fast_kernel
 @ti.kernel
 def forward(
     x: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
@@ -104,6 +106,7 @@ def transpose_dot(params: ti.template(), net, offset, i, fan_in: ti.template(), 
     return v
 
 
+@fast_kernel
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
@@ -172,6 +175,7 @@ def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.templ
     return acc
 
 
+@fast_kernel
 @ti.kernel
 def tile_weight_gradient(
     x: f32_2d, acts: f32_3d, from_acts: ti.template(), order: i32_1d,
@@ -202,6 +206,7 @@ def tile_weight_gradient(
                     partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[0, 0]
 
 
+@fast_kernel
 @ti.kernel
 def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d):
     """grad[net] = sum of the partial gradients of the net's tiles."""

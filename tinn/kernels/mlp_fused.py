@@ -37,6 +37,7 @@ from typing import NamedTuple
 import taichi as ti
 
 from . import activations as act
+from .launch import fast_kernel
 from .mlp_array import layer_shapes
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -49,7 +50,10 @@ LANES_O = BLOCK // LANES_S
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
 # Tuning knobs for the A/B scripts in benchmarks/debug/ (read once, at import).
-UNROLL = int(os.environ.get("TINN_FUSED_UNROLL", 1))  # k steps per iteration of the GEMM loops
+# k steps per iteration of the GEMM loops, unrolled: measured on an H100 (4096 nets x 64, 2^22 samples),
+# unrolling by 2 took the backward deltas from 9.4 to 7.6 ms but the forward from 4.8 to 5.3 ms.
+UNROLL_FORWARD = int(os.environ.get("TINN_FUSED_UNROLL_FWD", 1))
+UNROLL_BACKWARD = int(os.environ.get("TINN_FUSED_UNROLL_BWD", 2))
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
 GRAD_STEP = int(os.environ.get("TINN_FUSED_GRAD_STEP", 32))  # samples staged per weight-gradient step
 
@@ -111,9 +115,9 @@ def layer_offset(l: ti.template(), n_in: ti.template(), width: ti.template()):
 @ti.func
 def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_count: ti.template(),
               n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
-              R: ti.template(), C: ti.template(), TSP: ti.template(), w_base: ti.template() = -1,
+              R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template(), w_base: ti.template() = -1,
               WP: ti.template() = 0):
-    """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c].
+    """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c], the k loop unrolled by U.
 
     A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in)
     read from global memory: M = W^T (forward, k = input) or, with `transposed`, M = W
@@ -122,13 +126,13 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
     with row stride WP.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
-    # k in steps of UNROLL with the inner steps unrolled: constant address offsets and loads of the
-    # next step can be issued before the multiply-adds of this one (the loop alone was latency-bound).
-    for kb in range(k_count // UNROLL):
-        for ku in ti.static(range(UNROLL)):
-            gemm_step(acc, sh, a_base, params, net, offset, kb * UNROLL + ku, k_count, n_cols, transposed,
+    # With U > 1 the loads of the next step can be issued before the multiply-adds of this one, at
+    # the price of registers (and occupancy): which wins depends on the kernel (see UNROLL_*).
+    for kb in range(k_count // U):
+        for ku in ti.static(range(U)):
+            gemm_step(acc, sh, a_base, params, net, offset, kb * U + ku, k_count, n_cols, transposed,
                       lane_s, lane_o, R, C, TSP, w_base, WP)
-    for k in ti.static(range(k_count // UNROLL * UNROLL, k_count)):
+    for k in ti.static(range(k_count // U * U, k_count)):
         gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
                   lane_s, lane_o, R, C, TSP, w_base, WP)
     return acc
@@ -218,6 +222,7 @@ def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), 
 
 
 
+@fast_kernel
 @ti.kernel
 def forward(
     x: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d, params: f32_2d,
@@ -253,7 +258,7 @@ def forward(
                 fan_out = ti.static(n_out if l == n_layers - 1 else width)
                 C = ti.static((fan_out + LANES_O - 1) // LANES_O)
                 acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                lane_s, lane_o, R, C, TSP, WB, WP)
+                                lane_s, lane_o, R, C, TSP, UNROLL_FORWARD, WB, WP)
                 for r, c in ti.static(ti.ndrange(R, C)):
                     acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
                 ti.simt.block.sync()
@@ -271,6 +276,7 @@ def forward(
             ti.simt.block.sync()
 
 
+@fast_kernel
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d,
@@ -321,7 +327,7 @@ def backward_deltas(
                     fan_out, fan_in = ti.static(shapes[l])
                     C = ti.static((fan_in + LANES_O - 1) // LANES_O)
                     acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
-                                    lane_s, lane_o, R, C, TSP)
+                                    lane_s, lane_o, R, C, TSP, UNROLL_BACKWARD)
                     if ti.static(l > 0):
                         # Times the hidden activation's derivative; layer l-1's output is layer l's input.
                         for r, c in ti.static(ti.ndrange(R, C)):
@@ -355,6 +361,7 @@ def stage_features(sh: ti.template(), base, src: ti.template(), l: ti.template()
             sh[base + k * KSP + s] = v
 
 
+@fast_kernel
 @ti.kernel
 def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
@@ -400,9 +407,9 @@ def weight_gradients(
                         else:
                             stage_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                         ti.simt.block.sync()
-                        for sb in range(KS // UNROLL):
-                            for su in ti.static(range(UNROLL)):
-                                s = sb * UNROLL + su
+                        for sb in range(KS // UNROLL_BACKWARD):
+                            for su in ti.static(range(UNROLL_BACKWARD)):
+                                s = sb * UNROLL_BACKWARD + su
                                 d = ti.Vector([sh[GB + (r * LANES_O + lane_o) * KSP + s] for r in ti.static(range(RW))],
                                               dt=ti.f32)
                                 h = ti.Vector([sh[HB + (c * LANES_S + lane_i) * KSP + s] for c in ti.static(range(CW))],

@@ -6,6 +6,8 @@ Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 import taichi as ti
 
+from .launch import fast_kernel
+
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -19,6 +21,7 @@ def _weight_decay(rel: ti.f32, absolute: ti.f32, w: ti.f32) -> ti.f32:
     return (1.0 - rel) * w - ti.select(w >= 0.0, absolute, -absolute)
 
 
+@fast_kernel
 @ti.kernel
 def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32):
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
@@ -26,6 +29,7 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32)
         w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
 
 
+@fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
               lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, l2_reg: ti.f32,
@@ -55,6 +59,7 @@ def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scal
             w[r, c] = nw
 
 
+@fast_kernel
 @ti.kernel
 def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d, lr_scale: f32_1d,
                   lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
@@ -135,6 +140,7 @@ def shampoo_layer_step(w: f32_2d, u: f32_2d, sm: f32_2d, off: ti.i32, rows_m: ti
             w[n, e] = _weight_decay(rel_decay * lr_n, abs_decay * lr_n, w[n, e]) - lr_n * sm[n, e]
 
 
+@fast_kernel
 @ti.kernel
 def direction_step(w: f32_2d, u: f32_2d, lr_scale: f32_1d, lr: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
     """w = decay(w) - lr * u (Shampoo's update of parameters not covered by matrices)."""
@@ -143,6 +149,7 @@ def direction_step(w: f32_2d, u: f32_2d, lr_scale: f32_1d, lr: ti.f32, rel_decay
         w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * u[r, c]
 
 
+@fast_kernel
 @ti.kernel
 def ema_step(w: f32_2d, ema: f32_2d, decay: ti.f32, debias_old: ti.f32, debias_new: ti.f32):
     """Bias-corrected exponential moving average of the weights (equals w after the first step)."""
@@ -150,6 +157,7 @@ def ema_step(w: f32_2d, ema: f32_2d, decay: ti.f32, debias_old: ti.f32, debias_n
         ema[r, c] = (ema[r, c] * decay * debias_old + w[r, c] * (1.0 - decay)) * debias_new
 
 
+@fast_kernel
 @ti.kernel
 def average_step(w: f32_2d, oldest: f32_2d, avg: f32_2d, inv_n: ti.f32):
     """Sliding-window mean over the last n samples: avg += (w - oldest) / n; the slot takes w."""
@@ -159,6 +167,7 @@ def average_step(w: f32_2d, oldest: f32_2d, avg: f32_2d, inv_n: ti.f32):
         oldest[r, c] = wv
 
 
+@fast_kernel
 @ti.kernel
 def lookahead_step(w: f32_2d, slow: f32_2d, alpha: ti.f32):
     """slow <- slow + alpha (fast - slow); the fast weights restart from it."""

@@ -1,0 +1,77 @@
+"""The lean launch path (tinn.kernels.launch) gives the same results as Taichi's own launch, falls back to it
+for anything it does not take, and keeps Taichi's error messages."""
+import pytest
+import taichi as ti
+import torch
+
+import tinn
+from tinn.kernels.launch import FastKernel, fast_kernel
+
+F2 = ti.types.ndarray(dtype=ti.f32, ndim=2)
+I1 = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+
+@ti.kernel
+def _mixed(a: F2, b: F2, rows: I1, s: ti.i32, v: ti.f32, n: ti.template(), flip: ti.template()):
+    for i, j in a:
+        w = b[rows[i], j] * v + s * n
+        if ti.static(flip):
+            w = -w
+        a[i, j] += w
+
+
+def _args(seed):
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.rand(5, 3, generator=gen).to(dev)
+    b = torch.rand(7, 3, generator=gen).to(dev)
+    rows = torch.randint(0, 7, (5,), generator=gen, dtype=torch.int32).to(dev)
+    return a, b, rows
+
+
+@pytest.mark.parametrize("template_values", [(3, False), (2, True)])
+def test_fast_launch_matches_taichi_launch(template_values):
+    fast = fast_kernel(_mixed)
+    for call in range(3):  # first call compiles through Taichi, later ones take the lean path
+        a, b, rows = _args(call)
+        expected = a.clone()
+        _mixed(expected, b, rows, 4, 0.25, *template_values)
+        fast(a, b, rows, 4, 0.25, *template_values)
+        assert torch.equal(a, expected)
+        manual = _args(call)[0] + (b[rows.long()] * 0.25 + 4 * template_values[0]) * (-1 if template_values[1] else 1)
+        assert torch.allclose(a, manual)
+    assert fast.usable and len(fast.instances) == 1
+
+
+def test_fast_launch_keeps_one_instance_per_template_and_dtype():
+    fast = FastKernel(_mixed)
+    a, b, rows = _args(0)
+    fast(a, b, rows, 1, 1.0, 1, False)
+    fast(a, b, rows, 1, 1.0, 2, False)
+    fast(a, b, rows, 1, 1.0, 2, False)
+    assert len(fast.instances) == 2
+
+
+def test_fast_launch_falls_back_with_taichi_errors():
+    fast = fast_kernel(_mixed)
+    a, b, rows = _args(0)
+    fast(a, b, rows, 1, 1.0, 1, False)
+    with pytest.raises(ValueError, match="Non contiguous"):
+        fast(torch.rand(3, 5, device=a.device).t(), b, rows, 1, 1.0, 1, False)
+    with pytest.raises(Exception):
+        fast(a, b, rows)  # missing arguments: Taichi's own message
+
+
+def test_fast_launch_takes_taichi_ndarrays():
+    @ti.kernel
+    def add_table(a: F2, table: ti.types.ndarray(dtype=ti.i32, ndim=2)):
+        for i, j in a:
+            a[i, j] += table[0, j]
+
+    table = ti.ndarray(dtype=ti.i32, shape=(1, 3))
+    table.from_numpy(__import__("numpy").array([[1, 2, 3]], dtype="int32"))
+    fast = fast_kernel(add_table)
+    a = torch.zeros(4, 3, device=tinn.runtime.device())
+    for _ in range(3):
+        fast(a, table)
+    assert torch.equal(a.cpu(), torch.tensor([[3.0, 6.0, 9.0]]).expand(4, 3))
