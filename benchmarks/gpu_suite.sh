@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything worth running on a GPU machine, in parts that each fit one device call:
-#   OUT=dir benchmarks/gpu_suite.sh kernels   CUDA kernel tests, the target MLP case (tinn fused/unfused,
-#                                             torch bmm, torch.func vmap), image demo at 2^18, grid bench
+#   OUT=dir benchmarks/gpu_suite.sh kernels   CUDA kernel tests, the image step's kernel profile, the target
+#                                             MLP case (tinn fused/unfused, torch bmm, torch.func vmap), image demo
 #   OUT=dir benchmarks/gpu_suite.sh grid      the benchmark grid: N 1..16384 x widths 16..128, even + ragged
 #   OUT=dir benchmarks/gpu_suite.sh scenes    KiloNeRF and octree-LoD demos at full size
 # Logs and JSON land in $OUT; each step prints its last lines.
@@ -13,7 +13,9 @@ run() { local name=$1; local limit=$2; shift 2; echo "== $name"; timeout "$limit
         echo "rc=$?"; tail -n "${TAIL:-4}" "$OUT/$name.log"; }
 part=${1:-kernels}
 if [ "$part" = kernels ]; then
-  TINN_ARCH=cuda run tests 200 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py
+  TINN_ARCH=cuda run tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py \
+    tests/test_launch.py tests/test_encodings_cuda.py
+  TAIL=16 run profile_image 150 python3 benchmarks/profile_image.py --json "$OUT/profile_image.json"
   TAIL=6 run bench_target 200 python3 benchmarks/bench_mlp_array.py --networks 4096 --log2-samples 22 \
     --routing even,sorted,ragged --unfused --json "$OUT/bench_target.json"
   run demo_hash 120 python3 demos/mlp_learning_an_image.py --config configs/config_hash.json --steps 1000 \
