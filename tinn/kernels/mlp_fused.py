@@ -175,21 +175,6 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
 
 
 @ti.func
-def load_features(sh: ti.template(), base, buf: ti.template(), l, start, count, tid,
-                  n: ti.template(), TS: ti.template(), TSP: ti.template()):
-    """Feature-major scratch buf[l, 0:n, start + s] into sh[base + k * TSP + s]; zeros past `count`."""
-    for j in range((TS * n + BLOCK - 1) // BLOCK):
-        idx = j * BLOCK + tid
-        k = idx // TS
-        s = idx % TS
-        if k < n:
-            v = 0.0
-            if s < count:
-                v = buf[l, k, start + s]
-            sh[base + k * TSP + s] = v
-
-
-@ti.func
 def load_weights(sh: ti.template(), base, params: ti.template(), net, offset, tid,
                  fan_out: ti.template(), fan_in: ti.template(), WP: ti.template()):
     """Weight matrix (fan_out, fan_in) into shared memory rows of stride WP (coalesced, conflict-free)."""
@@ -347,8 +332,8 @@ def backward_deltas(
 
 
 @ti.func
-def stage_features(sh: ti.template(), base, src: ti.template(), l: ti.template(), row0: ti.template(),
-                   rows: ti.template(), start, count, tid, KS: ti.template(), KSP: ti.template()):
+def load_features(sh: ti.template(), base, src: ti.template(), l: ti.template(), row0: ti.template(),
+                  rows: ti.template(), start, count, tid, KS: ti.template(), KSP: ti.template()):
     """src[l, row0 + k, start + s] for k < rows, s < KS into sh[base + k * KSP + s] (zeros past count)."""
     for j in range((rows * KS + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
@@ -401,11 +386,11 @@ def weight_gradients(
                     for step in range((total + KS - 1) // KS):
                         start = chunk_start[t] + step * KS
                         count = ti.min(KS, total - step * KS)
-                        stage_features(sh, GB, deltas, l, row0, rows, start, count, tid, KS, KSP)
+                        load_features(sh, GB, deltas, l, row0, rows, start, count, tid, KS, KSP)
                         if ti.static(l == 0):
                             load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP)
                         else:
-                            stage_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
+                            load_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                         ti.simt.block.sync()
                         for sb in range(KS // UNROLL_BACKWARD):
                             for su in ti.static(range(UNROLL_BACKWARD)):
