@@ -189,8 +189,8 @@ class NetworkArray(torch.nn.Module):
 
     def _forward_train(self, x, ids, params):
         if self.fused:
-            out, acts, chunks = self._launch_fused_forward(x, ids, params, keep_all=True)
-            return out, acts, acts[:0], chunks  # the forward's tiles and the weight-gradient chunks
+            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True)
+            return out, acts, acts[:0], routing  # (the forward's tiles, the weight-gradient chunks)
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing

@@ -8,6 +8,7 @@ def _nosync():
     pass
 ti.simt.block.sync = _nosync
 from tinn.kernels import mlp_fused as FK
+from tinn.kernels.mlp_array import layer_shapes
 from tinn.routing import route_fused
 which = sys.argv[1]
 n_in, w, n_out, depth, N, B, want_dx = 32, 64, 16, 2, 8, 700, True
@@ -17,7 +18,7 @@ L = depth + 1
 g = FK.geometry(n_in, w, n_out, L)
 ids = torch.randint(0, N, (B,), dtype=torch.int32)
 tiles, chunks = route_fused(ids, N, (g.tile, FK.grad_chunk(B)))
-P = n_in * w + (L - 2) * w * w + w * n_out if L > 1 else n_in * n_out
+P = sum(o * i for o, i in layer_shapes(n_in, w, n_out, L))
 params = torch.rand(N, P); x = torch.rand(B, n_in); acts = torch.rand(max(L - 1, 1), w, B); out = torch.rand(B, n_out)
 deltas = torch.rand(L, max(w, n_out), B); dx = torch.zeros(B, n_in); dp = torch.zeros_like(params)
 if which == "fwd":

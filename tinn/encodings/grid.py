@@ -141,7 +141,7 @@ class GridEncoding(Encoding):
         self.seed = seed
 
         self._meta = self._kernel_table()
-        self._shared_levels = K.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
+        self._shared_levels = self._shared_level_count()
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -191,14 +191,22 @@ class GridEncoding(Encoding):
         meta[-1, :self.n_input_dims] = primes.view(np.int32)  # same bits; the kernel reads them as uint32
         return K.make_table(meta)
 
-    def __getstate__(self):  # pickling (torch.save(module)): the Taichi table is rebuilt, not serialised
+    def _shared_level_count(self) -> int:
+        """Coarse levels whose parameter gradient a CUDA block sums in shared memory first (single grid only)."""
+        if runtime.arch() != "cuda":
+            return 0
+        return K.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
+
+    def __getstate__(self):  # pickling (torch.save(module)): backend-specific state is rebuilt, not serialised
         state = self.__dict__.copy()
         state.pop("_meta", None)
+        state.pop("_shared_levels", None)
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._meta = self._kernel_table()
+        self._shared_levels = self._shared_level_count()
 
     # -- parameters ---------------------------------------------------------------------------
     def initial_params(self, seed: int) -> torch.Tensor:
@@ -262,7 +270,7 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         dy_t = dy.t().contiguous()  # feature-major, read coalesced by the kernel
         first_level = 0
-        if want_params and params.shape[0] == 1 and self._shared_levels and runtime.arch() == "cuda":
+        if want_params and params.shape[0] == 1 and self._shared_levels:
             # A single grid: coarse levels are summed per block in shared memory first.
             first_level = self._shared_levels
             K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,

@@ -39,6 +39,7 @@ class FastKernel:
         self.kernel = kernel
         self.primal = getattr(kernel, "_primal", None)
         self.kinds: list[int] | None = None
+        self.cuda = False  # backend of the tensors' pointers, fixed at the first call (Taichi inits once)
         self.instances: dict = {}
         self.usable = ENABLED and self.primal is not None
         self.__doc__ = kernel.__doc__
@@ -63,7 +64,7 @@ class FastKernel:
 
     def _key(self, args):
         key = []
-        cuda = impl.current_cfg().arch == ti.cuda
+        cuda = self.cuda
         for kind, a in zip(self.kinds, args):
             if kind == TEMPLATE:
                 key.append(a)
@@ -85,6 +86,7 @@ class FastKernel:
             return self.kernel(*args)
         if self.kinds is None:
             self.kinds = self._classify()
+            self.cuda = impl.current_cfg().arch == ti.cuda
             if self.kinds is None or len(self.kinds) != len(args):
                 self.usable = False
                 return self.kernel(*args)
