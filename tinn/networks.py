@@ -23,6 +23,9 @@ from .routing import Routing, TileRouting, route, route_fused
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
+# A single network's weight gradients as vendor GEMMs (cuBLAS / the CPU BLAS), see
+# NetworkArray._gemm_weight_gradients; TINN_VENDOR_WGRAD=0 keeps them in tinn's kernels (A/B runs, tests).
+VENDOR_WEIGHT_GRADIENTS = os.environ.get("TINN_VENDOR_WGRAD", "1") != "0"
 
 
 def parse_network_config(config, path: str = "network") -> dict:
@@ -199,22 +202,26 @@ class NetworkArray(torch.nn.Module):
         batch = x.shape[0]
         dev = x.device
         dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
-        dparams = torch.zeros_like(params)
-        if self.fused:
-            if batch:
-                tiles, chunks = routing
-                ts, _, f = self.fused_geometry
-                deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
-                FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
-                                   acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
-                                   want_dx, ts, f)
-                FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts,
-                                    deltas, dparams, *self._static_shape(), f)
+        gemm = batch > 0 and self.n_networks == 1 and VENDOR_WEIGHT_GRADIENTS
+        dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)  # the GEMMs write every weight
+        if not batch:
             return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
-        if batch:
+        if self.fused:
+            tiles, chunks = routing
+            ts, _, f = self.fused_geometry
+            FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
+                               acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
+                               want_dx, ts, f)
+        else:
             K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)
+        if gemm:
+            self._gemm_weight_gradients(x, acts, deltas, dparams)
+        elif self.fused:
+            FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
+                                acts, deltas, dparams, *self._static_shape(), f)
+        else:
             partial = torch.empty(routing.n_tiles, params.shape[1], device=dev)
             offset = 0
             for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
@@ -223,6 +230,21 @@ class NetworkArray(torch.nn.Module):
                 offset += fan_out * fan_in
             K.reduce_tiles(partial, routing.tile_net, dparams)
         return (dx if want_dx else None), dparams
+
+    def _gemm_weight_gradients(self, x, acts, deltas, dparams):
+        """One network: dW_l = deltas_l @ input_l^T over the whole batch, one vendor GEMM per layer.
+
+        With a single network the batch is one long reduction (K = batch), the shape cuBLAS's split-K
+        GEMMs are built for (tcnn computes its weight gradients with CUTLASS GEMMs the same way). Its
+        sorted order is the identity, so the feature-major deltas and activations line up with x's rows.
+        Plain float32 unless torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and
+        the unfused (CPU) backward alike: both keep deltas and activations feature-major by sorted position.
+        """
+        off = 0
+        for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
+            layer_input = x if l == 0 else acts[l - 1, :fan_in].t()   # (batch, fan_in)
+            torch.mm(deltas[l, :fan_out], layer_input, out=dparams[0, off:off + fan_out * fan_in].view(fan_out, fan_in))
+            off += fan_out * fan_in
 
     def memory_bytes(self) -> int:
         return self.params.numel() * self.params.element_size()
