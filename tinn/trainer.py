@@ -1,8 +1,9 @@
 """`Trainer`: model + loss + optimizer, tcnn style.
 
 `training_step(inputs, targets, net_ids)` runs forward, the loss kernel (which
-yields dLoss/dprediction directly), the hand-written backward through torch
-autograd, and one optimizer step. It returns the loss as a 0-d tensor so the
+yields dLoss/dprediction directly), the hand-written backward, and one optimizer
+step. On tinn's own models the backward kernels are called directly
+(`direct_step.py`); any other torch module goes through torch autograd. It returns the loss as a 0-d tensor so the
 caller decides when to sync.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from . import checkpoint, checks
 from .config import Section
+from .direct_step import DirectStep
 from .errors import CheckpointError, InputError
 from .losses import create_loss
 from .models import NetworkWithInputEncoding
@@ -31,6 +33,8 @@ class Trainer:
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
         self.step = 0
+        # tinn's own models step without torch autograd (see direct_step.py); others go through autograd.
+        self._direct = DirectStep.for_model(model)
 
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
@@ -66,11 +70,18 @@ class Trainer:
                       run_optimizer: bool = True) -> torch.Tensor:
         x, t, ids = self._inputs(inputs, targets, net_ids)
         self.optimizer.zero_grad()
+
+        def loss_of(pred):
+            return self.loss.evaluate(pred.detach(), t, net_ids=ids if self.track_per_network_loss else None,
+                                      n_networks=self.n_networks if self.track_per_network_loss else None)
+
         with checks.disabled():  # already validated
-            pred = self.model(x, ids)
-        result = self.loss.evaluate(pred.detach(), t, net_ids=ids if self.track_per_network_loss else None,
-                                    n_networks=self.n_networks if self.track_per_network_loss else None)
-        pred.backward(result.grad)
+            if self._direct is not None and self._direct.applies(x.shape[0]):
+                result = self._direct.run(x, ids, loss_of)  # same kernels and gradients, no autograd graph
+            else:
+                pred = self.model(x, ids)
+                result = loss_of(pred)
+                pred.backward(result.grad)
         if run_optimizer:
             self.optimizer.step()
             self.step += 1
