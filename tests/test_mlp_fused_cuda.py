@@ -60,3 +60,25 @@ def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks
 def test_sine_keeps_the_unfused_path():
     net = NetworkArray(3, 2, {"n_neurons": 16, "activation": "Sine"})
     assert not net.fused
+
+
+@pytest.mark.parametrize("n_networks,batch", [(1, 5000), (37, 9000)])
+def test_feature_major_inputs_match_row_major(n_networks, batch):
+    """A grid's feature-major output read in place: same outputs and input gradients (transposed) as
+    row-major inputs, same weight gradients up to summation order."""
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(3)
+    net = NetworkArray(32, 3, {"n_neurons": 64, "n_hidden_layers": 2}, n_networks=n_networks, seed=5)
+    x = torch.rand(batch, 32, generator=gen).to(dev)
+    ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32).to(dev)
+    dy = torch.randn(batch, 3, generator=gen).to(dev)
+    params = net.params.detach()
+    results = []
+    for fm in (False, True):
+        xin = x.t().contiguous() if fm else x
+        out, acts, pre, routing = net._forward_train(xin, ids, params, fm)
+        dx, dparams = net._backward(dy, xin, ids, params, acts, pre, out, routing, True, fm)
+        results.append((out, dx.t() if fm else dx, dparams))
+    (out0, dx0, dp0), (out1, dx1, dp1) = results
+    assert torch.equal(out0, out1) and torch.equal(dx0, dx1)
+    assert rel_err(dp0, dp1) < 1e-5

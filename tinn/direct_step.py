@@ -95,23 +95,28 @@ class DirectStep:
         encoding = self._encoding()
         grid = encoding if isinstance(encoding, GridEncoding) else None
         train_grid = grid is not None and grid.params.requires_grad
+        # A grid writes its features feature-major; the fused network reads them (and writes their
+        # gradient) that way, which saves a transpose each way.
+        feature_major = grid is not None and net.fused
         if encoding is None:
             h = x
         elif grid is not None:
             grid_ids = checks.net_ids(ids if grid.n_networks > 1 else None, x.shape[0], grid.n_networks)
-            h = grid._launch_forward(x, grid_ids, grid.params.detach(), 0)
+            lookup = grid._launch_forward_feature_major if feature_major else grid._launch_forward
+            h = lookup(x, grid_ids, grid.params.detach(), 0)
         else:
             with torch.no_grad():
                 h = encoding(x, ids if encoding.n_networks > 1 else None)
         params = net.params.detach()
-        out, acts, pre, routing = net._forward_train(h, ids, params)
+        out, acts, pre, routing = net._forward_train(h, ids, params, feature_major)
         result = loss_of(out)
-        dh, dparams = net._backward(result.grad.contiguous(), h, ids, params, acts, pre, out, routing, train_grid)
+        dh, dparams = net._backward(result.grad.contiguous(), h, ids, params, acts, pre, out, routing, train_grid,
+                                    feature_major)
         _accumulate(net.params, dparams)
         if train_grid:
             dgrid = torch.zeros_like(grid.params)
-            grid._launch_backward(x, grid_ids, grid.params.detach(), 0, dh.contiguous(), dgrid,
-                                  _placeholder(x.device), True, False)
+            grid._launch_backward(x, grid_ids, grid.params.detach(), 0, dh, dgrid, _placeholder(x.device), True,
+                                  False, dy_feature_major=feature_major)
             _accumulate(grid.params, dgrid)
         return result
 

@@ -170,17 +170,17 @@ class NetworkArray(torch.nn.Module):
             tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
         return tiles
 
-    def _launch_fused_forward(self, x, ids, params, keep_all):
+    def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False):
         ts, staged, f = self.fused_geometry
         tiles = self._fused_tiles(ids, train=keep_all)
-        batch = x.shape[0]
+        batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
                            device=x.device)
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
             t = tiles[0]
             FK.forward(x, t.order, t.tile_net, t.tile_start, t.tile_count, params, acts, out,
-                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f)
+                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f, x_fm)
         return out, acts, (tiles if keep_all else None)
 
     def _inference(self, x, ids):
@@ -190,18 +190,24 @@ class NetworkArray(torch.nn.Module):
         out, _, _ = self._launch_forward(x, ids, self.params.detach(), order, keep_all=False)
         return out
 
-    def _forward_train(self, x, ids, params):
+    def _forward_train(self, x, ids, params, x_feature_major=False):
+        """Forward keeping what the backward needs. `x_feature_major` (fused path only): x is (n_in, batch),
+        as a grid encoding writes it, and `_backward` then returns dx the same way."""
+        if x_feature_major and not self.fused:
+            raise ValueError("feature-major inputs need the fused kernels")
         if self.fused:
-            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True)
+            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_fm=x_feature_major)
             return out, acts, acts[:0], routing  # (the forward's tiles, the weight-gradient chunks)
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
 
-    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting], want_dx: bool):
-        batch = x.shape[0]
+    def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting],
+                  want_dx: bool, x_feature_major: bool = False):
+        batch = ids.shape[0]
         dev = x.device
-        dx = torch.empty(batch, self.n_input_dims, device=dev) if want_dx else torch.empty(1, 1, device=dev)
+        dx_shape = (self.n_input_dims, batch) if x_feature_major else (batch, self.n_input_dims)
+        dx = torch.empty(dx_shape, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         gemm = batch > 0 and self.n_networks == 1 and VENDOR_WEIGHT_GRADIENTS
         dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)  # the GEMMs write every weight
         if not batch:
@@ -212,15 +218,15 @@ class NetworkArray(torch.nn.Module):
             ts, _, f = self.fused_geometry
             FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
                                acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
-                               want_dx, ts, f)
+                               want_dx, ts, f, x_feature_major)
         else:
             K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)
         if gemm:
-            self._gemm_weight_gradients(x, acts, deltas, dparams)
+            self._gemm_weight_gradients(x.t() if x_feature_major else x, acts, deltas, dparams)
         elif self.fused:
             FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
-                                acts, deltas, dparams, *self._static_shape(), f)
+                                acts, deltas, dparams, *self._static_shape(), f, x_feature_major)
         else:
             partial = torch.empty(routing.n_tiles, params.shape[1], device=dev)
             offset = 0

@@ -22,9 +22,9 @@ P = sum(o * i for o, i in layer_shapes(n_in, w, n_out, L))
 params = torch.rand(N, P); x = torch.rand(B, n_in); acts = torch.rand(max(L - 1, 1), w, B); out = torch.rand(B, n_out)
 deltas = torch.rand(L, max(w, n_out), B); dx = torch.zeros(B, n_in); dp = torch.zeros_like(params)
 if which == "fwd":
-    FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, n_in, w, n_out, L, 1, 0, True, g.tile, False, g.features)
+    FK.forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, n_in, w, n_out, L, 1, 0, True, g.tile, False, g.features, False)
 elif which == "deltas":
-    FK.backward_deltas(out, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, deltas, dx, n_in, w, n_out, L, 1, 0, want_dx, g.tile, g.features)
+    FK.backward_deltas(out, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, deltas, dx, n_in, w, n_out, L, 1, 0, want_dx, g.tile, g.features, False)
 else:
-    FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts, deltas, dp, n_in, w, n_out, L, g.features)
+    FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts, deltas, dp, n_in, w, n_out, L, g.features, False)
 print("ran (unexpected on CPU)")

@@ -261,14 +261,19 @@ class GridEncoding(Encoding):
 
     def _launch_forward(self, x, net_ids, params, off) -> torch.Tensor:
         """(batch, n_output_dims) features; the kernel writes them feature-major (coalesced), then one transpose."""
+        return self._launch_forward_feature_major(x, net_ids, params, off).t().contiguous()
+
+    def _launch_forward_feature_major(self, x, net_ids, params, off) -> torch.Tensor:
+        """(n_output_dims, batch) features, as the kernel writes them (a fused network reads them so)."""
         f, interp, gtype = self._codes()
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         K.grid_forward(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
-        return out_t.t().contiguous()
+        return out_t
 
-    def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x):
+    def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x,
+                         dy_feature_major=False):
         f, interp, gtype = self._codes()
-        dy_t = dy.t().contiguous()  # feature-major, read coalesced by the kernel
+        dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
         first_level = 0
         if want_params and params.shape[0] == 1 and self._shared_levels:
             # A single grid: coarse levels are summed per block in shared memory first.

@@ -161,16 +161,23 @@ def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template
 
 @ti.func
 def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), start, count, tid,
-              n: ti.template(), TS: ti.template(), TSP: ti.template()):
-    """Tile rows x[order[start + s], 0:n] into sh[base + k * TSP + s]; zeros past `count`."""
+              n: ti.template(), TS: ti.template(), TSP: ti.template(), feature_major: ti.template() = False):
+    """Tile rows x[order[start + s], 0:n] into sh[base + k * TSP + s]; zeros past `count`.
+
+    With `feature_major` the caller's array is x[k, sample] (an encoding's output as its kernel
+    wrote it): the loop then walks samples fastest, coalesced when the order is the identity.
+    """
     for j in range((TS * n + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
-        s = idx // n
-        k = idx % n
-        if s < TS:
+        s = idx % TS if ti.static(feature_major) else idx // n
+        k = idx // TS if ti.static(feature_major) else idx % n
+        if k < n and s < TS:
             v = 0.0
             if s < count:
-                v = x[order[start + s], k]
+                if ti.static(feature_major):
+                    v = x[k, order[start + s]]
+                else:
+                    v = x[order[start + s], k]
             sh[base + k * TSP + s] = v
 
 
@@ -196,15 +203,18 @@ def store_block(sh: ti.template(), base, acc: ti.template(), lane_s, lane_o, n_r
 
 @ti.func
 def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), start, count, tid,
-               n: ti.template(), TS: ti.template(), TSP: ti.template()):
-    """Feature-major tile back to caller rows y[order[start + s], 0:n] (coalesced along the row)."""
+               n: ti.template(), TS: ti.template(), TSP: ti.template(), feature_major: ti.template() = False):
+    """Feature-major tile back to caller rows y[order[start + s], 0:n] (coalesced along the row), or
+    with `feature_major` to y[k, order[start + s]]."""
     for j in range((TS * n + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
-        s = idx // n
-        k = idx % n
-        if s < count:
-            y[order[start + s], k] = sh[base + k * TSP + s]
-
+        s = idx % TS if ti.static(feature_major) else idx // n
+        k = idx // TS if ti.static(feature_major) else idx % n
+        if k < n and s < count:
+            if ti.static(feature_major):
+                y[k, order[start + s]] = sh[base + k * TSP + s]
+            else:
+                y[order[start + s], k] = sh[base + k * TSP + s]
 
 
 @fast_kernel
@@ -214,9 +224,10 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), staged: ti.template(), F: ti.template(),
+    TS: ti.template(), staged: ti.template(), F: ti.template(), x_fm: ti.template(),
 ):
-    """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position]."""
+    """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
+    x_fm: x is feature-major, (n_in, batch)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     A = ti.static(0)
@@ -234,7 +245,7 @@ def forward(
         if count > 0:  # uniform per block: padding tiles skip every barrier together
             net = tile_net[t]
             start = tile_start[t]
-            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP)
+            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm)
             if ti.static(staged):
                 load_weights(sh, WB, params, net, 0, tid, shapes[0][0], shapes[0][1], WP)
             ti.simt.block.sync()
@@ -268,10 +279,11 @@ def backward_deltas(
     params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(),
+    F: ti.template(), x_fm: ti.template(),
 ):
     """The forward's mirror image, on the forward's tiles: deltas[l, o, position] = dLoss/d(output o of layer l)
-    (pre-activation), layer by layer downwards with W^T; dx = the deltas of the input when want_dx."""
+    (pre-activation), layer by layer downwards with W^T; dx = the deltas of the input when want_dx
+    (feature-major, (n_in, batch), with x_fm)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     G = ti.static(0)
@@ -327,7 +339,7 @@ def backward_deltas(
                     store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
                     ti.simt.block.sync()
             if ti.static(want_dx):
-                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP)
+                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
                 ti.simt.block.sync()
 
 
@@ -352,6 +364,7 @@ def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
     acts: f32_3d, deltas: f32_3d, dparams: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(), F: ti.template(),
+    x_fm: ti.template(),
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
@@ -388,7 +401,7 @@ def weight_gradients(
                         count = ti.min(KS, total - step * KS)
                         load_features(sh, GB, deltas, l, row0, rows, start, count, tid, KS, KSP)
                         if ti.static(l == 0):
-                            load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP)
+                            load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_fm)
                         else:
                             load_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                         ti.simt.block.sync()
