@@ -13,6 +13,13 @@ import torch
 
 from .. import runtime
 from ..errors import InputError
+from ..kernels import image_sampling
+
+
+def _as_i32(value: int) -> int:
+    """The low 32 bits of `value` as a signed int32 (the kernel reads them back as u32)."""
+    value &= 0xFFFF_FFFF
+    return value - (1 << 32) if value >= (1 << 31) else value
 
 
 def default_image(size: int = 256) -> np.ndarray:
@@ -74,7 +81,13 @@ class ImageTask:
         self.image = torch.from_numpy(np.ascontiguousarray(image)).to(self.device)  # (H, W, 3)
         self.height, self.width = self.image.shape[:2]
         self.tiles = tiles
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        # Batches come from a stateless hash of (seed, step, sample): a 32-bit seed (a 64-bit one folded in)
+        # and a step counter.
+        seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+        self.seed = (seed ^ ((seed >> 32) * 0x9E3779B1)) & 0xFFFF_FFFF
+        self.step = 0
+        self._image_f32 = self.image.float().contiguous()  # the sampling kernel's view (no copy if float32)
+        self._no_xy = torch.empty(1, 2, dtype=torch.float32, device=self.device)
         ys = (torch.arange(self.height, device=self.device) + 0.5) / self.height
         xs = (torch.arange(self.width, device=self.device) + 0.5) / self.width
         gy, gx = torch.meshgrid(ys, xs, indexing="ij")
@@ -109,11 +122,27 @@ class ImageTask:
         ids = (cell[:, 1] * self.tiles + cell[:, 0]).to(torch.int32)
         return local, ids
 
-    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Random training batch: (inputs, targets, net_ids)."""
-        xy = torch.rand(size, 2, device=self.device, generator=self.gen)
-        local, ids = self.route(xy)
-        return local, self.lookup(xy), ids
+    def batch(self, size: int, *, return_xy: bool = False):
+        """Random training batch: (inputs, targets, net_ids), plus the global xy if `return_xy`.
+
+        One kernel launch: uniform xy in [0,1)^2 from a hash of (seed, step, sample), routed as
+        `route` and looked up as `lookup` do. Each call advances the step, so consecutive batches
+        differ; a task built with the same seed repeats the same batches. Outputs are new tensors.
+        """
+        size = int(size)
+        if size < 0:
+            raise InputError(f"batch size {size} must be >= 0")
+        step = self.step
+        self.step += 1
+        dev = self.device
+        local = torch.empty(size, 2, dtype=torch.float32, device=dev)
+        targets = torch.empty(size, self._image_f32.shape[2], dtype=torch.float32, device=dev)
+        ids = torch.empty(size, dtype=torch.int32, device=dev)
+        xy = torch.empty(size, 2, dtype=torch.float32, device=dev) if return_xy else self._no_xy
+        if size > 0:
+            image_sampling.sample_image_batch(self._image_f32, _as_i32(self.seed), _as_i32(step), self.tiles,
+                                              local, targets, ids, xy, int(return_xy))
+        return (local, targets, ids, xy) if return_xy else (local, targets, ids)
 
     def render(self, model, chunk: int = 1 << 18) -> torch.Tensor:
         """The model's prediction at every pixel centre, (H, W, 3)."""
