@@ -59,6 +59,22 @@ def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False)
     return t.contiguous()
 
 
+_ZERO_IDS: dict = {}
+
+
+def _zero_ids(batch: int) -> torch.Tensor:
+    """All-zero ids for a single network, kept per batch size: a training loop asks for the same size
+    every step, and kernels only read ids (callers must not write into the returned tensor)."""
+    dev = runtime.device()
+    key = (batch, dev)
+    ids = _ZERO_IDS.get(key)
+    if ids is None:
+        if len(_ZERO_IDS) >= 8:
+            _ZERO_IDS.clear()
+        ids = _ZERO_IDS[key] = torch.zeros(batch, dtype=torch.int32, device=dev)
+    return ids
+
+
 def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     """Validate per-sample network ids; returns an int32 contiguous tensor.
 
@@ -67,7 +83,7 @@ def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     if ids is None:
         if n_networks != 1:
             raise InputError(f"net_ids is required: this array holds {n_networks} networks")
-        return torch.zeros(batch, dtype=torch.int32, device=runtime.device())
+        return _zero_ids(batch)
     if not isinstance(ids, torch.Tensor):
         raise InputError(f"net_ids must be a torch.Tensor of int32, got {type(ids).__name__}")
     if ids.dtype not in (torch.int32, torch.int64):
