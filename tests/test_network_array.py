@@ -83,6 +83,17 @@ def test_single_network_gemm_weight_gradients(width, depth, hidden, monkeypatch)
     assert not torch.equal(grads[0], torch.zeros_like(grads[0]))
 
 
+@pytest.mark.parametrize("k,max_slices", [(5000, 3), (4096, 4), (1500, 8), (900, 8)])
+def test_long_k_gemm_slices_and_remainder(k, max_slices, device):
+    """a @ b^T cut into K slices (plus a remainder GEMM): the float64 product, for strided operands."""
+    gen = torch.Generator().manual_seed(k)
+    a = torch.randn(64, k + 3, generator=gen)[:5, :k].to(device)          # row stride != k
+    b = torch.randn(k, 7, generator=gen).to(device).t()                    # (7, k) with column stride 7
+    out = torch.empty(5, 7, device=device)
+    networks.mm_long_k(a, b, out, max_slices=max_slices)
+    assert rel_err(out, a.double() @ b.double().t()) < 1e-5
+
+
 def test_single_network_without_ids(device):
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
     x = torch.rand(50, 3, device=device)

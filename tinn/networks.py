@@ -26,6 +26,8 @@ MAX_NETWORKS = 1 << 20
 # A single network's weight gradients as vendor GEMMs (cuBLAS / the CPU BLAS), see
 # NetworkArray._gemm_weight_gradients; TINN_VENDOR_WGRAD=0 keeps them in tinn's kernels (A/B runs, tests).
 VENDOR_WEIGHT_GRADIENTS = os.environ.get("TINN_VENDOR_WGRAD", "1") != "0"
+MAX_K_SLICES = int(os.environ.get("TINN_WGRAD_SLICES", 256))  # split-K of those GEMMs on CUDA (see mm_long_k)
+MIN_K_SLICE = 1024
 
 
 def parse_network_config(config, path: str = "network") -> dict:
@@ -42,6 +44,29 @@ def parse_network_config(config, path: str = "network") -> dict:
         "activation": activation_code(cfg, "activation", "ReLU"),
         "output_activation": activation_code(cfg, "output_activation", "None"),
     }
+
+
+def mm_long_k(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, max_slices: int | None = None) -> None:
+    """out = a @ b^T for (M, K) and (N, K) operands with K (the batch) far larger than M and N.
+
+    On CUDA cuBLAS gives such a GEMM few blocks (measured on an H100 at K = 2^18: 11-18 TFLOP/s); cutting
+    K into slices, one batched GEMM over them and a sum of the slice products ran 1.6x faster
+    (benchmarks/debug/wgrad_gemm_ab.py). Elsewhere one plain GEMM.
+    """
+    k = a.shape[1]
+    if max_slices is None:
+        max_slices = MAX_K_SLICES if a.is_cuda else 1
+    slices = min(max_slices, k // MIN_K_SLICE)
+    if slices < 2:
+        torch.mm(a, b.t(), out=out)
+        return
+    step = k // slices
+    main = slices * step
+    a_slices = a[:, :main].reshape(a.shape[0], slices, step).transpose(0, 1)   # (S, M, step)
+    b_slices = b[:, :main].reshape(b.shape[0], slices, step).permute(1, 2, 0)  # (S, step, N)
+    torch.sum(torch.bmm(a_slices, b_slices), 0, out=out)
+    if main < k:
+        out.addmm_(a[:, main:], b[:, main:].t())
 
 
 class _MLPArrayFn(torch.autograd.Function):
@@ -223,7 +248,7 @@ class NetworkArray(torch.nn.Module):
             K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
                               self.hidden_act, self.output_act, self.keep_pre, want_dx)
         if gemm:
-            self._gemm_weight_gradients(x.t() if x_feature_major else x, acts, deltas, dparams)
+            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dparams)
         elif self.fused:
             FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
                                 acts, deltas, dparams, *self._static_shape(), f, x_feature_major)
@@ -237,19 +262,20 @@ class NetworkArray(torch.nn.Module):
             K.reduce_tiles(partial, routing.tile_net, dparams)
         return (dx if want_dx else None), dparams
 
-    def _gemm_weight_gradients(self, x, acts, deltas, dparams):
-        """One network: dW_l = deltas_l @ input_l^T over the whole batch, one vendor GEMM per layer.
+    def _gemm_weight_gradients(self, x_t, acts, deltas, dparams):
+        """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
 
-        With a single network the batch is one long reduction (K = batch), the shape cuBLAS's split-K
-        GEMMs are built for (tcnn computes its weight gradients with CUTLASS GEMMs the same way). Its
-        sorted order is the identity, so the feature-major deltas and activations line up with x's rows.
-        Plain float32 unless torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and
-        the unfused (CPU) backward alike: both keep deltas and activations feature-major by sorted position.
+        With a single network the batch is one long reduction (K = batch), what split-K GEMMs are for
+        (tcnn computes its weight gradients with CUTLASS GEMMs the same way). Its sorted order is the
+        identity, so the feature-major deltas and activations line up with the input's samples; `x_t`
+        is the network input as (n_in, batch), a view of either layout. Plain float32 unless
+        torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and the unfused (CPU)
+        backward alike: both keep deltas and activations feature-major by sorted position.
         """
         off = 0
         for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
-            layer_input = x if l == 0 else acts[l - 1, :fan_in].t()   # (batch, fan_in)
-            torch.mm(deltas[l, :fan_out], layer_input, out=dparams[0, off:off + fan_out * fan_in].view(fan_out, fan_in))
+            layer_input = x_t if l == 0 else acts[l - 1, :fan_in]   # (fan_in, batch)
+            mm_long_k(deltas[l, :fan_out], layer_input, dparams[0, off:off + fan_out * fan_in].view(fan_out, fan_in))
             off += fan_out * fan_in
 
     def memory_bytes(self) -> int:

@@ -54,7 +54,9 @@ SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
 # unrolling by 2 took the backward deltas from 9.4 to 7.6 ms but the forward from 4.8 to 5.3 ms.
 UNROLL_FORWARD = int(os.environ.get("TINN_FUSED_UNROLL_FWD", 1))
 UNROLL_BACKWARD = int(os.environ.get("TINN_FUSED_UNROLL_BWD", 2))
-PREFETCH_DERIVATIVE = os.environ.get("TINN_FUSED_PREFETCH_DERIVATIVE", "0") == "1"
+# backward_deltas loads the activation derivative before each layer's GEMM instead of after it:
+# measured on an H100 (image config, 2^18 samples) 0.65 -> 0.41 ms.
+PREFETCH_DERIVATIVE = os.environ.get("TINN_FUSED_PREFETCH_DERIVATIVE", "1") == "1"
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
 GRAD_STEP = int(os.environ.get("TINN_FUSED_GRAD_STEP", 32))  # samples staged per weight-gradient step
 
