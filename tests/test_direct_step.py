@@ -118,3 +118,19 @@ def test_models_it_does_not_cover():
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setattr("tinn.direct_step.ENABLED", False)
     assert DirectStep.for_model(make("grid")) is None
+
+
+def test_replaced_submodules_are_followed():
+    """The step reads the model's parts at every call: a swapped-in network is the one trained, and a
+    swapped-in encoding it does not cover sends the step to autograd."""
+    model = make("grid")
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "SGD", "learning_rate": 1.0})
+    model.network = NetworkArray(model.encoding.n_output_dims, 3, NET, seed=9)
+    before = model.network.params.detach().clone()
+    trainer.optimizer = tinn.optimizers.create_optimizer({"otype": "SGD", "learning_rate": 1.0},
+                                                         list(model.named_parameters()))
+    trainer.training_step(*batch(1, 0))
+    assert not torch.equal(model.network.params, before)
+    composite = {"otype": "Composite", "nested": [{**GRID, "n_dims_to_encode": 2, "otype": "DenseGrid"}]}
+    model.encoding = tinn.encodings.create_encoding(2, composite)
+    assert not trainer._direct.applies(10)

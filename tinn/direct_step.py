@@ -40,36 +40,35 @@ def _accumulate(p: torch.Tensor, grad: torch.Tensor) -> None:
 
 
 class DirectStep:
-    def __init__(self, model: torch.nn.Module, network: NetworkArray, encoding_part: torch.nn.Module | None):
+    def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.network = network
-        self.encoding_part = encoding_part  # the model's encoding submodule (a tcnn-style wrapper or tinn's own)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module) -> "DirectStep | None":
         """The direct step for `model`, or None when its kind needs torch autograd."""
-        if not ENABLED:
-            return None
-        if type(model).forward not in _standard_forwards():
+        if not ENABLED or type(model).forward not in _standard_forwards():
             return None  # another model, or a subclass with its own forward
-        if isinstance(model, NetworkArray):
-            return cls(model, model, None)
-        network, encoding = model.network, model.encoding
-        impl = getattr(encoding, "impl", encoding)
-        if impl.params is not None and not isinstance(impl, GridEncoding):
-            return None  # e.g. Composite with tables: its own autograd functions
-        return cls(model, network, encoding)
+        step = cls(model)
+        return step if step._parts() is not None else None
 
     # ---- when it applies ----------------------------------------------------------------------
-    def _encoding(self):
-        part = self.encoding_part
-        if part is None:
+    def _parts(self):
+        """(network, encoding submodule or None, the tinn encoding or None), read from the model on every
+        call (a submodule may have been replaced since), or None when they are not ones it knows."""
+        model = self.model
+        if isinstance(model, NetworkArray):
+            return model, None, None
+        network, part = getattr(model, "network", None), getattr(model, "encoding", None)
+        if not isinstance(network, NetworkArray) or part is None:
             return None
-        sync = getattr(part, "_sync_impl", None)  # tcnn-style wrapper: re-binds and checks its table
-        return sync() if sync is not None else part
+        impl = getattr(part, "impl", part)  # tcnn-style wrapper or tinn's own encoding
+        if impl.params is not None and not isinstance(impl, GridEncoding):
+            return None  # e.g. Composite with tables: its own autograd functions
+        return network, part, impl
 
     def applies(self, batch: int) -> bool:
-        if batch == 0 or not self.network.params.requires_grad:
+        parts = self._parts()
+        if parts is None or batch == 0 or not parts[0].params.requires_grad:
             return False
         from .torch import _foreign_stream
         if _foreign_stream() is not None:
@@ -77,11 +76,13 @@ class DirectStep:
         module_mod = torch.nn.modules.module
         if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOKS):
             return False
-        for m in self.model.modules():
-            if any(getattr(m, name, None) for name in _MODULE_HOOKS):
+        network, part, impl = parts
+        # The model's own modules, listed (walking model.modules() costs more than the rest of this check).
+        for m in (self.model, network, part, impl):
+            if m is not None and any(getattr(m, name, None) for name in _MODULE_HOOKS):
                 return False
-        for p in self.model.parameters():
-            if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
+        for p in (network.params, None if impl is None else impl.params):
+            if p is not None and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)):
                 return False
         return True
 
@@ -89,10 +90,11 @@ class DirectStep:
     def run(self, x: torch.Tensor, ids: torch.Tensor, loss_of):
         """Forward, `loss_of(prediction)` (a loss result with `.grad`), backward into `.grad`; returns the result."""
         from . import torch as tcnn_api
-        net = self.network
+        net, part, _ = self._parts()
         if isinstance(net, tcnn_api.NetworkArray):  # what its forward checks before a launch
             tcnn_api._check_params("params", net.params, (net.n_networks, net.n_params_per_network()))
-        encoding = self._encoding()
+        sync = getattr(part, "_sync_impl", None)  # tcnn-style wrapper: re-binds and checks its table
+        encoding = sync() if sync is not None else part
         grid = encoding if isinstance(encoding, GridEncoding) else None
         train_grid = grid is not None and grid.params.requires_grad
         # A grid writes its features feature-major; the fused network reads them (and writes their
