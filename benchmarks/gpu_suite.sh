@@ -14,7 +14,7 @@ run() { local name=$1; local limit=$2; shift 2; echo "== $name"; timeout "$limit
 part=${1:-kernels}
 if [ "$part" = kernels ]; then
   TINN_ARCH=cuda run tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py \
-    tests/test_launch.py tests/test_encodings_cuda.py tests/test_direct_step.py tests/test_network_array.py
+    tests/test_launch.py tests/test_encodings_cuda.py tests/test_direct_step.py tests/test_network_array.py tests/test_image_sampling.py
   TAIL=16 run profile_image 150 python3 benchmarks/profile_image.py --json "$OUT/profile_image.json"
   TAIL=6 run bench_target 200 python3 benchmarks/bench_mlp_array.py --networks 4096 --log2-samples 22 \
     --routing even,sorted,ragged --unfused --json "$OUT/bench_target.json"
