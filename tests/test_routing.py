@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import tinn
+from tinn import routing
 from tinn.routing import route, route_bounded
 
 
@@ -42,3 +44,26 @@ def test_bounded_tiles_agree_with_synced_routing():
 def test_empty_batch_has_only_padding():
     r = route_bounded(torch.zeros(0, dtype=torch.int32), 16, 128)
     assert int(r.tile_count.sum()) == 0
+
+
+def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
+    """The fused path's routing: forward tiles, weight-gradient chunks and backward-deltas tiles come from
+    one sort; with equal forward/backward tile sizes the backward reuses the forward's tiles."""
+    from tinn.kernels import mlp_fused as FK
+    from tinn.networks import NetworkArray
+
+    net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
+    ids = torch.randint(0, 6, (5000,), dtype=torch.int32, device=tinn.runtime.device())
+    for backward_tile, n_sizes in ((64, 2), (32, 3)):
+        calls = []
+        real = routing.route_fused
+        monkeypatch.setattr("tinn.networks.route_fused", lambda i, n, sizes: calls.append(sizes) or real(i, n, sizes))
+        net.fused_geometry = FK.Geometry(64, False, 16, backward_tile)
+        fwd, chunks, bwd = net._fused_tiles(ids, train=True)
+        assert len(calls) == 1 and len(calls[0]) == n_sizes  # one sort, one call
+        assert (bwd is fwd) == (backward_tile == 64)
+        for t, size in ((fwd, 64), (bwd, backward_tile)):
+            counts = t.tile_count.long()
+            assert int(counts.max()) <= size and int(counts.sum()) == ids.shape[0]
+            assert torch.equal(t.order, chunks.order)
+        assert len(net._fused_tiles(ids, train=False)) == 1

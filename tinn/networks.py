@@ -183,20 +183,25 @@ class NetworkArray(torch.nn.Module):
         return out, acts, pre
 
     def _fused_tiles(self, ids, train: bool) -> tuple[TileRouting, ...]:
-        """Forward tiles, plus the weight-gradient chunks when training (one sort for both)."""
-        sizes = (self.fused_geometry.tile,) + ((FK.grad_chunk(ids.shape[0]),) if train else ())
+        """Forward tiles, plus when training the weight-gradient chunks and the backward-deltas tiles
+        (one sort for all; the backward reuses the forward's tiles when both have one size)."""
+        g = self.fused_geometry
+        sizes = (g.tile,) + ((FK.grad_chunk(ids.shape[0]), g.backward_tile) if train else ())
+        if train and g.backward_tile == g.tile:
+            sizes = sizes[:2]
         if self.n_networks > 1:
-            return route_fused(ids, self.n_networks, sizes)
-        key = (ids.shape[0], train)
-        tiles = self._single_network_tiles.get(key)
-        if tiles is None:
-            if len(self._single_network_tiles) >= 4:
-                self._single_network_tiles.clear()
-            tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
-        return tiles
+            tiles = route_fused(ids, self.n_networks, sizes)
+        else:
+            key = (ids.shape[0], train)
+            tiles = self._single_network_tiles.get(key)
+            if tiles is None:
+                if len(self._single_network_tiles) >= 4:
+                    self._single_network_tiles.clear()
+                tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
+        return tiles + (tiles[0],) if train and len(tiles) == 2 else tiles
 
     def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False):
-        ts, staged, f = self.fused_geometry
+        ts, staged, f, _ = self.fused_geometry
         tiles = self._fused_tiles(ids, train=keep_all)
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -222,7 +227,7 @@ class NetworkArray(torch.nn.Module):
             raise ValueError("feature-major inputs need the fused kernels")
         if self.fused:
             out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_fm=x_feature_major)
-            return out, acts, acts[:0], routing  # (the forward's tiles, the weight-gradient chunks)
+            return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
         routing = route(ids, self.n_networks, self.tile_size)
         out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
         return out, acts, pre, routing
@@ -239,8 +244,8 @@ class NetworkArray(torch.nn.Module):
             return (dx if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         if self.fused:
-            tiles, chunks = routing
-            ts, _, f = self.fused_geometry
+            chunks, tiles = routing
+            _, _, f, ts = self.fused_geometry
             FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
                                acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
                                want_dx, ts, f, x_feature_major)
