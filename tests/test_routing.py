@@ -67,3 +67,29 @@ def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
             assert int(counts.max()) <= size and int(counts.sum()) == ids.shape[0]
             assert torch.equal(t.order, chunks.order)
         assert len(net._fused_tiles(ids, train=False)) == 1
+
+
+def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
+    """Plumbing of the fused training path, kernels stubbed (they run on CUDA only): the forward gets the
+    forward tiles and size, the deltas kernel the backward tiles and size, the weight gradients the chunks."""
+    from tinn.kernels import mlp_fused as FK
+    from tinn.networks import NetworkArray
+
+    net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
+    net.fused, net.fused_geometry = True, FK.Geometry(64, False, 16, 32)
+    seen = {}
+    monkeypatch.setattr(FK, "forward", lambda *a: seen.setdefault("forward", a))
+    monkeypatch.setattr(FK, "backward_deltas", lambda *a: seen.setdefault("deltas", a))
+    monkeypatch.setattr(FK, "weight_gradients", lambda *a: seen.setdefault("wgrad", a))
+    dev = tinn.runtime.device()
+    ids = torch.randint(0, 6, (3000,), dtype=torch.int32, device=dev)
+    x = torch.rand(3000, 4, device=dev)
+    params = net.params.detach()
+    out, acts, pre, fused_routing = net._forward_train(x, ids, params)
+    net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True)
+    fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
+    assert int(fwd_counts.max()) == 64 and seen["forward"][-4] == 64  # (..., TS, staged, F, x_fm)
+    assert int(deltas_counts.max()) == 32 and seen["deltas"][-3] == 32  # (..., TS, F, x_fm)
+    assert int(chunk_counts.max()) == FK.grad_chunk(3000)
+    for counts in (fwd_counts, deltas_counts, chunk_counts):
+        assert int(counts.sum()) == 3000
