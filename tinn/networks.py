@@ -186,9 +186,9 @@ class NetworkArray(torch.nn.Module):
         """Forward tiles, plus when training the weight-gradient chunks and the backward-deltas tiles
         (one sort for all; the backward reuses the forward's tiles when both have one size)."""
         g = self.fused_geometry
-        sizes = (g.tile,) + ((FK.grad_chunk(ids.shape[0]), g.backward_tile) if train else ())
-        if train and g.backward_tile == g.tile:
-            sizes = sizes[:2]
+        separate_backward = train and g.backward_tile != g.tile
+        sizes = (g.tile,) + ((FK.grad_chunk(ids.shape[0]),) if train else ()) + \
+            ((g.backward_tile,) if separate_backward else ())
         if self.n_networks > 1:
             tiles = route_fused(ids, self.n_networks, sizes)
         else:
@@ -198,7 +198,7 @@ class NetworkArray(torch.nn.Module):
                 if len(self._single_network_tiles) >= 4:
                     self._single_network_tiles.clear()
                 tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
-        return tiles + (tiles[0],) if train and len(tiles) == 2 else tiles
+        return tiles if not train or separate_backward else tiles + (tiles[0],)
 
     def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False):
         ts, staged, f, _ = self.fused_geometry

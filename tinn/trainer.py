@@ -3,8 +3,8 @@
 `training_step(inputs, targets, net_ids)` runs forward, the loss kernel (which
 yields dLoss/dprediction directly), the hand-written backward, and one optimizer
 step. On tinn's own models the backward kernels are called directly
-(`direct_step.py`); any other torch module goes through torch autograd. It returns the loss as a 0-d tensor so the
-caller decides when to sync.
+(`direct_step.py`); any other torch module goes through torch autograd. It
+returns the loss as a 0-d tensor so the caller decides when to sync.
 """
 from __future__ import annotations
 
