@@ -13,9 +13,11 @@ row for the same reason). For the same reason features travel feature-major
 neighbouring addresses; the Python side transposes once (measured 1.4x faster forward
 on an H100 than writing sample-major rows).
 
-The number of input dims `D` is a template (2, 3, 4): the corner loops unroll over 2^D
-corners and the per-dimension loops stay in registers; features per level and everything
-else are runtime arguments, so only three instances per kernel are ever compiled.
+The number of input dims `D` and of features per level `F` are templates: the corner and feature
+loops unroll, so table offsets are constants and the per-dimension values stay in registers
+(F as a runtime int cost the backward a loop and its index arithmetic per feature). Everything
+else (levels, resolutions, interpolation, grid type) is a runtime argument, so one instance per
+(D, F) pair in use is compiled. The second-order kernel keeps F dynamic: it is a rare path.
 
 Atomics: parameter gradients are scattered with float32 atomics (tcnn's fp16 ones would lose
 precision here). Contention is kept down by the level-major order (a warp's adds go to one
@@ -95,7 +97,14 @@ def _entry(cell, corner, res, size, grid_type, meta: ti.template(), D: ti.templa
         for d in ti.static(range(D)):
             h ^= ti.cast(cell[d] + ((corner >> d) & 1), ti.u32) * ti.cast(meta[meta.shape[0] - 1, d], ti.u32)
         index = h
-    return ti.cast(index % size_u, ti.i32)
+    # Dense levels that fit are already in range; hashed tables are powers of two (tcnn's sizes), so a
+    # mask replaces the 32-bit division that `%` costs on a GPU. Same result as `index % size` always.
+    if index >= size_u:
+        if size_u & (size_u - ti.u32(1)) == ti.u32(0):
+            index &= size_u - ti.u32(1)
+        else:
+            index %= size_u
+    return ti.cast(index, ti.i32)
 
 
 @ti.func
@@ -129,27 +138,27 @@ def _dweight(s, ds, c: ti.template(), k: ti.template(), D: ti.template()):
 @fast_kernel
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
-                 n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, D: ti.template()):
+                 F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template()):
     """out_t[level * F + f, b] = features (feature-major)."""
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
         net = net_ids[b]
         scale = ti.bit_cast(meta[level, 3], ti.f32)
         res, size = meta[level, 1], meta[level, 2]
-        base = param_offset + meta[level, 0] * n_features
-        col = level * n_features
+        base = param_offset + meta[level, 0] * F
+        col = level * F
         cell, frac = _lattice(x, b, scale, D)
         if interp == NEAREST:
-            e = base + _entry(cell, 0, res, size, grid_type, meta, D) * n_features
-            for f in range(n_features):
+            e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+            for f in ti.static(range(F)):
                 out_t[col + f, b] = params[net, e + f]
         else:
             s, ds, dds = _smooth(frac, interp, D)
             idx = ti.Vector([0] * (1 << D), dt=ti.i32)
             w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
             for c in ti.static(range(1 << D)):
-                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * n_features
+                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
                 w[c] = _weight(s, c, D)
-            for f in range(n_features):
+            for f in ti.static(range(F)):
                 acc = 0.0
                 for c in ti.static(range(1 << D)):
                     acc += w[c] * params[net, idx[c] + f]
@@ -159,7 +168,7 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
 @fast_kernel
 @ti.kernel
 def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
-                  dparams: f32_2d, dx: f32_2d, n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
+                  dparams: f32_2d, dx: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32,
                   want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template()):
     """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed.
     dy_t is feature-major like the forward output. Levels below first_level are skipped (the shared-memory
@@ -169,15 +178,15 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
         net = net_ids[b]
         scale = ti.bit_cast(meta[level, 3], ti.f32)
         res, size = meta[level, 1], meta[level, 2]
-        base = param_offset + meta[level, 0] * n_features
-        col = level * n_features
+        base = param_offset + meta[level, 0] * F
+        col = level * F
         cell, frac = _lattice(x, b, scale, D)
         params_here = want_params != 0 and level >= first_level
         if interp == NEAREST:
             # Piecewise constant: no input gradient, one entry per feature receives dy.
             if params_here:
-                e = base + _entry(cell, 0, res, size, grid_type, meta, D) * n_features
-                for f in range(n_features):
+                e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                for f in ti.static(range(F)):
                     g = dy_t[col + f, b]
                     if g != 0.0:
                         ti.atomic_add(dparams[net, e + f], g)
@@ -186,17 +195,17 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
             idx = ti.Vector([0] * (1 << D), dt=ti.i32)
             w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
             for c in ti.static(range(1 << D)):
-                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * n_features
+                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
                 w[c] = _weight(s, c, D)
             if params_here:
-                for f in range(n_features):
+                for f in ti.static(range(F)):
                     g = dy_t[col + f, b]
                     if g != 0.0:
                         for c in ti.static(range(1 << D)):
                             ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
             if want_x:
                 vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)  # corner value . dy, summed over features
-                for f in range(n_features):
+                for f in ti.static(range(F)):
                     g = dy_t[col + f, b]
                     for c in ti.static(range(1 << D)):
                         vg[c] += g * params[net, idx[c] + f]
@@ -223,7 +232,7 @@ def shared_levels(sizes: list[int], n_features: int) -> int:
 @fast_kernel
 @ti.kernel
 def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d, dparams: f32_2d,
-                         n_features: ti.i32, interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template()):
+                         F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template()):
     """dL/dparams (+=) of levels [0, n_levels) of a single grid (dparams row 0), CUDA only.
 
     One block per (level, chunk of SHARED_CHUNK samples): scatter into a zeroed shared copy of the
@@ -239,8 +248,8 @@ def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f3
         sh = ti.simt.block.SharedArray((SHARED_FLOATS,), ti.f32)
         scale = ti.bit_cast(meta[level, 3], ti.f32)
         res, size = meta[level, 1], meta[level, 2]
-        n_floats = size * n_features
-        col = level * n_features
+        n_floats = size * F
+        col = level * F
         for j in range((n_floats + SHARED_BLOCK - 1) // SHARED_BLOCK):
             idx = j * SHARED_BLOCK + tid
             if idx < n_floats:
@@ -251,23 +260,23 @@ def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f3
             if b < x.shape[0]:
                 cell, frac = _lattice(x, b, scale, D)
                 if interp == NEAREST:
-                    e = _entry(cell, 0, res, size, grid_type, meta, D) * n_features
-                    for f in range(n_features):
+                    e = _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    for f in ti.static(range(F)):
                         ti.atomic_add(sh[e + f], dy_t[col + f, b])
                 else:
                     s, ds, dds = _smooth(frac, interp, D)
                     idx = ti.Vector([0] * (1 << D), dt=ti.i32)
                     w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
                     for c in ti.static(range(1 << D)):
-                        idx[c] = _entry(cell, c, res, size, grid_type, meta, D) * n_features
+                        idx[c] = _entry(cell, c, res, size, grid_type, meta, D) * F
                         w[c] = _weight(s, c, D)
-                    for f in range(n_features):
+                    for f in ti.static(range(F)):
                         gv = dy_t[col + f, b]
                         if gv != 0.0:
                             for c in ti.static(range(1 << D)):
                                 ti.atomic_add(sh[idx[c] + f], w[c] * gv)
         ti.simt.block.sync()
-        base = param_offset + meta[level, 0] * n_features
+        base = param_offset + meta[level, 0] * F
         for j in range((n_floats + SHARED_BLOCK - 1) // SHARED_BLOCK):
             idx = j * SHARED_BLOCK + tid
             if idx < n_floats:
