@@ -224,24 +224,33 @@ def test_4d_hash_matches_reference_entries():
 # ---------------------------------------------------------------------------------------------------------
 # Forward / backward / double backward against the reference
 # ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lanes", [True, False], ids=["feature-lanes", "sample-threads"])
 @pytest.mark.parametrize("n_dims,kw,n_networks", CONFIGS, ids=IDS)
-def test_forward_and_backward_match_reference(n_dims, kw, n_networks):
+def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, monkeypatch):
+    # Both kernel families: one thread per (level, sample, feature) and one per (level, sample).
+    from tinn.encodings import grid as grid_module
+    monkeypatch.setattr(grid_module, "FEATURE_LANES", lanes)
     enc = make(n_dims, n_networks, **kw)
     x, ids = inputs(enc, 96)
-    x.requires_grad_(True)
-    y = enc(x, ids)
-    xr = x.detach().double().requires_grad_(True)
+    xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)
     yr = ref_grid(enc, xr, pr, ids)
+    w = torch.randn(yr.shape, generator=torch.Generator().manual_seed(3))
+    (yr * w.double()).sum().backward()
+
+    # Parameter gradient alone (the usual training case: positions need no gradient) ...
+    y = enc(x, ids)
     assert y.shape == (96, kw["n_levels"] * kw["n_features_per_level"])
     assert_close(y, yr, what="forward")
-
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
     (y * w).sum().backward()
-    (yr * w.double()).sum().backward()
     assert_close(enc.params.grad, pr.grad, what="d/dparams")
+    # ... and together with the input gradient.
+    enc.params.grad = None
+    x.requires_grad_(True)
+    (enc(x, ids) * w).sum().backward()
+    assert_close(enc.params.grad, pr.grad, what="d/dparams with d/dx")
     if kw.get("interpolation") == "Nearest":
-        assert xr.grad is None and torch.count_nonzero(x.grad) == 0  # piecewise constant in x
+        assert torch.count_nonzero(x.grad) == 0  # piecewise constant in x
     else:
         assert_close(x.grad, xr.grad, rtol=1e-4, atol_frac=1e-4, what="d/dx")
         assert x.grad.abs().max() > 0.1

@@ -9,6 +9,8 @@ eikonal / normal losses on `d(encoding)/dx` train the grids.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
@@ -25,6 +27,16 @@ _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense",
 _INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
 _TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
 _INT32_MAX = 2**31 - 1
+# One thread per (level, sample, feature) instead of per (level, sample) for the lookups and the
+# parameter gradient (see grid_forward_lanes): it pays on a GPU, whose memory system serves a warp's
+# neighbouring words as one request; a CPU thread only repeats the hashing. None = by backend;
+# TINN_GRID_FEATURE_LANES=0/1 forces it (A/B scripts).
+_LANES_ENV = os.environ.get("TINN_GRID_FEATURE_LANES")
+FEATURE_LANES = None if _LANES_ENV is None else _LANES_ENV != "0"
+
+
+def _feature_lanes() -> bool:
+    return runtime.arch() == "cuda" if FEATURE_LANES is None else FEATURE_LANES
 
 
 _PLACEHOLDERS: dict = {}
@@ -267,7 +279,8 @@ class GridEncoding(Encoding):
         """(n_output_dims, batch) features, as the kernel writes them (a fused network reads them so)."""
         f, interp, gtype = self._codes()
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
-        K.grid_forward(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
+        lookup = K.grid_forward_lanes if _feature_lanes() else K.grid_forward
+        lookup(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
         return out_t
 
     def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x,
@@ -280,7 +293,10 @@ class GridEncoding(Encoding):
             first_level = self._shared_levels
             K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
                                    self.n_input_dims)
-        if first_level < self.n_levels or want_x:
+        if _feature_lanes() and want_params and not want_x and first_level < self.n_levels:
+            K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
+                                  self.n_input_dims)
+        elif first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
                             int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
 
