@@ -87,8 +87,8 @@ def test_single_network_gemm_weight_gradients(width, depth, hidden, monkeypatch)
 def test_long_k_gemm_slices_and_remainder(k, max_slices, device):
     """a @ b^T cut into K slices (plus a remainder GEMM): the float64 product, for strided operands."""
     gen = torch.Generator().manual_seed(k)
-    a = torch.randn(64, k + 3, generator=gen)[:5, :k].to(device)          # row stride != k
-    b = torch.randn(k, 7, generator=gen).to(device).t()                    # (7, k) with column stride 7
+    a = torch.randn(64, k + 3, generator=gen, device="cpu").to(device)[2:7, 1:k + 1]  # row stride != k, offset
+    b = torch.randn(k + 1, 7, generator=gen).to(device)[1:].t()            # (7, k) with column stride 7, offset
     out = torch.empty(5, 7, device=device)
     networks.mm_long_k(a, b, out, max_slices=max_slices)
     assert rel_err(out, a.double() @ b.double().t()) < 1e-5

@@ -62,8 +62,9 @@ def mm_long_k(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, max_slices: i
         return
     step = k // slices
     main = slices * step
-    a_slices = a[:, :main].reshape(a.shape[0], slices, step).transpose(0, 1)   # (S, M, step)
-    b_slices = b[:, :main].reshape(b.shape[0], slices, step).permute(1, 2, 0)  # (S, step, N)
+    # Strided views, one op each (slice + reshape + transpose cost three dispatches of host time).
+    a_slices = a.as_strided((slices, a.shape[0], step), (step * a.stride(1), a.stride(0), a.stride(1)))  # a[m, s*step+j]
+    b_slices = b.as_strided((slices, step, b.shape[0]), (step * b.stride(1), b.stride(1), b.stride(0)))  # b[n, s*step+j]
     torch.sum(torch.bmm(a_slices, b_slices), 0, out=out)
     if main < k:
         out.addmm_(a[:, main:], b[:, main:].t())
@@ -277,10 +278,11 @@ class NetworkArray(torch.nn.Module):
         torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and the unfused (CPU)
         backward alike: both keep deltas and activations feature-major by sorted position.
         """
-        off = 0
+        off = dparams.storage_offset()
         for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
             layer_input = x_t if l == 0 else acts[l - 1, :fan_in]   # (fan_in, batch)
-            mm_long_k(deltas[l, :fan_out], layer_input, dparams[0, off:off + fan_out * fan_in].view(fan_out, fan_in))
+            grad = dparams.as_strided((fan_out, fan_in), (fan_in, 1), off)  # this layer's block of row 0
+            mm_long_k(deltas[l, :fan_out], layer_input, grad)
             off += fan_out * fan_in
 
     def memory_bytes(self) -> int:

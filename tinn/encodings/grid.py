@@ -27,9 +27,9 @@ _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense",
 _INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
 _TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
 _INT32_MAX = 2**31 - 1
-# One thread per (level, sample, feature) instead of per (level, sample) for the lookups and the
-# parameter gradient (see grid_forward_lanes): it pays on a GPU, whose memory system serves a warp's
-# neighbouring words as one request; a CPU thread only repeats the hashing. None = by backend;
+# One thread per (level, sample, feature) instead of per (level, sample) for the parameter gradient
+# (see grid_backward_lanes): it pays on a GPU, whose memory system serves a warp's neighbouring
+# words as one request; a CPU thread only repeats the hashing (measured a little slower). None = by backend;
 # TINN_GRID_FEATURE_LANES=0/1 forces it (A/B scripts).
 _LANES_ENV = os.environ.get("TINN_GRID_FEATURE_LANES")
 FEATURE_LANES = None if _LANES_ENV is None else _LANES_ENV != "0"
@@ -279,8 +279,7 @@ class GridEncoding(Encoding):
         """(n_output_dims, batch) features, as the kernel writes them (a fused network reads them so)."""
         f, interp, gtype = self._codes()
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
-        lookup = K.grid_forward_lanes if _feature_lanes() else K.grid_forward
-        lookup(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
+        K.grid_forward(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
         return out_t
 
     def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x,

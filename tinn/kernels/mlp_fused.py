@@ -94,10 +94,11 @@ def geometry(n_in: int, width: int, n_out: int, n_layers: int) -> Geometry:
     cap = int(os.environ.get("TINN_FUSED_TILE", 64))
     # Staging weights in shared memory measured slower (training forward 8.1 ms against 6.2 ms through
     # L1, 4096 nets x 64 wide, 2^22 samples): it shrinks the tile. Kept as an option.
-    # The deltas kernel has its own tiles (TINN_FUSED_TILE_BWD, default: the forward's), cut from the same
-    # sort. With tiles of 32 for both, the image step's deltas took 0.37 ms instead of 0.42 but its forward
-    # 0.34 instead of 0.28 (H100, 2^18 samples): hence the separate knob, not yet measured on its own.
-    backward = min(_largest_tile(1, f), int(os.environ.get("TINN_FUSED_TILE_BWD", 0)) or cap)
+    # The deltas kernel has its own tiles (TINN_FUSED_TILE_BWD), cut from the same sort. Tiles of 32 there
+    # (a smaller register block, more blocks per SM) took the image step's deltas from 0.42 to 0.37 ms
+    # (H100, 2^18 samples, width 64) while the forward keeps 64 (0.28 ms; 0.34 at 32); the 4096 x 64
+    # array step moved within noise (25.0 / 26.0 ms even / ragged at 64, 24.8 / 26.1 at 32).
+    backward = min(_largest_tile(1, f), cap, int(os.environ.get("TINN_FUSED_TILE_BWD", 32)))
     staged = _largest_tile(1, f, f * (f + 1))
     if staged >= 64 and os.environ.get("TINN_FUSED_STAGE_WEIGHTS") == "1":
         return Geometry(min(staged, cap), True, f, backward)
