@@ -85,13 +85,17 @@ def test_single_network_gemm_weight_gradients(width, depth, hidden, monkeypatch)
 
 @pytest.mark.parametrize("k,max_slices", [(5000, 3), (4096, 4), (1500, 8), (900, 8)])
 def test_long_k_gemm_slices_and_remainder(k, max_slices, device):
-    """a @ b^T cut into K slices (plus a remainder GEMM): the float64 product, for strided operands."""
+    """Products a_i @ b_i^T cut into K slices (plus a remainder GEMM), written to consecutive blocks of
+    one output: the float64 products, for strided operands with storage offsets."""
     gen = torch.Generator().manual_seed(k)
     a = torch.randn(64, k + 3, generator=gen, device="cpu").to(device)[2:7, 1:k + 1]  # row stride != k, offset
     b = torch.randn(k + 1, 7, generator=gen).to(device)[1:].t()            # (7, k) with column stride 7, offset
-    out = torch.empty(5, 7, device=device)
-    networks.mm_long_k(a, b, out, max_slices=max_slices)
-    assert rel_err(out, a.double() @ b.double().t()) < 1e-5
+    a2 = torch.randn(3, k, generator=gen).to(device)
+    out = torch.full((1, 5 * 7 + 3 * 5 + 2), 7.0, device=device)  # two blocks, then two untouched values
+    networks.mm_long_k([(a, b), (a2, a)], out[:, :-2], max_slices=max_slices)
+    assert rel_err(out[0, :35].view(5, 7), a.double() @ b.double().t()) < 1e-5
+    assert rel_err(out[0, 35:50].view(3, 5), a2.double() @ a.double().t()) < 1e-5
+    assert torch.equal(out[0, 50:], torch.full((2,), 7.0, device=device))
 
 
 def test_single_network_without_ids(device):

@@ -156,6 +156,37 @@ def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(dev
     assert (final[3] - w0[3]).abs().max() > 0.05
 
 
+def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatch):
+    """An encoding and a network (the usual model) are updated by one launch: each matches the float64
+    reference, and the bits equal those of one launch per tensor."""
+    from tinn.kernels import optimizers as K
+    cfg = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 0.1, "relative_decay": 0.05,
+           "non_matrix_learning_rate_factor": 0.5}
+    sparse = {"encoding.params": (torch.rand(3, 5, generator=torch.Generator().manual_seed(9)) > 0.4).float()}
+    runs = []
+    for pair in (True, False):
+        named = make_params(device, seed=6)
+        w0 = {n: p.detach().cpu().clone() for n, p in named}
+        opt = create_optimizer(cfg, named)
+        launches = []
+        for kernel in ("adam_step", "adam_step_pair"):
+            monkeypatch.setattr(K, kernel, (lambda k, name: lambda *a: (launches.append(name), k(*a)))(
+                getattr(K, kernel), kernel))
+        if not pair:  # one optimizer per tensor: the single-tensor kernel
+            opts = [create_optimizer(cfg, [item]) for item in named]
+            opt.step = lambda: [o.step() for o in opts]
+        runs.append(run_tinn(opt, named, quad_grads(named, seed=3), sparse=sparse))
+        assert set(launches) == {"adam_step_pair" if pair else "adam_step"}
+        monkeypatch.undo()
+    for name in ("network.params", "encoding.params"):
+        assert torch.equal(runs[0][-1][name], runs[1][-1][name])
+    grad_fn = quad_grads(make_params(device, seed=6), seed=3)
+    for name, matrix in (("network.params", True), ("encoding.params", False)):
+        ref = adam_reference(w0[name], lambda w: grad_fn({name: w})[name], N_STEPS, 1e-2 * (1 if matrix else 0.5),
+                             l2=0.1, rel=0.05, matrix=matrix, sparse=sparse.get(name))
+        np.testing.assert_allclose(runs[0][-1][name].numpy(), ref[-1].numpy(), rtol=1e-4, atol=3e-6)
+
+
 def test_params_without_grad_are_skipped(device):
     named = make_params(device)
     before = named[1][1].detach().clone()

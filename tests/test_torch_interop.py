@@ -519,6 +519,17 @@ def test_network_state_dict_key_is_tcnns():
 # CUDA streams (GPU only: on the CPU backend there are no streams to order)
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(DEV.type != "cuda", reason="stream ordering only exists on CUDA")
+def test_foreign_stream_is_seen():
+    from tinn.torch import _foreign_stream
+    assert _foreign_stream() is None
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert _foreign_stream() == side
+    with torch.cuda.stream(torch.cuda.default_stream(DEV)):
+        assert _foreign_stream() is None
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="stream ordering only exists on CUDA")
 def test_side_stream_gives_the_default_stream_results():
     model = tcnn.NetworkWithInputEncoding(2, 3, FREQ, NET, n_networks=4, seed=5)
     batch = 1 << 18

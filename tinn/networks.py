@@ -46,28 +46,45 @@ def parse_network_config(config, path: str = "network") -> dict:
     }
 
 
-def mm_long_k(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, max_slices: int | None = None) -> None:
-    """out = a @ b^T for (M, K) and (N, K) operands with K (the batch) far larger than M and N.
+def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor,
+              max_slices: int | None = None) -> None:
+    """Consecutive blocks of the contiguous `out` receive a_i @ b_i^T, for (M_i, K) and (N_i, K)
+    operands sharing K (the batch), K far larger than M_i and N_i (weight gradients).
 
     On CUDA cuBLAS gives such a GEMM few blocks (measured on an H100 at K = 2^18: 11-18 TFLOP/s); cutting
     K into slices, one batched GEMM over them and a sum of the slice products ran 1.6x faster
-    (benchmarks/debug/wgrad_gemm_ab.py). Elsewhere one plain GEMM.
+    (benchmarks/debug/wgrad_gemm_ab.py). Every product writes its slice products into one buffer, so
+    a single sum reduces them all (host time: each torch op costs tens of microseconds). Elsewhere
+    one plain GEMM per product.
     """
-    k = a.shape[1]
+    k = products[0][0].shape[1]
     if max_slices is None:
-        max_slices = MAX_K_SLICES if a.is_cuda else 1
+        max_slices = MAX_K_SLICES if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
+    blocks, off = [], out.storage_offset()
+    for a, b in products:
+        blocks.append(out.as_strided((a.shape[0], b.shape[0]), (b.shape[0], 1), off))
+        off += a.shape[0] * b.shape[0]
     if slices < 2:
-        torch.mm(a, b.t(), out=out)
+        for (a, b), block in zip(products, blocks):
+            torch.mm(a, b.t(), out=block)
         return
     step = k // slices
     main = slices * step
-    # Strided views, one op each (slice + reshape + transpose cost three dispatches of host time).
-    a_slices = a.as_strided((slices, a.shape[0], step), (step * a.stride(1), a.stride(0), a.stride(1)))  # a[m, s*step+j]
-    b_slices = b.as_strided((slices, step, b.shape[0]), (step * b.stride(1), b.stride(1), b.stride(0)))  # b[n, s*step+j]
-    torch.sum(torch.bmm(a_slices, b_slices), 0, out=out)
+    total = off - out.storage_offset()
+    partial = torch.empty(slices, total, dtype=out.dtype, device=out.device)
+    off = 0
+    for a, b in products:
+        m, n = a.shape[0], b.shape[0]
+        # Strided views, one op each: [s, m, j] = a[m, s*step + j] and [s, j, n] = b[n, s*step + j].
+        a_slices = a.as_strided((slices, m, step), (step * a.stride(1), a.stride(0), a.stride(1)))
+        b_slices = b.as_strided((slices, step, n), (step * b.stride(1), b.stride(1), b.stride(0)))
+        torch.bmm(a_slices, b_slices, out=partial.as_strided((slices, m, n), (total, n, 1), off))
+        off += m * n
+    torch.sum(partial, 0, out=out.as_strided((total,), (1,)))
     if main < k:
-        out.addmm_(a[:, main:], b[:, main:].t())
+        for (a, b), block in zip(products, blocks):
+            block.addmm_(a[:, main:], b[:, main:].t())
 
 
 class _MLPArrayFn(torch.autograd.Function):
@@ -278,12 +295,9 @@ class NetworkArray(torch.nn.Module):
         torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and the unfused (CPU)
         backward alike: both keep deltas and activations feature-major by sorted position.
         """
-        off = dparams.storage_offset()
-        for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
-            layer_input = x_t if l == 0 else acts[l - 1, :fan_in]   # (fan_in, batch)
-            grad = dparams.as_strided((fan_out, fan_in), (fan_in, 1), off)  # this layer's block of row 0
-            mm_long_k(deltas[l, :fan_out], layer_input, grad)
-            off += fan_out * fan_in
+        # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other.
+        mm_long_k([(deltas[l, :fan_out], x_t if l == 0 else acts[l - 1, :fan_in])   # (fan_out, B), (fan_in, B)
+                   for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
 
     def memory_bytes(self) -> int:
         return self.params.numel() * self.params.element_size()

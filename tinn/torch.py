@@ -73,11 +73,18 @@ __all__ = ["Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "s
 # ---------------------------------------------------------------------------------------------------------
 # Stream ordering
 # ---------------------------------------------------------------------------------------------------------
+# torch's current-stream query without building Stream objects (a few microseconds per call, and the
+# Trainer asks on every step); stream id 0 is the default stream. Absent from CPU builds of torch.
+_CURRENT_STREAM_ID = getattr(torch._C, "_cuda_getCurrentStream", None)
+
+
 def _foreign_stream():
     """torch's current CUDA stream when it is not the default stream Taichi launches on, else None."""
     if runtime.arch() != "cuda":
         return None
     dev = runtime.device()
+    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:
+        return None
     cur = torch.cuda.current_stream(dev)
     return None if cur == torch.cuda.default_stream(dev) else cur
 

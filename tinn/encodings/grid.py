@@ -286,8 +286,15 @@ class GridEncoding(Encoding):
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
+        n_shared = self._shared_levels if params.shape[0] == 1 else 0
+        if want_params and not want_x and _feature_lanes() and runtime.arch() == "cuda":
+            # The usual training case, in one launch: coarse levels summed per block in shared memory
+            # (a single grid), the others with a thread per (level, sample, feature).
+            K.grid_backward_params(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, n_shared,
+                                   self.n_input_dims)
+            return
         first_level = 0
-        if want_params and params.shape[0] == 1 and self._shared_levels:
+        if want_params and n_shared:
             # A single grid: coarse levels are summed per block in shared memory first.
             first_level = self._shared_levels
             K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,

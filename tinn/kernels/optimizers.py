@@ -29,6 +29,30 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32)
         w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
 
 
+@ti.func
+def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
+                  lr_scale: ti.template(), r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay, clip,
+                  lower, upper, is_matrix):
+    grad = g[r, c]
+    if is_matrix != 0 or grad != 0.0:
+        wv = w[r, c]
+        if is_matrix != 0:
+            grad += l2_reg * wv
+        mv = beta1 * m[r, c] + (1.0 - beta1) * grad
+        vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
+        m[r, c] = mv
+        v[r, c] = vv
+        t = steps[r, c] + 1
+        steps[r, c] = t
+        tf = ti.cast(t, ti.f32)
+        lr_t = lr * lr_scale[r] * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
+        eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
+        nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
+        if clip != 0.0:
+            nw = ti.min(ti.max(nw, -clip), clip)
+        w[r, c] = nw
+
+
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
@@ -39,24 +63,25 @@ def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scal
     l2_reg: hash-grid entries untouched by a batch must neither move nor age their moments, hence the
     per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        grad = g[r, c]
-        if is_matrix != 0 or grad != 0.0:
-            wv = w[r, c]
-            if is_matrix != 0:
-                grad += l2_reg * wv
-            mv = beta1 * m[r, c] + (1.0 - beta1) * grad
-            vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
-            m[r, c] = mv
-            v[r, c] = vv
-            t = steps[r, c] + 1
-            steps[r, c] = t
-            tf = ti.cast(t, ti.f32)
-            lr_t = lr * lr_scale[r] * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
-            eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
-            nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
-            if clip != 0.0:
-                nw = ti.min(ti.max(nw, -clip), clip)
-            w[r, c] = nw
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay,
+                      clip, lower, upper, is_matrix)
+
+
+@fast_kernel
+@ti.kernel
+def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
+                   is_matrix: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d,
+                   lr_scale2: f32_1d, lr2: ti.f32, is_matrix2: ti.i32, beta1: ti.f32, beta2: ti.f32,
+                   epsilon: ti.f32, l2_reg: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
+                   lower: ti.f32, upper: ti.f32):
+    """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
+    launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay,
+                      clip, lower, upper, is_matrix)
+    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, beta1, beta2, epsilon, l2_reg, rel_decay,
+                      abs_decay, clip, lower, upper, is_matrix2)
 
 
 @fast_kernel
