@@ -2,7 +2,8 @@
 
 For 1 grid and for an array of grids (one per network, samples routed by id) it times
   fwd        inference lookup (no autograd)
-  fwd+bwd    lookup plus backward to the tables and to the inputs (a training step's encoding part)
+  fwd+bwd    lookup plus backward to the tables and to the inputs (a training step's encoding part;
+             with --no-input-grad to the tables only, the usual case when positions need no gradient)
 and prints samples/s (plus the implied backward-only rate), checking first that both
 implementations give the same features. tinn is timed with its sync-costing input checks
 (net_ids range scan) switched off, as `NetworkWithInputEncoding` does after validating once.
@@ -76,7 +77,7 @@ class TorchHashGrid(torch.nn.Module):
         return torch.cat(outs, dim=1)
 
 
-def bench_case(name, grid: GridEncoding, batch: int, iters: int, seed: int = 0):
+def bench_case(name, grid: GridEncoding, batch: int, iters: int, seed: int = 0, input_grad: bool = True):
     dev = tinn.runtime.device()
     gen = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.rand(batch, grid.n_input_dims, generator=gen).to(dev)
@@ -97,7 +98,7 @@ def bench_case(name, grid: GridEncoding, batch: int, iters: int, seed: int = 0):
         return run
 
     def train(enc):
-        xg = x.clone().requires_grad_(True)
+        xg = x.clone().requires_grad_(input_grad)
 
         def run():
             enc.params.grad = None
@@ -137,6 +138,7 @@ def main(argv=None):
     p.add_argument("--features", type=int, default=2)
     p.add_argument("--log2-single", type=int, default=None, help="log2_hashmap_size for 1 grid")
     p.add_argument("--log2-array", type=int, default=None, help="log2_hashmap_size per grid in arrays")
+    p.add_argument("--no-input-grad", action="store_true", help="fwd+bwd to the tables only (no dL/dx)")
     p.add_argument("--json", default=None, help="write results here")
     a = p.parse_args(argv)
 
@@ -153,14 +155,15 @@ def main(argv=None):
         grid = GridEncoding(a.n_dims, n_levels=n_levels, n_features_per_level=a.features,
                             log2_hashmap_size=log2_single if n == 1 else log2_array, base_resolution=16,
                             per_level_scale=1.5, n_networks=n)
-        results += bench_case(f"{n} grid{'s' if n > 1 else ''}", grid, batch, iters)
+        results += bench_case(f"{n} grid{'s' if n > 1 else ''}", grid, batch, iters, input_grad=not a.no_input_grad)
         del grid
         if gpu:
             torch.cuda.empty_cache()
 
     device = torch.cuda.get_device_name(0) if gpu else platform.processor() or "cpu"
     print(f"\nhash grid encoding, {a.n_dims}D, {n_levels} levels x {a.features} features, batch {batch}, "
-          f"arch={arch} ({device}); median of {iters} runs")
+          f"arch={arch} ({device}); median of {iters} runs; backward to "
+          f"{'the tables only' if a.no_input_grad else 'tables and inputs'}")
     for r in results:
         for k in ("fwd_samples_per_s", "fwd_bwd_samples_per_s", "bwd_samples_per_s"):
             if k in r:
@@ -176,7 +179,7 @@ def main(argv=None):
             train = t["tinn"]["fwd_bwd_samples_per_s"] / t["torch"]["fwd_bwd_samples_per_s"]
             print(f"speed-up vs torch ({case}): fwd x{fwd:.1f}, fwd+bwd x{train:.1f}")
     write_json(a.json, {"benchmark": "grid", "arch": arch, "device": device, "torch": torch.__version__,
-                        "batch": batch, "iters": iters, "results": results})
+                        "input_grad": not a.no_input_grad, "batch": batch, "iters": iters, "results": results})
     if a.json:
         print(f"wrote {a.json}")
     return results
