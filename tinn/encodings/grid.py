@@ -286,23 +286,25 @@ class GridEncoding(Encoding):
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
-        n_shared = self._shared_levels if params.shape[0] == 1 else 0
-        if want_params and not want_x and _feature_lanes() and runtime.arch() == "cuda":
-            # The usual training case, in one launch: coarse levels summed per block in shared memory
-            # (a single grid), the others with a thread per (level, sample, feature).
-            K.grid_backward_params(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, n_shared,
-                                   self.n_input_dims)
+        n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
+        if want_params and not want_x and _feature_lanes():
+            # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
+            # in one launch with the coarse levels of a single grid, which are summed per block in shared
+            # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
+            if runtime.arch() == "cuda":
+                K.grid_backward_params(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype,
+                                       n_shared, self.n_input_dims)
+            else:
+                K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, 0,
+                                      self.n_input_dims)
             return
         first_level = 0
         if want_params and n_shared:
             # A single grid: coarse levels are summed per block in shared memory first.
-            first_level = self._shared_levels
+            first_level = n_shared
             K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
                                    self.n_input_dims)
-        if _feature_lanes() and want_params and not want_x and first_level < self.n_levels:
-            K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
-                                  self.n_input_dims)
-        elif first_level < self.n_levels or want_x:
+        if first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
                             int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
 
