@@ -93,3 +93,18 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
         assert int(counts.sum()) == 3000
+
+
+@pytest.mark.parametrize("n_in,width,n_out,tile,backward_tile", [
+    (32, 64, 3, 64, 32),    # tcnn's image network: deltas on tiles of 32 (measured faster at width 64)
+    (3, 16, 4, 64, 32),
+    (32, 128, 16, 64, 64),  # width 128: not measured at 32, keeps the forward's tiles
+])
+def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile, monkeypatch):
+    from tinn.kernels import mlp_fused as FK
+    for knob in ("TINN_FUSED_TILE", "TINN_FUSED_TILE_BWD", "TINN_FUSED_STAGE_WEIGHTS"):
+        monkeypatch.delenv(knob, raising=False)
+    g = FK.geometry(n_in, width, n_out, 3)
+    assert (g.tile, g.backward_tile) == (tile, backward_tile)
+    monkeypatch.setenv("TINN_FUSED_TILE_BWD", "48")
+    assert FK.geometry(n_in, width, n_out, 3).backward_tile == 48

@@ -97,8 +97,9 @@ def geometry(n_in: int, width: int, n_out: int, n_layers: int) -> Geometry:
     # The deltas kernel has its own tiles (TINN_FUSED_TILE_BWD), cut from the same sort. Tiles of 32 there
     # (a smaller register block, more blocks per SM) took the image step's deltas from 0.42 to 0.37 ms
     # (H100, 2^18 samples, width 64) while the forward keeps 64 (0.28 ms; 0.34 at 32); the 4096 x 64
-    # array step moved within noise (25.0 / 26.0 ms even / ragged at 64, 24.8 / 26.1 at 32).
-    backward = min(_largest_tile(1, f), cap, int(os.environ.get("TINN_FUSED_TILE_BWD", 32)))
+    # array step moved within noise (25.0 / 26.0 ms even / ragged at 64, 24.8 / 26.1 at 32). Width 128
+    # was not measured at 32 and keeps the forward's tiles.
+    backward = min(_largest_tile(1, f), cap, int(os.environ.get("TINN_FUSED_TILE_BWD", 32 if f <= 64 else cap)))
     staged = _largest_tile(1, f, f * (f + 1))
     if staged >= 64 and os.environ.get("TINN_FUSED_STAGE_WEIGHTS") == "1":
         return Geometry(min(staged, cap), True, f, backward)
