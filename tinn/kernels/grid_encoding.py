@@ -14,10 +14,11 @@ neighbouring addresses; the Python side transposes once (measured 1.4x faster fo
 on an H100 than writing sample-major rows).
 
 The number of input dims `D` and of features per level `F` are templates: the corner and feature
-loops unroll, so table offsets are constants and the per-dimension values stay in registers
-(F as a runtime int cost the backward a loop and its index arithmetic per feature). Everything
-else (levels, resolutions, interpolation, grid type) is a runtime argument, so one instance per
-(D, F) pair in use is compiled. The second-order kernel keeps F dynamic: it is a rare path.
+loops unroll, so table offsets are constants and the per-dimension values stay in registers.
+(Unrolling F and masking power-of-two tables instead of `%` moved the image step's grid backward
+by 1%: it is bound by atomics, see below.) Everything else (levels, resolutions, interpolation,
+grid type) is a runtime argument, so one instance per (D, F) pair in use is compiled. The
+second-order kernel keeps F dynamic: it is a rare path.
 
 Atomics: parameter gradients are scattered with float32 atomics (tcnn's fp16 ones would lose
 precision here). Contention is kept down by the level-major order (a warp's adds go to one
@@ -28,7 +29,10 @@ the coarse levels whose table fits in a block's shared memory: a block sums the 
 a few thousand samples into a shared copy of the level, then adds each touched entry to
 global memory once (shared atomics are on-chip; global ones to a few hundred hot entries
 serialise). Grid arrays keep the global atomics (a block's samples may belong to several
-grids), and so does the CPU (block.sync() does not compile there).
+grids), and so does the CPU (block.sync() does not compile there). When the inputs need no
+gradient, the other levels run one thread per (level, sample, feature) (`grid_backward_lanes`,
+on CUDA fused with the shared-memory levels in `grid_backward_params`): a corner's F adds then
+come from neighbouring threads to neighbouring words and reach L2 as one request.
 """
 import taichi as ti
 
