@@ -295,7 +295,7 @@ class GridEncoding(Encoding):
                 K.grid_backward_params(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype,
                                        n_shared, self.n_input_dims)
             else:
-                K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype, 0,
+                K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype,
                                       self.n_input_dims)
             return
         first_level = 0

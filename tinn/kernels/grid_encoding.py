@@ -246,9 +246,9 @@ def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_off
 @fast_kernel
 @ti.kernel
 def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
-                        dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, first_level: ti.i32,
-                        D: ti.template()):
-    """dL/dparams (+=, atomics) of levels >= first_level, one thread per (level, sample, feature).
+                        dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template()):
+    """dL/dparams (+=, atomics) of every level, one thread per (level, sample, feature). On CUDA
+    `grid_backward_params` runs the same threads for the levels its shared-memory part leaves.
 
     The parameter gradient is bound by float atomics into L2, which serves them per sector
     request: with a sample's F features on neighbouring threads, each corner's F adds leave
@@ -256,7 +256,7 @@ def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: 
     hashes are computed F times, which costs little. No input gradient here (`grid_backward` does
     both). The lookups gained nothing from the same layout (0.085 vs 0.089 ms), so they keep theirs."""
     ti.loop_config(block_dim=256)
-    for level, t in ti.ndrange((first_level, meta.shape[0] - 1), x.shape[0] * F):
+    for level, t in ti.ndrange(meta.shape[0] - 1, x.shape[0] * F):
         _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
 
 
