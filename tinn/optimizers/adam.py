@@ -16,7 +16,7 @@ import torch
 
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import LeafOptimizer, as_rows, check_keys, is_matrix_param
+from .base import LeafOptimizer, check_keys, is_matrix_param
 
 F32_MAX = 3.4028234663852886e38
 
@@ -53,26 +53,16 @@ class Adam(LeafOptimizer):
         t = float(self.step_count)
         return 0.1 - 0.1 / ((1 - self.beta2) * t + 1), 0.1 + 0.1 / ((1 - self.beta2) * t)
 
-    def _apply(self, grads) -> None:
-        """As the base class, except that two updated tensors (an encoding and its network, the usual
-        model) share one launch (`adam_step_pair`): the same elementwise update, less host time."""
-        self.scalars["step_count"] += 1
-        todo = []
-        for name, p in self.named_params:
-            g = grads.get(name)
-            if g is not None and p.numel() and self._optimized(name):
-                rows = self.rows[name]
-                todo.append(self._operands(name, as_rows(p.detach(), rows), as_rows(g, rows),
-                                           self.state[f"lr_scale.{name}"]))
+    def _update_all(self, updates) -> None:
+        """Two updated tensors (an encoding and its network, the usual model) share one launch
+        (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
+        todo = [self._operands(*update) for update in updates if self._optimized(update[0])]
+        hyper = self._hyper()
         if len(todo) == 2:
-            K.adam_step_pair(*todo[0], *todo[1], *self._hyper())
-        else:
-            for operands in todo:
-                self._launch(operands)
-
-    def _update(self, name, w, g, lr_scale):
-        if self._optimized(name):
-            self._launch(self._operands(name, w, g, lr_scale))
+            K.adam_step_pair(*todo[0], *todo[1], *hyper)
+            return
+        for w, g, m, v, steps, lr_scale, lr, matrix in todo:
+            K.adam_step(w, g, m, v, steps, lr_scale, lr, *hyper, matrix)
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
@@ -85,15 +75,10 @@ class Adam(LeafOptimizer):
                 int(matrix))
 
     def _hyper(self) -> tuple:
+        """The arguments both Adam kernels share, in their order (beta1 ... upper)."""
         lower, upper = self._bounds()
         return (self.beta1, self.beta2, self.epsilon, self.l2_reg, self.relative_decay, self.absolute_decay,
                 self.clipping_magnitude, lower, upper)
-
-    def _launch(self, operands) -> None:
-        w, g, m, v, steps, lr_scale, lr, matrix = operands
-        beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay, clip, lower, upper = self._hyper()
-        K.adam_step(w, g, m, v, steps, lr_scale, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay, clip,
-                    lower, upper, matrix)
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate,

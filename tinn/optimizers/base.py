@@ -287,12 +287,20 @@ class LeafOptimizer(Optimizer):
 
     def _apply(self, grads) -> None:
         self.scalars["step_count"] += 1
+        updates = []
         for name, p in self.named_params:
             g = grads.get(name)
             if g is None or p.numel() == 0:
                 continue
             rows = self.rows[name]
-            self._update(name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"])
+            updates.append((name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"]))
+        self._update_all(updates)
+
+    def _update_all(self, updates: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """This step's (name, w, g, lr_scale) of every parameter with a gradient; one `_update` each
+        unless an optimizer batches them (Adam launches two tensors at once)."""
+        for update in updates:
+            self._update(*update)
 
     def _update(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
         raise NotImplementedError
