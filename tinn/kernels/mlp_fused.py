@@ -17,7 +17,7 @@ consecutive samples (distinct banks). Row strides are padded by one float so
 feature-major stores from coalesced row reads don't collide in one bank.
 
 Backward, two launches:
-- `backward_deltas` mirrors the forward on the same tiles: the output deltas go down
+- `backward_deltas` mirrors the forward on tiles from the same sort: the output deltas go down
   the layers through W^T in shared memory, and each layer's deltas are written
   feature-major to global memory (as the forward keeps the activations).
 - `weight_gradients` is a batched GEMM over *chunks* (up to a few thousand sorted
@@ -291,7 +291,7 @@ def backward_deltas(
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
     F: ti.template(), x_fm: ti.template(),
 ):
-    """The forward's mirror image, on the forward's tiles: deltas[l, o, position] = dLoss/d(output o of layer l)
+    """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation), layer by layer downwards with W^T; dx = the deltas of the input when want_dx
     (feature-major, (n_in, batch), with x_fm)."""
     TSP = ti.static(TS + 1)
