@@ -70,7 +70,8 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
     elements = torch.empty_like(pred)
     if n_total:
         K.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
-    value = elements.sum() / max(n_total, 1)
+    # One reduction op (host time counts in a small step); an empty batch has loss 0, not mean()'s NaN.
+    value = elements.mean() if n_total else elements.new_zeros(())
     per_network = None
     if n_networks is not None:
         ids = checks.net_ids(net_ids, batch, int(n_networks))

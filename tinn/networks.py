@@ -61,17 +61,20 @@ def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
     if max_slices is None:
         max_slices = MAX_K_SLICES if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
-    blocks, off = [], out.storage_offset()
-    for a, b in products:
-        blocks.append(out.as_strided((a.shape[0], b.shape[0]), (b.shape[0], 1), off))
-        off += a.shape[0] * b.shape[0]
+
+    def blocks():  # out's block of each product (built only when needed: views cost host time too)
+        off = out.storage_offset()
+        for a, b in products:
+            yield out.as_strided((a.shape[0], b.shape[0]), (b.shape[0], 1), off)
+            off += a.shape[0] * b.shape[0]
+
     if slices < 2:
-        for (a, b), block in zip(products, blocks):
+        for (a, b), block in zip(products, blocks()):
             torch.mm(a, b.t(), out=block)
         return
     step = k // slices
     main = slices * step
-    total = off - out.storage_offset()
+    total = sum(a.shape[0] * b.shape[0] for a, b in products)
     partial = torch.empty(slices, total, dtype=out.dtype, device=out.device)
     off = 0
     for a, b in products:
@@ -83,7 +86,7 @@ def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
         off += m * n
     torch.sum(partial, 0, out=out.as_strided((total,), (1,)))
     if main < k:
-        for (a, b), block in zip(products, blocks):
+        for (a, b), block in zip(products, blocks()):
             block.addmm_(a[:, main:], b[:, main:].t())
 
 

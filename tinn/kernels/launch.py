@@ -41,6 +41,7 @@ class FastKernel:
         self.kinds: list[int] | None = None
         self.cuda = False  # backend of the tensors' pointers, fixed at the first call (Taichi inits once)
         self.instances: dict = {}
+        self.slots: list = []
         self.usable = ENABLED and self.primal is not None
         self.__doc__ = kernel.__doc__
         self.__name__ = getattr(kernel, "__name__", "kernel")
@@ -63,20 +64,21 @@ class FastKernel:
         return kinds
 
     def _key(self, args):
+        # Flat tuple: per template its value, per tensor its dtype and rank, per scalar its type.
         key = []
         cuda = self.cuda
         for kind, a in zip(self.kinds, args):
-            if kind == TEMPLATE:
-                key.append(a)
-            elif kind == TENSOR:
+            if kind == TENSOR:
                 if isinstance(a, torch.Tensor):
-                    if not a.is_contiguous() or a.is_cuda != cuda:
+                    if a.is_cuda != cuda or not a.is_contiguous():
                         return None  # Taichi's path copies or raises with its own message
-                    key.append((a.dtype, a.dim()))
+                    key += (a.dtype, a.dim())
                 elif isinstance(a, Ndarray):
-                    key.append(("ndarray", id(a)))
+                    key += ("ndarray", id(a))
                 else:
                     return None
+            elif kind == TEMPLATE:
+                key.append(a)
             else:
                 key.append(type(a))
         return tuple(key)
@@ -87,6 +89,9 @@ class FastKernel:
         if self.kinds is None:
             self.kinds = self._classify()
             self.cuda = impl.current_cfg().arch == ti.cuda
+            # (Taichi's argument slot, kind, position in args) of every non-template argument.
+            self.slots = [((slot,), kind, i) for slot, (i, kind) in
+                          enumerate((i, k) for i, k in enumerate(self.kinds or ()) if k != TEMPLATE)]
             if self.kinds is None or len(self.kinds) != len(args):
                 self.usable = False
                 return self.kernel(*args)
@@ -108,21 +113,17 @@ class FastKernel:
             return result
         t_kernel, compiled = entry
         ctx = t_kernel.make_launch_context()
-        slot = 0
-        for kind, a in zip(self.kinds, args):
-            if kind == TEMPLATE:
-                continue
+        for slot, kind, i in self.slots:
+            a = args[i]
             if kind == TENSOR:
-                if isinstance(a, torch.Tensor):
-                    ctx.set_arg_external_array_with_shape((slot,), a.data_ptr(), a.element_size() * a.numel(),
-                                                          list(a.shape), 0)
+                if isinstance(a, torch.Tensor):  # shape as torch.Size: pybind takes the tuple as it is
+                    ctx.set_arg_external_array_with_shape(slot, a.data_ptr(), a.nbytes, a.shape, 0)
                 else:
-                    ctx.set_arg_ndarray((slot,), a.arr)
+                    ctx.set_arg_ndarray(slot, a.arr)
             elif kind == INT:
-                ctx.set_arg_int((slot,), int(a))
+                ctx.set_arg_int(slot, int(a))
             else:
-                ctx.set_arg_float((slot,), float(a))
-            slot += 1
+                ctx.set_arg_float(slot, float(a))
         impl.get_runtime().prog.launch_kernel(compiled, ctx)
         return None
 
