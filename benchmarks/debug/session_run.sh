@@ -1,6 +1,7 @@
-# One device call: hash-grid fwd+bwd (tables only) with the feature-lane gradient on and off, 1 grid
-# and 1024 grids (3D, 16 levels x 2 features, 2^18 samples).
+# One device call: the width-128 fused CUDA test (prefetch registers at their largest), then the
+# weight-gradient prefetch off/on over widths 16..128 (1024 and 16384 networks, 2^20 samples, even).
 export PYTHONUNBUFFERED=1
-timeout 100 python3 benchmarks/bench_grid.py --no-input-grad --iters 10 --json $OUT/bench_grid_lanes.json > $OUT/bench_grid_lanes.log 2>&1
-TINN_GRID_FEATURE_LANES=0 timeout 100 python3 benchmarks/bench_grid.py --no-input-grad --iters 10 --json $OUT/bench_grid_nolanes.json > $OUT/bench_grid_nolanes.log 2>&1
-tail -9 $OUT/bench_grid_lanes.log; tail -9 $OUT/bench_grid_nolanes.log
+TINN_ARCH=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_fused_cuda.py -k "32-128-16-2-16" > $OUT/tests.log 2>&1
+for v in 0 1; do TINN_FUSED_GRAD_PREFETCH=$v timeout 150 python3 benchmarks/bench_mlp_array.py --networks 1024,16384 \
+  --widths 16,32,64,128 --log2-samples 20 --routing even --skip-torch --reps 3 > $OUT/prefetch_$v.log 2>&1; done
+tail -2 $OUT/tests.log; for v in 0 1; do echo "== TINN_FUSED_GRAD_PREFETCH=$v"; grep -E "^ *[0-9]+ \|" $OUT/prefetch_$v.log | cut -d'|' -f1,2,5,6,12; done
