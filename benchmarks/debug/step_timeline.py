@@ -18,7 +18,8 @@ def quantiles(v):
 
 
 def main(steps=400, log2_batch=18):
-    tinn.init()
+    if tinn.init() != "cuda":
+        sys.exit("step_timeline.py times CUDA events: run it on a GPU")
     from tinn.tasks.image import ImageTask, default_image
     from tinn.trainer import Trainer
     here = os.path.dirname(os.path.abspath(__file__))
