@@ -24,7 +24,9 @@ Backward, two launches:
   samples of one network): per step it stages GRAD_STEP samples of a layer's deltas
   and input in shared memory (coalesced reads) and every thread accumulates an
   8-row x 16-strided-column block of dW in registers; global memory sees one atomic
-  add per weight per chunk. Splitting the two keeps both kernels' register blocks
+  add per weight per chunk. Up to 64 features the next step's samples are already
+  on their way into registers while the block computes (`grad_prefetch`), which
+  hides the global loads' latency. Splitting the two keeps both kernels' register blocks
   small (an earlier single backward kernel needed 254 registers and ran at a third
   of the forward's rate).
 
@@ -472,7 +474,8 @@ def weight_gradients(
     A batched GEMM with the samples as the long inner dimension: per step GRAD_STEP samples of the
     deltas (up to GRAD_ROWS rows per pass) and of the layer input are staged in shared memory with
     coalesced feature-major reads, and each thread keeps an (8 rows x 16-strided columns) register block.
-    Global memory sees one atomic add per weight per chunk.
+    Global memory sees one atomic add per weight per chunk. With `grad_prefetch(F)` each step's global
+    loads are issued before the previous step's GEMM and land in registers (fetch_*/store_*).
     """
     KS = ti.static(GRAD_STEP)
     KSP = ti.static(GRAD_STEP + 1)
