@@ -185,6 +185,16 @@ def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template
 
 
 @ti.func
+def row_element(idx, n: ti.template(), TS: ti.template(), feature_major: ti.template()):
+    """(sample, feature) that a block's flat index `idx` handles when it moves a tile of TS samples x n
+    features to or from a caller's array: features fastest for row-major x[sample, k], samples fastest
+    for feature-major x[k, sample], so consecutive threads touch consecutive words either way."""
+    s = idx % TS if ti.static(feature_major) else idx // n
+    k = idx // TS if ti.static(feature_major) else idx % n
+    return s, k
+
+
+@ti.func
 def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), start, count, tid,
               n: ti.template(), TS: ti.template(), TSP: ti.template(), feature_major: ti.template() = False):
     """Tile rows x[order[start + s], 0:n] into sh[base + k * TSP + s]; zeros past `count`.
@@ -194,8 +204,7 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
     """
     for j in range((TS * n + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
-        s = idx % TS if ti.static(feature_major) else idx // n
-        k = idx // TS if ti.static(feature_major) else idx % n
+        s, k = row_element(idx, n, TS, feature_major)
         if k < n and s < TS:
             v = 0.0
             if s < count:
@@ -233,8 +242,7 @@ def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), 
     with `feature_major` to y[k, order[start + s]]."""
     for j in range((TS * n + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
-        s = idx % TS if ti.static(feature_major) else idx // n
-        k = idx // TS if ti.static(feature_major) else idx % n
+        s, k = row_element(idx, n, TS, feature_major)
         if k < n and s < count:
             if ti.static(feature_major):
                 y[k, order[start + s]] = sh[base + k * TSP + s]
@@ -385,8 +393,7 @@ def load_features(sh: ti.template(), base, src: ti.template(), l: ti.template(),
     """src[l, row0 + k, start + s] for k < rows, s < KS into sh[base + k * KSP + s] (zeros past count)."""
     for j in range((rows * KS + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
-        k = idx // KS
-        s = idx % KS
+        s, k = row_element(idx, rows, KS, True)  # global src[l, row0 + k, sample] is feature-major
         if k < rows:
             v = 0.0
             if s < count:
@@ -401,8 +408,7 @@ def fetch_features(src: ti.template(), l: ti.template(), row0: ti.template(), ro
     v = ti.Vector.zero(ti.f32, (rows * KS + BLOCK - 1) // BLOCK)
     for j in ti.static(range((rows * KS + BLOCK - 1) // BLOCK)):
         idx = j * BLOCK + tid
-        k = idx // KS
-        s = idx % KS
+        s, k = row_element(idx, rows, KS, True)  # global src[l, row0 + k, sample] is feature-major
         if k < rows and s < count:
             v[j] = src[l, row0 + k, start + s]
     return v
@@ -414,9 +420,9 @@ def store_features(sh: ti.template(), base, v: ti.template(), rows: ti.template(
     """`fetch_features`' registers into shared memory, where `load_features` puts them."""
     for j in ti.static(range((rows * KS + BLOCK - 1) // BLOCK)):
         idx = j * BLOCK + tid
-        k = idx // KS
+        s, k = row_element(idx, rows, KS, True)
         if k < rows:
-            sh[base + k * KSP + idx % KS] = v[j]
+            sh[base + k * KSP + s] = v[j]
 
 
 @ti.func
@@ -426,8 +432,7 @@ def fetch_rows(x: ti.template(), order: ti.template(), start, count, tid, n: ti.
     v = ti.Vector.zero(ti.f32, (TS * n + BLOCK - 1) // BLOCK)
     for j in ti.static(range((TS * n + BLOCK - 1) // BLOCK)):
         idx = j * BLOCK + tid
-        s = idx % TS if ti.static(feature_major) else idx // n
-        k = idx // TS if ti.static(feature_major) else idx % n
+        s, k = row_element(idx, n, TS, feature_major)
         if k < n and s < count:
             if ti.static(feature_major):
                 v[j] = x[k, order[start + s]]
@@ -442,8 +447,7 @@ def store_rows(sh: ti.template(), base, v: ti.template(), tid, n: ti.template(),
     """`fetch_rows`' registers into shared memory, where `load_rows` puts them."""
     for j in ti.static(range((TS * n + BLOCK - 1) // BLOCK)):
         idx = j * BLOCK + tid
-        s = idx % TS if ti.static(feature_major) else idx // n
-        k = idx // TS if ti.static(feature_major) else idx % n
+        s, k = row_element(idx, n, TS, feature_major)
         if k < n and s < TS:
             sh[base + k * TSP + s] = v[j]
 
