@@ -14,9 +14,9 @@ run() { local name=$1; local limit=$2; shift 2; echo "== $name"; timeout "$limit
 part=${1:-kernels}
 if [ "$part" = kernels ]; then
   TINN_ARCH=cuda run tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py \
-    tests/test_launch.py tests/test_encodings_cuda.py tests/test_direct_step.py tests/test_network_array.py tests/test_image_sampling.py
+    tests/test_launch.py tests/test_encodings_cuda.py tests/test_part_contract.py tests/test_network_array.py tests/test_image_sampling.py
   TAIL=16 run profile_image 150 python3 benchmarks/profile_image.py --json "$OUT/profile_image.json"
-  TAIL=4 run step_timeline 90 python3 benchmarks/debug/step_timeline.py   # GPU- or host-bound, per process
+  TAIL=4 run step_timeline 90 python3 benchmarks/tools/step_timeline.py   # GPU- or host-bound, per process
   TAIL=6 run bench_target 200 python3 benchmarks/bench_mlp_array.py --networks 4096 --log2-samples 22 \
     --routing even,sorted,ragged --unfused --json "$OUT/bench_target.json"
   run demo_hash 120 python3 demos/mlp_learning_an_image.py --config configs/config_hash.json --steps 1000 \

@@ -108,7 +108,8 @@ class KiloNeRFPipeline:
 
     def __init__(self, args, train, test):
         from tinn.scenes.kilonerf import KiloNeRF
-        from tinn.scenes.training import HashGridField, PhotometricTrainer
+        from tinn.scenes.fields import HashGridField
+        from tinn.scenes.photometric import PhotometricTrainer
 
         self.args, self.train, self.test = args, train, test
         self.steps = {"teacher": args.teacher_steps, "distill": args.distill_steps, "finetune": args.finetune_steps}
@@ -141,7 +142,8 @@ class KiloNeRFPipeline:
         """End the current phase and set up the next (occupancy grid and distiller after the teacher, ...)."""
         from tinn.scenes.kilonerf import Distiller
         from tinn.scenes.occupancy import OccupancyGrid
-        from tinn.scenes.training import PhotometricTrainer, timed
+        from tinn.scenes.photometric import PhotometricTrainer
+        from tinn.scenes.rendering import timed
 
         args, finished = self.args, self.phase
         self.phase_index += 1
@@ -199,14 +201,14 @@ class KiloNeRFPipeline:
         return self.teacher if self.phase == "teacher" else self.student
 
     def render_view(self, model, view: int = 0, occupancy="auto"):
-        from tinn.scenes.training import render_image
+        from tinn.scenes.rendering import render_image
 
         return render_image(model, self.test.c2w[view], self.test.width, self.test.height, self.test.focal,
                             n_samples=self.args.samples, background=self.test.background, occupancy=occupancy)
 
     def heldout(self, model, occupancy="auto") -> tuple[float, float]:
         """Mean PSNR over the held-out views, and the share of their in-box samples that skipping left out."""
-        from tinn.scenes.training import psnr
+        from tinn.scenes.rendering import psnr
 
         views = [self.render_view(model, v, occupancy) for v in range(len(self.test))]
         value = sum(psnr(out.rgb, self.test.images[v]) for v, out in enumerate(views)) / len(views)
@@ -235,7 +237,7 @@ class KiloNeRFPipeline:
 
 def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     """Held-out numbers, render timings, memory; PNGs of held-out view 0."""
-    from tinn.scenes.training import psnr, seconds_per_frame
+    from tinn.scenes.rendering import psnr, seconds_per_frame
     from tinn.tasks.image import save_png
 
     test, args = pipe.test, pipe.args

@@ -18,3 +18,17 @@ if tinn.runtime.arch() == "cpu":
 @pytest.fixture
 def device():
     return tinn.runtime.device()
+
+
+@pytest.fixture
+def tuned():
+    """`tuned(name=value, ...)` installs settings changed from the process's own for the rest of one test
+    (what `TINN_SETTINGS` does for a whole process); restored afterwards."""
+    from tinn import settings
+    original = settings.current()
+
+    def install(**changes):
+        settings.install(original.replace(**changes))
+
+    yield install
+    settings.install(original)

@@ -226,11 +226,11 @@ def test_4d_hash_matches_reference_entries():
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("lanes", [True, False], ids=["feature-lanes", "sample-threads"])
 @pytest.mark.parametrize("n_dims,kw,n_networks", CONFIGS, ids=IDS)
-def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, monkeypatch):
+def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, tuned):
     # Both kernel families: one thread per (level, sample, feature) and one per (level, sample).
-    from tinn.encodings import grid as grid_module
-    monkeypatch.setattr(grid_module, "FEATURE_LANES", lanes)
+    tuned(grid_feature_lanes=lanes)
     enc = make(n_dims, n_networks, **kw)
+    assert enc.feature_lanes is lanes
     x, ids = inputs(enc, 96)
     xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)

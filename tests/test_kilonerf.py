@@ -10,7 +10,7 @@ from tinn.errors import InputError
 from tinn.scenes import ProceduralScene
 from tinn.scenes.kilonerf import Distiller, KiloNeRF, cell_of
 from tinn.scenes.occupancy import OccupancyGrid
-from tinn.scenes.training import render_image
+from tinn.scenes.rendering import render_image
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

@@ -72,12 +72,11 @@ def test_feature_major_inputs_match_row_major(n_networks, batch):
     x = torch.rand(batch, 32, generator=gen).to(dev)
     ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32).to(dev)
     dy = torch.randn(batch, 3, generator=gen).to(dev)
-    params = net.params.detach()
     results = []
     for fm in (False, True):
         xin = x.t().contiguous() if fm else x
-        out, acts, pre, routing = net._forward_train(xin, ids, params, fm)
-        dx, dparams = net._backward(dy, xin, ids, params, acts, pre, out, routing, True, fm)
+        out, ctx = net.forward_ctx(xin, ids, train=True, x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
+        dx, (dparams,) = net.backward(ctx, dy, need_dx=True)
         results.append((out, dx.t() if fm else dx, dparams))
     (out0, dx0, dp0), (out1, dx1, dp1) = results
     assert torch.equal(out0, out1) and torch.equal(dx0, dx1)

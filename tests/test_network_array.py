@@ -67,7 +67,7 @@ def test_many_networks_cutlass_width():
 
 
 @pytest.mark.parametrize("width,depth,hidden", [(16, 0, "ReLU"), (64, 2, "ReLU"), (32, 1, "Sine"), (128, 1, "Tanh")])
-def test_single_network_gemm_weight_gradients(width, depth, hidden, monkeypatch):
+def test_single_network_gemm_weight_gradients(width, depth, hidden, tuned):
     """A single network's weight gradients come from one vendor GEMM per layer: against float64, and
     against tinn's own tile kernels (same sums, another order)."""
     check_against_reference(3, 4, width, depth, hidden, "None", n_networks=1, batch=900, seed=7)
@@ -75,7 +75,7 @@ def test_single_network_gemm_weight_gradients(width, depth, hidden, monkeypatch)
     x = torch.rand(900, 3, device=tinn.runtime.device())
     grads = []
     for vendor in (True, False):
-        monkeypatch.setattr(networks, "VENDOR_WEIGHT_GRADIENTS", vendor)
+        tuned(vendor_weight_gradients=vendor)
         net.params.grad = None
         net(x).square().sum().backward()
         grads.append(net.params.grad.clone())

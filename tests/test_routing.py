@@ -58,7 +58,7 @@ def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
         calls = []
         real = routing.route_fused
         monkeypatch.setattr("tinn.networks.route_fused", lambda i, n, sizes: calls.append(sizes) or real(i, n, sizes))
-        net.fused_geometry = FK.Geometry(64, False, 16, backward_tile)
+        net.fused_geometry = FK.Geometry(64, 16, backward_tile)
         fwd, chunks, bwd = net._fused_tiles(ids, train=True)
         assert len(calls) == 1 and len(calls[0]) == n_sizes  # one sort, one call
         assert (bwd is fwd) == (backward_tile == 64)
@@ -76,7 +76,7 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     from tinn.networks import NetworkArray
 
     net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
-    net.fused, net.fused_geometry = True, FK.Geometry(64, False, 16, 32)
+    net.fused, net.fused_geometry = True, FK.Geometry(64, 16, 32)
     seen = {}
     monkeypatch.setattr(FK, "forward", lambda *a: seen.setdefault("forward", a))
     monkeypatch.setattr(FK, "backward_deltas", lambda *a: seen.setdefault("deltas", a))
@@ -85,10 +85,10 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     ids = torch.randint(0, 6, (3000,), dtype=torch.int32, device=dev)
     x = torch.rand(3000, 4, device=dev)
     params = net.params.detach()
-    out, acts, pre, fused_routing = net._forward_train(x, ids, params)
-    net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True)
+    out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
+    net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    assert int(fwd_counts.max()) == 64 and seen["forward"][-4] == 64  # (..., TS, staged, F, x_fm)
+    assert int(fwd_counts.max()) == 64 and seen["forward"][-3] == 64  # (..., TS, F, x_fm)
     assert int(deltas_counts.max()) == 32 and seen["deltas"][-3] == 32  # (..., TS, F, x_fm)
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
@@ -100,14 +100,11 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     (3, 16, 4, 64, 32),
     (32, 128, 16, 64, 64),  # width 128: not measured at 32, keeps the forward's tiles
 ])
-def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile, monkeypatch):
+def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
     from tinn.kernels import mlp_fused as FK
-    for knob in ("TINN_FUSED_TILE", "TINN_FUSED_TILE_BWD", "TINN_FUSED_STAGE_WEIGHTS"):
-        monkeypatch.delenv(knob, raising=False)
-    g = FK.geometry(n_in, width, n_out, 3)
+    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings())
     assert (g.tile, g.backward_tile) == (tile, backward_tile)
-    monkeypatch.setenv("TINN_FUSED_TILE_BWD", "48")
-    assert FK.geometry(n_in, width, n_out, 3).backward_tile == 48
+    assert FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_backward_tile=48)).backward_tile == 48
 
 
 @pytest.mark.parametrize("n_in,width,n_out,prefetch", [
@@ -116,8 +113,8 @@ def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile, monk
     (32, 128, 16, False),  # width 128: not measured with the prefetch, keeps the plain loop
     (128, 64, 16, False),  # a 128-wide input needs the same register blocks
 ])
-def test_weight_gradient_prefetch_by_features(n_in, width, n_out, prefetch, monkeypatch):
+def test_weight_gradient_prefetch_by_features(n_in, width, n_out, prefetch, tuned):
     from tinn.kernels import mlp_fused as FK
     assert FK.grad_prefetch(FK.features(n_in, width, n_out)) == prefetch
-    monkeypatch.setattr(FK, "GRAD_PREFETCH", False)  # TINN_FUSED_GRAD_PREFETCH=0, read at import
+    tuned(fused_grad_prefetch=False)
     assert not FK.grad_prefetch(FK.features(n_in, width, n_out))

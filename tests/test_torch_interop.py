@@ -111,7 +111,7 @@ def ref_encoding(enc, x, params, ids):
         return ref_identity(x, cfg.get("scale", 1.0), cfg.get("offset", 0.0))
     if enc.otype == "Frequency":
         return ref_frequency(x, cfg["n_frequencies"])
-    return ref_grid(enc.impl, x, params, ids if enc.n_networks > 1 else torch.zeros_like(ids))
+    return ref_grid(enc, x, params, ids if enc.n_networks > 1 else torch.zeros_like(ids))
 
 
 def ref_network(net, params, h, ids):
@@ -127,15 +127,15 @@ def leaf64(t):
 # The tcnn-compatible constructors and attributes
 # ---------------------------------------------------------------------------------------------------------
 def test_constructors_and_attributes_mirror_tcnn():
-    def names(cls):
-        return list(inspect.signature(cls.__init__).parameters)[1:]
+    def names(cls):  # the constructor's parameters, as tcnn's
+        return list(inspect.signature(cls).parameters)
 
     assert names(tcnn.NetworkWithInputEncoding)[:5] == ["n_input_dims", "n_output_dims", "encoding_config",
                                                         "network_config", "seed"]
     assert names(tcnn.Network) == ["n_input_dims", "n_output_dims", "network_config", "seed"]
     assert names(tcnn.Encoding)[:4] == ["n_input_dims", "encoding_config", "seed", "dtype"]
     for cls in (tcnn.NetworkWithInputEncoding, tcnn.Network, tcnn.Encoding, tcnn.NetworkArray):
-        assert inspect.signature(cls.__init__).parameters["seed"].default == 1337
+        assert inspect.signature(cls).parameters["seed"].default == 1337
         assert issubclass(cls, torch.nn.Module)
 
     # `tinn.torch` does not shadow the real torch inside the package (absolute imports).
@@ -176,7 +176,6 @@ def test_grid_model_exposes_both_tables():
     model = tcnn.NetworkWithInputEncoding(2, 3, GRID, NET, n_networks=3)
     enc = model.encoding
     assert enc.otype == "HashGrid" and enc.n_output_dims == 24 and enc.params.shape[0] == 3
-    assert enc.params is enc.impl.params  # one nn.Parameter, read in place by the grid kernels
     assert model.n_params() == enc.params.numel() + 3 * 432
     assert [n for n, _ in model.named_parameters()] == ["encoding.params", "network.params"]
     with pytest.raises(AttributeError, match=r"model\.encoding\.params and model\.network\.params"):
@@ -298,13 +297,13 @@ def _record(monkeypatch, module, name, log):
     monkeypatch.setattr(module, name, spy)
 
 
-def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch):
+def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
     from tinn.kernels import mlp_array as K
 
     log = {}
     for name in ("forward", "backward_deltas", "reduce_tiles"):
         _record(monkeypatch, K, name, log)
-    monkeypatch.setenv("TINN_FUSED", "0")  # these kernels (the fused CUDA ones take the same tensors)
+    tuned(network_kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
     net = tcnn.NetworkArray(24, 3, NET, n_networks=3, seed=1)
     x = rand(512, 24, seed=1, lo=-1, hi=1).requires_grad_()
     ids = rand_ids(512, 3)

@@ -91,14 +91,38 @@ def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     if ids.dim() != 1 or ids.shape[0] != batch:
         raise InputError(f"net_ids must have shape ({batch},) to match the batch, got {tuple(ids.shape)}")
     check_device("net_ids", ids)
-    if ids.dtype != torch.int32:
-        ids = ids.to(torch.int32)
     if _enabled["sync_checks"] and batch:
+        # On the ids as given: an int64 id of 2^32 + 1 must not pass as 1 after the cast.
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one sync for both
         if lo < 0 or hi >= n_networks:
             bad = lo if lo < 0 else hi
             raise InputError(f"net_ids contains {bad}; allowed: 0 <= id < n_networks={n_networks}")
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
     return ids.contiguous()
+
+
+def zero_ids(batch: int) -> torch.Tensor:
+    """int32 zeros: the ids of a single network's samples (shared per batch size; read-only)."""
+    return _zero_ids(batch)
+
+
+def part_inputs(owner: str, x, ids, n_dims: int, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked path of every part's forward: x as (batch, n_dims) float32 on tinn's device, ids as
+    int32, and one device sync for the finite-values scan of x and the id range together."""
+    x = float_input(f"{owner} input", x, n_dims)
+    batch = x.shape[0]
+    with disabled():
+        ids32 = net_ids(ids, batch, n_networks)
+    if _enabled["sync_checks"] and batch:
+        conditions = [torch.isfinite(x).all()]
+        if ids is not None:
+            lo, hi = torch.aminmax(ids)
+            conditions += [lo >= 0, hi < n_networks]
+        if not bool(torch.stack(conditions).all()):
+            float_input(f"{owner} input", x, n_dims, check_finite=True)
+            net_ids(ids, batch, n_networks)
+    return x, ids32
 
 
 def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, targets: torch.Tensor,
@@ -111,6 +135,7 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     if not _enabled["sync_checks"] or inputs.shape[0] == 0:
         return
     conditions = [torch.isfinite(inputs).all(), torch.isfinite(targets).all()]
+    # (ids are the caller's, before any cast: see net_ids)
     if ids is not None:
         lo, hi = torch.aminmax(ids)
         conditions += [lo >= 0, hi < n_networks]
@@ -119,3 +144,15 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     float_input(name_inputs, inputs, inputs.shape[1], check_finite=True)
     float_input(name_targets, targets, targets.shape[1], check_finite=True)
     net_ids(ids, inputs.shape[0], n_networks)
+
+
+def table(name: str, p: torch.Tensor, shape: tuple) -> None:
+    """A parameter table a kernel is about to read: float32, on tinn's device, contiguous, of `shape`."""
+    if p.dtype != torch.float32:
+        raise InputError(f"{name} has dtype {p.dtype}; tinn kernels read float32 parameters "
+                         "(was the module converted with .double() / .half()? convert it back with .float())")
+    check_device(name, p)
+    if tuple(p.shape) != tuple(shape):
+        raise InputError(f"{name} has shape {tuple(p.shape)}; expected {tuple(shape)}")
+    if not p.is_contiguous():
+        raise InputError(f"{name} is not contiguous; tinn kernels read it in place (assign a contiguous tensor)")

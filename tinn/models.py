@@ -4,6 +4,10 @@ Mirrors tcnn's constructor `(n_input_dims, n_output_dims, encoding_config,
 network_config)`; `n_networks > 1` makes both parts arrays routed by `net_ids`.
 Parameter-free encodings (Frequency, ...) are shared by all networks; encodings
 with tables (grids) get one table per network unless `share_encoding=True`.
+
+The model is itself a part (tinn/part.py): it runs the encoding's contract, hands
+its output to the network in a layout both take (a grid's feature-major features
+go straight into the fused network), and runs the two backward passes in reverse.
 """
 from __future__ import annotations
 
@@ -12,33 +16,74 @@ import torch
 from . import checks
 from .encodings import create_encoding
 from .networks import NetworkArray
+from .part import Context, Part, common_layout, has_hooks
 
 
-def encode_then_evaluate(model, x: torch.Tensor, net_ids: torch.Tensor | None) -> torch.Tensor:
-    """Shared forward of encoding+network models: validate once, route ids to the parts that need them."""
-    x = checks.float_input("input", x, model.n_input_dims)
-    ids = checks.net_ids(net_ids, x.shape[0], model.n_networks)
-    with checks.disabled():  # validated once above
-        enc_ids = ids if model.encoding.n_networks > 1 else None
-        return model.network(model.encoding(x, enc_ids), ids)
-
-
-class NetworkWithInputEncoding(torch.nn.Module):
+class NetworkWithInputEncoding(Part):
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
-                 network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False):
-        super().__init__()
-        self.n_input_dims, self.n_output_dims, self.n_networks = n_input_dims, n_output_dims, n_networks
+                 network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
+                 kernels: str | None = None):
+        super().__init__(n_input_dims, n_output_dims, n_networks)
         self.encoding = create_encoding(n_input_dims, encoding_config, n_networks=1 if share_encoding else n_networks,
                                         seed=seed)
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
-                                    n_networks=n_networks, seed=seed + 1)
+                                    n_networks=n_networks, seed=seed + 1, kernels=kernels)
+        self.seed = seed
 
-    def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return encode_then_evaluate(self, x, net_ids)
+    def tables(self):
+        return self.encoding.tables() + self.network.tables()
 
-    def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        with torch.no_grad():
-            return self.forward(x, net_ids)
+    def check_tables(self) -> None:
+        self.encoding.check_tables()
+        self.network.check_tables()
+
+    @property
+    def params(self) -> torch.nn.Parameter:
+        """The one trainable table when only one part has one (tcnn's `params` for Frequency/OneBlob models)."""
+        own = [t for t in self.tables() if t is not None]
+        if len(own) == 1:
+            return own[0]
+        raise AttributeError("NetworkWithInputEncoding.params is ambiguous: both parts are trainable; use "
+                             "model.encoding.params and model.network.params (or model.parameters())")
+
+    def __getattr__(self, name):
+        if name == "params":  # the property's AttributeError lands here; keep its explanation
+            return type(self).params.fget(self)
+        return super().__getattr__(name)
+
+    def _encoding_ids(self, ids):
+        return ids if self.encoding.n_networks > 1 else checks.zero_ids(ids.shape[0])
+
+    def run_checked(self, x, ids):
+        """With hooks on a part, the parts run as modules (each its own autograd node) so the hooks see
+        their calls; otherwise the composed contract runs as one node."""
+        if has_hooks(self.encoding) or has_hooks(self.network):
+            with checks.disabled():  # validated by the caller
+                h = self.encoding(x, ids if self.encoding.n_networks > 1 else None)
+                return self.network(h, ids)
+        return super().run_checked(x, ids)
+
+    def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+        handover = common_layout(self.encoding, self.network)
+        h, enc_ctx = self.encoding.forward_ctx(x, self._encoding_ids(ids), train=train, y_layout=handover)
+        y, net_ctx = self.network.forward_ctx(h, ids, train=train, x_layout=handover)
+        return y, (Context(encoding=enc_ctx, network=net_ctx) if train else None)
+
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        enc_tables = self.encoding.tables()
+        train_encoding = need_grads and any(t is not None and t.requires_grad for t in enc_tables)
+        need_dh = need_dx or train_encoding
+        dh, net_grads = self.network.backward(ctx.network, dy, need_dx=need_dh, need_grads=need_grads)
+        if not need_dh:
+            return None, (None,) * len(enc_tables) + net_grads
+        dx, enc_grads = self.encoding.backward(ctx.encoding, dh, need_dx=need_dx, need_grads=train_encoding)
+        return dx, tuple(enc_grads) + net_grads
 
     def memory_bytes(self) -> int:
         return self.encoding.memory_bytes() + self.network.memory_bytes()
+
+    def n_params_per_network(self) -> int:
+        return self.network.n_params_per_network() + (
+            self.encoding.n_params_per_network() if self.encoding.n_networks > 1 else 0)
+
+

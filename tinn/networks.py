@@ -8,25 +8,22 @@ the Taichi kernels read and write in place.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from . import checks, runtime
+from . import runtime
 from .activations import SINE, activation_code, activation_name
 from .config import Section
 from .errors import ConfigError
 from .kernels import mlp_array as K
 from .kernels import mlp_fused as FK
+from .part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
 from .routing import Routing, TileRouting, route, route_fused
+from .settings import NETWORK_KERNELS
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
-# A single network's weight gradients as vendor GEMMs (cuBLAS / the CPU BLAS), see
-# NetworkArray._gemm_weight_gradients; TINN_VENDOR_WGRAD=0 keeps them in tinn's kernels (A/B runs, tests).
-VENDOR_WEIGHT_GRADIENTS = os.environ.get("TINN_VENDOR_WGRAD", "1") != "0"
-MAX_K_SLICES = int(os.environ.get("TINN_WGRAD_SLICES", 256))  # split-K of those GEMMs on CUDA (see mm_long_k)
 MIN_K_SLICE = 1024
 
 
@@ -51,15 +48,14 @@ def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
     """Consecutive blocks of the contiguous `out` receive a_i @ b_i^T, for (M_i, K) and (N_i, K)
     operands sharing K (the batch), K far larger than M_i and N_i (weight gradients).
 
-    On CUDA cuBLAS gives such a GEMM few blocks (measured on an H100 at K = 2^18: 11-18 TFLOP/s); cutting
-    K into slices, one batched GEMM over them and a sum of the slice products ran 1.6x faster
-    (benchmarks/debug/wgrad_gemm_ab.py). Every product writes its slice products into one buffer, so
-    a single sum reduces them all (host time: each torch op costs tens of microseconds). Elsewhere
-    one plain GEMM per product.
+    On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
+    a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
+    slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
+    Elsewhere one plain GEMM per product.
     """
     k = products[0][0].shape[1]
     if max_slices is None:
-        max_slices = MAX_K_SLICES if out.is_cuda else 1
+        max_slices = runtime.settings().weight_gradient_slices if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
 
     def blocks():  # out's block of each product (built only when needed: views cost host time too)
@@ -90,39 +86,27 @@ def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
             block.addmm_(a[:, main:], b[:, main:].t())
 
 
-class _MLPArrayFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, net_ids, params, net):
-        out, acts, pre, routing = net._forward_train(x.detach(), net_ids, params.detach())
-        ctx.net = net
-        ctx.routing = routing
-        ctx.save_for_backward(x.detach(), net_ids, params.detach(), acts, pre, out)
-        return out
+class NetworkArray(Part):
+    """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b].
 
-    @staticmethod
-    def backward(ctx, dy):
-        # Saved outputs come back attached to the graph; kernels must get plain tensors.
-        x, net_ids, params, acts, pre, out = (t.detach() for t in ctx.saved_tensors)
-        want_dx = ctx.needs_input_grad[0]
-        dx, dparams = ctx.net._backward(dy.detach().contiguous(), x, net_ids, params, acts, pre, out, ctx.routing, want_dx)
-        return dx, None, dparams, None
-
-
-class NetworkArray(torch.nn.Module):
-    """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b]."""
+    `kernels` picks the kernel family ("fused", "unfused" or "auto"; default: the settings'
+    `network_kernels`); the fused CUDA kernels also read their input feature-major, as a grid writes it.
+    """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
-                 n_networks: int = 1, seed: int = 1337, tile_size: int | None = None):
-        super().__init__()
+                 n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
         for name, value, lo in (("n_input_dims", n_input_dims, 1), ("n_output_dims", n_output_dims, 1)):
-            if not isinstance(value, int) or value < lo:
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
-        if not isinstance(n_networks, int) or not 1 <= n_networks <= MAX_NETWORKS:
+        if isinstance(n_networks, bool) or not isinstance(n_networks, int) or not 1 <= n_networks <= MAX_NETWORKS:
             raise ConfigError(f"n_networks={n_networks!r} is out of range; allowed: 1..{MAX_NETWORKS}")
+        kernels = runtime.settings().network_kernels if kernels is None else kernels
+        if kernels not in NETWORK_KERNELS:
+            raise ConfigError(f"kernels={kernels!r} is not supported; allowed: {list(NETWORK_KERNELS)}")
+        super().__init__(n_input_dims, n_output_dims, n_networks)
         self.config = cfg
-        self.n_input_dims, self.n_output_dims, self.n_networks = n_input_dims, n_output_dims, n_networks
         self.width = cfg["n_neurons"]
         self.n_layers = cfg["n_hidden_layers"] + 1  # weight matrices
         self.hidden_act, self.output_act = cfg["activation"], cfg["output_activation"]
@@ -130,12 +114,17 @@ class NetworkArray(torch.nn.Module):
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine keeps the
-        # unfused path because its derivative needs pre-activations. TINN_FUSED=0 turns them off.
-        self.fused = (runtime.arch() == "cuda" and not self.keep_pre and os.environ.get("TINN_FUSED", "1") != "0"
-                      and FK.supported(n_input_dims, self.width, n_output_dims))
+        # unfused path because its derivative needs pre-activations.
+        fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(n_input_dims, self.width,
+                                                                                  n_output_dims)
+        if kernels == "fused" and not fusable:
+            raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine activation and at most "
+                              f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
+        self.fused = fusable and kernels != "unfused"
+        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
-        self.fused_geometry = (FK.geometry(n_input_dims, self.width, n_output_dims, self.n_layers)
-                               if self.fused else None)
+        self.fused_geometry = (FK.geometry(n_input_dims, self.width, n_output_dims, self.n_layers,
+                                           runtime.settings()) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
@@ -174,20 +163,29 @@ class NetworkArray(torch.nn.Module):
             off += o * i
         self.params.copy_(host)
 
-    # ---- forward ------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = checks.float_input("input", x, self.n_input_dims)
-        ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
-        if torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad):
-            return _MLPArrayFn.apply(x, ids, self.params, self)
-        return self._inference(x.detach(), ids)
+    # ---- the part contract ------------------------------------------------------------------------
+    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        x_fm = x_layout == FEATURE_MAJOR
+        if x_fm and not self.fused:
+            raise ValueError("feature-major inputs need the fused kernels")
+        params = self.params.detach()
+        if not train:
+            return self._inference(x, ids, params, x_fm), None
+        out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
+        # The context keeps a detached alias of the output: autograd marks the returned tensor itself.
+        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=out.detach(), routing=routing,
+                            x_fm=x_fm)
 
-    def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        with torch.no_grad():
-            return self.forward(x, net_ids)
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out, ctx.routing,
+                                     need_dx, need_grads, ctx.x_fm)
+        return dx, (dparams,)
 
-    def _static_shape(self):
-        return self.n_input_dims, self.width, self.n_output_dims, self.n_layers
+    @property
+    def shape(self) -> K.MLPShape:
+        """The compile-time shape the kernels take."""
+        return K.MLPShape(self.n_input_dims, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
+                          self.output_act)
 
     def _launch_forward(self, x, ids, params, order, keep_all):
         # Scratch buffers are feature-major and indexed by sorted position: (layer, feature, position).
@@ -199,8 +197,8 @@ class NetworkArray(torch.nn.Module):
                           device=dev)
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch:
-            K.forward(x, ids, order, params, acts, pre, out, *self._static_shape(),
-                      self.hidden_act, self.output_act, keep_all, self.keep_pre)
+            K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
+                          keep_pre=self.keep_pre)
         return out, acts, pre
 
     def _fused_tiles(self, ids, train: bool) -> tuple[TileRouting, ...]:
@@ -222,30 +220,26 @@ class NetworkArray(torch.nn.Module):
         return tiles if not train or separate_backward else tiles + (tiles[0],)
 
     def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False):
-        ts, staged, f, _ = self.fused_geometry
         tiles = self._fused_tiles(ids, train=keep_all)
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
                            device=x.device)
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
-            t = tiles[0]
-            FK.forward(x, t.order, t.tile_net, t.tile_start, t.tile_count, params, acts, out,
-                       *self._static_shape(), self.hidden_act, self.output_act, keep_all, ts, staged, f, x_fm)
+            FK.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
+                           keep_all=keep_all, x_fm=x_fm)
         return out, acts, (tiles if keep_all else None)
 
-    def _inference(self, x, ids):
+    def _inference(self, x, ids, params, x_fm):
         if self.fused:
-            return self._launch_fused_forward(x, ids, self.params.detach(), keep_all=False)[0]
+            return self._launch_fused_forward(x, ids, params, keep_all=False, x_fm=x_fm)[0]
         order = route(ids, self.n_networks, self.tile_size, tiles=False).order
-        out, _, _ = self._launch_forward(x, ids, self.params.detach(), order, keep_all=False)
+        out, _, _ = self._launch_forward(x, ids, params, order, keep_all=False)
         return out
 
-    def _forward_train(self, x, ids, params, x_feature_major=False):
+    def _forward_train(self, x, ids, params, x_feature_major):
         """Forward keeping what the backward needs. `x_feature_major` (fused path only): x is (n_in, batch),
         as a grid encoding writes it, and `_backward` then returns dx the same way."""
-        if x_feature_major and not self.fused:
-            raise ValueError("feature-major inputs need the fused kernels")
         if self.fused:
             out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_fm=x_feature_major)
             return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
@@ -254,38 +248,34 @@ class NetworkArray(torch.nn.Module):
         return out, acts, pre, routing
 
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting],
-                  want_dx: bool, x_feature_major: bool = False):
+                  want_dx: bool, want_params: bool, x_feature_major: bool):
         batch = ids.shape[0]
         dev = x.device
         dx_shape = (self.n_input_dims, batch) if x_feature_major else (batch, self.n_input_dims)
         dx = torch.empty(dx_shape, device=dev) if want_dx else torch.empty(1, 1, device=dev)
-        gemm = batch > 0 and self.n_networks == 1 and VENDOR_WEIGHT_GRADIENTS
-        dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)  # the GEMMs write every weight
+        gemm = batch > 0 and self.n_networks == 1 and runtime.settings().vendor_weight_gradients
+        dparams = None
+        if want_params:  # the GEMMs write every weight; the kernels add into zeros
+            dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)
         if not batch:
-            return (dx if want_dx else None), dparams
+            return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
         deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
         if self.fused:
             chunks, tiles = routing
-            _, _, f, ts = self.fused_geometry
-            FK.backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params,
-                               acts, out, deltas, dx, *self._static_shape(), self.hidden_act, self.output_act,
-                               want_dx, ts, f, x_feature_major)
+            FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
+                                   deltas=deltas, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
         else:
-            K.backward_deltas(dy, ids, routing.order, params, acts, pre, out, deltas, dx, *self._static_shape(),
-                              self.hidden_act, self.output_act, self.keep_pre, want_dx)
-        if gemm:
+            K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
+                                  deltas=deltas, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
+        if not want_params:
+            pass
+        elif gemm:
             self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dparams)
         elif self.fused:
-            FK.weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
-                                acts, deltas, dparams, *self._static_shape(), f, x_feature_major)
+            FK.run_weight_gradients(x, chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas,
+                                    dparams=dparams, x_fm=x_feature_major)
         else:
-            partial = torch.empty(routing.n_tiles, params.shape[1], device=dev)
-            offset = 0
-            for l, (fan_out, fan_in) in enumerate(self.layer_shapes()):
-                K.tile_weight_gradient(x, acts, l > 0, routing.order, routing.tile_start, routing.tile_end,
-                                       deltas, partial, l, fan_in, fan_out, offset)
-                offset += fan_out * fan_in
-            K.reduce_tiles(partial, routing.tile_net, dparams)
+            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dparams=dparams)
         return (dx if want_dx else None), dparams
 
     def _gemm_weight_gradients(self, x_t, acts, deltas, dparams):
@@ -302,9 +292,6 @@ class NetworkArray(torch.nn.Module):
         mm_long_k([(deltas[l, :fan_out], x_t if l == 0 else acts[l - 1, :fan_in])   # (fan_out, B), (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
 
-    def memory_bytes(self) -> int:
-        return self.params.numel() * self.params.element_size()
-
     def extra_repr(self) -> str:
         return (f"n_networks={self.n_networks}, in={self.n_input_dims}, out={self.n_output_dims}, "
                 f"width={self.width}, hidden_layers={self.n_layers - 1}, "
@@ -314,5 +301,6 @@ class NetworkArray(torch.nn.Module):
 class Network(NetworkArray):
     """A single MLP (tcnn's `Network`): a NetworkArray of one."""
 
-    def __init__(self, n_input_dims: int, n_output_dims: int, network_config=None, seed: int = 1337):
-        super().__init__(n_input_dims, n_output_dims, network_config, n_networks=1, seed=seed)
+    def __init__(self, n_input_dims: int, n_output_dims: int, network_config=None, seed: int = 1337,
+                 kernels: str | None = None):
+        super().__init__(n_input_dims, n_output_dims, network_config, n_networks=1, seed=seed, kernels=kernels)

@@ -1,20 +1,24 @@
-"""The one place that initialises Taichi.
+"""The one place that initialises Taichi, owns the settings and orders CUDA streams.
 
-`init()` picks the backend (argument, else `TINN_ARCH`, else GPU if one is present,
-else CPU), is safe to call twice, and tells which torch device pairs with the
-backend so tensors can be shared zero-copy.
+`init()` picks the arch (argument, else `TINN_ARCH`, else GPU if one is present,
+else CPU), fixes the tuning settings (tinn/settings.py), is safe to call twice,
+and tells which torch device pairs with the arch so tensors can be shared
+zero-copy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import taichi as ti
 import torch
 
+from . import settings as settings_module
 from .errors import ConfigError, NotInitializedError
+from .settings import Settings
 
 _ARCHS = {"cpu": "cpu", "cuda": "cuda", "gpu": "gpu", "auto": "auto"}
-_state = {"arch": None, "device": None}
+_state = {"arch": None, "device": None, "settings": None}
 
 
 def _resolve(arch: str) -> str:
@@ -28,11 +32,13 @@ def _resolve(arch: str) -> str:
     return key
 
 
-def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
-    """Initialise Taichi once. Returns the backend in use ('cpu' or 'cuda').
+def init(arch: str | None = None, *, settings: Settings | dict | None = None, debug: bool = False,
+         offline_cache: bool = True, **kwargs) -> str:
+    """Initialise Taichi once. Returns the arch in use ('cpu' or 'cuda').
 
-    A second call with the same (or no) arch is a no-op; asking for another arch
-    after initialisation is an error, because Taichi state cannot migrate.
+    `settings` overrides the tuning defaults (see tinn/settings.py). A second call with the same
+    (or no) arch and no settings is a no-op; asking for another arch or other settings after
+    initialisation is an error, because compiled kernels and Taichi state cannot change.
     """
     wanted = _resolve(arch or os.environ.get("TINN_ARCH", "auto"))
     if _state["arch"] is not None:
@@ -40,7 +46,11 @@ def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = 
             raise ConfigError(
                 f"tinn is already initialised with arch={_state['arch']!r}; cannot switch to {wanted!r} in one process"
             )
+        if settings is not None and settings_module.build(None, settings) != _state["settings"]:
+            raise ConfigError("tinn is already initialised with other settings; pass settings to the first "
+                              "tinn.init() of the process")
         return _state["arch"]
+    chosen = settings_module.build(os.environ.get(settings_module.ENV_VARIABLE), settings)
     ti_arch = ti.cuda if wanted == "cuda" else ti.cpu
     # Reverse-mode autodiff over dynamic loops needs a deeper adstack than Taichi's default.
     kwargs.setdefault("ad_stack_size", 256)
@@ -48,10 +58,11 @@ def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = 
     kwargs.setdefault("log_level", ti.WARN)
     # The MLP kernels unroll up to 128 multiply-adds per row on purpose (register-resident vectors).
     kwargs.setdefault("unrolling_limit", 0)
-    if wanted == "cuda" and os.environ.get("TINN_GPU_MAX_REG"):
-        # Register cap per thread (occupancy vs spills), a tuning knob for the fused kernels.
-        kwargs.setdefault("gpu_max_reg", int(os.environ["TINN_GPU_MAX_REG"]))
+    if wanted == "cuda" and chosen.gpu_max_reg:
+        kwargs.setdefault("gpu_max_reg", chosen.gpu_max_reg)
     ti.init(arch=ti_arch, debug=debug, offline_cache=offline_cache, **kwargs)
+    _state["settings"] = chosen
+    settings_module.install(chosen)
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")
     return wanted
@@ -64,6 +75,12 @@ def is_initialized() -> bool:
 def arch() -> str:
     require_init()
     return _state["arch"]
+
+
+def settings() -> Settings:
+    """The tuning settings of this process (initialises tinn with defaults if nobody did)."""
+    ensure_init()
+    return settings_module.current()
 
 
 def device() -> torch.device:
@@ -88,3 +105,45 @@ def sync() -> None:
         ti.sync()
         if _state["arch"] == "cuda":
             torch.cuda.synchronize()
+
+
+# ---- CUDA stream ordering ---------------------------------------------------------------------------
+# torch's current-stream query without building Stream objects (a few microseconds per call, asked on
+# every module call); stream id 0 is the default stream. Absent from CPU builds of torch.
+_CURRENT_STREAM_ID = getattr(torch._C, "_cuda_getCurrentStream", None)
+
+
+def foreign_stream():
+    """torch's current CUDA stream when it is not the default stream Taichi launches on, else None."""
+    if _state["arch"] != "cuda":
+        return None
+    dev = _state["device"]
+    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:
+        return None
+    cur = torch.cuda.current_stream(dev)
+    return None if cur == torch.cuda.default_stream(dev) else cur
+
+
+@contextlib.contextmanager
+def stream_guard():
+    """Order Taichi launches (CUDA legacy default stream) with torch's current stream.
+
+    No-op on the CPU backend and when torch's current stream already is the default stream. Otherwise:
+    the default stream waits for the current one, the body runs with the default stream current (torch's
+    own ops inside it, and the backward pass autograd runs on the forward's stream, stay ordered with the
+    Taichi launches), and on exit the current stream waits for the default one. These are GPU-side event
+    waits, not host syncs. Tensors created inside the block belong to the default stream's allocator
+    pool; if one is kept alive and freed while the caller's stream may still use it, call
+    `t.record_stream(torch.cuda.current_stream())`.
+    """
+    cur = foreign_stream()
+    if cur is None:
+        yield
+        return
+    default = torch.cuda.default_stream(cur.device)
+    default.wait_stream(cur)
+    try:
+        with torch.cuda.stream(default):
+            yield
+    finally:
+        cur.wait_stream(default)

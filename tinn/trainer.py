@@ -1,10 +1,15 @@
-"""`Trainer`: model + loss + optimizer, tcnn style.
+"""`Trainer`: model + loss + optimizer, tcnn style, and the one training loop of tinn.
 
-`training_step(inputs, targets, net_ids)` runs forward, the loss kernel (which
-yields dLoss/dprediction directly), the hand-written backward, and one optimizer
-step. On tinn's own models the backward kernels are called directly
-(`direct_step.py`); any other torch module goes through torch autograd. It
-returns the loss as a 0-d tensor so the caller decides when to sync.
+`training_step(inputs, targets, net_ids)` runs forward, the loss (which yields dLoss/dprediction
+itself), the backward and one optimizer step. On a model that follows the part contract
+(tinn/part.py) it calls the contract's `forward_ctx` and `backward` directly, with no autograd
+bookkeeping; any other torch module, a part with hooks or a subclass with its own forward goes
+through torch autograd and gets the same gradients.
+
+`optimize(objective)` is the step of tasks whose loss is not a per-sample regression (volume
+rendering, distillation): `objective()` returns a scalar loss built with autograd. Learning-rate
+schedules live in the optimizer (`ExponentialDecay` and the other wrappers), not in the loops.
+`reset()` puts model and optimizer back to their initial state.
 """
 from __future__ import annotations
 
@@ -12,13 +17,46 @@ import os
 
 import torch
 
-from . import checkpoint, checks
+from . import checkpoint, checks, runtime
 from .config import Section
-from .direct_step import DirectStep
 from .errors import CheckpointError, InputError
-from .losses import create_loss
+from .losses import LossResult, create_loss
 from .models import NetworkWithInputEncoding
 from .optimizers import create_optimizer
+from .part import Part, has_hooks
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def _observed(model: torch.nn.Module) -> bool:
+    """Whether hooks would see the difference between the contract step and autograd."""
+    module_mod = torch.nn.modules.module
+    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOKS):
+        return True
+    if any(has_hooks(m) for m in model.modules()):
+        return True
+    return any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+
+
+def _accumulate_grad(p: torch.Tensor, grad: torch.Tensor) -> None:
+    """What autograd's gradient accumulation does for a leaf: take the buffer, or add into `.grad`."""
+    if p.grad is None:
+        p.grad = grad
+    else:
+        p.grad += grad
+
+
+def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> LossResult:
+    """A tinn loss evaluates value and gradient in one kernel; any other callable `loss(pred, target)`
+    is differentiated with autograd."""
+    if hasattr(loss, "evaluate"):
+        return loss.evaluate(pred, target, **kwargs)
+    leaf = pred.detach().requires_grad_()
+    with torch.enable_grad():
+        value = loss(leaf, target)
+        (grad,) = torch.autograd.grad(value, leaf)
+    return LossResult(value.detach(), grad)
 
 
 class Trainer:
@@ -33,8 +71,6 @@ class Trainer:
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
         self.step = 0
-        # tinn's own models step without torch autograd (see direct_step.py); others go through autograd.
-        self._direct = DirectStep.for_model(model)
 
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
@@ -63,31 +99,59 @@ class Trainer:
             raise InputError(f"targets has batch {t.shape[0]} but inputs has batch {x.shape[0]}")
         with checks.disabled():  # the range check is part of the one-sync check below
             ids = checks.net_ids(net_ids, x.shape[0], self.n_networks)
-        checks.training_batch("inputs", x, "targets", t, ids if net_ids is not None else None, self.n_networks)
+        checks.training_batch("inputs", x, "targets", t, net_ids, self.n_networks)
         return x, t, ids
 
+    def _uses_contract(self, batch: int) -> bool:
+        model = self.model
+        if not isinstance(model, Part) or not model.direct_training or batch == 0:
+            return False
+        if not any(t is not None and t.requires_grad for t in model.tables()):
+            return False
+        return not _observed(model)
+
+    # ---- steps ------------------------------------------------------------------------------------
     def training_step(self, inputs: torch.Tensor, targets: torch.Tensor, net_ids: torch.Tensor | None = None,
                       run_optimizer: bool = True) -> torch.Tensor:
+        """One regression step; returns the loss as a 0-d tensor (the caller decides when to sync)."""
         x, t, ids = self._inputs(inputs, targets, net_ids)
         self.optimizer.zero_grad()
-
-        def loss_of(pred):
-            return self.loss.evaluate(pred.detach(), t, net_ids=ids if self.track_per_network_loss else None,
-                                      n_networks=self.n_networks if self.track_per_network_loss else None)
-
-        with checks.disabled():  # already validated
-            if self._direct is not None and self._direct.applies(x.shape[0]):
-                result = self._direct.run(x, ids, loss_of)  # same kernels and gradients, no autograd graph
+        track = self.track_per_network_loss
+        kwargs = {"net_ids": ids, "n_networks": self.n_networks} if track else {}
+        with checks.disabled(), runtime.stream_guard():  # inputs validated above
+            if self._uses_contract(x.shape[0]):
+                model = self.model
+                pred, ctx = model.forward_ctx(x, ids, train=True)
+                result = _loss_result(self.loss, pred, t, **kwargs)
+                _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
+                for table, grad in zip(model.tables(), grads):
+                    if table is not None and table.requires_grad and grad is not None:
+                        _accumulate_grad(table, grad)
             else:
                 pred = self.model(x, ids)
-                result = loss_of(pred)
+                result = _loss_result(self.loss, pred.detach(), t, **kwargs)
                 pred.backward(result.grad)
         if run_optimizer:
             self.optimizer.step()
             self.step += 1
-        if self.track_per_network_loss:
+        if track:
             self.per_network_loss = result.per_network
         return result.value
+
+    def optimize(self, objective=None, run_optimizer: bool = True) -> torch.Tensor:
+        """One step on `objective()` (default: the trainer's `loss`), a scalar loss built with autograd."""
+        objective = self.loss if objective is None else objective
+        self.optimizer.zero_grad()
+        with runtime.stream_guard():
+            loss = objective()
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise InputError(f"the objective must return a 0-d loss tensor, got "
+                                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
+            loss.backward()
+        if run_optimizer:
+            self.optimizer.step()
+            self.step += 1
+        return loss.detach()
 
     def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Evaluate with the optimizer's inference weights (EMA / Average / Lookahead averages, else live)."""
@@ -97,6 +161,19 @@ class Trainer:
     def inference_weights(self):
         """Context in which `self.model` holds the inference weights (e.g. to render a whole image)."""
         return self.optimizer.swap_in_inference_params()
+
+    def reset(self, seed: int | None = None) -> None:
+        """Model parameters re-initialised (tinn parts from their own seeds, or from `seed`; other torch
+        modules by their `reset_parameters()`), optimizer state and step count back to the start; the
+        configuration stays."""
+        with torch.no_grad():
+            for m in self.model.modules():
+                reset = getattr(m, "reset_parameters", None)
+                if callable(reset):
+                    reset(seed) if isinstance(m, Part) and seed is not None else reset()
+        self.optimizer = create_optimizer(self.optimizer.hyperparams(), list(self.model.named_parameters()))
+        self.step = 0
+        self.per_network_loss = None
 
     @property
     def learning_rate(self) -> float:

@@ -3,28 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import runtime
 from ..config import Section
 from ..kernels import basic_encodings as K
-from .base import Encoding
-from .perdim import PerDimEncode
+from .base import ParameterFreeEncoding, PerDimEncoding
 
 
-class _IdentityFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale, offset):
-        out = torch.empty_like(x)
-        K.identity_forward(x.detach(), out, scale, offset)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        # A torch op rather than the kernel so the input gradient stays differentiable (double backward).
-        return dy * ctx.scale, None, None
-
-
-class IdentityEncoding(Encoding):
+class IdentityEncoding(ParameterFreeEncoding):
     otype = "Identity"
 
     def __init__(self, n_input_dims: int, scale: float = 1.0, offset: float = 0.0, n_networks: int = 1):
@@ -35,11 +19,19 @@ class IdentityEncoding(Encoding):
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
         return cls(n_input_dims, cfg.number("scale", 1.0), cfg.number("offset", 0.0), n_networks)
 
-    def encode(self, x, net_ids):
-        return _IdentityFn.apply(x, self.scale, self.offset)
+    def _fwd(self, x):
+        out = torch.empty_like(x)
+        K.identity_forward(x, out, self.scale, self.offset)
+        return out
+
+    def _bwd(self, x, dy):
+        return dy * self.scale
+
+    def _second_order(self, x, dy, ddx, need_ddy, need_dx):  # linear: no curvature
+        return (ddx * self.scale if need_ddy else None), (torch.zeros_like(x) if need_dx else None)
 
 
-class FrequencyEncoding(Encoding):
+class FrequencyEncoding(PerDimEncoding):
     """sin/cos of 2^k * pi * x for k < n_frequencies, per input dimension (tcnn order)."""
 
     otype = "Frequency"
@@ -52,11 +44,7 @@ class FrequencyEncoding(Encoding):
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
         return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
 
-    def encode(self, x, net_ids):
-        runtime.require_init()
-        return PerDimEncode.apply(x, self)
-
-    # Kernel launchers used by PerDimEncode (x, dy contiguous and detached).
+    # Kernel launchers (x, dy contiguous and detached).
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
         K.frequency_forward(x, out, self.n_frequencies)

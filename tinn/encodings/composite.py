@@ -10,6 +10,7 @@ import torch
 
 from ..config import Section
 from ..errors import ConfigError
+from ..part import Context, SecondOrderError, run
 from .base import Encoding
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
@@ -42,7 +43,7 @@ class CompositeEncoding(Encoding):
         tables, offset = [], 0
         for enc in self.nested:
             if enc.n_params_per_network() > 0:
-                if enc.params is None or not hasattr(enc, "encode_with"):
+                if enc.params is None or not hasattr(enc, "lookup"):
                     raise ConfigError(f"nested {enc.otype} has parameters but cannot read them from a shared table")
                 tables.append(enc.params.data)
                 enc.params = None
@@ -53,6 +54,8 @@ class CompositeEncoding(Encoding):
         self._n_params = offset
         if tables:
             self.params = torch.nn.Parameter(torch.cat(tables, dim=1))
+        else:
+            self.uses_ids = False
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
@@ -91,30 +94,93 @@ class CompositeEncoding(Encoding):
     def n_params_per_network(self) -> int:
         return self._n_params
 
+    @torch.no_grad()
+    def reset_parameters(self, seed: int | None = None) -> None:
+        if self.params is not None:
+            tables = [enc.initial_params(enc.seed if seed is None else seed + i)
+                      for i, (enc, off) in enumerate(zip(self.nested, self.param_offsets)) if off is not None]
+            self.params.copy_(torch.cat(tables, dim=1))
+
     def memory_report(self) -> dict:
         return {"otype": self.otype, "n_networks": self.n_networks, "params_per_network": self._n_params,
                 "bytes_per_network": self._n_params * 4, "total_bytes": self.memory_bytes(),
                 "nested": [enc.memory_report() if hasattr(enc, "memory_report") else {"otype": enc.otype}
                            for enc in self.nested]}
 
-    def encode(self, x, net_ids):
-        return self.encode_with(x, net_ids, self.params, 0)
+    # ---- the part contract: each nested part on its dims, then the reduction ----------------------
+    def _slice(self, x, begin, enc):
+        xi = x[:, begin:begin + enc.n_input_dims]
+        return xi if xi.is_contiguous() else xi.contiguous()
 
-    def encode_with(self, x, net_ids, params, param_offset: int):
-        outs = []
+    def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+        table = None if self.params is None else self.params.detach()
+        outs, ctxs = [], []
         for begin, enc, off in zip(self.begins, self.nested, self.param_offsets):
-            xi = x[:, begin:begin + enc.n_input_dims]
-            xi = xi if xi.is_contiguous() else xi.contiguous()
+            xi = self._slice(x, begin, enc)
             if off is None:
-                outs.append(enc.encode(xi, net_ids))
+                y, c = enc.forward_ctx(xi, ids, train=train)
             else:
-                outs.append(enc.encode_with(xi, net_ids, params, param_offset + off))
+                y, c = enc.lookup(xi, ids, table, off), Context(x=xi)
+            outs.append(y)
+            ctxs.append(c)
+        y = self._reduce(outs)
+        outs = [o.detach() for o in outs]  # aliases: autograd marks the returned tensor itself
+        return y, (Context(x=x, ids=ids, outs=outs, ctxs=ctxs) if train else None)
+
+    def _reduce(self, outs):
         if self.reduction == "Concatenation":
             return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         result = outs[0]
         for o in outs[1:]:
             result = result + o if self.reduction == "Sum" else result * o
         return result
+
+    def _nested_dy(self, ctx, dy):
+        """The gradient reaching each nested output."""
+        if self.reduction == "Concatenation":
+            widths = [enc.n_output_dims for enc in self.nested]
+            return [d.contiguous() for d in torch.split(dy, widths, dim=1)]
+        if self.reduction == "Sum":
+            return [dy] * len(self.nested)
+        result = []
+        for i in range(len(ctx.outs)):  # Product: dy times the other factors
+            others = [o for j, o in enumerate(ctx.outs) if j != i]
+            g = dy
+            for o in others:
+                g = g * o
+            result.append(g.contiguous())
+        return result
+
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        table = None if self.params is None else self.params.detach()
+        dtable = torch.zeros_like(table) if (need_grads and table is not None) else None
+        dx = torch.zeros_like(ctx.x) if need_dx else None
+        for begin, enc, off, c, g in zip(self.begins, self.nested, self.param_offsets, ctx.ctxs,
+                                         self._nested_dy(ctx, dy)):
+            if off is None:
+                dxi = enc.backward(c, g, need_dx=need_dx, need_grads=False)[0] if need_dx else None
+            else:
+                dxi = enc.lookup_backward(c.x, ctx.ids, table, off, g, dtable, need_dx)
+            if dxi is not None:
+                dx[:, begin:begin + enc.n_input_dims] += dxi
+        return dx, ((dtable,) if table is not None else ())
+
+    def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        """Through autograd over the nested parts' own contracts (each with its second derivative)."""
+        if self.params is not None:
+            raise SecondOrderError("second-order gradients through a Composite with trainable nested tables are "
+                                   "not supported; allowed: Composite of parameter-free encodings, or the grid alone")
+        with torch.enable_grad():
+            x = ctx.x.detach().requires_grad_(True)
+            dy = dy.detach().requires_grad_(need_ddy)
+            outs = [run(enc, self._slice(x, begin, enc), ctx.ids) for begin, enc in zip(self.begins, self.nested)]
+            (dx,) = torch.autograd.grad(self._reduce(outs), x, grad_outputs=dy, create_graph=True)
+            wanted = [t for t, want in ((dy, need_ddy), (x, need_dx)) if want]
+            grads = torch.autograd.grad(dx, wanted, grad_outputs=ddx, allow_unused=True) if wanted else ()
+        grads = iter(grads)
+        d_dy = next(grads) if need_ddy else None
+        d_x = next(grads) if need_dx else None
+        return d_dy, (torch.zeros_like(ctx.x) if need_dx and d_x is None else d_x), ()
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", reduction={self.reduction}, begins={self.begins}"

@@ -3,22 +3,20 @@
 With `n_networks > 1` the module holds one independent grid per network (one per
 KiloNeRF cell / octree node) in a single `params` tensor shaped
 `(n_networks, n_params_per_network)`; every sample looks up the grid of its
-`net_ids` entry. Gradients reach `params` and the inputs through torch autograd,
-and the input-gradient path is itself differentiable (second order), so
-eikonal / normal losses on `d(encoding)/dx` train the grids.
+`net_ids` entry. It follows the part contract (tinn/part.py) with a second derivative, so
+eikonal / normal losses on `d(encoding)/dx` train the grids. The kernels write
+features feature-major, the layout a fused network reads.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import runtime
 from ..config import Section
 from ..errors import ConfigError
 from ..kernels import grid_encoding as K
+from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, to_layout
 from .base import Encoding
 from .grid_layout import (GRID_TYPES, HASH_PRIMES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
                           default_per_level_scale, grid_layout)
@@ -27,16 +25,6 @@ _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense",
 _INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
 _TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
 _INT32_MAX = 2**31 - 1
-# One thread per (level, sample, feature) instead of per (level, sample) for the parameter gradient
-# (see grid_backward_lanes): it pays on a GPU, whose memory system serves a warp's neighbouring
-# words as one request; a CPU thread only repeats the hashing (measured a little slower). None = by backend;
-# TINN_GRID_FEATURE_LANES=0/1 forces it (A/B scripts).
-_LANES_ENV = os.environ.get("TINN_GRID_FEATURE_LANES")
-FEATURE_LANES = None if _LANES_ENV is None else _LANES_ENV != "0"
-
-
-def _feature_lanes() -> bool:
-    return runtime.arch() == "cuda" if FEATURE_LANES is None else FEATURE_LANES
 
 
 _PLACEHOLDERS: dict = {}
@@ -50,64 +38,6 @@ def _placeholder(device) -> torch.Tensor:
     return t
 
 
-class _GridLookup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, params, net_ids, grid, param_offset):
-        out = grid._launch_forward(x.detach(), net_ids, params.detach(), param_offset)
-        # Save the originals, not detached copies: with create_graph the backward must stay connected to them.
-        ctx.save_for_backward(x, params, net_ids)
-        ctx.grid, ctx.param_offset = grid, param_offset
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, params, net_ids = ctx.saved_tensors
-        want_x, want_params = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (want_x or want_params):
-            return None, None, None, None, None
-        dx, dparams = _GridLookupBackward.apply(x, params, dy.contiguous(), net_ids, ctx.grid, ctx.param_offset,
-                                                want_x, want_params)
-        return (dx if want_x else None), (dparams if want_params else None), None, None, None
-
-
-class _GridLookupBackward(torch.autograd.Function):
-    """(dx, dparams) = backward of the lookup; differentiable once more for eikonal-style losses."""
-
-    @staticmethod
-    def forward(ctx, x, params, dy, net_ids, grid, param_offset, want_x, want_params):
-        ctx.set_materialize_grads(False)
-        # Unwanted outputs are tiny fresh tensors (outputs of a Function must not be shared).
-        dx = torch.zeros_like(x) if want_x else x.new_zeros(1, 1)
-        dparams = torch.zeros_like(params) if want_params else x.new_zeros(1, 1)
-        grid._launch_backward(x.detach(), net_ids, params.detach(), param_offset, dy.detach(), dparams, dx,
-                              want_params, want_x)
-        ctx.save_for_backward(x, params, dy, net_ids)
-        ctx.grid, ctx.param_offset = grid, param_offset
-        ctx.want_x, ctx.want_params = want_x, want_params
-        return dx, dparams
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g_dx, g_dparams):
-        x, params, dy, net_ids = (t.detach() for t in ctx.saved_tensors)
-        grid, off = ctx.grid, ctx.param_offset
-        need_x, need_params, need_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        out_x = torch.zeros_like(x) if need_x else None
-        out_params = torch.zeros_like(params) if need_params else None
-        out_dy = torch.zeros_like(dy) if need_dy else None
-        if g_dx is not None and ctx.want_x:
-            grid._launch_backward_backward(x, net_ids, params, off, dy, g_dx.contiguous(), out_dy, out_params, out_x)
-        if g_dparams is not None and ctx.want_params and (need_dy or need_x):
-            # dparams scatters w(x) * dy, so its derivative is a lookup into g_dparams:
-            # w.r.t. dy the plain lookup, w.r.t. x the lookup's input gradient.
-            g_table = g_dparams.contiguous()
-            if need_dy:
-                out_dy += grid._launch_forward(x, net_ids, g_table, off)
-            if need_x:
-                grid._launch_backward(x, net_ids, g_table, off, dy, _placeholder(x.device), out_x, False, True)
-        return out_x, out_params, out_dy, None, None, None, None, None
-
-
 class GridEncoding(Encoding):
     """Trainable multiresolution grid (tcnn semantics), one grid per network.
 
@@ -117,11 +47,15 @@ class GridEncoding(Encoding):
     """
 
     otype = "Grid"
+    output_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR)
 
     def __init__(self, n_input_dims: int, n_levels: int = 16, n_features_per_level: int = 2,
                  log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float | None = None,
                  interpolation: str = "Linear", grid_type: str = "Hash", hash: str = "CoherentPrime",
-                 n_networks: int = 1, seed: int = 1337):
+                 n_networks: int = 1, seed: int = 1337, feature_lanes: bool | None = None):
+        """`feature_lanes`: one thread per (level, sample, feature) for the table gradient instead of per
+        (level, sample). It pays on a GPU, whose memory system serves a warp's neighbouring words as one
+        request; a CPU thread only repeats the hashing. None: the settings' choice (by default CUDA only)."""
         if n_input_dims not in (2, 3, 4):
             raise ConfigError(f"grid encodings take 2, 3 or 4 input dims, got n_input_dims={n_input_dims}")
         if n_features_per_level not in (1, 2, 4, 8):
@@ -151,6 +85,9 @@ class GridEncoding(Encoding):
         self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
         self.grid_type, self.hash = grid_type, hash
         self.seed = seed
+        if feature_lanes is None:
+            feature_lanes = runtime.settings().grid_feature_lanes
+        self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
 
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
@@ -230,6 +167,11 @@ class GridEncoding(Encoding):
     def n_params_per_network(self) -> int:
         return self.layout.n_params
 
+    @torch.no_grad()
+    def reset_parameters(self, seed: int | None = None) -> None:
+        if self.params is not None:  # (inside a Composite the composite owns the table)
+            self.params.copy_(self.initial_params(self.seed if seed is None else seed))
+
     # -- memory reporting ----------------------------------------------------------------------
     def memory_bytes_per_network(self) -> int:
         return self.layout.n_params * 4
@@ -253,66 +195,92 @@ class GridEncoding(Encoding):
             "total_bytes": self.memory_bytes(), "levels": levels,
         }
 
-    # -- forward ---------------------------------------------------------------------------------
-    def encode(self, x, net_ids):
-        return self.encode_with(x, net_ids, self.params, 0)
+    # -- the part contract ------------------------------------------------------------------------
+    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        y = self.lookup(x, ids, self.params.detach(), 0, y_layout)
+        return y, (Context(x=x, ids=ids, y_layout=y_layout) if train else None)
 
-    def encode_with(self, x, net_ids, params, param_offset: int):
-        """Look up with an external parameter table whose columns [param_offset, param_offset + n_params)
-        hold this grid (used by Composite, which owns one table for all nested encodings)."""
-        if x.shape[0] == 0:
-            return x.new_zeros(0, self.n_output_dims) + params.sum() * 0
-        return _GridLookup.apply(x, params, net_ids, self, int(param_offset))
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        dtable = torch.zeros_like(self.params) if need_grads else None
+        dx = self.lookup_backward(ctx.x, ctx.ids, self.params.detach(), 0, dy, dtable, need_dx, ctx.y_layout)
+        return dx, (dtable,)
 
-    # -- kernel launches (tensors already validated, contiguous and detached) -----------------------
-    def _common(self):
-        return (self._meta,)
+    def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        dy_sm = to_layout(dy, ctx.y_layout, SAMPLE_MAJOR)
+        table = self.params.detach()
+        out_dy = torch.zeros_like(dy_sm) if need_ddy else None
+        out_table = torch.zeros_like(table) if need_dtables else None
+        out_x = torch.zeros_like(ctx.x) if need_dx else None
+        self._launch_backward_backward(ctx.x, ctx.ids, table, 0, dy_sm, ddx, out_dy, out_table, out_x)
+        d_dy = None if out_dy is None else to_layout(out_dy, SAMPLE_MAJOR, ctx.y_layout)
+        return d_dy, out_x, (out_table,)
 
-    def _codes(self):
-        return self.n_features_per_level, _INTERP_CODE[self.interpolation], _TYPE_CODE[self.grid_type]
+    def backward_backward_tables(self, ctx, dy, g_tables, *, need_ddy, need_dx):
+        """The table gradient scatters w(x) * dy, so its derivative is a lookup into the incoming
+        gradient: with respect to dy the plain lookup, with respect to x the lookup's input gradient."""
+        (g_table,) = g_tables
+        g_table = g_table.contiguous()
+        d_dy = self.lookup(ctx.x, ctx.ids, g_table, 0, ctx.y_layout) if need_ddy else None
+        d_x = None
+        if need_dx:
+            d_x = self.lookup_backward(ctx.x, ctx.ids, g_table, 0, dy, None, True, ctx.y_layout)
+        return d_dy, d_x, (None,)
 
-    def _launch_forward(self, x, net_ids, params, off) -> torch.Tensor:
-        """(batch, n_output_dims) features; the kernel writes them feature-major (coalesced), then one transpose."""
-        return self._launch_forward_feature_major(x, net_ids, params, off).t().contiguous()
-
-    def _launch_forward_feature_major(self, x, net_ids, params, off) -> torch.Tensor:
-        """(n_output_dims, batch) features, as the kernel writes them (a fused network reads them so)."""
+    # -- lookups into a table that may hold more than this grid (Composite owns one for all) --------
+    def lookup(self, x, ids, table, offset: int, layout: str = SAMPLE_MAJOR) -> torch.Tensor:
+        """Features of `x` from the grid stored in `table` columns [offset, offset + n_params)."""
         f, interp, gtype = self._codes()
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
-        K.grid_forward(x, net_ids, params, off, *self._common(), out_t, f, interp, gtype, self.n_input_dims)
-        return out_t
+        if x.shape[0]:
+            K.grid_forward(x, ids, table, offset, self._meta, out_t, f, interp, gtype, self.n_input_dims)
+        return to_layout(out_t, FEATURE_MAJOR, layout)
+
+    def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
+                        dy_layout: str = SAMPLE_MAJOR) -> torch.Tensor | None:
+        """Adds the table gradient into `dtable` (when given) and returns dx (when `need_dx`)."""
+        dx = torch.zeros_like(x) if need_dx else None
+        if x.shape[0] and (dtable is not None or need_dx):
+            ph = _placeholder(x.device)
+            self._launch_backward(x, ids, table, offset, dy, ph if dtable is None else dtable,
+                                  ph if dx is None else dx, dtable is not None, need_dx,
+                                  dy_feature_major=dy_layout == FEATURE_MAJOR)
+        return dx
+
+    # -- kernel launches (tensors already validated, contiguous and detached) -----------------------
+    def _codes(self):
+        return self.n_features_per_level, _INTERP_CODE[self.interpolation], _TYPE_CODE[self.grid_type]
 
     def _launch_backward(self, x, net_ids, params, off, dy, dparams, dx, want_params, want_x,
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
         n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
-        if want_params and not want_x and _feature_lanes():
+        if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
             # in one launch with the coarse levels of a single grid, which are summed per block in shared
             # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
             if runtime.arch() == "cuda":
-                K.grid_backward_params(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype,
+                K.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
                                        n_shared, self.n_input_dims)
             else:
-                K.grid_backward_lanes(x, net_ids, off, *self._common(), dy_t, dparams, f, interp, gtype,
+                K.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
                                       self.n_input_dims)
             return
         first_level = 0
         if want_params and n_shared:
             # A single grid: coarse levels are summed per block in shared memory first.
             first_level = n_shared
-            K.grid_backward_shared(x, off, *self._common(), dy_t, dparams, f, interp, gtype, first_level,
+            K.grid_backward_shared(x, off, self._meta, dy_t, dparams, f, interp, gtype, first_level,
                                    self.n_input_dims)
         if first_level < self.n_levels or want_x:
-            K.grid_backward(x, net_ids, params, off, *self._common(), dy_t, dparams, dx, f, interp, gtype,
+            K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
                             int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()
         ph = _placeholder(x.device)
         K.grid_backward_backward(
-            x, net_ids, params, off, *self._common(), dy, g_dx,
+            x, net_ids, params, off, self._meta, dy, g_dx,
             out_dy if out_dy is not None else ph, out_params if out_params is not None else ph,
             out_x if out_x is not None else ph, f, interp, gtype,
             int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims)

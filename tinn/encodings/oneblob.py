@@ -6,11 +6,10 @@ import torch
 from ..config import Section
 from ..errors import ConfigError
 from ..kernels import oneblob as K
-from .base import Encoding
-from .perdim import PerDimEncode
+from .base import PerDimEncoding
 
 
-class OneBlobEncoding(Encoding):
+class OneBlobEncoding(PerDimEncoding):
     """n_bins features per input dim (inputs expected in [0, 1]); n_bins must be a power of two, as in tcnn."""
 
     otype = "OneBlob"
@@ -29,9 +28,6 @@ class OneBlobEncoding(Encoding):
             raise ConfigError(f"{cfg.key('n_bins')}={n_bins} must be a power of two; "
                               f"allowed: {[1 << i for i in range(11)]}")
         return cls(n_input_dims, n_bins, n_networks)
-
-    def encode(self, x, net_ids):
-        return PerDimEncode.apply(x, self)
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import runtime
 from ..config import Section
 from ..errors import ConfigError
 from ..kernels import spherical_harmonics as K
-from .base import Encoding
+from .base import ParameterFreeEncoding
 
 MAX_DEGREE = 8
 
@@ -25,50 +24,7 @@ def sh_normalisation(degree: int) -> torch.Tensor:
     return norm.float()
 
 
-class _SHFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, enc):
-        out = torch.empty(x.shape[0], enc.n_output_dims, dtype=torch.float32, device=x.device)
-        K.sh_forward(x.detach(), enc._norm, out, enc.degree)
-        ctx.save_for_backward(x)  # the original: a create_graph backward must stay connected to it
-        ctx.enc = enc
-        return out
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        return _SHBackward.apply(x, dy.contiguous(), ctx.enc), None
-
-
-class _SHBackward(torch.autograd.Function):
-    """dx = J(x)^T dy, differentiable once more (J g for dy, Hessian products for x)."""
-
-    @staticmethod
-    def forward(ctx, x, dy, enc):
-        dx = torch.empty_like(x)
-        K.sh_backward(x.detach(), dy.detach(), enc._norm, dx, enc.degree)
-        ctx.save_for_backward(x, dy)
-        ctx.enc = enc
-        return dx
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        x, dy = (t.detach() for t in ctx.saved_tensors)
-        enc, g = ctx.enc, g.contiguous()
-        g_x = g_dy = None
-        if ctx.needs_input_grad[0]:
-            g_x = torch.empty_like(x)
-            K.sh_hvp(x, dy, g, enc._norm, g_x, enc.degree)
-        if ctx.needs_input_grad[1]:
-            g_dy = torch.empty_like(dy)
-            K.sh_jvp(x, g, enc._norm, g_dy, enc.degree)
-        return g_x, g_dy, None
-
-
-class SphericalHarmonicsEncoding(Encoding):
+class SphericalHarmonicsEncoding(ParameterFreeEncoding):
     """degree^2 features. Inputs are directions v mapped to (v + 1) / 2; like tcnn, nothing is normalised."""
 
     otype = "SphericalHarmonics"
@@ -89,5 +45,23 @@ class SphericalHarmonicsEncoding(Encoding):
                               "(use Composite with n_dims_to_encode=3 to encode part of the input)")
         return cls(3, cfg.integer("degree", 4, lo=1, hi=MAX_DEGREE), n_networks)
 
-    def encode(self, x, net_ids):
-        return _SHFn.apply(x, self)
+    def _fwd(self, x):
+        out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
+        K.sh_forward(x, self._norm, out, self.degree)
+        return out
+
+    def _bwd(self, x, dy):
+        dx = torch.empty_like(x)
+        K.sh_backward(x, dy, self._norm, dx, self.degree)
+        return dx
+
+    def _second_order(self, x, dy, ddx, need_ddy, need_dx):
+        """Hessian products for x, J ddx for dy."""
+        d_x = d_dy = None
+        if need_dx:
+            d_x = torch.empty_like(x)
+            K.sh_hvp(x, dy, ddx, self._norm, d_x, self.degree)
+        if need_ddy:
+            d_dy = torch.empty_like(dy)
+            K.sh_jvp(x, ddx, self._norm, d_dy, self.degree)
+        return d_dy, d_x

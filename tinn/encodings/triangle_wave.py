@@ -5,11 +5,10 @@ import torch
 
 from ..config import Section
 from ..kernels import triangle_wave as K
-from .base import Encoding
-from .perdim import PerDimEncode
+from .base import PerDimEncoding
 
 
-class TriangleWaveEncoding(Encoding):
+class TriangleWaveEncoding(PerDimEncoding):
     """n_frequencies triangle waves per input dim; feature d * n_frequencies + k has period 2^(1-k)."""
 
     otype = "TriangleWave"
@@ -22,9 +21,6 @@ class TriangleWaveEncoding(Encoding):
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
         # 2^(k+1) must stay an exact float32 power of two and an int32 shift: k < 30.
         return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
-
-    def encode(self, x, net_ids):
-        return PerDimEncode.apply(x, self)
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)

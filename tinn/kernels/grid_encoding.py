@@ -3,20 +3,18 @@
 Layout (see tinn/encodings/grid_layout.py): `params[net, param_offset + level_offset*F + entry*F + f]`.
 Per-level numbers come in as one small int32 table computed on the host, `meta` (n_levels + 1, 4):
 row l < n_levels = (entry_offset, resolution, n_entries, float32 bits of scale); the last row holds the
-hash primes. One table instead of three because every ndarray argument costs host time per launch
-(~25 us per torch tensor, measured), which matters for the small batches of many tiny networks.
+hash primes. One table instead of three because every ndarray argument costs host time per launch,
+which matters for the small batches of many tiny networks.
 
 Threads run over (level, sample) with the level outermost, so neighbouring threads
 read the same level's table and it stays in cache (tcnn launches one level per block
 row for the same reason). For the same reason features travel feature-major
 (`out_t[level*F + f, sample]`, `dy_t` likewise): neighbouring threads then write/read
-neighbouring addresses; the Python side transposes once (measured 1.4x faster forward
-on an H100 than writing sample-major rows).
+neighbouring addresses; a consumer that wants sample-major rows gets one transpose.
 
 The number of input dims `D` and of features per level `F` are templates: the corner and feature
 loops unroll, so table offsets are constants and the per-dimension values stay in registers.
-(Unrolling F and masking power-of-two tables instead of `%` moved the image step's grid backward
-by 1%: it is bound by atomics, see below.) Everything else (levels, resolutions, interpolation,
+Everything else (levels, resolutions, interpolation,
 grid type) is a runtime argument, so one instance per (D, F) pair in use is compiled. The
 second-order kernel keeps F dynamic: it is a rare path.
 
@@ -177,7 +175,7 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
     """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed.
     dy_t is feature-major like the forward output. Levels below first_level are skipped (the shared-memory
     kernel took their parameter gradient); when want_x they are still visited for dx alone."""
-    ti.loop_config(block_dim=256)  # measured slightly faster than the default on an H100
+    ti.loop_config(block_dim=256)
     for level, b in ti.ndrange((0 if want_x else first_level, meta.shape[0] - 1), x.shape[0]):
         net = net_ids[b]
         scale = ti.bit_cast(meta[level, 3], ti.f32)
@@ -252,9 +250,8 @@ def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: 
 
     The parameter gradient is bound by float atomics into L2, which serves them per sector
     request: with a sample's F features on neighbouring threads, each corner's F adds leave
-    as one warp request instead of F (image step on an H100, F = 2: 0.44 -> 0.23 ms). The corner
-    hashes are computed F times, which costs little. No input gradient here (`grid_backward` does
-    both). The lookups gained nothing from the same layout (0.085 vs 0.089 ms), so they keep theirs."""
+    as one warp request instead of F. The corner hashes are computed F times, which costs little.
+    No input gradient here (`grid_backward` does both)."""
     ti.loop_config(block_dim=256)
     for level, t in ti.ndrange(meta.shape[0] - 1, x.shape[0] * F):
         _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)

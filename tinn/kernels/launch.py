@@ -1,10 +1,10 @@
 """A leaner launch path for the hot Taichi kernels.
 
-Taichi 1.7.4 spends ~40 us of Python per launch plus ~13 us per torch-tensor
-argument (measured on the CI-class CPU): it re-derives the template instance key
-from every argument and re-validates every tensor through generic code. The
-image-learning step launches nine kernels with 26 tensors, so that alone is
-several milliseconds per step, more than the GPU work.
+Taichi 1.7.4 spends tens of microseconds of Python per launch plus more per
+torch-tensor argument: it re-derives the template instance key from every
+argument and re-validates every tensor through generic code. A training step of
+small batches launches several kernels with dozens of tensors, so that alone can
+cost more host time than the GPU work (docs/design-notes.md).
 
 `fast_kernel(k)` wraps a `@ti.kernel` so that after the first call for a given
 instance (template values plus each tensor's dtype and rank) it keeps Taichi's
@@ -12,8 +12,8 @@ compiled kernel and fills the launch context directly: pointer, size and shape
 per tensor, value per scalar. The first call for a new instance goes through
 Taichi's own path, which compiles and validates. It relies on Taichi internals
 (`Kernel.compiled_kernels`, launch contexts), pinned to 1.7.4, the last release;
-anything unexpected switches a kernel back to the normal path, and
-TINN_FAST_LAUNCH=0 turns it off everywhere.
+anything unexpected switches a kernel back to the normal path, and the
+setting `fast_launch=False` turns it off everywhere.
 
 Tensors must be contiguous and on the backend's device (the wrapped kernels'
 callers ensure it; it is checked here, cheaply, because a wrong pointer would
@@ -21,15 +21,13 @@ not fail loudly).
 """
 from __future__ import annotations
 
-import os
-
 import taichi as ti
 import torch
 from taichi.lang import impl
 from taichi.lang._ndarray import Ndarray
 from taichi.types import ndarray_type, primitive_types, template
 
-ENABLED = os.environ.get("TINN_FAST_LAUNCH", "1") != "0"
+from ..settings import current as tuning
 
 TEMPLATE, TENSOR, INT, FLOAT = range(4)
 
@@ -42,7 +40,7 @@ class FastKernel:
         self.cuda = False  # backend of the tensors' pointers, fixed at the first call (Taichi inits once)
         self.instances: dict = {}
         self.slots: list = []
-        self.usable = ENABLED and self.primal is not None
+        self.usable = self.primal is not None
         self.__doc__ = kernel.__doc__
         self.__name__ = getattr(kernel, "__name__", "kernel")
 
@@ -87,6 +85,9 @@ class FastKernel:
         if not self.usable:
             return self.kernel(*args)
         if self.kinds is None:
+            if not tuning().fast_launch:  # read at the first launch, after tinn.init fixed the settings
+                self.usable = False
+                return self.kernel(*args)
             self.kinds = self._classify()
             self.cuda = impl.current_cfg().arch == ti.cuda
             # (Taichi's argument slot, kind, position in args) of every non-template argument.

@@ -13,6 +13,8 @@ threads then share a network, so weight reads are broadcasts. Scratch buffers
 so that a warp's reads and writes are contiguous; inputs, outputs and their
 gradients stay in the caller's row order.
 """
+from typing import NamedTuple
+
 import taichi as ti
 
 from . import activations as act
@@ -23,6 +25,16 @@ f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 ROWS, COLS = 4, 8  # weight-gradient block one thread accumulates in registers
+
+
+class MLPShape(NamedTuple):
+    """The compile-time shape of an MLP array, as every MLP kernel takes it."""
+    n_in: int
+    width: int
+    n_out: int
+    n_layers: int       # weight matrices
+    hidden_act: int     # activation codes (tinn/activations.py)
+    output_act: int
 
 
 def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int) -> list[tuple[int, int]]:
@@ -212,3 +224,24 @@ def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d):
     """grad[net] = sum of the partial gradients of the net's tiles."""
     for t, k in partial:
         ti.atomic_add(grad[tile_net[t], k], partial[t, k])
+
+
+# ---- launchers: named argument groups in, the kernels' positional lists out --------------------------
+def run_forward(x, ids, order, params, shape: MLPShape, *, acts, pre, out, keep_all: bool, keep_pre: bool):
+    forward(x, ids, order, params, acts, pre, out, *shape, keep_all, keep_pre)
+
+
+def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dx, keep_pre: bool,
+                        want_dx: bool):
+    backward_deltas(dy, ids, order, params, acts, pre, out, deltas, dx, *shape, keep_pre, want_dx)
+
+
+def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
+    """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles)."""
+    partial = deltas.new_empty(routing.n_tiles, dparams.shape[1])
+    offset = 0
+    for l, (fan_out, fan_in) in enumerate(layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)):
+        tile_weight_gradient(x, acts, l > 0, routing.order, routing.tile_start, routing.tile_end, deltas, partial,
+                             l, fan_in, fan_out, offset)
+        offset += fan_out * fan_in
+    reduce_tiles(partial, routing.tile_net, dparams)

@@ -21,26 +21,26 @@ Backward, two launches:
   the layers through W^T in shared memory, and each layer's deltas are written
   feature-major to global memory (as the forward keeps the activations).
 - `weight_gradients` is a batched GEMM over *chunks* (up to a few thousand sorted
-  samples of one network): per step it stages GRAD_STEP samples of a layer's deltas
+  samples of one network): per step it stages a few dozen samples of a layer's deltas
   and input in shared memory (coalesced reads) and every thread accumulates an
   8-row x 16-strided-column block of dW in registers; global memory sees one atomic
   add per weight per chunk. Up to 64 features the next step's samples are already
   on their way into registers while the block computes (`grad_prefetch`), which
   hides the global loads' latency. Splitting the two keeps both kernels' register blocks
-  small (an earlier single backward kernel needed 254 registers and ran at a third
-  of the forward's rate).
+  small.
 
 CUDA only: `ti.simt.block.sync()` does not compile on the CPU backend, which
 keeps the unfused kernels of `mlp_array.py`.
 """
-import os
 from typing import NamedTuple
 
 import taichi as ti
 
+from ..settings import Settings
+from ..settings import current as tuning
 from . import activations as act
 from .launch import fast_kernel
-from .mlp_array import layer_shapes
+from .mlp_array import MLPShape, layer_shapes
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -51,23 +51,11 @@ LANES_S = 16         # sample lanes
 LANES_O = BLOCK // LANES_S
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
-# Tuning knobs for the A/B scripts in benchmarks/debug/ (read once, at import).
-# k steps per iteration of the GEMM loops, unrolled: measured on an H100 (4096 nets x 64, 2^22 samples),
-# unrolling by 2 took the backward deltas from 9.4 to 7.6 ms but the forward from 4.8 to 5.3 ms.
-UNROLL_FORWARD = int(os.environ.get("TINN_FUSED_UNROLL_FWD", 1))
-UNROLL_BACKWARD = int(os.environ.get("TINN_FUSED_UNROLL_BWD", 2))
-# backward_deltas loads the activation derivative before each layer's GEMM instead of after it:
-# measured on an H100 (image config, 2^18 samples) 0.65 -> 0.41 ms.
-PREFETCH_DERIVATIVE = os.environ.get("TINN_FUSED_PREFETCH_DERIVATIVE", "1") == "1"
+# The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's settings, read when a
+# kernel compiles; docs/design-notes.md has what each choice measured.
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
-GRAD_STEP = int(os.environ.get("TINN_FUSED_GRAD_STEP", 32))  # samples staged per weight-gradient step
-# weight_gradients loads the next step's samples into registers before it computes on the current ones,
-# so their global-load latency overlaps the GEMM. Measured on the H100 (4096 nets x 64, 2^22 samples):
-# without it 68% of the stalls waited on those loads; with it the kernel went from 9.29 to 6.05 ms
-# (254 registers, 2 blocks per SM, and still faster). Only for layers up to 64 features, what was
-# measured: at 128 the register blocks double and the one attempt did not finish in time, so wider
-# networks keep the plain loop.
-GRAD_PREFETCH = os.environ.get("TINN_FUSED_GRAD_PREFETCH", "1") == "1"
+# The weight-gradient prefetch holds a step's samples in registers: only up to 64 features, where it was
+# measured to pay; wider networks keep the plain loop.
 GRAD_PREFETCH_MAX_FEATURES = 64
 
 
@@ -85,47 +73,30 @@ def _largest_tile(n_buffers: int, f: int, reserved: int = 0) -> int:
 
 
 class Geometry(NamedTuple):
-    tile: int        # samples per forward tile (multiple of 16)
-    staged: bool     # forward weights staged in shared memory (else read through L1)
-    features: int    # F: widest layer input/output, rounded up to 16
+    tile: int           # samples per forward tile (multiple of 16)
+    features: int       # F: widest layer input/output, rounded up to 16
     backward_tile: int  # samples per backward-deltas tile (multiple of 16)
 
 
-def geometry(n_in: int, width: int, n_out: int, n_layers: int) -> Geometry:
-    """Tile geometry of a network shape, fixed at construction.
-
-    With TINN_FUSED_STAGE_WEIGHTS=1 the forward pass stages each layer's weights in shared
-    memory when a tile of at least 64 samples still fits beside them; by default they come through L1.
-    The TINN_FUSED_* variables are tuning knobs for the A/B scripts in benchmarks/debug/.
-    """
+def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings) -> Geometry:
+    """Tile geometry of a network shape, fixed at construction. Smaller tiles mean smaller register
+    blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
-    # Tile cap (a multiple of 16): smaller tiles mean fewer registers and more blocks per SM. Tiles of
-    # 64 (a 4 x 8 register block) ran 1.33x faster than 128 on an H100 (4.8 vs 6.4 ms forward).
-    cap = int(os.environ.get("TINN_FUSED_TILE", 64))
-    # Staging weights in shared memory measured slower (training forward 8.1 ms against 6.2 ms through
-    # L1, 4096 nets x 64 wide, 2^22 samples): it shrinks the tile. Kept as an option.
-    # The deltas kernel has its own tiles (TINN_FUSED_TILE_BWD), cut from the same sort. Tiles of 32 there
-    # (a smaller register block, more blocks per SM) took the image step's deltas from 0.42 to 0.37 ms
-    # (H100, 2^18 samples, width 64) while the forward keeps 64 (0.28 ms; 0.34 at 32); the 4096 x 64
-    # array step moved within noise (25.0 / 26.0 ms even / ragged at 64, 24.8 / 26.1 at 32). Width 128
-    # was not measured at 32 and keeps the forward's tiles.
-    backward = min(_largest_tile(1, f), cap, int(os.environ.get("TINN_FUSED_TILE_BWD", 32 if f <= 64 else cap)))
-    staged = _largest_tile(1, f, f * (f + 1))
-    if staged >= 64 and os.environ.get("TINN_FUSED_STAGE_WEIGHTS") == "1":
-        return Geometry(min(staged, cap), True, f, backward)
-    return Geometry(min(_largest_tile(1, f), cap), False, f, backward)
+    cap = settings.fused_tile
+    backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
+    return Geometry(min(_largest_tile(1, f), cap), f, backward)
 
 
 def grad_chunk(batch: int) -> int:
     """Samples per weight-gradient block: long enough that atomics are rare, short enough that a
     small batch still spreads over every SM (a single network's 2^18 samples make 512 blocks)."""
-    want = int(os.environ.get("TINN_FUSED_GRAD_CHUNK", 0)) or batch // 512
-    return max(256, min(2048, round_up(want, GRAD_STEP)))
+    want = tuning().fused_grad_chunk or batch // 512
+    return max(256, min(2048, round_up(want, tuning().fused_grad_step)))
 
 
 def grad_prefetch(f: int) -> bool:
     """Whether weight_gradients prefetches the next step's samples for networks of `f` features."""
-    return GRAD_PREFETCH and f <= GRAD_PREFETCH_MAX_FEATURES
+    return tuning().fused_grad_prefetch and f <= GRAD_PREFETCH_MAX_FEATURES
 
 
 def supported(n_in: int, width: int, n_out: int) -> bool:
@@ -140,33 +111,30 @@ def layer_offset(l: ti.template(), n_in: ti.template(), width: ti.template()):
 @ti.func
 def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_count: ti.template(),
               n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
-              R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template(), w_base: ti.template() = -1,
-              WP: ti.template() = 0):
+              R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template()):
     """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c], the k loop unrolled by U.
 
     A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in)
     read from global memory: M = W^T (forward, k = input) or, with `transposed`, M = W
     (backward, k = output). Columns past n_cols are clamped to a valid address and ignored.
-    With w_base >= 0 the forward matrix is read from shared memory instead, row-major W[o, i]
-    with row stride WP.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
     # With U > 1 the loads of the next step can be issued before the multiply-adds of this one, at
-    # the price of registers (and occupancy): which wins depends on the kernel (see UNROLL_*).
+    # the price of registers (and occupancy): which wins depends on the kernel (settings fused_unroll_*).
     for kb in range(k_count // U):
         for ku in ti.static(range(U)):
             gemm_step(acc, sh, a_base, params, net, offset, kb * U + ku, k_count, n_cols, transposed,
-                      lane_s, lane_o, R, C, TSP, w_base, WP)
+                      lane_s, lane_o, R, C, TSP)
     for k in ti.static(range(k_count // U * U, k_count)):
         gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
-                  lane_s, lane_o, R, C, TSP, w_base, WP)
+                  lane_s, lane_o, R, C, TSP)
     return acc
 
 
 @ti.func
 def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template(), net, offset, k,
               k_count: ti.template(), n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
-              R: ti.template(), C: ti.template(), TSP: ti.template(), w_base: ti.template(), WP: ti.template()):
+              R: ti.template(), C: ti.template(), TSP: ti.template()):
     """One k of tile_gemm: R activations and C weights in, R * C multiply-adds into acc (by reference)."""
     a = ti.Vector([sh[a_base + k * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
     m = ti.Vector.zero(ti.f32, C)
@@ -174,9 +142,7 @@ def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template
         j = c * LANES_O + lane_o
         if ti.static(n_cols % LANES_O != 0):
             j = ti.min(j, n_cols - 1)
-        if ti.static(w_base >= 0):
-            m[c] = sh[w_base + j * WP + k]
-        elif ti.static(transposed):
+        if ti.static(transposed):
             m[c] = params[net, offset + k * n_cols + j]
         else:
             m[c] = params[net, offset + j * k_count + k]
@@ -216,16 +182,6 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
 
 
 @ti.func
-def load_weights(sh: ti.template(), base, params: ti.template(), net, offset, tid,
-                 fan_out: ti.template(), fan_in: ti.template(), WP: ti.template()):
-    """Weight matrix (fan_out, fan_in) into shared memory rows of stride WP (coalesced, conflict-free)."""
-    for j in range((fan_out * fan_in + BLOCK - 1) // BLOCK):
-        idx = j * BLOCK + tid
-        if idx < fan_out * fan_in:
-            sh[base + (idx // fan_in) * WP + idx % fan_in] = params[net, offset + idx]
-
-
-@ti.func
 def store_block(sh: ti.template(), base, acc: ti.template(), lane_s, lane_o, n_rows: ti.template(),
                 R: ti.template(), C: ti.template(), TSP: ti.template()):
     """Register block back to feature-major shared memory (rows < n_rows)."""
@@ -257,37 +213,33 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), staged: ti.template(), F: ti.template(), x_fm: ti.template(),
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(),
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_fm: x is feature-major, (n_in, batch)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     A = ti.static(0)
-    WP = ti.static(F + 1)
-    WB = ti.static(F * TSP if staged else -1)  # staged weights follow the activations
-    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
+    U = ti.static(tuning().fused_unroll_forward)
     ti.loop_config(block_dim=BLOCK)
     for g in range(tile_net.shape[0] * BLOCK):
         t = g // BLOCK
         tid = g % BLOCK
         lane_s = tid % LANES_S
         lane_o = tid // LANES_S
-        sh = ti.simt.block.SharedArray((F * TSP + (F * WP if staged else 0),), ti.f32)
+        sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
         count = tile_count[t]
         if count > 0:  # uniform per block: padding tiles skip every barrier together
             net = tile_net[t]
             start = tile_start[t]
             load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm)
-            if ti.static(staged):
-                load_weights(sh, WB, params, net, 0, tid, shapes[0][0], shapes[0][1], WP)
             ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
                 fan_in = ti.static(n_in if l == 0 else width)
                 fan_out = ti.static(n_out if l == n_layers - 1 else width)
                 C = ti.static((fan_out + LANES_O - 1) // LANES_O)
                 acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                lane_s, lane_o, R, C, TSP, UNROLL_FORWARD, WB, WP)
+                                lane_s, lane_o, R, C, TSP, U)
                 for r, c in ti.static(ti.ndrange(R, C)):
                     acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
                 ti.simt.block.sync()
@@ -297,9 +249,6 @@ def forward(
                         s = r * LANES_S + lane_s
                         if s < count:
                             acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
-                if ti.static(staged and l < n_layers - 1):
-                    load_weights(sh, WB, params, net, layer_offset(l + 1, n_in, width), tid,
-                                 shapes[l + 1][0], shapes[l + 1][1], WP)
                 ti.simt.block.sync()
             write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
             ti.simt.block.sync()
@@ -322,6 +271,7 @@ def backward_deltas(
     G = ti.static(0)
     last = ti.static(n_layers - 1)
     shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
+    U = ti.static(tuning().fused_unroll_backward)
     ti.loop_config(block_dim=BLOCK)
     for g in range(tile_net.shape[0] * BLOCK):
         t = g // BLOCK
@@ -356,27 +306,24 @@ def backward_deltas(
                 if ti.static(l > 0 or want_dx):
                     fan_out, fan_in = ti.static(shapes[l])
                     C = ti.static((fan_in + LANES_O - 1) // LANES_O)
-                    # The hidden activation's derivative (layer l-1's output is layer l's input). With
-                    # PREFETCH_DERIVATIVE its loads are issued before the GEMM, whose work hides their latency.
+                    # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
+                    # before the GEMM, whose work hides the loads' latency.
                     slope = ti.Matrix.zero(ti.f32, R, C)
-                    if ti.static(l > 0 and PREFETCH_DERIVATIVE):
+                    if ti.static(l > 0):
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
                             if i < fan_in and s < count:
                                 slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
                     acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
-                                    lane_s, lane_o, R, C, TSP, UNROLL_BACKWARD)
+                                    lane_s, lane_o, R, C, TSP, U)
                     if ti.static(l > 0):
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
                             v = 0.0
                             if i < fan_in and s < count:
-                                if ti.static(PREFETCH_DERIVATIVE):
-                                    v = acc[r, c] * slope[r, c]
-                                else:
-                                    v = acc[r, c] * act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
+                                v = acc[r, c] * slope[r, c]
                                 deltas[l - 1, i, start + s] = v
                             acc[r, c] = v
                     ti.simt.block.sync()
@@ -456,9 +403,10 @@ def store_rows(sh: ti.template(), base, v: ti.template(), tid, n: ti.template(),
 def accumulate_step(acc: ti.template(), sh: ti.template(), GB: ti.template(), HB: ti.template(), lane_o, lane_i,
                     RW: ti.template(), CW: ti.template(), KS: ti.template(), KSP: ti.template()):
     """acc[r, c] += sum over the KS staged samples of delta row (r, lane_o) times input column (c, lane_i)."""
-    for sb in range(KS // UNROLL_BACKWARD):
-        for su in ti.static(range(UNROLL_BACKWARD)):
-            s = sb * UNROLL_BACKWARD + su
+    U = ti.static(tuning().fused_unroll_backward)
+    for sb in range(KS // U):
+        for su in ti.static(range(U)):
+            s = sb * U + su
             d = ti.Vector([sh[GB + (r * LANES_O + lane_o) * KSP + s] for r in ti.static(range(RW))], dt=ti.f32)
             h = ti.Vector([sh[HB + (c * LANES_S + lane_i) * KSP + s] for c in ti.static(range(CW))], dt=ti.f32)
             for r, c in ti.static(ti.ndrange(RW, CW)):
@@ -475,14 +423,14 @@ def weight_gradients(
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
-    A batched GEMM with the samples as the long inner dimension: per step GRAD_STEP samples of the
+    A batched GEMM with the samples as the long inner dimension: per step `fused_grad_step` samples of the
     deltas (up to GRAD_ROWS rows per pass) and of the layer input are staged in shared memory with
     coalesced feature-major reads, and each thread keeps an (8 rows x 16-strided columns) register block.
     Global memory sees one atomic add per weight per chunk. With `grad_prefetch(F)` each step's global
     loads are issued before the previous step's GEMM and land in registers (fetch_*/store_*).
     """
-    KS = ti.static(GRAD_STEP)
-    KSP = ti.static(GRAD_STEP + 1)
+    KS = ti.static(tuning().fused_grad_step)
+    KSP = ti.static(KS + 1)
     GB = ti.static(0)                 # deltas rows of this pass
     HB = ti.static(GRAD_ROWS * KSP)   # the layer's input
     shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
@@ -550,3 +498,21 @@ def weight_gradients(
                         i = c * LANES_S + lane_i
                         if o < fan_out and i < fan_in:
                             ti.atomic_add(dparams[net, offset + o * fan_in + i], acc[r, c])
+
+
+# ---- launchers: named argument groups in, the kernels' positional lists out --------------------------
+# `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
+def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool):
+    forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, *shape,
+            keep_all, geometry.tile, geometry.features, x_fm)
+
+
+def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dx,
+                        want_dx: bool, x_fm: bool):
+    backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, deltas,
+                    dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm)
+
+
+def run_weight_gradients(x, chunks, shape: MLPShape, geometry: Geometry, *, acts, deltas, dparams, x_fm: bool):
+    weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts, deltas, dparams,
+                     shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_fm)

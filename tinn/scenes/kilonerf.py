@@ -28,7 +28,10 @@ import torch
 from ..errors import InputError
 from ..models import NetworkWithInputEncoding
 from .occupancy import OccupancyGrid, as_box, check_points
-from .training import DecayingStep, activate, adam, render_image
+from ..trainer import Trainer
+from .fields import activate
+from .photometric import SceneTrainer, decaying_adam
+from .rendering import render_image
 
 __all__ = ["CellCoords", "Distiller", "KiloNeRF", "cell_of", "render_image"]
 
@@ -63,7 +66,7 @@ def cell_of(points: torch.Tensor, box_min: torch.Tensor, box_max: torch.Tensor, 
 
 
 class KiloNeRF(torch.nn.Module):
-    """A field (see `tinn.scenes.training`) made of grid^3 tiny networks, one per cell, in one network array."""
+    """A field (see `tinn.scenes.fields`) made of grid^3 tiny networks, one per cell, in one network array."""
 
     def __init__(self, box_min, box_max, grid: int = 16, n_frequencies: int = 4, n_neurons: int = 32,
                  n_hidden_layers: int = 2, occupancy: OccupancyGrid | None = None, seed: int = 1337):
@@ -106,7 +109,7 @@ class KiloNeRF(torch.nn.Module):
         return self.networks.memory_bytes() + (self.occupancy.memory_bytes() if self.occupancy is not None else 0)
 
 
-class Distiller(DecayingStep):
+class Distiller(SceneTrainer):
     """Fits a student field to a teacher at random points of occupied space (`occupancy.sample`).
 
     Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step_size)
@@ -123,25 +126,22 @@ class Distiller(DecayingStep):
             raise InputError(f"batch={batch!r} must be an integer >= 1")
         self.student, self.teacher, self.occupancy = student, teacher, occupancy
         self.step_size, self.batch = float(step_size), batch
-        self.optimizer = adam(student.named_parameters(), learning_rate)
-        self.base_lr, self.total_steps, self.final_lr_factor = float(learning_rate), total_steps, final_lr_factor
+        self.trainer = Trainer(student, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
         self.generator = torch.Generator(device=occupancy.occupied.device).manual_seed(seed)
-        self.step_count = 0
 
     def targets(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             sigma, rgb = self.teacher(points)
         return 1.0 - torch.exp(-sigma * self.step_size), rgb
 
-    def loss(self, points: torch.Tensor) -> torch.Tensor:
+    def loss(self, points: torch.Tensor | None = None) -> torch.Tensor:
+        """The distillation loss at `points` (default: a fresh batch of occupied points)."""
+        if points is None:
+            points = self.occupancy.sample(self.batch, self.generator)
         alpha_t, rgb_t = self.targets(points)
         sigma, rgb = self.student(points)
         alpha = 1.0 - torch.exp(-sigma * self.step_size)
         return ((alpha - alpha_t) ** 2).mean() + (alpha_t[:, None] * (rgb - rgb_t) ** 2).mean()
-
-    def step(self) -> torch.Tensor:
-        self._apply_schedule()
-        return self._optimize(self.loss(self.occupancy.sample(self.batch, self.generator)))
 
     @torch.no_grad()
     def error(self, n_points: int = 1 << 15, seed: int = 12345) -> dict:

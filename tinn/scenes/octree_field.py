@@ -24,7 +24,7 @@ from ..errors import ConfigError, InputError
 from ..models import NetworkWithInputEncoding
 from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
-from .training import density_activation
+from .fields import density_activation
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
                     "base_resolution": 2, "per_level_scale": 2.0}

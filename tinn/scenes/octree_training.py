@@ -15,10 +15,10 @@ import torch
 
 from .. import checks, runtime
 from ..errors import ConfigError, InputError
-from ..optimizers import create_optimizer
+from ..trainer import Trainer
 from ..render import pixel_radius
 from ..tasks.image import psnr
-from .training import DecayingStep
+from .photometric import SceneTrainer
 from .octree_field import OctreeField, photometric_loss
 
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
@@ -85,7 +85,7 @@ class PyramidRays:
         return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx]
 
 
-class OctreeTrainer(DecayingStep):
+class OctreeTrainer(SceneTrainer):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
@@ -97,19 +97,20 @@ class OctreeTrainer(DecayingStep):
         self.rays = PyramidRays(images, pyramid_levels)
         self.background = images.background.to(runtime.device()).float()
         self.optimizer_config = dict(optimizer_config or DEFAULT_OPTIMIZER)
-        self.optimizer = create_optimizer(self.optimizer_config, field.model.named_parameters())
+        self.trainer = Trainer(field.model, self.loss, self.optimizer_config)
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
-        self.base_lr, self.total_steps, self.final_lr_factor = self.optimizer.learning_rate, None, 1.0  # constant
-        self.step_count = 0
         self.train_seconds = 0.0
 
-    def step(self) -> torch.Tensor:
-        t0 = time.perf_counter()
+    def loss(self) -> torch.Tensor:
         origins, directions, colors, radius = self.rays.sample(self.batch_rays, self.generator)
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
             result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
                                             background=self.background, generator=self.generator)
-        loss = self._optimize(photometric_loss(result.rgb, colors))
+        return photometric_loss(result.rgb, colors)
+
+    def step(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        loss = super().step()
         self.train_seconds += time.perf_counter() - t0
         return loss
 

@@ -26,10 +26,6 @@ import torch
 OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr")
 
 
-def _clone(state: dict) -> dict:
-    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-
-
 class ImageTrainerSource:
     """`ImageTask` + `Trainer` as a viewer source: random batches of `batch` pixels per step."""
 
@@ -38,10 +34,6 @@ class ImageTrainerSource:
         self.arrays = task.n_networks > 1
         if self.arrays:
             trainer.track_per_network_loss = True
-        # Reset restores these snapshots: the run's true starting point, encodings and optimizer moments included.
-        self._initial_model = _clone(trainer.model.state_dict())
-        self._initial_optimizer = _clone(trainer.optimizer.state_dict())
-        self._initial_step = trainer.step
         self._ownership = task.pixel_net_ids() if self.arrays else None
 
     def train_step(self) -> torch.Tensor:
@@ -73,15 +65,7 @@ class ImageTrainerSource:
         The learning rate the user set is kept: it is a viewer control, not trained state.
         """
         lr = self.learning_rate
-        with torch.no_grad():
-            self.trainer.model.load_state_dict(self._initial_model)
-            if seed is not None:
-                for module in self.trainer.model.modules():
-                    if hasattr(module, "reset_parameters"):
-                        module.reset_parameters(seed)
-        self.trainer.optimizer.load_state_dict(_clone(self._initial_optimizer))
-        self.trainer.step = self._initial_step
-        self.trainer.per_network_loss = None
+        self.trainer.reset(seed)
         self.learning_rate = lr
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:

@@ -5,7 +5,7 @@ each in f32 and f16, timed in the same run:
   atomic   hash-grid backward style: random atomic adds into that table
   fma      MLP style register arithmetic: a long chain of multiply-adds per thread
 
-    python benchmarks/debug/f16_probe.py [--json out.json]
+    python benchmarks/tools/f16_probe.py [--json out.json]
 
 Prints ms per launch and f16/f32 for each; also the max |f16 - f32| of the gather (accuracy of storage).
 """

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tinn  # noqa: E402
 
 tinn.init()
-from tinn import direct_step, networks, trainer as trainer_mod  # noqa: E402
+from tinn import networks, trainer as trainer_mod  # noqa: E402
 from tinn.encodings import grid  # noqa: E402
 from tinn.kernels import launch  # noqa: E402
 from tinn import losses as loss_base  # noqa: E402
@@ -41,12 +41,11 @@ def wrap(owner, name, label=None):
 wrap(ImageTask, "batch")
 wrap(trainer_mod.Trainer, "training_step")
 wrap(trainer_mod.Trainer, "_inputs")
-wrap(direct_step.DirectStep, "applies")
-wrap(direct_step.DirectStep, "run")
-wrap(grid.GridEncoding, "_launch_forward_feature_major")
-wrap(grid.GridEncoding, "_launch_backward")
-wrap(networks.NetworkArray, "_forward_train")
-wrap(networks.NetworkArray, "_backward")
+wrap(trainer_mod.Trainer, "_uses_contract")
+wrap(grid.GridEncoding, "lookup")
+wrap(grid.GridEncoding, "lookup_backward")
+wrap(networks.NetworkArray, "forward_ctx")
+wrap(networks.NetworkArray, "backward")
 wrap(networks.NetworkArray, "_gemm_weight_gradients")
 wrap(networks.NetworkArray, "_fused_tiles")
 for cls in vars(loss_base).values():

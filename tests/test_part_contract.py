@@ -1,0 +1,261 @@
+"""The part contract (tinn/part.py): the Trainer drives it directly and gets what torch autograd gets,
+one autograd Function drives it for torch users, layouts are handed over by declaration, and second
+derivatives either match float64 torch or raise SecondOrderError."""
+import pytest
+import torch
+
+import tinn
+import tinn.torch as tcnn
+from tinn.encodings import create_encoding
+from tinn.models import NetworkWithInputEncoding
+from tinn.networks import NetworkArray
+from tinn.part import FEATURE_MAJOR, SAMPLE_MAJOR, Part, common_layout
+from tinn.trainer import Trainer
+
+GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
+        "base_resolution": 4, "per_level_scale": 2.0}
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU"}
+COMPOSITE = {"otype": "Composite", "nested": [{**GRID, "n_dims_to_encode": 2, "otype": "DenseGrid"},
+                                              {"otype": "Frequency", "n_frequencies": 2}]}
+
+
+def make(kind, n_networks=1):
+    if kind == "grid":
+        return NetworkWithInputEncoding(2, 3, GRID, NET, n_networks=n_networks, seed=4)
+    if kind == "shared_grid":
+        return NetworkWithInputEncoding(2, 3, GRID, NET, n_networks=n_networks, seed=4, share_encoding=True)
+    if kind == "frequency":
+        return NetworkWithInputEncoding(2, 3, {"otype": "Frequency", "n_frequencies": 3}, NET,
+                                        n_networks=n_networks, seed=4)
+    if kind == "composite":
+        return NetworkWithInputEncoding(3, 3, COMPOSITE, NET, n_networks=n_networks, seed=4)
+    if kind == "tcnn_grid":
+        return tcnn.NetworkWithInputEncoding(2, 3, GRID, NET, seed=4, n_networks=n_networks)
+    if kind == "network":
+        return NetworkArray(2, 3, NET, n_networks=n_networks, seed=4)
+    raise ValueError(kind)
+
+
+def same(a, b, name):
+    """Bit-identical on the CPU; on CUDA the float atomics sum in no fixed order."""
+    if tinn.runtime.arch() == "cpu":
+        assert torch.equal(a, b), name
+    else:
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), name
+
+
+def batch(model, n_networks, step, size=600):
+    gen = torch.Generator().manual_seed(100 + step)
+    dev = tinn.runtime.device()
+    x = torch.rand(size, model.n_input_dims, generator=gen).to(dev)
+    t = torch.rand(size, 3, generator=gen).to(dev)
+    ids = torch.randint(0, n_networks, (size,), generator=gen, dtype=torch.int32).to(dev)
+    return x, t, (ids if n_networks > 1 else None)
+
+
+def train(model, contract: bool, steps=3, n_networks=1, run_optimizer=True, monkeypatch=None):
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    if not contract:
+        monkeypatch.setattr(trainer, "_uses_contract", lambda batch: False)
+    losses = [float(trainer.training_step(*batch(model, n_networks, 0), run_optimizer=run_optimizer))
+              for _ in range(steps)]
+    return trainer, losses
+
+
+@pytest.mark.parametrize("kind,n_networks", [("grid", 1), ("grid", 4), ("shared_grid", 4), ("frequency", 1),
+                                             ("frequency", 8), ("composite", 3), ("tcnn_grid", 1), ("network", 1),
+                                             ("network", 5)])
+def test_trainer_contract_step_equals_autograd(kind, n_networks, monkeypatch):
+    cpu = tinn.runtime.arch() == "cpu"
+    steps = 3 if cpu else 1
+    model = make(kind, n_networks)
+    contract, contract_losses = train(model, True, steps, n_networks, run_optimizer=cpu)
+    assert contract._uses_contract(10)
+    graph, graph_losses = train(make(kind, n_networks), False, steps, n_networks, run_optimizer=cpu,
+                                monkeypatch=monkeypatch)
+    if cpu:
+        assert contract_losses == graph_losses
+        assert contract_losses[-1] < contract_losses[0]
+    else:
+        assert abs(contract_losses[0] - graph_losses[0]) <= 1e-6 * graph_losses[0]
+    for (name, p), (_, q) in zip(contract.model.named_parameters(), graph.model.named_parameters()):
+        same(p, q, name)
+        same(p.grad, q.grad, name)
+
+
+def test_contract_path_really_runs_without_autograd(monkeypatch):
+    """The contract step builds no autograd graph: the generic Function is never applied."""
+    from tinn import part
+    model = make("grid", 3)
+    monkeypatch.setattr(part._PartFunction, "apply", lambda *a: pytest.fail("autograd Function used"))
+    trainer, losses = train(model, True, steps=2, n_networks=3)
+    assert model.encoding.params.grad is not None and model.network.params.grad is not None
+
+
+def test_frozen_grid_is_left_alone():
+    model = make("grid")
+    model.encoding.params.requires_grad_(False)
+    before = model.encoding.params.detach().clone()
+    trainer, _ = train(model, True)
+    assert model.encoding.params.grad is None and torch.equal(model.encoding.params, before)
+    assert not torch.equal(model.network.params, make("grid").network.params)
+
+
+def test_hooks_and_own_forwards_take_the_autograd_path():
+    model = make("grid")
+    seen = []
+    model.network.register_forward_hook(lambda *a: seen.append("forward"))
+    model.encoding.params.register_hook(lambda g: seen.append("grad") or g)
+    trainer, _ = train(model, True, steps=2)
+    assert not trainer._uses_contract(10)
+    assert seen.count("forward") == 2 and seen.count("grad") == 2
+
+    class Custom(NetworkWithInputEncoding):
+        def forward(self, x, net_ids=None):
+            return super().forward(x * 0.5, net_ids)
+
+    custom = Custom(2, 3, GRID, NET)
+    assert not Custom.direct_training and not Trainer(custom)._uses_contract(10)
+    assert Trainer(make("tcnn_grid"))._uses_contract(10)  # tcnn's names only adapt constructors
+    assert not Trainer(torch.nn.Linear(2, 3))._uses_contract(10)
+
+
+def test_replaced_submodules_are_followed():
+    """The contract reads the model's parts at every call: a swapped-in network is the one trained."""
+    model = make("grid")
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "SGD", "learning_rate": 1.0})
+    model.network = NetworkArray(model.encoding.n_output_dims, 3, NET, seed=9)
+    before = model.network.params.detach().clone()
+    trainer.optimizer = tinn.optimizers.create_optimizer({"otype": "SGD", "learning_rate": 1.0},
+                                                         list(model.named_parameters()))
+    trainer.training_step(*batch(model, 1, 0))
+    assert not torch.equal(model.network.params, before)
+
+
+def test_callable_loss_is_differentiated():
+    """Any callable loss(pred, target) works on the contract path: same step as the tinn L2 loss."""
+    a, b = make("grid", 2), make("grid", 2)
+    ta = Trainer(a, {"otype": "L2"}, {"otype": "SGD", "learning_rate": 0.5})
+    tb = Trainer(b, lambda p, t: ((p - t) ** 2).mean(), {"otype": "SGD", "learning_rate": 0.5})
+    data = batch(a, 2, 1)
+    la, lb = float(ta.training_step(*data)), float(tb.training_step(*data))
+    assert abs(la - lb) <= 1e-6 * la
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-7)
+
+
+def test_trainer_reset_restores_the_start():
+    model = make("grid", 2)
+    fresh = make("grid", 2)
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    for step in range(3):
+        trainer.training_step(*batch(model, 2, step))
+    assert trainer.step == 3 and not torch.equal(model.network.params, fresh.network.params)
+    trainer.reset()
+    assert trainer.step == 0
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(p, q)
+    # The same first step as a fresh trainer: optimizer moments were reset too.
+    other = Trainer(fresh, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    assert float(trainer.training_step(*batch(model, 2, 0))) == float(other.training_step(*batch(model, 2, 0)))
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_optimize_with_decay_schedule():
+    """Trainer.optimize steps an objective; the scenes' exponential decay is the optimizer's wrapper."""
+    from tinn.scenes.photometric import decaying_adam
+    net = NetworkArray(2, 1, NET, seed=3)
+    x = torch.rand(64, 2, device=tinn.runtime.device())
+    trainer = Trainer(net, None, decaying_adam(0.1, total_steps=4, final_lr_factor=0.01))
+    rates = []
+    for _ in range(6):
+        trainer.optimize(lambda: net(x).square().mean())
+        rates.append(trainer.learning_rate)
+    expected = [0.1 * 0.01 ** (min(k, 4) / 4) for k in range(6)]  # the rate step k + 1 used
+    assert rates == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(tinn.InputError, match="0-d loss"):
+        trainer.optimize(lambda: net(x))
+
+
+# ---- layouts ---------------------------------------------------------------------------------------
+def test_layout_handover_is_declared():
+    grid = create_encoding(2, GRID)
+    freq = create_encoding(2, {"otype": "Frequency", "n_frequencies": 2})
+    net = NetworkArray(grid.n_output_dims, 3, NET)
+    assert grid.output_layouts[0] == FEATURE_MAJOR and freq.output_layouts == (SAMPLE_MAJOR,)
+    fused = tinn.runtime.arch() == "cuda"
+    assert common_layout(grid, net) == (FEATURE_MAJOR if fused else SAMPLE_MAJOR)
+    assert common_layout(freq, net) == SAMPLE_MAJOR
+
+
+def test_grid_writes_both_layouts_and_reads_gradients_in_them():
+    grid = create_encoding(2, GRID, n_networks=3)
+    x = torch.rand(50, 2, device=tinn.runtime.device())
+    ids = torch.randint(0, 3, (50,), dtype=torch.int32, device=x.device)
+    y_sm, ctx_sm = grid.forward_ctx(x, ids, train=True, y_layout=SAMPLE_MAJOR)
+    y_fm, ctx_fm = grid.forward_ctx(x, ids, train=True, y_layout=FEATURE_MAJOR)
+    assert torch.equal(y_sm, y_fm.t())
+    dy = torch.randn_like(y_sm)
+    dx1, (g1,) = grid.backward(ctx_sm, dy, need_dx=True)
+    dx2, (g2,) = grid.backward(ctx_fm, dy.t().contiguous(), need_dx=True)
+    assert torch.allclose(dx1, dx2, atol=1e-6) and torch.allclose(g1, g2, atol=1e-6)
+
+
+# ---- second order ---------------------------------------------------------------------------------
+def test_network_double_backward_is_an_error_not_a_silent_zero():
+    net = NetworkArray(2, 1, NET, n_networks=2)
+    x = torch.rand(20, 2, device=tinn.runtime.device(), requires_grad=True)
+    ids = torch.randint(0, 2, (20,), dtype=torch.int32, device=x.device)
+    (g,) = torch.autograd.grad(net(x, ids).sum(), x, create_graph=True)
+    assert g.requires_grad  # the graph is there; what it cannot do is said when it is used
+    with pytest.raises(tinn.SecondOrderError, match="NetworkArray"):
+        g.square().sum().backward()
+
+
+def _frequency64(v, n):
+    k = torch.arange(n, dtype=torch.float64, device=v.device)
+    a = (2.0 ** k)[None, None, :] * torch.pi * v[:, :, None]
+    # tcnn's order per input dim: sin and cos of each frequency in turn
+    return torch.stack([torch.sin(a), torch.cos(a)], -1).reshape(v.shape[0], -1)
+
+
+@pytest.mark.parametrize("reduction", ["Concatenation", "Sum", "Product"])
+def test_parameter_free_composite_second_order_matches_float64(reduction):
+    nested = [{"otype": "Frequency", "n_frequencies": 2, "n_dims_to_encode": 2},
+              {"otype": "Frequency", "n_frequencies": 2, "n_dims_to_encode": 2}]
+    enc = create_encoding(4, {"otype": "Composite", "reduction": reduction, "nested": nested})
+    x = torch.rand(30, 4, device=tinn.runtime.device(), requires_grad=True)
+    w = torch.randn(30, enc.n_output_dims, device=x.device)
+    (g,) = torch.autograd.grad((enc(x) * w).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.square().sum(), x)
+
+    xd = x.detach().double().requires_grad_()
+    a, b = _frequency64(xd[:, :2], 2), _frequency64(xd[:, 2:], 2)
+    y = {"Concatenation": lambda: torch.cat([a, b], 1), "Sum": lambda: a + b, "Product": lambda: a * b}[reduction]()
+    assert torch.allclose(enc(x.detach()).double(), y.detach(), atol=1e-5)
+    (gd,) = torch.autograd.grad((y * w.double()).sum(), xd, create_graph=True)
+    (hd,) = torch.autograd.grad(gd.square().sum(), xd)
+    assert torch.allclose(g.double(), gd, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(h.double(), hd, rtol=1e-3, atol=1e-3 * float(hd.abs().max()))
+
+
+# ---- checked path ---------------------------------------------------------------------------------
+def test_forward_checks_finite_inputs_and_full_ids():
+    net = NetworkArray(2, 1, NET, n_networks=4)
+    x = torch.rand(5, 2, device=tinn.runtime.device())
+    with pytest.raises(tinn.InputError, match="NaN or Inf"):
+        net(torch.where(torch.arange(5, device=x.device)[:, None] == 2, float("nan"), x),
+            torch.zeros(5, dtype=torch.int32, device=x.device))
+    with pytest.raises(tinn.InputError, match=str(2**32 + 1)):
+        net(x, torch.full((5,), 2**32 + 1, dtype=torch.int64, device=x.device))
+    with pytest.raises(tinn.InputError, match="dtype torch.float64"):
+        net.double()(x.double(), torch.zeros(5, dtype=torch.int32, device=x.device))
+
+
+def test_trainer_checks_full_int64_ids():
+    trainer = Trainer(NetworkArray(2, 3, NET, n_networks=4))
+    x = torch.rand(5, 2, device=tinn.runtime.device())
+    with pytest.raises(tinn.InputError, match=str(2**32 + 1)):
+        trainer.training_step(x, torch.rand(5, 3, device=x.device),
+                              torch.full((5,), 2**32 + 1, dtype=torch.int64, device=x.device))

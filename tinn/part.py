@@ -1,0 +1,238 @@
+"""The differentiable contract every tinn part follows (encodings, networks, composed models).
+
+In the spirit of tiny-cuda-nn's `DifferentiableObject`, a part is a pure function of its inputs and
+its parameter tables, evaluated per sample for the network the sample's id names:
+
+    y, ctx = part.forward_ctx(x, ids, train=True, x_layout=..., y_layout=...)
+    dx, grads = part.backward(ctx, dy, need_dx=..., grads=...)
+    d_dy, d_x, d_tables = part.backward_backward(ctx, dy, ddx, ...)   # optional (second order)
+
+`x`, `dy` and `ids` reach these methods validated, contiguous and detached; `ids` is an int32 tensor
+with one entry per sample (all zero for a single network). `tables()` lists the part's trainable
+tensors in a fixed order; `backward` returns one gradient per table (None where not wanted), or adds
+into the buffers given as `grads` (so a composed part or the Trainer can hand over `.grad` buffers).
+
+Layouts: a (batch, dims) tensor is *sample-major*; its transpose, stored contiguous as (dims, batch),
+is *feature-major*. A part lists the layouts it can read (`input_layouts`) and write
+(`output_layouts`), preferred first; a composition hands tensors over in a layout both sides take,
+with no transposes in between. `dx` is returned in the layout `x` came in, `dy` is read in the layout
+`y` went out.
+
+Users call a part like any torch module: `part(x, ids)` validates the inputs (shape, dtype, device,
+id range and finite values, in one device sync) and runs the contract under one generic
+`torch.autograd.Function`, so gradients reach the inputs and the tables, and `create_graph=True`
+reaches `backward_backward` (parts without it raise `SecondOrderError` when a second derivative is
+actually requested, never a silently wrong one). The Trainer drives the same methods directly.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from . import checks, runtime
+from .errors import TinnError
+
+SAMPLE_MAJOR = "sample_major"
+FEATURE_MAJOR = "feature_major"
+LAYOUTS = (SAMPLE_MAJOR, FEATURE_MAJOR)
+
+
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def has_hooks(module: torch.nn.Module) -> bool:
+    """Whether `module` itself has forward or backward hooks (which must see it called as a module)."""
+    return any(getattr(module, name, None) for name in _MODULE_HOOKS)
+
+
+class SecondOrderError(TinnError, NotImplementedError):
+    """A second derivative was requested through a part that does not provide one."""
+
+
+class Context(SimpleNamespace):
+    """What a part's forward keeps for its backward (attributes chosen by the part)."""
+
+
+def to_layout(t: torch.Tensor, have: str, want: str) -> torch.Tensor:
+    """`t` converted from layout `have` to `want` (one transpose copy when they differ)."""
+    return t if have == want else t.t().contiguous()
+
+
+def common_layout(producer: "Part", consumer: "Part") -> str:
+    """The layout in which `producer`'s output is handed to `consumer`: the producer's preferred one
+    that the consumer reads."""
+    for layout in producer.output_layouts:
+        if layout in consumer.input_layouts:
+            return layout
+    return SAMPLE_MAJOR
+
+
+def _zeros_like_or_none(t):
+    return None if t is None else torch.zeros_like(t)
+
+
+def accumulate(into: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """`grad` added into `into` (or taken as it is when there is no buffer yet)."""
+    if grad is None:
+        return into
+    if into is None:
+        return grad
+    into += grad
+    return into
+
+
+class Part(torch.nn.Module):
+    """Base class of the contract. Subclasses set the dims and implement `forward_ctx` and `backward`."""
+
+    dtype = torch.float32  # tcnn's attributes: tinn computes in float32 throughout
+    loss_scale = 1.0
+    input_layouts: tuple[str, ...] = (SAMPLE_MAJOR,)
+    output_layouts: tuple[str, ...] = (SAMPLE_MAJOR,)
+    #: False for parts that only make sense through autograd (the Trainer then uses autograd).
+    direct_training = True
+    #: False for parts whose function does not depend on the network id (they ignore `net_ids`).
+    uses_ids = True
+
+    def __init__(self, n_input_dims: int, n_output_dims: int, n_networks: int = 1):
+        super().__init__()
+        runtime.ensure_init()
+        self.n_input_dims = int(n_input_dims)
+        self.n_output_dims = int(n_output_dims)
+        self.n_networks = int(n_networks)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A subclass that defines its own forward has behaviour the contract does not describe:
+        # the Trainer then trains it through torch autograd.
+        if "forward" in cls.__dict__:
+            cls.direct_training = False
+
+    # ---- the contract -------------------------------------------------------------------------------
+    def tables(self) -> tuple[torch.Tensor | None, ...]:
+        """The trainable tensors the contract differentiates, in a fixed order (may contain None)."""
+        params = getattr(self, "params", None)
+        return (params,) if isinstance(params, torch.Tensor) else ()
+
+    def forward_ctx(self, x: torch.Tensor, ids: torch.Tensor, *, train: bool, x_layout: str = SAMPLE_MAJOR,
+                    y_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor, Context]:
+        raise NotImplementedError
+
+    def backward(self, ctx: Context, dy: torch.Tensor, *, need_dx: bool, need_grads: bool = True,
+                 grads: tuple | None = None) -> tuple[torch.Tensor | None, tuple]:
+        raise NotImplementedError
+
+    def backward_backward(self, ctx: Context, dy: torch.Tensor, ddx: torch.Tensor | None, *, need_ddy: bool,
+                          need_dx: bool, need_dtables: bool) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                                                     tuple]:
+        """Derivatives of `<ddx, dx(x, dy, tables)>` with respect to dy, x and the tables."""
+        raise SecondOrderError(f"second-order gradients through {type(self).__name__} are not supported; "
+                               "differentiate a first-order loss or use a part that implements backward_backward")
+
+    # ---- torch module face ------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.uses_ids:
+            net_ids = None
+        x, ids = checks.part_inputs(type(self).__name__, x, net_ids, self.n_input_dims,
+                                    self.n_networks if self.uses_ids else 1)
+        self.check_tables()
+        return self.run_checked(x, ids)
+
+    def run_checked(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The forward on validated inputs (a composition may call its parts as modules instead)."""
+        return run(self, x, ids)
+
+    def check_tables(self) -> None:
+        """The tables the kernels are about to read must still be what they were built as (a module
+        converted with .double(), or a table replaced by one of another shape, is an error, not a crash)."""
+        params = getattr(self, "params", None)
+        if isinstance(params, torch.Tensor):
+            checks.table("params", params, (params.shape[0], self.n_params_per_network()))
+
+    def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.no_grad():
+            return self.forward(x, net_ids)
+
+    def n_params_per_network(self) -> int:
+        return sum(t[0].numel() for t in self.tables() if t is not None and t.dim() > 1)
+
+    def n_params(self) -> int:
+        """Number of trainable floats (all networks of an array together), as tcnn counts them."""
+        return sum(p.numel() for p in self.parameters())
+
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tables() if t is not None)
+
+
+def run(part: Part, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`part` on validated inputs: through autograd when a gradient is wanted, else a plain forward."""
+    tables = part.tables()
+    with runtime.stream_guard():
+        if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
+            return _PartFunction.apply(part, x, ids, *tables)
+        y, _ = part.forward_ctx(x.detach(), ids, train=False)
+        return y
+
+
+class _PartFunction(torch.autograd.Function):
+    """One autograd node per part call, driving the contract."""
+
+    @staticmethod
+    def forward(ctx, part, x, ids, *tables):
+        y, pctx = part.forward_ctx(x.detach(), ids, train=True)
+        ctx.part, ctx.pctx = part, pctx
+        # The originals, not detached copies: a create_graph backward must stay connected to them.
+        ctx.save_for_backward(x, *tables)
+        ctx.set_materialize_grads(False)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, *tables = ctx.saved_tensors
+        need_dx = ctx.needs_input_grad[1]
+        need_tables = ctx.needs_input_grad[3:]
+        if dy is None or not (need_dx or any(need_tables)):
+            return (None, None, None) + (None,) * len(tables)
+        if torch.is_grad_enabled():  # create_graph: the backward itself must be differentiable
+            outs = _PartBackward.apply(ctx.part, ctx.pctx, need_dx, tuple(need_tables), dy.contiguous(), x, *tables)
+            dx, grads = outs[0], outs[1:]
+        else:
+            dx, grads = ctx.part.backward(ctx.pctx, dy.detach().contiguous(), need_dx=need_dx,
+                                          need_grads=any(need_tables))
+        grads = tuple(g if want else None for g, want in zip(grads, need_tables))
+        return (None, dx if need_dx else None, None) + grads
+
+
+class _PartBackward(torch.autograd.Function):
+    """(dx, table gradients) as a function of (dy, x, tables), differentiable through `backward_backward`."""
+
+    @staticmethod
+    def forward(ctx, part, pctx, need_dx, need_tables, dy, x, *tables):
+        dx, grads = part.backward(pctx, dy.detach(), need_dx=need_dx, need_grads=any(need_tables))
+        ctx.part, ctx.pctx = part, pctx
+        ctx.need_dx, ctx.need_tables = need_dx, need_tables
+        ctx.save_for_backward(dy, x, *tables)
+        ctx.set_materialize_grads(False)
+        # Outputs of a Function must be tensors: unwanted ones are small fresh zeros.
+        dx = dx if dx is not None else x.new_zeros(())
+        grads = tuple(g if g is not None else x.new_zeros(()) for g in grads)
+        return (dx,) + grads
+
+    @staticmethod
+    def backward(ctx, g_dx, *g_tables):
+        dy, x, *tables = (t.detach() for t in ctx.saved_tensors)
+        need_ddy, need_x = ctx.needs_input_grad[4], ctx.needs_input_grad[5]
+        need_dtables = any(ctx.needs_input_grad[6:])
+        if any(g is not None and want for g, want in zip(g_tables, ctx.need_tables)):
+            gt = tuple(g if want else None for g, want in zip(g_tables, ctx.need_tables))
+            d_dy, d_x, d_tables = ctx.part.backward_backward_tables(ctx.pctx, dy, gt, need_ddy=need_ddy,
+                                                                    need_dx=need_x)
+        else:
+            d_dy, d_x, d_tables = None, None, (None,) * len(tables)
+        if g_dx is not None and ctx.need_dx and (need_ddy or need_x or need_dtables):
+            a, b, c = ctx.part.backward_backward(ctx.pctx, dy, g_dx.contiguous(), need_ddy=need_ddy, need_dx=need_x,
+                                                 need_dtables=need_dtables)
+            d_dy, d_x = accumulate(d_dy, a), accumulate(d_x, b)
+            d_tables = tuple(accumulate(u, v) for u, v in zip(d_tables, c)) if c else d_tables
+        d_tables = tuple(d if want else None for d, want in zip(d_tables, ctx.needs_input_grad[6:]))
+        return (None, None, None, None, d_dy if need_ddy else None, d_x if need_x else None) + d_tables

@@ -1,0 +1,89 @@
+"""Scene objectives for `tinn.Trainer`: photometric training of a field on posed images.
+
+Each scene phase is a loss callable handed to the one training loop (`Trainer.optimize`); the
+learning-rate decay is the optimizer's `ExponentialDecay` wrapper (`decaying_adam`), not a loop's own.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import runtime
+from ..errors import InputError
+from ..trainer import Trainer
+from .rendering import render_rays
+
+NERF_ADAM = {"otype": "Adam", "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
+
+
+def decaying_adam(learning_rate: float, total_steps: int | None = None, final_lr_factor: float = 0.1,
+                  **adam_options) -> dict:
+    """tinn's Adam with NeRF-style moments (beta2 0.99, tiny epsilon: hash-table entries see sparse gradients),
+    its rate decaying exponentially from `learning_rate` to `learning_rate * final_lr_factor` over
+    `total_steps` (constant when None): an `ExponentialDecay` that multiplies the rate by
+    final_lr_factor^(1/total_steps) before each step 1..total_steps."""
+    adam = {**NERF_ADAM, **adam_options, "learning_rate": float(learning_rate)}
+    if not total_steps:
+        return adam
+    return {"otype": "ExponentialDecay", "decay_base": float(final_lr_factor) ** (1.0 / total_steps),
+            "decay_start": 1, "decay_interval": 1, "decay_end": int(total_steps), "nested": adam}
+
+
+class SceneTrainer:
+    """A scene phase: an objective (`loss()`) and the `Trainer` that optimises it; `step()` is one step."""
+
+    trainer: Trainer
+
+    def loss(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self) -> torch.Tensor:
+        return self.trainer.optimize(self.loss)
+
+    @property
+    def optimizer(self):
+        return self.trainer.optimizer
+
+    @property
+    def step_count(self) -> int:
+        return self.trainer.step
+
+    @property
+    def learning_rate(self) -> float:
+        return self.trainer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.trainer.learning_rate = value
+
+    def reset(self) -> None:
+        self.trainer.reset()
+
+
+class PhotometricTrainer(SceneTrainer):
+    """Trains a field on posed images: each `step()` renders `batch_rays` random training rays (jittered samples,
+    empty space skipped when an occupancy grid is given) and takes one Adam step on the mean squared colour error.
+
+    The learning rate decays exponentially from `learning_rate` to `learning_rate * final_lr_factor` over
+    `total_steps` (constant when total_steps is None).
+    """
+
+    def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
+                 total_steps: int | None = None, final_lr_factor: float = 0.1, seed: int = 0):
+        if isinstance(batch_rays, bool) or not isinstance(batch_rays, int) or batch_rays < 1:
+            raise InputError(f"batch_rays={batch_rays!r} must be an integer >= 1")
+        self.field, self.n_samples, self.batch_rays, self.occupancy = field, int(n_samples), batch_rays, occupancy
+        dev = runtime.device()
+        origins, directions, colors = data.rays()
+        self.origins = origins.to(dev, torch.float32).contiguous()
+        self.directions = directions.to(dev, torch.float32).contiguous()
+        self.colors = colors.to(dev, torch.float32).contiguous()
+        self.background = data.background.to(dev, torch.float32)
+        self.trainer = Trainer(field, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
+        self.generator = torch.Generator(device=dev).manual_seed(seed)
+
+    def loss(self) -> torch.Tensor:
+        pick = torch.randint(0, self.origins.shape[0], (self.batch_rays,), device=self.origins.device,
+                             generator=self.generator)
+        out = render_rays(self.field, self.origins[pick], self.directions[pick], self.n_samples, self.background,
+                          self.occupancy, jitter=True, generator=self.generator)
+        return ((out.rgb - self.colors[pick]) ** 2).mean()

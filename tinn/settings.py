@@ -1,0 +1,140 @@
+"""tinn's tuning in one place: the `Settings` record, fixed when `tinn.init()` runs.
+
+Defaults come from the fields below; `TINN_SETTINGS="name=value,name=value"` overrides them for a
+process (benchmarks and A/B runs), `tinn.init(settings={...})` or `tinn.init(settings=Settings(...))`
+overrides both. After `init` the record is frozen: kernels compiled later read the same values.
+Per module, constructor arguments override it (`NetworkArray(..., kernels="unfused")`,
+`GridEncoding(..., feature_lanes=False)`).
+
+| field | default | what |
+| --- | --- | --- |
+| network_kernels | "auto" | "fused" (CUDA, one launch for all layers), "unfused", or "auto" (fused where supported) |
+| fused_tile | 64 | samples per forward tile of the fused kernels (multiple of 16) |
+| fused_backward_tile | 0 | samples per backward-deltas tile; 0 = 32 up to 64 features, else `fused_tile` |
+| fused_unroll_forward | 1 | k steps per iteration of the forward GEMM loop |
+| fused_unroll_backward | 2 | k steps per iteration of the backward GEMM loops |
+| fused_grad_step | 32 | samples staged per weight-gradient step |
+| fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
+| fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
+| vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
+| weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
+| grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
+| fast_launch | True | the lean launch path of tinn/kernels/launch.py |
+| gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+ENV_VARIABLE = "TINN_SETTINGS"
+NETWORK_KERNELS = ("auto", "fused", "unfused")
+
+
+@dataclass(frozen=True)
+class Settings:
+    network_kernels: str = "auto"
+    fused_tile: int = 64
+    fused_backward_tile: int = 0
+    fused_unroll_forward: int = 1
+    fused_unroll_backward: int = 2
+    fused_grad_step: int = 32
+    fused_grad_chunk: int = 0
+    fused_grad_prefetch: bool = True
+    vendor_weight_gradients: bool = True
+    weight_gradient_slices: int = 256
+    grid_feature_lanes: bool | None = None
+    fast_launch: bool = True
+    gpu_max_reg: int = 0
+
+    def __post_init__(self):
+        if self.network_kernels not in NETWORK_KERNELS:
+            raise ConfigError(f"settings.network_kernels={self.network_kernels!r} is not supported; "
+                              f"allowed: {list(NETWORK_KERNELS)}")
+        for name in ("fused_tile", "fused_backward_tile"):
+            value = getattr(self, name)
+            if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):
+                raise ConfigError(f"settings.{name}={value} must be a multiple of 16 in [16, 128]"
+                                  + (" (or 0 for the default)" if name == "fused_backward_tile" else ""))
+        for name in ("fused_unroll_forward", "fused_unroll_backward", "fused_grad_step", "weight_gradient_slices"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 1")
+        for name in ("fused_grad_chunk", "gpu_max_reg"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 0")
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value):
+    """`value` (a Python value, or a string from the environment) as field `name`'s type."""
+    if name not in _FIELDS:
+        hint = difflib.get_close_matches(name, _FIELDS, n=1)
+        raise ConfigError(f"unknown setting {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                          + f"; allowed: {sorted(_FIELDS)}")
+    kind = _FIELDS[name].type
+    if not isinstance(value, str):
+        if "bool" in kind and not isinstance(value, (bool, type(None))):
+            raise ConfigError(f"settings.{name}={value!r} must be true or false")
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"settings.{name}={value!r} must be an integer")
+        return value
+    text = value.strip()
+    if "bool" in kind:
+        lowered = text.lower()
+        if lowered in ("none", "auto") and "None" in kind:
+            return None
+        if lowered in ("1", "true", "on", "yes"):
+            return True
+        if lowered in ("0", "false", "off", "no"):
+            return False
+        raise ConfigError(f"{ENV_VARIABLE}: {name}={text!r} must be true or false")
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{ENV_VARIABLE}: {name}={text!r} must be an integer") from None
+    return text
+
+
+def parse(text: str) -> dict:
+    """`name=value,name=value` (the `TINN_SETTINGS` format) as a dict of typed values."""
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{ENV_VARIABLE}: {item!r} is not of the form name=value")
+        out[name.strip()] = _coerce(name.strip(), value)
+    return out
+
+
+_current = [Settings()]
+
+
+def current() -> Settings:
+    """The settings in force (the defaults until `tinn.init()` installs the process's own). Kernels read
+    their tuning from here when they compile, which is after `init`."""
+    return _current[0]
+
+
+def install(chosen: Settings) -> None:
+    _current[0] = chosen
+
+
+def build(environment: str | None, overrides: "Settings | dict | None") -> Settings:
+    """The settings of a process: defaults, then the environment's, then the caller's."""
+    base = Settings().replace(**parse(environment)) if environment else Settings()
+    if overrides is None:
+        return base
+    if isinstance(overrides, Settings):
+        return overrides
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"settings must be a tinn.Settings or a dict, got {type(overrides).__name__}")
+    return base.replace(**overrides)
