@@ -57,6 +57,7 @@ def test_widths_and_depths(width, depth):
 @pytest.mark.parametrize("hidden,output", [
     ("LeakyReLU", "Sigmoid"), ("Exponential", "Tanh"), ("Sine", "None"), ("Sigmoid", "Squareplus"),
     ("Squareplus", "Softplus"), ("Softplus", "Exponential"), ("Tanh", "Sine"), ("None", "ReLU"),
+    ("SiLU", "None"), ("ReLU", "SiLU"),
 ])
 def test_activations(hidden, output):
     check_against_reference(4, 3, 16, 2, hidden, output, n_networks=64, batch=500, seed=3)

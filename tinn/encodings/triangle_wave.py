@@ -20,8 +20,7 @@ class TriangleWaveEncoding(Encoding):
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
-        # 2^(k+1) must stay an exact float32 power of two and an int32 shift: k < 30.
-        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
+        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1), n_networks)
 
     def encode(self, x, net_ids):
         return PerDimEncode.apply(x, self)

@@ -1,0 +1,25 @@
+"""tcnn's `Empty` encoding: consumes its input dims and produces no features.
+
+Inside a Composite it drops input dims from the network input. tcnn's output is only its
+padding (a network input must be a multiple of 16 wide there); tinn's output is (batch, 0)
+and its input gradient is zero, as tcnn's backward writes.
+"""
+from __future__ import annotations
+
+from ..config import Section
+from .base import Encoding
+
+
+class EmptyEncoding(Encoding):
+    otype = "Empty"
+
+    def __init__(self, n_input_dims: int, n_networks: int = 1):
+        super().__init__(n_input_dims, 0, n_networks)
+
+    @classmethod
+    def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
+        return cls(n_input_dims, n_networks)
+
+    def encode(self, x, net_ids):
+        # A (batch, 0) result still connected to x, so autograd hands x a zero gradient, not None.
+        return x[:, :0] * 0.0
