@@ -24,6 +24,8 @@ def activation(name: str, z: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.softplus(z * K_ACT) / K_ACT
     if name == "Tanh":
         return torch.tanh(z)
+    if name == "SiLU":
+        return torch.nn.functional.silu(z)
     raise ValueError(name)
 
 

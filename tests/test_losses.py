@@ -14,38 +14,38 @@ def _lum(p):
     return (0.299 * rgb[:, 0] + 0.587 * rgb[:, 1] + 0.114 * rgb[:, 2])[:, None]
 
 
-def reference(otype, p, t, q):
-    """Per-element value and d(value)/dp in float64, written from tcnn's formulas (denominators constant)."""
-    p, t, q = (x.double() for x in (p, t, q))
+def _value64(otype, p, t, q):
+    """Per-element loss in float64 as current tcnn defines it; what tcnn holds constant in the gradient is
+    detached, so torch autograd of this gives tcnn's gradient."""
     d = p - t
     if otype == "L2":
-        return d * d / q, 2 * d / q
+        return d * d / q
     if otype == "L1":
-        return d.abs() / q, torch.sign(d) / q
+        return d.abs() / q
     if otype == "RelativeL2":
-        d = p - t / q
-        den = p * p + EPS
-        return d * d / den, 2 * d / den
+        return d * d / (p * p + EPS).detach() / q
     if otype == "RelativeL1":
-        s = 1 / (p.abs() + EPS) / q
-        return d.abs() * s, torch.sign(d) * s
+        return d.abs() / (p.abs() + EPS).detach() / q
     if otype == "MAPE":
-        d = p - t / q
-        s = 1 / (t.abs() + EPS)
-        return d.abs() * s, torch.sign(d) * s
+        return d.abs() / (t.abs() + EPS) / q
     if otype == "SMAPE":
-        d = p - t / q
-        s = 1 / (0.5 * (t.abs() + p.abs()) + EPS)
-        return d.abs() * s, torch.sign(d) * s
+        return d.abs() / (0.5 * (t.abs() + p.abs()) + EPS).detach() / q
     if otype == "RelativeL2Luminance":
-        den = _lum(p) ** 2 + EPS
-        return d * d / den / q, 2 * d / den / q
+        return d * d / (_lum(p) ** 2 + EPS).detach() / q
     if otype == "CrossEntropy":
-        return -t / q * torch.log(p), -t / q / p
+        return -t / q * torch.log(p)
     if otype == "Variance":
         f = t * t / q
-        return f / p - f / q, -f / (p * p)
+        return f / p - f / q
     raise AssertionError(otype)
+
+
+def reference(otype, p, t, q):
+    """Per-element value and d(value)/dp in float64 (torch autograd of `_value64`)."""
+    p64 = p.double().requires_grad_(True)
+    v = _value64(otype, p64, t.double(), q.double())
+    (g,) = torch.autograd.grad(v.sum(), p64)
+    return v.detach(), g
 
 
 def _data(batch, dims, seed, positive):
@@ -89,10 +89,37 @@ def test_gradient_matches_torch_autograd_where_nothing_is_held_constant(otype, d
     # For these losses tcnn's gradient is the true derivative; check it against torch autograd in float64.
     p, t, _ = _data(64, 4, seed=7, positive=False)
     p64 = p.double().requires_grad_(True)
-    v, _ = reference(otype, p64, t.double(), torch.ones_like(p64))
+    d = p64 - t.double()
+    v = d * d if otype == "L2" else d.abs() / ((t.double().abs() + EPS) if otype == "MAPE" else 1.0)
     v.mean().backward()
     res = create_loss({"otype": otype}).evaluate(p.to(device), t.to(device))
     np.testing.assert_allclose(res.grad.double().cpu().numpy(), p64.grad.numpy(), rtol=2e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("with_pdf", [False, True])
+def test_relative_and_percentage_losses_by_hand(with_pdf, device):
+    # One element, numbers worked out by hand from tcnn's kernels: the pdf divides the whole term and
+    # the target is never divided by it (tinn's pre-2022 formulas differed here).
+    p, t, q = 0.5, 0.2, (2.0 if with_pdf else 1.0)
+    cases = {
+        "RelativeL2": ((p - t) ** 2 / (p * p + EPS) / q, 2 * (p - t) / (p * p + EPS) / q),
+        "MAPE": (abs(p - t) / (abs(t) + EPS) / q, 1 / (abs(t) + EPS) / q),
+        "SMAPE": (abs(p - t) / (0.5 * (abs(t) + abs(p)) + EPS) / q, 1 / (0.5 * (abs(t) + abs(p)) + EPS) / q),
+    }
+    args = [torch.tensor([[v]], device=device) for v in (p, t, q)]
+    for otype, (value, grad) in cases.items():
+        res = create_loss({"otype": otype}).evaluate(args[0], args[1], data_pdf=args[2] if with_pdf else None)
+        assert res.value.item() == pytest.approx(value, rel=1e-6), otype
+        assert res.grad.item() == pytest.approx(grad, rel=1e-6), otype
+
+
+def test_mean_is_over_every_output_element(device):
+    # tcnn divides by batch * dims (the target's dims), so the value is the mean and the gradient 1/N.
+    p, t, _ = _data(8, 5, seed=2, positive=False)
+    res = create_loss({"otype": "RelativeL1"}).evaluate(p.to(device), t.to(device))
+    v_ref, g_ref = reference("RelativeL1", p, t, torch.ones_like(p))
+    assert res.value.item() == pytest.approx(v_ref.mean().item(), rel=1e-6)
+    np.testing.assert_allclose(res.grad.cpu().numpy(), (g_ref / 40).numpy(), rtol=1e-5)
 
 
 def test_relative_l2_luminance_uses_luminance_of_prediction(device):

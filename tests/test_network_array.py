@@ -57,6 +57,7 @@ def test_widths_and_depths(width, depth):
 @pytest.mark.parametrize("hidden,output", [
     ("LeakyReLU", "Sigmoid"), ("Exponential", "Tanh"), ("Sine", "None"), ("Sigmoid", "Squareplus"),
     ("Squareplus", "Softplus"), ("Softplus", "Exponential"), ("Tanh", "Sine"), ("None", "ReLU"),
+    ("SiLU", "None"), ("ReLU", "SiLU"),
 ])
 def test_activations(hidden, output):
     check_against_reference(4, 3, 16, 2, hidden, output, n_networks=64, batch=500, seed=3)
@@ -139,8 +140,9 @@ def test_parameter_count_and_layout():
 
 @pytest.mark.parametrize("cfg,key", [
     ({"otype": "Transformer"}, "network.otype"),
-    ({"n_neurons": 48}, "network.n_neurons"),
-    ({"n_hidden_layers": 9}, "network.n_hidden_layers"),
+    ({"otype": "FullyFusedMLP", "n_neurons": 48}, "network.n_neurons"),
+    ({"n_neurons": 300}, "network.n_neurons"),
+    ({"n_hidden_layers": -1}, "network.n_hidden_layers"),
     ({"activation": "GELU"}, "network.activation"),
     ({"output_activation": 3}, "network.output_activation"),
 ])

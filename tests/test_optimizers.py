@@ -84,8 +84,9 @@ def test_adam_matches_torch_when_epsilon_is_negligible(device):
 
 
 def adam_reference(w, grads_fn, n_steps, lr, b1=0.9, b2=0.999, eps=1e-8, l2=1e-8, rel=0.0, absd=0.0,
-                   adabound=False, clip=0.0, matrix=True, scale=None, sparse=None):
-    """float64 re-implementation of tcnn's Adam, one tensor (rows, cols)."""
+                   adabound=False, clip=0.0, matrix=True, scale=None, sparse=None, nm_l2=0.0, skip_zero=True,
+                   grad_clip=0.0):
+    """float64 re-implementation of tcnn's Adam (adam.h's adam_step), one tensor (rows, cols)."""
     w = w.double().clone()
     m = torch.zeros_like(w)
     v = torch.zeros_like(w)
@@ -96,9 +97,10 @@ def adam_reference(w, grads_fn, n_steps, lr, b1=0.9, b2=0.999, eps=1e-8, l2=1e-8
         g = grads_fn(w)
         if sparse is not None:
             g = g * sparse
-        active = torch.ones_like(w, dtype=torch.bool) if matrix else g != 0
-        if matrix:
-            g = g + l2 * w
+        active = torch.ones_like(w, dtype=torch.bool) if matrix or not skip_zero else g != 0
+        g = g + (l2 if matrix else nm_l2) * w
+        if grad_clip:
+            g = g.clamp(-grad_clip, grad_clip)
         m = torch.where(active, b1 * m + (1 - b1) * g, m)
         v = torch.where(active, b2 * v + (1 - b2) * g * g, v)
         steps = steps + active
@@ -154,6 +156,53 @@ def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(dev
     assert torch.equal(final[sparse == 0], w0[sparse == 0])  # untouched entries did not move
     assert torch.equal(final[2], w0[2])  # network 2 has scale 0
     assert (final[3] - w0[3]).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("skip_zero", [True, False])
+def test_adam_non_matrix_l2_gradient_clipping_and_zero_grad_skipping(skip_zero, device):
+    """tcnn's non-matrix options: non_matrix_l2_reg (not l2_reg) regularises encoding tables, zero-gradient
+    entries move only when skip_zero_grad_non_matrix_params is false, and gradient_clipping_magnitude
+    clamps the regularised gradient of both kinds before the moments."""
+    named = make_params(device, shapes=(("network.params", (3, 6)), ("encoding.params", (3, 5))), seed=8)
+    w0 = {n: p.detach().cpu().clone() for n, p in named}
+    sparse = {"encoding.params": (torch.rand(3, 5, generator=torch.Generator().manual_seed(4)) > 0.5).float()}
+    cfg = {"otype": "Adam", "learning_rate": 3e-2, "l2_reg": 0.2, "non_matrix_l2_reg": 0.05,
+           "gradient_clipping_magnitude": 0.4, "skip_zero_grad_non_matrix_params": skip_zero}
+    opt = create_optimizer(cfg, named)
+    grad_fn = quad_grads(named, seed=5)
+    traj = run_tinn(opt, named, grad_fn, sparse=sparse)
+    for name, matrix in (("network.params", True), ("encoding.params", False)):
+        ref = adam_reference(w0[name], lambda w: grad_fn({name: w})[name], N_STEPS, 3e-2, l2=0.2, nm_l2=0.05,
+                             grad_clip=0.4, matrix=matrix, skip_zero=skip_zero, sparse=sparse.get(name))
+        for step in (0, N_STEPS - 1):
+            np.testing.assert_allclose(traj[step][name].numpy(), ref[step].numpy(), rtol=1e-4, atol=3e-6)
+    untouched = sparse["encoding.params"] == 0
+    moved = (traj[-1]["encoding.params"] - w0["encoding.params"])[untouched].abs()
+    if skip_zero:
+        assert moved.max() == 0
+    else:  # zero gradient + non_matrix_l2_reg still decays them
+        assert moved.min() > 1e-3
+    # The clip binds: the quadratic's gradient at w0 exceeds 0.4 somewhere, so an unclipped run differs.
+    assert grad_fn({"network.params": w0["network.params"]})["network.params"].abs().max() > 0.4
+    unclipped = adam_reference(w0["network.params"], lambda w: grad_fn({"network.params": w})["network.params"],
+                               N_STEPS, 3e-2, l2=0.2)
+    assert (unclipped[-1] - traj[-1]["network.params"].double()).abs().max() > 1e-3
+
+
+def test_wrappers_default_to_a_nested_adam(device):
+    # tcnn: a wrapper without "nested" wraps Adam with its defaults.
+    from tinn.optimizers.adam import Adam
+    for otype in ("EMA", "Average", "Lookahead", "ExponentialDecay", "Batched"):
+        opt = create_optimizer({"otype": otype}, make_params(device))
+        assert isinstance(opt.nested, Adam), otype
+        assert opt.nested.learning_rate == pytest.approx(1e-3) and opt.nested.l2_reg == pytest.approx(1e-8)
+    named = make_params(device)
+    w0 = named[0][1].detach().cpu().clone()
+    opt = create_optimizer({"otype": "EMA", "decay": 0.9}, named)
+    grad_fn = quad_grads(named, seed=2)
+    traj = run_tinn(opt, named, grad_fn, n_steps=5)
+    ref = adam_reference(w0, lambda w: grad_fn({"network.params": w})["network.params"], 5, 1e-3)
+    np.testing.assert_allclose(traj[-1]["network.params"].numpy(), ref[-1].numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatch):
@@ -587,8 +636,6 @@ def test_composite_assignment_by_order_and_by_count(device):
 
 
 @pytest.mark.parametrize("cfg, match", [
-    ({"otype": "EMA", "decay": 0.9}, r"optimizer\.nested is missing"),
-    ({"otype": "Lookahead"}, r"optimizer\.nested is missing"),
     ({"otype": "EMA", "nested": {"otype": "Adam", "learning_rate": -1}}, r"optimizer\.nested\.learning_rate"),
     ({"otype": "ExponentialDecay", "nested": {"otype": "EMA", "nested": {"otype": "Nope"}}},
      r"optimizer\.nested\.nested\.otype='Nope'"),
@@ -635,3 +682,40 @@ def test_every_optimizer_resumes_bit_exactly(cfg, device):
         assert any(k.startswith("nested.") for k in keys)
     if cfg["otype"] == "Composite":
         assert any(k.startswith("nested.1.nested.m.") for k in keys)
+
+
+# tcnn's DOCUMENTATION.md sample configs, with every documented key at its documented default.
+TCNN_DOCUMENTED = [
+    {"otype": "Adam", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2_reg": 1e-8,
+     "relative_decay": 0, "absolute_decay": 0, "adabound": False},
+    {"otype": "Novograd", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
+     "relative_decay": 0, "absolute_decay": 0},
+    {"otype": "SGD", "learning_rate": 1e-3, "l2_reg": 1e-8},
+    {"otype": "Shampoo", "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.99, "beta3": 0.9, "beta_shampoo": 0.9,
+     "epsilon": 1e-8, "identity": 0.01, "cg_on_momentum": True, "l2_reg": 1e-5, "relative_decay": 0,
+     "absolute_decay": 0, "frobenius_normalization": True},
+    {"otype": "Average", "n_samples": 128, "nested": {"otype": "Adam"}},
+    {"otype": "Batched", "batch_size_multiplier": 16, "nested": {"otype": "Adam"}},
+    {"otype": "EMA", "decay": 0.99, "nested": {"otype": "Adam"}},
+    {"otype": "ExponentialDecay", "decay_base": 0.1, "decay_start": 10000, "decay_end": 10000000,
+     "decay_interval": 10000, "nested": {"otype": "Adam"}},
+    {"otype": "Lookahead", "alpha": 0.5, "n_steps": 16, "nested": {"otype": "Adam"}},
+    # Adam's keys that adam.h reads beyond the documentation, at adam.h's defaults.
+    {"otype": "Adam", "clipping_magnitude": 0, "gradient_clipping_magnitude": 0, "non_matrix_learning_rate_factor": 1,
+     "non_matrix_l2_reg": 0, "optimize_matrix_params": True, "optimize_non_matrix_params": True,
+     "skip_zero_grad_non_matrix_params": True},
+]
+
+
+@pytest.mark.parametrize("cfg", TCNN_DOCUMENTED, ids=lambda c: c["otype"])
+def test_every_documented_key_is_read_with_tcnns_default(cfg, device):
+    opt = create_optimizer(cfg, make_params(device))
+    own = opt.hyperparams()
+    for key, value in cfg.items():
+        if key != "nested":
+            assert own[key] == pytest.approx(value), key
+    # The same defaults when the keys are left out.
+    bare = create_optimizer({"otype": cfg["otype"]}, make_params(device)).hyperparams()
+    assert {k: bare[k] for k in own if k != "nested"} == pytest.approx({k: own[k] for k in own if k != "nested"})
+    with pytest.raises(ConfigError, match=r"optimizer\.bogus is not an option"):
+        create_optimizer({**cfg, "bogus": 1}, make_params(device))

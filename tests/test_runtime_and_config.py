@@ -86,7 +86,7 @@ def test_shipped_configs_load_and_build():
 
 
 @pytest.mark.parametrize("section,patch,message", [
-    ("network", {"otype": "Transformer"}, r"network\.otype='Transformer' is not supported; allowed: \['FullyFusedMLP', 'CutlassMLP'\]"),
+    ("network", {"otype": "Transformer"}, r"network\.otype='Transformer' is not supported; allowed: \['FullyFusedMLP', 'CutlassMLP', 'MLP', 'MegakernelMLP'\]"),
     ("network", {"n_neurons": 100}, r"network\.n_neurons=100 is not supported; allowed: \[16, 32, 64, 128\]"),
     ("network", {"n_hidden_layers": -1}, r"network\.n_hidden_layers=-1 is out of range"),
     ("encoding", {"otype": "Fourier"}, r"encoding\.otype='Fourier' is not supported; allowed: \["),

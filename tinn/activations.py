@@ -14,8 +14,12 @@ ACTIVATIONS = {
     "Squareplus": 6,
     "Softplus": 7,
     "Tanh": 8,
+    "SiLU": 9,
 }
 SINE = ACTIVATIONS["Sine"]
+SILU = ACTIVATIONS["SiLU"]
+# Activations whose derivative needs the pre-activation, which networks then keep (unfused path).
+NEEDS_PRE_ACTIVATION = frozenset({SINE, SILU})
 
 
 def activation_code(cfg: Section, key: str, default: str) -> int:

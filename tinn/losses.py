@@ -9,10 +9,10 @@ Formulas per element (p prediction, t target, q the optional `data_pdf`, default
 N = batch * dims):
     L2                  (p - t)^2 / q
     L1                  |p - t| / q
-    RelativeL2          (p - t/q)^2 / (p^2 + 0.01)            denominator constant in the gradient
-    RelativeL1          |p - t| / (|p| + 0.01) / q             denominator constant in the gradient
-    MAPE                |p - t/q| / (|t| + 0.01)
-    SMAPE               |p - t/q| / (0.5 (|t| + |p|) + 0.01)    denominator constant in the gradient
+    RelativeL2          (p - t)^2 / (p^2 + 0.01) / q            denominator constant in the gradient
+    RelativeL1          |p - t| / (|p| + 0.01) / q              denominator constant in the gradient
+    MAPE                |p - t| / (|t| + 0.01) / q
+    SMAPE               |p - t| / (0.5 (|t| + |p|) + 0.01) / q  denominator constant in the gradient
     RelativeL2Luminance (p - t)^2 / (L^2 + 0.01) / q,  L = luminance of the predicted RGB (dims >= 3;
                         with dims >= 6 the two RGB triples are summed first), constant in the gradient
     CrossEntropy        -t/q * log(p)                          p is a predicted PDF value (> 0)

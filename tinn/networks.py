@@ -7,14 +7,13 @@ the Taichi kernels read and write in place.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import runtime
-from .activations import SINE, activation_code, activation_name
+from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section
 from .errors import ConfigError
+from .initialisation import initial_weights
 from .kernels import mlp_array as K
 from .kernels import mlp_fused as FK
 from .part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
@@ -22,22 +21,35 @@ from .routing import Routing, TileRouting, route, route_fused
 from .settings import NETWORK_KERNELS
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
+# tcnn's aliases (src/network.cu, select_network): "MLP" (its default otype) is CutlassMLP,
+# "MegakernelMLP" is FullyFusedMLP.
+NETWORK_ALIASES = {"MLP": "CutlassMLP", "MegakernelMLP": "FullyFusedMLP"}
+# tinn's per-sample kernels keep a layer's input vector in registers, unrolled at compile time, so
+# compile time and register pressure grow with the width; tcnn's CUTLASS GEMMs have no such bound.
+MAX_CUTLASS_WIDTH = 256
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
 MIN_K_SLICE = 1024
 
 
 def parse_network_config(config, path: str = "network") -> dict:
+    """tcnn's network keys with tcnn's defaults (src/network.cu): otype "MLP" (= CutlassMLP),
+    n_neurons 128, n_hidden_layers 5, activation ReLU, output_activation None."""
     cfg = config if isinstance(config, Section) else Section(config, path)
-    otype = cfg.otype(NETWORK_OTYPES, "FullyFusedMLP")
+    otype = cfg.otype(NETWORK_OTYPES + list(NETWORK_ALIASES), "MLP")
+    otype = NETWORK_ALIASES.get(otype, otype)
     if otype == "FullyFusedMLP":
-        width = cfg.integer("n_neurons", 64, allowed=FULLY_FUSED_WIDTHS)
+        width = cfg.integer("n_neurons", 128, allowed=FULLY_FUSED_WIDTHS)
     else:
-        width = cfg.integer("n_neurons", 64, lo=1, hi=256)
+        width = cfg.integer("n_neurons", 128, lo=1)
+        if width > MAX_CUTLASS_WIDTH:
+            raise ConfigError(f"{cfg.key('n_neurons')}={width} exceeds tinn's limit of {MAX_CUTLASS_WIDTH}: its "
+                              "kernels hold a layer's inputs in registers, unrolled at compile time (tcnn's "
+                              f"CUTLASS GEMMs have no such limit); allowed: 1..{MAX_CUTLASS_WIDTH}")
     return {
         "otype": otype,
         "n_neurons": width,
-        "n_hidden_layers": cfg.integer("n_hidden_layers", 2, lo=0, hi=8),
+        "n_hidden_layers": cfg.integer("n_hidden_layers", 5, lo=0),
         "activation": activation_code(cfg, "activation", "ReLU"),
         "output_activation": activation_code(cfg, "output_activation", "None"),
     }
@@ -110,15 +122,15 @@ class NetworkArray(Part):
         self.width = cfg["n_neurons"]
         self.n_layers = cfg["n_hidden_layers"] + 1  # weight matrices
         self.hidden_act, self.output_act = cfg["activation"], cfg["output_activation"]
-        self.keep_pre = SINE in (self.hidden_act, self.output_act)
+        self.keep_pre = bool(NEEDS_PRE_ACTIVATION & {self.hidden_act, self.output_act})
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
-        # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine keeps the
-        # unfused path because its derivative needs pre-activations.
+        # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
+        # the unfused path because their derivatives need pre-activations.
         fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(n_input_dims, self.width,
                                                                                   n_output_dims)
         if kernels == "fused" and not fusable:
-            raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine activation and at most "
+            raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
                               f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
         self.fused = fusable and kernels != "unfused"
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
@@ -153,15 +165,9 @@ class NetworkArray(Part):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int | None = None) -> None:
-        """tcnn's init: each matrix uniform in ±sqrt(6 / (fan_in + fan_out)), reproducible from the seed."""
+        """tcnn's init per activation (see tinn/initialisation.py), reproducible from the seed."""
         gen = torch.Generator().manual_seed(self.seed if seed is None else seed)
-        host = torch.empty(self.n_networks, self.n_params_per_network())
-        off = 0
-        for o, i in self.layer_shapes():
-            bound = math.sqrt(6.0 / (o + i))
-            host[:, off:off + o * i].uniform_(-bound, bound, generator=gen)
-            off += o * i
-        self.params.copy_(host)
+        self.params.copy_(initial_weights(self.layer_shapes(), self.hidden_act, self.output_act, gen, self.n_networks))
 
     # ---- the part contract ------------------------------------------------------------------------
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):

@@ -42,7 +42,7 @@ class FrequencyEncoding(PerDimEncoding):
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
-        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
+        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1), n_networks)
 
     # Kernel launchers (x, dy contiguous and detached).
     def _fwd(self, x):

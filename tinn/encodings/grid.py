@@ -114,7 +114,18 @@ class GridEncoding(Encoding):
         scale = cfg.number("per_level_scale", default_per_level_scale(grid_type, n_levels, base), lo=0.0,
                            lo_open=True)
         if cfg.has("stochastic_interpolation") and cfg.boolean("stochastic_interpolation"):
-            raise ConfigError(f"{cfg.key('stochastic_interpolation')}=true is not supported; allowed: false")
+            # tcnn then sends each sample's parameter gradient to a single corner picked by its own RNG
+            # (the forward and input gradients stay N-linear); tinn's grid backward kernels implement only
+            # the deterministic N-linear scatter.
+            raise ConfigError(f"{cfg.key('stochastic_interpolation')}=true is not supported: tinn's grid "
+                              "backward scatters every gradient N-linearly to all corners (tcnn's random "
+                              "single-corner scatter is not implemented); allowed: false")
+        if cfg.has("fixed_point_pos") and cfg.boolean("fixed_point_pos"):
+            # In tcnn the flag only changes its JIT-fused device code, which reads each input as the bits of
+            # a 32-bit fixed-point coordinate; its ordinary kernels (and tinn's) read float positions.
+            raise ConfigError(f"{cfg.key('fixed_point_pos')}=true is not supported: tcnn honours it only in "
+                              "JIT fusion, where inputs are 32-bit fixed-point bit patterns; tinn has no JIT "
+                              "fusion and reads float positions; allowed: false")
         return cls(
             n_input_dims,
             n_levels=n_levels,

@@ -19,8 +19,7 @@ class TriangleWaveEncoding(PerDimEncoding):
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
-        # 2^(k+1) must stay an exact float32 power of two and an int32 shift: k < 30.
-        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1, hi=24), n_networks)
+        return cls(n_input_dims, cfg.integer("n_frequencies", 12, lo=1), n_networks)
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)

@@ -51,23 +51,25 @@ def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pd
             v = ti.abs(diff) / q
             dv = _signed(1.0 / q, diff)
         elif kind == RELATIVE_L2:
-            diff = p - t / q
-            inv = 1.0 / (p * p + EPS)  # denominator treated as constant (Noise2Noise / tcnn)
-            v = diff * diff * inv
-            dv = 2.0 * diff * inv
+            # tcnn since 2022: normalised by the prediction only (Noise2Noise); the denominator is a
+            # constant in the gradient and the pdf divides the whole term, as in L2.
+            diff = p - t
+            s = 1.0 / (p * p + EPS) / q
+            v = diff * diff * s
+            dv = 2.0 * diff * s
         elif kind == RELATIVE_L1:
             diff = p - t
             s = 1.0 / (ti.abs(p) + EPS) / q
             v = ti.abs(diff) * s
             dv = _signed(s, diff)
         elif kind == MAPE:
-            diff = p - t / q
-            s = 1.0 / (ti.abs(t) + EPS)
+            diff = p - t
+            s = 1.0 / (ti.abs(t) + EPS) / q
             v = ti.abs(diff) * s
             dv = _signed(s, diff)
         elif kind == SMAPE:
-            diff = p - t / q
-            s = 1.0 / (0.5 * (ti.abs(t) + ti.abs(p)) + EPS)
+            diff = p - t
+            s = 1.0 / (0.5 * (ti.abs(t) + ti.abs(p)) + EPS) / q  # constant in the gradient, as in tcnn
             v = ti.abs(diff) * s
             dv = _signed(s, diff)
         elif kind == RELATIVE_L2_LUMINANCE:

@@ -31,13 +31,15 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32)
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay, clip,
-                  lower, upper, is_matrix):
+                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay, abs_decay,
+                  clip, grad_clip, lower, upper):
     grad = g[r, c]
-    if is_matrix != 0 or grad != 0.0:
+    if skip_zero == 0 or grad != 0.0:
         wv = w[r, c]
-        if is_matrix != 0:
-            grad += l2_reg * wv
+        grad += l2_reg * wv
+        if grad_clip != 0.0:
+            # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
+            grad = ti.select(grad >= 0.0, ti.min(grad, grad_clip), ti.max(grad, -grad_clip))
         mv = beta1 * m[r, c] + (1.0 - beta1) * grad
         vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
         m[r, c] = mv
@@ -56,32 +58,32 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
-              lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, l2_reg: ti.f32,
-              rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, lower: ti.f32, upper: ti.f32,
-              is_matrix: ti.i32):
-    """tcnn Adam. Non-matrix params (encodings) skip elements whose gradient is exactly 0 and get no
-    l2_reg: hash-grid entries untouched by a batch must neither move nor age their moments, hence the
-    per-element step counter used for bias correction."""
+              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
+    """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
+    l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
+    gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
+    moments, hence the per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay,
-                      clip, lower, upper, is_matrix)
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay,
+                      abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
 def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   is_matrix: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d,
-                   lr_scale2: f32_1d, lr2: ti.f32, is_matrix2: ti.i32, beta1: ti.f32, beta2: ti.f32,
-                   epsilon: ti.f32, l2_reg: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
-                   lower: ti.f32, upper: ti.f32):
+                   l2_reg: ti.f32, skip_zero: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d,
+                   lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32, beta1: ti.f32,
+                   beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
+                   grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, beta1, beta2, epsilon, l2_reg, rel_decay, abs_decay,
-                      clip, lower, upper, is_matrix)
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay,
+                      abs_decay, clip, grad_clip, lower, upper)
     for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, beta1, beta2, epsilon, l2_reg, rel_decay,
-                      abs_decay, clip, lower, upper, is_matrix2)
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, beta1, beta2, epsilon,
+                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel

@@ -6,18 +6,20 @@ The slope is +-2^(k+1); the second derivative is zero almost everywhere.
 """
 import taichi as ti
 
+from .basic_encodings import pow2
+
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
 
 @ti.func
 def _phase(x, k):
-    return x * (ti.cast(1 << k, ti.f32) * 0.5) + ti.cast(k, ti.f32) * 0.25
+    return x * pow2(k - 1) + ti.cast(k, ti.f32) * 0.25
 
 
 @ti.func
 def _slope(v, k):
     frac = v - ti.floor(v)
-    s = ti.cast(1 << (k + 1), ti.f32)
+    s = pow2(k + 1)
     return s if frac >= 0.5 else -s
 
 

@@ -3,9 +3,12 @@
 Differences from torch.optim.Adam, on purpose (they are tcnn's):
 - epsilon is added to sqrt(v) *before* bias correction: w -= lr_t * m / (sqrt(v) + eps) with
   lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t); both agree when eps is negligible.
-- l2_reg (default 1e-8) is added to the gradient of matrix params only; non-matrix params
-  (encoding tables, see `base.is_matrix_param`) skip elements with an exactly zero gradient,
-  keeping a per-element step count for the bias correction.
+- l2_reg (default 1e-8) is added to the gradient of matrix params (network weights), non_matrix_l2_reg
+  (default 0) to that of non-matrix params (encoding tables, see `base.is_matrix_param`); with
+  skip_zero_grad_non_matrix_params (default true) non-matrix elements with an exactly zero gradient
+  are skipped, so every element keeps its own step count for the bias correction.
+- gradient_clipping_magnitude (0: off) clamps the regularised gradient to [-c, c] before the moments;
+  clipping_magnitude (0: off) clamps the new weight.
 - relative_decay / absolute_decay shrink the weight by (relative_decay * lr_t) * w and
   (absolute_decay * lr_t) * sign(w) (decoupled, scaled by the bias-corrected rate).
 - adabound clamps lr_t / (sqrt(v) + eps) to [0.1 - 0.1/((1-beta2) t + 1), 0.1 + 0.1/((1-beta2) t)].
@@ -24,8 +27,9 @@ F32_MAX = 3.4028234663852886e38
 class Adam(LeafOptimizer):
     otype = "Adam"
     OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "l2_reg", "relative_decay", "absolute_decay",
-               "adabound", "clipping_magnitude", "non_matrix_learning_rate_factor", "optimize_matrix_params",
-               "optimize_non_matrix_params")
+               "adabound", "clipping_magnitude", "gradient_clipping_magnitude", "non_matrix_learning_rate_factor",
+               "non_matrix_l2_reg", "optimize_matrix_params", "optimize_non_matrix_params",
+               "skip_zero_grad_non_matrix_params")
 
     def __init__(self, named_params, cfg: Section):
         check_keys(cfg, self.OPTIONS)
@@ -38,6 +42,9 @@ class Adam(LeafOptimizer):
         self.absolute_decay = cfg.number("absolute_decay", 0.0, lo=0.0)
         self.adabound = cfg.boolean("adabound", False)
         self.clipping_magnitude = cfg.number("clipping_magnitude", 0.0, lo=0.0)
+        self.gradient_clipping_magnitude = cfg.number("gradient_clipping_magnitude", 0.0, lo=0.0)
+        self.non_matrix_l2_reg = cfg.number("non_matrix_l2_reg", 0.0, lo=0.0)
+        self.skip_zero_grad_non_matrix_params = cfg.boolean("skip_zero_grad_non_matrix_params", True)
         self.non_matrix_learning_rate_factor = cfg.number("non_matrix_learning_rate_factor", 1.0, lo=0.0)
         self.optimize_matrix_params = cfg.boolean("optimize_matrix_params", True)
         self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
@@ -61,24 +68,27 @@ class Adam(LeafOptimizer):
         if len(todo) == 2:
             K.adam_step_pair(*todo[0], *todo[1], *hyper)
             return
-        for w, g, m, v, steps, lr_scale, lr, matrix in todo:
-            K.adam_step(w, g, m, v, steps, lr_scale, lr, *hyper, matrix)
+        for operands in todo:
+            K.adam_step(*operands, *hyper)
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
 
     def _operands(self, name, w, g, lr_scale) -> tuple:
-        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, is_matrix)."""
-        matrix = self.is_matrix[name]
-        lr = self.learning_rate * (1.0 if matrix else self.non_matrix_learning_rate_factor)
+        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero)."""
+        if self.is_matrix[name]:
+            lr, l2_reg, skip_zero = self.learning_rate, self.l2_reg, 0
+        else:
+            lr = self.learning_rate * self.non_matrix_learning_rate_factor
+            l2_reg, skip_zero = self.non_matrix_l2_reg, int(self.skip_zero_grad_non_matrix_params)
         return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.state[f"steps.{name}"], lr_scale, lr,
-                int(matrix))
+                l2_reg, skip_zero)
 
     def _hyper(self) -> tuple:
         """The arguments both Adam kernels share, in their order (beta1 ... upper)."""
         lower, upper = self._bounds()
-        return (self.beta1, self.beta2, self.epsilon, self.l2_reg, self.relative_decay, self.absolute_decay,
-                self.clipping_magnitude, lower, upper)
+        return (self.beta1, self.beta2, self.epsilon, self.relative_decay, self.absolute_decay,
+                self.clipping_magnitude, self.gradient_clipping_magnitude, lower, upper)
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate,

@@ -1,4 +1,5 @@
-"""Wrapper optimizers: each holds one nested optimizer (`"nested": {...}` in the config, required).
+"""Wrapper optimizers: each holds one nested optimizer (`"nested": {...}` in the config; without it
+the nested optimizer is a default Adam, as in tcnn).
 
 EMA, Average and Lookahead keep extra weights that are meant for inference (tcnn's
 `custom_weights`): read them with `opt.inference_params(name)`, or evaluate inside
@@ -25,7 +26,7 @@ class Wrapper(Optimizer):
 
         check_keys(cfg, self.OPTIONS + ("nested",))
         super().__init__(named_params, cfg.path)
-        self.nested = create_optimizer(cfg.section("nested"), self.named_params)
+        self.nested = create_optimizer(cfg.section("nested", required=False), self.named_params)
         self.children = [("nested.", self.nested)]
 
     def _apply(self, grads) -> None:

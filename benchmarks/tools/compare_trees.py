@@ -1,0 +1,65 @@
+"""Before/after on one machine: the target MLP-array case and the image step, measured alternately in two
+checkouts of tinn (separate processes, so each tree compiles and imports its own kernels).
+
+    python benchmarks/tools/compare_trees.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json]
+
+Each round runs, for each tree in turn, `benchmarks/bench_mlp_array.py` on the target case (4096 networks
+x 64 wide, 32 in, 16 out, 2 hidden, 2^22 samples, even and ragged routing, torch skipped) and
+`benchmarks/profile_image.py` (config_hash, batch 2^18). Alternating rounds spread drifts of the machine
+over both trees. Prints the best time of each tree and new/old per quantity.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run_tree(tree: str, out_dir: str, tag: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    bench_json = os.path.join(out_dir, f"bench_{tag}.json")
+    image_json = os.path.join(out_dir, f"image_{tag}.json")
+    subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "bench_mlp_array.py"), "--networks", "4096",
+                    "--log2-samples", "22", "--routing", "even,ragged", "--skip-torch", "--no-vmap",
+                    "--json", bench_json], cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "profile_image.py"), "--steps", "300",
+                    "--json", image_json], cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
+    with open(bench_json) as f:
+        rows = json.load(f)["rows"]
+    with open(image_json) as f:
+        image = json.load(f)["ms_per_step"]
+    out = {"image step ms": image["checks off"], "image host ms": image["host only"]}
+    for r in rows:
+        out[f"{r['routing']} fwd ms"] = r["tinn_fwd_ms"]
+        out[f"{r['routing']} step ms"] = r["tinn_train_ms"]
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
+    runs = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.rounds):
+            for tag in (("old", "new") if k % 2 == 0 else ("new", "old")):
+                runs[tag].append(run_tree(trees[tag], tmp, f"{tag}{k}"))
+                print(f"round {k} {tag}: {runs[tag][-1]}", flush=True)
+    best = {tag: {q: min(r[q] for r in rs) for q in rs[0]} for tag, rs in runs.items()}
+    print(f"\n{'quantity':18s} {'old':>9s} {'new':>9s} {'new/old':>8s}")
+    for q in best["old"]:
+        print(f"{q:18s} {best['old'][q]:9.3f} {best['new'][q]:9.3f} {best['new'][q] / best['old'][q]:8.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": runs, "best": best}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
