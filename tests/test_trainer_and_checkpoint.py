@@ -99,7 +99,7 @@ def test_checkpoint_errors(tmp_path):
     trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
     bad = tmp_path / "garbage.tinn"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="not a readable tinn checkpoint"):
+    with pytest.raises(CheckpointError, match="not a tinn checkpoint"):
         trainer.load_checkpoint(bad)
     path = tmp_path / "run.tinn"
     trainer.save_checkpoint(path)

@@ -14,13 +14,14 @@ import torch
 
 from . import checks, runtime
 from .activations import SINE, activation_code, activation_name
-from .config import Section
-from .errors import ConfigError
+from .config import Section, count
 from .kernels import mlp_array as K
 from .kernels import mlp_fused as FK
 from .routing import Routing, TileRouting, route, route_fused
 
 NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
+# Every key of a network config besides "otype" (`parse_network_config` rejects any other).
+NETWORK_OPTIONS = ("n_neurons", "n_hidden_layers", "activation", "output_activation")
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
 # A single network's weight gradients as vendor GEMMs (cuBLAS / the CPU BLAS), see
@@ -33,6 +34,7 @@ MIN_K_SLICE = 1024
 def parse_network_config(config, path: str = "network") -> dict:
     cfg = config if isinstance(config, Section) else Section(config, path)
     otype = cfg.otype(NETWORK_OTYPES, "FullyFusedMLP")
+    cfg.expect_keys(("otype", *NETWORK_OPTIONS), repr(otype))
     if otype == "FullyFusedMLP":
         width = cfg.integer("n_neurons", 64, allowed=FULLY_FUSED_WIDTHS)
     else:
@@ -116,11 +118,8 @@ class NetworkArray(torch.nn.Module):
         super().__init__()
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
-        for name, value, lo in (("n_input_dims", n_input_dims, 1), ("n_output_dims", n_output_dims, 1)):
-            if not isinstance(value, int) or value < lo:
-                raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
-        if not isinstance(n_networks, int) or not 1 <= n_networks <= MAX_NETWORKS:
-            raise ConfigError(f"n_networks={n_networks!r} is out of range; allowed: 1..{MAX_NETWORKS}")
+        n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
+        n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
         self.config = cfg
         self.n_input_dims, self.n_output_dims, self.n_networks = n_input_dims, n_output_dims, n_networks
         self.width = cfg["n_neurons"]

@@ -1,8 +1,7 @@
 """Encodings and the factory that builds them from tcnn `encoding` configs."""
 from __future__ import annotations
 
-from ..config import Section
-from ..errors import ConfigError
+from ..config import Section, count, expect_options
 from .base import Encoding
 from .basic import FrequencyEncoding, IdentityEncoding
 from .composite import CompositeEncoding
@@ -35,9 +34,9 @@ def create_encoding(n_input_dims: int, config: dict | Section | None, n_networks
                     path: str = "encoding") -> Encoding:
     """Build an encoding from a tcnn-style config dict (`{"otype": "Frequency", ...}`)."""
     cfg = config if isinstance(config, Section) else Section(config or {"otype": "Identity"}, path)
-    if n_input_dims < 1:
-        raise ConfigError(f"n_input_dims={n_input_dims} must be >= 1")
+    n_input_dims = count("n_input_dims", n_input_dims)
     otype = cfg.otype(list(ENCODINGS))
+    expect_options(cfg, ENCODINGS[otype], otype)
     return ENCODINGS[otype].from_config(n_input_dims, cfg, n_networks=n_networks, seed=seed)
 
 

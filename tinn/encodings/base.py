@@ -11,17 +11,20 @@ from __future__ import annotations
 import torch
 
 from .. import checks, runtime
+from ..config import count
 
 
 class Encoding(torch.nn.Module):
     otype = "Encoding"
+    # Every key of this encoding's config besides "otype"; `create_encoding` rejects any other.
+    OPTIONS: tuple[str, ...] | None = None
 
     def __init__(self, n_input_dims: int, n_output_dims: int, n_networks: int = 1):
         super().__init__()
         runtime.ensure_init()
-        self.n_input_dims = int(n_input_dims)
-        self.n_output_dims = int(n_output_dims)
-        self.n_networks = int(n_networks)
+        self.n_input_dims = count("n_input_dims", n_input_dims)
+        self.n_output_dims = count("n_output_dims", n_output_dims)
+        self.n_networks = count("n_networks", n_networks)
         self.params = None  # an nn.Parameter for encodings with trainable state
 
     def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
