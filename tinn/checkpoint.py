@@ -430,18 +430,18 @@ def restore_trainer(trainer, path: str | os.PathLike, strict_config: bool = True
     if missing or unexpected:
         raise CheckpointError(f"{source}: sections {sorted(sections)}; expected {list(SECTIONS)} (missing {missing}, "
                               f"unexpected {unexpected})")
+    if strict_config and trainer.config:  # first: it explains shape mismatches too
+        diffs = config_differences(metadata.get("config", {}), trainer.config)
+        if diffs:
+            more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
+            raise CheckpointError(f"{source}: saved with another config: {'; '.join(diffs[:8])}{more}. "
+                                  "Pass strict_config=False to load it anyway")
     check_module_state(trainer.model, sections["model"], source)
     try:
         trainer.optimizer.check_state_dict(sections["optimizer"])
     except CheckpointError as e:
         raise CheckpointError(f"{source}: {e}") from None
     step = _trainer_step(sections["trainer"], source)
-    if strict_config and trainer.config:
-        diffs = config_differences(metadata.get("config", {}), trainer.config)
-        if diffs:
-            more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
-            raise CheckpointError(f"{source}: saved with another config: {'; '.join(diffs[:8])}{more}. "
-                                  "Pass strict_config=False to load it anyway")
     # Everything matches: the copies below cannot fail half-way.
     load_module_state(trainer.model, sections["model"], source)
     trainer.optimizer.load_state_dict(sections["optimizer"])
