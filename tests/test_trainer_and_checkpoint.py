@@ -99,7 +99,7 @@ def test_checkpoint_errors(tmp_path):
     trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
     bad = tmp_path / "garbage.tinn"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="not a readable tinn checkpoint"):
+    with pytest.raises(CheckpointError, match="not a tinn checkpoint"):
         trainer.load_checkpoint(bad)
     path = tmp_path / "run.tinn"
     trainer.save_checkpoint(path)
@@ -146,3 +146,154 @@ def test_inference_uses_ema_weights_and_restores_live_ones():
         params["network.params"].copy_(saved)
     assert torch.equal(ema, expected)
     assert torch.equal(trainer.model.inference(x, ids), live)  # live weights are back
+
+
+def _state(trainer):
+    model = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    opt = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in trainer.optimizer.state_dict().items()}
+    return model, opt, trainer.step
+
+
+def _assert_state(trainer, state):
+    model, opt, step = state
+    now_model, now_opt, now_step = _state(trainer)
+    assert now_step == step and now_model.keys() == model.keys() and now_opt.keys() == opt.keys()
+    for k in model:
+        assert torch.equal(now_model[k], model[k]), k
+    for k in opt:
+        assert (torch.equal(now_opt[k], opt[k]) if isinstance(opt[k], torch.Tensor) else now_opt[k] == opt[k]), k
+
+
+def _rewrite(path, out, edit):
+    """Load a checkpoint's sections, let `edit` change them, save the result (a valid, checksummed file)."""
+    from tinn import checkpoint
+
+    sections, metadata = checkpoint.load(path)
+    edit(sections, metadata)
+    checkpoint.save(out, sections, metadata)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda s, m: s["optimizer"].__setitem__("m.network.params", s["optimizer"]["m.network.params"][:, :-1]),
+     r"optimizer state 'm.network.params' is \(8, \d+\) torch.float32; expected \(8, \d+\) torch.float32"),
+    (lambda s, m: s["optimizer"].pop("v.encoding.params", None) or s["optimizer"].pop("v.network.params"),
+     r"optimizer state does not match this optimizer \(missing \['v.network.params'\]"),
+    (lambda s, m: s["optimizer"].__setitem__("otype", "SGD"), r"optimizer state 'otype' is 'SGD'; this optimizer is 'Adam'"),
+    (lambda s, m: s["optimizer"].__setitem__("step_count", "six"), r"optimizer state 'step_count' is 'six'; expected a int"),
+    (lambda s, m: s["trainer"].__setitem__("step", -1), r"trainer step is -1; expected an integer >= 0"),
+    (lambda s, m: s["trainer"].__setitem__("epoch", 2), r"the trainer section has keys \['epoch', 'step'\]"),
+    (lambda s, m: s.pop("trainer"), r"sections \['model', 'optimizer'\]; expected .*missing \['trainer'\]"),
+    (lambda s, m: s.__setitem__("extra", {"x": 1}), r"unexpected \['extra'\]"),
+    (lambda s, m: s["model"].__setitem__("network.params", s["model"]["network.params"].double()),
+     r"network.params is \(8, \d+\) torch.float64, model has \(8, \d+\) torch.float32"),
+    (lambda s, m: s["model"].__setitem__("network.bias", torch.zeros(3)), r"unexpected \['network.bias'\]"),
+])
+def test_failed_load_changes_nothing(tmp_path, edit, message):
+    data = batches(6)
+    src = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    for b in data[:3]:
+        src.training_step(*b)
+    good = tmp_path / "good.tinn"
+    src.save_checkpoint(good)
+    bad = tmp_path / "bad.tinn"
+    _rewrite(good, bad, edit)
+
+    dst = Trainer.from_config(CONFIG, 2, 2, n_networks=8, seed=5)
+    for b in data[3:]:
+        dst.training_step(*b)
+    before = _state(dst)
+    with pytest.raises(CheckpointError, match=message):
+        dst.load_checkpoint(bad)
+    _assert_state(dst, before)  # model, optimizer and step untouched
+    dst.load_checkpoint(good)  # and a good file still loads afterwards
+    _assert_state(dst, _state(src))
+
+
+@pytest.mark.parametrize("section,key,value,names", [
+    ("network", "activation", "Tanh", r"network\.activation: 'ReLU' in the checkpoint, 'Tanh' here"),
+    ("encoding", "per_level_scale", 1.7, r"encoding\.per_level_scale: 1\.5 in the checkpoint, 1\.7 here"),
+    ("optimizer", "beta2", None, r"optimizer\.beta2: 0\.99 in the checkpoint, absent here"),
+])
+def test_config_mismatch_is_refused_unless_not_strict(tmp_path, section, key, value, names):
+    # Every level hashed into 2^4 entries: another per_level_scale keeps the shapes.
+    grid = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 4,
+            "base_resolution": 8, "per_level_scale": 1.5}
+    saved_cfg = dict(CONFIG, encoding=grid)
+    src = Trainer.from_config(saved_cfg, 2, 2, n_networks=2)
+    for b in batches(2, n_networks=2):
+        src.training_step(*b)
+    path = tmp_path / "run.tinn"
+    src.save_checkpoint(path)
+
+    other = {k: dict(v) for k, v in saved_cfg.items()}
+    if value is None:
+        del other[section][key]
+    else:
+        other[section][key] = value
+    dst = Trainer.from_config(other, 2, 2, n_networks=2, seed=3)  # same shapes, other meaning
+    before = _state(dst)
+    with pytest.raises(CheckpointError, match=names + r".*Pass strict_config=False to load it anyway"):
+        dst.load_checkpoint(path)
+    _assert_state(dst, before)
+    metadata = dst.load_checkpoint(path, strict_config=False)
+    assert metadata["config"] == saved_cfg
+    _assert_state(dst, _state(src))
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    import subprocess
+
+    from tinn import checkpoint
+
+    trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    path = tmp_path / "run.tinn"
+    prefix = checkpoint._tmp_prefix(str(path))
+    # A save killed half-way: its process wrote part of a temporary file and died.
+    code = ("import os, sys; open(os.path.join(sys.argv[1], sys.argv[2] + str(os.getpid()) + '-abc'), 'wb')"
+            ".write(b'half a checkpoint'); os._exit(9)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), prefix], check=False)
+    dead = [p.name for p in tmp_path.iterdir() if p.name.startswith(prefix)]
+    assert len(dead) == 1
+    live = tmp_path / f"{prefix}{os.getppid()}-xyz"  # a save of the same target in a running process
+    other_target = tmp_path / f"{checkpoint._tmp_prefix(str(tmp_path / 'other.tinn'))}1-abc"
+    live.write_bytes(b"in progress")
+    other_target.write_bytes(b"not ours")
+    trainer.save_checkpoint(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, live.name, other_target.name])
+
+    # The next load cleans up too.
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), prefix], check=False)
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(prefix)]) == 2
+    trainer.load_checkpoint(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, live.name, other_target.name])
+
+
+def test_v1_checkpoints_still_load_bit_exactly(tmp_path):
+    import io
+    import json
+
+    import numpy as np
+
+    src = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    for b in batches(3):
+        src.training_step(*b)
+    # A file as the first format wrote it: an .npz of arrays plus a JSON header of scalars and metadata.
+    arrays, scalars = {}, {}
+    for prefix, state in (("model", src.model.state_dict()), ("optimizer", src.optimizer.state_dict()),
+                          ("trainer", {"step": src.step})):
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                arrays[f"{prefix}/{k}"] = v.numpy()
+            else:
+                scalars[f"{prefix}/{k}"] = v
+    header = {"format": "tinn-checkpoint-v1", "scalars": scalars, "metadata": {"config": CONFIG}}
+    buf = io.BytesIO()
+    np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+    path = tmp_path / "old.tinn"
+    path.write_bytes(buf.getvalue())
+
+    dst = Trainer.from_config(CONFIG, 2, 2, n_networks=8, seed=11)
+    dst.load_checkpoint(path)
+    _assert_state(dst, _state(src))
+    dst.save_checkpoint(path)  # saving again writes the current format
+    assert path.read_bytes()[8:9] == b"{"

@@ -7,8 +7,10 @@ silent default or a crash deep inside a kernel.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
+import numbers
 import os
 from typing import Any, Iterable, Mapping
 
@@ -65,21 +67,53 @@ def load_config(path: str | os.PathLike) -> dict:
         return loads(f.read(), source=str(path))
 
 
-class Section:
-    """Validated read access to one config object, remembering its key path for errors."""
+def unknown_key_message(key_path: str, key: str, allowed: Iterable[str], owner: str) -> str:
+    """The one wording of an unknown-key error: full path, owner, allowed keys and the closest match."""
+    allowed = sorted(allowed)
+    text = f"{key_path} is not an option of {owner}; allowed: {allowed}"
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return text + (f"; did you mean {close[0]!r}?" if close else "")
 
-    def __init__(self, data: Mapping[str, Any] | None, path: str):
+
+class Section:
+    """Validated read access to one config object, remembering its key path for errors.
+
+    Unknown keys: the factory that knows the section's type calls `expect_keys` with every key that
+    type reads (its class's `OPTIONS` plus "otype"), so a typo is an error rather than a silent default.
+    From then on reading a key outside that set is a programming error (the declaration and the code
+    that reads the config cannot drift apart). `extra_keys` are keys an enclosing section reads from
+    this one (e.g. a Composite's `n_dims_to_encode` in each nested encoding).
+    """
+
+    def __init__(self, data: Mapping[str, Any] | None, path: str, extra_keys: Iterable[str] = ()):
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path} must be a JSON object, got {type(data).__name__}")
         self.data = dict(data)
         self.path = path
+        self.extra_keys = tuple(extra_keys)
+        self.declared: frozenset[str] | None = None
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
 
+    def expect_keys(self, keys: Iterable[str], owner: str) -> None:
+        """Reject every key of this section outside `keys` (and `extra_keys`), naming the owner
+        (e.g. "'Adam'") in the error."""
+        allowed = set(keys) | set(self.extra_keys)
+        for key in self.data:
+            if key not in allowed:
+                raise ConfigError(unknown_key_message(self.key(key), key, allowed, owner))
+        self.declared = frozenset(allowed)
+
+    def _read(self, name: str) -> None:
+        if self.declared is not None and name not in self.declared:
+            raise TypeError(f"{self.key(name)} is read but not declared: add {name!r} to the OPTIONS of the "
+                            "class that reads it")
+
     def has(self, name: str) -> bool:
+        self._read(name)
         return name in self.data
 
     def otype(self, allowed: Iterable[str], default: str | None = None) -> str:
@@ -88,6 +122,7 @@ class Section:
 
     def choice(self, name: str, allowed: Iterable[str], default: str | None = None) -> str:
         allowed = list(allowed)
+        self._read(name)
         value = self.data.get(name, default)
         if value is None and default is None and name not in self.data:
             raise ConfigError(f"{self.key(name)} is missing; allowed: {allowed}")
@@ -130,6 +165,7 @@ class Section:
         return value
 
     def section(self, name: str, required: bool = True) -> "Section":
+        self._read(name)
         if name not in self.data:
             if required:
                 raise ConfigError(f"{self.key(name)} is missing (a JSON object is required)")
@@ -137,6 +173,7 @@ class Section:
         return Section(self.data[name], self.key(name))
 
     def _get(self, name: str, default):
+        self._read(name)
         if name in self.data:
             return self.data[name]
         if default is None:
@@ -148,6 +185,26 @@ class Section:
             raise ConfigError(f"{self.key(name)}={value!r} is not supported; allowed: {sorted(allowed)}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise ConfigError(f"{self.key(name)}={value!r} is out of range{_range_text(lo, hi, None)}")
+
+
+def expect_options(cfg: Section, cls: type, otype: str) -> None:
+    """What every factory calls once it knows the section's type: `cls.OPTIONS` lists each key the
+    type's config may hold besides "otype" (keys tinn accepts but ignores included, spelled out)."""
+    options = getattr(cls, "OPTIONS", None)
+    if options is None:
+        raise TypeError(f"{cls.__name__} must declare OPTIONS, the config keys it reads")
+    cfg.expect_keys(("otype", *options), repr(otype))
+
+
+def count(name: str, value, lo: int = 1, hi: int | None = None) -> int:
+    """A count argument (n_networks, n_input_dims, widths, levels, ...) given in code rather than JSON:
+    an integer (bool refused: True would silently mean 1) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name}={value!r} must be an integer{_range_text(lo, hi, None)}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ConfigError(f"{name}={value!r} is out of range{_range_text(lo, hi, None)}")
+    return value
 
 
 def _range_text(lo, hi, allowed) -> str:

@@ -129,7 +129,9 @@ def create_loss(config: dict | Section | None = None, path: str = "loss") -> Los
     """Build a loss from a tcnn config (`{"otype": "RelativeL2"}`); `otype` defaults to RelativeL2 like tcnn."""
     runtime.ensure_init()
     cfg = config if isinstance(config, Section) else Section(config or {}, path)
-    return Loss(cfg.otype(list(LOSSES), default=DEFAULT_LOSS))
+    otype = cfg.otype(list(LOSSES), default=DEFAULT_LOSS)
+    cfg.expect_keys(("otype",), repr(otype))  # tcnn's losses have no other option
+    return Loss(otype)
 
 
 __all__ = ["Loss", "LossResult", "LOSSES", "create_loss"]

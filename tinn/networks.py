@@ -11,7 +11,7 @@ import torch
 
 from . import runtime
 from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
-from .config import Section
+from .config import Section, count
 from .errors import ConfigError
 from .initialisation import initial_weights
 from .kernels import mlp_array as K
@@ -27,6 +27,8 @@ NETWORK_ALIASES = {"MLP": "CutlassMLP", "MegakernelMLP": "FullyFusedMLP"}
 # tinn's per-sample kernels keep a layer's input vector in registers, unrolled at compile time, so
 # compile time and register pressure grow with the width; tcnn's CUTLASS GEMMs have no such bound.
 MAX_CUTLASS_WIDTH = 256
+# Every key of a network config besides "otype" (`parse_network_config` rejects any other).
+NETWORK_OPTIONS = ("n_neurons", "n_hidden_layers", "activation", "output_activation")
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
 MIN_K_SLICE = 1024
@@ -37,6 +39,7 @@ def parse_network_config(config, path: str = "network") -> dict:
     n_neurons 128, n_hidden_layers 5, activation ReLU, output_activation None."""
     cfg = config if isinstance(config, Section) else Section(config, path)
     otype = cfg.otype(NETWORK_OTYPES + list(NETWORK_ALIASES), "MLP")
+    cfg.expect_keys(("otype", *NETWORK_OPTIONS), repr(otype))
     otype = NETWORK_ALIASES.get(otype, otype)
     if otype == "FullyFusedMLP":
         width = cfg.integer("n_neurons", 128, allowed=FULLY_FUSED_WIDTHS)
@@ -109,11 +112,8 @@ class NetworkArray(Part):
                  n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
-        for name, value, lo in (("n_input_dims", n_input_dims, 1), ("n_output_dims", n_output_dims, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
-        if isinstance(n_networks, bool) or not isinstance(n_networks, int) or not 1 <= n_networks <= MAX_NETWORKS:
-            raise ConfigError(f"n_networks={n_networks!r} is out of range; allowed: 1..{MAX_NETWORKS}")
+        n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
+        n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
         kernels = runtime.settings().network_kernels if kernels is None else kernels
         if kernels not in NETWORK_KERNELS:
             raise ConfigError(f"kernels={kernels!r} is not supported; allowed: {list(NETWORK_KERNELS)}")

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from . import checks, runtime
+from .config import count
 from .errors import TinnError
 
 SAMPLE_MAJOR = "sample_major"
@@ -97,9 +98,9 @@ class Part(torch.nn.Module):
     def __init__(self, n_input_dims: int, n_output_dims: int, n_networks: int = 1):
         super().__init__()
         runtime.ensure_init()
-        self.n_input_dims = int(n_input_dims)
-        self.n_output_dims = int(n_output_dims)
-        self.n_networks = int(n_networks)
+        self.n_input_dims = count("n_input_dims", n_input_dims)
+        self.n_output_dims = count("n_output_dims", n_output_dims, lo=0)  # Empty has no outputs
+        self.n_networks = count("n_networks", n_networks)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -19,7 +19,7 @@ import torch
 
 from . import checkpoint, checks, runtime
 from .config import Section
-from .errors import CheckpointError, InputError
+from .errors import InputError
 from .losses import LossResult, create_loss
 from .models import NetworkWithInputEncoding
 from .optimizers import create_optimizer
@@ -59,6 +59,10 @@ def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> Lo
     return LossResult(value.detach(), grad)
 
 
+# The sections of a trainer config (tcnn's sample config); any other top-level key is an error.
+TRAINER_OPTIONS = ("loss", "optimizer", "encoding", "network")
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, loss=None, optimizer=None, config: dict | None = None,
                  track_per_network_loss: bool = False):
@@ -77,6 +81,7 @@ class Trainer:
                     seed: int = 1337, **kwargs) -> "Trainer":
         """Build model, loss and optimizer from a tcnn config with `loss`/`optimizer`/`encoding`/`network`."""
         root = Section(config, "")
+        root.expect_keys(TRAINER_OPTIONS, "a trainer config")
         model = NetworkWithInputEncoding(
             n_input_dims, n_output_dims,
             root.section("encoding", required=False).data or {"otype": "Identity"},
@@ -188,14 +193,7 @@ class Trainer:
         checkpoint.save(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                "trainer": {"step": self.step}}, metadata={"config": self.config})
 
-    def load_checkpoint(self, path: str | os.PathLike) -> dict:
-        sections, metadata = checkpoint.load(path)
-        for name in ("model", "optimizer", "trainer"):
-            if name not in sections:
-                raise CheckpointError(f"{path}: section {name!r} is missing")
-        checkpoint.load_module_state(self.model, sections["model"], str(path))
-        dev = next(self.model.parameters()).device
-        self.optimizer.load_state_dict({k: v.to(dev) if isinstance(v, torch.Tensor) else v
-                                        for k, v in sections["optimizer"].items()})
-        self.step = int(sections["trainer"]["step"])
-        return metadata
+    def load_checkpoint(self, path: str | os.PathLike, strict_config: bool = True) -> dict:
+        """Restore model, optimizer and step, all or nothing (see `checkpoint.restore_trainer`); a checkpoint
+        saved with another config is refused unless `strict_config=False`. Returns its metadata."""
+        return checkpoint.restore_trainer(self, path, strict_config=strict_config)

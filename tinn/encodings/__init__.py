@@ -1,8 +1,7 @@
 """Encodings and the factory that builds them from tcnn `encoding` configs."""
 from __future__ import annotations
 
-from ..config import Section
-from ..errors import ConfigError
+from ..config import Section, count, expect_options
 from .base import Encoding
 from .basic import FrequencyEncoding, IdentityEncoding
 from .composite import CompositeEncoding
@@ -46,9 +45,9 @@ def create_encoding(n_input_dims: int, config: dict | Section | None, n_networks
     `otype` is a OneBlob, as in tcnn; no config at all (None) is tinn's pass-through Identity."""
     cfg = config if isinstance(config, Section) else Section(config if config is not None else {"otype": "Identity"},
                                                              path)
-    if n_input_dims < 1:
-        raise ConfigError(f"n_input_dims={n_input_dims} must be >= 1")
+    n_input_dims = count("n_input_dims", n_input_dims)
     otype = cfg.otype(list(ENCODINGS), DEFAULT_ENCODING)
+    expect_options(cfg, ENCODINGS[otype], otype)
     return ENCODINGS[otype].from_config(n_input_dims, cfg, n_networks=n_networks, seed=seed)
 
 

@@ -13,6 +13,8 @@ from ..part import Context, Part
 
 class Encoding(Part):
     otype = "Encoding"
+    # Every key of this encoding's config besides "otype"; `create_encoding` rejects any other.
+    OPTIONS: tuple[str, ...] | None = None
 
     def __init__(self, n_input_dims: int, n_output_dims: int, n_networks: int = 1):
         super().__init__(n_input_dims, n_output_dims, n_networks)

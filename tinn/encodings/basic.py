@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Section
+from ..config import Section, count
 from ..kernels import basic_encodings as K
 from .base import ParameterFreeEncoding, PerDimEncoding
 
 
 class IdentityEncoding(ParameterFreeEncoding):
     otype = "Identity"
+    OPTIONS = ("scale", "offset")
 
     def __init__(self, n_input_dims: int, scale: float = 1.0, offset: float = 0.0, n_networks: int = 1):
         super().__init__(n_input_dims, n_input_dims, n_networks)
@@ -35,10 +36,12 @@ class FrequencyEncoding(PerDimEncoding):
     """sin/cos of 2^k * pi * x for k < n_frequencies, per input dimension (tcnn order)."""
 
     otype = "Frequency"
+    OPTIONS = ("n_frequencies",)
 
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_networks: int = 1):
-        super().__init__(n_input_dims, n_input_dims * 2 * n_frequencies, n_networks)
-        self.n_frequencies = int(n_frequencies)
+        n_frequencies = count("n_frequencies", n_frequencies)
+        super().__init__(n_input_dims, count("n_input_dims", n_input_dims) * 2 * n_frequencies, n_networks)
+        self.n_frequencies = n_frequencies
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):

@@ -14,10 +14,13 @@ from ..part import Context, SecondOrderError, run
 from .base import Encoding
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
+# Keys of each nested encoding's config that the composite reads (tcnn's), besides the encoding's own.
+NESTED_KEYS = ("n_dims_to_encode", "dims_to_encode_begin")
 
 
 class CompositeEncoding(Encoding):
     otype = "Composite"
+    OPTIONS = ("nested", "reduction")
 
     def __init__(self, n_input_dims: int, nested: list, reduction: str = "Concatenation", n_networks: int = 1):
         """`nested`: list of (first input dim, Encoding) pairs."""
@@ -65,7 +68,7 @@ class CompositeEncoding(Encoding):
         if not isinstance(items, list) or not items:
             raise ConfigError(f"{cfg.key('nested')} must be a non-empty JSON array of encodings")
         reduction = cfg.choice("reduction", REDUCTIONS, "Concatenation")
-        sections = [Section(item, f"{cfg.key('nested')}[{i}]") for i, item in enumerate(items)]
+        sections = [Section(item, f"{cfg.key('nested')}[{i}]", extra_keys=NESTED_KEYS) for i, item in enumerate(items)]
         any_begin = any(s.has("dims_to_encode_begin") for s in sections)
         specified = sum(s.integer("n_dims_to_encode", 0, lo=0) for s in sections if s.has("n_dims_to_encode"))
         if not any_begin and specified > n_input_dims:

@@ -14,6 +14,7 @@ from .base import ParameterFreeEncoding
 
 class EmptyEncoding(ParameterFreeEncoding):
     otype = "Empty"
+    OPTIONS = ()
 
     def __init__(self, n_input_dims: int, n_networks: int = 1):
         super().__init__(n_input_dims, 0, n_networks)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import runtime
-from ..config import Section
+from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import grid_encoding as K
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, to_layout
@@ -48,6 +48,10 @@ class GridEncoding(Encoding):
 
     otype = "Grid"
     output_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR)
+    # tcnn's "stochastic_interpolation" and "fixed_point_pos": only false is supported.
+    OPTIONS = ("n_levels", "n_features", "n_grid_features", "n_features_per_level", "log2_hashmap_size",
+               "base_resolution", "per_level_scale", "type", "interpolation", "hash", "stochastic_interpolation",
+               "fixed_point_pos")
 
     def __init__(self, n_input_dims: int, n_levels: int = 16, n_features_per_level: int = 2,
                  log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float | None = None,
@@ -56,18 +60,18 @@ class GridEncoding(Encoding):
         """`feature_lanes`: one thread per (level, sample, feature) for the table gradient instead of per
         (level, sample). It pays on a GPU, whose memory system serves a warp's neighbouring words as one
         request; a CPU thread only repeats the hashing. None: the settings' choice (by default CUDA only)."""
-        if n_input_dims not in (2, 3, 4):
+        if count("n_input_dims", n_input_dims) not in (2, 3, 4):
             raise ConfigError(f"grid encodings take 2, 3 or 4 input dims, got n_input_dims={n_input_dims}")
-        if n_features_per_level not in (1, 2, 4, 8):
+        if count("n_features_per_level", n_features_per_level) not in (1, 2, 4, 8):
             raise ConfigError(f"n_features_per_level={n_features_per_level} is not supported; allowed: [1, 2, 4, 8]")
-        if not 1 <= n_levels <= MAX_N_LEVELS:
-            raise ConfigError(f"n_levels={n_levels} is out of range; allowed: >= 1 and <= {MAX_N_LEVELS}")
+        n_levels = count("n_levels", n_levels, hi=MAX_N_LEVELS)
+        log2_hashmap_size = count("log2_hashmap_size", log2_hashmap_size, hi=30)
+        base_resolution = count("base_resolution", base_resolution)
         for name, value, allowed in (("interpolation", interpolation, INTERPOLATIONS),
                                      ("type", grid_type, GRID_TYPES), ("hash", hash, HASH_TYPES)):
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not supported; allowed: {list(allowed)}")
-        if n_networks < 1:
-            raise ConfigError(f"n_networks={n_networks} must be >= 1")
+        count("n_networks", n_networks)
         if per_level_scale is None:
             per_level_scale = default_per_level_scale(grid_type, n_levels, base_resolution)
         layout = grid_layout(n_input_dims, n_levels, n_features_per_level, log2_hashmap_size, base_resolution,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Section
+from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import oneblob as K
 from .base import PerDimEncoding
@@ -13,12 +13,13 @@ class OneBlobEncoding(PerDimEncoding):
     """n_bins features per input dim (inputs expected in [0, 1]); n_bins must be a power of two, as in tcnn."""
 
     otype = "OneBlob"
+    OPTIONS = ("n_bins",)
 
     def __init__(self, n_input_dims: int, n_bins: int = 16, n_networks: int = 1):
-        n_bins = int(n_bins)
-        if n_bins < 1 or n_bins & (n_bins - 1):
+        n_bins = count("n_bins", n_bins)
+        if n_bins & (n_bins - 1):
             raise ConfigError(f"n_bins={n_bins} must be a power of two (1, 2, 4, ...)")
-        super().__init__(n_input_dims, n_input_dims * n_bins, n_networks)
+        super().__init__(n_input_dims, count("n_input_dims", n_input_dims) * n_bins, n_networks)
         self.n_bins = n_bins
 
     @classmethod

@@ -11,9 +11,6 @@ from ..config import Section
 from ..errors import ConfigError
 from .composite import CompositeEncoding
 
-PRESET_KEYS = ("otype", "n_frequencies", "n_bins")
-
-
 def nrc_config(n_frequencies: int = 12, n_bins: int = 4) -> dict:
     return {"otype": "Composite", "nested": [
         {"n_dims_to_encode": 3, "otype": "TriangleWave", "n_frequencies": n_frequencies},
@@ -24,13 +21,10 @@ def nrc_config(n_frequencies: int = 12, n_bins: int = 4) -> dict:
 
 class NRCEncoding(CompositeEncoding):
     otype = "NRC"
+    OPTIONS = ("n_frequencies", "n_bins")
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
-        for key in cfg.data:
-            if key not in PRESET_KEYS:
-                raise ConfigError(f"{cfg.key(key)} is not an option of {cfg.data.get('otype')!r} (a fixed "
-                                  f"TriangleWave/OneBlob/Identity composite); allowed: {list(PRESET_KEYS)}")
         if n_input_dims < 8:
             raise ConfigError(f"{cfg.path}.otype={cfg.data.get('otype')!r} encodes 3 spatial dims with TriangleWave "
                               f"and 5 with OneBlob, so it needs n_input_dims >= 8, got {n_input_dims}")

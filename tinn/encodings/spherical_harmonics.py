@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import runtime
-from ..config import Section
+from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import spherical_harmonics as K
 from .base import ParameterFreeEncoding
@@ -28,12 +28,12 @@ class SphericalHarmonicsEncoding(ParameterFreeEncoding):
     """degree^2 features. Inputs are directions v mapped to (v + 1) / 2; like tcnn, nothing is normalised."""
 
     otype = "SphericalHarmonics"
+    OPTIONS = ("degree",)
 
     def __init__(self, n_input_dims: int = 3, degree: int = 4, n_networks: int = 1):
-        if n_input_dims != 3:
+        if count("n_input_dims", n_input_dims) != 3:
             raise ConfigError(f"SphericalHarmonics encodes 3D directions; got n_input_dims={n_input_dims}")
-        if not 1 <= degree <= MAX_DEGREE:
-            raise ConfigError(f"degree={degree} is out of range; allowed: >= 1 and <= {MAX_DEGREE}")
+        degree = count("degree", degree, hi=MAX_DEGREE)
         super().__init__(3, degree * degree, n_networks)
         self.degree = int(degree)
         self.register_buffer("_norm", sh_normalisation(degree).to(runtime.device()), persistent=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Section
+from ..config import Section, count
 from ..kernels import triangle_wave as K
 from .base import PerDimEncoding
 
@@ -12,10 +12,12 @@ class TriangleWaveEncoding(PerDimEncoding):
     """n_frequencies triangle waves per input dim; feature d * n_frequencies + k has period 2^(1-k)."""
 
     otype = "TriangleWave"
+    OPTIONS = ("n_frequencies",)
 
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_networks: int = 1):
-        super().__init__(n_input_dims, n_input_dims * n_frequencies, n_networks)
-        self.n_frequencies = int(n_frequencies)
+        n_frequencies = count("n_frequencies", n_frequencies)
+        super().__init__(n_input_dims, count("n_input_dims", n_input_dims) * n_frequencies, n_networks)
+        self.n_frequencies = n_frequencies
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):

@@ -19,7 +19,7 @@ import torch
 
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import LeafOptimizer, check_keys, is_matrix_param
+from .base import LeafOptimizer, is_matrix_param
 
 F32_MAX = 3.4028234663852886e38
 
@@ -32,7 +32,6 @@ class Adam(LeafOptimizer):
                "skip_zero_grad_non_matrix_params")
 
     def __init__(self, named_params, cfg: Section):
-        check_keys(cfg, self.OPTIONS)
         super().__init__(named_params, cfg)
         self.beta1 = cfg.number("beta1", 0.9, lo=0.0, hi=0.999999)
         self.beta2 = cfg.number("beta2", 0.999, lo=0.0, hi=0.999999)

@@ -13,7 +13,6 @@ or plain scalars; a wrapper stores its nested optimizer's entries under `nested.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable
 
 import torch
 
@@ -22,14 +21,6 @@ from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 
 State = dict  # str -> torch.Tensor | int | float | str | bool
-
-
-def check_keys(cfg: Section, allowed: Iterable[str]) -> None:
-    """Reject keys an optimizer does not know (a typo would otherwise be a silent default)."""
-    allowed = sorted(set(allowed) | {"otype"})
-    for key in cfg.data:
-        if key not in allowed:
-            raise ConfigError(f"{cfg.key(key)} is not an option of {cfg.data.get('otype')!r}; allowed: {allowed}")
 
 
 def rows_of(p: torch.Tensor) -> int:
@@ -92,11 +83,24 @@ def validate_params(named_params) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def _same_scalar_kind(value, mine) -> bool:
+    """Whether `value` can replace the scalar `mine` (an int count stays an int; a float may come as an int)."""
+    if isinstance(mine, bool) or isinstance(value, bool):
+        return isinstance(mine, bool) and isinstance(value, bool)
+    if isinstance(mine, int):
+        return isinstance(value, int)
+    if isinstance(mine, float):
+        return isinstance(value, (int, float))
+    return type(value) is type(mine)
+
+
 class Optimizer:
     """Base class. Subclasses fill `scalars` (plain values saved in the state dict), `state`
     (tensors saved in the state dict) and `children` (nested optimizers with key prefixes)."""
 
     otype = "Optimizer"
+    # Every key of this optimizer's config besides "otype"; `create_optimizer` rejects any other.
+    OPTIONS: tuple[str, ...] | None = None
 
     def __init__(self, named_params, path: str = "optimizer"):
         self.named_params = validate_params(named_params)
@@ -199,7 +203,14 @@ class Optimizer:
             child._collect(out, prefix + child_prefix)
 
     def load_state_dict(self, state: State) -> None:
-        """Restore from `state_dict()` output; every key must match (names, shapes, optimizer types)."""
+        """Restore from `state_dict()` output; every key must match (names, shapes, optimizer types).
+        Everything is checked before anything changes."""
+        self.check_state_dict(state)
+        with torch.no_grad():
+            self._restore(state, "")
+
+    def check_state_dict(self, state: State) -> None:
+        """Raise CheckpointError unless `load_state_dict(state)` would restore every entry."""
         own = self.state_dict()
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
@@ -215,10 +226,8 @@ class Optimizer:
             elif key.endswith("otype"):
                 if value != mine:
                     raise CheckpointError(f"optimizer state {key!r} is {value!r}; this optimizer is {mine!r}")
-            elif isinstance(value, torch.Tensor) or isinstance(value, bool) != isinstance(mine, bool):
+            elif not _same_scalar_kind(value, mine):
                 raise CheckpointError(f"optimizer state {key!r} is {value!r}; expected a {type(mine).__name__}")
-        with torch.no_grad():
-            self._restore(state, "")
 
     def _restore(self, state: State, prefix: str) -> None:
         for k, v in self.scalars.items():

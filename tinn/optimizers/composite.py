@@ -22,7 +22,7 @@ import torch
 
 from ..config import Section
 from ..errors import ConfigError
-from .base import Optimizer, check_keys
+from .base import Optimizer
 
 
 def _matches(name: str, selector: str) -> bool:
@@ -31,23 +31,24 @@ def _matches(name: str, selector: str) -> bool:
 
 class Composite(Optimizer):
     otype = "Composite"
+    OPTIONS = ("nested", "learning_rate_scale")
+    # Keys of each nested entry that select its parameters, read here besides the entry's own options.
+    SELECTOR_KEYS = ("params", "n_params_to_optimize")
 
     def __init__(self, named_params, cfg: Section):
         from . import create_optimizer
 
-        check_keys(cfg, ("nested", "learning_rate_scale"))
         super().__init__(named_params, cfg.path)
         entries = cfg.data.get("nested")
         if not isinstance(entries, list) or not entries:
             raise ConfigError(f"{cfg.key('nested')} must be a non-empty list of optimizer configs, one per "
                               f"parameter group; got {type(entries).__name__ if entries is not None else 'nothing'}")
-        sections = [Section(e, f"{cfg.key('nested')}[{i}]") for i, e in enumerate(entries)]
+        sections = [Section(e, f"{cfg.key('nested')}[{i}]", extra_keys=self.SELECTOR_KEYS) for i, e in enumerate(entries)]
         groups = self._assign(sections)
         self.owner: dict[str, Optimizer] = {}
         self.nested: list[Optimizer] = []
         for i, (sec, names) in enumerate(zip(sections, groups)):
-            sub = Section({k: v for k, v in sec.data.items() if k not in ("params", "n_params_to_optimize")}, sec.path)
-            child = create_optimizer(sub, [(n, self.params[n]) for n in names])
+            child = create_optimizer(sec, [(n, self.params[n]) for n in names])
             self.nested.append(child)
             self.children.append((f"nested.{i}.", child))
             for n in names:

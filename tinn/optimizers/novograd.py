@@ -12,7 +12,7 @@ import torch
 
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import LeafOptimizer, check_keys, layer_shapes
+from .base import LeafOptimizer, layer_shapes
 
 
 class Novograd(LeafOptimizer):
@@ -20,7 +20,6 @@ class Novograd(LeafOptimizer):
     OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "relative_decay", "absolute_decay")
 
     def __init__(self, named_params, cfg: Section):
-        check_keys(cfg, self.OPTIONS)
         super().__init__(named_params, cfg)
         self.beta1 = cfg.number("beta1", 0.9, lo=0.0, hi=0.999999)
         self.beta2 = cfg.number("beta2", 0.999, lo=0.0, hi=0.999999)

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import LeafOptimizer, check_keys
+from .base import LeafOptimizer
 
 
 class SGD(LeafOptimizer):
     otype = "SGD"
+    OPTIONS = ("learning_rate", "l2_reg")
 
     def __init__(self, named_params, cfg: Section):
-        check_keys(cfg, ("learning_rate", "l2_reg"))
         super().__init__(named_params, cfg)
         self.l2_reg = cfg.number("l2_reg", 1e-8, lo=0.0)
 

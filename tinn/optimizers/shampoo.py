@@ -23,7 +23,7 @@ import torch
 from ..config import Section
 from ..errors import ConfigError
 from ..kernels import optimizers as K
-from .base import LeafOptimizer, check_keys, is_matrix_param, layer_shapes
+from .base import LeafOptimizer, is_matrix_param, layer_shapes
 
 MAX_DIM = 128
 
@@ -51,7 +51,6 @@ class Shampoo(LeafOptimizer):
                "root_update_interval")
 
     def __init__(self, named_params, cfg: Section):
-        check_keys(cfg, self.OPTIONS)
         super().__init__(named_params, cfg)
         self.beta1 = cfg.number("beta1", 0.9, lo=0.0, hi=0.999999)
         self.beta2 = cfg.number("beta2", 0.99, lo=0.0, hi=0.999999)

@@ -13,18 +13,17 @@ import torch
 
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import Optimizer, as_rows, check_keys
+from .base import Optimizer, as_rows
 
 
 class Wrapper(Optimizer):
     """Delegates learning rate, step count and per-network scales to the nested optimizer."""
 
-    OPTIONS: tuple = ()
+    OPTIONS: tuple = ("nested",)
 
     def __init__(self, named_params, cfg: Section):
         from . import create_optimizer  # the package factory; imported late to avoid a cycle
 
-        check_keys(cfg, self.OPTIONS + ("nested",))
         super().__init__(named_params, cfg.path)
         self.nested = create_optimizer(cfg.section("nested", required=False), self.named_params)
         self.children = [("nested.", self.nested)]
@@ -52,7 +51,7 @@ class Wrapper(Optimizer):
         return self.nested.inference_params(name)
 
     def _own_hyperparams(self) -> dict:
-        return {k: getattr(self, k) for k in self.OPTIONS}
+        return {k: getattr(self, k) for k in self.OPTIONS if k != "nested"}
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, **self._own_hyperparams(), "nested": self.nested.hyperparams()}
@@ -74,7 +73,7 @@ class EMA(Wrapper):
     `full_precision` is accepted for tcnn compatibility; tinn always averages in float32."""
 
     otype = "EMA"
-    OPTIONS = ("decay", "full_precision")
+    OPTIONS = ("nested", "decay", "full_precision")
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -104,7 +103,7 @@ class Average(Wrapper):
     `inference_params` returns the mean over the min(step, n_samples) weights actually seen."""
 
     otype = "Average"
-    OPTIONS = ("n_samples",)
+    OPTIONS = ("nested", "n_samples")
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -137,7 +136,7 @@ class Lookahead(Wrapper):
     to the fast ones and the fast weights restart there. The slow weights are the inference weights."""
 
     otype = "Lookahead"
-    OPTIONS = ("alpha", "n_steps")
+    OPTIONS = ("nested", "alpha", "n_steps")
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -171,7 +170,7 @@ class ExponentialDecay(Wrapper):
     the base so that the current rate becomes the new value (tcnn semantics)."""
 
     otype = "ExponentialDecay"
-    OPTIONS = ("decay_base", "decay_start", "decay_interval", "decay_end")
+    OPTIONS = ("nested", "decay_base", "decay_start", "decay_interval", "decay_end")
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -206,7 +205,7 @@ class Batched(Wrapper):
     throughout a window is skipped by the nested step; inside a window None counts as zero."""
 
     otype = "Batched"
-    OPTIONS = ("batch_size_multiplier",)
+    OPTIONS = ("nested", "batch_size_multiplier")
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
