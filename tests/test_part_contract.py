@@ -117,7 +117,7 @@ def test_hooks_and_own_forwards_take_the_autograd_path():
     custom = Custom(2, 3, GRID, NET)
     assert not Custom.direct_training and not Trainer(custom)._uses_contract(10)
     assert Trainer(make("tcnn_grid"))._uses_contract(10)  # tcnn's names only adapt constructors
-    assert not Trainer(torch.nn.Linear(2, 3))._uses_contract(10)
+    assert not Trainer(torch.nn.Linear(2, 3).to(tinn.runtime.device()))._uses_contract(10)
 
 
 def test_replaced_submodules_are_followed():
