@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-import taichi as ti
 import torch
 
+from . import backend as _backend
 from .errors import ConfigError, NotInitializedError
 
 _ARCHS = {"cpu": "cpu", "cuda": "cuda", "gpu": "gpu", "auto": "auto"}
@@ -28,12 +28,15 @@ def _resolve(arch: str) -> str:
     return key
 
 
-def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
+def init(arch: str | None = None, *, backend: str | None = None, debug: bool = False, offline_cache: bool = True,
+         **kwargs) -> str:
     """Initialise Taichi once. Returns the backend in use ('cpu' or 'cuda').
 
     A second call with the same (or no) arch is a no-op; asking for another arch
     after initialisation is an error, because Taichi state cannot migrate.
+    `backend` picks the kernel language, 'taichi', 'quadrants' or 'auto' (see tinn.backend).
     """
+    ti = _backend.load(backend)
     wanted = _resolve(arch or os.environ.get("TINN_ARCH", "auto"))
     if _state["arch"] is not None:
         if arch is not None and wanted != _state["arch"]:
@@ -55,6 +58,11 @@ def init(arch: str | None = None, *, debug: bool = False, offline_cache: bool = 
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")
     return wanted
+
+
+def backend_name() -> str:
+    """'taichi' or 'quadrants': the kernel language tinn's kernels are compiled with."""
+    return _backend.name()
 
 
 def is_initialized() -> bool:
@@ -85,6 +93,6 @@ def ensure_init() -> str:
 def sync() -> None:
     """Wait for all device work (Taichi and torch)."""
     if _state["arch"] is not None:
-        ti.sync()
+        _backend.ti.sync()
         if _state["arch"] == "cuda":
             torch.cuda.synchronize()

@@ -4,7 +4,7 @@
 only the branch it uses. Derivatives are computed from the activation output `y`
 like tcnn does, except Sine whose derivative needs the pre-activation `z`.
 """
-import taichi as ti
+from ..backend import ti
 
 K_ACT = 10.0  # tcnn sharpens Squareplus and Softplus by this factor
 

@@ -13,7 +13,7 @@ threads then share a network, so weight reads are broadcasts. Scratch buffers
 so that a warp's reads and writes are contiguous; inputs, outputs and their
 gradients stay in the caller's row order.
 """
-import taichi as ti
+from ..backend import ti
 
 from . import activations as act
 from .launch import fast_kernel

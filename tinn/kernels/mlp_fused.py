@@ -36,7 +36,7 @@ keeps the unfused kernels of `mlp_array.py`.
 import os
 from typing import NamedTuple
 
-import taichi as ti
+from ..backend import ti
 
 from . import activations as act
 from .launch import fast_kernel

@@ -4,7 +4,7 @@ Feature j = d * n_frequencies + k encodes input dim d at frequency 2^k:
 v = x * 2^(k-1) + k/4 (the k/4 phase shift disambiguates locations), y = 4|frac(v) - 1/2| - 1.
 The slope is +-2^(k+1); the second derivative is zero almost everywhere.
 """
-import taichi as ti
+from ..backend import ti
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
