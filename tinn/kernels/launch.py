@@ -38,18 +38,23 @@ ENABLED = os.environ.get("TINN_FAST_LAUNCH", "1") != "0"
 TEMPLATE, TENSOR, INT, FLOAT = range(4)
 
 
-class _Taichi:
-    """Taichi 1.7.4: `Kernel.arguments`, tuple argument slots, `compiled_kernels[key]`, `prog.compile_kernel`."""
+class _Internals:
+    """What both backends share: `lang.impl` (runtime, config), `lang._ndarray.Ndarray`, the annotation types."""
 
     def __init__(self):
-        from taichi.lang import impl
-        from taichi.lang._ndarray import Ndarray
-        from taichi.types import ndarray_type, primitive_types, template
-        self.impl, self.Ndarray, self.ndarray_type, self.primitive_types, self.template = (
-            impl, Ndarray, ndarray_type, primitive_types, template)
-        for owner, attr in ((impl, "get_runtime"), (impl, "current_cfg"), (primitive_types, "type_ids"),
-                            (primitive_types, "real_type_ids"), (ndarray_type, "NdarrayType")):
+        lang, types = _require(ti, "lang"), _require(ti, "types")
+        self.impl = _require(lang, "impl")
+        self.Ndarray = _require(_require(lang, "_ndarray"), "Ndarray")
+        self.ndarray_type = _require(types, "ndarray_type")
+        self.primitive_types = _require(types, "primitive_types")
+        self.template = _require(types, "template")
+        for owner, attr in ((self.impl, "get_runtime"), (self.impl, "current_cfg"), (self.ndarray_type, "NdarrayType"),
+                            (self.primitive_types, "type_ids"), (self.primitive_types, "real_type_ids")):
             _require(owner, attr)
+
+
+class _Taichi(_Internals):
+    """Taichi 1.7.4: `Kernel.arguments`, tuple argument slots, `compiled_kernels[key]`, `prog.compile_kernel`."""
 
     def annotations(self, primal):
         return [arg.annotation for arg in _require(primal, "arguments")]
@@ -70,21 +75,15 @@ class _Taichi:
         pass
 
 
-class _Quadrants:
+class _Quadrants(_Internals):
     """Quadrants: `Kernel.arg_metas`, integer argument slots, `materialized_kernels[key]` and
     `compiled_kernel_data_by_key[key]` (filled by the first standard call), graph kernels."""
 
     def __init__(self):
-        from quadrants.lang import impl
-        from quadrants.lang._ndarray import Ndarray
-        from quadrants.types import ndarray_type, primitive_types, template
-        self.impl, self.Ndarray, self.ndarray_type, self.primitive_types, self.template = (
-            impl, Ndarray, ndarray_type, primitive_types, template)
-        for owner, attr in ((impl, "get_runtime"), (impl, "current_cfg"), (primitive_types, "type_ids"),
-                            (primitive_types, "real_type_ids"), (ndarray_type, "NdarrayType")):
-            _require(owner, attr)
-        # `quadrants.lang.kernel` the attribute is the decorator; the module holds the graph switch.
-        self.graph_enabled = bool(getattr(importlib.import_module("quadrants.lang.kernel"), "_GRAPH_ENABLED", True))
+        super().__init__()
+        # `<backend>.lang.kernel` the attribute is the decorator; the module holds the graph switch.
+        module = importlib.import_module(f"{backend.name()}.lang.kernel")
+        self.graph_enabled = bool(getattr(module, "_GRAPH_ENABLED", True))
 
     def annotations(self, primal):
         if getattr(primal, "use_checkpoints", False) or getattr(primal, "graph_do_while_levels", None):
