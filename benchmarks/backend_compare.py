@@ -13,6 +13,14 @@ Parts, per backend:
 `--fast-launch both` also runs bench and image with TINN_FAST_LAUNCH=0 (the backend's standard launch).
 `--smoke` runs every part at toy sizes on whatever device is there (a check of the script, not a measurement).
 
+On a machine without internet, bring Quadrants' wheels (about 45 MB for Python 3.12, more with numpy):
+    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_17_x86_64 -d wheels quadrants
+    pip install --no-index --find-links wheels quadrants      # there, next to taichi
+Parts can run in separate calls into one --out folder (each call under ten minutes), e.g.
+    --parts tests --backends taichi; --parts tests --backends quadrants; --parts bench,image --fast-launch both;
+    --parts graph
+
 Results merge into OUT/backend_compare.json (so parts can run in separate calls); logs in OUT/*.log;
 the table is printed from everything in the JSON at the end.
 """
