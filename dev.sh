@@ -3,6 +3,7 @@
 #   ./dev.sh demo [args]   the image demo on the embedded default image (GPU if present, else CPU)
 #   ./dev.sh test [args]   the test suite (CPU backend)
 #   ./dev.sh bench [args]  the MLP-array benchmark
+# TINN_BACKEND=quadrants (or taichi) picks the kernel backend; setup installs it when missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TINN_VENV:-.venv}
@@ -14,7 +15,10 @@ setup() {
   fi
   # torch first and pinned: a loose requirement could pull a multi-GB build.
   "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==${TINN_TORCH_VERSION:-2.13.0}"
-  "$VENV/bin/python" -c "import taichi, imageio, pytest, tinn" 2>/dev/null || "$VENV/bin/pip" install -q -e ".[test]"
+  local extras=test
+  case "${TINN_BACKEND:-auto}" in taichi|quadrants) extras="test,$TINN_BACKEND" ;; esac
+  "$VENV/bin/python" -c "import os, imageio, pytest, tinn.backend as b; b.resolve(None, os.environ.get(b.ENV))" 2>/dev/null \
+    || "$VENV/bin/pip" install -q -e ".[$extras]"
 }
 
 cmd=${1:-}

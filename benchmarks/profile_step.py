@@ -2,11 +2,11 @@
 import os
 import sys
 
-import taichi as ti
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
+from tinn.backend import ti  # noqa: E402
 
 tinn.init(kernel_profiler=True)
 from tinn.networks import NetworkArray  # noqa: E402

@@ -1,7 +1,7 @@
 """The lean launch path (tinn.kernels.launch) gives the same results as Taichi's own launch, falls back to it
 for anything it does not take, and keeps Taichi's error messages."""
 import pytest
-import taichi as ti
+from tinn.backend import ti
 import torch
 
 import tinn
@@ -75,3 +75,33 @@ def test_fast_launch_takes_taichi_ndarrays():
     for _ in range(3):
         fast(a, table)
     assert torch.equal(a.cpu(), torch.tensor([[3.0, 6.0, 9.0]]).expand(4, 3))
+
+
+def test_lean_path_checked_its_backend_internals():
+    from tinn.kernels import launch
+    adapter = launch.internals()
+    assert adapter is not None, launch._internals["missing"]
+    expected = launch._Quadrants if tinn.runtime.backend_name() == "quadrants" else launch._Taichi
+    assert type(adapter) is expected
+
+
+def test_missing_internals_fall_back_with_one_warning(monkeypatch):
+    from tinn.kernels import launch
+    real = launch._Quadrants if tinn.runtime.backend_name() == "quadrants" else launch._Taichi
+
+    class Broken(real):
+        def annotations(self, primal):
+            raise LookupError("Kernel.arguments")
+
+    monkeypatch.setattr(launch, real.__name__, Broken)
+    monkeypatch.setattr(launch, "_internals", {"checked": False, "adapter": None, "missing": None})
+    with pytest.warns(RuntimeWarning, match=r"fast kernel launch is off on (taichi|quadrants) .*missing Kernel.arguments"):
+        assert launch.internals() is None
+    fast = fast_kernel(_mixed)
+    for call in range(2):
+        a, b, rows = _args(call)
+        expected = a.clone()
+        _mixed(expected, b, rows, 4, 0.25, 3, False)
+        fast(a, b, rows, 4, 0.25, 3, False)  # standard launch, no second warning
+        assert torch.equal(a, expected)
+    assert not fast.usable and not fast.instances

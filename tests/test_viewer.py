@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import tinn
 from tinn.tasks.image import ImageTask, default_image
 from tinn.trainer import Trainer
 from tinn.viewer import ImageTrainerSource, Viewer, ViewerUnavailable, app, vulkan_installed
@@ -19,7 +20,7 @@ from tinn.viewer.controller import ViewerController
 from tinn.viewer.font import draw_text
 from tinn.viewer.layout import Layout
 from tinn.viewer.render import loss_curve_image, quantize
-from tinn.viewer.window import draw_controls, handle_key
+from tinn.viewer.window import draw_controls, ggui_support, handle_key
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {
@@ -29,7 +30,8 @@ CONFIG = {
     "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "ReLU"},
 }
 VULKAN, NO_VULKAN_REASON = vulkan_installed()
-needs_vulkan = pytest.mark.skipif(not VULKAN, reason=f"GGUI needs Vulkan: {NO_VULKAN_REASON}")
+GGUI, NO_GGUI_REASON = ggui_support()
+needs_vulkan = pytest.mark.skipif(not (VULKAN and GGUI), reason=f"GGUI needs Vulkan and Taichi: {NO_VULKAN_REASON or NO_GGUI_REASON}")
 
 
 def make_source(size=48, tiles=2, batch=1024):
@@ -86,6 +88,7 @@ def test_missing_vulkan_or_display_is_one_line_and_falls_back(monkeypatch):
     layout = Layout((16, 16), arrays=False)
     messages = []
     monkeypatch.delenv(app.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(app, "ggui_support", lambda: (True, ""))
     monkeypatch.setattr(app, "vulkan_installed", lambda: (False, "no Vulkan loader (libvulkan) installed"))
     front = app.open_frontend(layout, headless=True, log=messages.append, out_dir="out/x")
     assert front.kind == "png"
@@ -119,6 +122,25 @@ def test_missing_vulkan_or_display_is_one_line_and_falls_back(monkeypatch):
     assert len(messages) == 1 and "no display" in messages[0]
 
 
+def test_backend_without_ggui_falls_back_to_png_saying_why(monkeypatch):
+    # Taichi has GGUI, Quadrants removed it: the check names the backend.
+    assert GGUI == (tinn.runtime.backend_name() == "taichi")
+    if not GGUI:
+        assert "quadrants" in NO_GGUI_REASON and "no GGUI" in NO_GGUI_REASON
+    layout = Layout((16, 16), arrays=False)
+    messages = []
+    monkeypatch.delenv(app.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(app, "has_display", lambda: True)
+    monkeypatch.setattr(app, "vulkan_installed", lambda: (True, ""))
+    reason = "the quadrants 1.3.3 backend has no GGUI (its ui module was removed); the window needs the taichi backend"
+    monkeypatch.setattr(app, "ggui_support", lambda: (False, reason))
+    front = app.open_frontend(layout, headless=False, log=messages.append, out_dir="out/q")
+    assert front.kind == "png"
+    assert messages == [f"tinn.viewer: GGUI unavailable: {reason}; falling back to headless PNG frames in out/q"]
+    with pytest.raises(ViewerUnavailable, match="has no GGUI"):
+        app.open_frontend(layout, headless=True, backend="ggui", log=messages.append)
+
+
 def test_cli_without_vulkan_prints_a_line_and_writes_frames(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
@@ -133,7 +155,8 @@ def test_cli_without_vulkan_prints_a_line_and_writes_frames(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert "Traceback" not in text
-    assert "tinn.viewer: GGUI unavailable: no Vulkan" in text  # no driver, or no loader at all
+    # no driver, or no loader at all; or a backend without GGUI
+    assert ("tinn.viewer: GGUI unavailable: " + ("no Vulkan" if GGUI else "the quadrants")) in text
     assert {"frame_000000.png", "frame_000002.png", "loss_curve.png", "summary.json"} <= set(os.listdir(out))
 
 

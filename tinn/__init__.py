@@ -1,15 +1,34 @@
 """tinn: train and query thousands of tiny neural networks at once, with Taichi kernels."""
-from . import checks, runtime
+from . import backend, checks, runtime
 from .config import load_config
-from .encodings import Encoding, create_encoding
 from .errors import CheckpointError, ConfigError, InputError, NotInitializedError, TinnError
-from .losses import create_loss
-from .models import NetworkWithInputEncoding
-from .networks import Network, NetworkArray
-from .optimizers import create_optimizer
-from .part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part, SecondOrderError
 from .runtime import init
 from .settings import Settings
-from .trainer import Trainer
 
 __version__ = "0.1.0"
+
+# Names whose modules define kernels are imported on first use, so that `import tinn` does not yet
+# bind the kernels to a backend and `tinn.init(backend=...)` can still choose (see tinn.backend).
+_LAZY = {
+    "Encoding": "encodings", "create_encoding": "encodings",
+    "create_loss": "losses",
+    "NetworkWithInputEncoding": "models",
+    "Network": "networks", "NetworkArray": "networks",
+    "create_optimizer": "optimizers",
+    "Trainer": "trainer",
+    "Part": "part", "Context": "part", "SecondOrderError": "part", "SAMPLE_MAJOR": "part", "FEATURE_MAJOR": "part",
+}
+
+
+def __getattr__(attr: str):
+    module = _LAZY.get(attr)
+    if module is None:
+        raise AttributeError(f"module 'tinn' has no attribute {attr!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[attr] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

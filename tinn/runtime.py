@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-import taichi as ti
 import torch
 
 from . import settings as settings_module
+from . import backend as _backend
 from .errors import ConfigError, NotInitializedError
 from .settings import Settings
 
@@ -32,14 +32,16 @@ def _resolve(arch: str) -> str:
     return key
 
 
-def init(arch: str | None = None, *, settings: Settings | dict | None = None, debug: bool = False,
-         offline_cache: bool = True, **kwargs) -> str:
+def init(arch: str | None = None, *, backend: str | None = None, settings: Settings | dict | None = None,
+         debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
     """Initialise Taichi once. Returns the arch in use ('cpu' or 'cuda').
 
+    `backend` picks the kernel language, 'taichi', 'quadrants' or 'auto' (see tinn.backend);
     `settings` overrides the tuning defaults (see tinn/settings.py). A second call with the same
     (or no) arch and no settings is a no-op; asking for another arch or other settings after
     initialisation is an error, because compiled kernels and Taichi state cannot change.
     """
+    ti = _backend.load(backend)
     wanted = _resolve(arch or os.environ.get("TINN_ARCH", "auto"))
     if _state["arch"] is not None:
         if arch is not None and wanted != _state["arch"]:
@@ -66,6 +68,11 @@ def init(arch: str | None = None, *, settings: Settings | dict | None = None, de
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")
     return wanted
+
+
+def backend_name() -> str:
+    """'taichi' or 'quadrants': the kernel language tinn's kernels are compiled with."""
+    return _backend.name()
 
 
 def is_initialized() -> bool:
@@ -102,7 +109,7 @@ def ensure_init() -> str:
 def sync() -> None:
     """Wait for all device work (Taichi and torch)."""
     if _state["arch"] is not None:
-        ti.sync()
+        _backend.ti.sync()
         if _state["arch"] == "cuda":
             torch.cuda.synchronize()
 

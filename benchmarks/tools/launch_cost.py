@@ -4,11 +4,11 @@ import os
 import sys
 import time
 
-import taichi as ti
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
+from tinn.backend import ti  # noqa: E402
 
 tinn.init()
 from tinn.kernels.launch import fast_kernel  # noqa: E402

@@ -8,7 +8,7 @@ like tcnn does, except Sine and SiLU, whose derivatives need the pre-activation 
 NaN propagates as in torch: every function maps NaN to NaN (a plain max(z, 0) may
 return 0 for NaN: min/max lower to IEEE minNum/maxNum, which drop a NaN operand).
 """
-import taichi as ti
+from ..backend import ti
 
 K_ACT = 10.0  # tcnn sharpens Squareplus and Softplus by this factor
 

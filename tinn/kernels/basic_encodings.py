@@ -1,7 +1,7 @@
 """Identity and Frequency encodings (parameter-free, elementwise)."""
 import math
 
-import taichi as ti
+from ..backend import ti
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 

@@ -15,7 +15,7 @@ and x_i = sigma_i delta_i gives d/dsigma_i = delta_i d/dx_i and d/ddelta_i = sig
 stores T_{i+1} per sample so the backward pass needs no division by exp(-x) (which underflows in dense media)
 and no subtraction from the total (which loses the small late contributions).
 """
-import taichi as ti
+from ..backend import ti
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)

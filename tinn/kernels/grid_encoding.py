@@ -32,7 +32,7 @@ gradient, the other levels run one thread per (level, sample, feature) (`grid_ba
 on CUDA fused with the shared-memory levels in `grid_backward_params`): a corner's F adds then
 come from neighbouring threads to neighbouring words and reach L2 as one request.
 """
-import taichi as ti
+from ..backend import ti
 
 from .launch import fast_kernel
 

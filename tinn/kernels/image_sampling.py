@@ -8,7 +8,7 @@ seed is the same on every backend. xy, the local coordinates and the tile ids ar
 bitwise identical on CPU and CUDA (integer hashing, exact integer-to-float
 conversions); the bilinear targets may differ in the last bit (FMA contraction).
 """
-import taichi as ti
+from ..backend import ti
 
 from .launch import fast_kernel
 

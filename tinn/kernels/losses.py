@@ -3,7 +3,7 @@
 One kernel serves all losses (the loss is a runtime switch) so a process compiles it
 once. It runs one thread per element; torch sums the per-element values.
 """
-import taichi as ti
+from ..backend import ti
 
 from .launch import fast_kernel
 

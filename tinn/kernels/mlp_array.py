@@ -15,7 +15,7 @@ gradients stay in the caller's row order.
 """
 from typing import NamedTuple
 
-import taichi as ti
+from ..backend import ti
 
 from . import activations as act
 from .launch import fast_kernel

@@ -34,7 +34,7 @@ keeps the unfused kernels of `mlp_array.py`.
 """
 from typing import NamedTuple
 
-import taichi as ti
+from ..backend import ti
 
 from ..settings import Settings
 from ..settings import current as tuning

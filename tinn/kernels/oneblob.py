@@ -4,7 +4,7 @@ Feature j = d * n_bins + k is W(r_k - x) - W(l_k - x) with bin bounds l_k = k/n,
 where W is the quartic kernel's CDF (radius 1/n_bins) wrapped around [0, 1] by adding the copies
 shifted by -1 and +1, as tcnn does.
 """
-import taichi as ti
+from ..backend import ti
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 

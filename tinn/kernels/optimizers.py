@@ -4,7 +4,7 @@ array (rows = 1 for a plain tensor), so `lr_scale[row]` gives per-network learni
 All updates are elementwise and in place; state tensors have the parameter's (rows, cols) shape.
 Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
-import taichi as ti
+from ..backend import ti
 
 from .launch import fast_kernel
 

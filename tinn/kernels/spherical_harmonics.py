@@ -11,7 +11,7 @@ A recurrence (dynamic loops over m and l) instead of tcnn's unrolled degree-8 po
 table keeps compile time small and gives first and second derivatives cheaply, so one
 kernel serves forward, input gradients and the second-order (double backward) products.
 """
-import taichi as ti
+from ..backend import ti
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)

@@ -4,7 +4,7 @@ Feature j = d * n_frequencies + k encodes input dim d at frequency 2^k:
 v = x * 2^(k-1) + k/4 (the k/4 phase shift disambiguates locations), y = 4|frac(v) - 1/2| - 1.
 The slope is +-2^(k+1); the second derivative is zero almost everywhere.
 """
-import taichi as ti
+from ..backend import ti
 
 from .basic_encodings import pow2
 

@@ -16,7 +16,7 @@ from . import render
 from .controller import ViewerController
 from .layout import Layout
 from .offscreen import PngFrontend, write_png
-from .window import GGUIFrontend, ViewerUnavailable, has_display, vulkan_installed
+from .window import GGUIFrontend, ViewerUnavailable, ggui_support, has_display, vulkan_installed
 
 BACKEND_ENV = "TINN_VIEWER_BACKEND"  # "png": force the numpy fallback, "ggui": fail instead of falling back
 FRAME_BUDGET_S = 1 / 30  # training time per displayed frame in window mode
@@ -37,6 +37,9 @@ def open_frontend(layout: Layout, headless: bool, backend: str | None = None, ti
         visible = False
     installed, why = vulkan_installed()
     try:
+        has_ggui, no_ggui = ggui_support()
+        if not has_ggui:
+            raise ViewerUnavailable(no_ggui)
         # A missing loader/driver is reported before Taichi tries (and prints its own RHI error);
         # backend="ggui" still tries, for setups this check cannot see.
         if not installed and backend != "ggui":

@@ -65,6 +65,15 @@ def vulkan_installed() -> tuple[bool, str]:
     return True, ""
 
 
+def ggui_support() -> tuple[bool, str]:
+    """Whether the kernel backend has GGUI: Taichi does, Quadrants removed it (no `ui` module)."""
+    from .. import backend
+    if hasattr(backend.ti, "ui"):
+        return True, ""
+    return False, (f"the {backend.name()} {backend.version()} backend has no GGUI (its ui module was removed); "
+                   "the window needs the taichi backend")
+
+
 def has_display() -> bool:
     if sys.platform.startswith("linux"):
         return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
@@ -110,8 +119,11 @@ class GGUIFrontend:
     text_status = False  # imgui shows the status
 
     def __init__(self, layout: Layout, visible: bool, title: str = "tinn viewer"):
-        import taichi as ti
+        from ..backend import ti
 
+        ok, why = ggui_support()
+        if not ok:
+            raise ViewerUnavailable(why)
         self.ti, self.layout, self.visible = ti, layout, visible
         self._ini_was_there = os.path.exists(IMGUI_INI)
         height, width = layout.size

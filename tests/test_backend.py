@@ -1,0 +1,89 @@
+"""Which kernel backend tinn runs on (tinn.backend): the choice rules, the lazy import that lets
+tinn.init(backend=...) decide, the error once kernels are bound, and that only tinn/backend.py imports one."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tinn
+from tinn import backend
+from tinn.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def only(*names):
+    return lambda name: name in names
+
+
+@pytest.mark.parametrize("requested, env, have, python, expected", [
+    ("quadrants", "taichi", ("taichi", "quadrants"), (3, 11), "quadrants"),  # the argument beats the environment
+    (None, "quadrants", ("taichi", "quadrants"), (3, 11), "quadrants"),
+    (None, " Taichi ", ("taichi",), (3, 12), "taichi"),
+    (None, None, ("taichi", "quadrants"), (3, 13), "taichi"),   # both: taichi while it has wheels
+    (None, None, ("taichi", "quadrants"), (3, 14), "quadrants"),
+    (None, "auto", ("quadrants",), (3, 11), "quadrants"),      # auto with one installed: that one
+    ("auto", None, ("taichi",), (3, 14), "taichi"),
+])
+def test_choice_rules(requested, env, have, python, expected):
+    name, why = backend.resolve(requested, env, only(*have), python)
+    assert name == expected and why
+
+
+def test_bad_or_missing_backend_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"backend='cuda' \(from TINN_BACKEND\) is not supported; allowed: "
+                                          r"\['taichi', 'quadrants', 'auto'\]"):
+        backend.resolve(None, "cuda", only("taichi"), (3, 11))
+    with pytest.raises(ConfigError, match=r"'quadrants' was asked for .* not installed; pip install 'tinn\[quadrants\]'"):
+        backend.resolve("quadrants", None, only("taichi"), (3, 11))
+    with pytest.raises(ConfigError, match="no kernel backend installed"):
+        backend.resolve(None, None, only(), (3, 11))
+
+
+def test_this_process_runs_on_the_chosen_backend():
+    name = tinn.runtime.backend_name()
+    assert name == backend.resolve(None, os.environ.get(backend.ENV))[0]
+    assert backend.ti.__name__ == name and backend.version()[0].isdigit()
+
+
+def test_init_chooses_before_kernels_and_refuses_to_switch_after():
+    current = tinn.runtime.backend_name()
+    other = "quadrants" if current == "taichi" else "taichi"
+    script = f"""
+import tinn
+from tinn.errors import ConfigError
+assert not tinn.backend.is_loaded(), "import tinn must not bind the kernels yet"
+tinn.init(arch="cpu", backend={current!r})
+from tinn.networks import NetworkArray   # defines kernels with {current}
+assert tinn.runtime.backend_name() == {current!r}
+tinn.init(backend={current!r})             # the same again: fine
+tinn.init(backend="auto")
+try:
+    tinn.init(backend={other!r})
+except ConfigError as e:
+    print("ERROR:", e)
+"""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop(backend.ENV, None)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    line = [x for x in proc.stdout.splitlines() if x.startswith("ERROR:")]
+    assert len(line) == 1
+    assert f"backend={other!r} was asked for, but tinn's kernels are already defined with {current!r}" in line[0]
+    assert "before creating or importing any tinn model" in line[0] and f"TINN_BACKEND={other}" in line[0]
+
+
+def test_only_the_backend_module_imports_a_backend():
+    pattern = re.compile(r"^\s*(import (taichi|quadrants)\b|from (taichi|quadrants)[\s.])", re.M)
+    offenders = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "tinn")):
+        for f in files:
+            path = os.path.join(folder, f)
+            if f.endswith(".py") and os.path.relpath(path, ROOT) != os.path.join("tinn", "backend.py"):
+                with open(path) as fh:
+                    if pattern.search(fh.read()):
+                        offenders.append(os.path.relpath(path, ROOT))
+    assert offenders == []

@@ -1,0 +1,124 @@
+"""The one module that imports the kernel language: Taichi 1.7.4 or Quadrants, Genesis' maintained fork.
+
+Everything else in tinn writes `from tinn.backend import ti` and uses the module as Taichi: both spell
+the kernel language the same way (`ti.kernel`, `ti.types.ndarray`, `ti.simt.block`, ...).
+
+Which one: `tinn.init(backend="taichi" | "quadrants" | "auto")`, else the environment default
+`TINN_BACKEND`, else "auto": Taichi where it is installed and the Python version has Taichi wheels
+(below 3.14), else Quadrants. Taichi stays the default because its numbers are the measured ones and
+it has GGUI; Quadrants is what runs on Python 3.14 and later.
+
+The module is imported on first use, not at `import tinn`: kernels are defined when tinn's kernel
+modules are imported (`@ti.kernel`), and that binds them to one backend for the life of the process.
+So `tinn.init(backend=...)` must come before the first model, trainer or kernel module is created or
+imported; asking for another backend after that is a ConfigError that says so.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+from .errors import ConfigError
+
+ENV = "TINN_BACKEND"
+NAMES = ("taichi", "quadrants")
+CHOICES = NAMES + ("auto",)
+# Taichi 1.7.4 (its last release) ships wheels for CPython 3.10-3.13 only.
+TAICHI_LAST_PYTHON = (3, 13)
+_INSTALL = {"taichi": "pip install 'tinn[taichi]' (Python 3.10-3.13)",
+            "quadrants": "pip install 'tinn[quadrants]'"}
+
+_state: dict = {"name": None, "module": None, "why": None}
+
+
+def installed(name: str) -> bool:
+    """Whether the package is importable, without importing it (importing Taichi takes a second)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def resolve(requested: str | None = None, env: str | None = None, available=installed,
+            python: tuple[int, int] | None = None) -> tuple[str, str]:
+    """(backend name, why it was chosen) for a request, the environment default and what is installed.
+
+    Pure apart from `available` (a predicate on a name), so the rules are testable without importing
+    either backend.
+    """
+    python = python or sys.version_info[:2]
+    if requested is not None:
+        source, value = "tinn.init(backend=...)", requested
+    elif env:
+        source, value = ENV, env
+    else:
+        source, value = "default", "auto"
+    key = str(value).strip().lower()
+    if key not in CHOICES:
+        raise ConfigError(f"backend={value!r} (from {source}) is not supported; allowed: {list(CHOICES)}")
+    if key != "auto":
+        if not available(key):
+            raise ConfigError(f"backend {key!r} was asked for ({source}) but is not installed; {_INSTALL[key]}")
+        return key, f"asked for by {source}"
+    have = [n for n in NAMES if available(n)]
+    if not have:
+        raise ConfigError("no kernel backend installed: tinn needs Taichi or Quadrants; "
+                          f"{_INSTALL['taichi']} or {_INSTALL['quadrants']}")
+    if len(have) == 1:
+        return have[0], f"auto: only {have[0]} is installed"
+    if python <= TAICHI_LAST_PYTHON:
+        return "taichi", "auto: both installed, taichi is the default on this Python"
+    return "quadrants", f"auto: Python {python[0]}.{python[1]} is past taichi's last supported version"
+
+
+def load(requested: str | None = None):
+    """Import the chosen backend once and return its module; later calls return the same module.
+
+    A request for the other backend after one was imported is a ConfigError: kernels already defined
+    belong to the first one and cannot move.
+    """
+    if _state["module"] is not None:
+        if requested is not None:
+            want = str(requested).strip().lower()
+            if want not in CHOICES:
+                raise ConfigError(f"backend={requested!r} is not supported; allowed: {list(CHOICES)}")
+            if want not in ("auto", _state["name"]):
+                raise ConfigError(
+                    f"backend={want!r} was asked for, but tinn's kernels are already defined with "
+                    f"{_state['name']!r} ({_state['why']}); a process uses one backend. Call "
+                    f"tinn.init(backend={want!r}) before creating or importing any tinn model, trainer or "
+                    f"kernel module, or set {ENV}={want} in the environment")
+        return _state["module"]
+    name, why = resolve(requested, os.environ.get(ENV))
+    module = importlib.import_module(name)
+    _state.update(name=name, module=module, why=why)
+    globals()["ti"] = module  # later `from tinn.backend import ti` finds the attribute directly
+    return module
+
+
+def name() -> str:
+    """'taichi' or 'quadrants'; loads the default backend if none was chosen yet."""
+    load()
+    return _state["name"]
+
+
+def why() -> str:
+    """Why the backend in use was chosen (a request, the environment default or the auto rule)."""
+    load()
+    return _state["why"]
+
+
+def version() -> str:
+    v = getattr(load(), "__version__", "?")
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def is_loaded() -> bool:
+    return _state["module"] is not None
+
+
+def __getattr__(attr: str):
+    # `from tinn.backend import ti` imports the backend on first use (PEP 562), so a
+    # tinn.init(backend=...) that runs before any kernel module is imported still decides.
+    if attr == "ti":
+        return load()
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
