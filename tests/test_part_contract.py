@@ -204,16 +204,6 @@ def test_grid_writes_both_layouts_and_reads_gradients_in_them():
 
 
 # ---- second order ---------------------------------------------------------------------------------
-def test_network_double_backward_is_an_error_not_a_silent_zero():
-    net = NetworkArray(2, 1, NET, n_networks=2)
-    x = torch.rand(20, 2, device=tinn.runtime.device(), requires_grad=True)
-    ids = torch.randint(0, 2, (20,), dtype=torch.int32, device=x.device)
-    (g,) = torch.autograd.grad(net(x, ids).sum(), x, create_graph=True)
-    assert g.requires_grad  # the graph is there; what it cannot do is said when it is used
-    with pytest.raises(tinn.SecondOrderError, match="NetworkArray"):
-        g.square().sum().backward()
-
-
 def _frequency64(v, n):
     k = torch.arange(n, dtype=torch.float64, device=v.device)
     a = (2.0 ** k)[None, None, :] * torch.pi * v[:, :, None]

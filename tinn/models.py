@@ -16,7 +16,7 @@ import torch
 from . import checks
 from .encodings import create_encoding
 from .networks import NetworkArray
-from .part import Context, Part, common_layout, has_hooks
+from .part import Context, Part, accumulate, common_layout, has_hooks
 
 
 class NetworkWithInputEncoding(Part):
@@ -78,6 +78,25 @@ class NetworkWithInputEncoding(Part):
             return None, (None,) * len(enc_tables) + net_grads
         dx, enc_grads = self.encoding.backward(ctx.encoding, dh, need_dx=need_dx, need_grads=train_encoding)
         return dx, tuple(enc_grads) + net_grads
+
+    def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        """The chain rule through both parts: dx = J_E^T dh with dh = J_N^T dy, so <ddx, dx> reaches
+        the encoding directly (its own second derivative, with dh as its dy) and the network through
+        ddh = J_E ddx; the network's answer for its input h flows back to x through J_E^T."""
+        enc, net = self.encoding, self.network
+        dh, _ = net.backward(ctx.network, dy, need_dx=True, need_grads=False)
+        ddh, a_x, a_enc = enc.backward_backward(ctx.encoding, dh, ddx, need_ddy=True, need_dx=need_dx,
+                                                need_dtables=need_dtables)
+        enc_tables = [t for t in enc.tables()]
+        via_h = need_dx or (need_dtables and any(t is not None for t in enc_tables))
+        b_dy, b_h, b_net = net.backward_backward(ctx.network, dy, ddh, need_ddy=need_ddy, need_dx=via_h,
+                                                 need_dtables=need_dtables)
+        c_x, c_enc = (None, (None,) * len(enc_tables))
+        if via_h and b_h is not None:
+            c_x, c_enc = enc.backward(ctx.encoding, b_h, need_dx=need_dx, need_grads=need_dtables)
+        d_x = accumulate(a_x, c_x) if need_dx else None
+        d_enc = tuple(accumulate(a, c) for a, c in zip(a_enc or (None,) * len(enc_tables), c_enc))
+        return b_dy, d_x, d_enc + tuple(b_net)
 
     def memory_bytes(self) -> int:
         return self.encoding.memory_bytes() + self.network.memory_bytes()

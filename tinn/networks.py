@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime
+from . import runtime, second_order
 from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -181,6 +181,17 @@ class NetworkArray(Part):
         # The context keeps a detached alias of the output: autograd marks the returned tensor itself.
         return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=out.detach(), routing=routing,
                             x_fm=x_fm)
+
+    def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        """Through torch autograd over the network's function (tinn/second_order.py)."""
+        x = ctx.x.t() if ctx.x_fm else ctx.x
+        ddx = ddx.t() if ctx.x_fm else ddx
+        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
+                                                            need_ddy=need_ddy, need_dx=need_dx,
+                                                            need_dparams=need_dtables)
+        if ctx.x_fm and d_x is not None:
+            d_x = d_x.t().contiguous()
+        return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out, ctx.routing,

@@ -130,6 +130,13 @@ class Part(torch.nn.Module):
         raise SecondOrderError(f"second-order gradients through {type(self).__name__} are not supported; "
                                "differentiate a first-order loss or use a part that implements backward_backward")
 
+    def backward_backward_tables(self, ctx: Context, dy: torch.Tensor, g_tables: tuple, *, need_ddy: bool,
+                                 need_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor | None, tuple]:
+        """Derivatives of `<g_tables, table gradients(x, dy)>` with respect to dy and x (a loss on the
+        parameter gradients themselves)."""
+        raise SecondOrderError(f"differentiating the parameter gradients of {type(self).__name__} is not "
+                               "supported; differentiate the input gradient instead")
+
     # ---- torch module face ------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
         if not self.uses_ids:
