@@ -250,3 +250,25 @@ def test_trainer_checks_full_int64_ids():
     with pytest.raises(tinn.InputError, match=str(2**32 + 1)):
         trainer.training_step(x, torch.rand(5, 3, device=x.device),
                               torch.full((5,), 2**32 + 1, dtype=torch.int64, device=x.device))
+
+
+@pytest.mark.parametrize("otype,cfg,dims", [
+    ("Identity", {}, 3), ("Frequency", {"n_frequencies": 2}, 3), ("TriangleWave", {"n_frequencies": 2}, 3),
+    ("OneBlob", {"n_bins": 4}, 3), ("SphericalHarmonics", {"degree": 2}, 3), ("HashGrid", GRID, 3),
+    ("DenseGrid", {**GRID, "interpolation": "Nearest"}, 2), ("NRC", {}, 8)])
+def test_nan_inputs_propagate_like_torch_when_checks_are_off(otype, cfg, dims):
+    """Checked: a NaN input is an error. Unchecked: the NaN row comes out NaN (as torch ops give), and
+    only that row."""
+    enc = create_encoding(dims, {"otype": otype, **cfg})
+    x = torch.rand(4, dims, device=tinn.runtime.device())
+    x[1, 0] = float("nan")
+    with pytest.raises(tinn.InputError, match="NaN or Inf"):
+        enc(x)
+    with tinn.checks.disabled():
+        y = enc(x)
+    assert bool(torch.isnan(y[1]).any()) and not bool(torch.isnan(y[[0, 2, 3]]).any())
+    net = NetworkArray(enc.n_output_dims, 2, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1,
+                                               "activation": "ReLU"})
+    with tinn.checks.disabled():
+        out = net(y.detach().contiguous())
+    assert bool(torch.isnan(out[1]).all()) and not bool(torch.isnan(out[[0, 2, 3]]).any())

@@ -151,8 +151,10 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
         cell, frac = _lattice(x, b, scale, D)
         if interp == NEAREST:
             e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+            # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
+            nan = ti.math.isnan(frac).any()
             for f in ti.static(range(F)):
-                out_t[col + f, b] = params[net, e + f]
+                out_t[col + f, b] = ti.select(nan, ti.math.nan, params[net, e + f])
         else:
             s, ds, dds = _smooth(frac, interp, D)
             idx = ti.Vector([0] * (1 << D), dt=ti.i32)

@@ -53,9 +53,10 @@ def oneblob_forward(x: f32_2d, out: f32_2d, n_bins: ti.i32):
         n = ti.cast(n_bins, ti.f32)
         xv = x[b, d]
         left = _wrapped(-xv, n)
+        nan = ti.math.isnan(xv)  # the clamped CDF would turn a NaN input into finite features
         for k in range(n_bins):
             right = _wrapped(ti.cast(k + 1, ti.f32) / n - xv, n)
-            out[b, d * n_bins + k] = right - left
+            out[b, d * n_bins + k] = ti.select(nan, ti.math.nan, right - left)
             left = right
 
 
