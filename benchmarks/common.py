@@ -52,3 +52,18 @@ def write_json(path: str | None, payload: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(payload, f, indent=1)
+
+
+def host_ms_per_step(step, bursts: int = 5, steps: int = 8) -> float:
+    """Host time alone of one step: a few steps enqueued right after a sync return before the GPU
+    catches up (the launch queue holds far more than `steps`), so their wall time is the Python and
+    launch side. Best of `bursts`."""
+    times = []
+    for _ in range(bursts):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append((time.perf_counter() - t0) * 1e3 / steps)
+    sync()
+    return min(times)

@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
+from common import host_ms_per_step  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,17 +52,7 @@ def main(argv=None):
         print(f"{arch}: batch 2^{args.log2_batch}, {label}: {timings[label]:.3f} ms/step "
               f"({timings[label]:.2f} s per 1000 steps)")
     ms_step = timings["checks off"]  # as the demo's training loop runs
-    # Host cost alone: a few steps enqueued right after a sync return before the GPU catches up
-    # (the launch queue holds far more than 8 steps), so their wall time is the Python/launch side.
-    host = []
-    for _ in range(5):
-        tinn.runtime.sync()
-        t0 = time.perf_counter()
-        for _ in range(8):
-            trainer.training_step(*task.batch(batch))
-        host.append((time.perf_counter() - t0) * 1e3 / 8)
-    tinn.runtime.sync()
-    timings["host only"] = min(host)
+    timings["host only"] = host_ms_per_step(lambda: trainer.training_step(*task.batch(batch)))
     print(f"host side alone: {timings['host only']:.3f} ms/step")
 
     rows = []

@@ -32,6 +32,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 import tinn  # noqa: E402
+from common import host_ms_per_step  # noqa: E402
 
 GRAPHED: list = []
 
@@ -121,19 +122,12 @@ def main(argv=None):
     tinn.runtime.sync()
     wall_ms = (time.perf_counter() - host[0]) * 1e3 / args.steps
 
-    enqueue = []  # host side alone: a few steps right after a sync return before the GPU catches up
-    for _ in range(5):
-        tinn.runtime.sync()
-        t0 = time.perf_counter()
-        for _ in range(8):
-            trainer.training_step(*task.batch(batch))
-        enqueue.append((time.perf_counter() - t0) * 1e3 / 8)
-    tinn.runtime.sync()
+    host_only = host_ms_per_step(lambda: trainer.training_step(*task.batch(batch)))
 
     result = {
         "backend": f"{tinn.backend.name()} {tinn.backend.version()}", "arch": arch, "graph": args.graph,
         "fast_launch": tinn.runtime.settings().fast_launch, "log2_batch": args.log2_batch,
-        "steps": args.steps, "warmup_s": warmup_s, "wall_ms_per_step": wall_ms, "host_only_ms_per_step": min(enqueue),
+        "steps": args.steps, "warmup_s": warmup_s, "wall_ms_per_step": wall_ms, "host_only_ms_per_step": host_only,
         "host_ms_per_step": quantiles([(host[i + 1] - host[i]) * 1e3 for i in range(args.steps)]),
         "loss_first": float(loss0), "loss_last": float(loss), "graph_kernels": GRAPHED,
     }

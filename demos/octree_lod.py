@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import tinn  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
+from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
@@ -123,7 +124,7 @@ def far_view(images, view: int, factor: float):
     return c2w
 
 
-class OctreeSource:
+class OctreeSource(TrainerControls):
     """Viewer source: trains the octree field, shows a held-out view and which node each pixel meets first."""
 
     def __init__(self, trainer, test, samples: int, view: int = 0):
@@ -148,13 +149,6 @@ class OctreeSource:
     def ownership(self):
         return self._ownership
 
-    @property
-    def learning_rate(self) -> float:
-        return self.trainer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.trainer.learning_rate = value
 
 
 def _save(path, image):

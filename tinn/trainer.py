@@ -197,3 +197,17 @@ class Trainer:
         """Restore model, optimizer and step, all or nothing (see `checkpoint.restore_trainer`); a checkpoint
         saved with another config is refused unless `strict_config=False`. Returns its metadata."""
         return checkpoint.restore_trainer(self, path, strict_config=strict_config)
+
+
+class TrainerControls:
+    """For objects built around a `trainer` (scene phases, viewer sources): its learning rate as their own."""
+
+    trainer: Trainer
+
+    @property
+    def learning_rate(self) -> float:
+        return self.trainer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.trainer.learning_rate = value

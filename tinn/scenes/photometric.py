@@ -9,7 +9,7 @@ import torch
 
 from .. import runtime
 from ..errors import InputError
-from ..trainer import Trainer
+from ..trainer import Trainer, TrainerControls
 from .rendering import render_rays
 
 NERF_ADAM = {"otype": "Adam", "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
@@ -28,7 +28,7 @@ def decaying_adam(learning_rate: float, total_steps: int | None = None, final_lr
             "decay_start": 1, "decay_interval": 1, "decay_end": int(total_steps), "nested": adam}
 
 
-class SceneTrainer:
+class SceneTrainer(TrainerControls):
     """A scene phase: an objective (`loss()`) and the `Trainer` that optimises it; `step()` is one step."""
 
     trainer: Trainer
@@ -46,14 +46,6 @@ class SceneTrainer:
     @property
     def step_count(self) -> int:
         return self.trainer.step
-
-    @property
-    def learning_rate(self) -> float:
-        return self.trainer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.trainer.learning_rate = value
 
     def reset(self) -> None:
         self.trainer.reset()

@@ -23,10 +23,12 @@ import os
 
 import torch
 
+from ..trainer import TrainerControls
+
 OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr")
 
 
-class ImageTrainerSource:
+class ImageTrainerSource(TrainerControls):
     """`ImageTask` + `Trainer` as a viewer source: random batches of `batch` pixels per step."""
 
     def __init__(self, trainer, task, batch: int = 1 << 13):
@@ -50,14 +52,6 @@ class ImageTrainerSource:
 
     def per_network_loss(self) -> torch.Tensor | None:
         return self.trainer.per_network_loss if self.arrays else None
-
-    @property
-    def learning_rate(self) -> float:
-        return self.trainer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.trainer.learning_rate = value
 
     def reset(self, seed: int | None = None) -> None:
         """Back to the starting parameters; with `seed`, re-draw network weights from that seed instead.
