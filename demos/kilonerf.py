@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--finetune-lr", type=float, default=2e-3)
     p.add_argument("--alpha-threshold", type=float, default=0.01,
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
+    p.add_argument("--fixed-teacher-occupancy", action="store_true",
+                   help="train the teacher on every sample (no occupancy grid tracking it during training)")
     p.add_argument("--out", default="out/kilonerf", help="output directory for PNGs and summary.json")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=0)
@@ -109,6 +111,7 @@ class KiloNeRFPipeline:
     def __init__(self, args, train, test):
         from tinn.scenes.kilonerf import KiloNeRF
         from tinn.scenes.fields import HashGridField
+        from tinn.scenes.occupancy import OccupancyGrid
         from tinn.scenes.photometric import PhotometricTrainer
 
         self.args, self.train, self.test = args, train, test
@@ -121,13 +124,22 @@ class KiloNeRFPipeline:
                                      n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1)
         self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
                                 n_neurons=args.neurons, n_hidden_layers=2, seed=args.seed + 2)
+        # The teacher trains with a density grid that tracks it (instant-ngp): samples in voxels it leaves
+        # empty are skipped, so density painted into empty space is not reinforced and decays from the grid.
+        self.teacher_occupancy = None if args.fixed_teacher_occupancy else \
+            OccupancyGrid.tracking(train.box_min, train.box_max, args.occupancy_res)
         self.trainers = {"teacher": PhotometricTrainer(self.teacher, train, args.samples, args.batch_rays,
                                                        args.teacher_lr, total_steps=args.teacher_steps,
-                                                       seed=args.seed)}
+                                                       seed=args.seed, occupancy=self.teacher_occupancy,
+                                                       occupancy_threshold=self.density_threshold())}
         self.times = {"teacher": 0.0, "occupancy": 0.0, "distill": 0.0, "finetune": 0.0}
         self.phase_index, self.phase_step, self.last_loss = 0, 0, None
         self.distill_error, self.psnr_distilled = None, None
         self._skip_empty_phases()
+
+    def density_threshold(self) -> float:
+        """Occupied: one render step through the voxel's densest point would reach alpha_threshold."""
+        return -math.log1p(-self.args.alpha_threshold) / self.render_step
 
     # ---- phases -------------------------------------------------------------------------------
     @property
@@ -149,8 +161,7 @@ class KiloNeRFPipeline:
         self.phase_index += 1
         self.phase_step = 0
         if finished == "teacher":
-            # Occupied: one render step through the voxel's densest point would reach alpha_threshold.
-            threshold = -math.log1p(-args.alpha_threshold) / self.render_step
+            threshold = self.density_threshold()
             self.occupancy, seconds = timed(OccupancyGrid.from_density, self.teacher.density, self.train.box_min,
                                             self.train.box_max, args.occupancy_res, threshold, seed=args.seed)
             self.times["occupancy"] += seconds
@@ -262,6 +273,8 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
         "distill_error": pipe.distill_error,
         "time_s": {k: round(v, 3) for k, v in pipe.times.items()},
         "occupied_fraction": pipe.occupancy.occupied_fraction(),
+        "teacher_tracked_occupied_fraction": (None if pipe.teacher_occupancy is None
+                                              else pipe.teacher_occupancy.occupied_fraction()),
         "skipped_fraction": skipped,
         "param_bytes_teacher": pipe.teacher.memory_bytes(),
         "param_bytes_student": pipe.student.networks.memory_bytes(),

@@ -234,3 +234,31 @@ def test_demo_rejects_bad_arguments():
         demo.parse_args(["--grid", "0"])
     with pytest.raises(SystemExit):
         demo.parse_args(["--teacher-steps", "-1"])
+
+
+def test_tracking_occupancy_follows_a_changing_field():
+    """instant-ngp's density grid: every voxel starts occupied, the first update evaluates all of them,
+    density a field stops producing decays away, new density is found by the random share."""
+    lo, hi, res = torch.full((3,), -1.0), torch.full((3,), 1.0), 8
+    grid = OccupancyGrid.tracking(lo, hi, res)
+    assert grid.occupied_fraction() == 1.0
+    big = sphere_density([0.0, 0.0, 0.0], 0.9)
+    small = sphere_density([0.5, 0.5, 0.5], 0.3)
+    gen = torch.Generator().manual_seed(0)
+    grid.update(big, threshold=1.0, decay=0.5, generator=gen)
+    after_big = grid.occupied.clone()
+    assert 0.2 < grid.occupied_fraction() < 0.8
+    for _ in range(8):  # 10 * 0.5^8 < 1: the big sphere's density has decayed below the threshold
+        grid.update(small, threshold=1.0, decay=0.5, random_share=1.0, generator=gen)
+    reference = OccupancyGrid.from_density(small, lo, hi, res, threshold=1.0, n_jitter=32, dilate=0)
+    assert bool((grid.occupied <= reference.occupied).all())   # only voxels the small sphere reaches
+    assert grid.occupied.any() and not bool((grid.occupied & ~reference.occupied).any())
+    assert int(grid.occupied.sum()) < int(after_big.sum())
+    # A young field below the threshold everywhere keeps its denser part (the threshold is capped at the mean).
+    young = OccupancyGrid.tracking(lo, hi, res)
+    young.update(lambda p: 1e-3 * (p[:, 0] + 1.0), threshold=1.0, generator=gen)
+    assert 0.3 < young.occupied_fraction() < 0.7
+    with pytest.raises(InputError, match="tracking grid"):
+        reference.update(small, threshold=1.0)
+    with pytest.raises(InputError, match="decay"):
+        young.update(small, threshold=1.0, decay=1.0)

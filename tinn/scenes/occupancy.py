@@ -8,6 +8,13 @@ dilation by whole voxels, keeps thin surfaces that fall between voxel centres.
 Renderers test samples with `query(points)` and evaluate networks only where it is True;
 distillation draws its training points with `sample(n)` (uniform over the occupied volume).
 Voxel (ix, iy, iz) is `occupied[ix, iy, iz]`; ix grows with x.
+
+A grid can also track a field while it trains, as instant-ngp's density grid does:
+`OccupancyGrid.tracking(box_min, box_max, resolution)` starts with every voxel occupied and a tracked
+density per voxel; each `update(density, threshold)` decays the tracked values, evaluates the field at one
+jittered point in a share of the voxels (a random share plus every occupied one), keeps the larger value,
+and marks the voxels whose tracked density exceeds the threshold. Density the field paints into empty
+space decays away once the field stops producing it there.
 """
 from __future__ import annotations
 
@@ -70,6 +77,58 @@ class OccupancyGrid:
         self.occupied = occupied.to(self.box_min.device).contiguous()
         self.resolution = int(occupied.shape[0])
         self.voxel_size = (self.box_max - self.box_min) / self.resolution
+        self.density: torch.Tensor | None = None  # the tracked density per voxel (tracking grids only)
+        self.updates = 0
+
+    @classmethod
+    def tracking(cls, box_min, box_max, resolution: int) -> "OccupancyGrid":
+        """A grid that follows a training field through `update`: every voxel occupied until the first update."""
+        resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
+        lo, _ = as_box(box_min, box_max)
+        grid = cls(torch.ones((resolution,) * 3, dtype=torch.bool, device=lo.device), box_min, box_max)
+        grid.density = torch.zeros((resolution,) * 3, dtype=torch.float32, device=lo.device)
+        return grid
+
+    @torch.no_grad()
+    def update(self, density, threshold: float, decay: float = 0.95, random_share: float = 0.5,
+               generator: torch.Generator | None = None, chunk: int = 1 << 18) -> float:
+        """One tracking step (see the module notes); returns the occupied fraction afterwards.
+
+        `density(points (M, 3)) -> (M,)` is the field's density, called without gradients; `threshold`
+        is the density above which a voxel counts as occupied (capped at the mean tracked density); `decay` in [0, 1) is how much of the
+        tracked value survives one update; `random_share` of the voxels is re-evaluated at random besides
+        the occupied ones (all of them at the first update, so nothing is missed at the start).
+        """
+        if self.density is None:
+            raise InputError("update() needs a tracking grid: build it with OccupancyGrid.tracking(...)")
+        if not 0.0 <= float(decay) < 1.0:
+            raise InputError(f"decay={decay!r} must be in [0, 1)")
+        if not 0.0 <= float(random_share) <= 1.0:
+            raise InputError(f"random_share={random_share!r} must be in [0, 1]")
+        if not float(threshold) >= 0.0:
+            raise InputError(f"threshold={threshold!r} must be a density >= 0")
+        dev = self.occupied.device
+        n = self.occupied.numel()
+        if self.updates == 0:
+            cells = torch.arange(n, device=dev)
+        else:
+            chosen = torch.rand(n, device=dev, generator=generator) < float(random_share)
+            cells = torch.nonzero(chosen | self.occupied.reshape(-1)).reshape(-1)
+        tracked = self.density.reshape(-1)
+        tracked.mul_(float(decay))
+        r = self.resolution
+        for start in range(0, cells.numel(), chunk):
+            pick = cells[start:start + chunk]
+            ijk = torch.stack([pick // (r * r), (pick // r) % r, pick % r], dim=1).float()
+            u = torch.rand(pick.numel(), 3, device=dev, generator=generator)
+            value = density((self.box_min + (ijk + u) * self.voxel_size).contiguous()).reshape(-1).float()
+            tracked[pick] = torch.maximum(tracked[pick], value)
+        # As instant-ngp: never above the mean tracked density, so a young field whose densities are all
+        # below the threshold still keeps its denser half occupied (and trained).
+        cut = min(float(threshold), float(self.density.mean()))
+        self.occupied = (self.density > cut).contiguous()
+        self.updates += 1
+        return self.occupied_fraction()
 
     @classmethod
     @torch.no_grad()
@@ -136,7 +195,8 @@ class OccupancyGrid:
         return (self.box_min + (ijk + u) * self.voxel_size).contiguous()
 
     def memory_bytes(self) -> int:
-        return self.occupied.numel() * self.occupied.element_size()
+        tracked = 0 if self.density is None else self.density.numel() * self.density.element_size()
+        return self.occupied.numel() * self.occupied.element_size() + tracked
 
     def __repr__(self) -> str:
         return f"OccupancyGrid(resolution={self.resolution}, occupied={self.occupied_fraction():.3f})"

@@ -56,11 +56,15 @@ class PhotometricTrainer(SceneTrainer):
     empty space skipped when an occupancy grid is given) and takes one Adam step on the mean squared colour error.
 
     The learning rate decays exponentially from `learning_rate` to `learning_rate * final_lr_factor` over
-    `total_steps` (constant when total_steps is None).
+    `total_steps` (constant when total_steps is None). With a tracking occupancy grid
+    (`OccupancyGrid.tracking`) and `occupancy_threshold`, the grid follows the field: every
+    `occupancy_every` steps it is updated from the field's density, so training and rendering skip
+    the space the field leaves empty.
     """
 
     def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
-                 total_steps: int | None = None, final_lr_factor: float = 0.1, seed: int = 0):
+                 total_steps: int | None = None, final_lr_factor: float = 0.1, seed: int = 0,
+                 occupancy_threshold: float | None = None, occupancy_every: int = 16):
         if isinstance(batch_rays, bool) or not isinstance(batch_rays, int) or batch_rays < 1:
             raise InputError(f"batch_rays={batch_rays!r} must be an integer >= 1")
         self.field, self.n_samples, self.batch_rays, self.occupancy = field, int(n_samples), batch_rays, occupancy
@@ -72,6 +76,18 @@ class PhotometricTrainer(SceneTrainer):
         self.background = data.background.to(dev, torch.float32)
         self.trainer = Trainer(field, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
         self.generator = torch.Generator(device=dev).manual_seed(seed)
+        tracks = occupancy is not None and occupancy.density is not None
+        if tracks and occupancy_threshold is None:
+            raise InputError("a tracking occupancy grid needs occupancy_threshold (the density that counts as matter)")
+        if isinstance(occupancy_every, bool) or not isinstance(occupancy_every, int) or occupancy_every < 1:
+            raise InputError(f"occupancy_every={occupancy_every!r} must be an integer >= 1 (steps)")
+        self.occupancy_threshold = occupancy_threshold if tracks else None
+        self.occupancy_every = occupancy_every
+
+    def step(self) -> torch.Tensor:
+        if self.occupancy_threshold is not None and self.trainer.step % self.occupancy_every == 0:
+            self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
+        return super().step()
 
     def loss(self) -> torch.Tensor:
         pick = torch.randint(0, self.origins.shape[0], (self.batch_rays,), device=self.origins.device,
