@@ -69,6 +69,8 @@ class _Collective(Part):
     which takes part in the backward collectives on every rank (also when this rank's output got no
     gradient), and the call number that catches ranks out of step."""
 
+    collective_calls = True  # every rank must make every call (renderers call even with no samples)
+
     def _init_group(self, group, gradients: str):
         self.group = require_group(group)
         if gradients not in GRADIENT_MODES:
@@ -333,7 +335,7 @@ def _install_global_init(local: Part, n_networks: int, owned: list[int], shared_
 
     rows = torch.tensor(owned, dtype=torch.long)
     for m in local.modules():
-        params = getattr(m, "params", None)
+        params = m._parameters.get("params")  # the module's own table (composed parts only forward theirs)
         if not isinstance(params, torch.Tensor) or id(params) in shared_ids or not isinstance(m, Part):
             continue
         if isinstance(m, NetworkArray):
