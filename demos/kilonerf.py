@@ -4,6 +4,7 @@
     python demos/kilonerf.py --small                 # CPU-sized: 4^3 networks, 24 views at 32 px
     python demos/kilonerf.py --data nerf_synthetic/lego --res 100
     python demos/kilonerf.py --small --gui [--headless]   # the training viewer (phases shown live)
+    torchrun --nproc_per_node 2 demos/kilonerf.py --shard [--small]   # cells sharded over 2 GPUs (gloo on CPUs)
 
 Phases: (1) a teacher (one hash grid + 64-wide MLP) learns the training images; (2) an occupancy
 grid is filled from the teacher's density; (3) distillation: every cell's network fits the teacher
@@ -75,7 +76,12 @@ def parse_args(argv=None):
     p.add_argument("--gui", action="store_true", help="train in the interactive GGUI viewer")
     p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
     p.add_argument("--frame-every", type=int, default=None, help="viewer: save a frame every K steps")
+    p.add_argument("--shard", action="store_true",
+                   help="under torchrun: the cells' networks sharded over the ranks, the teacher replicated, "
+                        "each rank training on its own rays (only rank 0 prints and writes --out)")
     args = p.parse_args(argv)
+    if args.shard and args.gui:
+        p.error("--shard runs without the viewer")
     for key, value in (SMALL if args.small else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -105,6 +111,36 @@ def load_data(args):
     return train, test
 
 
+def shard_fields(teacher, student, student_seed: int) -> None:
+    """Sharded mode: the student's cells spread over the ranks (the same initial values as unsharded), the
+    teacher replicated on every rank with its gradients averaged."""
+    import tinn.distributed as td
+    from tinn.models import NetworkWithInputEncoding
+
+    teacher.model = td.Replicated(teacher.model)
+    student.networks = td.ShardedPart(
+        lambda n: NetworkWithInputEncoding(3, 4, student.encoding_config, student.network_config, n_networks=n,
+                                           seed=student_seed), student.n_networks,
+        config={"encoding": student.encoding_config, "network": student.network_config})
+
+
+def start_ranks(args) -> str:
+    """tinn (and with --shard the process group) initialised; with --shard the batch seed differs per rank (each
+    rank trains on its own rays) and only rank 0 prints and writes to --out."""
+    args.batch_seed = args.seed
+    if not args.shard:
+        return tinn.init(args.arch)
+    import tinn.distributed as td
+
+    arch = td.init(args.arch)
+    rank = td.rank()
+    args.batch_seed = args.seed + 7919 * rank
+    if rank:
+        args.out = os.path.join(args.out, f"rank{rank}")
+        sys.stdout = open(os.devnull, "w")
+    return arch
+
+
 class KiloNeRFPipeline:
     """Teacher -> occupancy -> distillation -> fine-tuning, one step at a time; also a viewer source."""
 
@@ -124,13 +160,16 @@ class KiloNeRFPipeline:
                                      n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1)
         self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
                                 n_neurons=args.neurons, n_hidden_layers=2, seed=args.seed + 2)
+        if args.shard:
+            shard_fields(self.teacher, self.student, args.seed + 2)
         # The teacher trains with a density grid that tracks it (instant-ngp): samples in voxels it leaves
         # empty are skipped, so density painted into empty space is not reinforced and decays from the grid.
-        self.teacher_occupancy = None if args.fixed_teacher_occupancy else \
+        # (Sharded runs keep the fixed grid: each rank would track its own.)
+        self.teacher_occupancy = None if args.fixed_teacher_occupancy or args.shard else \
             OccupancyGrid.tracking(train.box_min, train.box_max, args.occupancy_res)
         self.trainers = {"teacher": PhotometricTrainer(self.teacher, train, args.samples, args.batch_rays,
                                                        args.teacher_lr, total_steps=args.teacher_steps,
-                                                       seed=args.seed, occupancy=self.teacher_occupancy,
+                                                       seed=args.batch_seed, occupancy=self.teacher_occupancy,
                                                        occupancy_threshold=self.density_threshold())}
         self.times = {"teacher": 0.0, "occupancy": 0.0, "distill": 0.0, "finetune": 0.0}
         self.phase_index, self.phase_step, self.last_loss = 0, 0, None
@@ -168,13 +207,13 @@ class KiloNeRFPipeline:
             self.student.occupancy = self.occupancy
             self.trainers["distill"] = Distiller(self.student, self.teacher, self.occupancy, self.render_step,
                                                  batch=args.distill_batch, learning_rate=args.distill_lr,
-                                                 total_steps=args.distill_steps, seed=args.seed)
+                                                 total_steps=args.distill_steps, seed=args.batch_seed)
         elif finished == "distill":
             self.distill_error = self.trainers["distill"].error()
             self.psnr_distilled = self.heldout_psnr(self.student)  # before fine-tuning, to show what it adds
             self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.batch_rays,
                                                            args.finetune_lr, occupancy=self.occupancy,
-                                                           total_steps=args.finetune_steps, seed=args.seed + 1)
+                                                           total_steps=args.finetune_steps, seed=args.batch_seed + 1)
 
     def train_step(self) -> torch.Tensor:
         """One step of the current phase (the viewer's `train_step`); moves on to the next phase when it is done."""
@@ -315,7 +354,7 @@ def print_summary(s: dict) -> None:
 
 def run(argv=None) -> dict:
     args = parse_args(argv)
-    arch = tinn.init(args.arch)
+    arch = start_ranks(args)
     threads = torch.get_num_threads()
     if arch == "cpu":
         # Taichi's CPU kernels have their own thread pool; torch's OpenMP threads competing for the same cores
@@ -325,6 +364,10 @@ def run(argv=None) -> dict:
         return _run(args, arch)
     finally:
         torch.set_num_threads(threads)
+        if args.shard:
+            import tinn.distributed as td
+
+            td.shutdown()
 
 
 def _run(args, arch: str) -> dict:

@@ -4,6 +4,7 @@
     python demos/octree_lod.py --small               # CPU-sized run (the default without a GPU)
     python demos/octree_lod.py --data path/to/nerf_synthetic/lego --res 100
     python demos/octree_lod.py --small --gui --headless   # the training viewer, frames in --out
+    torchrun --nproc_per_node 2 demos/octree_lod.py --shard [--small]   # nodes sharded over 2 GPUs (gloo on CPUs)
 
 The octree is built over the scene's surface points (procedural scene) or its visual hull (--data);
 every node owns a network. Each sample picks a node by its footprint (t * pixel radius), so rays from
@@ -59,7 +60,13 @@ def parse_args(argv=None):
     p.add_argument("--gui", action="store_true", help="train in the interactive viewer")
     p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
     p.add_argument("--full", action="store_true", help="full-size defaults even without a GPU")
-    return p.parse_args(argv)
+    p.add_argument("--shard", action="store_true",
+                   help="under torchrun: the nodes' networks sharded over the ranks, each rank training on its "
+                        "own rays (only rank 0 prints and writes --out; parameter counts are rank 0's share)")
+    args = p.parse_args(argv)
+    if args.shard and args.gui:
+        p.error("--shard runs without the viewer")
+    return args
 
 
 def apply_defaults(args, on_gpu: bool):
@@ -114,7 +121,15 @@ def build_field(args, train, points):
                 "log2_hashmap_size": min(3 * args.grid_levels, 19), "base_resolution": 2, "per_level_scale": 2.0}
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.neurons, "n_hidden_layers": 1}
-    return OctreeField(tree, encoding, network, seed=args.seed + 1)
+    field = OctreeField(tree, encoding, network, seed=args.seed + 1)
+    if args.shard:
+        import tinn.distributed as td
+        from tinn.models import NetworkWithInputEncoding
+
+        field.model = td.ShardedPart(lambda n: NetworkWithInputEncoding(3, 4, encoding, network, n_networks=n,
+                                                                        seed=args.seed + 1), tree.n_nodes,
+                                     config={"encoding": encoding, "network": network})
+    return field
 
 
 def far_view(images, view: int, factor: float):
@@ -169,9 +184,26 @@ def _ownership_png(path, first_node, n_nodes):
     _save(path, torch.from_numpy(img.astype(np.float32)))
 
 
+def start_ranks(args) -> str:
+    """tinn (and with --shard the process group) initialised; with --shard each rank trains on its own rays and
+    only rank 0 prints and writes to --out."""
+    args.batch_seed = args.seed
+    if not args.shard:
+        return tinn.init(args.arch)
+    import tinn.distributed as td
+
+    arch = td.init(args.arch)
+    rank = td.rank()
+    args.batch_seed = args.seed + 7919 * rank
+    if rank:
+        args.out = os.path.join(args.out, f"rank{rank}")
+        sys.stdout = open(os.devnull, "w")
+    return arch
+
+
 def run(argv=None) -> dict:
     args = parse_args(argv)
-    arch = tinn.init(args.arch)
+    arch = start_ranks(args)
     small = apply_defaults(args, arch == "cuda")
     if small and not args.small:
         print("no GPU: CPU-sized run (--full for the full size)")
@@ -188,7 +220,7 @@ def run(argv=None) -> dict:
     field = build_field(args, train, points)
     tree = field.octree
     trainer = OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                            batch_rays=args.batch, seed=args.seed)
+                            batch_rays=args.batch, seed=args.batch_seed)
     print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
           f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
           f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")
@@ -269,3 +301,7 @@ def run(argv=None) -> dict:
 
 if __name__ == "__main__":
     run()
+    if "--shard" in sys.argv:
+        import tinn.distributed as td
+
+        td.shutdown()

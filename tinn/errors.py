@@ -19,3 +19,7 @@ class NotInitializedError(TinnError, RuntimeError):
 
 class CheckpointError(TinnError, ValueError):
     """A checkpoint file is unreadable or does not match the model."""
+
+
+class DistributedError(TinnError, RuntimeError):
+    """A collective between ranks failed: a rank exited, timed out, or ranks disagree on what to run."""

@@ -29,6 +29,7 @@ class NetworkWithInputEncoding(Part):
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
                                     n_networks=n_networks, seed=seed + 1, kernels=kernels)
         self.seed = seed
+        self.share_encoding = bool(share_encoding)  # tinn.distributed replicates a shared encoding
 
     def tables(self):
         return self.encoding.tables() + self.network.tables()

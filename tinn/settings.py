@@ -21,6 +21,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
+| collective_timeout_s | 300 | seconds a collective of `tinn.distributed` may wait for the other ranks before it fails |
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Settings:
     grid_feature_lanes: bool | None = None
     fast_launch: bool = True
     gpu_max_reg: int = 0
+    collective_timeout_s: int = 300
 
     def __post_init__(self):
         if self.network_kernels not in NETWORK_KERNELS:
@@ -59,7 +61,8 @@ class Settings:
             if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):
                 raise ConfigError(f"settings.{name}={value} must be a multiple of 16 in [16, 128]"
                                   + (" (or 0 for the default)" if name == "fused_backward_tile" else ""))
-        for name in ("fused_unroll_forward", "fused_unroll_backward", "fused_grad_step", "weight_gradient_slices"):
+        for name in ("fused_unroll_forward", "fused_unroll_backward", "fused_grad_step", "weight_gradient_slices",
+                     "collective_timeout_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 1")
         for name in ("fused_grad_chunk", "gpu_max_reg"):

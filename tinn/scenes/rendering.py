@@ -19,6 +19,11 @@ from ..tasks.image import psnr  # noqa: F401  (the project's one PSNR, offered h
 from .fields import activate
 from .occupancy import check_points
 
+def _collective(field) -> bool:
+    """Whether calling `field` runs collectives (tinn.distributed), so every rank must call it."""
+    return any(getattr(m, "collective_calls", False) for m in field.modules()) if hasattr(field, "modules") else False
+
+
 @dataclass
 class RenderedRays:
     rgb: torch.Tensor          # (R, 3)
@@ -45,7 +50,7 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, n_sample
     if occupancy is not None:
         mask = mask & occupancy.query(points).reshape(n_rays, n_samples)
     index, offsets = pack(mask)
-    if index.numel():
+    if index.numel() or _collective(field):  # a sharded field's ranks must all join each call
         sigma, rgb = field(points[index].contiguous())
     else:  # nothing to evaluate: every ray shows the background
         sigma = torch.zeros(0, device=origins.device)

@@ -1,0 +1,283 @@
+"""Sharded network arrays over GPUs: strong scaling, weak scaling, and a model larger than one GPU.
+
+    torchrun --nproc_per_node 2 benchmarks/bench_sharded.py --out benchmarks/results/h200x2/sharded.json
+    TINN_ARCH=cpu torchrun --nproc_per_node 2 benchmarks/bench_sharded.py --tiny --out /tmp/sharded.json  # CPU check
+
+One process per GPU; `tinn.distributed.init()` pins each rank to its GPU (LOCAL_RANK) before Taichi starts.
+
+1. Strong scaling: one model (N networks, each a hash grid + MLP) trained with a global batch B. Rank 0 alone
+   runs the unsharded array on B samples (the other ranks wait), then the sharded array runs on every rank
+   with B / world samples each. Ratio = time(1 GPU) / time(world GPUs); target >= 1.8 on 2 GPUs.
+2. Weak scaling: world x N networks, B samples per rank. Per-GPU throughput relative to the 1-GPU run;
+   target >= 0.9.
+3. A field too big for one GPU: a KiloNeRF-style grid of cells over the procedural scene, every cell a
+   tcnn-sized hash grid (16 levels x 2 features, 2^19 entries) + MLP; the cells are split into several arrays
+   (z slabs), each a ShardedPart, so that every table stays below 2^31 floats. Trained on the analytic
+   scene's density and colour at random points (the KiloNeRF distillation loss), then held-out views are
+   rendered through the sharded field and compared with ground-truth renders (PSNR).
+
+Prints a table and writes JSON (rank 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import tinn.distributed as td  # noqa: E402
+
+MAX_TABLE = (1 << 31) - 1  # floats per table (Taichi indexes ndarrays in 32 bits)
+SCALING_GRID = {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "log2_hashmap_size": 13,
+                "base_resolution": 4, "per_level_scale": 1.5}
+MLP = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2, "activation": "ReLU",
+       "output_activation": "None"}
+TCNN_GRID = {"otype": "HashGrid", "n_levels": 16, "n_features_per_level": 2, "log2_hashmap_size": 19,
+             "base_resolution": 16, "per_level_scale": 1.447}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON results path (written by rank 0)")
+    p.add_argument("--tiny", action="store_true", help="CPU-sized check of the script (gloo)")
+    p.add_argument("--networks", type=int, default=4096, help="N of the scaling runs")
+    p.add_argument("--batch", type=int, default=1 << 20, help="B: global batch of the strong-scaling run")
+    p.add_argument("--reps", type=int, default=20, help="timed steps per scaling run")
+    p.add_argument("--big-gib", type=float, default=None,
+                   help="training state (params, grads, Adam) of the big field in GiB (default: 1.1x one GPU)")
+    p.add_argument("--big-steps", type=int, default=400)
+    p.add_argument("--big-batch", type=int, default=1 << 18, help="points per rank per step of the big field")
+    p.add_argument("--res", type=int, default=64, help="held-out view size of the big field")
+    args = p.parse_args()
+    if args.tiny:
+        args.networks, args.batch, args.reps, args.big_steps, args.big_batch, args.res = 16, 1 << 11, 3, 30, 4096, 16
+    return args
+
+
+def log(*a):
+    if td.rank() == 0:
+        print(*a, flush=True)
+
+
+def barrier():
+    with td.process.collective("a benchmark barrier"):
+        torch.distributed.barrier()
+
+
+def max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=td.process.collective_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
+def scaling_model(grid):
+    from tinn.models import NetworkWithInputEncoding
+
+    return lambda n: NetworkWithInputEncoding(3, 4, grid, MLP, n_networks=n, seed=5)
+
+
+def time_steps(trainer, batch: int, n_networks: int, reps: int, seed: int) -> float:
+    import tinn
+    from tinn import checks
+
+    dev = tinn.runtime.device()
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.rand(batch, 3, device=dev, generator=g)
+    ids = torch.randint(0, n_networks, (batch,), device=dev, dtype=torch.int32, generator=g)
+    target = torch.rand(batch, 4, device=dev, generator=g)
+    with checks.disabled():
+        for _ in range(3):  # compile, warm caches
+            trainer.training_step(x, target, ids)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            trainer.training_step(x, target, ids)
+        tinn.runtime.sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def scaling(args, grid) -> dict:
+    from tinn.trainer import Trainer
+
+    world, rank = td.world_size(), td.rank()
+    n, batch = args.networks, args.batch
+    adam = {"otype": "Adam", "learning_rate": 1e-3}
+    t1 = None
+    if rank == 0:
+        single = scaling_model(grid)(n)
+        t1 = time_steps(Trainer(single, optimizer=adam), batch, n, args.reps, seed=1)
+        del single
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    barrier()
+    t1 = max_over_ranks(t1 or 0.0)
+    strong = td.ShardedPart(scaling_model(grid), n, init="local")
+    t_strong = max_over_ranks(time_steps(Trainer(strong, optimizer=adam), batch // world, n, args.reps, seed=2 + rank))
+    del strong
+    weak = td.ShardedPart(scaling_model(grid), world * n, init="local")
+    t_weak = max_over_ranks(time_steps(Trainer(weak, optimizer=adam), batch, world * n, args.reps, seed=9 + rank))
+    del weak
+    out = {
+        "networks": n, "global_batch": batch, "world_size": world,
+        "single_gpu_step_ms": 1e3 * t1, "single_gpu_samples_per_s": batch / t1,
+        "strong_step_ms": 1e3 * t_strong, "strong_samples_per_s": batch / t_strong,
+        "strong_speedup": t1 / t_strong, "strong_target": 1.8,
+        "weak_networks": world * n, "weak_batch_per_rank": batch,
+        "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
+        "weak_per_gpu_ratio": t1 / t_weak, "weak_target": 0.9,
+        # What crosses the network per sample and step: inputs + local id out, outputs back (forward);
+        # dy out, nothing back (the trainer needs no dx).
+        "exchanged_bytes_per_sample": 4 * (3 + 1) + 4 * 4 + 4 * 4,
+    }
+    return out
+
+
+class SlabField(torch.nn.Module):
+    """The scene box cut into g x g x k cells; z slab s is one ShardedPart of g*g networks (cell = its id)."""
+
+    def __init__(self, box_min, box_max, g: int, k: int, grid, network):
+        super().__init__()
+        from tinn.models import NetworkWithInputEncoding
+
+        self.register_buffer("box_min", box_min.float())
+        self.register_buffer("box_max", box_max.float())
+        self.g, self.k = g, k
+        self.slabs = torch.nn.ModuleList(
+            td.ShardedPart(lambda n, s=s: NetworkWithInputEncoding(3, 4, grid, network, n_networks=n, seed=100 + s),
+                           g * g, init="local", config={"slab": s, "grid": grid})
+            for s in range(k))
+
+    def raw(self, points):
+        cells = torch.tensor([self.g, self.g, self.k], device=points.device)
+        scaled = (points - self.box_min) / (self.box_max - self.box_min) * cells
+        q = torch.minimum(torch.floor(scaled).clamp_min(0), cells - 1)
+        local = (scaled - q).clamp(0, 1).contiguous()
+        q = q.long()
+        ids = (q[:, 0] * self.g + q[:, 1]).to(torch.int32)
+        out = torch.zeros(points.shape[0], 4, device=points.device)
+        for s, part in enumerate(self.slabs):  # every rank calls every slab, with or without samples
+            mask = (q[:, 2] == s).nonzero().squeeze(1)
+            out = out.index_put((mask,), part(local[mask], ids[mask]))
+        return out
+
+    def forward(self, points):
+        from tinn.scenes.fields import activate
+
+        inside = ((points >= self.box_min) & (points <= self.box_max)).all(1)
+        sigma, rgb = activate(self.raw(points))
+        return torch.where(inside, sigma, torch.zeros_like(sigma)), rgb
+
+
+def big_field(args) -> dict:
+    import tinn
+    from tinn.encodings import create_encoding
+    from tinn.scenes.procedural import ProceduralScene, render_views
+    from tinn.scenes.rendering import psnr, render_image
+    from tinn.trainer import Trainer
+
+    world, rank = td.world_size(), td.rank()
+    dev = tinn.runtime.device()
+    grid = dict(TCNN_GRID)
+    if args.tiny:
+        grid.update(n_levels=4, log2_hashmap_size=10, base_resolution=4)
+    network = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 1, "activation": "ReLU",
+               "output_activation": "None"}
+    per_network = create_encoding(3, grid, n_networks=1).n_params_per_network()
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+    state_bytes = args.big_gib * 2**30 if args.big_gib else (1.1 * gpu_bytes if gpu_bytes else 2**24)
+    # g*g networks per slab; one table per slab and rank stays below 2^31 floats even unsharded.
+    g = max(1, int(math.isqrt(MAX_TABLE // per_network)))
+    g -= g % 2 if g > 2 else 0
+    k = max(world, math.ceil(state_bytes / (16 * per_network * g * g)))  # params + grad + Adam m, v: 16 B each
+    if args.tiny:
+        g, k = 2, 2
+    scene = ProceduralScene()
+    test = render_views(scene, 2, args.res, args.res, seed=1000)
+    barrier()
+    t0 = time.perf_counter()
+    field = SlabField(test.box_min.to(dev), test.box_max.to(dev), g, k, grid, network).to(dev)
+    build_s = time.perf_counter() - t0
+    step_size = float((test.box_max - test.box_min).norm()) / 128
+    gen = torch.Generator(device=dev).manual_seed(77 + rank)
+    lo, hi = field.box_min, field.box_max
+
+    def loss():
+        pts = lo + (hi - lo) * torch.rand(args.big_batch, 3, device=dev, generator=gen)
+        with torch.no_grad():
+            alpha_t = 1 - torch.exp(-scene.density(pts) * step_size)
+            rgb_t = scene.color(pts)
+        sigma, rgb = field(pts)
+        alpha = 1 - torch.exp(-sigma * step_size)
+        return ((alpha - alpha_t) ** 2).mean() + (alpha_t[:, None] * (rgb - rgb_t) ** 2).mean()
+
+    trainer = Trainer(field, optimizer={"otype": "Adam", "learning_rate": 1e-2, "beta2": 0.99, "epsilon": 1e-15})
+    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+    tinn.runtime.sync()
+    t0 = time.perf_counter()
+    last = None
+    for step in range(args.big_steps):
+        last = trainer.optimize(loss)
+        if step % max(args.big_steps // 5, 1) == 0:
+            log(f"  big field step {step}: loss {float(last):.5f}")
+    tinn.runtime.sync()
+    train_s = time.perf_counter() - t0
+    with torch.no_grad():
+        views = [render_image(field, test.c2w[v].to(dev), test.width, test.height, test.focal, n_samples=128,
+                              background=test.background.to(dev), occupancy=None) for v in range(len(test))]
+    value = sum(psnr(out.rgb, test.images[v].to(dev)) for v, out in enumerate(views)) / len(views)
+    n_params = sum(p.numel() for p in field.parameters())
+    return {
+        "cells": g * g * k, "slabs": k, "cells_per_slab": g * g, "grid": grid, "network": network,
+        "params_per_cell": per_network, "params_total": per_network * g * g * k,
+        "params_this_rank": n_params,
+        "training_state_bytes_total": 16 * per_network * g * g * k, "gpu_memory_bytes": gpu_bytes,
+        "fits_one_gpu": bool(gpu_bytes) and 16 * per_network * g * g * k < gpu_bytes,
+        "largest_table_floats_per_rank": max(p.numel() for p in field.parameters()),
+        "peak_gpu_bytes_per_rank": max_over_ranks(torch.cuda.max_memory_allocated() if torch.cuda.is_available()
+                                                  else 0),
+        "build_s": build_s, "steps": args.big_steps, "train_s": train_s, "final_loss": float(last),
+        "heldout_psnr": value, "heldout_views": len(test), "res": args.res,
+    }
+
+
+def main():
+    args = parse_args()
+    arch = td.init()
+    if arch == "cpu":
+        torch.set_num_threads(1)
+    world = td.world_size()
+    log(f"bench_sharded: {world} ranks on {arch}")
+    t0 = time.perf_counter()
+    grid = dict(SCALING_GRID, n_levels=4, log2_hashmap_size=8) if args.tiny else SCALING_GRID
+    result = {"arch": arch, "world_size": world, "grid": grid, "network": MLP}
+    result["scaling"] = scaling(args, grid)
+    s = result["scaling"]
+    log(f"{'run':<34}{'networks':>9}{'batch/rank':>12}{'step ms':>10}{'samples/s':>14}{'ratio':>8}{'target':>8}")
+    log(f"{'1 GPU, unsharded':<34}{s['networks']:>9}{s['global_batch']:>12}{s['single_gpu_step_ms']:>10.2f}"
+        f"{s['single_gpu_samples_per_s']:>14.3e}{'':>8}{'':>8}")
+    log(f"{f'strong: {world} GPUs, same model':<34}{s['networks']:>9}{s['global_batch'] // world:>12}"
+        f"{s['strong_step_ms']:>10.2f}{s['strong_samples_per_s']:>14.3e}{s['strong_speedup']:>8.2f}{'>=1.8':>8}")
+    log(f"{f'weak: {world} GPUs, {world}x networks':<34}{s['weak_networks']:>9}{s['weak_batch_per_rank']:>12}"
+        f"{s['weak_step_ms']:>10.2f}{s['weak_per_gpu_samples_per_s']:>14.3e}{s['weak_per_gpu_ratio']:>8.2f}"
+        f"{'>=0.9':>8}")
+    result["big_field"] = b = big_field(args)
+    log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, training state "
+        f"{b['training_state_bytes_total'] / 2**30:.1f} GiB (one GPU: {b['gpu_memory_bytes'] / 2**30:.1f} GiB, "
+        f"fits: {b['fits_one_gpu']}); peak per rank {b['peak_gpu_bytes_per_rank'] / 2**30:.1f} GiB; "
+        f"{b['steps']} steps in {b['train_s']:.1f} s; held-out PSNR {b['heldout_psnr']:.2f} dB")
+    result["total_s"] = time.perf_counter() - t0
+    if td.rank() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"JSON in {args.out} ({result['total_s']:.0f} s)")
+    td.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""One rank of the 2-process gloo tests (tests/test_distributed.py starts two of these).
+
+    python tests/distributed_worker.py SCENARIO OUT_DIR       (RANK, WORLD_SIZE, MASTER_* in the environment)
+
+Scenarios write what they computed to OUT_DIR/rank<r>.pt (or an error description) for the test to
+compare with the unsharded array in its own process.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+N_NETWORKS = 6
+ENCODING = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6,
+            "base_resolution": 4, "per_level_scale": 2.0}
+NETWORK = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Tanh",
+           "output_activation": "None"}
+BATCH = 40
+
+
+def factory(share_encoding=False, network=NETWORK):
+    from tinn.models import NetworkWithInputEncoding
+
+    return lambda n: NetworkWithInputEncoding(2, 3, ENCODING, network, n_networks=n, seed=11,
+                                              share_encoding=share_encoding)
+
+
+def batch(rank: int, step: int, size: int = BATCH, skew: bool = False):
+    """Rank `rank`'s batch at `step`; with skew 90% of the samples go to network 1 (owned by rank 0)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.rand(size, 2, generator=g)
+    ids = torch.randint(0, N_NETWORKS, (size,), generator=g, dtype=torch.int32)
+    if skew:
+        ids[torch.rand(size, generator=g) < 0.9] = 1
+    target = torch.rand(size, 3, generator=g)
+    weight = torch.randn(size, 3, generator=g)
+    return x, ids, target, weight
+
+
+def autograd_pass(model, x, ids, weight):
+    x = x.clone().requires_grad_()
+    for p in model.parameters():
+        p.grad = None
+    y = model(x, ids)
+    (y * weight).sum().backward()
+    return {"y": y.detach(), "dx": x.grad, "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def scenario_equal(rank, out):
+    import tinn.distributed as td
+    from tinn.trainer import Trainer
+
+    res = {}
+    for shared in (False, True):
+        model = td.ShardedPart(factory(shared), N_NETWORKS, config={"shared": shared})
+        tag = "shared" if shared else "sharded"
+        res[f"{tag}/init"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        x, ids, _, w = batch(rank, 0)
+        res[f"{tag}/autograd"] = autograd_pass(model, x, ids, w)
+        x, ids, _, w = batch(rank, 1, skew=True)
+        res[f"{tag}/skew"] = autograd_pass(model, x, ids, w)
+        # A rank with no samples (rank 1) while rank 0 has a ragged batch.
+        x, ids, _, w = batch(rank, 2, size=BATCH if rank == 0 else 0)
+        res[f"{tag}/empty"] = autograd_pass(model, x, ids, w)
+        with torch.no_grad():
+            res[f"{tag}/inference"] = model(*batch(rank, 3)[:2])
+        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+        losses = []
+        for step in range(3):
+            x, ids, t, _ = batch(rank, 10 + step)
+            losses.append(float(trainer.training_step(x, t, ids)))
+        res[f"{tag}/trained"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        res[f"{tag}/losses"] = losses
+        # The trainer with an empty batch on rank 1 (its step goes through autograd, rank 0's through the contract).
+        x, ids, t, _ = batch(rank, 20, size=BATCH if rank == 0 else 0)
+        trainer.training_step(x, t, ids, run_optimizer=False)
+        res[f"{tag}/trainer_empty_grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    res["owned"] = model.owned
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_checkpoint(rank, out):
+    import tinn.distributed as td
+    from tinn.errors import CheckpointError
+    from tinn.trainer import Trainer
+
+    def make():
+        model = td.ShardedPart(factory(), N_NETWORKS)
+        return Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2}, config={"tag": "ckpt"})
+
+    a = make()
+    for step in range(2):
+        x, ids, t, _ = batch(rank, 30 + step)
+        a.training_step(x, t, ids)
+    directory = os.path.join(out, "ckpt")
+    manifest = td.save_checkpoint(a, directory)
+    b = make()
+    td.load_checkpoint(b, directory)
+    same_state = all(torch.equal(p, q) for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+    x, ids, t, _ = batch(rank, 40)
+    la, lb = float(a.training_step(x, t, ids)), float(b.training_step(x, t, ids))
+    same_after_step = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    # A copy whose rank-1 file is damaged must leave every rank untouched.
+    import shutil
+    import torch.distributed as dist
+
+    damaged_dir = os.path.join(out, "damaged")
+    if rank == 0:
+        shutil.copytree(directory, damaged_dir)
+        with open(os.path.join(damaged_dir, "rank-00001.tinn"), "r+b") as f:
+            f.seek(-3, 2)
+            f.write(b"xyz")
+    dist.barrier()
+    before = [p.detach().clone() for p in b.model.parameters()]
+    try:
+        td.load_checkpoint(b, damaged_dir)
+        damaged = "loaded"
+    except CheckpointError as e:
+        damaged = str(e)
+    untouched = all(torch.equal(p, q) for p, q in zip(before, b.model.parameters()))
+    dist.barrier()
+    torch.save({"manifest": manifest, "same_state": same_state, "same_after_step": same_after_step,
+                "losses": (la, lb), "damaged": damaged, "untouched": untouched,
+                "params": {n: p.detach().clone() for n, p in a.model.named_parameters()}},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_resume_one_rank(rank, out):
+    """One process resumes the 2-rank checkpoint: a clear error; the gathered weights, sharded again for one
+    rank (reshard_state), give the unsharded array's outputs."""
+    import tinn.distributed as td
+    from tinn.errors import CheckpointError
+    from tinn.trainer import Trainer
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    trainer = Trainer(model, optimizer={"otype": "Adam"}, config={"tag": "ckpt"})
+    try:
+        td.load_checkpoint(trainer, os.environ["CKPT"])
+        error = "loaded"
+    except CheckpointError as e:
+        error = str(e)
+    state, _ = td.gather_state(os.environ["CKPT"])
+    model.load_state_dict(td.reshard_state(state, model))
+    x, ids, _, _ = batch(rank, 50)
+    with torch.no_grad():
+        y = model(x, ids)
+    torch.save({"error": error, "y": y}, os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_exit(rank, out):
+    """Rank 1 exits after construction; rank 0's forward must raise, not hang."""
+    import tinn.distributed as td
+    from tinn.errors import DistributedError
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    if rank == 1:
+        os._exit(0)
+    x, ids, _, _ = batch(rank, 0)
+    t0 = time.perf_counter()
+    try:
+        model(x, ids)
+        result = "no error"
+    except DistributedError as e:
+        result = f"DistributedError: {e}"
+    torch.save({"result": result, "seconds": time.perf_counter() - t0}, os.path.join(out, f"rank{rank}.pt"))
+    os._exit(0)  # the group cannot be shut down cleanly without its peer
+
+
+def scenario_stall(rank, out):
+    """Rank 1 stays alive but never calls forward: rank 0 must raise after the collective timeout."""
+    import tinn.distributed as td
+    from tinn.errors import DistributedError
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    if rank == 1:
+        time.sleep(float(os.environ["STALL_SECONDS"]))
+        os._exit(0)
+    x, ids, _, _ = batch(rank, 0)
+    t0 = time.perf_counter()
+    try:
+        model(x, ids)
+        result = "no error"
+    except DistributedError as e:
+        result = f"DistributedError: {e}"
+    torch.save({"result": result, "seconds": time.perf_counter() - t0}, os.path.join(out, f"rank{rank}.pt"))
+    os._exit(0)
+
+
+def scenario_mismatch(rank, out):
+    """Rank 1 builds another network width: a ConfigError on both ranks at construction."""
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+
+    network = dict(NETWORK, n_neurons=32) if rank == 1 else NETWORK
+    try:
+        td.ShardedPart(factory(network=network), N_NETWORKS)
+        result = "no error"
+    except ConfigError as e:
+        result = f"ConfigError: {e}"
+    torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_disagree(rank, out):
+    """Rank 0 runs a training forward, rank 1 an inference one: both raise instead of deadlocking later."""
+    import tinn.distributed as td
+    from tinn.errors import DistributedError
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    x, ids, _, _ = batch(rank, 0)
+    try:
+        with torch.set_grad_enabled(rank == 0):
+            model(x, ids)
+        result = "no error"
+    except DistributedError as e:
+        result = f"DistributedError: {e}"
+    torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    import tinn
+    import tinn.distributed as td
+
+    td.init("cpu", timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
+    torch.set_num_threads(1)
+    rank = td.rank()
+    try:
+        globals()[f"scenario_{scenario}"](rank, out)
+    except BaseException:
+        with open(os.path.join(out, f"rank{rank}.error"), "w") as f:
+            f.write(traceback.format_exc())
+        os._exit(1)
+    td.shutdown()
+    assert tinn.runtime.arch() == "cpu"
+
+
+if __name__ == "__main__":
+    main()

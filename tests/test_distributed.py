@@ -1,0 +1,242 @@
+"""Sharded arrays over 2 CPU processes with gloo, against the unsharded array in this process.
+
+Each scenario starts two ranks of tests/distributed_worker.py (subprocesses on a free port, Taichi CPU
+in each); their results are compared here with `part_factory(6)` run on the union of their batches.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import distributed_worker as W  # noqa: E402  (tests/ is on sys.path under pytest)
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **env) -> list[dict]:
+    os.makedirs(out, exist_ok=True)
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), TINN_ARCH="cpu",
+                 PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+                 **{k: str(v) for k, v in env.items()})
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "distributed_worker.py"), scenario, str(out)],
+                                      env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"scenario {scenario!r} hung past {timeout} s")
+    results = []
+    for r in range(world):
+        err = os.path.join(out, f"rank{r}.error")
+        if os.path.exists(err):
+            pytest.fail(f"rank {r} of {scenario!r} failed:\n{open(err).read()}\n{logs[r][-3000:]}")
+        path = os.path.join(out, f"rank{r}.pt")
+        results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
+    return results
+
+
+@pytest.fixture(scope="module")
+def equal_run(tmp_path_factory):
+    return run_ranks("equal", tmp_path_factory.mktemp("equal"))
+
+
+def _full(shared: bool):
+    return W.factory(shared)(W.N_NETWORKS)
+
+
+def _rows(name: str, full: torch.Tensor, owned, shared: bool):
+    """The rows of a full table a rank holds (all of a replicated one)."""
+    return full if (shared and name.startswith("encoding")) else full[owned]
+
+
+def _reference_autograd(model, batches, scale_loss):
+    xs = torch.cat([b[0] for b in batches]).requires_grad_()
+    ids = torch.cat([b[1] for b in batches])
+    w = torch.cat([b[3] for b in batches])
+    for p in model.parameters():
+        p.grad = None
+    y = model(xs, ids)
+    ((y * w).sum() * scale_loss).backward()
+    return y.detach(), xs.grad, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_forward_gradients_and_steps_equal_unsharded(equal_run, shared):
+    tag = "shared" if shared else "sharded"
+    full = _full(shared)
+    owned = [r["owned"] for r in equal_run]
+    assert owned == [[0, 1, 2], [3, 4, 5]]
+    for r, res in enumerate(equal_run):  # the global initialisation: each rank holds the unsharded rows
+        for n, p in full.named_parameters():
+            assert torch.equal(res[f"{tag}/init"][f"local.{n}"], _rows(n, p.detach(), owned[r], shared)), n
+    cases = {"autograd": dict(step=0), "skew": dict(step=1, skew=True)}
+    for case, kw in cases.items():
+        batches = [W.batch(r, kw["step"], skew=kw.get("skew", False)) for r in range(WORLD)]
+        # Mean over ranks (gradients="mean"): the unsharded gradient of the mean of the ranks' losses.
+        y, dx, grads = _reference_autograd(full, batches, 1.0 / WORLD)
+        for r, res in enumerate(equal_run):
+            got = res[f"{tag}/{case}"]
+            sl = slice(r * W.BATCH, (r + 1) * W.BATCH)
+            torch.testing.assert_close(got["y"], y[sl], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got["dx"], dx[sl] * WORLD, rtol=1e-4, atol=1e-6)
+            for n, g in grads.items():
+                torch.testing.assert_close(got["grads"][f"local.{n}"], _rows(n, g, owned[r], shared),
+                                           rtol=1e-4, atol=1e-7, msg=f"{case} {n}")
+    if case == "skew":  # rank 0 owned 90% of both ranks' samples
+        assert sum(int((b[1] < 3).sum()) for b in batches) > 1.5 * W.BATCH
+    # Rank 1 without samples: its output is empty and both ranks' gradients are half the unsharded ones.
+    batches = [W.batch(0, 2), W.batch(1, 2, size=0)]
+    y, dx, grads = _reference_autograd(full, batches, 1.0 / WORLD)
+    assert equal_run[1][f"{tag}/empty"]["y"].shape == (0, 3)
+    for r, res in enumerate(equal_run):
+        got = res[f"{tag}/empty"]
+        if r == 0:
+            torch.testing.assert_close(got["y"], y, rtol=1e-5, atol=1e-6)
+        for n, g in grads.items():
+            torch.testing.assert_close(got["grads"][f"local.{n}"], _rows(n, g, owned[r], shared), rtol=1e-4, atol=1e-7)
+    with torch.no_grad():
+        xs = torch.cat([W.batch(r, 3)[0] for r in range(WORLD)])
+        ids = torch.cat([W.batch(r, 3)[1] for r in range(WORLD)])
+        y = full(xs, ids)
+    for r, res in enumerate(equal_run):
+        torch.testing.assert_close(res[f"{tag}/inference"], y[r * W.BATCH:(r + 1) * W.BATCH], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_trainer_steps_equal_unsharded(equal_run, shared):
+    from tinn.trainer import Trainer
+
+    tag = "shared" if shared else "sharded"
+    full = _full(shared)
+    trainer = Trainer(full, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    losses = []
+    for step in range(3):
+        bs = [W.batch(r, 10 + step) for r in range(WORLD)]
+        losses.append(float(trainer.training_step(torch.cat([b[0] for b in bs]), torch.cat([b[2] for b in bs]),
+                                                  torch.cat([b[1] for b in bs]))))
+    owned = [r["owned"] for r in equal_run]
+    for r, res in enumerate(equal_run):
+        for n, p in full.named_parameters():
+            torch.testing.assert_close(res[f"{tag}/trained"][f"local.{n}"], _rows(n, p.detach(), owned[r], shared),
+                                       rtol=1e-4, atol=1e-6, msg=n)
+    # Each rank's loss is its own batch's; their mean is the unsharded loss.
+    torch.testing.assert_close(torch.tensor([sum(x) / WORLD for x in zip(*[r[f"{tag}/losses"] for r in equal_run])]),
+                               torch.tensor(losses), rtol=1e-5, atol=1e-7)
+    # The empty rank's trainer step: gradients are half the unsharded gradient of rank 0's batch.
+    trainer.optimizer.zero_grad()
+    x, ids, t, _ = W.batch(0, 20)
+    trainer.training_step(x, t, ids, run_optimizer=False)
+    for r, res in enumerate(equal_run):
+        for n, p in full.named_parameters():
+            torch.testing.assert_close(res[f"{tag}/trainer_empty_grads"][f"local.{n}"],
+                                       _rows(n, p.grad / WORLD, owned[r], shared), rtol=1e-4, atol=1e-7)
+
+
+def test_checkpoint_round_trip_gather_and_other_world_size(tmp_path):
+    import tinn.distributed as td
+    from tinn.errors import CheckpointError
+
+    res = run_ranks("checkpoint", tmp_path)
+    directory = tmp_path / "ckpt"
+    manifest = td.read_manifest(directory)
+    assert manifest["world_size"] == WORLD and manifest["ownership"]["ranges"] == [[0, 3], [3, 6]]
+    assert [f["file"] for f in manifest["files"]] == ["rank-00000.tinn", "rank-00001.tinn"]
+    assert manifest["step"] == 2 and manifest["config"] == {"tag": "ckpt"}
+    for r in res:
+        # Resumed: the same state, and the next step gives the same loss and the same parameters bit for bit.
+        assert r["same_state"] and r["same_after_step"], r
+        assert r["losses"][0] == r["losses"][1]
+        # The copy with a damaged rank-1 file: every rank refused and changed nothing.
+        assert "nothing was loaded on any rank" in r["damaged"] and "rank 1" in r["damaged"], r["damaged"]
+        assert "sha256/size differ" in r["damaged"] and r["untouched"]
+    with pytest.raises(CheckpointError, match="sha256/size differ from the manifest"):
+        td.gather_model(tmp_path / "damaged", W.factory())
+    # Gathered into one process: the unsharded array holds each rank's rows (saved after 2 steps; the
+    # workers' parameters were taken after a third step, so compare with the files' own contents).
+    full = td.gather_model(directory, W.factory())
+    from tinn import checkpoint as C
+    for r in range(WORLD):
+        sections, meta = C.load(directory / f"rank-0000{r}.tinn")
+        assert meta["rank"] == r
+        for key in manifest["sharded_keys"]:
+            name = key[len("local."):]
+            assert torch.equal(dict(full.named_parameters())[name].detach()[3 * r:3 * r + 3], sections["model"][key])
+    # One process resuming the 2-rank checkpoint: a clear error; resharding the gathered state works.
+    one = run_ranks("resume_one_rank", tmp_path / "one", world=1, CKPT=directory)
+    assert "saved by 2 ranks, resumed on 1" in one[0]["error"] and "--nproc_per_node 2" in one[0]["error"]
+    x, ids, _, _ = W.batch(0, 50)
+    with torch.no_grad():
+        torch.testing.assert_close(one[0]["y"], full(x, ids), rtol=1e-5, atol=1e-6)
+
+
+def test_rank_exit_raises_on_the_other_rank(tmp_path):
+    res = run_ranks("exit", tmp_path, TIMEOUT_S=20, timeout=120)
+    assert res[0]["result"].startswith("DistributedError: rank 0:"), res[0]
+    assert "another rank exited" in res[0]["result"]
+    assert res[0]["seconds"] < 20 + 5
+
+
+def test_stalled_rank_times_out(tmp_path):
+    res = run_ranks("stall", tmp_path, TIMEOUT_S=3, STALL_SECONDS=15, timeout=120)
+    assert res[0]["result"].startswith("DistributedError: rank 0:"), res[0]
+    assert 2.5 < res[0]["seconds"] < 12
+
+
+def test_mismatched_config_is_a_clear_error(tmp_path):
+    res = run_ranks("mismatch", tmp_path)
+    for r, other in ((0, 1), (1, 0)):
+        text = res[r]["result"]
+        assert text.startswith(f"ConfigError: rank {r}: ranks [{other}] built a different sharded model"), text
+        assert "n_neurons" in text or "tables" in text
+
+
+def test_ranks_out_of_step_raise_together(tmp_path):
+    res = run_ranks("disagree", tmp_path)
+    for r in range(WORLD):
+        assert res[r]["result"].startswith(f"DistributedError: rank {r}: ranks disagree"), res[r]
+        assert "gradients enabled per rank = [1, 0]" in res[r]["result"]
+
+
+@pytest.mark.parametrize("demo,args", [
+    ("kilonerf.py", ["--teacher-steps", "10", "--distill-steps", "10", "--finetune-steps", "5", "--views", "4",
+                     "--test-views", "1", "--res", "16", "--samples", "16"]),
+    ("octree_lod.py", ["--steps", "10", "--views", "4", "--test-views", "1", "--res", "16", "--samples", "16",
+                       "--batch", "256", "--points", "1000"]),
+])
+def test_scene_demos_run_sharded_under_torchrun(tmp_path, demo, args):
+    import json
+
+    env = dict(os.environ, TINN_ARCH="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           os.path.join(os.path.dirname(HERE), "demos", demo), "--shard", "--small", "--out", str(tmp_path), *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.load(open(tmp_path / "summary.json"))
+    psnr = summary.get("psnr_student", summary.get("psnr"))
+    # Trained above the background-only image, on rank 0's output; rank 1 wrote its own folder.
+    assert psnr > summary.get("psnr_background", summary.get("background_psnr")) + 1.0
+    assert (tmp_path / "rank1" / "summary.json").exists()

@@ -1,0 +1,371 @@
+"""`ShardedPart`: an array of networks partitioned over ranks, with the part contract of one array.
+
+    model = ShardedPart(lambda n: NetworkWithInputEncoding(3, 4, enc, net, n_networks=n, seed=7), n_networks=4096)
+    y = model(x, ids)          # every rank: its own batch, any ids in 0..4095
+
+Every rank holds the networks it owns (their grids, and so their optimizer state): `part_factory(n)`
+builds the local part for n networks. A forward routes each sample to its owner (tinn/distributed/
+exchange.py), runs the local part's contract on local ids, and returns outputs in the caller's order;
+backward sends dy to the owners and dx back. Every rank calls forward and backward with its own batch
+(data parallel over samples, model parallel over networks), so every rank must make the same calls:
+a header exchanged with each forward and backward carries the flags and a call number, and ranks
+that disagree all raise a DistributedError instead of deadlocking.
+
+Gradients follow torch's DistributedDataParallel: the gradient of a table is the mean over ranks of
+each rank's loss gradient (`gradients="mean"`; "sum" for losses that already sum over ranks). With
+equal per-rank batches and a mean loss this is the single-process gradient of the whole batch. Tables
+every rank holds a copy of (a shared encoding, `share_encoding=True`, or any name in `replicated`)
+are all-reduced; tables of owned networks need no reduction.
+
+`Replicated(part)`: a whole part copied on every rank (a teacher) whose gradients are all-reduced.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from .. import runtime
+from ..errors import ConfigError
+from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError
+from . import exchange as X
+from .ownership import Ownership
+from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
+
+GRADIENT_MODES = ("mean", "sum")
+INIT_MODES = ("global", "local")
+
+
+def _replicated_by_default(part: Part) -> set[int]:
+    """ids() of tables every rank holds whole: shared encodings and Replicated sub-parts."""
+    out = set()
+    for m in part.modules():
+        if isinstance(m, Replicated):
+            out |= {id(t) for t in m.tables() if t is not None}
+        elif getattr(m, "share_encoding", False) and hasattr(m, "encoding"):
+            out |= {id(t) for t in m.encoding.tables() if t is not None}
+    return out
+
+
+def _all_reduce_grads(grads, scale: float, device, group, what: str):
+    """Sum every rank's gradient (then scale), in place where the tensor lives on the collective device."""
+    out = []
+    with collective(what, group):
+        for g in grads:
+            if g is None:
+                out.append(None)
+                continue
+            buf = g if g.device == device else g.to(device)
+            torch.distributed.all_reduce(buf, group=group)
+            if scale != 1.0:
+                buf *= scale
+            out.append(buf if buf.device == g.device else buf.to(g.device))
+    return tuple(out)
+
+
+class _Collective(Part):
+    """Shared behaviour of parts whose forward / backward run collectives: their own autograd Function,
+    which takes part in the backward collectives on every rank (also when this rank's output got no
+    gradient), and the call number that catches ranks out of step."""
+
+    collective_calls = True  # every rank must make every call (renderers call even with no samples)
+
+    def _init_group(self, group, gradients: str):
+        self.group = require_group(group)
+        if gradients not in GRADIENT_MODES:
+            raise ConfigError(f"gradients={gradients!r} is not supported; allowed: {list(GRADIENT_MODES)}")
+        self.gradients = gradients
+        self.rank, self.world_size = rank(self.group), world_size(self.group)
+        self.collective_device = collective_device(self.group)
+        self._calls = 0
+
+    def _next_call(self) -> int:
+        self._calls += 1
+        return self._calls
+
+    def run_checked(self, x, ids):
+        tables = self.tables()
+        with runtime.stream_guard():
+            if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
+                return _CollectiveFunction.apply(self, x, ids, *tables)
+            y, _ = self.forward_ctx(x.detach(), ids, train=False)
+            return y
+
+    def backward_backward(self, *args, **kwargs):
+        raise SecondOrderError(f"second-order gradients through {type(self).__name__} are not supported")
+
+
+class _CollectiveFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, part, x, ids, *tables):
+        y, pctx = part.forward_ctx(x.detach(), ids, train=True)
+        ctx.part, ctx.pctx = part, pctx
+        ctx.x_shape = x.shape
+        ctx.set_materialize_grads(False)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        if torch.is_grad_enabled():
+            raise SecondOrderError(f"second-order gradients through {type(ctx.part).__name__} are not supported")
+        part = ctx.part
+        need_dx = ctx.needs_input_grad[1]
+        need_tables = ctx.needs_input_grad[3:]
+        if dy is None:  # this rank's output got no gradient; the other ranks still need its part of the exchange
+            dy = torch.zeros(ctx.x_shape[0], part.n_output_dims, device=runtime.device())
+        dx, grads = part.backward(ctx.pctx, dy.detach().contiguous(), need_dx=need_dx, need_grads=any(need_tables))
+        grads = tuple(g if want else None for g, want in zip(grads, need_tables))
+        return (None, dx if need_dx else None, None) + grads
+
+
+class ShardedPart(_Collective):
+    """`n_networks` networks spread over the ranks of `group` (default: the world).
+
+    part_factory(n) -> Part: the local part for n networks (called once, with this rank's count).
+    assignment: the owner rank of each network id (default: contiguous ranges, the first ranks one
+    network more when the count does not divide). init: "global" gives every network the initial
+    values the unsharded `part_factory(n_networks)` would give it (costs one whole table on the host
+    while it is drawn); "local" keeps the local part's own draw (use it for models larger than a host).
+    replicated: names of local parameters every rank holds a copy of (added to the shared encodings
+    found by default). config: the JSON config the model was built from, compared across ranks.
+    """
+
+    input_layouts = (SAMPLE_MAJOR,)
+    output_layouts = (SAMPLE_MAJOR,)
+
+    def __init__(self, part_factory, n_networks: int, group=None, *, assignment=None, init: str = "global",
+                 gradients: str = "mean", replicated=(), config: dict | None = None):
+        runtime.ensure_init()
+        n_networks = int(n_networks)
+        if init not in INIT_MODES:
+            raise ConfigError(f"init={init!r} is not supported; allowed: {list(INIT_MODES)}")
+        group = require_group(group)
+        world = world_size(group)
+        own_rank = rank(group)
+        ownership = (Ownership.contiguous(n_networks, world) if assignment is None
+                     else Ownership.from_assignment(assignment, n_networks, world))
+        owned = ownership.owned(own_rank)
+        local = part_factory(len(owned))
+        if not isinstance(local, Part):
+            raise ConfigError(f"part_factory must return a tinn.Part, got {type(local).__name__}")
+        if local.n_networks != len(owned):
+            raise ConfigError(f"part_factory({len(owned)}) returned a part with n_networks={local.n_networks}; it "
+                              "must build the number of networks it is given")
+        super().__init__(local.n_input_dims, local.n_output_dims, n_networks)
+        self._init_group(group, gradients)
+        self.local = local
+        self.ownership = ownership
+        self.owned = owned
+        self.init_mode = init
+        self.config = config or {}
+        owner, local_ids = ownership.tables(runtime.device())
+        self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
+        names = dict((id(p), n) for n, p in local.named_parameters())
+        replicated = set(replicated)
+        unknown = sorted(replicated - set(names.values()))
+        if unknown:
+            raise ConfigError(f"replicated names {unknown} are not parameters of the local part; allowed: "
+                              f"{sorted(names.values())}")
+        shared_ids = _replicated_by_default(local) | {id(p) for p in local.parameters() if names[id(p)] in replicated}
+        self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.tables())
+        for t, shared in zip(local.tables(), self._replicated):
+            if t is not None and not shared and (t.dim() < 1 or t.shape[0] != len(owned)):
+                raise ConfigError(f"table {names.get(id(t), '?')} of shape {tuple(t.shape)} is neither per network "
+                                  f"({len(owned)} rows here) nor replicated; name it in replicated=")
+        self.sharded_names = sorted(names[id(t)] for t, s in zip(local.tables(), self._replicated)
+                                    if t is not None and not s and id(t) in names)
+        if init == "global":
+            _install_global_init(local, n_networks, owned, shared_ids)
+        self._check_same_everywhere()
+
+    # ---- construction checks ---------------------------------------------------------------------
+    def description(self) -> dict:
+        """What every rank must agree on (compared at construction, stored in checkpoint manifests)."""
+        local = self.local
+        return {"n_networks": self.n_networks, "ownership": self.ownership.describe(),
+                "part": type(local).__name__, "n_input_dims": local.n_input_dims,
+                "n_output_dims": local.n_output_dims, "gradients": self.gradients, "init": self.init_mode,
+                "config": self.config,
+                "tables": [[n, list(p.shape[1:]) if n in self.sharded_names else list(p.shape)]
+                           for n, p in local.named_parameters()],
+                "replicated": [n for n, _ in local.named_parameters() if n not in self.sharded_names]}
+
+    def _check_same_everywhere(self) -> None:
+        mine = self.description()
+        digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()
+        everyone = all_gather_objects((digest, mine), "the configuration check at construction", self.group)
+        differ = [r for r, (d, _) in enumerate(everyone) if d != digest]
+        if differ:
+            other = everyone[differ[0]][1]
+            keys = [k for k in sorted(set(mine) | set(other)) if mine.get(k) != other.get(k)]
+            detail = "; ".join(f"{k}: {mine.get(k)!r} here, {other.get(k)!r} on rank {differ[0]}" for k in keys[:4])
+            raise ConfigError(f"rank {self.rank}: ranks {differ} built a different sharded model ({detail}); "
+                              "every rank must build the same model (config, n_networks, world size)")
+
+    # ---- contract --------------------------------------------------------------------------------
+    def tables(self):
+        return self.local.tables()
+
+    def check_tables(self) -> None:
+        self.local.check_tables()
+
+    def n_params_per_network(self) -> int:
+        return self.local.n_params_per_network()
+
+    def memory_bytes(self) -> int:
+        """Bytes of this rank's tables."""
+        return self.local.memory_bytes()
+
+    def _route(self, ids: torch.Tensor, values: list[int], names: list[str], what: str):
+        owner = self._owner[ids.long()].long() if ids.shape[0] else torch.zeros(0, dtype=torch.long, device=ids.device)
+        order = torch.argsort(owner, stable=True)
+        counts = torch.bincount(owner, minlength=self.world_size)
+        received = X.exchange_header(values, counts, self.collective_device, self.group, what)
+        X.check_agreement(received, values, names, self.rank, what)
+        route = X.Route(order, counts.tolist(), received[:, 0].tolist())
+        return route
+
+    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        if x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR:
+            raise ValueError("ShardedPart reads and writes sample-major tensors")
+        call = self._next_call()
+        route = self._route(ids, [int(train), call], ["gradients enabled", "call number"], "the forward header")
+        dev = runtime.device()
+        x_here, ids_here = X.to_owners(x, self._local_ids[ids.long()], route, self.collective_device, dev, self.group)
+        if route.n_local:
+            y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
+        else:  # no sample for this rank's networks this time
+            y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
+        y = X.back_to_callers(y_here, route, self.collective_device, dev, self.group, "the forward exchange of outputs")
+        return y, (Context(route=route, local=lctx, batch=x.shape[0]) if train else None)
+
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        call = self._next_call()
+        dev = runtime.device()
+        route = ctx.route
+        counts = torch.tensor(route.send, dtype=torch.int64)
+        # The header also tells every owner whether any rank wants dx (then every rank's dx travels back).
+        received = X.exchange_header([call, int(need_dx), int(need_grads)], counts, self.collective_device,
+                                     self.group, "the backward header")
+        X.check_agreement(received, [call], ["call number"], self.rank, "the backward header")
+        any_dx, any_grads = bool(received[:, 2].max()), bool(received[:, 3].max())
+        dy_here = X.to_owners_rows(dy, route, self.collective_device, dev, self.group, "the backward exchange of dy")
+        tables = self.local.tables()
+        if route.n_local:
+            dx_here, grads = self.local.backward(ctx.local, dy_here, need_dx=any_dx, need_grads=any_grads)
+        else:
+            dx_here, grads = None, (None,) * len(tables)
+        if any_dx and dx_here is None:
+            dx_here = torch.zeros(0, self.n_input_dims, device=dev)
+        grads = self._reduce(tables, grads, any_grads)
+        dx = None
+        if any_dx:
+            dx = X.back_to_callers(dx_here, route, self.collective_device, dev, self.group, "the backward exchange of dx")
+        return (dx if need_dx else None), grads
+
+    def _reduce(self, tables, grads, any_grads):
+        """Owned tables: scaled locally; replicated ones: all-reduced (every rank, same order)."""
+        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        grads = list(grads)
+        for i, (t, g) in enumerate(zip(tables, grads)):
+            wanted = any_grads and t is not None and t.requires_grad
+            if wanted and g is None:  # a rank without samples: a zero gradient, as the unsharded array gives
+                grads[i] = g = torch.zeros_like(t)
+            if g is not None and not self._replicated[i] and scale != 1.0:
+                g *= scale
+        shared = [i for i, s in enumerate(self._replicated) if s and grads[i] is not None]
+        reduced = _all_reduce_grads([grads[i] for i in shared], scale, self.collective_device, self.group,
+                                    "the all-reduce of replicated gradients")
+        for i, g in zip(shared, reduced):
+            grads[i] = g
+        return tuple(grads)
+
+
+class Replicated(_Collective):
+    """A part held whole by every rank (a teacher, a shared encoding): forward and backward run locally,
+    the table gradients are all-reduced (mean over ranks, or sum)."""
+
+    def __init__(self, part: Part, group=None, gradients: str = "mean"):
+        if not isinstance(part, Part):
+            raise ConfigError(f"Replicated needs a tinn.Part, got {type(part).__name__}")
+        super().__init__(part.n_input_dims, part.n_output_dims, part.n_networks)
+        self._init_group(group, gradients)
+        self.inner = part
+        self.uses_ids = part.uses_ids
+        self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
+
+    def tables(self):
+        return self.inner.tables()
+
+    def check_tables(self) -> None:
+        self.inner.check_tables()
+
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes()
+
+    def n_params_per_network(self) -> int:
+        return self.inner.n_params_per_network()
+
+    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        return self.inner.forward_ctx(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+
+    def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        tables = self.inner.tables()
+        if dy.shape[0]:
+            dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
+        else:
+            dx, grads = (torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None), (None,) * len(tables)
+        if not need_grads:
+            return dx, grads
+        grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
+                      for t, g in zip(tables, grads))
+        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        return dx, _all_reduce_grads(grads, scale, self.collective_device, self.group,
+                                     "the all-reduce of replicated gradients")
+
+
+# ---- initial values of the unsharded array -------------------------------------------------------
+def _install_global_init(local: Part, n_networks: int, owned: list[int], shared_ids: set[int]) -> None:
+    """Give the local networks the initial values of networks `owned` of an unsharded array, now and on
+    every later `reset_parameters` (Trainer.reset calls it on each module)."""
+    from ..encodings.grid import GridEncoding
+    from ..initialisation import initial_weights
+    from ..networks import NetworkArray
+
+    rows = torch.tensor(owned, dtype=torch.long)
+    for m in local.modules():
+        params = m._parameters.get("params")  # the module's own table (composed parts only forward theirs)
+        if not isinstance(params, torch.Tensor) or id(params) in shared_ids or not isinstance(m, Part):
+            continue
+        if isinstance(m, NetworkArray):
+            def draw(seed, m=m):
+                gen = torch.Generator().manual_seed(int(seed))
+                return initial_weights(m.layer_shapes(), m.hidden_act, m.output_act, gen, n_networks)[rows]
+        elif isinstance(m, GridEncoding):
+            def draw(seed, m=m):
+                local_n = m.n_networks
+                m.n_networks = n_networks  # the unsharded draw: every network's row, ours kept
+                try:
+                    return m.initial_params(seed).cpu()[rows]
+                finally:
+                    m.n_networks = local_n
+        else:
+            raise ConfigError(f"init='global' does not know how {type(m).__name__} draws its tables; "
+                              "allowed: init='local'")
+
+        def reset(seed=None, m=m, draw=draw):
+            with torch.no_grad():
+                m.params.copy_(draw(m.seed if seed is None else seed).to(m.params.device))
+
+        m.reset_parameters = reset  # an instance attribute: Trainer.reset reaches it through modules()
+        reset()
+
+
+def ids_of_rank(part: ShardedPart, rank_: int | None = None) -> torch.Tensor:
+    """Global ids of the networks a rank owns (default: this one), int32 on tinn's device."""
+    r = part.rank if rank_ is None else rank_
+    return torch.tensor(part.ownership.owned(r), dtype=torch.int32, device=runtime.device())
+
+
+__all__ = ["ShardedPart", "Replicated", "ids_of_rank"]
