@@ -34,9 +34,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-TESTS = ["tests/test_mlp_fused_cuda.py", "tests/test_routing.py", "tests/test_launch.py", "tests/test_encodings_cuda.py",
-         "tests/test_part_contract.py", "tests/test_network_array.py", "tests/test_image_sampling.py",
-         "tests/test_backend.py"]
+# The CUDA kernel tests: fused MLP kernels, grid and parameter-free encodings, routing, the lean launch,
+# the part contract's training step, the backend rules.
+TESTS = ["tests/test_mlp_fused_cuda.py", "tests/test_encodings_cuda.py", "tests/test_routing.py", "tests/test_launch.py",
+         "tests/test_part_contract.py", "tests/test_backend.py"]
 SMOKE = {"tests": ["tests/test_backend.py"], "bench": ["--networks", "64", "--log2-samples", "12", "--reps", "1"],
          "image": ["--log2-batch", "10", "--steps", "3"], "graph": ["--log2-batch", "10", "--steps", "3", "--warmup", "2"]}
 smoke = False
