@@ -30,8 +30,10 @@ def activation(name: str, z: torch.Tensor) -> torch.Tensor:
 
 
 def mlp_array(net, params: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, hidden: str, output: str):
-    """Per-sample MLP: gathers each sample's weight matrices and applies them in float64."""
-    h = x
+    """Per-sample MLP: gathers each sample's weight matrices and applies them in float64 (after the
+    network's constant input columns, tcnn's padding, when it has them)."""
+    n_pad, value = getattr(net, "input_padding", (0, 0.0))
+    h = torch.cat([x, x.new_full((x.shape[0], n_pad), value)], dim=1) if n_pad else x
     idx = ids.long()
     for l in range(net.n_layers):
         w = net.weights(l, params)[idx]  # (batch, out, in)

@@ -1,5 +1,5 @@
 """tinn: train and query thousands of tiny neural networks at once, with Taichi kernels."""
-from . import backend, checks, runtime
+from . import backend, checks, runtime, tcnn_layout
 from .config import load_config
 from .errors import CheckpointError, ConfigError, InputError, NotInitializedError, TinnError
 from .runtime import init

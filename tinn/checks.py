@@ -6,6 +6,7 @@ for hot loops with `tinn.checks.set_enabled(False)` once a pipeline is trusted.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -156,3 +157,20 @@ def table(name: str, p: torch.Tensor, shape: tuple) -> None:
         raise InputError(f"{name} has shape {tuple(p.shape)}; expected {tuple(shape)}")
     if not p.is_contiguous():
         raise InputError(f"{name} is not contiguous; tinn kernels read it in place (assign a contiguous tensor)")
+
+
+def cast_like_tcnn(owner: str, x, ids):
+    """tcnn's input handling: a floating-point input of any dtype becomes float32; tensors on the CPU while
+    tinn runs on CUDA move there, with a warning (each move is a copy)."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float32:
+        x = x.float()
+    dev = runtime.device()
+    moved = []
+    if isinstance(x, torch.Tensor) and x.device.type != dev.type:
+        x, _ = x.to(dev), moved.append("input")
+    if isinstance(ids, torch.Tensor) and ids.device.type != dev.type:
+        ids, _ = ids.to(dev), moved.append("net_ids")
+    if moved:
+        warnings.warn(f"{owner}: {' and '.join(moved)} moved from the CPU to {dev} (a copy per call); create them "
+                      f"on {dev} to avoid it", UserWarning, stacklevel=4)
+    return x, ids

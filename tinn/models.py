@@ -11,6 +11,8 @@ go straight into the fused network), and runs the two backward passes in reverse
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import checks
@@ -19,15 +21,32 @@ from .networks import NetworkArray
 from .part import Context, Part, accumulate, common_layout, has_hooks
 
 
+TCNN_ALIGNMENT = 16  # tcnn's MLPs take inputs in multiples of 16
+
+
+def tcnn_input_padding(encoding) -> tuple[int, float]:
+    """(columns, value) tcnn appends to an encoding's output before its network: up to a multiple of
+    lcm(16, the encoding's alignment), with ones (a first-layer bias) after parameter-free encodings and
+    zeros after grids; a Composite pads as its last nested encoding does."""
+    last = encoding.nested[-1] if hasattr(encoding, "nested") else encoding
+    features = getattr(last, "n_features_per_level", None)
+    align = math.lcm(TCNN_ALIGNMENT, features) if features else TCNN_ALIGNMENT
+    n = encoding.n_output_dims
+    return (-n) % align, (0.0 if features else 1.0)
+
+
 class NetworkWithInputEncoding(Part):
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
-                 kernels: str | None = None):
+                 kernels: str | None = None, tcnn_padding: bool = False):
+        """`tcnn_padding`: the network input is the encoding's output padded as tcnn pads it (see
+        `tcnn_input_padding`), so the same parameters give tcnn's function."""
         super().__init__(n_input_dims, n_output_dims, n_networks)
         self.encoding = create_encoding(n_input_dims, encoding_config, n_networks=1 if share_encoding else n_networks,
                                         seed=seed)
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
-                                    n_networks=n_networks, seed=seed + 1, kernels=kernels)
+                                    n_networks=n_networks, seed=seed + 1, kernels=kernels,
+                                    input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None)
         self.seed = seed
         self.share_encoding = bool(share_encoding)  # tinn.distributed replicates a shared encoding
 

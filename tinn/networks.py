@@ -109,7 +109,8 @@ class NetworkArray(Part):
     """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
-                 n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None):
+                 n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None,
+                 input_padding: tuple[int, float] | None = None):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
@@ -118,6 +119,10 @@ class NetworkArray(Part):
         if kernels not in NETWORK_KERNELS:
             raise ConfigError(f"kernels={kernels!r} is not supported; allowed: {list(NETWORK_KERNELS)}")
         super().__init__(n_input_dims, n_output_dims, n_networks)
+        # tcnn's padding: `n` constant input columns of `value` after the real ones (ones act as a bias).
+        n_pad, pad_value = input_padding or (0, 0.0)
+        self.input_padding = (count("input_padding", n_pad, lo=0), float(pad_value))
+        self.kernel_inputs = n_input_dims + self.input_padding[0]  # the inputs the weight matrices see
         self.config = cfg
         self.width = cfg["n_neurons"]
         self.n_layers = cfg["n_hidden_layers"] + 1  # weight matrices
@@ -127,7 +132,7 @@ class NetworkArray(Part):
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
-        fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(n_input_dims, self.width,
+        fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(self.kernel_inputs, self.width,
                                                                                   n_output_dims)
         if kernels == "fused" and not fusable:
             raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
@@ -135,7 +140,7 @@ class NetworkArray(Part):
         self.fused = fusable and kernels != "unfused"
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
-        self.fused_geometry = (FK.geometry(n_input_dims, self.width, n_output_dims, self.n_layers,
+        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings()) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
@@ -147,7 +152,7 @@ class NetworkArray(Part):
     # ---- shapes -------------------------------------------------------------------------------
     def layer_shapes(self) -> list[tuple[int, int]]:
         """(fan_out, fan_in) of each weight matrix."""
-        return K.layer_shapes(self.n_input_dims, self.width, self.n_output_dims, self.n_layers)
+        return K.layer_shapes(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers)
 
     def n_params_per_network(self) -> int:
         return sum(o * i for o, i in self.layer_shapes())
@@ -170,8 +175,22 @@ class NetworkArray(Part):
         self.params.copy_(initial_weights(self.layer_shapes(), self.hidden_act, self.output_act, gen, self.n_networks))
 
     # ---- the part contract ------------------------------------------------------------------------
+    def _padded(self, t: torch.Tensor, fm: bool, value: float) -> torch.Tensor:
+        """`t` with the padding columns (rows, feature-major) appended, filled with `value`."""
+        n_pad = self.input_padding[0]
+        if not n_pad:
+            return t
+        shape = (n_pad, t.shape[1]) if fm else (t.shape[0], n_pad)
+        return torch.cat([t, t.new_full(shape, value)], dim=0 if fm else 1)
+
+    def _unpadded(self, t: torch.Tensor | None, fm: bool) -> torch.Tensor | None:
+        if t is None or not self.input_padding[0]:
+            return t
+        return (t[:self.n_input_dims] if fm else t[:, :self.n_input_dims]).contiguous()
+
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         x_fm = x_layout == FEATURE_MAJOR
+        x = self._padded(x, x_fm, self.input_padding[1])
         if x_fm and not self.fused:
             raise ValueError("feature-major inputs need the fused kernels")
         params = self.params.detach()
@@ -186,9 +205,11 @@ class NetworkArray(Part):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
         x = ctx.x.t() if ctx.x_fm else ctx.x
         ddx = ddx.t() if ctx.x_fm else ddx
+        ddx = self._padded(ddx, False, 0.0)
         d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
                                                             need_ddy=need_ddy, need_dx=need_dx,
                                                             need_dparams=need_dtables)
+        d_x = self._unpadded(d_x, False)
         if ctx.x_fm and d_x is not None:
             d_x = d_x.t().contiguous()
         return d_dy, d_x, (d_p,)
@@ -196,12 +217,12 @@ class NetworkArray(Part):
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out, ctx.routing,
                                      need_dx, need_grads, ctx.x_fm)
-        return dx, (dparams,)
+        return self._unpadded(dx, ctx.x_fm), (dparams,)
 
     @property
     def shape(self) -> K.MLPShape:
         """The compile-time shape the kernels take."""
-        return K.MLPShape(self.n_input_dims, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
+        return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
                           self.output_act)
 
     def _launch_forward(self, x, ids, params, order, keep_all):
@@ -268,7 +289,7 @@ class NetworkArray(Part):
                   want_dx: bool, want_params: bool, x_feature_major: bool):
         batch = ids.shape[0]
         dev = x.device
-        dx_shape = (self.n_input_dims, batch) if x_feature_major else (batch, self.n_input_dims)
+        dx_shape = (self.kernel_inputs, batch) if x_feature_major else (batch, self.kernel_inputs)
         dx = torch.empty(dx_shape, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         gemm = batch > 0 and self.n_networks == 1 and runtime.settings().vendor_weight_gradients
         dparams = None
@@ -310,7 +331,8 @@ class NetworkArray(Part):
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
 
     def extra_repr(self) -> str:
-        return (f"n_networks={self.n_networks}, in={self.n_input_dims}, out={self.n_output_dims}, "
+        pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""
+        return (f"n_networks={self.n_networks}, in={self.n_input_dims}{pad}, out={self.n_output_dims}, "
                 f"width={self.width}, hidden_layers={self.n_layers - 1}, "
                 f"activation={activation_name(self.hidden_act)}, output_activation={activation_name(self.output_act)}")
 

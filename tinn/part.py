@@ -94,6 +94,9 @@ class Part(torch.nn.Module):
     direct_training = True
     #: False for parts whose function does not depend on the network id (they ignore `net_ids`).
     uses_ids = True
+    #: tcnn's input handling: any float dtype is cast to float32, a CPU tensor moves to tinn's device
+    #: with a warning. Off for tinn's own classes, which refuse both with an error naming the field.
+    casts_inputs = False
 
     def __init__(self, n_input_dims: int, n_output_dims: int, n_networks: int = 1):
         super().__init__()
@@ -139,6 +142,12 @@ class Part(torch.nn.Module):
 
     # ---- torch module face ------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if torch.jit.is_tracing():
+            raise TinnError(f"{type(self).__name__} cannot be traced by torch.jit.trace: its Taichi kernels run "
+                            "outside TorchScript, so a trace would record none of the computation; call the "
+                            "module directly")
+        if self.casts_inputs:
+            x, net_ids = checks.cast_like_tcnn(type(self).__name__, x, net_ids)
         if not self.uses_ids:
             net_ids = None
         x, ids = checks.part_inputs(type(self).__name__, x, net_ids, self.n_input_dims,

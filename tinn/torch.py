@@ -66,7 +66,7 @@ import inspect
 
 import torch
 
-from . import models, networks
+from . import models, networks, tcnn_layout
 from .config import Section
 from .encodings import ENCODINGS, create_encoding
 from .encodings import Encoding as _CoreEncoding
@@ -75,7 +75,24 @@ from .part import Part
 from .runtime import stream_guard
 
 __all__ = ["Module", "Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "stream_guard",
-           "free_temporary_memory", "supports_jit_fusion"]
+           "free_temporary_memory", "supports_jit_fusion", "export_params", "import_params"]
+
+export_params = tcnn_layout.export_params  # a model's parameters in tcnn's flat layout
+import_params = tcnn_layout.import_params  # tcnn-layout parameters (any float dtype) into a model
+
+
+class _TcnnStateDict:
+    """tcnn's state_dict format next to tinn's: `load_state_dict({"params": flat})` takes tcnn's flat
+    layout, `tcnn_state_dict()` writes it; `state_dict()` stays tinn's (one table per part)."""
+
+    def tcnn_state_dict(self) -> dict:
+        return {"params": tcnn_layout.export_params(self).detach().clone()}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if tcnn_layout.is_tcnn_state_dict(state_dict):
+            tcnn_layout.import_params(self, state_dict["params"])
+            return torch.nn.modules.module._IncompatibleKeys([], [])
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 Module = Part  # tcnn's common base class: tinn's part contract
 
@@ -118,18 +135,22 @@ class _Adapter(type):
         return issubclass(sub, cls.core)
 
 
-class NetworkArray(networks.NetworkArray):
+class NetworkArray(_TcnnStateDict, networks.NetworkArray):
     """`n_networks` MLPs of one shape: `forward(x, net_ids)` runs sample b through network `net_ids[b]`.
 
-    Same config as `tcnn.Network` (`otype`, `n_neurons`, `n_hidden_layers`, `activation`,
-    `output_activation`); `params` is `(n_networks, n_params_per_network)` with layer l of network k as a
-    row-major (fan_out, fan_in) block (`weights(l)` gives the `(n_networks, fan_out, fan_in)` view).
+    Same config and function as `tcnn.Network` (`otype`, `n_neurons`, `n_hidden_layers`, `activation`,
+    `output_activation`): the input is padded with ones to a multiple of 16 columns, as tcnn pads it, so
+    the first matrix has a bias column. `params` is `(n_networks, n_params_per_network)` with layer l of
+    network k as a row-major (fan_out, fan_in) block (`weights(l)` gives the `(n_networks, fan_out,
+    fan_in)` view).
     """
+
+    casts_inputs = True
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict, n_networks: int = 1,
                  seed: int = 1337, tile_size: int | None = None):
         super().__init__(n_input_dims, n_output_dims, network_config, n_networks=n_networks, seed=seed,
-                         tile_size=tile_size)
+                         tile_size=tile_size, input_padding=((-n_input_dims) % models.TCNN_ALIGNMENT, 1.0))
         self.network_config = _config_copy(network_config)
 
 
@@ -151,6 +172,7 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
     def build(n_input_dims: int, encoding_config: dict, seed: int = 1337, dtype=None, n_networks: int = 1):
         _check_dtype(dtype)
         enc = create_encoding(n_input_dims, encoding_config, n_networks=n_networks, seed=seed)
+        enc.casts_inputs = True
         enc.encoding_config = _config_copy(encoding_config)
         # The config's otype in canonical spelling (the class's names the family: "Grid" for a "HashGrid").
         enc.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
@@ -158,16 +180,18 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
         return enc
 
 
-class NetworkWithInputEncoding(models.NetworkWithInputEncoding):
+class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
     """tcnn's `NetworkWithInputEncoding(n_input_dims, n_output_dims, encoding_config, network_config,
     seed=1337)`, plus `n_networks` (arrays: `forward(x, net_ids)`) and `share_encoding` (one table for
     all networks instead of one per network; parameter-free encodings are always shared). Built exactly
     like `tinn.NetworkWithInputEncoding` (encoding seeded with `seed`, network with `seed + 1`)."""
 
+    casts_inputs = True
+
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict, network_config: dict,
                  seed: int = 1337, n_networks: int = 1, share_encoding: bool = False):
         super().__init__(n_input_dims, n_output_dims, encoding_config, network_config, n_networks=n_networks,
-                         seed=seed, share_encoding=share_encoding)
+                         seed=seed, share_encoding=share_encoding, tcnn_padding=True)
         self.encoding_config = self.encoding.encoding_config = _config_copy(encoding_config)
         self.network_config = self.network.network_config = _config_copy(network_config)
         self.encoding.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
