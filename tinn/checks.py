@@ -166,10 +166,11 @@ def cast_like_tcnn(owner: str, x, ids):
         x = x.float()
     dev = runtime.device()
     moved = []
-    if isinstance(x, torch.Tensor) and x.device.type != dev.type:
-        x, _ = x.to(dev), moved.append("input")
-    if isinstance(ids, torch.Tensor) and ids.device.type != dev.type:
-        ids, _ = ids.to(dev), moved.append("net_ids")
+    if dev.type == "cuda":  # only CPU -> GPU, as tcnn; any other mismatch is left to the checks' error
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+            x, _ = x.to(dev), moved.append("input")
+        if isinstance(ids, torch.Tensor) and ids.device.type == "cpu":
+            ids, _ = ids.to(dev), moved.append("net_ids")
     if moved:
         warnings.warn(f"{owner}: {' and '.join(moved)} moved from the CPU to {dev} (a copy per call); create them "
                       f"on {dev} to avoid it", UserWarning, stacklevel=4)
