@@ -20,7 +20,6 @@ import argparse
 import ast
 import functools
 import inspect
-import json
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step  # noqa: E402
+from common import host_ms_per_step, write_json  # noqa: E402
 
 GRAPHED: list = []
 
@@ -138,9 +137,7 @@ def main(argv=None):
           + (f", GPU {result['gpu_ms_per_step']['p50']:.3f} ms/step (p50)" if cuda else "")
           + f"; loss {result['loss_first']:.4f} -> {result['loss_last']:.4f}")
     print(f"graph=True on {len(GRAPHED)} kernels: {', '.join(GRAPHED) or '-'}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return result
 
 

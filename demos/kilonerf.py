@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
+from tinn.distributed import start_script  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
 
 # Full size (the defaults) and --small; an explicit flag wins over both.
@@ -123,22 +124,6 @@ def shard_fields(teacher, student, student_seed: int) -> None:
                                            seed=student_seed), student.n_networks,
         config={"encoding": student.encoding_config, "network": student.network_config})
 
-
-def start_ranks(args) -> str:
-    """tinn (and with --shard the process group) initialised; with --shard the batch seed differs per rank (each
-    rank trains on its own rays) and only rank 0 prints and writes to --out."""
-    args.batch_seed = args.seed
-    if not args.shard:
-        return tinn.init(args.arch)
-    import tinn.distributed as td
-
-    arch = td.init(args.arch)
-    rank = td.rank()
-    args.batch_seed = args.seed + 7919 * rank
-    if rank:
-        args.out = os.path.join(args.out, f"rank{rank}")
-        sys.stdout = open(os.devnull, "w")
-    return arch
 
 
 class KiloNeRFPipeline:
@@ -354,7 +339,7 @@ def print_summary(s: dict) -> None:
 
 def run(argv=None) -> dict:
     args = parse_args(argv)
-    arch = start_ranks(args)
+    arch = start_script(args)  # tinn, and with --shard the process group
     threads = torch.get_num_threads()
     if arch == "cpu":
         # Taichi's CPU kernels have their own thread pool; torch's OpenMP threads competing for the same cores

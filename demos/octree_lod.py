@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tinn  # noqa: E402
+from tinn.distributed import start_script  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
 from tinn.trainer import TrainerControls  # noqa: E402
 
@@ -184,26 +185,10 @@ def _ownership_png(path, first_node, n_nodes):
     _save(path, torch.from_numpy(img.astype(np.float32)))
 
 
-def start_ranks(args) -> str:
-    """tinn (and with --shard the process group) initialised; with --shard each rank trains on its own rays and
-    only rank 0 prints and writes to --out."""
-    args.batch_seed = args.seed
-    if not args.shard:
-        return tinn.init(args.arch)
-    import tinn.distributed as td
-
-    arch = td.init(args.arch)
-    rank = td.rank()
-    args.batch_seed = args.seed + 7919 * rank
-    if rank:
-        args.out = os.path.join(args.out, f"rank{rank}")
-        sys.stdout = open(os.devnull, "w")
-    return arch
-
 
 def run(argv=None) -> dict:
     args = parse_args(argv)
-    arch = start_ranks(args)
+    arch = start_script(args)  # tinn, and with --shard the process group
     small = apply_defaults(args, arch == "cuda")
     if small and not args.small:
         print("no GPU: CPU-sized run (--full for the full size)")

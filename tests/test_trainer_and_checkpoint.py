@@ -58,13 +58,19 @@ def test_training_step_rejects_bad_inputs():
         trainer.training_step(x, y, ids + 1)
 
 
+def trained_and_saved(path, data, steps):
+    """A trainer of CONFIG after `steps` of `data`, saved to `path`."""
+    trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    for b in data[:steps]:
+        trainer.training_step(*b)
+    trainer.save_checkpoint(path)
+    return trainer
+
+
 def test_checkpoint_resumes_bit_exactly(tmp_path):
     data = batches(12)
-    a = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
-    for b in data[:6]:
-        a.training_step(*b)
     path = tmp_path / "run.tinn"
-    a.save_checkpoint(path)
+    a = trained_and_saved(path, data, 6)
     for b in data[6:]:
         a.training_step(*b)
 
@@ -190,11 +196,8 @@ def _rewrite(path, out, edit):
 ])
 def test_failed_load_changes_nothing(tmp_path, edit, message):
     data = batches(6)
-    src = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
-    for b in data[:3]:
-        src.training_step(*b)
     good = tmp_path / "good.tinn"
-    src.save_checkpoint(good)
+    src = trained_and_saved(good, data, 3)
     bad = tmp_path / "bad.tinn"
     _rewrite(good, bad, edit)
 

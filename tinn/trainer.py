@@ -63,7 +63,24 @@ def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> Lo
 TRAINER_OPTIONS = ("loss", "optimizer", "encoding", "network")
 
 
-class Trainer:
+class LearningRateOf:
+    """`learning_rate` read and written through the attribute named by `learning_rate_owner` (the
+    Trainer's optimizer; the trainer of a scene phase or a viewer source)."""
+
+    learning_rate_owner = "trainer"
+
+    @property
+    def learning_rate(self) -> float:
+        return getattr(self, self.learning_rate_owner).learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        getattr(self, self.learning_rate_owner).learning_rate = value
+
+
+class Trainer(LearningRateOf):
+    learning_rate_owner = "optimizer"
+
     def __init__(self, model: torch.nn.Module, loss=None, optimizer=None, config: dict | None = None,
                  track_per_network_loss: bool = False):
         self.model = model
@@ -180,14 +197,6 @@ class Trainer:
         self.step = 0
         self.per_network_loss = None
 
-    @property
-    def learning_rate(self) -> float:
-        return self.optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.optimizer.learning_rate = value
-
     # ---- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         checkpoint.save(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -199,15 +208,7 @@ class Trainer:
         return checkpoint.restore_trainer(self, path, strict_config=strict_config)
 
 
-class TrainerControls:
+class TrainerControls(LearningRateOf):
     """For objects built around a `trainer` (scene phases, viewer sources): its learning rate as their own."""
 
     trainer: Trainer
-
-    @property
-    def learning_rate(self) -> float:
-        return self.trainer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: float) -> None:
-        self.trainer.learning_rate = value

@@ -17,7 +17,7 @@ Kernel modules are imported only when a sharded part is built, so `init()` can s
 """
 from .checkpoint import gather_model, gather_state, load_checkpoint, read_manifest, reshard_state, save_checkpoint
 from .ownership import Ownership
-from .process import init, rank, shutdown, world_size
+from .process import init, rank, shutdown, start_script, world_size
 
 
 def __getattr__(attr):

@@ -126,3 +126,21 @@ def all_gather_objects(obj, what: str, group=None) -> list:
     with collective(what, group):
         dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def start_script(args) -> str:
+    """For scripts with `--shard`, `--arch`, `--seed` and `--out` options (the scene demos): tinn initialised,
+    and with `args.shard` the process group too; each rank then draws its own batches
+    (`args.batch_seed` differs per rank) and only rank 0 prints and writes to `args.out` (the others write
+    under `args.out/rank<k>`). Returns the arch."""
+    args.batch_seed = args.seed
+    if not args.shard:
+        return runtime.init(args.arch)
+    arch = init(args.arch)
+    k = rank()
+    args.batch_seed = args.seed + 7919 * k
+    if k:
+        args.out = os.path.join(args.out, f"rank{k}")
+        import sys
+        sys.stdout = open(os.devnull, "w")
+    return arch
