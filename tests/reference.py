@@ -39,7 +39,7 @@ def mlp_array(net, params: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, hid
         w = net.weights(l, params)[idx]  # (batch, out, in)
         z = torch.einsum("boi,bi->bo", w, h)
         h = activation(output if l == net.n_layers - 1 else hidden, z)
-    return h
+    return h[:, :net.n_output_dims]  # (tcnn's padded output rows, when the network has them, are dropped)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -147,16 +147,18 @@ def test_constructors_and_attributes_mirror_tcnn():
                                           network_config=NET).to(DEV)
     assert (model.n_input_dims, model.n_output_dims, model.seed, model.dtype) == (2, 3, 1337, torch.float32)
     assert model.encoding.n_output_dims == 24 and model.encoding.params is None
-    assert model.params is model.network.params  # Frequency has no table: params is the network's
-    # tcnn pads the 24 encoded features to 32 with ones: the first matrix is 16 x 32.
-    assert model.n_params() == 32 * 16 + 16 * 3 == 560
+    # tcnn's flat params: here (Frequency has no table) exactly the network's table, the same storage
+    assert model.params.dim() == 1 and model.params.data_ptr() == model.network.params.data_ptr()
+    # tcnn pads the 24 encoded features to 32 with ones (the first matrix is 16 x 32) and the 3 outputs to 16
+    # rows (the last matrix is 16 x 16).
+    assert model.n_params() == 32 * 16 + 16 * 16 == 768
     assert [n for n, _ in model.named_parameters()] == ["network.params"]
     net = tcnn.Network(n_input_dims=24, n_output_dims=3, network_config=NET, seed=5)
-    assert isinstance(net.params, torch.nn.Parameter) and net.params.shape == (1, 560) and net.n_params() == 560
+    assert isinstance(net.params, torch.nn.Parameter) and net.params.shape == (1, 768) and net.n_params() == 768
     arr = tcnn.NetworkArray(24, 3, NET, n_networks=7)
-    assert arr.params.shape == (7, 560) and arr.n_params() == 7 * 560
+    assert arr.params.shape == (7, 768) and arr.n_params() == 7 * 768
     with pytest.raises(ConfigError, match="dtype"):
-        tcnn.Encoding(2, FREQ, dtype=torch.float16)
+        tcnn.Encoding(2, FREQ, dtype=torch.bfloat16)
     assert tcnn.supports_jit_fusion() is False and tcnn.free_temporary_memory() is None
 
     # Same construction as tinn's own NetworkWithInputEncoding with tcnn's padding: identical parameters and
@@ -178,7 +180,7 @@ def test_grid_model_exposes_both_tables():
     model = tcnn.NetworkWithInputEncoding(2, 3, GRID, NET, n_networks=3)
     enc = model.encoding
     assert enc.otype == "HashGrid" and enc.n_output_dims == 24 and enc.params.shape[0] == 3
-    assert model.n_params() == enc.params.numel() + 3 * 560  # grids pad with zeros, to 32 here
+    assert model.n_params() == enc.params.numel() + 3 * 768  # grids pad with zeros, to 32 here
     assert [n for n, _ in model.named_parameters()] == ["encoding.params", "network.params"]
     with pytest.raises(AttributeError, match=r"model\.encoding\.params and model\.network\.params"):
         model.params
@@ -306,7 +308,7 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
     for name in ("forward", "backward_deltas", "reduce_tiles"):
         _record(monkeypatch, K, name, log)
     tuned(network_kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
-    net = tcnn.NetworkArray(32, 3, NET, n_networks=3, seed=1)  # 32 inputs: aligned, so tcnn pads nothing
+    net = tcnn.NetworkArray(32, 16, NET, n_networks=3, seed=1)  # 32 in, 16 out: aligned, tcnn pads nothing
     x = rand(512, 32, seed=1, lo=-1, hi=1).requires_grad_()
     ids = rand_ids(512, 3)
     y = net(x, ids)

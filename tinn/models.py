@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from . import checks
+from . import checks, tcnn_layout
 from .encodings import create_encoding
 from .networks import NetworkArray
 from .part import Context, Part, accumulate, common_layout, has_hooks
@@ -46,7 +46,8 @@ class NetworkWithInputEncoding(Part):
                                         seed=seed)
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
                                     n_networks=n_networks, seed=seed + 1, kernels=kernels,
-                                    input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None)
+                                    input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
+                                    output_padding=(-n_output_dims) % TCNN_ALIGNMENT if tcnn_padding else 0)
         self.seed = seed
         self.share_encoding = bool(share_encoding)  # tinn.distributed replicates a shared encoding
 
@@ -58,13 +59,19 @@ class NetworkWithInputEncoding(Part):
         self.network.check_tables()
 
     @property
-    def params(self) -> torch.nn.Parameter:
-        """The one trainable table when only one part has one (tcnn's `params` for Frequency/OneBlob models)."""
+    def params(self) -> torch.Tensor:
+        """tcnn's flat parameter vector when the tables are bound to one (tinn.torch's single models: the
+        network's then the encoding's, sharing their storage), else the one table when only one part has
+        one."""
+        flat = tcnn_layout.flat_view(self, self.__dict__.get("_flat_params"))
+        if flat is not None:
+            return flat
         own = [t for t in self.tables() if t is not None]
         if len(own) == 1:
             return own[0]
         raise AttributeError("NetworkWithInputEncoding.params is ambiguous: both parts are trainable; use "
-                             "model.encoding.params and model.network.params (or model.parameters())")
+                             "model.encoding.params and model.network.params (or model.parameters()), or "
+                             "tinn.torch.export_params(model) for tcnn's flat layout")
 
     def __getattr__(self, name):
         if name == "params":  # the property's AttributeError lands here; keep its explanation

@@ -110,7 +110,7 @@ class NetworkArray(Part):
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
                  n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None,
-                 input_padding: tuple[int, float] | None = None):
+                 input_padding: tuple[int, float] | None = None, output_padding: int = 0):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
@@ -123,6 +123,8 @@ class NetworkArray(Part):
         n_pad, pad_value = input_padding or (0, 0.0)
         self.input_padding = (count("input_padding", n_pad, lo=0), float(pad_value))
         self.kernel_inputs = n_input_dims + self.input_padding[0]  # the inputs the weight matrices see
+        # tcnn's padded output rows: computed, stored in the last matrix, sliced off (zero gradient).
+        self.kernel_outputs = n_output_dims + count("output_padding", output_padding, lo=0)
         self.config = cfg
         self.width = cfg["n_neurons"]
         self.n_layers = cfg["n_hidden_layers"] + 1  # weight matrices
@@ -133,14 +135,14 @@ class NetworkArray(Part):
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
         fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(self.kernel_inputs, self.width,
-                                                                                  n_output_dims)
+                                                                                  self.kernel_outputs)
         if kernels == "fused" and not fusable:
             raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
                               f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
         self.fused = fusable and kernels != "unfused"
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
-        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
+        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers,
                                            runtime.settings()) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
@@ -152,7 +154,7 @@ class NetworkArray(Part):
     # ---- shapes -------------------------------------------------------------------------------
     def layer_shapes(self) -> list[tuple[int, int]]:
         """(fan_out, fan_in) of each weight matrix."""
-        return K.layer_shapes(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers)
+        return K.layer_shapes(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers)
 
     def n_params_per_network(self) -> int:
         return sum(o * i for o, i in self.layer_shapes())
@@ -195,34 +197,45 @@ class NetworkArray(Part):
             raise ValueError("feature-major inputs need the fused kernels")
         params = self.params.detach()
         if not train:
-            return self._inference(x, ids, params, x_fm), None
+            return self._sliced(self._inference(x, ids, params, x_fm)), None
         out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
         # The context keeps a detached alias of the output: autograd marks the returned tensor itself.
-        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=out.detach(), routing=routing,
-                            x_fm=x_fm)
+        return self._sliced(out), Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=out.detach(),
+                                          routing=routing, x_fm=x_fm)
+
+    def _sliced(self, out: torch.Tensor) -> torch.Tensor:
+        """The caller's outputs: tcnn's padded output rows dropped."""
+        return out if self.kernel_outputs == self.n_output_dims else out[:, :self.n_output_dims].contiguous()
+
+    def _dy_padded(self, dy: torch.Tensor) -> torch.Tensor:
+        pad = self.kernel_outputs - self.n_output_dims
+        return dy if not pad else torch.cat([dy, dy.new_zeros(dy.shape[0], pad)], dim=1)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
         x = ctx.x.t() if ctx.x_fm else ctx.x
         ddx = ddx.t() if ctx.x_fm else ddx
         ddx = self._padded(ddx, False, 0.0)
-        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
+        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, self._dy_padded(dy),
+                                                            ddx,
                                                             need_ddy=need_ddy, need_dx=need_dx,
                                                             need_dparams=need_dtables)
         d_x = self._unpadded(d_x, False)
+        if d_dy is not None:
+            d_dy = self._sliced(d_dy)
         if ctx.x_fm and d_x is not None:
             d_x = d_x.t().contiguous()
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out, ctx.routing,
-                                     need_dx, need_grads, ctx.x_fm)
+        dx, dparams = self._backward(self._dy_padded(dy), ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out,
+                                     ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
     @property
     def shape(self) -> K.MLPShape:
         """The compile-time shape the kernels take."""
-        return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
+        return K.MLPShape(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers, self.hidden_act,
                           self.output_act)
 
     def _launch_forward(self, x, ids, params, order, keep_all):
@@ -231,9 +244,9 @@ class NetworkArray(Part):
         dev = x.device
         slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
         acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev)
-        pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
+        pre = torch.empty((self.n_layers, max(self.width, self.kernel_outputs), batch) if self.keep_pre else (1, 1, 1),
                           device=dev)
-        out = torch.empty(batch, self.n_output_dims, device=dev)
+        out = torch.empty(batch, self.kernel_outputs, device=dev)
         if batch:
             K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
@@ -262,7 +275,7 @@ class NetworkArray(Part):
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
                            device=x.device)
-        out = torch.empty(batch, self.n_output_dims, device=x.device)
+        out = torch.empty(batch, self.kernel_outputs, device=x.device)
         if batch:
             FK.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
                            keep_all=keep_all, x_fm=x_fm)
@@ -297,7 +310,7 @@ class NetworkArray(Part):
             dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
-        deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
+        deltas = torch.empty(self.n_layers, max(self.width, self.kernel_outputs), batch, device=dev)
         if self.fused:
             chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
@@ -332,7 +345,9 @@ class NetworkArray(Part):
 
     def extra_repr(self) -> str:
         pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""
-        return (f"n_networks={self.n_networks}, in={self.n_input_dims}{pad}, out={self.n_output_dims}, "
+        opad = self.kernel_outputs - self.n_output_dims
+        return (f"n_networks={self.n_networks}, in={self.n_input_dims}{pad}, out={self.n_output_dims}"
+                f"{f' (+{opad})' if opad else ''}, "
                 f"width={self.width}, hidden_layers={self.n_layers - 1}, "
                 f"activation={activation_name(self.hidden_act)}, output_activation={activation_name(self.output_act)}")
 

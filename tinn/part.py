@@ -86,8 +86,9 @@ def accumulate(into: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Te
 class Part(torch.nn.Module):
     """Base class of the contract. Subclasses set the dims and implement `forward_ctx` and `backward`."""
 
-    dtype = torch.float32  # tcnn's attributes: tinn computes in float32 throughout
+    dtype = torch.float32  # tcnn's attributes: tinn computes in float32 throughout; `dtype` is the outputs'
     loss_scale = 1.0
+    jit_fusion = False
     input_layouts: tuple[str, ...] = (SAMPLE_MAJOR,)
     output_layouts: tuple[str, ...] = (SAMPLE_MAJOR,)
     #: False for parts that only make sense through autograd (the Trainer then uses autograd).
@@ -153,7 +154,8 @@ class Part(torch.nn.Module):
         x, ids = checks.part_inputs(type(self).__name__, x, net_ids, self.n_input_dims,
                                     self.n_networks if self.uses_ids else 1)
         self.check_tables()
-        return self.run_checked(x, ids)
+        y = self.run_checked(x, ids)
+        return y if self.dtype == torch.float32 else y.to(self.dtype)
 
     def run_checked(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The forward on validated inputs (a composition may call its parts as modules instead)."""

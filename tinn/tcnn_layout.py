@@ -4,7 +4,8 @@ tinn and tinn's go back out.
 tcnn keeps a model's parameters in one 1-D buffer: the network first, then the encoding. The network's
 matrices follow each other, each row-major (fan_out, fan_in), with the input padded as tcnn pads it
 (tinn models built with tcnn's padding have the same first matrix) and the last matrix's rows padded to a
-multiple of 16 (tcnn slices those outputs off; they are exported as zeros and dropped on import). A grid's
+multiple of 16 (tcnn slices those outputs off; tinn's tcnn names store them too, other tinn models export
+them as zeros and drop them on import). A grid's
 table is its levels in order, entries x features with the feature fastest, as tinn stores it; a Composite
 concatenates its nested tables. Arrays (n_networks > 1) extend this per network: row k of an
 (n_networks, n_params) tensor is network k's flat vector.
@@ -91,3 +92,37 @@ def is_tcnn_state_dict(state_dict) -> bool:
     """tcnn's torch modules save one flat parameter: {"params": (P,)}."""
     return set(state_dict) == {"params"} and isinstance(state_dict["params"], torch.Tensor) and \
         state_dict["params"].dim() == 1
+
+
+def bind_flat(model) -> torch.Tensor | None:
+    """Rebind a single-network model's tables as views of one flat storage in tcnn's order (network, then
+    encoding), so `model.params` can be that flat vector, as in tcnn; returns it (None for arrays, whose
+    per-network rows cannot be contiguous views of both tables at once)."""
+    if getattr(model, "network", model).n_networks != 1:
+        return None
+    network, encoding = _parts(model)
+    tables = [network] + ([encoding] if encoding is not None and encoding.params is not None else [])
+    flat = torch.cat([t.params.detach().reshape(-1) for t in tables])
+    off = 0
+    for part in tables:
+        old = part.params
+        n = old.numel()
+        new = torch.nn.Parameter(flat[off:off + n].view(old.shape), requires_grad=old.requires_grad)
+        new.__dict__.update(old.__dict__)  # e.g. the layer shapes matrix-aware optimizers read
+        part.params = new
+        off += n
+    return flat
+
+
+def flat_view(model, flat: torch.Tensor | None) -> torch.Tensor | None:
+    """`flat` when the model's tables still are views of it (a table replaced since, by load_state_dict
+    with assign=True or a device move, breaks the binding), else None."""
+    if flat is None:
+        return None
+    network, encoding = _parts(model)
+    lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    for part in [network] + ([encoding] if encoding is not None and encoding.params is not None else []):
+        p = part.params
+        if not (p.device == flat.device and lo <= p.data_ptr() < hi):
+            return None
+    return flat

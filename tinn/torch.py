@@ -108,8 +108,9 @@ def supports_jit_fusion() -> bool:
 
 
 def _check_dtype(dtype) -> None:
-    if dtype not in (None, torch.float32):
-        raise ConfigError(f"dtype={dtype} is not supported; allowed: None or torch.float32 (tinn runs in float32)")
+    if dtype not in (None, torch.float32, torch.float16):
+        raise ConfigError(f"dtype={dtype} is not supported; allowed: None, torch.float32 or torch.float16 (the "
+                          "outputs' dtype; tinn computes in float32)")
 
 
 def _config_copy(config) -> dict:
@@ -150,7 +151,8 @@ class NetworkArray(_TcnnStateDict, networks.NetworkArray):
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict, n_networks: int = 1,
                  seed: int = 1337, tile_size: int | None = None):
         super().__init__(n_input_dims, n_output_dims, network_config, n_networks=n_networks, seed=seed,
-                         tile_size=tile_size, input_padding=((-n_input_dims) % models.TCNN_ALIGNMENT, 1.0))
+                         tile_size=tile_size, input_padding=((-n_input_dims) % models.TCNN_ALIGNMENT, 1.0),
+                         output_padding=(-n_output_dims) % models.TCNN_ALIGNMENT)
         self.network_config = _config_copy(network_config)
 
 
@@ -173,6 +175,8 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
         _check_dtype(dtype)
         enc = create_encoding(n_input_dims, encoding_config, n_networks=n_networks, seed=seed)
         enc.casts_inputs = True
+        if dtype is not None:
+            enc.dtype = dtype  # tcnn's output dtype; the computation stays float32
         enc.encoding_config = _config_copy(encoding_config)
         # The config's otype in canonical spelling (the class's names the family: "Grid" for a "HashGrid").
         enc.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
@@ -195,3 +199,5 @@ class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
         self.encoding_config = self.encoding.encoding_config = _config_copy(encoding_config)
         self.network_config = self.network.network_config = _config_copy(network_config)
         self.encoding.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
+        # One flat storage in tcnn's order behind both tables, so `params` is tcnn's flat vector.
+        self.__dict__["_flat_params"] = tcnn_layout.bind_flat(self)
