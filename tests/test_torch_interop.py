@@ -531,13 +531,13 @@ def test_network_state_dict_key_is_tcnns():
 # ---------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(DEV.type != "cuda", reason="stream ordering only exists on CUDA")
 def test_foreign_stream_is_seen():
-    from tinn.torch import _foreign_stream
-    assert _foreign_stream() is None
+    from tinn.runtime import foreign_stream  # stream ordering lives in the runtime
+    assert foreign_stream() is None
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        assert _foreign_stream() == side
+        assert foreign_stream() == side
     with torch.cuda.stream(torch.cuda.default_stream(DEV)):
-        assert _foreign_stream() is None
+        assert foreign_stream() is None
 
 
 @pytest.mark.skipif(DEV.type != "cuda", reason="stream ordering only exists on CUDA")
