@@ -309,7 +309,7 @@ def _write_nerf_synthetic(root, n_train, n_test, size):
         (root / split).mkdir(parents=True)
         frames = []
         for v in range(n):
-            iio.imwrite(root / split / f"r_{v}.png", (views.images[v].numpy() * 255 + 0.5).astype(np.uint8))
+            iio.imwrite(root / split / f"r_{v}.png", (views.images[v].cpu().numpy() * 255 + 0.5).astype(np.uint8))
             frames.append({"file_path": f"./{split}/r_{v}", "transform_matrix": views.c2w[v].tolist()})
         angle = 2 * math.atan(0.5 * size / views.focal)
         (root / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
