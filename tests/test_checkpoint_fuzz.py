@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import tinn
 from tinn import checkpoint
 from tinn.errors import CheckpointError
 from tinn.trainer import Trainer
@@ -29,8 +30,10 @@ def trained(seed=0, steps=3):
     trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=2, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.rand(128, 2, generator=gen)
-        trainer.training_step(x, torch.sin(4 * x), torch.randint(0, 2, (128,), generator=gen, dtype=torch.int32))
+        dev = tinn.runtime.device()
+        x = torch.rand(128, 2, generator=gen).to(dev)
+        ids = torch.randint(0, 2, (128,), generator=gen, dtype=torch.int32).to(dev)
+        trainer.training_step(x, torch.sin(4 * x), ids)
     return trainer
 
 
@@ -208,7 +211,7 @@ def test_missing_file(tmp_path):
 def test_fuzz_v1_files_never_raise_other_errors(tmp_path):
     """v1 files carry no checksum: damage may go unseen, but never as another exception type."""
     trainer = trained(seed=0)
-    arrays = {f"model/{k}": v.numpy() for k, v in trainer.model.state_dict().items()}
+    arrays = {f"model/{k}": v.cpu().numpy() for k, v in trainer.model.state_dict().items()}
     header = {"format": "tinn-checkpoint-v1", "scalars": {"trainer/step": 3}, "metadata": {}}
     data = _npz(__header__=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
     rng = random.Random(5)

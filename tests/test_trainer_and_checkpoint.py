@@ -27,7 +27,8 @@ def batches(n, batch=256, n_networks=8, seed=0):
         x = torch.rand(batch, 2, generator=gen)
         ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32)
         y = torch.stack([torch.sin(6 * x[:, 0] + ids), torch.cos(4 * x[:, 1]) * ids / n_networks], 1)
-        out.append((x, y, ids))
+        dev = tinn.runtime.device()  # made on the CPU (a seeded generator), used where tinn runs
+        out.append((x.to(dev), y.to(dev), ids.to(dev)))
     return out
 
 
@@ -51,9 +52,9 @@ def test_training_step_rejects_bad_inputs():
     with pytest.raises(InputError, match="inputs contains NaN"):
         trainer.training_step(torch.full_like(x, float("nan")), y, ids)
     with pytest.raises(InputError, match="targets contains NaN or Inf"):
-        trainer.training_step(x, y.index_fill(0, torch.tensor([3]), float("inf")), ids)
+        trainer.training_step(x, y.index_fill(0, torch.tensor([3], device=y.device), float("inf")), ids)
     with pytest.raises(InputError, match="targets has last dimension 3; expected 2"):
-        trainer.training_step(x, torch.rand(256, 3), ids)
+        trainer.training_step(x, torch.rand(256, 3, device=x.device), ids)
     with pytest.raises(InputError, match="net_ids contains 8"):
         trainer.training_step(x, y, ids + 1)
 
