@@ -153,14 +153,10 @@ def scenario_resume_one_rank(rank, out):
     torch.save({"error": error, "y": y}, os.path.join(out, f"rank{rank}.pt"))
 
 
-def scenario_exit(rank, out):
-    """Rank 1 exits after construction; rank 0's forward must raise, not hang."""
-    import tinn.distributed as td
+def _forward_expecting_failure(model, rank, out):
+    """Rank 0's forward with its peer gone: records the error (or its absence) and how long it took."""
     from tinn.errors import DistributedError
 
-    model = td.ShardedPart(factory(), N_NETWORKS)
-    if rank == 1:
-        os._exit(0)
     x, ids, _, _ = batch(rank, 0)
     t0 = time.perf_counter()
     try:
@@ -169,26 +165,28 @@ def scenario_exit(rank, out):
     except DistributedError as e:
         result = f"DistributedError: {e}"
     torch.save({"result": result, "seconds": time.perf_counter() - t0}, os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_exit(rank, out):
+    """Rank 1 exits after construction; rank 0's forward must raise, not hang."""
+    import tinn.distributed as td
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    if rank == 1:
+        os._exit(0)
+    _forward_expecting_failure(model, rank, out)
     os._exit(0)  # the group cannot be shut down cleanly without its peer
 
 
 def scenario_stall(rank, out):
     """Rank 1 stays alive but never calls forward: rank 0 must raise after the collective timeout."""
     import tinn.distributed as td
-    from tinn.errors import DistributedError
 
     model = td.ShardedPart(factory(), N_NETWORKS)
     if rank == 1:
         time.sleep(float(os.environ["STALL_SECONDS"]))
         os._exit(0)
-    x, ids, _, _ = batch(rank, 0)
-    t0 = time.perf_counter()
-    try:
-        model(x, ids)
-        result = "no error"
-    except DistributedError as e:
-        result = f"DistributedError: {e}"
-    torch.save({"result": result, "seconds": time.perf_counter() - t0}, os.path.join(out, f"rank{rank}.pt"))
+    _forward_expecting_failure(model, rank, out)
     os._exit(0)
 
 

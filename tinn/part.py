@@ -183,12 +183,13 @@ class Part(torch.nn.Module):
         return sum(t.numel() * t.element_size() for t in self.tables() if t is not None)
 
 
-def run(part: Part, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """`part` on validated inputs: through autograd when a gradient is wanted, else a plain forward."""
+def run(part: Part, x: torch.Tensor, ids: torch.Tensor, function=None) -> torch.Tensor:
+    """`part` on validated inputs: through autograd when a gradient is wanted (the contract's generic
+    Function, or `function` for parts that need their own), else a plain forward."""
     tables = part.tables()
     with runtime.stream_guard():
         if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
-            return _PartFunction.apply(part, x, ids, *tables)
+            return (function or _PartFunction).apply(part, x, ids, *tables)
         y, _ = part.forward_ctx(x.detach(), ids, train=False)
         return y
 

@@ -28,7 +28,7 @@ import torch
 
 from .. import runtime
 from ..errors import ConfigError
-from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError
+from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, run
 from . import exchange as X
 from .ownership import Ownership
 from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
@@ -85,15 +85,7 @@ class _Collective(Part):
         return self._calls
 
     def run_checked(self, x, ids):
-        tables = self.tables()
-        with runtime.stream_guard():
-            if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
-                return _CollectiveFunction.apply(self, x, ids, *tables)
-            y, _ = self.forward_ctx(x.detach(), ids, train=False)
-            return y
-
-    def backward_backward(self, *args, **kwargs):
-        raise SecondOrderError(f"second-order gradients through {type(self).__name__} are not supported")
+        return run(self, x, ids, _CollectiveFunction)
 
 
 class _CollectiveFunction(torch.autograd.Function):
