@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import runtime
+from .. import chunks, runtime
 from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import grid_encoding as K
@@ -35,6 +35,19 @@ def _placeholder(device) -> torch.Tensor:
     t = _PLACEHOLDERS.get(device)
     if t is None:
         t = _PLACEHOLDERS[device] = torch.zeros(1, 1, dtype=torch.float32, device=device)
+    return t
+
+
+def _chunk_views(table: torch.Tensor):
+    """(lo, hi, rows) per row chunk of `table` (tinn/chunks.py); `rows(t)` cuts a tensor shaped like the
+    table to the chunk (the whole tensor when one chunk covers it)."""
+    spans = chunks.row_spans(table.shape[0], table.shape[1], "the grid table")
+    if len(spans) == 1:
+        return ((0, table.shape[0], _whole),)
+    return tuple((lo, hi, (lambda t, lo=lo, hi=hi: t[lo:hi])) for lo, hi in spans)
+
+
+def _whole(t):
     return t
 
 
@@ -247,7 +260,9 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         if x.shape[0]:
-            K.grid_forward(x, ids, table, offset, self._meta, out_t, f, interp, gtype, self.n_input_dims)
+            for lo, hi, rows in _chunk_views(table):
+                K.grid_forward(x, ids, rows(table), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
+                               lo)
         return to_layout(out_t, FEATURE_MAJOR, layout)
 
     def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
@@ -270,16 +285,24 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
         n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
+        for lo, hi, rows in _chunk_views(params):
+            self._launch_backward_chunk(x, net_ids, rows(params), off, dy_t, rows(dparams) if want_params else dparams,
+                                        dx, want_params, want_x, f, interp, gtype, n_shared, lo)
+
+    def _launch_backward_chunk(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
+                               gtype, n_shared, lo):
+        """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
+        is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
         if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
             # in one launch with the coarse levels of a single grid, which are summed per block in shared
             # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
             if runtime.arch() == "cuda":
                 K.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                       n_shared, self.n_input_dims)
+                                       n_shared, self.n_input_dims, lo)
             else:
                 K.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                      self.n_input_dims)
+                                      self.n_input_dims, lo)
             return
         first_level = 0
         if want_params and n_shared:
@@ -289,16 +312,18 @@ class GridEncoding(Encoding):
                                    self.n_input_dims)
         if first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
-                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
+                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()
         ph = _placeholder(x.device)
-        K.grid_backward_backward(
-            x, net_ids, params, off, self._meta, dy, g_dx,
-            out_dy if out_dy is not None else ph, out_params if out_params is not None else ph,
-            out_x if out_x is not None else ph, f, interp, gtype,
-            int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims)
+        for lo, hi, rows in _chunk_views(params):
+            K.grid_backward_backward(
+                x, net_ids, rows(params), off, self._meta, dy, g_dx,
+                out_dy if out_dy is not None else ph, rows(out_params) if out_params is not None else ph,
+                out_x if out_x is not None else ph, f, interp, gtype,
+                int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims,
+                lo)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", type={self.grid_type}, n_levels={self.n_levels}, "

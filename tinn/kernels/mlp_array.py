@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from ..backend import ti
 
+from .. import chunks
 from . import activations as act
 from .launch import fast_kernel
 
@@ -41,6 +42,12 @@ def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int) -> list[tuple
     """(fan_out, fan_in) of each weight matrix, in parameter-row order."""
     dims = [n_in] + [width] * (n_layers - 1) + [n_out]
     return [(dims[l + 1], dims[l]) for l in range(n_layers)]
+
+
+@ti.func
+def in_chunk(net, table: ti.template()):
+    """Whether row `net` (already shifted by the chunk's first row) lies in this launch's chunk view."""
+    return net >= 0 and net < table.shape[0]
 
 
 @ti.func
@@ -70,42 +77,44 @@ def forward(
     acts: f32_3d, pre: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(), keep_pre: ti.template(),
+    net_lo: ti.i32,
 ):
     """keep_all: acts[l] keeps every hidden layer's output (training); else two ping-pong slots (inference)."""
     for s in range(order.shape[0]):
         b = order[s]
-        net = net_ids[b]
-        h_in = ti.Vector([x[b, i] for i in ti.static(range(n_in))], dt=ti.f32)
-        if ti.static(n_layers == 1):
-            for o in range(n_out):
-                z = dot_row(params, net, o * n_in, h_in, n_in)
-                out[b, o] = act.apply(z, output_act)
-                if ti.static(keep_pre):
-                    pre[0, o, s] = z
-        else:
-            for o in range(width):
-                z = dot_row(params, net, o * n_in, h_in, n_in)
-                acts[0, o, s] = act.apply(z, hidden_act)
-                if ti.static(keep_pre):
-                    pre[0, o, s] = z
-            for l in range(1, n_layers - 1):
-                src = l - 1 if ti.static(keep_all) else (l - 1) % 2
-                dst = l if ti.static(keep_all) else l % 2
-                h = load_column(acts, src, s, width)
-                offset = layer_offset(l, n_in, width)
-                for o in range(width):
-                    z = dot_row(params, net, offset + o * width, h, width)
-                    acts[dst, o, s] = act.apply(z, hidden_act)
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            h_in = ti.Vector([x[b, i] for i in ti.static(range(n_in))], dt=ti.f32)
+            if ti.static(n_layers == 1):
+                for o in range(n_out):
+                    z = dot_row(params, net, o * n_in, h_in, n_in)
+                    out[b, o] = act.apply(z, output_act)
                     if ti.static(keep_pre):
-                        pre[l, o, s] = z
-            last = n_layers - 1
-            h = load_column(acts, last - 1 if ti.static(keep_all) else (last - 1) % 2, s, width)
-            offset = layer_offset(last, n_in, width)
-            for o in range(n_out):
-                z = dot_row(params, net, offset + o * width, h, width)
-                out[b, o] = act.apply(z, output_act)
-                if ti.static(keep_pre):
-                    pre[last, o, s] = z
+                        pre[0, o, s] = z
+            else:
+                for o in range(width):
+                    z = dot_row(params, net, o * n_in, h_in, n_in)
+                    acts[0, o, s] = act.apply(z, hidden_act)
+                    if ti.static(keep_pre):
+                        pre[0, o, s] = z
+                for l in range(1, n_layers - 1):
+                    src = l - 1 if ti.static(keep_all) else (l - 1) % 2
+                    dst = l if ti.static(keep_all) else l % 2
+                    h = load_column(acts, src, s, width)
+                    offset = layer_offset(l, n_in, width)
+                    for o in range(width):
+                        z = dot_row(params, net, offset + o * width, h, width)
+                        acts[dst, o, s] = act.apply(z, hidden_act)
+                        if ti.static(keep_pre):
+                            pre[l, o, s] = z
+                last = n_layers - 1
+                h = load_column(acts, last - 1 if ti.static(keep_all) else (last - 1) % 2, s, width)
+                offset = layer_offset(last, n_in, width)
+                for o in range(n_out):
+                    z = dot_row(params, net, offset + o * width, h, width)
+                    out[b, o] = act.apply(z, output_act)
+                    if ti.static(keep_pre):
+                        pre[last, o, s] = z
 
 
 @ti.func
@@ -125,45 +134,47 @@ def backward_deltas(
     acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_pre: ti.template(), want_dx: ti.template(),
+    net_lo: ti.i32,
 ):
     """deltas[l, o, s] = dLoss/dz of layer l's output o; dx = dLoss/dinput when want_dx."""
     last = n_layers - 1
     for s in range(order.shape[0]):
         b = order[s]
-        net = net_ids[b]
-        g_out = ti.Vector.zero(ti.f32, n_out)
-        for o in ti.static(range(n_out)):
-            z = 0.0
-            if ti.static(keep_pre):
-                z = pre[last, o, s]
-            g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
-            deltas[last, o, s] = g_out[o]
-        if ti.static(n_layers > 1):
-            offset = layer_offset(last, n_in, width)
-            for i in range(width):
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            g_out = ti.Vector.zero(ti.f32, n_out)
+            for o in ti.static(range(n_out)):
                 z = 0.0
                 if ti.static(keep_pre):
-                    z = pre[last - 1, i, s]
-                v = transpose_dot(params, net, offset, i, width, g_out, n_out)
-                deltas[last - 1, i, s] = v * act.derivative(z, acts[last - 1, i, s], hidden_act)
-            for r in range(n_layers - 2):
-                l = n_layers - 3 - r  # hidden layer whose output feeds layer l + 1
-                g = load_column(deltas, l + 1, s, width)
-                offset_next = layer_offset(l + 1, n_in, width)
+                    z = pre[last, o, s]
+                g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
+                deltas[last, o, s] = g_out[o]
+            if ti.static(n_layers > 1):
+                offset = layer_offset(last, n_in, width)
                 for i in range(width):
                     z = 0.0
                     if ti.static(keep_pre):
-                        z = pre[l, i, s]
-                    v = transpose_dot(params, net, offset_next, i, width, g, width)
-                    deltas[l, i, s] = v * act.derivative(z, acts[l, i, s], hidden_act)
-        if ti.static(want_dx):
-            if ti.static(n_layers == 1):
-                for i in range(n_in):
-                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g_out, n_out)
-            else:
-                g0 = load_column(deltas, 0, s, width)
-                for i in range(n_in):
-                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g0, width)
+                        z = pre[last - 1, i, s]
+                    v = transpose_dot(params, net, offset, i, width, g_out, n_out)
+                    deltas[last - 1, i, s] = v * act.derivative(z, acts[last - 1, i, s], hidden_act)
+                for r in range(n_layers - 2):
+                    l = n_layers - 3 - r  # hidden layer whose output feeds layer l + 1
+                    g = load_column(deltas, l + 1, s, width)
+                    offset_next = layer_offset(l + 1, n_in, width)
+                    for i in range(width):
+                        z = 0.0
+                        if ti.static(keep_pre):
+                            z = pre[l, i, s]
+                        v = transpose_dot(params, net, offset_next, i, width, g, width)
+                        deltas[l, i, s] = v * act.derivative(z, acts[l, i, s], hidden_act)
+            if ti.static(want_dx):
+                if ti.static(n_layers == 1):
+                    for i in range(n_in):
+                        dx[b, i] = transpose_dot(params, net, 0, i, n_in, g_out, n_out)
+                else:
+                    g0 = load_column(deltas, 0, s, width)
+                    for i in range(n_in):
+                        dx[b, i] = transpose_dot(params, net, 0, i, n_in, g0, width)
 
 
 @ti.func
@@ -220,28 +231,60 @@ def tile_weight_gradient(
 
 @fast_kernel
 @ti.kernel
-def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d):
-    """grad[net] = sum of the partial gradients of the net's tiles."""
+def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d, net_lo: ti.i32):
+    """grad[net - net_lo] = sum of the partial gradients of the net's tiles (tiles of networks outside the
+    chunk view `grad` are skipped)."""
     for t, k in partial:
-        ti.atomic_add(grad[tile_net[t], k], partial[t, k])
+        net = tile_net[t] - net_lo
+        if in_chunk(net, grad):
+            ti.atomic_add(grad[net, k], partial[t, k])
 
 
 # ---- launchers: named argument groups in, the kernels' positional lists out --------------------------
+# Every launcher that indexes a per-network table runs once per row chunk of it (tinn/chunks.py).
 def run_forward(x, ids, order, params, shape: MLPShape, *, acts, pre, out, keep_all: bool, keep_pre: bool):
-    forward(x, ids, order, params, acts, pre, out, *shape, keep_all, keep_pre)
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        forward(x, ids, order, params if hi - lo == params.shape[0] else params[lo:hi], acts, pre, out, *shape,
+                keep_all, keep_pre, lo)
 
 
 def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dx, keep_pre: bool,
                         want_dx: bool):
-    backward_deltas(dy, ids, order, params, acts, pre, out, deltas, dx, *shape, keep_pre, want_dx)
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        backward_deltas(dy, ids, order, params if hi - lo == params.shape[0] else params[lo:hi], acts, pre, out,
+                        deltas, dx, *shape, keep_pre, want_dx, lo)
 
 
 def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
-    """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles)."""
-    partial = deltas.new_empty(routing.n_tiles, dparams.shape[1])
+    """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles).
+
+    The partials are (tiles, P): when they or `dparams` pass the chunk limit, tiles go in groups (tiles
+    are sorted by network) and each group is reduced into the gradient chunks its networks fall in."""
+    n_params = dparams.shape[1]
+    spans = chunks.row_spans(dparams.shape[0], n_params, "the network gradients")
+    group = chunks.row_spans(routing.n_tiles, n_params, "the per-tile gradients")
+    layers = layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)
+    if len(spans) == 1 and len(group) == 1:
+        partial = deltas.new_empty(routing.n_tiles, n_params)
+        _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, partial, layers)
+        reduce_tiles(partial, routing.tile_net, dparams, 0)
+        return
+    tile_net = routing.tile_net.cpu().tolist()  # the slow path's one host sync: which chunks a group touches
+    partial = None
+    for t0, t1 in group:
+        if partial is None or partial.shape[0] != t1 - t0:
+            partial = deltas.new_empty(t1 - t0, n_params)
+        _tile_gradients(x, routing.order, routing.tile_start[t0:t1], routing.tile_end[t0:t1], acts, deltas,
+                        partial, layers)
+        first, last = tile_net[t0], tile_net[t1 - 1]
+        for lo, hi in spans:
+            if lo <= last and first < hi:
+                reduce_tiles(partial, routing.tile_net[t0:t1], dparams[lo:hi], lo)
+
+
+def _tile_gradients(x, order, tile_start, tile_end, acts, deltas, partial, layers):
     offset = 0
-    for l, (fan_out, fan_in) in enumerate(layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)):
-        tile_weight_gradient(x, acts, l > 0, routing.order, routing.tile_start, routing.tile_end, deltas, partial,
-                             l, fan_in, fan_out, offset)
+    for l, (fan_out, fan_in) in enumerate(layers):
+        tile_weight_gradient(x, acts, l > 0, order, tile_start, tile_end, deltas, partial, l, fan_in, fan_out,
+                             offset)
         offset += fan_out * fan_in
-    reduce_tiles(partial, routing.tile_net, dparams)
