@@ -10,7 +10,7 @@ arrays stay whole, so chunking costs no host sync; a table that fits takes one l
 from __future__ import annotations
 
 from . import runtime
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 
 INDEX_LIMIT = (1 << 31) - 1  # largest element count a 32-bit linear index reaches
 
@@ -50,3 +50,12 @@ def launch_by_rows(kernel, n_rows: int, row_elements: int, args: tuple, sliced: 
         return
     for lo, hi in spans:
         kernel(*(a[lo:hi] if i in sliced else a for i, a in enumerate(args)))
+
+
+def check_batch(what: str, batch: int, per_sample: int, buffer: str) -> None:
+    """Per-sample scratch buffers (activations, deltas, features) are indexed by one launch too: refuse a
+    batch whose largest buffer, `per_sample` elements per sample, passes the 32-bit index limit."""
+    if batch * per_sample > INDEX_LIMIT:
+        raise InputError(f"{what}: a batch of {batch} samples needs {batch * per_sample} elements of {buffer}, "
+                         f"more than a kernel can index (2^31 - 1); split it into batches of at most "
+                         f"{INDEX_LIMIT // per_sample} samples")

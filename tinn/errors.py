@@ -19,3 +19,7 @@ class NotInitializedError(TinnError, RuntimeError):
 
 class CheckpointError(TinnError, ValueError):
     """A checkpoint file is unreadable or does not match the model."""
+
+
+class DeviceMemoryError(TinnError, MemoryError):
+    """A table would not fit the memory free on tinn's device (raised before allocating it)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime
+from . import chunks, memory, runtime
 from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -140,6 +140,8 @@ class NetworkArray(Part):
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
+        memory.table_fits(f"NetworkArray(n_networks={n_networks}, {self.n_params_per_network()} parameters each)",
+                          n_networks, self.n_params_per_network(), runtime.device())
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
         self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
         self.reset_parameters(seed)
@@ -175,6 +177,7 @@ class NetworkArray(Part):
         if x_fm and not self.fused:
             raise ValueError("feature-major inputs need the fused kernels")
         params = self.params.detach()
+        self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if not train:
             return self._inference(x, ids, params, x_fm), None
         out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
@@ -186,6 +189,16 @@ class NetworkArray(Part):
         dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out, ctx.routing,
                                      need_dx, need_grads, ctx.x_fm)
         return dx, (dparams,)
+
+    def _check_batch(self, batch: int, train: bool) -> None:
+        """The largest per-sample buffer a launch indexes: the deltas when training, else the inputs,
+        outputs or the inference activations."""
+        rows = max(self.width, self.n_output_dims)
+        if train or self.keep_pre:
+            per_sample, buffer = self.n_layers * rows, f"deltas ({self.n_layers}, {rows}, batch)"
+        else:
+            per_sample, buffer = max(2 * self.width, self.n_input_dims, self.n_output_dims), "activations"
+        chunks.check_batch("NetworkArray", batch, per_sample, buffer)
 
     @property
     def shape(self) -> K.MLPShape:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import chunks, runtime
+from .. import chunks, memory, runtime
 from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import grid_encoding as K
@@ -108,6 +108,8 @@ class GridEncoding(Encoding):
 
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
+        memory.table_fits(f"{type(self).__name__}(n_networks={n_networks}, {layout.n_params} parameters each)",
+                          n_networks, layout.n_params, runtime.device())
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -189,8 +191,15 @@ class GridEncoding(Encoding):
     def initial_params(self, seed: int) -> torch.Tensor:
         """tcnn's init: uniform in [-1e-4, 1e-4], reproducible from `seed` (drawn on the CPU, then moved)."""
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
-        values = torch.rand(self.n_networks, self.layout.n_params, generator=gen, dtype=torch.float32)
-        return (values * 2e-4 - 1e-4).to(runtime.device())
+        n, p = self.n_networks, self.layout.n_params
+        out = torch.empty(n, p, dtype=torch.float32, device=runtime.device())
+        # Drawn in blocks of rows (the generator's stream is the same as in one draw): a table of
+        # billions of floats needs no host copy of its own size.
+        step = max(1, (1 << 24) // max(p, 1))
+        for lo in range(0, n, step):
+            values = torch.rand(min(step, n - lo), p, generator=gen, dtype=torch.float32)
+            out[lo:lo + values.shape[0]].copy_(values.mul_(2e-4).sub_(1e-4))
+        return out
 
     def n_params_per_network(self) -> int:
         return self.layout.n_params
@@ -258,6 +267,8 @@ class GridEncoding(Encoding):
     def lookup(self, x, ids, table, offset: int, layout: str = SAMPLE_MAJOR) -> torch.Tensor:
         """Features of `x` from the grid stored in `table` columns [offset, offset + n_params)."""
         f, interp, gtype = self._codes()
+        chunks.check_batch(type(self).__name__, x.shape[0], max(self.n_output_dims, self.n_input_dims),
+                           f"features ({self.n_output_dims}, batch)")
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         if x.shape[0]:
             for lo, hi, rows in _chunk_views(table):
