@@ -68,8 +68,8 @@ def test_mlp_array_chunks_equal_one_launch_and_reference(acts, tuned):
     tuned(table_chunk_elements=2 * p + 1)   # rows [0, 2), [2, 4), [4, 5); partials in groups of 2 tiles
     assert len(chunks.row_spans(N, p)) == 3
     y2, gp2, gx2 = run()
-    assert torch.equal(y1, y2) and torch.equal(gx1, gx2)
-    torch.testing.assert_close(gp2, gp1, rtol=1e-6, atol=1e-6)
+    assert torch.equal(y1, y2) and torch.equal(gx1, gx2)   # one thread per sample: same order of operations
+    torch.testing.assert_close(gp2, gp1, rtol=1e-6, atol=1e-6 * float(gp1.abs().max()))  # atomics: any order
 
     pr = net.params.detach().double().requires_grad_(True)
     xr = x.double().requires_grad_(True)
@@ -89,7 +89,7 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     from tinn.routing import route_fused
 
     calls = {}
-    for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -1), ("weight_gradients", 7, -1)):
+    for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -1), ("weight_gradients", 8, -1)):
         monkeypatch.setattr(FK, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
             (a[s].data_ptr(), a[s].shape[0], a[l])))(name, slot, lo_slot))
     params = torch.zeros(7, 100)
@@ -99,8 +99,9 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     shape, geom = MLPShape(4, 16, 4, 2, 0, 0), FK.Geometry(64, 16, 32)
     b = torch.empty(1, 1)
     FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
-    FK.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dx=b, want_dx=False, x_fm=False)
-    FK.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dparams=params, x_fm=False)
+    FK.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
+                           x_fm=False)
+    FK.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params, x_fm=False)
     expect = [(params[lo].data_ptr(), hi - lo, lo) for lo, hi in ((0, 2), (2, 4), (4, 6), (6, 7))]
     assert calls == {"forward": expect, "backward_deltas": expect, "weight_gradients": expect}
     calls.clear()
@@ -128,10 +129,11 @@ def test_grid_chunks_equal_one_launch_and_reference(lanes, tuned):
     one = [run(False), run(True)]
     tuned(table_chunk_elements=2 * enc.n_params_per_network())
     many = [run(False), run(True)]
-    for (y1, g1, dx1), (y2, g2, dx2) in zip(one, many):
+    for (y1, g1, _), (y2, g2, _) in zip(one, many):
         assert torch.equal(y1, y2)
-        torch.testing.assert_close(g2, g1, rtol=1e-6, atol=1e-6)
-    assert torch.equal(one[1][2], many[1][2])  # dx: one launch per sample either way
+        assert_close(g2, g1, rtol=1e-6, atol_frac=1e-6, what="d/dparams, chunked against one launch")
+    # dx sums its levels with atomics, in whatever order the threads run: equal up to that order.
+    assert_close(many[1][2], one[1][2], rtol=1e-6, atol_frac=1e-6, what="d/dx, chunked against one launch")
 
     xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)
@@ -227,11 +229,16 @@ def test_checkpoint_of_chunked_arrays_reloads_bit_exact(tmp_path, tuned):
     fresh.load_checkpoint(path, strict_config=False)
     for (name, a), (_, b) in zip(trainer.model.named_parameters(), fresh.model.named_parameters()):
         assert torch.equal(a, b), name
-    x, t, ids = _batch(seed=6)
-    la, lb = trainer.training_step(x, t, ids), fresh.training_step(x, t, ids)
-    assert torch.equal(la, lb)
     sa, sb = trainer.optimizer.state_dict(), fresh.optimizer.state_dict()
-    assert all(torch.equal(sa[k], sb[k]) for k in sa if isinstance(sa[k], torch.Tensor))
+    assert sa.keys() == sb.keys() and any(isinstance(v, torch.Tensor) and v.abs().max() > 0 for v in sa.values())
+    for k in sa:
+        assert (torch.equal(sa[k], sb[k]) if isinstance(sa[k], torch.Tensor) else sa[k] == sb[k]), k
+    x, t, ids = _batch(seed=6)
+    # The loss comes from the forward (one thread per sample): bit-equal. The update after it sums
+    # gradients with atomics, whose order may differ between runs.
+    assert torch.equal(trainer.training_step(x, t, ids), fresh.training_step(x, t, ids))
+    for (name, a), (_, b) in zip(trainer.model.named_parameters(), fresh.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
 def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
@@ -258,12 +265,13 @@ def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
 
 def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     net = NetworkArray(1, 1, {"otype": "CutlassMLP", "n_neurons": 128, "n_hidden_layers": 5})
-    batch = (1 << 31) // 768 + 1   # deltas: 6 layers x 128 rows per sample
+    batch = (1 << 31) // 640 + 1   # activations and deltas: 5 hidden layers x 128 rows per sample
     x, ids = torch.zeros(batch, 1), torch.zeros(batch, dtype=torch.int32)
-    with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 768} elements "
-                                         r"of deltas \(6, 128, batch\), more than a kernel can index \(2\^31 - 1\); "
-                                         r"split it into batches of at most 2796202 samples"):
+    with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 640} elements "
+                                         r"of activations and deltas \(5, 128, batch\), more than a kernel can index "
+                                         r"\(2\^31 - 1\); split it into batches of at most 3355443 samples"):
         net.forward_ctx(x, ids, train=True)
+    net.forward_ctx(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
     enc = GridEncoding(2, n_levels=128, n_features_per_level=8, log2_hashmap_size=2, base_resolution=2,
                        per_level_scale=1.0)
     batch = (1 << 31) // 1024 + 1

@@ -191,13 +191,15 @@ class NetworkArray(Part):
         return dx, (dparams,)
 
     def _check_batch(self, batch: int, train: bool) -> None:
-        """The largest per-sample buffer a launch indexes: the deltas when training, else the inputs,
-        outputs or the inference activations."""
-        rows = max(self.width, self.n_output_dims)
-        if train or self.keep_pre:
-            per_sample, buffer = self.n_layers * rows, f"deltas ({self.n_layers}, {rows}, batch)"
-        else:
-            per_sample, buffer = max(2 * self.width, self.n_input_dims, self.n_output_dims), "activations"
+        """Refuse a batch whose largest per-sample buffer passes the index limit."""
+        hidden, rows = self.n_layers - 1, max(self.width, self.n_output_dims)
+        buffers = [(self.n_input_dims, "inputs"), (self.n_output_dims, "outputs"),
+                   (min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)")]
+        if train:
+            buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
+        if self.keep_pre:
+            buffers.append((self.n_layers * rows, f"pre-activations ({self.n_layers}, {rows}, batch)"))
+        per_sample, buffer = max(buffers)
         chunks.check_batch("NetworkArray", batch, per_sample, buffer)
 
     @property
@@ -278,26 +280,29 @@ class NetworkArray(Part):
             dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
-        deltas = torch.empty(self.n_layers, max(self.width, self.n_output_dims), batch, device=dev)
+        # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
+        hidden = self.n_layers - 1
+        deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev)
+        dout = torch.empty(1, self.n_output_dims, batch, device=dev)
         if self.fused:
             chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
-                                   deltas=deltas, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
+                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
         else:
             K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
-                                  deltas=deltas, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
+                                  deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
         if not want_params:
             pass
         elif gemm:
-            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dparams)
+            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dout, dparams)
         elif self.fused:
-            FK.run_weight_gradients(x, chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas,
+            FK.run_weight_gradients(x, chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
                                     dparams=dparams, x_fm=x_feature_major)
         else:
-            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dparams=dparams)
+            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
 
-    def _gemm_weight_gradients(self, x_t, acts, deltas, dparams):
+    def _gemm_weight_gradients(self, x_t, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
 
         With a single network the batch is one long reduction (K = batch), what split-K GEMMs are for
@@ -308,7 +313,9 @@ class NetworkArray(Part):
         backward alike: both keep deltas and activations feature-major by sorted position.
         """
         # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other.
-        mm_long_k([(deltas[l, :fan_out], x_t if l == 0 else acts[l - 1, :fan_in])   # (fan_out, B), (fan_in, B)
+        last = self.n_layers - 1
+        mm_long_k([(dout[0] if l == last else deltas[l],             # (fan_out, B)
+                    x_t if l == 0 else acts[l - 1, :fan_in])         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
 
     def extra_repr(self) -> str:

@@ -131,12 +131,14 @@ def transpose_dot(params: ti.template(), net, offset, i, fan_in: ti.template(), 
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
-    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
+    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_pre: ti.template(), want_dx: ti.template(),
     net_lo: ti.i32,
 ):
-    """deltas[l, o, s] = dLoss/dz of layer l's output o; dx = dLoss/dinput when want_dx."""
+    """deltas[l, o, s] = dLoss/dz of hidden layer l's output o, dout[0, o, s] that of the network output;
+    dx = dLoss/dinput when want_dx. (The output's deltas have a buffer of their own, n_out rows: in one
+    (layers, max(width, n_out), batch) buffer their unused rows cost as much as a layer of activations.)"""
     last = n_layers - 1
     for s in range(order.shape[0]):
         b = order[s]
@@ -148,7 +150,7 @@ def backward_deltas(
                 if ti.static(keep_pre):
                     z = pre[last, o, s]
                 g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
-                deltas[last, o, s] = g_out[o]
+                dout[0, o, s] = g_out[o]
             if ti.static(n_layers > 1):
                 offset = layer_offset(last, n_in, width)
                 for i in range(width):
@@ -179,14 +181,14 @@ def backward_deltas(
 
 @ti.func
 def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.template(), order: ti.template(),
-                      deltas: ti.template(), l, o0, t0, t1, i0, n_rows: ti.template(), n_cols: ti.template()):
-    """Sum over positions s in [t0, t1) of the outer product deltas[l, o0:o0+n_rows, s] x input_l[s, i0:i0+n_cols].
+                      deltas: ti.template(), dl, l, o0, t0, t1, i0, n_rows: ti.template(), n_cols: ti.template()):
+    """Sum over positions s in [t0, t1) of the outer product deltas[dl, o0:o0+n_rows, s] x input_l[s, i0:i0+n_cols].
 
     Register tiling: n_rows + n_cols loads feed n_rows * n_cols multiply-adds.
     """
     acc = ti.Matrix.zero(ti.f32, n_rows, n_cols)
     for s in range(t0, t1):
-        d = ti.Vector([deltas[l, o0 + r, s] for r in ti.static(range(n_rows))], dt=ti.f32)
+        d = ti.Vector([deltas[dl, o0 + r, s] for r in ti.static(range(n_rows))], dt=ti.f32)
         a = ti.Vector.zero(ti.f32, n_cols)
         if ti.static(from_acts):
             a = ti.Vector([acts[l - 1, i0 + k, s] for k in ti.static(range(n_cols))], dt=ti.f32)
@@ -203,9 +205,10 @@ def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.templ
 def tile_weight_gradient(
     x: f32_2d, acts: f32_3d, from_acts: ti.template(), order: i32_1d,
     tile_start: i32_1d, tile_end: i32_1d, deltas: f32_3d, partial: f32_2d,
-    l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32,
+    l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32, dl: ti.i32,
 ):
-    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, o, s] * input_l[s, i].
+    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[dl, o, s] * input_l[s, i] (`deltas` is
+    the hidden layers' buffer, dl = l, or the output's, dl = 0).
 
     input_l is x (layer 0) or acts[l - 1]. One thread owns (tile, block of ROWS
     outputs, block of COLS inputs) and keeps its sums in registers: no atomics,
@@ -219,13 +222,14 @@ def tile_weight_gradient(
         i0 = cb * COLS
         t0, t1 = tile_start[t], tile_end[t]
         if o0 + ROWS <= fan_out and i0 + COLS <= fan_in:
-            acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0, t0, t1, i0, ROWS, COLS)
+            acc = _accumulate_block(x, acts, from_acts, order, deltas, dl, l, o0, t0, t1, i0, ROWS, COLS)
             for r, k in ti.static(ti.ndrange(ROWS, COLS)):
                 partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[r, k]
         else:
             for r in range(ti.min(ROWS, fan_out - o0)):
                 for k in range(ti.min(COLS, fan_in - i0)):
-                    acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0 + r, t0, t1, i0 + k, 1, 1)
+                    acc = _accumulate_block(x, acts, from_acts, order, deltas, dl, l, o0 + r, t0, t1, i0 + k, 1,
+                                            1)
                     partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[0, 0]
 
 
@@ -248,14 +252,14 @@ def run_forward(x, ids, order, params, shape: MLPShape, *, acts, pre, out, keep_
                 keep_all, keep_pre, lo)
 
 
-def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dx, keep_pre: bool,
-                        want_dx: bool):
+def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dout, dx,
+                        keep_pre: bool, want_dx: bool):
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, ids, order, params if hi - lo == params.shape[0] else params[lo:hi], acts, pre, out,
-                        deltas, dx, *shape, keep_pre, want_dx, lo)
+                        deltas, dout, dx, *shape, keep_pre, want_dx, lo)
 
 
-def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
+def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dparams):
     """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles).
 
     The partials are (tiles, P): when they or `dparams` pass the chunk limit, tiles go in groups (tiles
@@ -266,7 +270,7 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
     layers = layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)
     if len(spans) == 1 and len(group) == 1:
         partial = deltas.new_empty(routing.n_tiles, n_params)
-        _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, partial, layers)
+        _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, dout, partial, layers)
         reduce_tiles(partial, routing.tile_net, dparams, 0)
         return
     tile_net = routing.tile_net.cpu().tolist()  # the slow path's one host sync: which chunks a group touches
@@ -274,7 +278,7 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
     for t0, t1 in group:
         if partial is None or partial.shape[0] != t1 - t0:
             partial = deltas.new_empty(t1 - t0, n_params)
-        _tile_gradients(x, routing.order, routing.tile_start[t0:t1], routing.tile_end[t0:t1], acts, deltas,
+        _tile_gradients(x, routing.order, routing.tile_start[t0:t1], routing.tile_end[t0:t1], acts, deltas, dout,
                         partial, layers)
         first, last = tile_net[t0], tile_net[t1 - 1]
         for lo, hi in spans:
@@ -282,9 +286,10 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
                 reduce_tiles(partial, routing.tile_net[t0:t1], dparams[lo:hi], lo)
 
 
-def _tile_gradients(x, order, tile_start, tile_end, acts, deltas, partial, layers):
+def _tile_gradients(x, order, tile_start, tile_end, acts, deltas, dout, partial, layers):
     offset = 0
+    last = len(layers) - 1
     for l, (fan_out, fan_in) in enumerate(layers):
-        tile_weight_gradient(x, acts, l > 0, order, tile_start, tile_end, deltas, partial, l, fan_in, fan_out,
-                             offset)
+        tile_weight_gradient(x, acts, l > 0, order, tile_start, tile_end, dout if l == last else deltas, partial, l,
+                             fan_in, fan_out, offset, 0 if l == last else l)
         offset += fan_out * fan_in
