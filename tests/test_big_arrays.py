@@ -277,3 +277,25 @@ def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     batch = (1 << 31) // 1024 + 1
     with pytest.raises(InputError, match=r"GridEncoding: a batch of 2097153 samples .* at most 2097151 samples"):
         enc.forward_ctx(torch.zeros(batch, 2), torch.zeros(batch, dtype=torch.int32), train=False)
+
+
+def test_octree_scale_preset_runs_its_grid_table_in_chunks(tmp_path, tuned):
+    """The --scale preset's structure (16-level hash grid per node) at CPU size, with a chunk limit of
+    about two nodes' grids, so the demo's training, rendering and evaluation all cross chunk boundaries;
+    the same run with one launch per kernel must train to the same held-out PSNR."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import octree_lod
+
+    argv = ["--small", "--scale", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "30",
+            "--pyramid-levels", "1", "--samples", "16", "--batch", "256", "--max-depth", "2"]
+    one = octree_lod.run(argv + ["--out", str(tmp_path / "one")])
+    per_node = one["grid_table_floats"] // one["nodes"]
+    assert per_node * one["nodes"] == one["grid_table_floats"] and per_node > one["params_per_node"] // 2
+    tuned(table_chunk_elements=2 * per_node)
+    many = octree_lod.run(argv + ["--out", str(tmp_path / "many")])
+    assert one["grid_table_launches"] == 1 and many["grid_table_launches"] == (many["nodes"] + 1) // 2 > 1
+    assert many["nodes"] == one["nodes"] > 1
+    assert abs(many["psnr"] - one["psnr"]) < 0.05 and many["psnr"] > many["background_psnr"] + 3
