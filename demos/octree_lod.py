@@ -33,6 +33,10 @@ FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points":
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
          "grid_features": 2, "neurons": 16}
+# --scale: over a thousand nodes, each with a 16-level hash grid whose tables are as large as the device
+# holds (up to tcnn's 2^19 entries), so the array's grid table passes 2^31 floats and runs in row chunks.
+SCALE = dict(FULL, max_depth=5, min_points=2, n_points=400_000, steps=300, batch=4096, grid_levels=16,
+             grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=1.5)
 
 
 def parse_args(argv=None):
@@ -54,6 +58,12 @@ def parse_args(argv=None):
                    help="grid levels per node (resolutions 2, 4, 8, ...; the finest sets the LoD rule)")
     p.add_argument("--grid-features", type=int, default=None, help="features per grid level (1, 2, 4, 8)")
     p.add_argument("--neurons", type=int, default=None, help="MLP width per node (16, 32, 64, 128)")
+    p.add_argument("--log2-hashmap", type=int, default=None,
+                   help="log2 of each grid level's table size (default: dense-sized, 3 x levels, at most 19)")
+    p.add_argument("--base-resolution", type=int, default=None, help="coarsest grid resolution (default 2)")
+    p.add_argument("--per-level-scale", type=float, default=None, help="grid resolution growth per level (2)")
+    p.add_argument("--scale", action="store_true",
+                   help="scale preset: depth 5 (1000+ nodes), 16-level hash grids sized to the device memory")
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
     p.add_argument("--out", default="out/octree_lod", help="output folder (PNGs, summary.json)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
@@ -72,8 +82,10 @@ def parse_args(argv=None):
 
 def apply_defaults(args, on_gpu: bool):
     """Fill unset sizes: full size on a GPU (or with --full), CPU-sized otherwise (or with --small)."""
-    small = args.small or not (on_gpu or args.full)
-    defaults = dict(SMALL if small else FULL)
+    small = args.small or not (on_gpu or args.full or args.scale)
+    defaults = dict(SCALE if args.scale and not args.small else SMALL if small else FULL)
+    if args.scale and args.small:  # the scale preset's structure at CPU size (tests, with a tiny chunk limit)
+        defaults.update(grid_levels=16, log2_hashmap=None, base_resolution=16, per_level_scale=1.5)
     if args.data and not small:
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     for key, value in defaults.items():
@@ -117,9 +129,11 @@ def build_field(args, train, points):
     dev = tinn.runtime.device()
     tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
                         args.min_points)
+    log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
-                # Tables big enough to stay dense: (2^levels)^3 entries at the finest level.
-                "log2_hashmap_size": min(3 * args.grid_levels, 19), "base_resolution": 2, "per_level_scale": 2.0}
+                # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.
+                "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
+                "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0}
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.neurons, "n_hidden_layers": 1}
     field = OctreeField(tree, encoding, network, seed=args.seed + 1)
@@ -131,6 +145,22 @@ def build_field(args, train, points):
                                                                         seed=args.seed + 1), tree.n_nodes,
                                      config={"encoding": encoding, "network": network})
     return field
+
+
+def scaled_log2_hashmap(args, n_nodes: int) -> int:
+    """The largest grid table (2^12 .. 2^19 entries per level) whose parameters, gradients and Adam state
+    for `n_nodes` grids take at most half the free device memory (on the CPU: 2^12, test-sized)."""
+    from tinn import memory
+    from tinn.encodings.grid_layout import grid_layout
+
+    free = memory.free_bytes(tinn.runtime.device()) if tinn.runtime.arch() == "cuda" else None
+    best = 12
+    for log2 in range(12, 20):
+        layout = grid_layout(3, args.grid_levels, args.grid_features, log2, args.base_resolution or 2,
+                             args.per_level_scale or 2.0, "Hash")
+        if free is not None and 5 * 4 * n_nodes * layout.n_params <= free // 2:
+            best = log2
+    return best
 
 
 def far_view(images, view: int, factor: float):
@@ -194,6 +224,7 @@ def run(argv=None) -> dict:
         print("no GPU: CPU-sized run (--full for the full size)")
     import torch
 
+    from tinn import chunks
     from tinn.scenes.octree_training import OctreeTrainer, evaluate
 
     dev = tinn.runtime.device()
@@ -209,6 +240,12 @@ def run(argv=None) -> dict:
     print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
           f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
           f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")
+    grid = getattr(field.model, "local", field.model).encoding  # a sharded model: this rank's nodes
+    table = grid.n_networks * grid.n_params_per_network()
+    launches = len(chunks.row_spans(grid.n_networks, grid.n_params_per_network()))
+    print(f"grid table: {grid.n_levels} levels x 2^{grid.log2_hashmap_size} entries per node, {table} floats "
+          f"({table * 4 / 2**30:.2f} GiB; {'past' if table > 2**31 - 1 else 'below'} 2^31, {launches} launch(es) "
+          "per kernel)")
 
     os.makedirs(args.out, exist_ok=True)
     if args.gui:
@@ -255,7 +292,7 @@ def run(argv=None) -> dict:
         "arch": arch, "steps": args.steps, "views": len(train), "resolution": [train.width, train.height],
         "pyramid_levels": args.pyramid_levels, "nodes": tree.n_nodes, "nodes_per_level": tree.nodes_per_level(),
         "params_per_node": field.params_per_node(), "params_total": field.n_params(),
-        "param_bytes": field.memory_bytes(),
+        "param_bytes": field.memory_bytes(), "grid_table_floats": table, "grid_table_launches": launches,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "train_seconds": train_seconds, "steps_per_second": args.steps / train_seconds,
         "final_loss": float(loss) if loss is not None else None,

@@ -1,7 +1,7 @@
 """tinn: train and query thousands of tiny neural networks at once, with Taichi kernels."""
 from . import backend, checks, runtime, tcnn_layout
 from .config import load_config
-from .errors import CheckpointError, ConfigError, InputError, NotInitializedError, TinnError
+from .errors import CheckpointError, ConfigError, DeviceMemoryError, InputError, NotInitializedError, TinnError
 from .runtime import init
 from .settings import Settings
 

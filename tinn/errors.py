@@ -23,3 +23,7 @@ class CheckpointError(TinnError, ValueError):
 
 class DistributedError(TinnError, RuntimeError):
     """A collective between ranks failed: a rank exited, timed out, or ranks disagree on what to run."""
+
+
+class DeviceMemoryError(TinnError, MemoryError):
+    """A table would not fit the memory free on tinn's device (raised before allocating it)."""

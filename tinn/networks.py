@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime, second_order
+from . import chunks, memory, runtime, second_order
 from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -147,6 +147,8 @@ class NetworkArray(Part):
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
+        memory.table_fits(f"NetworkArray(n_networks={n_networks}, {self.n_params_per_network()} parameters each)",
+                          n_networks, self.n_params_per_network(), runtime.device())
         self.params = torch.nn.Parameter(torch.empty(n_networks, self.n_params_per_network(), device=runtime.device()))
         self.params.tinn_layer_shapes = self.layer_shapes()  # lets matrix-aware optimizers (Shampoo) see layers
         self.reset_parameters(seed)
@@ -196,6 +198,7 @@ class NetworkArray(Part):
         if x_fm and not self.fused:
             raise ValueError("feature-major inputs need the fused kernels")
         params = self.params.detach()
+        self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if not train:
             return self._sliced(self._inference(x, ids, params, x_fm)), None
         out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
@@ -231,6 +234,18 @@ class NetworkArray(Part):
         dx, dparams = self._backward(self._dy_padded(dy), ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out,
                                      ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
+
+    def _check_batch(self, batch: int, train: bool) -> None:
+        """Refuse a batch whose largest per-sample buffer passes the index limit."""
+        hidden, rows = self.n_layers - 1, max(self.width, self.kernel_outputs)
+        buffers = [(self.kernel_inputs, "inputs"), (self.kernel_outputs, "outputs"),
+                   (min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)")]
+        if train:
+            buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
+        if self.keep_pre:
+            buffers.append((self.n_layers * rows, f"pre-activations ({self.n_layers}, {rows}, batch)"))
+        per_sample, buffer = max(buffers)
+        chunks.check_batch("NetworkArray", batch, per_sample, buffer)
 
     @property
     def shape(self) -> K.MLPShape:
@@ -310,26 +325,29 @@ class NetworkArray(Part):
             dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
-        deltas = torch.empty(self.n_layers, max(self.width, self.kernel_outputs), batch, device=dev)
+        # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
+        hidden = self.n_layers - 1
+        deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev)
+        dout = torch.empty(1, self.kernel_outputs, batch, device=dev)
         if self.fused:
-            chunks, tiles = routing
+            grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
-                                   deltas=deltas, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
+                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
         else:
             K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
-                                  deltas=deltas, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
+                                  deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
         if not want_params:
             pass
         elif gemm:
-            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dparams)
+            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dout, dparams)
         elif self.fused:
-            FK.run_weight_gradients(x, chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas,
+            FK.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
                                     dparams=dparams, x_fm=x_feature_major)
         else:
-            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dparams=dparams)
+            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
 
-    def _gemm_weight_gradients(self, x_t, acts, deltas, dparams):
+    def _gemm_weight_gradients(self, x_t, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
 
         With a single network the batch is one long reduction (K = batch), what split-K GEMMs are for
@@ -340,7 +358,9 @@ class NetworkArray(Part):
         backward alike: both keep deltas and activations feature-major by sorted position.
         """
         # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other.
-        mm_long_k([(deltas[l, :fan_out], x_t if l == 0 else acts[l - 1, :fan_in])   # (fan_out, B), (fan_in, B)
+        last = self.n_layers - 1
+        mm_long_k([(dout[0] if l == last else deltas[l],             # (fan_out, B)
+                    x_t if l == 0 else acts[l - 1, :fan_in])         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
 
     def extra_repr(self) -> str:

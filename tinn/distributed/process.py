@@ -82,6 +82,9 @@ def init(arch: str | None = None, *, backend: str | None = None, timeout_s: int 
 def shutdown() -> None:
     """Leave the process group (call at the end of a script so the backend shuts down cleanly)."""
     if dist.is_initialized():
+        # Every rank reaches the end before any tears its connections down: a rank that left while a peer was
+        # still sending made gloo abort the peer at exit.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import runtime
+from .. import chunks, memory, runtime
 from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import grid_encoding as K
@@ -35,6 +35,19 @@ def _placeholder(device) -> torch.Tensor:
     t = _PLACEHOLDERS.get(device)
     if t is None:
         t = _PLACEHOLDERS[device] = torch.zeros(1, 1, dtype=torch.float32, device=device)
+    return t
+
+
+def _chunk_views(table: torch.Tensor):
+    """(lo, hi, rows) per row chunk of `table` (tinn/chunks.py); `rows(t)` cuts a tensor shaped like the
+    table to the chunk (the whole tensor when one chunk covers it)."""
+    spans = chunks.row_spans(table.shape[0], table.shape[1], "the grid table")
+    if len(spans) == 1:
+        return ((0, table.shape[0], _whole),)
+    return tuple((lo, hi, (lambda t, lo=lo, hi=hi: t[lo:hi])) for lo, hi in spans)
+
+
+def _whole(t):
     return t
 
 
@@ -95,6 +108,8 @@ class GridEncoding(Encoding):
 
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
+        memory.table_fits(f"{type(self).__name__}(n_networks={n_networks}, {layout.n_params} parameters each)",
+                          n_networks, layout.n_params, runtime.device())
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -176,8 +191,15 @@ class GridEncoding(Encoding):
     def initial_params(self, seed: int) -> torch.Tensor:
         """tcnn's init: uniform in [-1e-4, 1e-4], reproducible from `seed` (drawn on the CPU, then moved)."""
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
-        values = torch.rand(self.n_networks, self.layout.n_params, generator=gen, dtype=torch.float32)
-        return (values * 2e-4 - 1e-4).to(runtime.device())
+        n, p = self.n_networks, self.layout.n_params
+        out = torch.empty(n, p, dtype=torch.float32, device=runtime.device())
+        # Drawn in blocks of rows (the generator's stream is the same as in one draw): a table of
+        # billions of floats needs no host copy of its own size.
+        step = max(1, (1 << 24) // max(p, 1))
+        for lo in range(0, n, step):
+            values = torch.rand(min(step, n - lo), p, generator=gen, dtype=torch.float32)
+            out[lo:lo + values.shape[0]].copy_(values.mul_(2e-4).sub_(1e-4))
+        return out
 
     def n_params_per_network(self) -> int:
         return self.layout.n_params
@@ -245,9 +267,13 @@ class GridEncoding(Encoding):
     def lookup(self, x, ids, table, offset: int, layout: str = SAMPLE_MAJOR) -> torch.Tensor:
         """Features of `x` from the grid stored in `table` columns [offset, offset + n_params)."""
         f, interp, gtype = self._codes()
+        chunks.check_batch(type(self).__name__, x.shape[0], max(self.n_output_dims, self.n_input_dims),
+                           f"features ({self.n_output_dims}, batch)")
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         if x.shape[0]:
-            K.grid_forward(x, ids, table, offset, self._meta, out_t, f, interp, gtype, self.n_input_dims)
+            for lo, hi, rows in _chunk_views(table):
+                K.grid_forward(x, ids, rows(table), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
+                               lo)
         return to_layout(out_t, FEATURE_MAJOR, layout)
 
     def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
@@ -270,16 +296,24 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
         n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
+        for lo, hi, rows in _chunk_views(params):
+            self._launch_backward_chunk(x, net_ids, rows(params), off, dy_t, rows(dparams) if want_params else dparams,
+                                        dx, want_params, want_x, f, interp, gtype, n_shared, lo)
+
+    def _launch_backward_chunk(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
+                               gtype, n_shared, lo):
+        """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
+        is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
         if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
             # in one launch with the coarse levels of a single grid, which are summed per block in shared
             # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
             if runtime.arch() == "cuda":
                 K.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                       n_shared, self.n_input_dims)
+                                       n_shared, self.n_input_dims, lo)
             else:
                 K.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                      self.n_input_dims)
+                                      self.n_input_dims, lo)
             return
         first_level = 0
         if want_params and n_shared:
@@ -289,16 +323,18 @@ class GridEncoding(Encoding):
                                    self.n_input_dims)
         if first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
-                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims)
+                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()
         ph = _placeholder(x.device)
-        K.grid_backward_backward(
-            x, net_ids, params, off, self._meta, dy, g_dx,
-            out_dy if out_dy is not None else ph, out_params if out_params is not None else ph,
-            out_x if out_x is not None else ph, f, interp, gtype,
-            int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims)
+        for lo, hi, rows in _chunk_views(params):
+            K.grid_backward_backward(
+                x, net_ids, rows(params), off, self._meta, dy, g_dx,
+                out_dy if out_dy is not None else ph, rows(out_params) if out_params is not None else ph,
+                out_x if out_x is not None else ph, f, interp, gtype,
+                int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims,
+                lo)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", type={self.grid_type}, n_levels={self.n_levels}, "

@@ -35,6 +35,7 @@ come from neighbouring threads to neighbouring words and reach L2 as one request
 from ..backend import ti
 
 from .launch import fast_kernel
+from .mlp_array import in_chunk
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -140,96 +141,99 @@ def _dweight(s, ds, c: ti.template(), k: ti.template(), D: ti.template()):
 @fast_kernel
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
-                 F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template()):
-    """out_t[level * F + f, b] = features (feature-major)."""
+                 F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(), net_lo: ti.i32):
+    """out_t[level * F + f, b] = features (feature-major), for the samples whose grid lies in the chunk view
+    `params` (rows net_lo...; tinn/chunks.py)."""
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
-        net = net_ids[b]
-        scale = ti.bit_cast(meta[level, 3], ti.f32)
-        res, size = meta[level, 1], meta[level, 2]
-        base = param_offset + meta[level, 0] * F
-        col = level * F
-        cell, frac = _lattice(x, b, scale, D)
-        if interp == NEAREST:
-            e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
-            # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
-            nan = ti.math.isnan(frac).any()
-            for f in ti.static(range(F)):
-                out_t[col + f, b] = ti.select(nan, ti.math.nan, params[net, e + f])
-        else:
-            s, ds, dds = _smooth(frac, interp, D)
-            idx = ti.Vector([0] * (1 << D), dt=ti.i32)
-            w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-            for c in ti.static(range(1 << D)):
-                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
-                w[c] = _weight(s, c, D)
-            for f in ti.static(range(F)):
-                acc = 0.0
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            scale = ti.bit_cast(meta[level, 3], ti.f32)
+            res, size = meta[level, 1], meta[level, 2]
+            base = param_offset + meta[level, 0] * F
+            col = level * F
+            cell, frac = _lattice(x, b, scale, D)
+            if interp == NEAREST:
+                e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
+                nan = ti.math.isnan(frac).any()
+                for f in ti.static(range(F)):
+                    out_t[col + f, b] = ti.select(nan, ti.math.nan, params[net, e + f])
+            else:
+                s, ds, dds = _smooth(frac, interp, D)
+                idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+                w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
                 for c in ti.static(range(1 << D)):
-                    acc += w[c] * params[net, idx[c] + f]
-                out_t[col + f, b] = acc
+                    idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
+                    w[c] = _weight(s, c, D)
+                for f in ti.static(range(F)):
+                    acc = 0.0
+                    for c in ti.static(range(1 << D)):
+                        acc += w[c] * params[net, idx[c] + f]
+                    out_t[col + f, b] = acc
 
 
 @fast_kernel
 @ti.kernel
 def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                   dparams: f32_2d, dx: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32,
-                  want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template()):
+                  want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template(), net_lo: ti.i32):
     """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed.
     dy_t is feature-major like the forward output. Levels below first_level are skipped (the shared-memory
     kernel took their parameter gradient); when want_x they are still visited for dx alone."""
     ti.loop_config(block_dim=256)
     for level, b in ti.ndrange((0 if want_x else first_level, meta.shape[0] - 1), x.shape[0]):
-        net = net_ids[b]
-        scale = ti.bit_cast(meta[level, 3], ti.f32)
-        res, size = meta[level, 1], meta[level, 2]
-        base = param_offset + meta[level, 0] * F
-        col = level * F
-        cell, frac = _lattice(x, b, scale, D)
-        params_here = want_params != 0 and level >= first_level
-        if interp == NEAREST:
-            # Piecewise constant: no input gradient, one entry per feature receives dy.
-            if params_here:
-                e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
-                for f in ti.static(range(F)):
-                    g = dy_t[col + f, b]
-                    if g != 0.0:
-                        ti.atomic_add(dparams[net, e + f], g)
-        else:
-            s, ds, dds = _smooth(frac, interp, D)
-            idx = ti.Vector([0] * (1 << D), dt=ti.i32)
-            w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-            for c in ti.static(range(1 << D)):
-                idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
-                w[c] = _weight(s, c, D)
-            if params_here:
-                for f in ti.static(range(F)):
-                    g = dy_t[col + f, b]
-                    if g != 0.0:
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            scale = ti.bit_cast(meta[level, 3], ti.f32)
+            res, size = meta[level, 1], meta[level, 2]
+            base = param_offset + meta[level, 0] * F
+            col = level * F
+            cell, frac = _lattice(x, b, scale, D)
+            params_here = want_params != 0 and level >= first_level
+            if interp == NEAREST:
+                # Piecewise constant: no input gradient, one entry per feature receives dy.
+                if params_here:
+                    e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    for f in ti.static(range(F)):
+                        g = dy_t[col + f, b]
+                        if g != 0.0:
+                            ti.atomic_add(dparams[net, e + f], g)
+            else:
+                s, ds, dds = _smooth(frac, interp, D)
+                idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+                w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+                for c in ti.static(range(1 << D)):
+                    idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
+                    w[c] = _weight(s, c, D)
+                if params_here:
+                    for f in ti.static(range(F)):
+                        g = dy_t[col + f, b]
+                        if g != 0.0:
+                            for c in ti.static(range(1 << D)):
+                                ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
+                if want_x:
+                    vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)  # corner value . dy, summed over features
+                    for f in ti.static(range(F)):
+                        g = dy_t[col + f, b]
                         for c in ti.static(range(1 << D)):
-                            ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
-            if want_x:
-                vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)  # corner value . dy, summed over features
-                for f in ti.static(range(F)):
-                    g = dy_t[col + f, b]
-                    for c in ti.static(range(1 << D)):
-                        vg[c] += g * params[net, idx[c] + f]
-                for k in ti.static(range(D)):
-                    acc = 0.0
-                    for c in ti.static(range(1 << D)):
-                        acc += vg[c] * _dweight(s, ds, c, k, D)
-                    ti.atomic_add(dx[b, k], acc * scale)
+                            vg[c] += g * params[net, idx[c] + f]
+                    for k in ti.static(range(D)):
+                        acc = 0.0
+                        for c in ti.static(range(1 << D)):
+                            acc += vg[c] * _dweight(s, ds, c, k, D)
+                        ti.atomic_add(dx[b, k], acc * scale)
 
 
 @ti.func
 def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_offset, meta: ti.template(),
                    dy_t: ti.template(), dparams: ti.template(), F: ti.template(), interp, grid_type,
-                   D: ti.template()):
+                   D: ti.template(), net_lo):
     """Thread (level, t) of `grid_backward_lanes`: sample t // F, feature t % F."""
     b = t // F
     f = t % F
     g = dy_t[level * F + f, b]
-    if g != 0.0:
-        net = net_ids[b]
+    net = net_ids[b] - net_lo
+    if g != 0.0 and in_chunk(net, dparams):
         scale = ti.bit_cast(meta[level, 3], ti.f32)
         res, size = meta[level, 1], meta[level, 2]
         base = param_offset + meta[level, 0] * F + f
@@ -246,7 +250,8 @@ def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_off
 @fast_kernel
 @ti.kernel
 def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
-                        dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template()):
+                        dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(),
+                        net_lo: ti.i32):
     """dL/dparams (+=, atomics) of every level, one thread per (level, sample, feature). On CUDA
     `grid_backward_params` runs the same threads for the levels its shared-memory part leaves.
 
@@ -256,7 +261,7 @@ def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: 
     No input gradient here (`grid_backward` does both)."""
     ti.loop_config(block_dim=256)
     for level, t in ti.ndrange(meta.shape[0] - 1, x.shape[0] * F):
-        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
+        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo)
 
 
 SHARED_BLOCK = 256
@@ -339,7 +344,7 @@ def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f3
 @ti.kernel
 def grid_backward_params(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                          dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_shared: ti.i32,
-                         D: ti.template()):
+                         D: ti.template(), net_lo: ti.i32):
     """dL/dparams (+=) on CUDA in one launch: levels [0, n_shared) as `grid_backward_shared` (a single
     grid), the rest as `grid_backward_lanes`. One launch instead of two saves ~70 us of host time per
     step (Taichi's launch path allocates, copies and frees an argument buffer each time)."""
@@ -349,20 +354,20 @@ def grid_backward_params(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta:
         _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
     ti.loop_config(block_dim=256)
     for level, t in ti.ndrange((n_shared, meta.shape[0] - 1), x.shape[0] * F):
-        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
+        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo)
 
 
 @ti.kernel
 def grid_backward_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d,
                            dy: f32_2d, gdx: f32_2d, g_dy: f32_2d, g_params: f32_2d, g_x: f32_2d,
                            n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
-                           want_dy: ti.i32, want_params: ti.i32, want_x: ti.i32, D: ti.template()):
+                           want_dy: ti.i32, want_params: ti.i32, want_x: ti.i32, D: ti.template(), net_lo: ti.i32):
     """Second order: given gdx = dL/d(dx) where dx = J(x, params)^T dy, accumulate
     dL/ddy (= J gdx), dL/dparams and dL/dx (Hessian term). All outputs must start zeroed.
     The corner loop is dynamic here (rare path; keeps the compiled kernel small)."""
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
-        if interp != NEAREST:  # nearest lookups have dx == 0, so every second-order term vanishes
-            net = net_ids[b]
+        net = net_ids[b] - net_lo
+        if interp != NEAREST and in_chunk(net, params):  # nearest lookups: dx == 0, no second-order term
             scale = ti.bit_cast(meta[level, 3], ti.f32)
             res, size = meta[level, 1], meta[level, 2]
             base = param_offset + meta[level, 0] * n_features

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from ..backend import ti
 
+from .. import chunks
 from . import activations as act
 from .launch import fast_kernel
 
@@ -41,6 +42,12 @@ def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int) -> list[tuple
     """(fan_out, fan_in) of each weight matrix, in parameter-row order."""
     dims = [n_in] + [width] * (n_layers - 1) + [n_out]
     return [(dims[l + 1], dims[l]) for l in range(n_layers)]
+
+
+@ti.func
+def in_chunk(net, table: ti.template()):
+    """Whether row `net` (already shifted by the chunk's first row) lies in this launch's chunk view."""
+    return net >= 0 and net < table.shape[0]
 
 
 @ti.func
@@ -70,42 +77,44 @@ def forward(
     acts: f32_3d, pre: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(), keep_pre: ti.template(),
+    net_lo: ti.i32,
 ):
     """keep_all: acts[l] keeps every hidden layer's output (training); else two ping-pong slots (inference)."""
     for s in range(order.shape[0]):
         b = order[s]
-        net = net_ids[b]
-        h_in = ti.Vector([x[b, i] for i in ti.static(range(n_in))], dt=ti.f32)
-        if ti.static(n_layers == 1):
-            for o in range(n_out):
-                z = dot_row(params, net, o * n_in, h_in, n_in)
-                out[b, o] = act.apply(z, output_act)
-                if ti.static(keep_pre):
-                    pre[0, o, s] = z
-        else:
-            for o in range(width):
-                z = dot_row(params, net, o * n_in, h_in, n_in)
-                acts[0, o, s] = act.apply(z, hidden_act)
-                if ti.static(keep_pre):
-                    pre[0, o, s] = z
-            for l in range(1, n_layers - 1):
-                src = l - 1 if ti.static(keep_all) else (l - 1) % 2
-                dst = l if ti.static(keep_all) else l % 2
-                h = load_column(acts, src, s, width)
-                offset = layer_offset(l, n_in, width)
-                for o in range(width):
-                    z = dot_row(params, net, offset + o * width, h, width)
-                    acts[dst, o, s] = act.apply(z, hidden_act)
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            h_in = ti.Vector([x[b, i] for i in ti.static(range(n_in))], dt=ti.f32)
+            if ti.static(n_layers == 1):
+                for o in range(n_out):
+                    z = dot_row(params, net, o * n_in, h_in, n_in)
+                    out[b, o] = act.apply(z, output_act)
                     if ti.static(keep_pre):
-                        pre[l, o, s] = z
-            last = n_layers - 1
-            h = load_column(acts, last - 1 if ti.static(keep_all) else (last - 1) % 2, s, width)
-            offset = layer_offset(last, n_in, width)
-            for o in range(n_out):
-                z = dot_row(params, net, offset + o * width, h, width)
-                out[b, o] = act.apply(z, output_act)
-                if ti.static(keep_pre):
-                    pre[last, o, s] = z
+                        pre[0, o, s] = z
+            else:
+                for o in range(width):
+                    z = dot_row(params, net, o * n_in, h_in, n_in)
+                    acts[0, o, s] = act.apply(z, hidden_act)
+                    if ti.static(keep_pre):
+                        pre[0, o, s] = z
+                for l in range(1, n_layers - 1):
+                    src = l - 1 if ti.static(keep_all) else (l - 1) % 2
+                    dst = l if ti.static(keep_all) else l % 2
+                    h = load_column(acts, src, s, width)
+                    offset = layer_offset(l, n_in, width)
+                    for o in range(width):
+                        z = dot_row(params, net, offset + o * width, h, width)
+                        acts[dst, o, s] = act.apply(z, hidden_act)
+                        if ti.static(keep_pre):
+                            pre[l, o, s] = z
+                last = n_layers - 1
+                h = load_column(acts, last - 1 if ti.static(keep_all) else (last - 1) % 2, s, width)
+                offset = layer_offset(last, n_in, width)
+                for o in range(n_out):
+                    z = dot_row(params, net, offset + o * width, h, width)
+                    out[b, o] = act.apply(z, output_act)
+                    if ti.static(keep_pre):
+                        pre[last, o, s] = z
 
 
 @ti.func
@@ -122,60 +131,64 @@ def transpose_dot(params: ti.template(), net, offset, i, fan_in: ti.template(), 
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, net_ids: i32_1d, order: i32_1d, params: f32_2d,
-    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
+    acts: f32_3d, pre: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_pre: ti.template(), want_dx: ti.template(),
+    net_lo: ti.i32,
 ):
-    """deltas[l, o, s] = dLoss/dz of layer l's output o; dx = dLoss/dinput when want_dx."""
+    """deltas[l, o, s] = dLoss/dz of hidden layer l's output o, dout[0, o, s] that of the network output;
+    dx = dLoss/dinput when want_dx. (The output's deltas have a buffer of their own, n_out rows: in one
+    (layers, max(width, n_out), batch) buffer their unused rows cost as much as a layer of activations.)"""
     last = n_layers - 1
     for s in range(order.shape[0]):
         b = order[s]
-        net = net_ids[b]
-        g_out = ti.Vector.zero(ti.f32, n_out)
-        for o in ti.static(range(n_out)):
-            z = 0.0
-            if ti.static(keep_pre):
-                z = pre[last, o, s]
-            g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
-            deltas[last, o, s] = g_out[o]
-        if ti.static(n_layers > 1):
-            offset = layer_offset(last, n_in, width)
-            for i in range(width):
+        net = net_ids[b] - net_lo
+        if in_chunk(net, params):
+            g_out = ti.Vector.zero(ti.f32, n_out)
+            for o in ti.static(range(n_out)):
                 z = 0.0
                 if ti.static(keep_pre):
-                    z = pre[last - 1, i, s]
-                v = transpose_dot(params, net, offset, i, width, g_out, n_out)
-                deltas[last - 1, i, s] = v * act.derivative(z, acts[last - 1, i, s], hidden_act)
-            for r in range(n_layers - 2):
-                l = n_layers - 3 - r  # hidden layer whose output feeds layer l + 1
-                g = load_column(deltas, l + 1, s, width)
-                offset_next = layer_offset(l + 1, n_in, width)
+                    z = pre[last, o, s]
+                g_out[o] = dy[b, o] * act.derivative(z, out[b, o], output_act)
+                dout[0, o, s] = g_out[o]
+            if ti.static(n_layers > 1):
+                offset = layer_offset(last, n_in, width)
                 for i in range(width):
                     z = 0.0
                     if ti.static(keep_pre):
-                        z = pre[l, i, s]
-                    v = transpose_dot(params, net, offset_next, i, width, g, width)
-                    deltas[l, i, s] = v * act.derivative(z, acts[l, i, s], hidden_act)
-        if ti.static(want_dx):
-            if ti.static(n_layers == 1):
-                for i in range(n_in):
-                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g_out, n_out)
-            else:
-                g0 = load_column(deltas, 0, s, width)
-                for i in range(n_in):
-                    dx[b, i] = transpose_dot(params, net, 0, i, n_in, g0, width)
+                        z = pre[last - 1, i, s]
+                    v = transpose_dot(params, net, offset, i, width, g_out, n_out)
+                    deltas[last - 1, i, s] = v * act.derivative(z, acts[last - 1, i, s], hidden_act)
+                for r in range(n_layers - 2):
+                    l = n_layers - 3 - r  # hidden layer whose output feeds layer l + 1
+                    g = load_column(deltas, l + 1, s, width)
+                    offset_next = layer_offset(l + 1, n_in, width)
+                    for i in range(width):
+                        z = 0.0
+                        if ti.static(keep_pre):
+                            z = pre[l, i, s]
+                        v = transpose_dot(params, net, offset_next, i, width, g, width)
+                        deltas[l, i, s] = v * act.derivative(z, acts[l, i, s], hidden_act)
+            if ti.static(want_dx):
+                if ti.static(n_layers == 1):
+                    for i in range(n_in):
+                        dx[b, i] = transpose_dot(params, net, 0, i, n_in, g_out, n_out)
+                else:
+                    g0 = load_column(deltas, 0, s, width)
+                    for i in range(n_in):
+                        dx[b, i] = transpose_dot(params, net, 0, i, n_in, g0, width)
 
 
 @ti.func
 def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.template(), order: ti.template(),
-                      deltas: ti.template(), l, o0, t0, t1, i0, n_rows: ti.template(), n_cols: ti.template()):
-    """Sum over positions s in [t0, t1) of the outer product deltas[l, o0:o0+n_rows, s] x input_l[s, i0:i0+n_cols].
+                      deltas: ti.template(), dl, l, o0, t0, t1, i0, n_rows: ti.template(), n_cols: ti.template()):
+    """Sum over positions s in [t0, t1) of the outer product deltas[dl, o0:o0+n_rows, s] x input_l[s, i0:i0+n_cols].
 
     Register tiling: n_rows + n_cols loads feed n_rows * n_cols multiply-adds.
     """
     acc = ti.Matrix.zero(ti.f32, n_rows, n_cols)
     for s in range(t0, t1):
-        d = ti.Vector([deltas[l, o0 + r, s] for r in ti.static(range(n_rows))], dt=ti.f32)
+        d = ti.Vector([deltas[dl, o0 + r, s] for r in ti.static(range(n_rows))], dt=ti.f32)
         a = ti.Vector.zero(ti.f32, n_cols)
         if ti.static(from_acts):
             a = ti.Vector([acts[l - 1, i0 + k, s] for k in ti.static(range(n_cols))], dt=ti.f32)
@@ -192,9 +205,10 @@ def _accumulate_block(x: ti.template(), acts: ti.template(), from_acts: ti.templ
 def tile_weight_gradient(
     x: f32_2d, acts: f32_3d, from_acts: ti.template(), order: i32_1d,
     tile_start: i32_1d, tile_end: i32_1d, deltas: f32_3d, partial: f32_2d,
-    l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32,
+    l: ti.i32, fan_in: ti.i32, fan_out: ti.i32, offset: ti.i32, dl: ti.i32,
 ):
-    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[l, o, s] * input_l[s, i].
+    """partial[t, W_l[o, i]] = sum over tile t's samples of deltas[dl, o, s] * input_l[s, i] (`deltas` is
+    the hidden layers' buffer, dl = l, or the output's, dl = 0).
 
     input_l is x (layer 0) or acts[l - 1]. One thread owns (tile, block of ROWS
     outputs, block of COLS inputs) and keeps its sums in registers: no atomics,
@@ -208,40 +222,74 @@ def tile_weight_gradient(
         i0 = cb * COLS
         t0, t1 = tile_start[t], tile_end[t]
         if o0 + ROWS <= fan_out and i0 + COLS <= fan_in:
-            acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0, t0, t1, i0, ROWS, COLS)
+            acc = _accumulate_block(x, acts, from_acts, order, deltas, dl, l, o0, t0, t1, i0, ROWS, COLS)
             for r, k in ti.static(ti.ndrange(ROWS, COLS)):
                 partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[r, k]
         else:
             for r in range(ti.min(ROWS, fan_out - o0)):
                 for k in range(ti.min(COLS, fan_in - i0)):
-                    acc = _accumulate_block(x, acts, from_acts, order, deltas, l, o0 + r, t0, t1, i0 + k, 1, 1)
+                    acc = _accumulate_block(x, acts, from_acts, order, deltas, dl, l, o0 + r, t0, t1, i0 + k, 1,
+                                            1)
                     partial[t, offset + (o0 + r) * fan_in + i0 + k] = acc[0, 0]
 
 
 @fast_kernel
 @ti.kernel
-def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d):
-    """grad[net] = sum of the partial gradients of the net's tiles."""
+def reduce_tiles(partial: f32_2d, tile_net: i32_1d, grad: f32_2d, net_lo: ti.i32):
+    """grad[net - net_lo] = sum of the partial gradients of the net's tiles (tiles of networks outside the
+    chunk view `grad` are skipped)."""
     for t, k in partial:
-        ti.atomic_add(grad[tile_net[t], k], partial[t, k])
+        net = tile_net[t] - net_lo
+        if in_chunk(net, grad):
+            ti.atomic_add(grad[net, k], partial[t, k])
 
 
 # ---- launchers: named argument groups in, the kernels' positional lists out --------------------------
+# Every launcher that indexes a per-network table runs once per row chunk of it (tinn/chunks.py).
 def run_forward(x, ids, order, params, shape: MLPShape, *, acts, pre, out, keep_all: bool, keep_pre: bool):
-    forward(x, ids, order, params, acts, pre, out, *shape, keep_all, keep_pre)
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        forward(x, ids, order, params if hi - lo == params.shape[0] else params[lo:hi], acts, pre, out, *shape,
+                keep_all, keep_pre, lo)
 
 
-def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dx, keep_pre: bool,
-                        want_dx: bool):
-    backward_deltas(dy, ids, order, params, acts, pre, out, deltas, dx, *shape, keep_pre, want_dx)
+def run_backward_deltas(dy, ids, order, params, shape: MLPShape, *, acts, pre, out, deltas, dout, dx,
+                        keep_pre: bool, want_dx: bool):
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        backward_deltas(dy, ids, order, params if hi - lo == params.shape[0] else params[lo:hi], acts, pre, out,
+                        deltas, dout, dx, *shape, keep_pre, want_dx, lo)
 
 
-def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dparams):
-    """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles)."""
-    partial = deltas.new_empty(routing.n_tiles, dparams.shape[1])
+def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dparams):
+    """Per-tile partial gradients, then one reduction per network (`routing`: order and tiles).
+
+    The partials are (tiles, P): when they or `dparams` pass the chunk limit, tiles go in groups (tiles
+    are sorted by network) and each group is reduced into the gradient chunks its networks fall in."""
+    n_params = dparams.shape[1]
+    spans = chunks.row_spans(dparams.shape[0], n_params, "the network gradients")
+    group = chunks.row_spans(routing.n_tiles, n_params, "the per-tile gradients")
+    layers = layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)
+    if len(spans) == 1 and len(group) == 1:
+        partial = deltas.new_empty(routing.n_tiles, n_params)
+        _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, dout, partial, layers)
+        reduce_tiles(partial, routing.tile_net, dparams, 0)
+        return
+    tile_net = routing.tile_net.cpu().tolist()  # the slow path's one host sync: which chunks a group touches
+    partial = None
+    for t0, t1 in group:
+        if partial is None or partial.shape[0] != t1 - t0:
+            partial = deltas.new_empty(t1 - t0, n_params)
+        _tile_gradients(x, routing.order, routing.tile_start[t0:t1], routing.tile_end[t0:t1], acts, deltas, dout,
+                        partial, layers)
+        first, last = tile_net[t0], tile_net[t1 - 1]
+        for lo, hi in spans:
+            if lo <= last and first < hi:
+                reduce_tiles(partial, routing.tile_net[t0:t1], dparams[lo:hi], lo)
+
+
+def _tile_gradients(x, order, tile_start, tile_end, acts, deltas, dout, partial, layers):
     offset = 0
-    for l, (fan_out, fan_in) in enumerate(layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)):
-        tile_weight_gradient(x, acts, l > 0, routing.order, routing.tile_start, routing.tile_end, deltas, partial,
-                             l, fan_in, fan_out, offset)
+    last = len(layers) - 1
+    for l, (fan_out, fan_in) in enumerate(layers):
+        tile_weight_gradient(x, acts, l > 0, order, tile_start, tile_end, dout if l == last else deltas, partial, l,
+                             fan_in, fan_out, offset, 0 if l == last else l)
         offset += fan_out * fan_in
-    reduce_tiles(partial, routing.tile_net, dparams)

@@ -36,11 +36,12 @@ from typing import NamedTuple
 
 from ..backend import ti
 
+from .. import chunks
 from ..settings import Settings
 from ..settings import current as tuning
 from . import activations as act
 from .launch import fast_kernel
-from .mlp_array import MLPShape, layer_shapes
+from .mlp_array import MLPShape, in_chunk, layer_shapes
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -213,7 +214,7 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(),
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(), net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_fm: x is feature-major, (n_in, batch)."""
@@ -229,8 +230,9 @@ def forward(
         lane_o = tid // LANES_S
         sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
         count = tile_count[t]
-        if count > 0:  # uniform per block: padding tiles skip every barrier together
-            net = tile_net[t]
+        net = tile_net[t] - net_lo
+        # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
+        if count > 0 and in_chunk(net, params):
             start = tile_start[t]
             load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm)
             ti.simt.block.sync()
@@ -258,14 +260,14 @@ def forward(
 @ti.kernel
 def backward_deltas(
     dy: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d,
-    params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dx: f32_2d,
+    params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(), x_fm: ti.template(),
+    F: ti.template(), x_fm: ti.template(), net_lo: ti.i32,
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
-    (pre-activation), layer by layer downwards with W^T; dx = the deltas of the input when want_dx
-    (feature-major, (n_in, batch), with x_fm)."""
+    (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     G = ti.static(0)
@@ -280,8 +282,8 @@ def backward_deltas(
         lane_o = tid // LANES_S
         sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
         count = tile_count[t]
-        if count > 0:
-            net = tile_net[t]
+        net = tile_net[t] - net_lo
+        if count > 0 and in_chunk(net, params):
             start = tile_start[t]
             # Output deltas: dy times the output activation's derivative (taken from the output).
             for j in range((TS * n_out + BLOCK - 1) // BLOCK):
@@ -300,7 +302,7 @@ def backward_deltas(
                 o = idx // TS
                 s = idx % TS
                 if o < n_out and s < count:
-                    deltas[last, o, start + s] = sh[G + o * TSP + s]
+                    dout[0, o, start + s] = sh[G + o * TSP + s]
             for q in ti.static(range(n_layers)):
                 l = ti.static(last - q)
                 if ti.static(l > 0 or want_dx):
@@ -417,9 +419,9 @@ def accumulate_step(acc: ti.template(), sh: ti.template(), GB: ti.template(), HB
 @ti.kernel
 def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
-    acts: f32_3d, deltas: f32_3d, dparams: f32_2d,
+    acts: f32_3d, deltas: f32_3d, dout: f32_3d, dparams: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(), F: ti.template(),
-    x_fm: ti.template(),
+    x_fm: ti.template(), net_lo: ti.i32,
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
@@ -442,11 +444,14 @@ def weight_gradients(
         lane_o = tid // LANES_S
         sh = ti.simt.block.SharedArray(((GRAD_ROWS + F) * KSP,), ti.f32)
         total = chunk_count[t]
-        if total > 0:
-            net = chunk_net[t]
+        net = chunk_net[t] - net_lo
+        if total > 0 and in_chunk(net, dparams):
             for l in ti.static(range(n_layers)):
                 fan_out, fan_in = ti.static(shapes[l])
                 CW = ti.static((fan_in + LANES_S - 1) // LANES_S)
+                # The output layer's deltas have a buffer of their own (see backward_deltas).
+                dsrc = ti.static(dout if ti.static(l == n_layers - 1) else deltas)
+                dl = ti.static(0 if l == n_layers - 1 else l)
                 for p in ti.static(range((fan_out + GRAD_ROWS - 1) // GRAD_ROWS)):
                     row0 = ti.static(p * GRAD_ROWS)
                     rows = ti.static(min(GRAD_ROWS, fan_out - p * GRAD_ROWS))
@@ -456,7 +461,7 @@ def weight_gradients(
                     first = chunk_start[t]
                     if ti.static(grad_prefetch(F)):
                         # Registers hold the next step's samples while the block computes on the current ones.
-                        dv = fetch_features(deltas, l, row0, rows, first, ti.min(KS, total), tid, KS)
+                        dv = fetch_features(dsrc, dl, row0, rows, first, ti.min(KS, total), tid, KS)
                         # (declared out here: a static if's branch is a scope of its own)
                         hv = ti.Vector.zero(ti.f32, (KS * (n_in if ti.static(l == 0) else fan_in) + BLOCK - 1) // BLOCK)
                         if ti.static(l == 0):
@@ -473,7 +478,7 @@ def weight_gradients(
                             if step + 1 < n_steps:
                                 start = first + (step + 1) * KS
                                 count = ti.min(KS, total - (step + 1) * KS)
-                                dv = fetch_features(deltas, l, row0, rows, start, count, tid, KS)
+                                dv = fetch_features(dsrc, dl, row0, rows, start, count, tid, KS)
                                 if ti.static(l == 0):
                                     hv = fetch_rows(x, order, start, count, tid, n_in, KS, x_fm)
                                 else:
@@ -484,7 +489,7 @@ def weight_gradients(
                         for step in range(n_steps):
                             start = first + step * KS
                             count = ti.min(KS, total - step * KS)
-                            load_features(sh, GB, deltas, l, row0, rows, start, count, tid, KS, KSP)
+                            load_features(sh, GB, dsrc, dl, row0, rows, start, count, tid, KS, KSP)
                             if ti.static(l == 0):
                                 load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_fm)
                             else:
@@ -502,17 +507,26 @@ def weight_gradients(
 
 # ---- launchers: named argument groups in, the kernels' positional lists out --------------------------
 # `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
+# Every launcher runs once per row chunk of the table it indexes (tinn/chunks.py); each launch walks all
+# tiles and skips those of networks outside its chunk.
 def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool):
-    forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, *shape,
-            keep_all, geometry.tile, geometry.features, x_fm)
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
+                params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
+                keep_all, geometry.tile, geometry.features, x_fm, lo)
 
 
-def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dx,
+def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
                         want_dx: bool, x_fm: bool):
-    backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count, params, acts, out, deltas,
-                    dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm)
+    for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
+        backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
+                        params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
+                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm, lo)
 
 
-def run_weight_gradients(x, chunks, shape: MLPShape, geometry: Geometry, *, acts, deltas, dparams, x_fm: bool):
-    weight_gradients(x, chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count, acts, deltas, dparams,
-                     shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_fm)
+def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
+                         x_fm: bool):
+    for lo, hi in chunks.row_spans(dparams.shape[0], dparams.shape[1], "the network gradients"):
+        weight_gradients(x, chunk_tiles.order, chunk_tiles.tile_net, chunk_tiles.tile_start, chunk_tiles.tile_count,
+                         acts, deltas, dout, dparams if hi - lo == dparams.shape[0] else dparams[lo:hi],
+                         shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_fm, lo)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import chunks
 from ..config import Section
 from ..kernels import optimizers as K
 from .base import LeafOptimizer, is_matrix_param
@@ -64,11 +65,12 @@ class Adam(LeafOptimizer):
         (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
         todo = [self._operands(*update) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
-        if len(todo) == 2:
+        if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
             K.adam_step_pair(*todo[0], *todo[1], *hyper)
             return
-        for operands in todo:
-            K.adam_step(*operands, *hyper)
+        for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
+            w = operands[0]
+            chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper), sliced=range(6))
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params

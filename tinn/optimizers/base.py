@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-from .. import checks, runtime
+from .. import checks, memory, runtime
 from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 
@@ -267,7 +267,11 @@ class LeafOptimizer(Optimizer):
     def new_state(self, kind: str, name: str, dtype=torch.float32) -> torch.Tensor:
         """A zeroed (rows, cols) state tensor for parameter `name`, registered as `kind.name`."""
         p = self.params[name]
-        t = torch.zeros(self.rows[name], max(p.numel() // self.rows[name], 0), dtype=dtype, device=p.device)
+        cols = max(p.numel() // self.rows[name], 0)
+        memory.check_fits(f"{self.path} state {kind}.{name} ({self.rows[name]} x {cols} {dtype})",
+                          {f"{kind}.{name}": self.rows[name] * cols * torch.empty((), dtype=dtype).element_size()},
+                          p.device)
+        t = torch.zeros(self.rows[name], cols, dtype=dtype, device=p.device)
         self.state[f"{kind}.{name}"] = t
         return t
 

@@ -1,6 +1,7 @@
 """Plain SGD with L2 regularisation, as tcnn: w -= lr * (g + l2_reg * w)."""
 from __future__ import annotations
 
+from .. import chunks
 from ..config import Section
 from ..kernels import optimizers as K
 from .base import LeafOptimizer
@@ -15,7 +16,8 @@ class SGD(LeafOptimizer):
         self.l2_reg = cfg.number("l2_reg", 1e-8, lo=0.0)
 
     def _update(self, name, w, g, lr_scale):
-        K.sgd_step(w, g, lr_scale, self.learning_rate, self.l2_reg)
+        chunks.launch_by_rows(K.sgd_step, w.shape[0], w.shape[1], (w, g, lr_scale, self.learning_rate, self.l2_reg),
+                              sliced=range(3))
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate, "l2_reg": self.l2_reg}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import chunks
 from ..config import Section
 from ..kernels import optimizers as K
 from .base import Optimizer, as_rows
@@ -60,6 +61,13 @@ class Wrapper(Optimizer):
         p = self.params[name]
         return as_rows(t, p.shape[0] if p.dim() >= 1 and p.shape[0] > 0 else 1)
 
+    def _launch(self, kernel, name: str, tensors: tuple, scalars: tuple) -> None:
+        """`kernel(*tensors, *scalars)` on (rows, cols) views of the tensors, by row chunks when the table
+        passes the chunk limit (tinn/chunks.py)."""
+        views = [self._rows_view(name, t) for t in tensors]
+        chunks.launch_by_rows(kernel, views[0].shape[0], views[0].shape[1], (*views, *scalars),
+                              sliced=range(len(views)))
+
     def _new_copy(self, kind: str, name: str, zero: bool = True) -> torch.Tensor:
         p = self.params[name]
         t = torch.zeros_like(p.detach()) if zero else p.detach().clone()
@@ -89,8 +97,8 @@ class EMA(Wrapper):
         new = 1.0 / (1.0 - self.decay ** t)
         for name, p in self.named_params:
             if p.numel():
-                K.ema_step(self._rows_view(name, self.nested.inference_params(name).detach()),
-                           self._rows_view(name, self.state[f"ema.{name}"]), self.decay, old, new)
+                self._launch(K.ema_step, name, (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
+                             (self.decay, old, new))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -118,9 +126,9 @@ class Average(Wrapper):
         slot = self.nested.step_count % self.n_samples
         for name, p in self.named_params:
             if p.numel():
-                K.average_step(self._rows_view(name, self.nested.inference_params(name).detach()),
-                               self._rows_view(name, self.state[f"samples.{name}"][slot]),
-                               self._rows_view(name, self.state[f"average.{name}"]), 1.0 / self.n_samples)
+                self._launch(K.average_step, name, (self.nested.inference_params(name).detach(),
+                                                    self.state[f"samples.{name}"][slot], self.state[f"average.{name}"]),
+                             (1.0 / self.n_samples,))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -155,8 +163,7 @@ class Lookahead(Wrapper):
         if self.nested.step_count % self.n_steps == 0:
             for name, p in self.named_params:
                 if p.numel():
-                    K.lookahead_step(self._rows_view(name, p.detach()),
-                                     self._rows_view(name, self.state[f"slow.{name}"]), self.alpha)
+                    self._launch(K.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]), (self.alpha,))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -232,7 +239,7 @@ class Batched(Wrapper):
                     pool.zero_()
                 continue
             if p.numel():
-                K.accumulate_grad(self._rows_view(name, pool), self._rows_view(name, g), int(first), 1.0 / k)
+                self._launch(K.accumulate_grad, name, (pool, g), (int(first), 1.0 / k))
             self.scalars[f"seen.{name}"] = True
         self.scalars["step_count"] += 1
         if self.scalars["step_count"] % k == 0:
