@@ -22,13 +22,14 @@ from tinn.trainer import Trainer
 NET = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU",
        "output_activation": "None"}
 N = 5
+DEV = tinn.runtime.device()
 
 
 def ragged_ids(batch: int, n: int, seed: int = 0) -> torch.Tensor:
     """Skewed counts, one network left without samples, shuffled order."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.tensor([8.0, 1.0, 0.0, 3.0, 0.5] + [1.0] * (n - 5))
-    return torch.multinomial(w, batch, replacement=True, generator=gen).to(torch.int32)
+    return torch.multinomial(w, batch, replacement=True, generator=gen).to(torch.int32).to(DEV)
 
 
 def test_row_spans_cover_the_table_within_the_limit(tuned):
@@ -36,13 +37,16 @@ def test_row_spans_cover_the_table_within_the_limit(tuned):
     assert chunks.row_spans(7, 30) == ((0, 3), (3, 6), (6, 7))
     assert chunks.row_spans(3, 250) == ((0, 1), (1, 2), (2, 3))   # a row over the limit: one row per launch
     assert chunks.row_spans(4, 25) == ((0, 4),)
-    tuned(table_chunk_elements=(1 << 31) - 1)
-    # tcnn's default 3D hash grid (16 levels, 2^19 entries, 2 features): 150 grids fit one launch, 151 not.
+    tuned(table_chunk_elements=chunks.LOOP_LIMIT)
+    # tcnn's default 3D hash grid (16 levels, 2^19 entries, 2 features): 149 grids fit one launch, 150 not.
     p = GridEncoding(3, n_levels=16, log2_hashmap_size=19, n_networks=1).n_params_per_network()
-    assert chunks.row_spans(150, p) == ((0, 150),) and chunks.row_spans(151, p) == ((0, 150), (150, 151))
+    assert 149 * p <= chunks.LOOP_LIMIT < 150 * p
+    assert chunks.row_spans(149, p) == ((0, 149),) and chunks.row_spans(150, p) == ((0, 149), (149, 150))
+    tuned(table_chunk_elements=tinn.Settings().table_chunk_elements)
+    assert chunks.row_spans(151, p) == ((0, 75), (75, 150), (150, 151))   # the default: 2^30 per launch
     with pytest.raises(ConfigError, match=r"one row of the grid table holds 2147483648 elements"):
         chunks.row_spans(2, 1 << 31, "the grid table")
-    with pytest.raises(ConfigError, match=r"table_chunk_elements=0 must be in \[1, 2\^31 - 1\]"):
+    with pytest.raises(ConfigError, match=r"table_chunk_elements=0 must be in \[1, 2\^31 - 2\^24\]"):
         tinn.Settings(table_chunk_elements=0)
 
 
@@ -53,9 +57,9 @@ def test_mlp_array_chunks_equal_one_launch_and_reference(acts, tuned):
     net = NetworkArray(3, 2, cfg, n_networks=N, seed=4, tile_size=16)
     p = net.n_params_per_network()
     gen = torch.Generator().manual_seed(1)
-    x = torch.rand(300, 3, generator=gen) * 2 - 1
+    x = (torch.rand(300, 3, generator=gen) * 2 - 1).to(DEV)
     ids = ragged_ids(300, N)
-    w = torch.randn(300, 2, generator=gen)
+    w = torch.randn(300, 2, generator=gen).to(DEV)
 
     def run():
         net.params.grad = None
@@ -92,12 +96,12 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -1), ("weight_gradients", 8, -1)):
         monkeypatch.setattr(FK, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
             (a[s].data_ptr(), a[s].shape[0], a[l])))(name, slot, lo_slot))
-    params = torch.zeros(7, 100)
+    params = torch.zeros(7, 100, device=DEV)
     tuned(table_chunk_elements=250)
     ids = ragged_ids(64, 7)
     tiles = route_fused(ids, 7, (64,))[0]
     shape, geom = MLPShape(4, 16, 4, 2, 0, 0), FK.Geometry(64, 16, 32)
-    b = torch.empty(1, 1)
+    b = torch.empty(1, 1, device=DEV)
     FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
     FK.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
                            x_fm=False)
@@ -115,9 +119,9 @@ def test_grid_chunks_equal_one_launch_and_reference(lanes, tuned):
     tuned(grid_feature_lanes=lanes)
     enc = make(3, N, n_levels=4, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4,
                per_level_scale=1.7)
-    x, _ = inputs(enc, 200)
+    x = inputs(enc, 200)[0].to(DEV)
     ids = ragged_ids(200, N, seed=2)
-    w = torch.randn(200, enc.n_output_dims, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(200, enc.n_output_dims, generator=torch.Generator().manual_seed(3)).to(DEV)
 
     def run(need_dx):
         enc.params.grad = None
@@ -147,7 +151,7 @@ def test_grid_second_order_in_chunks(tuned):
     tuned(table_chunk_elements=1)   # one grid per launch
     enc = make(2, 3, n_levels=3, n_features_per_level=2, log2_hashmap_size=6, base_resolution=3,
                per_level_scale=1.6)
-    x, ids = inputs(enc, 40)
+    x, ids = (t.to(DEV) for t in inputs(enc, 40))
 
     def loss(encode, x_):
         gx, = torch.autograd.grad(encode(x_).sin().sum(), x_, create_graph=True)
@@ -170,7 +174,8 @@ def _model(seed=3):
 
 def _batch(seed=5, batch=256):
     gen = torch.Generator().manual_seed(seed)
-    return torch.rand(batch, 2, generator=gen), torch.rand(batch, 3, generator=gen), ragged_ids(batch, N, seed)
+    return (torch.rand(batch, 2, generator=gen).to(DEV), torch.rand(batch, 3, generator=gen).to(DEV),
+            ragged_ids(batch, N, seed))
 
 
 def _train(steps, limit, tuned, optimizer=None):
@@ -182,7 +187,7 @@ def _train(steps, limit, tuned, optimizer=None):
 
 
 def test_training_in_chunks_follows_the_one_launch_run(tuned):
-    ref, ref_losses = _train(4, (1 << 31) - 1, tuned)
+    ref, ref_losses = _train(4, chunks.LOOP_LIMIT, tuned)
     enc_p = ref.model.encoding.n_params_per_network()
     got, losses = _train(4, enc_p, tuned)   # grid: one network per launch; MLP rows likewise
     assert len(chunks.row_spans(N, enc_p)) == N
@@ -195,8 +200,8 @@ def test_training_in_chunks_follows_the_one_launch_run(tuned):
 @pytest.mark.parametrize("otype", ["Adam", "SGD", "Novograd", "EMA"])
 def test_optimizer_step_over_chunks_equals_one_launch(otype, tuned):
     gen = torch.Generator().manual_seed(9)
-    values = [torch.randn(7, 33, generator=gen), torch.randn(5, 12, generator=gen)]
-    grads = [torch.randn(v.shape, generator=gen) for v in values]
+    values = [torch.randn(7, 33, generator=gen).to(DEV), torch.randn(5, 12, generator=gen).to(DEV)]
+    grads = [torch.randn(v.shape, generator=gen).to(DEV) for v in values]
     grads[1][1, :4] = 0.0   # skipped elements (Adam's non-matrix rule) in a chunk of their own
     config = {"otype": otype, "learning_rate": 1e-2}
     if otype == "EMA":
@@ -206,14 +211,14 @@ def test_optimizer_step_over_chunks_equals_one_launch(otype, tuned):
         tuned(table_chunk_elements=limit)
         params = [torch.nn.Parameter(v.clone()) for v in values]
         opt = create_optimizer(config, [("network.params", params[0]), ("encoding.params", params[1])])
-        opt.set_lr_scale("network.params", torch.linspace(0.5, 2.0, 7))
+        opt.set_lr_scale("network.params", torch.linspace(0.5, 2.0, 7, device=DEV))
         for _ in range(3):
             for p, g in zip(params, grads):
                 p.grad = g.clone()
             opt.step()
         return [p.detach() for p in params], opt.state_dict()
 
-    (a, sa), (b, sb) = steps((1 << 31) - 1), steps(40)   # 40: one row per launch for both tables
+    (a, sa), (b, sb) = steps(chunks.LOOP_LIMIT), steps(40)   # 40: one row per launch for both tables
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert sa.keys() == sb.keys()
     for k in sa:
@@ -238,7 +243,7 @@ def test_checkpoint_of_chunked_arrays_reloads_bit_exact(tmp_path, tuned):
     # gradients with atomics, whose order may differ between runs.
     assert torch.equal(trainer.training_step(x, t, ids), fresh.training_step(x, t, ids))
     for (name, a), (_, b) in zip(trainer.model.named_parameters(), fresh.model.named_parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
@@ -247,7 +252,7 @@ def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
     big = {"otype": "CutlassMLP", "n_neurons": 128, "n_hidden_layers": 5}
     with pytest.raises(DeviceMemoryError, match=r"NetworkArray\(n_networks=1048576, 98304 parameters each\) needs "
                                                 r"768\.00 GiB \(824633720832 bytes: parameters 384\.00 GiB, "
-                                                r"gradients 384\.00 GiB\) but the cpu device has .* GiB \(\d+ bytes\) "
+                                                r"gradients 384\.00 GiB\) but the c(pu|uda) device has .* GiB \(\d+ bytes\) "
                                                 r"free \(Adam's state would add another 1152\.00 GiB\)"):
         NetworkArray(128, 128, big, n_networks=1 << 20)
     with pytest.raises(DeviceMemoryError, match=r"GridEncoding\(n_networks=100000, 14229504 parameters each\)"):
@@ -265,18 +270,19 @@ def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
 
 def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     net = NetworkArray(1, 1, {"otype": "CutlassMLP", "n_neurons": 128, "n_hidden_layers": 5})
-    batch = (1 << 31) // 640 + 1   # activations and deltas: 5 hidden layers x 128 rows per sample
-    x, ids = torch.zeros(batch, 1), torch.zeros(batch, dtype=torch.int32)
+    batch = chunks.LOOP_LIMIT // 640 + 1   # activations and deltas: 5 hidden layers x 128 rows per sample
+    x, ids = torch.zeros(batch, 1, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV)
     with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 640} elements "
                                          r"of activations and deltas \(5, 128, batch\), more than a kernel can index "
-                                         r"\(2\^31 - 1\); split it into batches of at most 3355443 samples"):
+                                         rf"\(2\^31 - 2\^24\); split it into batches of at most {batch - 1} samples"):
         net.forward_ctx(x, ids, train=True)
     net.forward_ctx(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
     enc = GridEncoding(2, n_levels=128, n_features_per_level=8, log2_hashmap_size=2, base_resolution=2,
                        per_level_scale=1.0)
-    batch = (1 << 31) // 1024 + 1
-    with pytest.raises(InputError, match=r"GridEncoding: a batch of 2097153 samples .* at most 2097151 samples"):
-        enc.forward_ctx(torch.zeros(batch, 2), torch.zeros(batch, dtype=torch.int32), train=False)
+    batch = chunks.LOOP_LIMIT // 1024 + 1
+    with pytest.raises(InputError, match=rf"GridEncoding: a batch of {batch} samples .* at most {batch - 1} samples"):
+        enc.forward_ctx(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
+                        train=False)
 
 
 def test_octree_scale_preset_runs_its_grid_table_in_chunks(tmp_path, tuned):

@@ -13,6 +13,10 @@ from . import runtime
 from .errors import ConfigError, InputError
 
 INDEX_LIMIT = (1 << 31) - 1  # largest element count a 32-bit linear index reaches
+# Taichi's GPU range-for is a grid-stride loop whose 32-bit counter has the stride (at most a few million
+# threads) added past its last element: a loop within one stride of 2^31 iterations wraps negative and
+# writes out of bounds. Tables and per-sample buffers therefore stay below this, not INDEX_LIMIT.
+LOOP_LIMIT = (1 << 31) - (1 << 24)
 
 _spans: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
 
@@ -24,9 +28,9 @@ def row_spans(n_rows: int, row_elements: int, what: str = "table") -> tuple[tupl
     key = (n_rows, row_elements, limit)
     spans = _spans.get(key)
     if spans is None:
-        if row_elements > INDEX_LIMIT:
+        if row_elements > LOOP_LIMIT:
             raise ConfigError(f"one row of {what} holds {row_elements} elements, more than a kernel can index "
-                              f"(2^31 - 1); a row cannot be split across launches")
+                              f"(2^31 - 2^24); a row cannot be split across launches")
         per = max(1, limit // max(row_elements, 1))
         spans = tuple((lo, min(lo + per, n_rows)) for lo in range(0, max(n_rows, 1), per))
         if len(_spans) > 256:
@@ -55,7 +59,7 @@ def launch_by_rows(kernel, n_rows: int, row_elements: int, args: tuple, sliced: 
 def check_batch(what: str, batch: int, per_sample: int, buffer: str) -> None:
     """Per-sample scratch buffers (activations, deltas, features) are indexed by one launch too: refuse a
     batch whose largest buffer, `per_sample` elements per sample, passes the 32-bit index limit."""
-    if batch * per_sample > INDEX_LIMIT:
+    if batch * per_sample > LOOP_LIMIT:
         raise InputError(f"{what}: a batch of {batch} samples needs {batch * per_sample} elements of {buffer}, "
-                         f"more than a kernel can index (2^31 - 1); split it into batches of at most "
-                         f"{INDEX_LIMIT // per_sample} samples")
+                         f"more than a kernel can index (2^31 - 2^24); split it into batches of at most "
+                         f"{LOOP_LIMIT // per_sample} samples")

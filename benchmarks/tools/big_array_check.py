@@ -7,7 +7,7 @@ Cases (each trained a few Adam steps on fixed random data, then freed):
   per-level scale 1.5: 13.06M floats each, 2.22G in all) with a 64-wide MLP per grid; before row chunks
   Taichi's 32-bit indices crashed from 165 such grids on.
 - mlps: 65,537 networks of 128 in / 128 wide / 128 out (32,768 weights each, 2^31 + 32,768 in all).
-Each case runs twice from the same seed and data: with the default chunk limit (2 chunks) and with a
+Each case runs twice from the same seed and data: with the default chunk limit (2^30 elements) and with a
 limit of 2^28 elements (9 chunks); losses and final parameters must agree to float tolerance (the
 gradient sums use atomics, whose order differs). Then the chunking cost: the 4096 x 64 target step
 (2^22 samples) with one launch per kernel and with the table cut in 4 chunks.
@@ -16,6 +16,7 @@ Peak memory stays near 45 GB (parameters, gradients and Adam state of one case a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -62,6 +63,7 @@ def data(n, n_in, n_out, batch, seed=0):
 def train(make, n, n_in, n_out, batch, steps, limit):
     from tinn.trainer import Trainer
     set_limit(limit)
+    gc.collect()  # the previous case's trainer holds reference cycles: free its tables before drawing new ones
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -81,7 +83,8 @@ def train(make, n, n_in, n_out, batch, steps, limit):
     spans = len(chunks.row_spans(table.shape[0], table.shape[1]))
     out = {"losses": losses, "step_ms": 1e3 * min(times[1:] or times), "build_s": build_s, "chunks": spans,
            "table_elements": table.numel(), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del trainer, model, x, target, ids
+    del trainer, model, x, target, ids, table
+    gc.collect()
     torch.cuda.empty_cache()
     return out, tables
 
@@ -126,6 +129,7 @@ def chunking_cost(reps: int):
         with tinn.checks.disabled():
             rows[label] = 1e3 * time_fn(lambda: trainer.training_step(x, target, ids), reps=reps)
         del trainer, net
+        gc.collect()
     set_limit(settings.Settings().table_chunk_elements)
     return rows
 
