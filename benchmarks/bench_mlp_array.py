@@ -3,7 +3,8 @@
 PyTorch baselines, fp32: (1) samples grouped by network into a zero-padded
 (N, max_count, dims) batch, then `torch.bmm` per layer; (2) `torch.func.vmap` of
 `functional_call` over the N networks' stacked parameters (the stack_module_state
-recipe) on the same padded batch. Training = forward, L2 loss, autograd backward,
+recipe) on the same padded batch; (3) `torch._grouped_mm` on samples sorted by network,
+bf16 (tensor cores) and fp32 where torch runs it. Training = forward, L2 loss, autograd backward,
 `torch.optim.Adam`. tinn: `NetworkArray` inference, and `Trainer.training_step`
 (forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
 unfused kernels (`--unfused`) for comparison. Reported: times, TFLOP/s, % of the
@@ -72,6 +73,31 @@ class TorchBmmArray(torch.nn.Module):
         return gather(h)
 
 
+class GroupedMMArray(torch.nn.Module):
+    """PyTorch's grouped GEMM (`torch._grouped_mm`, what MoE layers use): samples sorted by network, one
+    GEMM per layer over all groups. fp32 master weights cast to `dtype` per step (mixed precision, as
+    autocast would); bf16 runs on tensor cores. Raises where torch refuses the case (group count, dtype,
+    architecture); the caller records the reason."""
+
+    def __init__(self, net, dtype):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(
+            [torch.nn.Parameter(net.weights(l).detach().transpose(1, 2).contiguous()) for l in range(net.n_layers)])
+        self.dtype = dtype
+
+    def forward(self, x, ids, n):
+        order = torch.argsort(ids)
+        offs = torch.cumsum(torch.bincount(ids, minlength=n), 0).to(torch.int32)
+        h = x[order].to(self.dtype)
+        for l, w in enumerate(self.weights):
+            h = torch._grouped_mm(h, w.to(self.dtype), offs=offs)
+            if l < len(self.weights) - 1:
+                h = torch.relu(h)
+        out = torch.empty(x.shape[0], h.shape[1], device=x.device)
+        out[order] = h.float()
+        return out
+
+
 def padded_bytes(ids: torch.Tensor, n: int, dims: int) -> int:
     return n * int(torch.bincount(ids.long(), minlength=n).max()) * dims * 4
 
@@ -130,7 +156,7 @@ def time_torch(row, prefix, model, x, ids, target, n, reps):
 
 def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hidden: int, routing: str,
                reps: int, skip_torch: bool, unfused: bool = False, vmap: bool = True, peak: float | None = None,
-               torch_limit_gib: float | None = None) -> dict:
+               torch_limit_gib: float | None = None, grouped: bool = True) -> dict:
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
@@ -187,6 +213,14 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
         if vmap:
             time_torch(row, "vmap", VmapArray(net).to(dev), x, ids, target, n, reps)
             row["vmap_train_speedup"] = row["vmap_train_ms"] / row["tinn_train_ms"]
+    if not skip_torch and grouped and dev.type == "cuda":
+        for dtype, prefix in ((torch.bfloat16, "gmm_bf16"), (torch.float32, "gmm_fp32")):
+            try:
+                time_torch(row, prefix, GroupedMMArray(net, dtype).to(dev), x, ids, target, n, reps)
+                row[f"{prefix}_train_speedup"] = row[f"{prefix}_train_ms"] / row["tinn_train_ms"]
+            except (RuntimeError, TypeError, NotImplementedError) as e:
+                row[f"{prefix}_note"] = f"refused: {str(e).splitlines()[0][:120]}"
+            torch.cuda.empty_cache()
     return row
 
 
@@ -203,6 +237,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--no-vmap", action="store_true", help="skip the torch.func.vmap baseline")
+    p.add_argument("--no-grouped", action="store_true", help="skip the torch._grouped_mm baselines (bf16, fp32)")
     p.add_argument("--unfused", action="store_true", help="also time tinn's unfused CUDA kernels")
     p.add_argument("--suite", action="store_true",
                    help="the full grid: N in 1,64,1024,4096,16384 x widths 16,32,64,128 x even,ragged")
@@ -226,7 +261,7 @@ def main(argv=None):
                 for s in sizes:
                     row = bench_case(n, s, width, args.n_input, args.n_output, args.hidden_layers, routing,
                                      args.reps, args.skip_torch, unfused=args.unfused, vmap=not args.no_vmap,
-                                     peak=peak)
+                                     peak=peak, grouped=not args.no_grouped)
                     rows.append(row)
                     print(row, flush=True)
     print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}"
@@ -239,11 +274,13 @@ def main(argv=None):
                        ("torch_fwd_tflops", "torch TF/s", ".2f"),
                        ("tinn_train_ms", "tinn step ms", ".2f"), ("torch_train_ms", "torch step ms", ".2f"),
                        ("vmap_train_ms", "vmap step ms", ".2f"), ("unfused_train_ms", "unfused step", ".2f"),
+                       ("gmm_bf16_train_ms", "gmm bf16 step", ".2f"), ("gmm_fp32_train_ms", "gmm fp32 step", ".2f"),
                        ("train_speedup", "step x bmm", ".2f"), ("vmap_train_speedup", "step x vmap", ".2f"),
+                       ("gmm_bf16_train_speedup", "step x gmm bf16", ".2f"),
                        ("tinn_infer_samples_per_s", "infer samples/s", ".3g"),
                        ("tinn_mem_mib", "tinn MiB", ".0f"), ("tinn_step_mem_mib", "tinn step MiB", ".0f"),
                        ("torch_mem_mib", "bmm MiB", ".0f"),
-                       ("vmap_mem_mib", "vmap MiB", ".0f")])
+                       ("vmap_mem_mib", "vmap MiB", ".0f"), ("gmm_bf16_mem_mib", "gmm bf16 MiB", ".0f")])
     write_json(args.json, {"device": device, "arch": arch, "fp32_peak_tflops": peak, "rows": rows})
     return rows
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import chunks, memory, runtime, second_order
-from .activations import NEEDS_PRE_ACTIVATION, activation_code, activation_name
+from .activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
 from .initialisation import initial_weights
@@ -202,8 +202,11 @@ class NetworkArray(Part):
         if not train:
             return self._sliced(self._inference(x, ids, params, x_fm)), None
         out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
-        # The context keeps a detached alias of the output: autograd marks the returned tensor itself.
-        return self._sliced(out), Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=out.detach(),
+        # The context keeps a detached alias of the output (autograd marks the returned tensor itself), and
+        # only when the output activation's derivative reads it: otherwise the output's memory is free once
+        # the caller drops it, before the backward allocates its deltas.
+        kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
+        return self._sliced(out), Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept,
                                           routing=routing, x_fm=x_fm)
 
     def _sliced(self, out: torch.Tensor) -> torch.Tensor:
@@ -231,8 +234,10 @@ class NetworkArray(Part):
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        dx, dparams = self._backward(self._dy_padded(dy), ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, ctx.out,
-                                     ctx.routing, need_dx, need_grads, ctx.x_fm)
+        dy = self._dy_padded(dy)
+        # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
+        dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre,
+                                     dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
     def _check_batch(self, batch: int, train: bool) -> None:

@@ -145,6 +145,7 @@ class Trainer(LearningRateOf):
                 model = self.model
                 pred, ctx = model.forward_ctx(x, ids, train=True)
                 result = _loss_result(self.loss, pred, t, **kwargs)
+                del pred  # its memory is reused by the backward where the model's context does not keep it
                 _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
                 for table, grad in zip(model.tables(), grads):
                     if table is not None and table.requires_grad and grad is not None:
