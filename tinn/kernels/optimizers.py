@@ -31,8 +31,8 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32)
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay, abs_decay,
-                  clip, grad_clip, lower, upper):
+                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay,
+                  abs_decay, clip, grad_clip, lower, upper):
     grad = g[r, c]
     if skip_zero == 0 or grad != 0.0:
         wv = w[r, c]
@@ -44,8 +44,12 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
         vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
         m[r, c] = mv
         v[r, c] = vv
-        t = steps[r, c] + 1
-        steps[r, c] = t
+        # A tensor whose elements are never skipped shares one step count (step_now, kept on the host);
+        # skipping gives every element its own.
+        t = step_now
+        if step_now == 0:
+            t = steps[r, c] + 1
+            steps[r, c] = t
         tf = ti.cast(t, ti.f32)
         lr_t = lr * lr_scale[r] * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
         eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
@@ -58,32 +62,33 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
-              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
     l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
     gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
     moments, hence the per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay,
-                      abs_decay, clip, grad_clip, lower, upper)
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
+                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
 def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   l2_reg: ti.f32, skip_zero: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d,
-                   lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32, beta1: ti.f32,
+                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d,
+                   v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32,
+                   step_now2: ti.i32, beta1: ti.f32,
                    beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, beta1, beta2, epsilon, rel_decay,
-                      abs_decay, clip, grad_clip, lower, upper)
-    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, beta1, beta2, epsilon,
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
                       rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, beta1, beta2,
+                      epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel

@@ -6,7 +6,8 @@ Differences from torch.optim.Adam, on purpose (they are tcnn's):
 - l2_reg (default 1e-8) is added to the gradient of matrix params (network weights), non_matrix_l2_reg
   (default 0) to that of non-matrix params (encoding tables, see `base.is_matrix_param`); with
   skip_zero_grad_non_matrix_params (default true) non-matrix elements with an exactly zero gradient
-  are skipped, so every element keeps its own step count for the bias correction.
+  are skipped, so every element keeps its own step count for the bias correction; a tensor never
+  skipped keeps one count (a scalar of the state), not one per element.
 - gradient_clipping_magnitude (0: off) clamps the regularised gradient to [-c, c] before the moments;
   clipping_magnitude (0: off) clamps the new weight.
 - relative_decay / absolute_decay shrink the weight by (relative_decay * lr_t) * w and
@@ -49,10 +50,20 @@ class Adam(LeafOptimizer):
         self.optimize_matrix_params = cfg.boolean("optimize_matrix_params", True)
         self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
         self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
-        for name, _ in self.named_params:
+        self._no_steps = None
+        for name, p in self.named_params:
             self.new_state("m", name)
             self.new_state("v", name)
-            self.new_state("steps", name, dtype=torch.int32)
+            if self._skips(name):
+                self.new_state("steps", name, dtype=torch.int32)
+            else:
+                self.scalars[f"steps.{name}"] = 0
+                if self._no_steps is None:  # the kernels' steps argument, unread for these tensors
+                    self._no_steps = torch.zeros(1, 1, dtype=torch.int32, device=p.device)
+
+    def _skips(self, name) -> bool:
+        """Whether elements of `name` with a zero gradient are left alone (then each counts its own steps)."""
+        return not self.is_matrix[name] and self.skip_zero_grad_non_matrix_params
 
     def _bounds(self) -> tuple[float, float]:
         if not self.adabound:
@@ -70,20 +81,28 @@ class Adam(LeafOptimizer):
             return
         for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
             w = operands[0]
-            chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper), sliced=range(6))
+            per_element = operands[4] is not self._no_steps
+            chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
+                                  sliced=range(6) if per_element else (0, 1, 2, 3, 5))
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
 
     def _operands(self, name, w, g, lr_scale) -> tuple:
-        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero)."""
+        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero, step_now),
+        counting the step of a tensor with one step count."""
         if self.is_matrix[name]:
-            lr, l2_reg, skip_zero = self.learning_rate, self.l2_reg, 0
+            lr, l2_reg = self.learning_rate, self.l2_reg
         else:
             lr = self.learning_rate * self.non_matrix_learning_rate_factor
-            l2_reg, skip_zero = self.non_matrix_l2_reg, int(self.skip_zero_grad_non_matrix_params)
-        return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.state[f"steps.{name}"], lr_scale, lr,
-                l2_reg, skip_zero)
+            l2_reg = self.non_matrix_l2_reg
+        if self._skips(name):
+            steps, step_now = self.state[f"steps.{name}"], 0
+        else:
+            steps = self._no_steps
+            step_now = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
+        return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], steps, lr_scale, lr, l2_reg,
+                int(self._skips(name)), step_now)
 
     def _hyper(self) -> tuple:
         """The arguments both Adam kernels share, in their order (beta1 ... upper)."""
