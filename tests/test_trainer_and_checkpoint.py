@@ -118,8 +118,8 @@ def test_checkpoint_errors(tmp_path):
 def test_image_demo_array_mode_reaches_psnr(tmp_path):
     import mlp_learning_an_image as demo
 
-    summary = demo.run(["--arch", "cpu", "--size", "64", "--tiles", "4", "--steps", "200", "--batch", "4096",
-                        "--out", str(tmp_path), "--save-at", "100,200", "--log-every", "100"])
+    summary = demo.run(["--arch", tinn.runtime.arch(), "--size", "64", "--tiles", "4", "--steps", "200",
+                        "--batch", "4096", "--out", str(tmp_path), "--save-at", "100,200", "--log-every", "100"])
     assert summary["n_networks"] == 16
     assert summary["final_psnr"] > 24.0, summary["history"]
     assert summary["history"][0]["psnr"] < summary["final_psnr"]
@@ -129,7 +129,7 @@ def test_image_demo_array_mode_reaches_psnr(tmp_path):
 def test_image_demo_single_network_learns(tmp_path):
     import mlp_learning_an_image as demo
 
-    summary = demo.run(["--arch", "cpu", "--size", "64", "--steps", "200", "--batch", "4096",
+    summary = demo.run(["--arch", tinn.runtime.arch(), "--size", "64", "--steps", "200", "--batch", "4096",
                         "--out", str(tmp_path), "--log-every", "100"])
     assert summary["n_networks"] == 1
     assert summary["final_psnr"] > 15.0, summary["history"]
