@@ -287,7 +287,7 @@ def test_v1_checkpoints_still_load_bit_exactly(tmp_path):
                           ("trainer", {"step": src.step})):
         for k, v in state.items():
             if isinstance(v, torch.Tensor):
-                arrays[f"{prefix}/{k}"] = v.numpy()
+                arrays[f"{prefix}/{k}"] = v.cpu().numpy()
             else:
                 scalars[f"{prefix}/{k}"] = v
     header = {"format": "tinn-checkpoint-v1", "scalars": scalars, "metadata": {"config": CONFIG}}
