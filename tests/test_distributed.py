@@ -163,6 +163,7 @@ def test_trainer_steps_equal_unsharded(equal_run, shared):
                                        _rows(n, p.grad / WORLD, owned[r], shared), rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_gather_and_other_world_size(tmp_path):
     import tinn.distributed as td
     from tinn.errors import CheckpointError
@@ -209,6 +210,7 @@ def test_rank_exit_raises_on_the_other_rank(tmp_path):
     assert res[0]["seconds"] < 20 + 5
 
 
+@pytest.mark.slow
 def test_stalled_rank_times_out(tmp_path):
     res = run_ranks("stall", tmp_path, TIMEOUT_S=3, STALL_SECONDS=15, timeout=120)
     assert res[0]["result"].startswith("DistributedError: rank 0:"), res[0]
@@ -230,6 +232,7 @@ def test_ranks_out_of_step_raise_together(tmp_path):
         assert "gradients enabled per rank = [1, 0]" in res[r]["result"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("demo,args", [
     ("kilonerf.py", ["--teacher-steps", "10", "--distill-steps", "10", "--finetune-steps", "5", "--views", "4",
                      "--test-views", "1", "--res", "16", "--samples", "16"]),

@@ -3,12 +3,15 @@ import json
 import os
 import sys
 
+import pytest
+
 import tinn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 
+@pytest.mark.slow
 def test_hash_grid_array_beats_frequency_at_equal_steps(tmp_path):
     import mlp_learning_an_image as demo
 

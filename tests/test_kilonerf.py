@@ -170,6 +170,7 @@ def test_skipping_leaves_the_image_unchanged():
 
 # ---- distillation -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_distillation_reduces_student_teacher_error(one_torch_thread):
     scene = ProceduralScene()
     teacher = AnalyticField(scene.density, scene.color)
@@ -201,6 +202,7 @@ TINY = ["--small", "--grid", "4", "--views", "16", "--res", "24", "--test-views"
         "--finetune-steps", "60", "--occupancy-res", "16", "--seed", "0"]
 
 
+@pytest.mark.slow
 def test_demo_teacher_distill_finetune(tmp_path):
     summary = load_demo().run(TINY + ["--out", str(tmp_path)])
     # Measured with --seed 0: teacher 28.3 dB, student 24.9 dB after distillation and 27.1 dB after fine-tuning,

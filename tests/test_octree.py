@@ -266,6 +266,7 @@ def test_field_bad_input():
 
 
 # ---- end to end: the demo trains a tiny procedural scene -------------------------------------------------------
+@pytest.mark.slow
 def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
     import os
     import sys

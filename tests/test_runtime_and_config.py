@@ -55,6 +55,7 @@ def test_kernel_before_init_gives_clear_error():
     assert "OK tinn is not initialised: call tinn.init()" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_tinn_arch_environment_variable():
     code = "import tinn; print('ARCH', tinn.init())"
     env = dict(os.environ, TINN_ARCH="cpu")

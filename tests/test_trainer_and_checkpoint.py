@@ -115,6 +115,7 @@ def test_checkpoint_errors(tmp_path):
         other.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_image_demo_array_mode_reaches_psnr(tmp_path):
     import mlp_learning_an_image as demo
 
@@ -126,6 +127,7 @@ def test_image_demo_array_mode_reaches_psnr(tmp_path):
     assert (tmp_path / "step_000100.png").exists() and (tmp_path / "step_000200.png").exists()
 
 
+@pytest.mark.slow
 def test_image_demo_single_network_learns(tmp_path):
     import mlp_learning_an_image as demo
 
