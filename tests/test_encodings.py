@@ -185,7 +185,8 @@ def test_spherical_harmonics(degree):
 
 def test_spherical_harmonics_known_values():
     enc = create_encoding(3, {"otype": "SphericalHarmonics", "degree": 4})
-    d = torch.tensor([[0.6, -0.8, 0.0], [0.0, 0.0, 1.0], [0.48, 0.6, 0.64]], dtype=torch.float64, device=DEV)  # unit vectors
+    unit_vectors = [[0.6, -0.8, 0.0], [0.0, 0.0, 1.0], [0.48, 0.6, 0.64]]
+    d = torch.tensor(unit_vectors, dtype=torch.float64, device=DEV)
     y = enc(((d + 1) / 2).float())
     x, yy, z = d.unbind(1)
     sp = math.sqrt(math.pi)
