@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up on a fresh machine, then runs:
 #   ./dev.sh demo [args]   the image demo on the embedded default image (GPU if present, else CPU)
-#   ./dev.sh test [args]   the test suite (CPU backend)
+#   ./dev.sh test [args]   the test suite (CPU backend; TINN_ARCH=cuda for the GPU, -m "not slow" for a quick pass)
 #   ./dev.sh bench [args]  the MLP-array benchmark
 # TINN_BACKEND=quadrants (or taichi) picks the kernel backend; setup installs it when missing.
 set -euo pipefail

@@ -6,6 +6,7 @@ import pytest
 import taichi as ti
 import torch
 
+import tinn
 from tinn.activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION
 from tinn.kernels import activations as act
 
@@ -22,9 +23,11 @@ def _apply(z: ti.types.ndarray(dtype=ti.f32, ndim=1), y: ti.types.ndarray(dtype=
 
 
 def _run(name, z):
+    """The kernel on tinn's device; values and derivatives come back to the host, next to the references."""
+    z = z.to(tinn.runtime.device())
     y, d = torch.empty_like(z), torch.empty_like(z)
     _apply(z, y, d, ACTIVATIONS[name])
-    return y, d
+    return y.cpu(), d.cpu()
 
 
 # Away from 0 (ReLU's kink) and within the range where exp/softplus are well conditioned in float32.

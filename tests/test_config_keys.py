@@ -216,6 +216,8 @@ def test_section_expect_keys_directly():
 
 def test_trainer_from_config_still_builds_and_trains():
     trainer = Trainer.from_config(CONFIG, 2, 3, n_networks=2)
-    x = torch.rand(64, 2)
-    loss = trainer.training_step(x, torch.rand(64, 3), torch.randint(0, 2, (64,), dtype=torch.int32))
+    dev = tinn.runtime.device()
+    x = torch.rand(64, 2, device=dev)
+    ids = torch.randint(0, 2, (64,), dtype=torch.int32, device=dev)
+    loss = trainer.training_step(x, torch.rand(64, 3, device=dev), ids)
     assert torch.isfinite(loss)

@@ -8,8 +8,11 @@ import pytest
 import torch
 from numpy.polynomial import legendre, polynomial
 
+import tinn
 from tinn.encodings import GridEncoding, create_encoding
 from tinn.errors import ConfigError
+
+DEV = tinn.runtime.device()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -92,7 +95,7 @@ def check_against_reference(enc, ref, x, rtol=1e-5, atol_frac=1e-5, second_order
     assert y.shape == yr.shape == (x.shape[0], enc.n_output_dims)
     close(y, yr, rtol, atol_frac, "forward")
 
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(x.device)
     gx, = torch.autograd.grad((y * w.float()).sum(), x1)
     gxr, = torch.autograd.grad((yr * w).sum(), xr)
     close(gx, gxr, rtol * 10, atol_frac * 10, "d/dx")
@@ -105,6 +108,7 @@ def check_against_reference(enc, ref, x, rtol=1e-5, atol_frac=1e-5, second_order
         return (g.norm(dim=1) - 1).square().sum() + (g * 0.5).sum()
 
     head = torch.randn(enc.n_output_dims, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.3
+    head = head.to(x.device)
     x2, h2 = x.clone().requires_grad_(True), head.float().requires_grad_(True)
     eikonal(enc, x2, h2).backward()
     x3, h3 = x.double().requires_grad_(True), head.clone().requires_grad_(True)
@@ -115,7 +119,7 @@ def check_against_reference(enc, ref, x, rtol=1e-5, atol_frac=1e-5, second_order
 
 
 def rand(batch, dims, seed=0):
-    return torch.rand(batch, dims, generator=torch.Generator().manual_seed(seed))
+    return torch.rand(batch, dims, generator=torch.Generator().manual_seed(seed)).to(DEV)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,7 +148,7 @@ def test_triangle_wave():
     assert enc.n_output_dims == 3 * n
     check_against_reference(enc, lambda x: ref_triangle_wave(x, n), rand(64, 3), rtol=1e-4, atol_frac=1e-5)
     # known values: x = 0 gives v = k/4 -> 4|k/4 mod 1 - 1/2| - 1 = 1, 0, -1, 0, 1, 0 for k = 0..5
-    assert enc(torch.zeros(1, 3))[0, :n].tolist() == [1.0, 0.0, -1.0, 0.0, 1.0, 0.0]
+    assert enc(torch.zeros(1, 3, device=DEV))[0, :n].tolist() == [1.0, 0.0, -1.0, 0.0, 1.0, 0.0]
     assert create_encoding(1, {"otype": "TriangleWave"}).n_output_dims == 12
 
 
@@ -156,10 +160,10 @@ def test_oneblob(n_bins):
     check_against_reference(enc, lambda x: ref_oneblob(x, n_bins), x, rtol=1e-4, atol_frac=1e-5)
     y = enc(x)
     # the wrapped blob integrates to one over the bins of each dim, and every bin is in [0, 1]
-    torch.testing.assert_close(y.view(64, 2, n_bins).sum(-1), torch.ones(64, 2), rtol=0, atol=1e-5)
+    torch.testing.assert_close(y.view(64, 2, n_bins).sum(-1), torch.ones(64, 2, device=DEV), rtol=0, atol=1e-5)
     assert y.min() >= -1e-6 and y.max() <= 1 + 1e-6
     # a point at a bin centre far from the edges puts most mass in its bin (quartic kernel, radius 1/n_bins)
-    centre = torch.full((1, 2), (n_bins // 2 + 0.5) / n_bins)
+    centre = torch.full((1, 2), (n_bins // 2 + 0.5) / n_bins, device=DEV)
     assert enc(centre)[0, n_bins // 2].item() == pytest.approx(2 * 15 / 16 * (0.5 - 2 / 3 * 0.125 + 0.2 * 0.03125),
                                                              rel=1e-5)
 
@@ -181,7 +185,8 @@ def test_spherical_harmonics(degree):
 
 def test_spherical_harmonics_known_values():
     enc = create_encoding(3, {"otype": "SphericalHarmonics", "degree": 4})
-    d = torch.tensor([[0.6, -0.8, 0.0], [0.0, 0.0, 1.0], [0.48, 0.6, 0.64]], dtype=torch.float64)  # unit vectors
+    unit_vectors = [[0.6, -0.8, 0.0], [0.0, 0.0, 1.0], [0.48, 0.6, 0.64]]
+    d = torch.tensor(unit_vectors, dtype=torch.float64, device=DEV)
     y = enc(((d + 1) / 2).float())
     x, yy, z = d.unbind(1)
     sp = math.sqrt(math.pi)
@@ -262,12 +267,12 @@ def test_composite_owns_one_parameter_table_for_nested_grids():
     assert [r.get("bytes_per_network") for r in rep["nested"]] == [p1 * 4, None, p2 * 4]
 
     with torch.no_grad():
-        enc.params.uniform_(-1, 1, generator=torch.Generator().manual_seed(0))
+        enc.params.copy_(torch.rand(enc.params.shape, generator=torch.Generator().manual_seed(0)) * 2 - 1)
     x = rand(40, 8, seed=2)
-    ids = torch.randint(0, n, (40,), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    ids = torch.randint(0, n, (40,), generator=torch.Generator().manual_seed(3), dtype=torch.int32).to(DEV)
     x1 = x.clone().requires_grad_(True)
     y = enc(x1, ids)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(DEV)
     (y * w).sum().backward()
 
     # the same thing from standalone encodings holding the column ranges of the shared table
@@ -305,4 +310,4 @@ def test_encodings_without_params_ignore_net_ids():
     enc = create_encoding(3, {"otype": "SphericalHarmonics", "degree": 2}, n_networks=8)
     assert enc.params is None and enc.n_params_per_network() == 0 and enc.memory_bytes() == 0
     x = rand(5, 3)
-    assert torch.equal(enc(x), enc(x, torch.arange(5, dtype=torch.int32)))
+    assert torch.equal(enc(x), enc(x, torch.arange(5, dtype=torch.int32, device=DEV)))

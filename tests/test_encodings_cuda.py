@@ -22,7 +22,7 @@ def eikonal(y, x, head):
 def test_grid_first_and_second_order_on_cuda(n_dims, kw, n_networks):
     enc = make(n_dims, n_networks, **kw)
     assert enc.params.is_cuda
-    x, ids = inputs(enc, 512)
+    x, ids = (t.cpu() for t in inputs(enc, 512))  # the reference runs on the host
     head = torch.randn(enc.n_output_dims, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     xd = x.cuda().requires_grad_(True)
     hd = head.float().cuda().requires_grad_(True)
@@ -56,7 +56,7 @@ def test_grid_atomics_under_heavy_contention_on_cuda(n_networks):
     enc = make(3, n_networks, n_levels=2, n_features_per_level=4, base_resolution=3, per_level_scale=1.7,
                grid_type="Dense")
     assert enc._shared_levels == 2  # both levels fit in a block's shared memory
-    x, ids = inputs(enc, 1 << 16, seed=9)
+    x, ids = (t.cpu() for t in inputs(enc, 1 << 16, seed=9))
     y = enc(x.cuda(), ids.cuda())
     w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))
     (y * w.cuda()).sum().backward()

@@ -18,6 +18,7 @@ from tinn.errors import ConfigError, InputError
 M32 = 0xFFFFFFFF
 MAX_DENSE = {2: 0xFFFF, 3: 0x659, 4: 0xFF}
 COHERENT = (1, 2654435761, 805459861, 3674653429)
+DEV = tinn.runtime.device()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -54,13 +55,13 @@ def ref_grid(enc: GridEncoding, x: torch.Tensor, params: torch.Tensor, ids: torc
         corners = [0] if enc.interpolation == "Nearest" else range(1 << d)
         acc = 0
         for c in corners:
-            bits = torch.tensor([(c >> k) & 1 for k in range(d)])
-            w = torch.ones(x.shape[0], dtype=x.dtype)
+            bits = torch.tensor([(c >> k) & 1 for k in range(d)], device=x.device)
+            w = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
             if enc.interpolation != "Nearest":
                 for k in range(d):
                     w = w * (s[:, k] if bits[k] else 1 - s[:, k])
-            e = torch.from_numpy(ref_entry((cell + bits).numpy(), lv.resolution, lv.size, enc.grid_type))
-            cols = lv.offset * f + e[:, None] * f + torch.arange(f)
+            e = torch.from_numpy(ref_entry((cell + bits).cpu().numpy(), lv.resolution, lv.size, enc.grid_type))
+            cols = lv.offset * f + e.to(x.device)[:, None] * f + torch.arange(f, device=x.device)
             acc = acc + w[:, None] * params[ids.long()[:, None], cols]
         outs.append(acc)
     return torch.cat(outs, dim=1)
@@ -70,7 +71,7 @@ def make(n_dims, n_networks=1, seed=0, **kw):
     enc = GridEncoding(n_dims, n_networks=n_networks, **kw)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # O(1) table values so interpolation errors are visible
-        enc.params.copy_(torch.rand(enc.params.shape, generator=gen) * 2 - 1)
+        enc.params.copy_(torch.rand(enc.params.shape, generator=gen) * 2 - 1)  # copy_ moves it to the device
     return enc
 
 
@@ -78,7 +79,7 @@ def inputs(enc, batch, seed=1):
     gen = torch.Generator().manual_seed(seed)
     x = torch.rand(batch, enc.n_input_dims, generator=gen)
     ids = torch.randint(0, enc.n_networks, (batch,), generator=gen, dtype=torch.int32)
-    return x, ids
+    return x.to(DEV), ids.to(DEV)
 
 
 def assert_close(a, b, rtol=1e-5, atol_frac=1e-5, what=""):
@@ -154,12 +155,12 @@ def test_otype_aliases_and_defaults():
 # ---------------------------------------------------------------------------------------------------------
 def _entry_numbered(enc):
     with torch.no_grad():
-        enc.params.copy_(torch.arange(enc.params.numel(), dtype=torch.float32).view_as(enc.params))
+        enc.params.copy_(torch.arange(enc.params.numel(), dtype=torch.float32, device=DEV).view_as(enc.params))
 
 
 def _at_vertex(coords, scale):
     # x * scale + 0.5 = coords + 0.5 -> the nearest vertex is exactly `coords`
-    return torch.tensor(coords, dtype=torch.float32) / scale
+    return torch.tensor(coords, dtype=torch.float32, device=DEV) / scale
 
 
 def test_coherent_prime_hash_known_values():
@@ -182,7 +183,7 @@ def test_coherent_prime_hash_known_values():
     # colliding vertices share one table entry: its gradient is the sum of both samples' gradients
     x.requires_grad_(True)
     enc.params.grad = None
-    dy = torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.0, 5.0], [0.0, 0.0]])
+    dy = torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.0, 5.0], [0.0, 0.0]], device=DEV)
     (enc(x) * dy).sum().backward()
     g = enc.params.grad[0]
     assert g[512 + 275].item() == 7.0 and g[512 + 476].item() == 1.0
@@ -235,7 +236,7 @@ def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, tun
     xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)
     yr = ref_grid(enc, xr, pr, ids)
-    w = torch.randn(yr.shape, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(yr.shape, generator=torch.Generator().manual_seed(3)).to(DEV)
     (yr * w.double()).sum().backward()
 
     # Parameter gradient alone (the usual training case: positions need no gradient) ...
@@ -264,7 +265,7 @@ def test_double_backward_matches_reference(n_dims, kw, n_networks):
     """Eikonal-style loss on d(features)/dx, with a learnable head so dy depends on parameters too."""
     enc = make(n_dims, n_networks, **kw)
     x, ids = inputs(enc, 48)
-    head = torch.randn(enc.n_output_dims, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    head = torch.randn(enc.n_output_dims, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(DEV)
 
     def loss(encode, x_, params, head_):
         y = encode(x_, params)
@@ -292,8 +293,8 @@ def test_gradient_of_parameter_gradient():
     n_dims, kw, n_networks = CONFIGS[0]
     enc = make(n_dims, n_networks, **kw)
     x, ids = inputs(enc, 32)
-    r = torch.randn(enc.params.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    head = torch.randn(enc.n_output_dims, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    r = torch.randn(enc.params.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64).to(DEV)
+    head = torch.randn(enc.n_output_dims, generator=torch.Generator().manual_seed(8), dtype=torch.float64).to(DEV)
 
     def run(encode, x_, params, head_):
         out = (encode(x_, params).to(head_.dtype) * head_).sin().sum()
@@ -319,7 +320,7 @@ def test_array_of_grids_equals_separate_grids():
     x, ids = inputs(array, 200, seed=12)
     x1 = x.clone().requires_grad_(True)
     y = array(x1, ids)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(13))
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(13)).to(DEV)
     (y * w).sum().backward()
 
     dx = torch.zeros_like(x)
@@ -342,13 +343,13 @@ def test_array_routes_each_sample_to_its_own_grid():
     enc = GridEncoding(2, n_networks=3, n_levels=2, n_features_per_level=1, base_resolution=4, grid_type="Dense")
     with torch.no_grad():
         enc.params.copy_(torch.tensor([[1.0], [2.0], [3.0]]).expand_as(enc.params))
-    x = torch.rand(6, 2)
-    ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32)
+    x = torch.rand(6, 2, device=DEV)
+    ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEV)
     # constant tables interpolate to themselves: the output is the table's constant
     assert enc(x, ids)[:, 0].tolist() == [3.0, 1.0, 2.0, 2.0, 1.0, 3.0]
     assert enc(x, ids.long())[:, 1].tolist() == [3.0, 1.0, 2.0, 2.0, 1.0, 3.0]  # int64 ids are accepted too
     with pytest.raises(InputError, match="net_ids contains 3"):
-        enc(x, torch.full((6,), 3, dtype=torch.int32))
+        enc(x, torch.full((6,), 3, dtype=torch.int32, device=DEV))
     with pytest.raises(InputError, match="net_ids is required"):
         enc(x)
 
@@ -408,7 +409,7 @@ def test_config_errors_name_the_key_and_allowed_values(cfg, n_dims, pattern):
 def test_input_validation():
     enc = GridEncoding(3, n_levels=2, log2_hashmap_size=8)
     with pytest.raises(InputError, match="last dimension 2; expected 3"):
-        enc(torch.rand(4, 2))
+        enc(torch.rand(4, 2, device=DEV))
     with pytest.raises(InputError, match="float32"):
-        enc(torch.rand(4, 3, dtype=torch.float64))
-    assert enc(torch.rand(0, 3)).shape == (0, 4)
+        enc(torch.rand(4, 3, dtype=torch.float64, device=DEV))
+    assert enc(torch.rand(0, 3, device=DEV)).shape == (0, 4)

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+import tinn
 from tinn.errors import InputError
 from tinn.scenes import ProceduralScene
 from tinn.scenes.kilonerf import Distiller, KiloNeRF, cell_of
@@ -13,6 +14,7 @@ from tinn.scenes.occupancy import OccupancyGrid
 from tinn.scenes.rendering import render_image
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+DEV = tinn.runtime.device()
 
 
 @pytest.fixture
@@ -30,15 +32,15 @@ class AnalyticField(torch.nn.Module):
     def __init__(self, density, color, box_min=(-1.0, -1.0, -1.0), box_max=(1.0, 1.0, 1.0)):
         super().__init__()
         self.density_fn, self.color_fn = density, color
-        self.register_buffer("box_min", torch.tensor(box_min))
-        self.register_buffer("box_max", torch.tensor(box_max))
+        self.register_buffer("box_min", torch.tensor(box_min, device=DEV))
+        self.register_buffer("box_max", torch.tensor(box_max, device=DEV))
 
     def forward(self, points):
         return self.density_fn(points), self.color_fn(points)
 
 
 def sphere_density(centre, radius, value=10.0):
-    c = torch.tensor(centre)
+    c = torch.tensor(centre, device=DEV)
     return lambda p: torch.where((p - c).norm(dim=1) < radius, torch.full_like(p[:, 0], value),
                                  torch.zeros_like(p[:, 0]))
 
@@ -46,40 +48,41 @@ def sphere_density(centre, radius, value=10.0):
 # ---- cell routing ---------------------------------------------------------------------------------
 
 def test_cell_of_known_points():
-    lo, hi = torch.full((3,), -1.0), torch.full((3,), 1.0)
+    lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
     pts = torch.tensor([[-1.0, -1.0, -1.0],    # first corner: cell 0
                         [0.1, -0.6, 0.9],      # cell (2, 0, 3) of 4: scaled (2.2, 0.8, 3.8)
                         [1.0, 1.0, 1.0],       # box_max belongs to the last cell
                         [0.0, 0.0, 0.0],       # on faces: the upper cell (2, 2, 2)
                         [1.5, 0.0, -0.25],     # outside in x: flagged, clamped to ix = 3
-                        [-0.75, -2.0, 0.3]])   # outside in y
+                        [-0.75, -2.0, 0.3]], device=DEV)   # outside in y
     c = cell_of(pts, lo, hi, 4)
     assert c.ids.dtype == torch.int32
     assert c.ids.tolist() == [0, (2 * 4 + 0) * 4 + 3, 63, (2 * 4 + 2) * 4 + 2, (3 * 4 + 2) * 4 + 1,
                               (0 * 4 + 0) * 4 + 2]
     expected_local = torch.tensor([[-1.0, -1.0, -1.0], [-0.6, 0.6, 0.6], [1.0, 1.0, 1.0], [-1.0, -1.0, -1.0],
-                                   [1.0, -1.0, 0.0], [0.0, -1.0, 0.2]])
+                                   [1.0, -1.0, 0.0], [0.0, -1.0, 0.2]], device=DEV)
     assert torch.allclose(c.local, expected_local, atol=1e-5)
     assert c.inside.tolist() == [True, True, True, True, False, False]
 
 
 def test_cell_of_non_cubic_box():
-    lo, hi = torch.tensor([0.0, 0.0, 0.0]), torch.tensor([2.0, 1.0, 4.0])
-    c = cell_of(torch.tensor([[1.5, 0.25, 1.0]]), lo, hi, 2)  # cell sizes (1, 0.5, 2): cell (1, 0, 0)
+    lo, hi = torch.tensor([0.0, 0.0, 0.0], device=DEV), torch.tensor([2.0, 1.0, 4.0], device=DEV)
+    c = cell_of(torch.tensor([[1.5, 0.25, 1.0]], device=DEV), lo, hi, 2)  # cell sizes (1, 0.5, 2): cell (1, 0, 0)
     assert c.ids.tolist() == [4]
-    assert torch.allclose(c.local, torch.tensor([[0.0, 0.0, 0.0]]), atol=1e-6)
+    assert torch.allclose(c.local, torch.zeros(1, 3, device=DEV), atol=1e-6)
 
 
 def test_each_network_models_only_its_cell():
     model = KiloNeRF((-1, -1, -1), (1, 1, 1), grid=2, seed=3)
     gen = torch.Generator().manual_seed(0)
-    pts = torch.rand(512, 3, generator=gen) * 2 - 1
+    pts = (torch.rand(512, 3, generator=gen) * 2 - 1).to(DEV)
     raw = model.raw(pts)
     # One launch for all cells == each cell's network on its own samples.
     cells = model.cell_of(pts)
     for cell in range(model.n_networks):
         mine = cells.ids == cell
-        own = model.networks(cells.local[mine] * 0.5, torch.full((int(mine.sum()),), cell, dtype=torch.int32))
+        ids = torch.full((int(mine.sum()),), cell, dtype=torch.int32, device=DEV)
+        own = model.networks(cells.local[mine] * 0.5, ids)
         assert torch.allclose(raw[mine], own, atol=1e-6)
     # Changing network 5 changes the outputs of cell 5's points only.
     with torch.no_grad():
@@ -89,42 +92,42 @@ def test_each_network_models_only_its_cell():
     assert torch.equal(changed, cells.ids == 5)
     # Outside the box: zero density.
     with torch.no_grad():
-        sigma, rgb = model(torch.tensor([[0.5, 0.5, 1.2], [0.5, 0.5, 0.9]]))
+        sigma, rgb = model(torch.tensor([[0.5, 0.5, 1.2], [0.5, 0.5, 0.9]], device=DEV))
     assert float(sigma[0]) == 0.0 and float(sigma[1]) > 0.0
     assert rgb.shape == (2, 3) and bool(((rgb > 0) & (rgb < 1)).all())
 
 
 def test_bad_input():
-    lo, hi = torch.full((3,), -1.0), torch.full((3,), 1.0)
+    lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
     for grid in (0, 65, 2.5, True):
         with pytest.raises(InputError, match="grid"):
             KiloNeRF(lo, hi, grid=grid)
     with pytest.raises(InputError, match=r"points must have shape \(M, 3\)"):
-        cell_of(torch.zeros(4, 2), lo, hi, 4)
+        cell_of(torch.zeros(4, 2, device=DEV), lo, hi, 4)
     with pytest.raises(InputError, match="points has dtype torch.float64"):
-        cell_of(torch.zeros(4, 3, dtype=torch.float64), lo, hi, 4)
+        cell_of(torch.zeros(4, 3, dtype=torch.float64, device=DEV), lo, hi, 4)
     with pytest.raises(InputError, match="box_max must exceed box_min"):
         KiloNeRF(hi, lo, grid=2)
     with pytest.raises(InputError, match="box_min must have 3 entries"):
         KiloNeRF((0.0, 0.0), hi, grid=2)
     model = KiloNeRF(lo, hi, grid=2)
     with pytest.raises(InputError, match=r"points must have shape \(M, 3\)"):
-        model(torch.zeros(3))
+        model(torch.zeros(3, device=DEV))
     with pytest.raises(InputError, match="resolution"):
         OccupancyGrid.from_density(sphere_density((0, 0, 0), 0.5), lo, hi, 0, 1.0)
     with pytest.raises(InputError, match="cubic"):
-        OccupancyGrid(torch.zeros(4, 4, 2, dtype=torch.bool), lo, hi)
+        OccupancyGrid(torch.zeros(4, 4, 2, dtype=torch.bool, device=DEV), lo, hi)
     with pytest.raises(InputError, match="c2w must be a"):
-        render_image(model, torch.eye(3), 4, 4, 4.0)
+        render_image(model, torch.eye(3, device=DEV), 4, 4, 4.0)
 
 
 # ---- occupancy and empty-space skipping ---------------------------------------------------------------
 
 def test_occupancy_grid_of_a_sphere():
-    lo, hi = torch.full((3,), -1.0), torch.full((3,), 1.0)
-    centre, radius, res = torch.tensor([0.1, -0.2, 0.05]), 0.45, 16
+    lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
+    centre, radius, res = torch.tensor([0.1, -0.2, 0.05], device=DEV), 0.45, 16
     density = sphere_density(centre.tolist(), radius)
-    idx = torch.stack(torch.meshgrid(*[torch.arange(res)] * 3, indexing="ij"), dim=-1).float()
+    idx = torch.stack(torch.meshgrid(*[torch.arange(res, device=DEV)] * 3, indexing="ij"), dim=-1).float()
     voxel = 2.0 / res
     centres = lo + (idx + 0.5) * voxel
     centre_inside = (centres - centre).norm(dim=-1) < radius
@@ -142,9 +145,9 @@ def test_occupancy_grid_of_a_sphere():
     grown = torch.nn.functional.max_pool3d(centre_inside[None, None].float(), 3, 1, 1)[0, 0] > 0
     assert torch.equal(dilated.occupied, grown)
     # Queries and samples agree with the voxels.
-    assert exact.query(torch.tensor([[0.1, -0.2, 0.05], [0.9, 0.9, 0.9], [2.0, -0.2, 0.05]])).tolist() == \
+    assert exact.query(torch.tensor([[0.1, -0.2, 0.05], [0.9, 0.9, 0.9], [2.0, -0.2, 0.05]], device=DEV)).tolist() == \
         [True, False, False]
-    samples = exact.sample(2000, torch.Generator().manual_seed(1))
+    samples = exact.sample(2000, torch.Generator(device=DEV).manual_seed(1))  # draws on the grid's device
     assert bool(exact.query(samples).all())
     assert abs(exact.occupied_fraction() - float(centre_inside.float().mean())) < 1e-7
 
@@ -154,9 +157,9 @@ def test_skipping_leaves_the_image_unchanged():
     scene_density = sphere_density((0.0, 0.1, -0.1), 0.5, value=8.0)
     field = AnalyticField(scene_density, lambda p: (p * 0.5 + 0.5).clamp(0, 1))
     occ = OccupancyGrid.from_density(scene_density, field.box_min, field.box_max, 16, threshold=0.0, dilate=1)
-    c2w = torch.eye(4)
+    c2w = torch.eye(4, device=DEV)
     c2w[2, 3] = 3.0  # on +z looking down -z at the origin
-    bg = torch.tensor([1.0, 1.0, 1.0])
+    bg = torch.tensor([1.0, 1.0, 1.0], device=DEV)
     full = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=None)
     skip = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=occ)
     assert torch.allclose(full.rgb, skip.rgb, atol=1e-6)
@@ -167,6 +170,7 @@ def test_skipping_leaves_the_image_unchanged():
 
 # ---- distillation -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_distillation_reduces_student_teacher_error(one_torch_thread):
     scene = ProceduralScene()
     teacher = AnalyticField(scene.density, scene.color)
@@ -198,6 +202,7 @@ TINY = ["--small", "--grid", "4", "--views", "16", "--res", "24", "--test-views"
         "--finetune-steps", "60", "--occupancy-res", "16", "--seed", "0"]
 
 
+@pytest.mark.slow
 def test_demo_teacher_distill_finetune(tmp_path):
     summary = load_demo().run(TINY + ["--out", str(tmp_path)])
     # Measured with --seed 0: teacher 28.3 dB, student 24.9 dB after distillation and 27.1 dB after fine-tuning,
@@ -239,12 +244,12 @@ def test_demo_rejects_bad_arguments():
 def test_tracking_occupancy_follows_a_changing_field():
     """instant-ngp's density grid: every voxel starts occupied, the first update evaluates all of them,
     density a field stops producing decays away, new density is found by the random share."""
-    lo, hi, res = torch.full((3,), -1.0), torch.full((3,), 1.0), 8
+    lo, hi, res = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV), 8
     grid = OccupancyGrid.tracking(lo, hi, res)
     assert grid.occupied_fraction() == 1.0
     big = sphere_density([0.0, 0.0, 0.0], 0.9)
     small = sphere_density([0.5, 0.5, 0.5], 0.3)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)  # update draws on the grid's device
     grid.update(big, threshold=1.0, decay=0.5, generator=gen)
     after_big = grid.occupied.clone()
     assert 0.2 < grid.occupied_fraction() < 0.8

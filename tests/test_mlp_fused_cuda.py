@@ -9,6 +9,7 @@ from reference import mlp_array, rel_err
 
 pytestmark = pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="fused kernels run on CUDA only")
 TOL = 1e-4
+slow = pytest.mark.slow  # widths 32 and up: each shape's kernels take tens of seconds to compile
 
 
 def run(net, x, ids, dy, input_grad=True):
@@ -20,9 +21,9 @@ def run(net, x, ids, dy, input_grad=True):
 
 
 @pytest.mark.parametrize("n_in,width,n_out,depth,n_networks,batch,routing,input_grad", [
-    (32, 64, 16, 2, 64, 20000, "ragged", True),
-    (32, 128, 16, 2, 16, 9000, "ragged", True),
-    (48, 32, 3, 3, 300, 5000, "ragged", False),  # parameters only: no input deltas
+    pytest.param(32, 64, 16, 2, 64, 20000, "ragged", True, marks=slow),
+    pytest.param(32, 128, 16, 2, 16, 9000, "ragged", True, marks=slow),
+    pytest.param(48, 32, 3, 3, 300, 5000, "ragged", False, marks=slow),  # parameters only: no input deltas
     (3, 16, 1, 1, 1, 3000, "single", True),      # one network, many chunks: atomics across chunks
     (16, 64, 4, 0, 1024, 4000, "even", True),    # no hidden layer
 ])
@@ -62,6 +63,7 @@ def test_sine_keeps_the_unfused_path():
     assert not net.fused
 
 
+@slow
 @pytest.mark.parametrize("n_networks,batch", [(1, 5000), (37, 9000)])
 def test_feature_major_inputs_match_row_major(n_networks, batch):
     """A grid's feature-major output read in place: same outputs and input gradients (transposed) as

@@ -49,7 +49,13 @@ def check_against_reference(n_in, n_out, width, depth, hidden, output, n_network
         assert torch.equal(net(x.detach(), ids), y.detach())
 
 
-@pytest.mark.parametrize("width,depth", [(16, 0), (16, 1), (32, 2), (64, 3), (128, 1)])
+# On CUDA the fused kernels of each (width, depth, activations) compile once per process; the wide ones take tens
+# of seconds, so the GEMM test below reuses these shapes.
+WIDE = pytest.mark.slow
+
+
+@pytest.mark.parametrize("width,depth", [(16, 0), (16, 1), (32, 2), pytest.param(64, 3, marks=WIDE),
+                                         pytest.param(128, 1, marks=WIDE)])
 def test_widths_and_depths(width, depth):
     check_against_reference(3, 4, width, depth, "ReLU", "None", n_networks=64, batch=700)
 
@@ -67,7 +73,8 @@ def test_many_networks_cutlass_width():
     check_against_reference(2, 3, 24, 1, "ReLU", "None", n_networks=1024, batch=3000, seed=5, otype="CutlassMLP")
 
 
-@pytest.mark.parametrize("width,depth,hidden", [(16, 0, "ReLU"), (64, 2, "ReLU"), (32, 1, "Sine"), (128, 1, "Tanh")])
+@pytest.mark.parametrize("width,depth,hidden", [(16, 1, "Tanh"), pytest.param(64, 3, "ReLU", marks=WIDE),
+                                               (32, 1, "Sine"), pytest.param(128, 1, "ReLU", marks=WIDE)])
 def test_single_network_gemm_weight_gradients(width, depth, hidden, tuned):
     """A single network's weight gradients come from one vendor GEMM per layer: against float64, and
     against tinn's own tile kernels (same sums, another order)."""

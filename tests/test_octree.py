@@ -5,10 +5,12 @@ import math
 import pytest
 import torch
 
+import tinn
 from tinn.errors import InputError
 from tinn.scenes.octree import Octree, levels_for_radius
 
 BOX = ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
+DEV = tinn.runtime.device()
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +28,7 @@ CORNER_B = [(0.9, 0.9, 0.9), (0.8, 0.85, 0.95), (0.95, 0.95, 0.8)]
 
 
 def corners_tree():
-    return Octree.build(torch.tensor(CORNER_A + CORNER_B), *BOX, max_depth=4, min_points=3)
+    return Octree.build(torch.tensor(CORNER_A + CORNER_B, device=DEV), *BOX, max_depth=4, min_points=3)
 
 
 def test_build_two_corners_exact_layout():
@@ -43,8 +45,8 @@ def test_build_two_corners_exact_layout():
     assert tree.depth.tolist() == [0, 1, 1, 2, 3, 4, 4, 4]
     assert tree.point_count.tolist() == [8, 5, 3, 5, 5, 3, 1, 1]
     assert tree.half_size.tolist() == [1.0, 0.5, 0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0625]
-    assert torch.allclose(tree.center[2], torch.tensor([0.5, 0.5, 0.5]))
-    assert torch.allclose(tree.center[6], torch.tensor([-0.8125, -0.9375, -0.9375]))
+    assert torch.allclose(tree.center[2], torch.tensor([0.5, 0.5, 0.5], device=DEV))
+    assert torch.allclose(tree.center[6], torch.tensor([-0.8125, -0.9375, -0.9375], device=DEV))
     assert tree.is_leaf().tolist() == [False, False, True, False, False, True, True, True]
     # Each node's point range holds exactly its points.
     pts = tree.points
@@ -71,15 +73,16 @@ def test_lookup_known_points():
         ((1.5, 0.0, 0.0), 0, -1),          # outside the box
         ((1.0, 1.0, 1.0), 1, 2),           # on the box face: inside
     ]
-    points = torch.tensor([c[0] for c in cases])
-    levels = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    points = torch.tensor([c[0] for c in cases], device=DEV)
+    levels = torch.tensor([c[1] for c in cases], dtype=torch.int32, device=DEV)
     assert tree.lookup(points, levels).tolist() == [c[2] for c in cases]
     assert tree.lookup(points[:1], 2).tolist() == [3]  # an int level for all points
 
 
 def test_non_cubic_box_ignores_points_outside():
     box_min, box_max = [-1.0, -0.5, -0.25], [1.0, 0.5, 0.25]
-    pts = torch.tensor([[0.5, 0.2, 0.1], [0.0, 0.9, 0.0]])  # the second lies in the root cube, outside the box
+    # the second point lies in the root cube, outside the box
+    pts = torch.tensor([[0.5, 0.2, 0.1], [0.0, 0.9, 0.0]], device=DEV)
     tree = Octree.build(pts, box_min, box_max, max_depth=2, min_points=0)
     assert tree.edge == 2.0 and tree.point_count[0].item() == 1
     assert tree.nodes_per_level() == [1, 1, 1]
@@ -87,16 +90,18 @@ def test_non_cubic_box_ignores_points_outside():
 
 
 def test_levels_for_radius_formula():
-    r = torch.tensor([2.0, 1.0, 0.99, 0.5, 0.26, 4.0, 0.25, 1e-3])
+    r = torch.tensor([2.0, 1.0, 0.99, 0.5, 0.26, 4.0, 0.25, 1e-3], device=DEV)
     assert levels_for_radius(r, 2.0).tolist() == [0, 1, 1, 2, 2, 0, 3, 10]
-    assert levels_for_radius(torch.tensor([0.0]), 2.0).item() > 20  # radius 0: the finest level there is
+    assert levels_for_radius(torch.tensor([0.0], device=DEV), 2.0).item() > 20  # radius 0: the finest level there is
     gen = torch.Generator().manual_seed(0)
-    r = torch.rand(1000, generator=gen) * 0.5 + 1e-4
+    r = (torch.rand(1000, generator=gen) * 0.5 + 1e-4).to(DEV)
     expected = [max(0, math.floor(math.log2(3.0 / v))) for v in r.double().tolist()]
     assert levels_for_radius(r, 3.0).tolist() == expected
 
 
 def _brute_force_lookup(tree: Octree, point, level) -> int:
+    """Walks down a host copy of the tree (`tree.to("cpu")`): thousands of tiny ops, each a launch on a GPU."""
+    assert tree.device.type == "cpu"
     p = torch.tensor(point)
     if not bool(((p >= tree.box_min) & (p <= tree.box_max)).all()):
         return -1
@@ -121,21 +126,22 @@ def test_lookup_matches_brute_force_reference():
     gen = torch.Generator().manual_seed(3)
     blobs = torch.tensor([[0.3, -0.4, 0.2], [-0.6, 0.5, -0.1], [0.1, 0.7, 0.6]])
     pts = (blobs[torch.randint(0, 3, (400,), generator=gen)] + 0.15 * torch.randn(400, 3, generator=gen))
-    tree = Octree.build(pts, *BOX, max_depth=5, min_points=4)
+    tree = Octree.build(pts.to(DEV), *BOX, max_depth=5, min_points=4)
     assert tree.deepest == 5 and tree.n_nodes > 40
     queries = torch.rand(1500, 3, generator=gen) * 2.4 - 1.2
     levels = torch.randint(-1, 8, (1500,), generator=gen, dtype=torch.int32)
-    got = tree.lookup(queries, levels).tolist()
-    want = [_brute_force_lookup(tree, q, int(lv)) for q, lv in zip(queries.tolist(), levels.tolist())]
+    got = tree.lookup(queries.to(DEV), levels.to(DEV)).tolist()
+    host = tree.to("cpu")
+    want = [_brute_force_lookup(host, q, int(lv)) for q, lv in zip(queries.tolist(), levels.tolist())]
     assert got == want
     assert sum(w == -1 for w in want) > 100 and len(set(want)) > 30  # both empty space and many nodes seen
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"points": torch.zeros(4, 2)}, "points"),
-    ({"points": torch.zeros(4, 3, dtype=torch.int64)}, "points"),
-    ({"points": torch.tensor([[0.0, float("nan"), 0.0]])}, "NaN"),
-    ({"points": torch.full((3, 3), 5.0)}, "no point"),
+    ({"points": torch.zeros(4, 2, device=DEV)}, "points"),
+    ({"points": torch.zeros(4, 3, dtype=torch.int64, device=DEV)}, "points"),
+    ({"points": torch.tensor([[0.0, float("nan"), 0.0]], device=DEV)}, "NaN"),
+    ({"points": torch.full((3, 3), 5.0, device=DEV)}, "no point"),
     ({"box_max": [1.0, -1.0, 1.0]}, "box_max"),
     ({"box_min": [0.0, 0.0]}, "box_min"),
     ({"max_depth": -1}, "max_depth"),
@@ -144,7 +150,8 @@ def test_lookup_matches_brute_force_reference():
     ({"min_points": -1}, "min_points"),
 ])
 def test_build_bad_input(kwargs, match):
-    args = {"points": torch.zeros(4, 3), "box_min": BOX[0], "box_max": BOX[1], "max_depth": 3, "min_points": 1}
+    args = {"points": torch.zeros(4, 3, device=DEV), "box_min": BOX[0], "box_max": BOX[1], "max_depth": 3,
+            "min_points": 1}
     args.update(kwargs)
     with pytest.raises(InputError, match=match):
         Octree.build(**args)
@@ -153,15 +160,15 @@ def test_build_bad_input(kwargs, match):
 def test_lookup_and_levels_bad_input():
     tree = corners_tree()
     with pytest.raises(InputError, match="levels"):
-        tree.lookup(torch.zeros(3, 3), torch.zeros(2, dtype=torch.int32))
+        tree.lookup(torch.zeros(3, 3, device=DEV), torch.zeros(2, dtype=torch.int32, device=DEV))
     with pytest.raises(InputError, match="levels"):
-        tree.lookup(torch.zeros(3, 3), torch.zeros(3))
+        tree.lookup(torch.zeros(3, 3, device=DEV), torch.zeros(3, device=DEV))
     with pytest.raises(InputError, match="points"):
-        tree.lookup(torch.zeros(3, 4), 1)
+        tree.lookup(torch.zeros(3, 4, device=DEV), 1)
     with pytest.raises(InputError, match="sample_radius"):
-        levels_for_radius(torch.tensor([0.1, -0.1]), 2.0)
+        levels_for_radius(torch.tensor([0.1, -0.1], device=DEV), 2.0)
     with pytest.raises(InputError, match="root_size"):
-        levels_for_radius(torch.tensor([0.1]), 0.0)
+        levels_for_radius(torch.tensor([0.1], device=DEV), 0.0)
 
 
 # ---- the field: one network per node, rendered through tinn.render -------------------------------------------
@@ -175,7 +182,7 @@ def blob_field(seed=0):
 
     gen = torch.Generator().manual_seed(seed)
     pts = torch.tensor([0.3, -0.2, 0.1]) + 0.25 * torch.randn(300, 3, generator=gen)
-    tree = Octree.build(pts, *BOX, max_depth=3, min_points=4)
+    tree = Octree.build(pts.to(DEV), *BOX, max_depth=3, min_points=4)
     return OctreeField(tree, TINY_ENCODING, TINY_NETWORK, seed=seed + 5)
 
 
@@ -185,7 +192,7 @@ def aimed_rays(n, seed=0, spread=0.6):
     origins = 3.0 * origins / origins.norm(dim=1, keepdim=True)
     targets = (torch.rand(n, 3, generator=gen) - 0.5) * 2 * spread
     directions = targets - origins
-    return origins, directions / directions.norm(dim=1, keepdim=True)
+    return origins.to(DEV), (directions / directions.norm(dim=1, keepdim=True)).to(DEV)
 
 
 def test_render_rays_matches_float64_reference():
@@ -194,47 +201,49 @@ def test_render_rays_matches_float64_reference():
     field = blob_field()
     assert field.lod_root_size == 2.0 / 4  # edge / finest grid resolution (2 * 2^1)
     origins, directions = aimed_rays(24)
-    background = torch.tensor([0.2, 0.5, 1.0])
+    background = torch.tensor([0.2, 0.5, 1.0], device=DEV)
     radius = 0.004
     res = field.render_rays(origins, directions, radius, n_samples=20, background=background)
 
     t_near, t_far = ray_box(origins, directions, *BOX)
     t, deltas = stratified_t(t_near, t_far, 20, jitter=False)
+    # The reference walks ray by ray on the host; only the per-sample network queries go to the device.
+    t, deltas, o_host, d_host, tree = t.cpu(), deltas.cpu(), origins.cpu(), directions.cpu(), field.octree.to("cpu")
     expected_rgb, expected_opacity, n_evaluated = [], [], 0
     for r in range(24):
         log_t, color = 0.0, torch.zeros(3, dtype=torch.float64)
         for s in range(20):
             if float(deltas[r, s]) <= 0:
                 continue
-            p = origins[r] + float(t[r, s]) * directions[r]
+            p = o_host[r] + float(t[r, s]) * d_host[r]
             level = max(0, math.floor(math.log2(field.lod_root_size / (float(t[r, s]) * radius))))
-            node = _brute_force_lookup(field.octree, p.tolist(), level)
+            node = _brute_force_lookup(tree, p.tolist(), level)
             if node < 0:
                 continue
             with torch.no_grad():
-                sigma, rgb = field.query(p[None], torch.tensor([node], dtype=torch.int32))
+                sigma, rgb = field.query(p[None].to(DEV), torch.tensor([node], dtype=torch.int32, device=DEV))
             alpha = 1 - math.exp(-float(sigma) * float(deltas[r, s]))
-            color += math.exp(log_t) * alpha * rgb[0].double()
+            color += math.exp(log_t) * alpha * rgb[0].double().cpu()
             log_t += -float(sigma) * float(deltas[r, s])
             n_evaluated += 1
-        expected_rgb.append(color + math.exp(log_t) * background.double())
+        expected_rgb.append(color + math.exp(log_t) * background.double().cpu())
         expected_opacity.append(1 - math.exp(log_t))
     assert res.node_ids.shape[0] == n_evaluated > 100
-    assert torch.allclose(res.rgb.double(), torch.stack(expected_rgb), atol=2e-5)
-    assert torch.allclose(res.opacity.double(), torch.tensor(expected_opacity, dtype=torch.float64), atol=2e-5)
+    assert torch.allclose(res.rgb.double().cpu(), torch.stack(expected_rgb), atol=2e-5)
+    assert torch.allclose(res.opacity.double().cpu(), torch.tensor(expected_opacity, dtype=torch.float64), atol=2e-5)
 
 
 def test_gradients_reach_only_the_nodes_along_the_rays():
     field = blob_field(1)
     origins, directions = aimed_rays(16, seed=4, spread=0.1)
-    res = field.render_rays(origins, directions, 0.004, n_samples=24, background=torch.ones(3))
+    res = field.render_rays(origins, directions, 0.004, n_samples=24, background=torch.ones(3, device=DEV))
     ((res.rgb - 0.5) ** 2).sum().backward()
     touched = set(torch.unique(res.node_ids).tolist())
     for name, p in field.model.named_parameters():
         rows = set(torch.nonzero(p.grad.abs().sum(dim=1) > 0).squeeze(1).tolist())
         assert rows and rows <= touched, name
     assert 0 < len(touched) < field.n_nodes
-    report = field.touched_report(torch.tensor(sorted(touched)))
+    report = field.touched_report(torch.tensor(sorted(touched), device=DEV))
     assert report["params_touched"] == len(touched) * field.params_per_node()
     assert report["params_total"] == field.n_nodes * field.params_per_node()
     assert report["fraction_touched"] == pytest.approx(len(touched) / field.n_nodes)
@@ -247,7 +256,7 @@ def test_field_bad_input():
     field = blob_field()
     o, d = aimed_rays(4)
     with pytest.raises(InputError, match="pixel_radius"):
-        field.render_rays(o, d, torch.ones(3), n_samples=4)
+        field.render_rays(o, d, torch.ones(3, device=DEV), n_samples=4)
     with pytest.raises(InputError, match="pixel_radius"):
         field.render_rays(o, d, -1.0, n_samples=4)
     with pytest.raises(InputError, match="octree"):
@@ -257,6 +266,7 @@ def test_field_bad_input():
 
 
 # ---- end to end: the demo trains a tiny procedural scene -------------------------------------------------------
+@pytest.mark.slow
 def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
     import os
     import sys
@@ -344,7 +354,7 @@ def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
     rays = PyramidRays(views, 3)
     assert rays.counts.tolist() == [192, 48, 12]
     assert rays.level_counts(70) == [40, 20, 10] and rays.level_counts(3) == [1, 1, 1]
-    origins, directions, colors, radius = rays.sample(700, torch.Generator().manual_seed(0))
+    origins, directions, colors, radius = rays.sample(700, torch.Generator(device=DEV).manual_seed(0))
     for k, want in enumerate(rays.level_counts(700)):
         level = views.downscaled(2 ** k)
         sel = radius == pixel_radius(level.focal)

@@ -174,8 +174,15 @@ def test_adam_non_matrix_l2_gradient_clipping_and_zero_grad_skipping(skip_zero, 
     for name, matrix in (("network.params", True), ("encoding.params", False)):
         ref = adam_reference(w0[name], lambda w: grad_fn({name: w})[name], N_STEPS, 3e-2, l2=0.2, nm_l2=0.05,
                              grad_clip=0.4, matrix=matrix, skip_zero=skip_zero, sparse=sparse.get(name))
+        # Distances travelled, not positions. tcnn's bias correction 1 - beta2^t cancels in float32: with
+        # beta2 = 0.999 an error of pow(beta2, t) reaches the step size magnified ~1000 / t times, and the
+        # fast-math pow of Taichi's CUDA code is less exact near 1 and errs the same way at every step. Where the
+        # clipped gradient is constant, nothing pulls the weight back, so those errors add up along the path: a
+        # weight that ends near 0 would be held to a bound float32 cannot meet; its path's length is the scale.
+        start = w0[name].numpy()
         for step in (0, N_STEPS - 1):
-            np.testing.assert_allclose(traj[step][name].numpy(), ref[step].numpy(), rtol=1e-4, atol=3e-6)
+            np.testing.assert_allclose(traj[step][name].numpy() - start, ref[step].numpy() - start, rtol=1e-4,
+                                       atol=3e-6)
     untouched = sparse["encoding.params"] == 0
     moved = (traj[-1]["encoding.params"] - w0["encoding.params"])[untouched].abs()
     if skip_zero:

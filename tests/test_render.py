@@ -4,8 +4,11 @@ import math
 import pytest
 import torch
 
+import tinn
 from tinn.errors import InputError
 from tinn.render import camera_rays, composite, composite_dense, pack, pixel_radius, ray_box, stratified_t
+
+DEV = tinn.runtime.device()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -16,25 +19,25 @@ def test_camera_rays_match_hand_computed_rays():
     c2w = torch.tensor([[0.0, 0.0, 1.0, 1.0],
                         [0.0, 1.0, 0.0, 2.0],
                         [-1.0, 0.0, 0.0, 3.0],
-                        [0.0, 0.0, 0.0, 1.0]])
+                        [0.0, 0.0, 0.0, 1.0]], device=DEV)
     origins, dirs = camera_rays(c2w, width=4, height=2, focal=2.0)
     assert origins.shape == (8, 3) and dirs.shape == (8, 3)
-    assert torch.equal(origins, torch.tensor([[1.0, 2.0, 3.0]]).expand(8, 3))
+    assert torch.equal(origins, torch.tensor([[1.0, 2.0, 3.0]], device=DEV).expand(8, 3))
     # Pixel (i=0, j=0): camera direction ((0.5 - 2) / 2, -(0.5 - 1) / 2, -1) = (-0.75, 0.25, -1)
     # -> world (x, y, z) = (cam_z, cam_y, -cam_x) = (-1, 0.25, 0.75), normalised by sqrt(1 + 1/16 + 9/16).
     n = math.sqrt(1 + 0.0625 + 0.5625)
-    torch.testing.assert_close(dirs[0], torch.tensor([-1.0, 0.25, 0.75]) / n)
+    torch.testing.assert_close(dirs[0], torch.tensor([-1.0, 0.25, 0.75], device=DEV) / n)
     # Pixel (i=3, j=1) is ray 1 * 4 + 3 = 7: camera (1.5 - ... ) = ((3.5 - 2) / 2, -(1.5 - 1) / 2, -1) = (0.75, -0.25, -1).
-    torch.testing.assert_close(dirs[7], torch.tensor([-1.0, -0.25, -0.75]) / n)
+    torch.testing.assert_close(dirs[7], torch.tensor([-1.0, -0.25, -0.75], device=DEV) / n)
     # Row-major: ray 1 is pixel (i=1, j=0): camera (-0.25, 0.25, -1) -> world (-1, 0.25, 0.25).
-    torch.testing.assert_close(dirs[1], torch.tensor([-1.0, 0.25, 0.25]) / math.sqrt(1 + 0.0625 + 0.0625))
-    torch.testing.assert_close(dirs.norm(dim=1), torch.ones(8))
+    torch.testing.assert_close(dirs[1], torch.tensor([-1.0, 0.25, 0.25], device=DEV) / math.sqrt(1 + 0.0625 + 0.0625))
+    torch.testing.assert_close(dirs.norm(dim=1), torch.ones(8, device=DEV))
 
 
 def test_camera_rays_are_view_major():
-    a = torch.eye(4)
-    b = torch.eye(4)
-    b[:3, 3] = torch.tensor([0.0, 0.0, 4.0])
+    a = torch.eye(4, device=DEV)
+    b = torch.eye(4, device=DEV)
+    b[:3, 3] = torch.tensor([0.0, 0.0, 4.0], device=DEV)
     origins, dirs = camera_rays(torch.stack([a, b]), width=3, height=2, focal=5.0)
     o_b, d_b = camera_rays(b, 3, 2, 5.0)
     assert origins.shape == (12, 3)
@@ -47,11 +50,11 @@ def test_camera_rays_are_view_major():
 
 def test_camera_rays_reject_bad_input():
     with pytest.raises(InputError, match="c2w"):
-        camera_rays(torch.eye(3), 4, 4, 1.0)
+        camera_rays(torch.eye(3, device=DEV), 4, 4, 1.0)
     with pytest.raises(InputError, match="focal"):
-        camera_rays(torch.eye(4), 4, 4, 0.0)
+        camera_rays(torch.eye(4, device=DEV), 4, 4, 0.0)
     with pytest.raises(InputError, match="width"):
-        camera_rays(torch.eye(4), 0, 4, 1.0)
+        camera_rays(torch.eye(4, device=DEV), 0, 4, 1.0)
 
 
 def test_ray_box_hits_and_misses():
@@ -61,12 +64,12 @@ def test_ray_box_hits_and_misses():
                             [0.0, 5.0, -5.0],    # passes above the box
                             [0.0, 0.0, 5.0],     # box behind the ray
                             [-3.0, -3.0, 0.0],   # diagonal: enters at 2 sqrt2, leaves at 4 sqrt2
-                            [0.0, 1.5, 0.0]])    # parallel to a face, outside it
+                            [0.0, 1.5, 0.0]], device=DEV)    # parallel to a face, outside it
     dirs = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0], [s, s, 0.0],
-                         [1.0, 0.0, 0.0]])
-    t_near, t_far = ray_box(origins, dirs, torch.tensor([-1.0, -1.0, -1.0]), (1.0, 1.0, 1.0))
-    torch.testing.assert_close(t_near[[0, 1, 4]], torch.tensor([4.0, 0.0, 2 * math.sqrt(2)]))
-    torch.testing.assert_close(t_far[[0, 1, 4]], torch.tensor([6.0, 1.0, 4 * math.sqrt(2)]))
+                         [1.0, 0.0, 0.0]], device=DEV)
+    t_near, t_far = ray_box(origins, dirs, torch.tensor([-1.0, -1.0, -1.0], device=DEV), (1.0, 1.0, 1.0))
+    torch.testing.assert_close(t_near[[0, 1, 4]], torch.tensor([4.0, 0.0, 2 * math.sqrt(2)], device=DEV))
+    torch.testing.assert_close(t_far[[0, 1, 4]], torch.tensor([6.0, 1.0, 4 * math.sqrt(2)], device=DEV))
     assert bool((t_far[[2, 3, 5]] <= t_near[[2, 3, 5]]).all())
     assert bool((t_near >= 0).all()) and bool(torch.isfinite(t_near).all())
     with pytest.raises(InputError, match="box_max"):
@@ -79,27 +82,27 @@ def test_ray_box_hits_and_misses():
 # Sampling and packing
 # ---------------------------------------------------------------------------------------------------------
 def test_stratified_t_midpoints_jitter_and_misses():
-    t_near = torch.tensor([1.0, 2.0, 3.0])
-    t_far = torch.tensor([3.0, 2.5, 1.0])  # the last ray misses
+    t_near = torch.tensor([1.0, 2.0, 3.0], device=DEV)
+    t_far = torch.tensor([3.0, 2.5, 1.0], device=DEV)  # the last ray misses
     t, deltas = stratified_t(t_near, t_far, 4, jitter=False)
-    torch.testing.assert_close(t[0], torch.tensor([1.25, 1.75, 2.25, 2.75]))
-    torch.testing.assert_close(deltas[0], torch.full((4,), 0.5))
-    torch.testing.assert_close(deltas[1], torch.full((4,), 0.125))
+    torch.testing.assert_close(t[0], torch.tensor([1.25, 1.75, 2.25, 2.75], device=DEV))
+    torch.testing.assert_close(deltas[0], torch.full((4,), 0.5, device=DEV))
+    torch.testing.assert_close(deltas[1], torch.full((4,), 0.125, device=DEV))
     assert bool((deltas[2] == 0).all())
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator(device=DEV).manual_seed(3)  # stratified_t draws on the rays' device
     tj, dj = stratified_t(t_near, t_far, 4, jitter=True, generator=g)
     torch.testing.assert_close(dj, deltas)
-    edges = t_near[:2, None] + torch.arange(4)[None] * deltas[:2]
+    edges = t_near[:2, None] + torch.arange(4, device=DEV)[None] * deltas[:2]
     assert bool((tj[:2] >= edges).all()) and bool((tj[:2] <= edges + deltas[:2]).all())
     assert not torch.equal(tj, t)
-    tj2, _ = stratified_t(t_near, t_far, 4, jitter=True, generator=torch.Generator().manual_seed(3))
+    tj2, _ = stratified_t(t_near, t_far, 4, jitter=True, generator=torch.Generator(device=DEV).manual_seed(3))
     assert torch.equal(tj, tj2)
 
 
 def test_pack_keeps_masked_samples_front_to_back():
     mask = torch.tensor([[True, False, True, True],
                          [False, False, False, False],
-                         [False, True, False, False]])
+                         [False, True, False, False]], device=DEV)
     index, offsets = pack(mask)
     assert index.dtype == torch.int64 and offsets.dtype == torch.int32
     assert index.tolist() == [0, 2, 3, 9]
@@ -138,7 +141,7 @@ def make_rays(seed=0):
     deltas = torch.rand(m, generator=g) * 0.3 + 0.05
     rgb = torch.rand(m, 3, generator=g)
     t = torch.cat([torch.cumsum(deltas[int(offsets[r]):int(offsets[r + 1])], 0) + 1 for r in range(len(counts))])
-    return sigma, rgb, deltas, offsets, t, g
+    return (*(x.to(DEV) for x in (sigma, rgb, deltas, offsets, t)), g)
 
 
 @pytest.mark.parametrize("bg_kind", ["none", "shared", "per_ray"])
@@ -146,8 +149,9 @@ def test_composite_forward_matches_formula(bg_kind):
     sigma, rgb, deltas, offsets, t, g = make_rays()
     n_rays = len(offsets) - 1
     bg = {"none": None, "shared": torch.tensor([0.2, 0.5, 0.9]), "per_ray": torch.rand(n_rays, 3, generator=g)}[bg_kind]
+    bg = None if bg is None else bg.to(DEV)
     out = composite(sigma, rgb, deltas, offsets, background=bg, t=t)
-    bg64 = torch.zeros(3, dtype=torch.float64) if bg is None else bg.double()
+    bg64 = torch.zeros(3, dtype=torch.float64, device=DEV) if bg is None else bg.double()
     ref_rgb, ref_op, ref_depth = ref_composite(sigma.double(), rgb.double(), deltas.double(), offsets, bg64, t.double())
     torch.testing.assert_close(out.rgb.double(), ref_rgb, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.opacity.double(), ref_op, rtol=1e-5, atol=1e-6)
@@ -167,6 +171,7 @@ def test_composite_gradients_match_autograd(bg_kind):
     g_rgb = torch.randn(n_rays, 3, generator=g)
     g_op = torch.randn(n_rays, generator=g)
     g_depth = torch.randn(n_rays, generator=g)
+    bg, g_rgb, g_op, g_depth = (x.to(DEV) for x in (bg, g_rgb, g_op, g_depth))
 
     leaves = [x.clone().requires_grad_() for x in (sigma, rgb, deltas, t, bg)]
     out = composite(leaves[0], leaves[1], leaves[2], offsets, background=leaves[4], t=leaves[3])
@@ -187,7 +192,7 @@ def test_composite_gradients_match_autograd(bg_kind):
 def test_composite_gradients_only_where_asked():
     sigma, rgb, deltas, offsets, t, _ = make_rays(2)
     s = sigma.clone().requires_grad_()
-    out = composite(s, rgb, deltas, offsets, background=torch.ones(3))
+    out = composite(s, rgb, deltas, offsets, background=torch.ones(3, device=DEV))
     out.rgb.sum().backward()
     assert s.grad is not None and s.grad.shape == sigma.shape
     assert out.depth is None
@@ -196,14 +201,14 @@ def test_composite_gradients_only_where_asked():
 def test_composite_dense_equals_packed():
     g = torch.Generator().manual_seed(4)
     n_rays, n_samples = 5, 9
-    sigma = torch.rand(n_rays, n_samples, generator=g) * 3
-    rgb = torch.rand(n_rays, n_samples, 3, generator=g)
-    deltas = torch.full((n_rays, n_samples), 0.2)
+    sigma = (torch.rand(n_rays, n_samples, generator=g) * 3).to(DEV)
+    rgb = torch.rand(n_rays, n_samples, 3, generator=g).to(DEV)
+    deltas = torch.full((n_rays, n_samples), 0.2, device=DEV)
     deltas[2] = 0.0  # a missed ray
     t = torch.cumsum(deltas, 1)
-    bg = torch.tensor([1.0, 1.0, 1.0])
+    bg = torch.tensor([1.0, 1.0, 1.0], device=DEV)
     dense = composite_dense(sigma, rgb, deltas, background=bg, t=t)
-    offsets = torch.arange(n_rays + 1, dtype=torch.int32) * n_samples
+    offsets = torch.arange(n_rays + 1, dtype=torch.int32, device=DEV) * n_samples
     packed = composite(sigma.reshape(-1), rgb.reshape(-1, 3), deltas.reshape(-1), offsets, background=bg, t=t.reshape(-1))
     assert torch.equal(dense.rgb, packed.rgb) and torch.equal(dense.opacity, packed.opacity)
     assert torch.equal(dense.depth, packed.depth)
@@ -230,7 +235,7 @@ def test_composite_rejects_bad_input():
     with pytest.raises(InputError, match="non-decreasing"):
         composite(sigma, rgb, deltas, bad)
     with pytest.raises(InputError, match="background must have shape"):
-        composite(sigma, rgb, deltas, offsets, background=torch.ones(2, 3))
+        composite(sigma, rgb, deltas, offsets, background=torch.ones(2, 3, device=DEV))
     with pytest.raises(InputError, match="t must have shape"):
         composite(sigma, rgb, deltas, offsets, t=t[:3])
     with pytest.raises(InputError, match="rgb must have shape"):

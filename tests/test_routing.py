@@ -6,9 +6,11 @@ import tinn
 from tinn import routing
 from tinn.routing import route, route_bounded
 
+DEV = tinn.runtime.device()
+
 
 def covered_samples(r, ids):
-    seen = torch.zeros(ids.shape[0], dtype=torch.int64)
+    seen = torch.zeros(ids.shape[0], dtype=torch.int64, device=ids.device)
     for net, start, count in zip(r.tile_net.tolist(), r.tile_start.tolist(), r.tile_count.tolist()):
         members = r.order[start:start + count].long()
         assert torch.all(ids[members] == net)  # a tile holds one network's samples
@@ -21,7 +23,7 @@ def test_bounded_tiles_cover_each_sample_once(n_networks, batch, tile):
     gen = torch.Generator().manual_seed(n_networks)
     w = torch.rand(n_networks, generator=gen) ** 3
     w[::5] = 0.0 if n_networks > 1 else 1.0
-    ids = torch.multinomial(w, batch, replacement=True, generator=gen).to(torch.int32)
+    ids = torch.multinomial(w, batch, replacement=True, generator=gen).to(DEV, torch.int32)
     r = route_bounded(ids, n_networks, tile)
     assert torch.all(covered_samples(r, ids) == 1)
     assert int(r.tile_count.max()) <= tile
@@ -32,7 +34,7 @@ def test_bounded_tiles_cover_each_sample_once(n_networks, batch, tile):
 
 
 def test_bounded_tiles_agree_with_synced_routing():
-    ids = torch.tensor([3, 1, 1, 0, 3, 3, 3, 2, 1], dtype=torch.int32)
+    ids = torch.tensor([3, 1, 1, 0, 3, 3, 3, 2, 1], dtype=torch.int32, device=DEV)
     a, b = route(ids, 4, tile_size=2), route_bounded(ids, 4, 2)
     real = b.tile_count > 0
     assert torch.equal(a.order, b.order)
@@ -42,7 +44,7 @@ def test_bounded_tiles_agree_with_synced_routing():
 
 
 def test_empty_batch_has_only_padding():
-    r = route_bounded(torch.zeros(0, dtype=torch.int32), 16, 128)
+    r = route_bounded(torch.zeros(0, dtype=torch.int32, device=DEV), 16, 128)
     assert int(r.tile_count.sum()) == 0
 
 

@@ -15,19 +15,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_init_is_idempotent_and_refuses_switching():
-    assert tinn.init() == "cpu"
-    assert tinn.init("cpu") == "cpu"
-    assert tinn.runtime.device().type == "cpu"
-    with pytest.raises(ConfigError, match="already initialised"):
+    arch = tinn.runtime.arch()
+    assert arch == tinn.runtime._resolve(os.environ["TINN_ARCH"])  # conftest's init follows TINN_ARCH
+    assert tinn.init() == arch
+    assert tinn.init(arch) == arch
+    assert tinn.runtime.device().type == arch
+    with pytest.raises(ConfigError, match=f"already initialised with arch='{_other(arch)}'; cannot switch to '{arch}'"):
         _switch()
 
 
+def _other(arch):
+    return "cuda" if arch == "cpu" else "cpu"
+
+
 def _switch():
-    # Asking for another arch after init must fail loudly (only 'cpu' exists here, so fake the state).
+    # Asking for another arch after init must fail loudly. A machine may have only one of them, so the state
+    # is faked to the other arch and this process's arch is asked for.
     old = tinn.runtime._state["arch"]
-    tinn.runtime._state["arch"] = "cuda"
+    tinn.runtime._state["arch"] = _other(old)
     try:
-        tinn.init("cpu")
+        tinn.init(old)
     finally:
         tinn.runtime._state["arch"] = old
 
@@ -48,6 +55,7 @@ def test_kernel_before_init_gives_clear_error():
     assert "OK tinn is not initialised: call tinn.init()" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_tinn_arch_environment_variable():
     code = "import tinn; print('ARCH', tinn.init())"
     env = dict(os.environ, TINN_ARCH="cpu")

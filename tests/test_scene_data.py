@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+import tinn
 from tinn.errors import InputError
 from tinn.render import camera_rays, composite_dense, ray_box, stratified_t
 from tinn.scenes import PosedImages, ProceduralScene, load_nerf_synthetic, render_views, surface_points
+
+DEV = tinn.runtime.device()
 
 
 def make_posed(n_views=2, width=6, height=4, focal=5.0, seed=0):
@@ -17,7 +20,7 @@ def make_posed(n_views=2, width=6, height=4, focal=5.0, seed=0):
     c2w[:, 2, 3] = torch.arange(n_views, dtype=torch.float32) + 3.0
     return PosedImages(images=torch.rand(n_views, height, width, 3, generator=g), c2w=c2w, focal=focal, width=width,
                        height=height, near=1.0, far=5.0, box_min=-torch.ones(3), box_max=torch.ones(3),
-                       background=torch.ones(3))
+                       background=torch.ones(3)).to(DEV)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -45,7 +48,7 @@ def test_downscaled_halves_sizes_and_focal_and_averages_pixels():
     torch.testing.assert_close(half.images[1, 1, 2], block)
     # The coarse pixel looks through the centre of its 2x2 block: original pixel coordinates (5, 3).
     _, dirs, _ = half.rays(views=[0])
-    cam = torch.tensor([(5.0 - 3.0) / 5.0, -(3.0 - 2.0) / 5.0, -1.0])
+    cam = torch.tensor([(5.0 - 3.0) / 5.0, -(3.0 - 2.0) / 5.0, -1.0], device=DEV)
     torch.testing.assert_close(dirs[1 * 3 + 2], cam / cam.norm())
     assert torch.equal(half.c2w, data.c2w) and half.near == data.near
     assert data.downscaled(1).images is data.images
@@ -62,7 +65,8 @@ def test_posed_images_validate_fields():
         PosedImages(images=data.images, c2w=data.c2w, focal=5.0, width=4, height=6, near=1.0, far=5.0,
                     box_min=data.box_min, box_max=data.box_max, background=data.background)
     moved = data.to("cpu")
-    assert torch.equal(moved.images, data.images) and moved.focal == data.focal
+    assert moved.device.type == "cpu" and moved.c2w.device.type == "cpu" and moved.background.device.type == "cpu"
+    assert torch.equal(moved.images, data.images.cpu()) and moved.focal == data.focal
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -70,13 +74,13 @@ def test_posed_images_validate_fields():
 # ---------------------------------------------------------------------------------------------------------
 def test_procedural_scene_density_and_color():
     scene = ProceduralScene()
-    centre = torch.tensor([[-0.4, -0.3, 0.15]])          # the sphere's centre: deep inside, red
-    far = torch.tensor([[0.95, -0.95, 0.95]])            # a corner of the box: empty
+    centre = torch.tensor([[-0.4, -0.3, 0.15]], device=DEV)  # the sphere's centre: deep inside, red
+    far = torch.tensor([[0.95, -0.95, 0.95]], device=DEV)    # a corner of the box: empty
     assert float(scene.density(centre)) == pytest.approx(scene.density_scale, rel=1e-6)
     assert float(scene.density(far)) < 1e-6 * scene.density_scale
     c = scene.color(centre)[0]
     assert float(c[0]) > 0.5 and float(c[1]) < 0.3 and float(c[2]) < 0.3
-    p = torch.rand(100, 3) * 2 - 1
+    p = torch.rand(100, 3, device=DEV) * 2 - 1
     assert scene.density(p).shape == (100,) and scene.color(p).shape == (100, 3)
     assert bool((scene.color(p) >= 0).all()) and bool((scene.color(p) <= 1).all())
     p.requires_grad_()
@@ -94,7 +98,7 @@ def test_render_views_is_deterministic_and_shows_the_object():
     assert (views.focal, views.width, views.height) == (1.2 * 16, 16, 12)
     # Cameras at radius 3 look at the origin: their -z axis points at it.
     pos = views.c2w[:, :3, 3]
-    torch.testing.assert_close(pos.norm(dim=1), torch.full((3,), 3.0))
+    torch.testing.assert_close(pos.norm(dim=1), torch.full((3,), 3.0, device=DEV))
     torch.testing.assert_close(-views.c2w[:, :3, 2], -pos / 3.0)
     bg = views.background
     diff = (views.images - bg).abs().sum(-1)  # (V, H, W)
@@ -108,18 +112,19 @@ def test_rendering_the_scene_gives_sensible_depth_and_opacity():
     scene = ProceduralScene()
     sphere_centre, radius = torch.tensor([-0.4, -0.3, 0.15]), 0.35
     origins = torch.tensor([[-0.4, -3.0, 0.15],   # straight at the sphere along +y
-                            [0.0, -3.0, 0.95]])   # along +y near the top of the box: hits nothing
-    dirs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+                            [0.0, -3.0, 0.95]], device=DEV)   # along +y near the top of the box: hits nothing
+    dirs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], device=DEV)
+    background = scene.background.to(DEV)  # the scene describes it on the host
     t_near, t_far = ray_box(origins, dirs, scene.box_min, scene.box_max)
     t, deltas = stratified_t(t_near, t_far, 256, jitter=False)
     pts = (origins[:, None] + t[..., None] * dirs[:, None]).reshape(-1, 3)
     out = composite_dense(scene.density(pts).reshape(t.shape), scene.color(pts).reshape(*t.shape, 3), deltas,
-                          background=scene.background, t=t)
+                          background=background, t=t)
     surface = float(sphere_centre[1] - radius - origins[0, 1])   # 2.35 from the origin of ray 0
     assert float(out.opacity[0]) > 0.999 and float(out.opacity[1]) < 1e-3
     assert float(out.depth[0]) == pytest.approx(surface, abs=0.03)
     assert float(out.rgb[0, 0]) > 0.5 and float(out.rgb[0, 2]) < 0.4
-    torch.testing.assert_close(out.rgb[1], scene.background, atol=2e-3, rtol=0)
+    torch.testing.assert_close(out.rgb[1], background, atol=2e-3, rtol=0)
 
 
 def test_surface_points_lie_on_every_primitive():

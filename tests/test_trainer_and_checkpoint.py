@@ -115,21 +115,23 @@ def test_checkpoint_errors(tmp_path):
         other.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_image_demo_array_mode_reaches_psnr(tmp_path):
     import mlp_learning_an_image as demo
 
-    summary = demo.run(["--arch", "cpu", "--size", "64", "--tiles", "4", "--steps", "200", "--batch", "4096",
-                        "--out", str(tmp_path), "--save-at", "100,200", "--log-every", "100"])
+    summary = demo.run(["--arch", tinn.runtime.arch(), "--size", "64", "--tiles", "4", "--steps", "200",
+                        "--batch", "4096", "--out", str(tmp_path), "--save-at", "100,200", "--log-every", "100"])
     assert summary["n_networks"] == 16
     assert summary["final_psnr"] > 24.0, summary["history"]
     assert summary["history"][0]["psnr"] < summary["final_psnr"]
     assert (tmp_path / "step_000100.png").exists() and (tmp_path / "step_000200.png").exists()
 
 
+@pytest.mark.slow
 def test_image_demo_single_network_learns(tmp_path):
     import mlp_learning_an_image as demo
 
-    summary = demo.run(["--arch", "cpu", "--size", "64", "--steps", "200", "--batch", "4096",
+    summary = demo.run(["--arch", tinn.runtime.arch(), "--size", "64", "--steps", "200", "--batch", "4096",
                         "--out", str(tmp_path), "--log-every", "100"])
     assert summary["n_networks"] == 1
     assert summary["final_psnr"] > 15.0, summary["history"]
@@ -287,7 +289,7 @@ def test_v1_checkpoints_still_load_bit_exactly(tmp_path):
                           ("trainer", {"step": src.step})):
         for k, v in state.items():
             if isinstance(v, torch.Tensor):
-                arrays[f"{prefix}/{k}"] = v.numpy()
+                arrays[f"{prefix}/{k}"] = v.cpu().numpy()
             else:
                 scalars[f"{prefix}/{k}"] = v
     header = {"format": "tinn-checkpoint-v1", "scalars": scalars, "metadata": {"config": CONFIG}}

@@ -141,6 +141,7 @@ def test_backend_without_ggui_falls_back_to_png_saying_why(monkeypatch):
         app.open_frontend(layout, headless=True, backend="ggui", log=messages.append)
 
 
+@pytest.mark.slow
 def test_cli_without_vulkan_prints_a_line_and_writes_frames(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
