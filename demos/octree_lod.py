@@ -149,7 +149,7 @@ def build_field(args, train, points):
 
 def scaled_log2_hashmap(args, n_nodes: int) -> int:
     """The largest grid table (2^12 .. 2^19 entries per level) whose parameters, gradients and Adam state
-    for `n_nodes` grids take at most half the free device memory (on the CPU: 2^12, test-sized)."""
+    for `n_nodes` grids take at most three quarters of the free device memory (on the CPU: 2^12, test-sized)."""
     from tinn import memory
     from tinn.encodings.grid_layout import grid_layout
 
@@ -158,7 +158,7 @@ def scaled_log2_hashmap(args, n_nodes: int) -> int:
     for log2 in range(12, 20):
         layout = grid_layout(3, args.grid_levels, args.grid_features, log2, args.base_resolution or 2,
                              args.per_level_scale or 2.0, "Hash")
-        if free is not None and 5 * 4 * n_nodes * layout.n_params <= free // 2:
+        if free is not None and 5 * 4 * n_nodes * layout.n_params <= free * 3 // 4:
             best = log2
     return best
 
