@@ -243,6 +243,12 @@ class ShardedPart(_Collective):
         X.check_agreement(received, [call], ["call number"], self.rank, "the backward header")
         any_dx, any_grads = bool(received[:, 2].max()), bool(received[:, 3].max())
         dy_here = X.to_owners_rows(dy, route, self.collective_device, dev, self.group, "the backward exchange of dy")
+        mean = self.gradients == "mean" and self.world_size > 1
+        if mean:
+            # The mean over ranks, applied to the received dy (a few values per sample) instead of the
+            # gradient tables (every parameter): gradients are linear in dy. dx is each caller's own and
+            # gets the factor back.
+            dy_here = dy_here * (1.0 / self.world_size)
         tables = self.local.tables()
         if route.n_local:
             dx_here, grads = self.local.backward(ctx.local, dy_here, need_dx=any_dx, need_grads=any_grads)
@@ -250,6 +256,8 @@ class ShardedPart(_Collective):
             dx_here, grads = None, (None,) * len(tables)
         if any_dx and dx_here is None:
             dx_here = torch.zeros(0, self.n_input_dims, device=dev)
+        elif any_dx and mean:
+            dx_here = dx_here * self.world_size
         grads = self._reduce(tables, grads, any_grads)
         dx = None
         if any_dx:
@@ -257,17 +265,15 @@ class ShardedPart(_Collective):
         return (dx if need_dx else None), grads
 
     def _reduce(self, tables, grads, any_grads):
-        """Owned tables: scaled locally; replicated ones: all-reduced (every rank, same order)."""
-        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        """Owned tables: as computed (dy carries the mean's scale); replicated ones: summed over ranks
+        (every rank, same order)."""
         grads = list(grads)
         for i, (t, g) in enumerate(zip(tables, grads)):
             wanted = any_grads and t is not None and t.requires_grad
             if wanted and g is None:  # a rank without samples: a zero gradient, as the unsharded array gives
                 grads[i] = g = torch.zeros_like(t)
-            if g is not None and not self._replicated[i] and scale != 1.0:
-                g *= scale
         shared = [i for i, s in enumerate(self._replicated) if s and grads[i] is not None]
-        reduced = _all_reduce_grads([grads[i] for i in shared], scale, self.collective_device, self.group,
+        reduced = _all_reduce_grads([grads[i] for i in shared], 1.0, self.collective_device, self.group,
                                     "the all-reduce of replicated gradients")
         for i, g in zip(shared, reduced):
             grads[i] = g
