@@ -32,7 +32,7 @@ FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points":
         "grid_features": 4, "neurons": 32, "occupancy_res": 128}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
-         "grid_features": 2, "neurons": 16, "occupancy_res": 32}
+         "grid_features": 2, "neurons": 16, "occupancy_res": 64}
 
 
 def parse_args(argv=None):
@@ -59,7 +59,7 @@ def parse_args(argv=None):
                    help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
                    help="a voxel is occupied where one render step at its densest point reaches this alpha")
-    p.add_argument("--render-segments", type=int, default=4,
+    p.add_argument("--render-segments", type=int, default=2,
                    help="early ray termination: runs of samples per ray (1: every sample in one run)")
     p.add_argument("--early-stop", type=float, default=1e-4,
                    help="early ray termination: transmittance below which a ray ends (0: never)")
@@ -302,7 +302,8 @@ def run(argv=None) -> dict:
     print(f"held-out PSNR {full['psnr']:.2f} dB (x{coarse_factor} coarser: {coarse['psnr']:.2f} dB; every sample "
           f"evaluated: {every['psnr']:.2f} dB; background only: {background_psnr:.2f} dB)")
     occupied = "" if field.occupancy is None else \
-        f"occupancy {args.occupancy_res}^3 {100 * summary['occupied_fraction']:.1f}% occupied ({occupancy_seconds:.2f} s); "
+        (f"occupancy {args.occupancy_res}^3 per depth, occupied "
+         f"{'/'.join(f'{100 * f:.0f}' for f in summary['occupied_fraction'])}% ({occupancy_seconds:.2f} s); ")
     print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); {occupied}{mem}")
     print(f"render {test.width}x{test.height}, {args.samples} samples/ray: {frame['skipping'] * 1e3:.1f} ms/frame "
           f"({summary['fps']:.1f} fps) with skipping and early termination; every sample "

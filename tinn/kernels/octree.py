@@ -82,14 +82,15 @@ def lookup(points: f32_2d, levels: i32_1d, children: i32_2d, split: i32_1d, geo:
 @fast_kernel
 @ti.kernel
 def assign_samples(origins: f32_2d, directions: f32_2d, t: f32_2d, deltas: f32_2d, radius: f32_1d,
-                   children: i32_2d, split: i32_1d, center: f32_2d, half: f32_1d, geo: f32_1d, root_size: ti.f64,
-                   max_depth: ti.i32, deepest: ti.i32, occupied: u8_1d, occ_res: ti.i32, out_node: i32_2d,
-                   out_local: f32_2d):
+                   children: i32_2d, split: i32_1d, node_depth: i32_1d, center: f32_2d, half: f32_1d, geo: f32_1d,
+                   root_size: ti.f64, max_depth: ti.i32, deepest: ti.i32, occupied: u8_1d, occ_res: ti.i32,
+                   occ_grids: ti.i32, out_node: i32_2d, out_local: f32_2d):
     """Per sample (ray r, sample s) at p = o_r + t[r, s] d_r: its LoD node, or -1 where it is not evaluated
-    (delta 0, outside the box, pruned space, or an empty voxel of the occupancy grid when occ_res > 0), and p in
+    (delta 0, outside the box, pruned space, or an empty voxel of the occupancy grids when occ_res > 0), and p in
     its node's cube mapped to [0, 1]^3 (out_local row r * S + s, written for assigned samples only).
 
-    The level comes from the footprint radius t * radius[r] (radius: the pixel cone's angular radius)."""
+    The level comes from the footprint radius t * radius[r] (radius: the pixel cone's angular radius).
+    `occupied` holds `occ_grids` grids of occ_res^3 voxels; a node of depth d reads grid min(d, occ_grids - 1)."""
     n_samples = t.shape[1]
     for r, s in ti.ndrange(t.shape[0], n_samples):
         tt = t[r, s]
@@ -107,7 +108,8 @@ def assign_samples(origins: f32_2d, directions: f32_2d, t: f32_2d, deltas: f32_2
                                 ti.cast(occ_res - 1, ti.f32)), ti.i32)
             vz = ti.cast(ti.min(ti.max(ti.floor((pz - geo[GEO_OCC_MIN + 2]) * geo[GEO_OCC_INV_VOXEL + 2]), 0.0),
                                 ti.cast(occ_res - 1, ti.f32)), ti.i32)
-            if occupied[(vx * occ_res + vy) * occ_res + vz] == 0:
+            g = ti.min(node_depth[node], occ_grids - 1)
+            if occupied[((g * occ_res + vx) * occ_res + vy) * occ_res + vz] == 0:
                 node = -1
         out_node[r, s] = node
         if node >= 0:

@@ -255,6 +255,7 @@ class KernelTables:
     def __init__(self, tree: Octree):
         self.children = tree.children.to(torch.int32).contiguous()
         self.split = tree.split.to(torch.int32).contiguous()
+        self.depth = tree.depth.to(torch.int32).contiguous()
         self.center = tree.center.float().contiguous()
         self.half_size = tree.half_size.float().contiguous()
         self._base = torch.cat([tree.box_min.float(), tree.box_max.float(), tree.root_min.float(),

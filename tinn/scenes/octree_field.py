@@ -14,8 +14,7 @@ only the networks along its rays; `render_rays` reports which.
 A batch of rays is rendered as: one Taichi kernel assigns every sample its node (level, walk, occupancy
 test, local coordinates; `tinn.kernels.octree.assign_samples`), the assigned samples are packed, the node
 array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays.
-`render_image` adds empty-space skipping (an `OccupancyGrid` over the densest level at each point,
-`build_occupancy`) and early ray termination: the samples of a ray are taken in `segments` runs front to
+`render_image` adds empty-space skipping (an occupancy grid per octree depth, `build_occupancy`) and early ray termination: the samples of a ray are taken in `segments` runs front to
 back, and rays whose transmittance fell below `early_stop` are dropped from the later runs.
 """
 from __future__ import annotations
@@ -32,6 +31,7 @@ from ..models import NetworkWithInputEncoding
 from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
 from .occupancy import OccupancyGrid
+from .octree_occupancy import LevelOccupancy
 from .fields import density_activation
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
@@ -82,7 +82,7 @@ class OctreeField(torch.nn.Module):
         self.lod_resolution = float(lod_resolution)
         self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
                                               n_networks=octree.n_nodes, seed=seed)
-        self.occupancy: OccupancyGrid | None = None  # empty-space skipping for render_image (build_occupancy)
+        self.occupancy: LevelOccupancy | OccupancyGrid | None = None  # skipping in render_image (build_occupancy)
 
     # ---- sizes ------------------------------------------------------------------------------------
     @property
@@ -115,51 +115,37 @@ class OctreeField(torch.nn.Module):
         raw = self.model(local.contiguous(), node_ids)
         return density_activation(raw[:, 0] + DENSITY_BIAS), torch.sigmoid(raw[:, 1:4])
 
-    @torch.no_grad()
-    def max_density(self, points: torch.Tensor) -> torch.Tensor:
-        """The largest density any level's node gives each point (M,), 0 where no node covers it.
-
-        Every (point, level) pair is looked up and evaluated in one batch (the coarse nodes' blurred density
-        reaches further than the fine nodes' surface; an occupancy grid must keep both)."""
-        n, levels = points.shape[0], self.octree.deepest + 1
-        dev = points.device
-        ids = self.octree.lookup(points.repeat(levels, 1),
-                                 torch.arange(levels, dtype=torch.int32, device=dev).repeat_interleave(n))
-        keep = torch.nonzero(ids >= 0).squeeze(1)
-        sigma = torch.zeros(levels * n, device=dev)
-        with checks.disabled():  # ids come from the octree
-            sigma[keep] = self.query(points.repeat(levels, 1)[keep], ids[keep])[0]
-        return sigma.view(levels, n).amax(dim=0)
-
     def build_occupancy(self, resolution: int, n_samples: int, alpha_threshold: float = 0.01, n_jitter: int = 4,
-                        dilate: int = 1) -> OccupancyGrid:
-        """An occupancy grid over the octree's box: voxels where one render step (the longest: box diagonal /
-        n_samples) through the densest point found, at any level, reaches `alpha_threshold`. Set it as
-        `field.occupancy` for `render_image` to skip the other voxels."""
+                        dilate: int = 1) -> LevelOccupancy:
+        """Occupancy grids over the octree's box, one per depth (`LevelOccupancy`): voxels where one render step
+        (the longest: box diagonal / n_samples) through the densest point found reaches `alpha_threshold`. Set
+        it as `field.occupancy` for `render_image` to skip the other voxels."""
         if not 0.0 < float(alpha_threshold) < 1.0:
             raise ConfigError(f"alpha_threshold={alpha_threshold!r} must be in (0, 1)")
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ConfigError(f"n_samples={n_samples!r} must be an integer >= 1")
         step = float((self.octree.box_max - self.octree.box_min).norm()) / n_samples
         threshold = -math.log1p(-float(alpha_threshold)) / step
-        return OccupancyGrid.from_density(self.max_density, self.octree.box_min, self.octree.box_max, resolution,
-                                          threshold, n_jitter=n_jitter, dilate=dilate)
+        return LevelOccupancy.from_field(self, resolution, threshold, n_jitter=n_jitter, dilate=dilate)
 
     # ---- rays ----------------------------------------------------------------------------------------
-    def _occupancy_args(self, occupancy: OccupancyGrid | None):
+    def _occupancy_args(self, occupancy):
+        """(flat uint8 voxels, resolution, number of grids) for the kernel; resolution 0 means no skipping."""
         tree = self.octree
         if occupancy is None:
-            return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0
-        if not isinstance(occupancy, OccupancyGrid):
-            raise InputError(f"occupancy must be an OccupancyGrid or None, got {type(occupancy).__name__}")
+            return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0, 1
+        if not isinstance(occupancy, (OccupancyGrid, LevelOccupancy)):
+            raise InputError(f"occupancy must be a LevelOccupancy, an OccupancyGrid or None, got "
+                             f"{type(occupancy).__name__}")
         if not (torch.equal(occupancy.box_min.to(tree.device), tree.box_min)
                 and torch.equal(occupancy.box_max.to(tree.device), tree.box_max)):
             raise InputError(f"the occupancy grid covers [{occupancy.box_min.tolist()}, {occupancy.box_max.tolist()}]"
                              f"; it must cover the octree's box [{tree.box_min.tolist()}, {tree.box_max.tolist()}]")
-        return occupancy.occupied.reshape(-1).view(torch.uint8), occupancy.resolution
+        grids = occupancy.depths if isinstance(occupancy, LevelOccupancy) else 1
+        return occupancy.occupied.reshape(-1).view(torch.uint8), occupancy.resolution, grids
 
     def assign(self, origins: torch.Tensor, directions: torch.Tensor, t: torch.Tensor, deltas: torch.Tensor,
-               radius: torch.Tensor, occupancy: OccupancyGrid | None = None):
+               radius: torch.Tensor, occupancy: LevelOccupancy | OccupancyGrid | None = None):
         """Node of every sample (R, S) int32, -1 where nothing is evaluated (delta 0, outside the box, pruned
         space, an empty voxel of `occupancy`), and local coordinates (R * S, 3) (rows of assigned samples only).
 
@@ -172,11 +158,11 @@ class OctreeField(torch.nn.Module):
         local = torch.empty(n_rays * n_samples, 3, dtype=torch.float32, device=dev)
         if node.numel():
             k = self.octree.kernel_tables
-            occupied, occ_res = self._occupancy_args(occupancy)
+            occupied, occ_res, grids = self._occupancy_args(occupancy)
             K.assign_samples(origins.contiguous(), directions.contiguous(), t.contiguous(), deltas.contiguous(),
-                             radius.contiguous(), k.children, k.split, k.center, k.half_size, k.geometry(occupancy),
-                             self.lod_root_size, self.octree.max_depth, self.octree.deepest, occupied, occ_res, node,
-                             local)
+                             radius.contiguous(), k.children, k.split, k.depth, k.center, k.half_size,
+                             k.geometry(occupancy), self.lod_root_size, self.octree.max_depth, self.octree.deepest,
+                             occupied, occ_res, grids, node, local)
         return node, local
 
     def _evaluate(self, origins, directions, t, deltas, radius, occupancy):
@@ -201,7 +187,7 @@ class OctreeField(torch.nn.Module):
     def render_rays(self, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
                     jitter: bool = False, background: torch.Tensor | None = None,
                     generator: torch.Generator | None = None,
-                    occupancy: OccupancyGrid | None = None) -> RayBatchResult:
+                    occupancy: LevelOccupancy | OccupancyGrid | None = None) -> RayBatchResult:
         """Composite rays through the field; gradients flow to the node networks.
 
         pixel_radius: a float, or an (R,) tensor (rays from several pyramid levels in one batch). With an
@@ -217,18 +203,19 @@ class OctreeField(torch.nn.Module):
     @torch.no_grad()
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                      background: torch.Tensor | None = None, chunk: int = 1 << 16, occupancy="auto",
-                     early_stop: float = 1e-4, segments: int = 4) -> dict:
+                     early_stop: float = 1e-4, segments: int = 2) -> dict:
         """Render one view in chunks of rays. Returns image (H, W, 3), first_node (H, W) (the node met first along
-        each pixel's ray, -1 for none) and touched (sorted distinct node ids evaluated for the frame).
+        each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
+        (samples the networks evaluated).
 
-        occupancy: "auto" (the field's `occupancy`, if set), None (no skipping) or an OccupancyGrid. Early ray
-        termination: a ray's samples are evaluated in `segments` runs, and a ray whose transmittance is below
-        `early_stop` after a run is finished there (its image changes by at most `early_stop`); segments=1 or
-        early_stop=0 evaluates every sample in one run.
+        occupancy: "auto" (the field's `occupancy`, if set), None (no skipping), a LevelOccupancy or an
+        OccupancyGrid. Early ray termination: a ray's samples are evaluated in `segments` runs, and a ray whose
+        transmittance is below `early_stop` after a run is finished there (its image changes by at most
+        `early_stop`); segments=1 or early_stop=0 evaluates every sample in one run.
         """
         if isinstance(occupancy, str):
             if occupancy != "auto":
-                raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None or an OccupancyGrid")
+                raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
             occupancy = self.occupancy
         if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
             raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
@@ -241,7 +228,7 @@ class OctreeField(torch.nn.Module):
         bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
         if bg.shape != (3,):
             raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
-        touched = torch.zeros(self.n_nodes, dtype=torch.bool, device=dev)
+        touched = torch.zeros(self.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
         colors, firsts = [], []
         for start in range(0, origins.shape[0], chunk):
             rgb, first = self._render_chunk(origins[start:start + chunk], directions[start:start + chunk],
@@ -250,7 +237,7 @@ class OctreeField(torch.nn.Module):
             colors.append(rgb)
             firsts.append(first)
         return {"image": torch.cat(colors).view(height, width, 3), "first_node": torch.cat(firsts).view(height, width),
-                "touched": torch.nonzero(touched).squeeze(1).to(torch.int32)}
+                "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
 
     def _render_chunk(self, origins, directions, radius, n_samples, bg, occupancy, early_stop, segments, touched):
         n_rays, dev = origins.shape[0], origins.device
@@ -259,7 +246,7 @@ class OctreeField(torch.nn.Module):
         t, deltas = stratified_t(t_near, t_far, n_samples, False)
         if segments == 1:
             sigma, rgb, d, node_ids, offsets = self._evaluate(origins, directions, t, deltas, radius, occupancy)
-            touched |= torch.bincount(node_ids, minlength=self.n_nodes) > 0
+            touched += torch.bincount(node_ids, minlength=self.n_nodes)
             return composite(sigma, rgb, d, offsets, bg).rgb, first_node_per_ray(node_ids, offsets)
         color = torch.zeros(n_rays, 3, device=dev)
         trans = torch.ones(n_rays, device=dev)
@@ -269,7 +256,7 @@ class OctreeField(torch.nn.Module):
         for a, b in zip(bounds[:-1], bounds[1:]):
             sigma, rgb, d, node_ids, offsets = self._evaluate(
                 origins[alive], directions[alive], t[alive, a:b], deltas[alive, a:b], radius[alive], occupancy)
-            touched |= torch.bincount(node_ids, minlength=self.n_nodes) > 0
+            touched += torch.bincount(node_ids, minlength=self.n_nodes)
             out = composite(sigma, rgb, d, offsets)  # black: the background is added once, behind every run
             color[alive] += trans[alive, None] * out.rgb
             trans[alive] *= 1.0 - out.opacity
