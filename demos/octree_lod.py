@@ -8,9 +8,11 @@
 
 The octree is built over the scene's surface points (procedural scene) or its visual hull (--data);
 every node owns a network. Each sample picks a node by its footprint (t * pixel radius), so rays from
-coarse pyramid levels train coarse nodes and a far camera renders from coarse nodes only. Prints and
-returns held-out PSNR (full resolution and a coarser pyramid level), training and render time, memory,
-nodes per level and the share of parameters a frame touches (near and far camera).
+coarse pyramid levels train coarse nodes and a far camera renders from coarse nodes only. After training,
+an occupancy grid per octree depth is built for rendering (empty-space skipping; early ray termination
+too). Prints and returns held-out PSNR (full resolution, a coarser pyramid level, and with every sample
+evaluated), training time, render time and fps (with skipping, and with every sample), memory, nodes per
+level and the share of nodes and parameter bytes a frame touches (near and far camera).
 """
 from __future__ import annotations
 
@@ -29,10 +31,10 @@ from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
-        "grid_features": 4, "neurons": 32}
+        "grid_features": 4, "neurons": 32, "occupancy_res": 128}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
-         "grid_features": 2, "neurons": 16}
+         "grid_features": 2, "neurons": 16, "occupancy_res": 64}
 # --scale: over a thousand nodes, each with a 16-level hash grid whose tables are as large as the device
 # holds (up to tcnn's 2^19 entries), so the array's grid table passes 2^31 floats and runs in row chunks.
 SCALE = dict(FULL, max_depth=5, min_points=2, n_points=400_000, steps=300, batch=4096, grid_levels=16,
@@ -65,6 +67,14 @@ def parse_args(argv=None):
     p.add_argument("--scale", action="store_true",
                    help="scale preset: depth 5 (1000+ nodes), 16-level hash grids sized to the device memory")
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
+    p.add_argument("--occupancy-res", type=int, default=None,
+                   help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
+    p.add_argument("--alpha-threshold", type=float, default=0.01,
+                   help="a voxel is occupied where one render step at its densest point reaches this alpha")
+    p.add_argument("--render-segments", type=int, default=2,
+                   help="early ray termination: runs of samples per ray (1: every sample in one run)")
+    p.add_argument("--early-stop", type=float, default=1e-4,
+                   help="early ray termination: transmittance below which a ray ends (0: never)")
     p.add_argument("--out", default="out/octree_lod", help="output folder (PNGs, summary.json)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=0)
@@ -226,6 +236,7 @@ def run(argv=None) -> dict:
 
     from tinn import chunks
     from tinn.scenes.octree_training import OctreeTrainer, evaluate
+    from tinn.scenes.rendering import seconds_per_frame
 
     dev = tinn.runtime.device()
     on_gpu = arch == "cuda"
@@ -268,16 +279,30 @@ def run(argv=None) -> dict:
     train_seconds = time.perf_counter() - t0
     bar.close()
 
-    full = evaluate(field, test, args.samples)
+    # Rendering: empty-space skipping with an occupancy grid over the trained field, early ray termination.
+    render = {"segments": args.render_segments, "early_stop": args.early_stop}
+    occupancy_seconds = 0.0
+    if args.occupancy_res > 0:
+        t1 = time.perf_counter()
+        field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
+        tinn.runtime.sync()
+        occupancy_seconds = time.perf_counter() - t1
+    full = evaluate(field, test, args.samples, **render)
     coarse_factor = 2 ** min(2, args.pyramid_levels - 1)
-    coarse = evaluate(field, test.downscaled(coarse_factor), args.samples) if coarse_factor > 1 else full
+    coarse = evaluate(field, test.downscaled(coarse_factor), args.samples, **render) if coarse_factor > 1 else full
+    every = evaluate(field, test, args.samples, occupancy=None, segments=1)  # every sample: what skipping costs
     background_psnr = -10 * torch.log10(((test.images - test.background.float()) ** 2).mean()).item()
+    repeats = 10 if on_gpu else 2
+    frame = {name: seconds_per_frame(lambda kw=kw: field.render_image(
+        test.c2w[0], test.width, test.height, test.focal, args.samples, background=test.background.float(), **kw),
+        repeats) for name, kw in (("skipping", render), ("skipping_one_run", {"segments": 1}),
+                                  ("every_sample", {"occupancy": None, "segments": 1}))}
 
     # Near vs far: the same held-out camera, pulled back; a far camera's samples select coarser nodes.
     near = field.render_image(test.c2w[0], test.width, test.height, test.focal, args.samples,
-                              background=test.background.float())
+                              background=test.background.float(), **render)
     far = field.render_image(far_view(test, 0, args.far_factor), test.width, test.height, test.focal, args.samples,
-                             background=test.background.float())
+                             background=test.background.float(), **render)
     near_report, far_report = field.touched_report(near["touched"]), field.touched_report(far["touched"])
 
     _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
@@ -298,7 +323,13 @@ def run(argv=None) -> dict:
         "final_loss": float(loss) if loss is not None else None,
         "psnr": full["psnr"], f"psnr_x{coarse_factor}": coarse["psnr"], "coarse_factor": coarse_factor,
         "background_psnr": background_psnr,
-        "render_seconds": full["render_seconds"], "fps": full["fps"],
+        "psnr_every_sample": every["psnr"],
+        "occupied_fraction": field.occupancy.occupied_fraction() if field.occupancy is not None else None,
+        "occupancy_seconds": occupancy_seconds,
+        "render_seconds": frame["skipping"], "fps": 1.0 / frame["skipping"],
+        "render_seconds_every_sample": frame["every_sample"], "fps_every_sample": 1.0 / frame["every_sample"],
+        "render_seconds_one_run": frame["skipping_one_run"],
+        "render": render,
         "fraction_touched_mean": full["fraction_touched"],
         "near": near_report, "far": far_report, "far_factor": args.far_factor,
         "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
@@ -309,14 +340,20 @@ def run(argv=None) -> dict:
     mem = f"{summary['param_bytes'] / 2**20:.1f} MiB params"
     if on_gpu:
         mem += f", peak GPU {summary['peak_gpu_bytes'] / 2**20:.0f} MiB"
-    print(f"held-out PSNR {full['psnr']:.2f} dB (x{coarse_factor} coarser: {coarse['psnr']:.2f} dB; "
-          f"background only: {background_psnr:.2f} dB)")
-    print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); render "
-          f"{full['render_seconds'] * 1e3:.1f} ms/frame ({full['fps']:.1f} fps) at {test.width}x{test.height}; {mem}")
+    print(f"held-out PSNR {full['psnr']:.2f} dB (x{coarse_factor} coarser: {coarse['psnr']:.2f} dB; every sample "
+          f"evaluated: {every['psnr']:.2f} dB; background only: {background_psnr:.2f} dB)")
+    occupied = "" if field.occupancy is None else \
+        (f"occupancy {args.occupancy_res}^3 per depth, occupied "
+         f"{'/'.join(f'{100 * f:.0f}' for f in summary['occupied_fraction'])}% ({occupancy_seconds:.2f} s); ")
+    print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); {occupied}{mem}")
+    print(f"render {test.width}x{test.height}, {args.samples} samples/ray: {frame['skipping'] * 1e3:.1f} ms/frame "
+          f"({summary['fps']:.1f} fps) with skipping and early termination ({args.render_segments} runs); skipping in "
+          f"one run {frame['skipping_one_run'] * 1e3:.1f} ms; every sample "
+          f"{frame['every_sample'] * 1e3:.1f} ms ({summary['fps_every_sample']:.1f} fps)")
     for name, rep in (("near", near_report), (f"far x{args.far_factor:g}", far_report)):
         print(f"{name} camera: {rep['nodes_touched']}/{rep['nodes_total']} nodes, "
-              f"{rep['params_touched']}/{rep['params_total']} params ({100 * rep['fraction_touched']:.1f}%) "
-              f"touched; per depth {rep['nodes_touched_per_depth']}")
+              f"{rep['params_touched']}/{rep['params_total']} params, {rep['param_bytes_touched']} bytes "
+              f"({100 * rep['fraction_touched']:.1f}%) touched; per depth {rep['nodes_touched_per_depth']}")
     print(f"PNGs and summary.json in {args.out}")
     return summary
 

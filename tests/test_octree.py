@@ -265,6 +265,173 @@ def test_field_bad_input():
         OctreeField(field.octree, TINY_ENCODING, TINY_NETWORK, lod_resolution=0)
 
 
+# ---- the single-launch renderer against the former per-level path ---------------------------------------------
+def _per_level_lookup(tree: Octree, points, levels):
+    """The former `Octree.lookup`: one vectorised torch step per depth (the reference for the kernel's walk)."""
+    from tinn.scenes.octree import cell_coords, inside_box
+
+    node = torch.where(inside_box(points, tree.box_min, tree.box_max), 0, -1).to(torch.int64)
+    q = cell_coords(points, tree.root_min, tree.edge, tree.max_depth)
+    children = tree.children.long()
+    for d in range(tree.deepest):
+        bit = tree.max_depth - 1 - d
+        slot = ((q[:, 0] >> bit) & 1) | (((q[:, 1] >> bit) & 1) << 1) | (((q[:, 2] >> bit) & 1) << 2)
+        safe = node.clamp(min=0)
+        descend = (node >= 0) & (levels > d) & tree.split[safe]
+        node = torch.where(descend, children[safe, slot], node)
+    return node.to(torch.int32)
+
+
+def _reference_image(field, c2w, size, focal, n_samples, background, occupancy=None):
+    """The former render path (torch points and levels, per-level lookup, the field's query), composited in
+    float64; with `occupancy`, samples in its empty voxels (grid of the node's depth) count as empty."""
+    from tinn.render import camera_rays, pixel_radius, ray_box, stratified_t
+
+    origins, directions = camera_rays(c2w, size, size, focal)
+    t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
+    t, deltas = stratified_t(t_near, t_far, n_samples, False)
+    points = (origins[:, None, :] + t[..., None] * directions[:, None, :]).reshape(-1, 3)
+    ids = _per_level_lookup(field.octree, points, levels_for_radius((t * pixel_radius(focal)).reshape(-1),
+                                                                    field.lod_root_size))
+    keep = (ids >= 0) & (deltas.reshape(-1) > 0)
+    if occupancy is not None:
+        keep &= occupancy.query(points, field.octree.depth[ids.clamp(min=0).long()])
+    sigma = torch.zeros(points.shape[0], dtype=torch.float64)
+    rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64)
+    with torch.no_grad():
+        s, c = field.query(points[keep], ids[keep])
+    sigma[keep], rgb[keep] = s.double(), c.double()
+    x = (sigma * deltas.reshape(-1).double()).view(-1, n_samples)
+    trans = torch.exp(-torch.cumsum(x, dim=1))
+    before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
+    color = ((before * (1 - torch.exp(-x)))[..., None] * rgb.view(-1, n_samples, 3)).sum(dim=1)
+    color = color + trans[:, -1:] * background.double()
+    return color.view(size, size, 3), int(keep.sum()), ids.view(-1, n_samples), keep.view(-1, n_samples)
+
+
+def _look_at_origin(distance, axis=2):
+    c2w = torch.eye(4)
+    c2w[axis, 3] = distance
+    if axis != 2:  # a camera on another axis: rotate so that -z points at the origin
+        c2w[:3, :3] = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
+    return c2w
+
+
+def test_lookup_kernel_matches_the_per_level_reference_and_sends_nan_to_empty():
+    gen = torch.Generator().manual_seed(5)
+    pts = torch.randn(500, 3, generator=gen) * 0.3
+    tree = Octree.build(pts, *BOX, max_depth=6, min_points=2)
+    queries = torch.rand(4000, 3, generator=gen) * 2.2 - 1.1
+    levels = torch.randint(-2, 9, (4000,), generator=gen, dtype=torch.int32)
+    assert torch.equal(tree.lookup(queries, levels), _per_level_lookup(tree, queries, levels))
+    nan = torch.tensor([[float("nan"), 0.0, 0.0], [0.0, 0.0, float("inf")]])
+    assert tree.lookup(nan, 3).tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("mode", ["one_run", "segments_no_stop"])
+def test_render_image_equals_the_per_level_path(mode):
+    field = blob_field(2)
+    background = torch.tensor([0.3, 0.6, 0.9])
+    c2w = _look_at_origin(2.6)
+    kwargs = {"one_run": dict(segments=1), "segments_no_stop": dict(segments=4, early_stop=0.0)}[mode]
+    frame = field.render_image(c2w, 20, 20, 18.0, 24, background=background, occupancy=None, chunk=150, **kwargs)
+    want, n_kept, ids, keep = _reference_image(field, c2w, 20, 18.0, 24, background)
+    assert frame["n_evaluated"] == n_kept > 1000
+    assert torch.allclose(frame["image"].double(), want, atol=2e-6)
+    assert frame["touched"].tolist() == sorted(set(ids[keep].tolist()))
+    first = torch.where(keep.any(dim=1), ids.gather(1, keep.int().argmax(dim=1, keepdim=True)).squeeze(1), -1)
+    assert frame["first_node"].reshape(-1).tolist() == first.tolist()
+
+
+def test_render_image_skips_empty_voxels_of_the_node_depth_grid():
+    from tinn.scenes.octree_occupancy import LevelOccupancy
+
+    field = blob_field(3)
+    gen = torch.Generator().manual_seed(1)
+    occupied = torch.rand(field.octree.deepest + 1, 8, 8, 8, generator=gen) < 0.5
+    occupancy = LevelOccupancy(occupied, *BOX)
+    background = torch.tensor([1.0, 1.0, 1.0])
+    c2w = _look_at_origin(2.4, axis=0)
+    frame = field.render_image(c2w, 16, 16, 14.0, 20, background=background, occupancy=occupancy, segments=1)
+    want, n_kept, _, _ = _reference_image(field, c2w, 16, 14.0, 20, background, occupancy)
+    everything = _reference_image(field, c2w, 16, 14.0, 20, background)[1]
+    assert frame["n_evaluated"] == n_kept and 200 < n_kept < 0.7 * everything
+    assert torch.allclose(frame["image"].double(), want, atol=2e-6)
+
+
+def test_early_termination_changes_a_pixel_by_at_most_early_stop(monkeypatch):
+    import tinn.scenes.octree_field as of
+
+    monkeypatch.setattr(of, "DENSITY_BIAS", 4.0)  # an opaque field: rays saturate early
+    field = blob_field(4)
+    background = torch.tensor([0.0, 1.0, 0.0])
+    c2w = _look_at_origin(2.5)
+    want, n_kept, _, _ = _reference_image(field, c2w, 16, 16.0, 32, background)
+    for early_stop in (1e-4, 1e-2):
+        frame = field.render_image(c2w, 16, 16, 16.0, 32, background=background, occupancy=None, segments=4,
+                                   early_stop=early_stop)
+        assert frame["n_evaluated"] < 0.85 * n_kept                  # the rays' back samples were skipped
+        assert float((frame["image"].double() - want).abs().max()) <= early_stop + 1e-6
+
+
+def test_level_occupancy_marks_the_voxels_where_a_depth_has_density():
+    from tinn.scenes.octree_occupancy import LevelOccupancy
+
+    field = blob_field(5)
+    res, threshold = 6, 0.25
+    grid = LevelOccupancy.from_field(field, res, threshold, n_jitter=1, dilate=0)
+    axis = (torch.arange(res, dtype=torch.float32) + 0.5) / res * 2 - 1
+    centres = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+    for depth in range(field.octree.deepest + 1):
+        ids = _per_level_lookup(field.octree, centres, torch.full((centres.shape[0],), depth, dtype=torch.int32))
+        sigma = torch.zeros(centres.shape[0])
+        with torch.no_grad():
+            sigma[ids >= 0] = field.query(centres[ids >= 0], ids[ids >= 0])[0]
+        assert grid.occupied[depth].reshape(-1).tolist() == (sigma > threshold).tolist()
+    assert 0 < grid.occupied.float().mean() < 1
+    dilated = LevelOccupancy.from_field(field, res, threshold, n_jitter=1, dilate=1)
+    grown = torch.nn.functional.max_pool3d(grid.occupied[:, None].float(), 3, stride=1, padding=1)[:, 0] > 0
+    assert torch.equal(dilated.occupied, grown)
+
+
+def test_far_camera_selects_only_the_levels_of_the_formula_and_touches_few_parameters():
+    field = blob_field(6)
+    focal, size, n_samples = 20.0, 16, 48
+    reach = math.sqrt(3.0)  # the box [-1, 1]^3 lies within this distance of the origin
+    reports = {}
+    for distance in (8.0, 3.0):
+        # Samples lie at t >= distance - reach, so their footprint is at least (distance - reach) * 0.5 / focal.
+        finest = math.floor(math.log2(field.lod_root_size / ((distance - reach) * 0.5 / focal)))
+        frame = field.render_image(_look_at_origin(distance), size, size, focal, n_samples, occupancy=None)
+        rep = field.touched_report(frame["touched"])
+        depths = [d for d, n in enumerate(rep["nodes_touched_per_depth"]) if n]
+        assert max(depths) == min(finest, field.octree.deepest), (distance, depths)
+        reports[distance] = (finest, rep)
+    (far_level, far), (near_level, near) = reports[8.0], reports[3.0]
+    assert far_level == 1 and near_level == 3
+    assert far["fraction_touched"] <= 0.15 and near["fraction_touched"] > 2 * far["fraction_touched"]
+    assert far["param_bytes_touched"] == far["nodes_touched"] * field.memory_bytes() // field.n_nodes
+    assert far["param_bytes_touched"] <= 0.15 * far["param_bytes_total"]
+
+
+def test_render_image_bad_input():
+    from tinn.scenes.occupancy import OccupancyGrid
+
+    field = blob_field()
+    c2w = _look_at_origin(3.0)
+    with pytest.raises(InputError, match="segments"):
+        field.render_image(c2w, 4, 4, 4.0, 8, segments=9)
+    with pytest.raises(InputError, match="early_stop"):
+        field.render_image(c2w, 4, 4, 4.0, 8, early_stop=1.0)
+    with pytest.raises(InputError, match="occupancy"):
+        field.render_image(c2w, 4, 4, 4.0, 8, occupancy="yes")
+    with pytest.raises(InputError, match="octree's box"):
+        field.render_image(c2w, 4, 4, 4.0, 8, occupancy=OccupancyGrid(torch.ones(2, 2, 2, dtype=torch.bool),
+                                                                     [-2.0] * 3, [2.0] * 3))
+    with pytest.raises(InputError, match="background"):
+        field.render_image(c2w, 4, 4, 4.0, 8, background=torch.ones(4))
+
+
 # ---- end to end: the demo trains a tiny procedural scene -------------------------------------------------------
 @pytest.mark.slow
 def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):

@@ -8,8 +8,8 @@ pruned). Every node is one row of flat tensors (depth, centre, half size, parent
 breadth first (all nodes of a depth are contiguous) and a node id is also the id of the network
 that models the node.
 
-`lookup(points, levels)` finds, for each point, the node of depth `levels[i]` containing it,
-descending from the root with one vectorised step per depth (no per-point Python). Where the
+`lookup(points, levels)` finds, for each point, the node of depth `levels[i]` containing it: one
+Taichi thread per point walks the child table from the root (`tinn.kernels.octree`). Where the
 descent reaches a leaf before `levels[i]` the leaf is used (clamped to the deepest existing node);
 a point outside the box, or one whose descent needs a child that was pruned, gets -1 (empty:
 zero density, not evaluated).
@@ -121,6 +121,7 @@ class Octree:
         # Cached once so lookups never sync the device for them.
         self.split = (self.children >= 0).any(dim=1)
         self.deepest = int(self.depth.max())
+        self.kernel_tables = KernelTables(self)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -237,17 +238,38 @@ class Octree:
             raise InputError(f"levels must have shape ({n},) to match points, got {tuple(levels.shape)}")
         if levels.device != self.device:
             raise InputError(f"levels is on {levels.device} but the octree is on {self.device}")
-        inside = inside_box(points, self.box_min, self.box_max)
-        node = torch.where(inside, 0, -1).to(torch.int64)
-        if self.max_depth == 0 or n == 0:
-            return node.to(torch.int32)
-        q = cell_coords(points, self.root_min, self.edge, self.max_depth)
-        split = self.split
-        children = self.children.long()
-        for d in range(self.deepest):
-            bit = self.max_depth - 1 - d
-            slot = ((q[:, 0] >> bit) & 1) | (((q[:, 1] >> bit) & 1) << 1) | (((q[:, 2] >> bit) & 1) << 2)
-            safe = node.clamp(min=0)
-            descend = (node >= 0) & (levels > d) & split[safe]
-            node = torch.where(descend, children[safe, slot], node)  # a pruned child gives -1: empty space
-        return node.to(torch.int32)
+        out = torch.empty(n, dtype=torch.int32, device=self.device)
+        if n:
+            from ..kernels import octree as K
+
+            k = self.kernel_tables
+            levels = levels.long().clamp(-1, MAX_DEPTH + 1).to(torch.int32).contiguous()
+            K.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth, self.deepest,
+                     out)
+        return out
+
+
+class KernelTables:
+    """The octree as the Taichi kernels read it: int32 child table, split flags, the geometry vector."""
+
+    def __init__(self, tree: Octree):
+        self.children = tree.children.to(torch.int32).contiguous()
+        self.split = tree.split.to(torch.int32).contiguous()
+        self.depth = tree.depth.to(torch.int32).contiguous()
+        self.center = tree.center.float().contiguous()
+        self.half_size = tree.half_size.float().contiguous()
+        self._base = torch.cat([tree.box_min.float(), tree.box_max.float(), tree.root_min.float(),
+                                torch.tensor([(1 << tree.max_depth) / tree.edge], device=tree.device)])
+        self._geo = (None, None)  # (occupancy grid or None, its geometry vector): the last one asked for
+
+    def geometry(self, occupancy=None) -> torch.Tensor:
+        """(GEO_SIZE,) float32: box, root corner, cell scale and the occupancy grid's corner and inverse voxel size."""
+        grid, geo = self._geo
+        if geo is None or grid is not occupancy:
+            if occupancy is None:
+                occ = torch.zeros(6, device=self._base.device)
+            else:
+                occ = torch.cat([occupancy.box_min.float(), 1.0 / occupancy.voxel_size.float()]).to(self._base.device)
+            geo = torch.cat([self._base, occ]).contiguous()
+            self._geo = (occupancy, geo)
+        return geo

@@ -7,9 +7,15 @@ only samples with large footprints are routed to them.
 
 Each sample picks its node by footprint: radius r = t * pixel_radius, level = floor(log2(root_size / r))
 with root_size = root edge / `lod_resolution` (the root's grid spacing, so a node is chosen where its
-grid cells are about as wide as the sample), then `Octree.lookup` descends to that level (clamped to the
+grid cells are about as wide as the sample), then the walk down the octree to that level (clamped to the
 deepest node; -1 in empty space). Only samples that land in a node are evaluated, so a frame touches
 only the networks along its rays; `render_rays` reports which.
+
+A batch of rays is rendered as: one Taichi kernel assigns every sample its node (level, walk, occupancy
+test, local coordinates; `tinn.kernels.octree.assign_samples`), the assigned samples are packed, the node
+array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays.
+`render_image` adds empty-space skipping (an occupancy grid per octree depth, `build_occupancy`) and early ray termination: the samples of a ray are taken in `segments` runs front to
+back, and rays whose transmittance fell below `early_stop` are dropped from the later runs.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from ..errors import ConfigError, InputError
 from ..models import NetworkWithInputEncoding
 from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
+from .occupancy import OccupancyGrid
+from .octree_occupancy import LevelOccupancy
 from .fields import density_activation
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
@@ -74,6 +82,7 @@ class OctreeField(torch.nn.Module):
         self.lod_resolution = float(lod_resolution)
         self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
                                               n_networks=octree.n_nodes, seed=seed)
+        self.occupancy: LevelOccupancy | OccupancyGrid | None = None  # skipping in render_image (build_occupancy)
 
     # ---- sizes ------------------------------------------------------------------------------------
     @property
@@ -100,57 +109,163 @@ class OctreeField(torch.nn.Module):
 
     def query(self, points: torch.Tensor, node_ids: torch.Tensor):
         """(sigma (M,), rgb (M, 3)) of points evaluated by their nodes' networks (ids must all be >= 0)."""
-        local = self.octree.local_coords(points, node_ids).clamp(0.0, 1.0)
+        return self._query_local(self.octree.local_coords(points, node_ids).clamp(0.0, 1.0), node_ids)
+
+    def _query_local(self, local: torch.Tensor, node_ids: torch.Tensor):
         raw = self.model(local.contiguous(), node_ids)
         return density_activation(raw[:, 0] + DENSITY_BIAS), torch.sigmoid(raw[:, 1:4])
 
-    # ---- rays ----------------------------------------------------------------------------------------
-    def render_rays(self, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
-                    jitter: bool = False, background: torch.Tensor | None = None,
-                    generator: torch.Generator | None = None) -> RayBatchResult:
-        """Composite rays through the field; gradients flow to the node networks.
+    def build_occupancy(self, resolution: int, n_samples: int, alpha_threshold: float = 0.01, n_jitter: int = 4,
+                        dilate: int = 1) -> LevelOccupancy:
+        """Occupancy grids over the octree's box, one per depth (`LevelOccupancy`): voxels where one render step
+        (the longest: box diagonal / n_samples) through the densest point found reaches `alpha_threshold`. Set
+        it as `field.occupancy` for `render_image` to skip the other voxels."""
+        if not 0.0 < float(alpha_threshold) < 1.0:
+            raise ConfigError(f"alpha_threshold={alpha_threshold!r} must be in (0, 1)")
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ConfigError(f"n_samples={n_samples!r} must be an integer >= 1")
+        step = float((self.octree.box_max - self.octree.box_min).norm()) / n_samples
+        threshold = -math.log1p(-float(alpha_threshold)) / step
+        return LevelOccupancy.from_field(self, resolution, threshold, n_jitter=n_jitter, dilate=dilate)
 
-        pixel_radius: a float, or an (R,) tensor (rays from several pyramid levels in one batch).
-        """
-        n_rays = origins.shape[0]
+    # ---- rays ----------------------------------------------------------------------------------------
+    def _occupancy_args(self, occupancy):
+        """(flat uint8 voxels, resolution, number of grids) for the kernel; resolution 0 means no skipping."""
+        tree = self.octree
+        if occupancy is None:
+            return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0, 1
+        if not isinstance(occupancy, (OccupancyGrid, LevelOccupancy)):
+            raise InputError(f"occupancy must be a LevelOccupancy, an OccupancyGrid or None, got "
+                             f"{type(occupancy).__name__}")
+        if not (torch.equal(occupancy.box_min.to(tree.device), tree.box_min)
+                and torch.equal(occupancy.box_max.to(tree.device), tree.box_max)):
+            raise InputError(f"the occupancy grid covers [{occupancy.box_min.tolist()}, {occupancy.box_max.tolist()}]"
+                             f"; it must cover the octree's box [{tree.box_min.tolist()}, {tree.box_max.tolist()}]")
+        grids = occupancy.depths if isinstance(occupancy, LevelOccupancy) else 1
+        return occupancy.occupied.reshape(-1).view(torch.uint8), occupancy.resolution, grids
+
+    def assign(self, origins: torch.Tensor, directions: torch.Tensor, t: torch.Tensor, deltas: torch.Tensor,
+               radius: torch.Tensor, occupancy: LevelOccupancy | OccupancyGrid | None = None):
+        """Node of every sample (R, S) int32, -1 where nothing is evaluated (delta 0, outside the box, pruned
+        space, an empty voxel of `occupancy`), and local coordinates (R * S, 3) (rows of assigned samples only).
+
+        Sample (r, s) is origins[r] + t[r, s] directions[r] with footprint radius t[r, s] * radius[r]."""
+        from ..kernels import octree as K
+
+        n_rays, n_samples = t.shape
+        dev = t.device
+        node = torch.empty(n_rays, n_samples, dtype=torch.int32, device=dev)
+        local = torch.empty(n_rays * n_samples, 3, dtype=torch.float32, device=dev)
+        if node.numel():
+            k = self.octree.kernel_tables
+            occupied, occ_res, grids = self._occupancy_args(occupancy)
+            K.assign_samples(origins.contiguous(), directions.contiguous(), t.contiguous(), deltas.contiguous(),
+                             radius.contiguous(), k.children, k.split, k.depth, k.center, k.half_size,
+                             k.geometry(occupancy), self.lod_root_size, self.octree.max_depth, self.octree.deepest,
+                             occupied, occ_res, grids, node, local)
+        return node, local
+
+    def _evaluate(self, origins, directions, t, deltas, radius, occupancy):
+        """Assign, pack and evaluate one batch of samples: (sigma, rgb, deltas, node_ids, ray_offsets), packed."""
+        node, local = self.assign(origins, directions, t, deltas, radius, occupancy)
+        sample_index, ray_offsets = pack(node >= 0)
+        node_ids = node.reshape(-1)[sample_index]
+        with checks.disabled():  # ids come from the octree: in range by construction
+            sigma, rgb = self._query_local(local[sample_index], node_ids)
+        return sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), node_ids, ray_offsets
+
+    def _ray_radius(self, pixel_radius, n_rays: int, dev) -> torch.Tensor:
         if isinstance(pixel_radius, torch.Tensor):
             if pixel_radius.shape != (n_rays,):
                 raise InputError(f"pixel_radius must be a float or have shape ({n_rays},), got "
                                  f"{tuple(pixel_radius.shape)}")
-            radius = pixel_radius.float()[:, None]
-        else:
-            if not (isinstance(pixel_radius, (int, float)) and pixel_radius > 0):
-                raise InputError(f"pixel_radius={pixel_radius!r} must be a number > 0")
-            radius = float(pixel_radius)
+            return pixel_radius.float().contiguous()
+        if not (isinstance(pixel_radius, (int, float)) and pixel_radius > 0):
+            raise InputError(f"pixel_radius={pixel_radius!r} must be a number > 0")
+        return torch.full((n_rays,), float(pixel_radius), device=dev)
+
+    def render_rays(self, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
+                    jitter: bool = False, background: torch.Tensor | None = None,
+                    generator: torch.Generator | None = None,
+                    occupancy: LevelOccupancy | OccupancyGrid | None = None) -> RayBatchResult:
+        """Composite rays through the field; gradients flow to the node networks.
+
+        pixel_radius: a float, or an (R,) tensor (rays from several pyramid levels in one batch). With an
+        `occupancy` grid, samples in its empty voxels are not evaluated.
+        """
+        radius = self._ray_radius(pixel_radius, origins.shape[0], origins.device)
         t_near, t_far = ray_box(origins, directions, self.octree.box_min, self.octree.box_max)
         t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
-        points = (origins[:, None, :] + t[..., None] * directions[:, None, :]).reshape(-1, 3)
-        ids = self.select_nodes(points, (t * radius).reshape(-1))
-        keep = (ids >= 0).view(n_rays, -1) & (deltas > 0)
-        sample_index, ray_offsets = pack(keep)
-        node_ids = ids[sample_index]
-        with checks.disabled():  # ids come from the octree: in range by construction
-            sigma, rgb = self.query(points[sample_index], node_ids)
-        out = composite(sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), ray_offsets, background)
+        sigma, rgb, d, node_ids, ray_offsets = self._evaluate(origins, directions, t, deltas, radius, occupancy)
+        out = composite(sigma, rgb, d, ray_offsets, background)
         return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets)
 
     @torch.no_grad()
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
-                     background: torch.Tensor | None = None, chunk: int = 1 << 14) -> dict:
+                     background: torch.Tensor | None = None, chunk: int = 1 << 16, occupancy="auto",
+                     early_stop: float = 1e-4, segments: int = 2) -> dict:
         """Render one view in chunks of rays. Returns image (H, W, 3), first_node (H, W) (the node met first along
-        each pixel's ray, -1 for none) and touched (sorted distinct node ids evaluated for the frame)."""
+        each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
+        (samples the networks evaluated).
+
+        occupancy: "auto" (the field's `occupancy`, if set), None (no skipping), a LevelOccupancy or an
+        OccupancyGrid. Early ray termination: a ray's samples are evaluated in `segments` runs, and a ray whose
+        transmittance is below `early_stop` after a run is finished there (its image changes by at most
+        `early_stop`); segments=1 or early_stop=0 evaluates every sample in one run.
+        """
+        if isinstance(occupancy, str):
+            if occupancy != "auto":
+                raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
+            occupancy = self.occupancy
+        if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
+            raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
+        if not 0.0 <= float(early_stop) < 1.0:
+            raise InputError(f"early_stop={early_stop!r} must be a transmittance in [0, 1)")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays per batch)")
         origins, directions = camera_rays(c2w, width, height, focal)
-        radius = pixel_radius(focal)
-        colors, firsts, touched = [], [], []
+        dev = origins.device
+        bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
+        if bg.shape != (3,):
+            raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
+        touched = torch.zeros(self.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
+        colors, firsts = [], []
         for start in range(0, origins.shape[0], chunk):
-            res = self.render_rays(origins[start:start + chunk], directions[start:start + chunk], radius, n_samples,
-                                   background=background)
-            colors.append(res.rgb)
-            firsts.append(first_node_per_ray(res.node_ids, res.ray_offsets))
-            touched.append(torch.unique(res.node_ids))
-        touched = torch.unique(torch.cat(touched)) if touched else torch.zeros(0, dtype=torch.int32)
+            rgb, first = self._render_chunk(origins[start:start + chunk], directions[start:start + chunk],
+                                            pixel_radius(focal), n_samples, bg, occupancy, float(early_stop),
+                                            segments if early_stop > 0 else 1, touched)
+            colors.append(rgb)
+            firsts.append(first)
         return {"image": torch.cat(colors).view(height, width, 3), "first_node": torch.cat(firsts).view(height, width),
-                "touched": touched}
+                "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
+
+    def _render_chunk(self, origins, directions, radius, n_samples, bg, occupancy, early_stop, segments, touched):
+        n_rays, dev = origins.shape[0], origins.device
+        radius = self._ray_radius(radius, n_rays, dev)
+        t_near, t_far = ray_box(origins, directions, self.octree.box_min, self.octree.box_max)
+        t, deltas = stratified_t(t_near, t_far, n_samples, False)
+        if segments == 1:
+            sigma, rgb, d, node_ids, offsets = self._evaluate(origins, directions, t, deltas, radius, occupancy)
+            touched += torch.bincount(node_ids, minlength=self.n_nodes)
+            return composite(sigma, rgb, d, offsets, bg).rgb, first_node_per_ray(node_ids, offsets)
+        color = torch.zeros(n_rays, 3, device=dev)
+        trans = torch.ones(n_rays, device=dev)
+        first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
+        alive = torch.nonzero(t_far > t_near).squeeze(1)
+        bounds = [n_samples * k // segments for k in range(segments + 1)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            sigma, rgb, d, node_ids, offsets = self._evaluate(
+                origins[alive], directions[alive], t[alive, a:b], deltas[alive, a:b], radius[alive], occupancy)
+            touched += torch.bincount(node_ids, minlength=self.n_nodes)
+            out = composite(sigma, rgb, d, offsets)  # black: the background is added once, behind every run
+            color[alive] += trans[alive, None] * out.rgb
+            trans[alive] *= 1.0 - out.opacity
+            seen = first[alive]
+            first[alive] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
+            alive = alive[trans[alive] > early_stop]
+            if alive.numel() == 0:
+                break
+        return color + trans[:, None] * bg, first
 
     def touched_report(self, touched: torch.Tensor) -> dict:
         """Distinct nodes and parameters a frame evaluated, against the whole array; nodes touched per depth."""
@@ -159,6 +274,8 @@ class OctreeField(torch.nn.Module):
         per_depth = torch.bincount(depths.long(), minlength=self.octree.deepest + 1).tolist()
         return {"nodes_touched": n, "nodes_total": self.n_nodes, "params_touched": n * self.params_per_node(),
                 "params_total": self.n_params(), "fraction_touched": n / self.n_nodes,
+                "param_bytes_touched": n * (self.memory_bytes() // self.n_nodes),
+                "param_bytes_total": self.memory_bytes(),
                 "nodes_touched_per_depth": per_depth}
 
 

@@ -116,8 +116,9 @@ class OctreeTrainer(SceneTrainer):
 
 
 @torch.no_grad()
-def evaluate(field: OctreeField, images, n_samples: int, views=None) -> dict:
-    """Render views of `images` (all by default); PSNR over them, per-frame touched-node reports and timing."""
+def evaluate(field: OctreeField, images, n_samples: int, views=None, **render) -> dict:
+    """Render views of `images` (all by default); PSNR over them, per-frame touched-node reports and timing.
+    `render`: options of `OctreeField.render_image` (occupancy, early_stop, segments)."""
     if len(images) == 0:
         raise InputError("evaluate needs at least one view")
     views = list(range(len(images))) if views is None else list(views)
@@ -128,7 +129,7 @@ def evaluate(field: OctreeField, images, n_samples: int, views=None) -> dict:
         runtime.sync()
         t0 = time.perf_counter()
         frame = field.render_image(images.c2w[v], images.width, images.height, images.focal, n_samples,
-                                   background=images.background.float())
+                                   background=images.background.float(), **render)
         runtime.sync()
         seconds.append(time.perf_counter() - t0)
         renders.append(frame["image"])
