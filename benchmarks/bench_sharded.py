@@ -52,6 +52,7 @@ def parse_args():
     p.add_argument("--big-gib", type=float, default=None,
                    help="training state (params, grads, Adam) of the big field in GiB (default: 1.1x one GPU)")
     p.add_argument("--big-steps", type=int, default=400)
+    p.add_argument("--skip-big", action="store_true", help="scaling runs only (no big field)")
     p.add_argument("--big-batch", type=int, default=1 << 18, help="points per rank per step of the big field")
     p.add_argument("--res", type=int, default=64, help="held-out view size of the big field")
     args = p.parse_args()
@@ -265,11 +266,13 @@ def main():
     log(f"{f'weak: {world} GPUs, {world}x networks':<34}{s['weak_networks']:>9}{s['weak_batch_per_rank']:>12}"
         f"{s['weak_step_ms']:>10.2f}{s['weak_per_gpu_samples_per_s']:>14.3e}{s['weak_per_gpu_ratio']:>8.2f}"
         f"{'>=0.9':>8}")
-    result["big_field"] = b = big_field(args)
-    log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, training state "
-        f"{b['training_state_bytes_total'] / 2**30:.1f} GiB (one GPU: {b['gpu_memory_bytes'] / 2**30:.1f} GiB, "
-        f"fits: {b['fits_one_gpu']}); peak per rank {b['peak_gpu_bytes_per_rank'] / 2**30:.1f} GiB; "
-        f"{b['steps']} steps in {b['train_s']:.1f} s; held-out PSNR {b['heldout_psnr']:.2f} dB")
+    b = result["big_field"] = None if args.skip_big else big_field(args)
+    if b is not None:
+        log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, "
+            f"training state {b['training_state_bytes_total'] / 2**30:.1f} GiB (one GPU: "
+            f"{b['gpu_memory_bytes'] / 2**30:.1f} GiB, fits: {b['fits_one_gpu']}); peak per rank "
+            f"{b['peak_gpu_bytes_per_rank'] / 2**30:.1f} GiB; {b['steps']} steps in {b['train_s']:.1f} s; "
+            f"held-out PSNR {b['heldout_psnr']:.2f} dB")
     result["total_s"] = time.perf_counter() - t0
     if td.rank() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
