@@ -70,13 +70,10 @@ def exchange(rows: torch.Tensor, send: list[int], recv: list[int], device, group
     return out
 
 
-def to_owners(x: torch.Tensor, ids: torch.Tensor, local_id_of: torch.Tensor, route: Route, device, out_device,
-              group):
-    """Inputs and local ids of the samples this rank owns, as received: (x (n, dims), ids int32 (n,)).
-    `local_id_of[global id]` is the id on the owner (int32)."""
-    packed = torch.empty(x.shape[0], x.shape[1] + 1, dtype=torch.float32, device=x.device)
-    packed[:, :-1] = x.index_select(0, route.order)
-    packed[:, -1] = local_id_of[ids[route.order]].view(torch.float32)
+def to_owners(x: torch.Tensor, local_ids: torch.Tensor, route: Route, device, out_device, group):
+    """Inputs and local ids of the samples this rank owns, as received: (x (n, dims), ids int32 (n,))."""
+    sorted_x = x[route.order]
+    packed = torch.cat([sorted_x, local_ids[route.order].view(torch.float32)[:, None]], 1)
     got = _to(exchange(packed, route.send, route.recv, device, group, "the forward exchange of inputs"), out_device)
     return got[:, :-1].contiguous(), got[:, -1].contiguous().view(torch.int32)
 

@@ -152,9 +152,7 @@ class ShardedPart(_Collective):
         self.init_mode = init
         self.config = config or {}
         owner, local_ids = ownership.tables(runtime.device())
-        # Plain attributes (not in the state dict): the owner of each global id as a sort key, its local id.
-        self._owner_keys = owner.to(torch.int16 if world < (1 << 15) else torch.int32)
-        self._local_ids = local_ids
+        self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
         names = dict((id(p), n) for n, p in local.named_parameters())
         replicated = set(replicated)
         unknown = sorted(replicated - set(names.values()))
@@ -212,10 +210,9 @@ class ShardedPart(_Collective):
         return self.local.memory_bytes()
 
     def _route(self, ids: torch.Tensor, values: list[int], names: list[str], what: str):
-        # Sort keys as narrow as the rank count allows: a radix sort takes one pass per key byte.
-        owner = self._owner_keys[ids] if ids.shape[0] else torch.zeros(0, dtype=torch.int16, device=ids.device)
+        owner = self._owner[ids.long()].long() if ids.shape[0] else torch.zeros(0, dtype=torch.long, device=ids.device)
         order = torch.argsort(owner, stable=True)
-        counts = torch.bincount(owner.int(), minlength=self.world_size)
+        counts = torch.bincount(owner, minlength=self.world_size)
         received = X.exchange_header(values, counts, self.collective_device, self.group, what)
         X.check_agreement(received, values, names, self.rank, what)
         route = X.Route(order, counts.tolist(), received[:, 0].tolist())
@@ -227,7 +224,7 @@ class ShardedPart(_Collective):
         call = self._next_call()
         route = self._route(ids, [int(train), call], ["gradients enabled", "call number"], "the forward header")
         dev = runtime.device()
-        x_here, ids_here = X.to_owners(x, ids, self._local_ids, route, self.collective_device, dev, self.group)
+        x_here, ids_here = X.to_owners(x, self._local_ids[ids.long()], route, self.collective_device, dev, self.group)
         if route.n_local:
             y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
         else:  # no sample for this rank's networks this time
