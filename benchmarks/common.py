@@ -1,6 +1,7 @@
 """Timing and reporting helpers shared by the benchmarks."""
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -29,7 +30,10 @@ def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
 
 
 def peak_memory_reset() -> None:
+    """Start a peak-memory window: unreachable objects of earlier cases (reference cycles that Python's
+    collector has not reached yet) are freed first, so they do not count towards this case's peak."""
     if torch.cuda.is_available():
+        gc.collect()
         torch.cuda.reset_peak_memory_stats()
 
 
