@@ -63,20 +63,32 @@ def check_resolution(name: str, value, hi: int) -> int:
     return value
 
 
-class OccupancyGrid:
+class VoxelBox:
+    """Boolean voxels over the box [box_min, box_max]: `occupied` has `lead` leading dimensions, then a cube
+    (R, R, R). Validates and places them; the grids below add what they track."""
+
+    lead = 0
+    shape_name = "cubic (R, R, R)"
+
+    def __init__(self, occupied: torch.Tensor, box_min, box_max):
+        dims = self.lead + 3
+        if not isinstance(occupied, torch.Tensor) or occupied.dtype != torch.bool or occupied.dim() != dims \
+                or len(set(occupied.shape[self.lead:])) != 1:
+            got = f"{occupied.dtype} {tuple(occupied.shape)}" if isinstance(occupied, torch.Tensor) \
+                else type(occupied).__name__
+            raise InputError(f"occupied must be a {self.shape_name} torch.bool tensor, got {got}")
+        check_resolution("resolution", int(occupied.shape[self.lead]), MAX_RESOLUTION)
+        self.box_min, self.box_max = as_box(box_min, box_max)
+        self.occupied = occupied.to(self.box_min.device).contiguous()
+        self.resolution = int(occupied.shape[self.lead])
+        self.voxel_size = (self.box_max - self.box_min) / self.resolution
+
+
+class OccupancyGrid(VoxelBox):
     """`occupied` (R, R, R) bool over the box [box_min, box_max]."""
 
     def __init__(self, occupied: torch.Tensor, box_min, box_max):
-        if not isinstance(occupied, torch.Tensor) or occupied.dtype != torch.bool or occupied.dim() != 3 \
-                or len(set(occupied.shape)) != 1:
-            got = f"{occupied.dtype} {tuple(occupied.shape)}" if isinstance(occupied, torch.Tensor) \
-                else type(occupied).__name__
-            raise InputError(f"occupied must be a cubic (R, R, R) torch.bool tensor, got {got}")
-        check_resolution("resolution", int(occupied.shape[0]), MAX_RESOLUTION)
-        self.box_min, self.box_max = as_box(box_min, box_max)
-        self.occupied = occupied.to(self.box_min.device).contiguous()
-        self.resolution = int(occupied.shape[0])
-        self.voxel_size = (self.box_max - self.box_min) / self.resolution
+        super().__init__(occupied, box_min, box_max)
         self.density: torch.Tensor | None = None  # the tracked density per voxel (tracking grids only)
         self.updates = 0
 

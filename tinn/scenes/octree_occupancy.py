@@ -19,23 +19,14 @@ import torch.nn.functional as F
 
 from .. import checks
 from ..errors import InputError
-from .occupancy import MAX_RESOLUTION, as_box, check_resolution
+from .occupancy import MAX_RESOLUTION, VoxelBox, check_resolution
 
 
-class LevelOccupancy:
+class LevelOccupancy(VoxelBox):
     """`occupied` (D, R, R, R) bool over the box [box_min, box_max]: grid d for samples of depth-d nodes."""
 
-    def __init__(self, occupied: torch.Tensor, box_min, box_max):
-        if not isinstance(occupied, torch.Tensor) or occupied.dtype != torch.bool or occupied.dim() != 4 \
-                or len(set(occupied.shape[1:])) != 1:
-            got = f"{occupied.dtype} {tuple(occupied.shape)}" if isinstance(occupied, torch.Tensor) \
-                else type(occupied).__name__
-            raise InputError(f"occupied must be a (depths, R, R, R) torch.bool tensor, got {got}")
-        check_resolution("resolution", int(occupied.shape[1]), MAX_RESOLUTION)
-        self.box_min, self.box_max = as_box(box_min, box_max)
-        self.occupied = occupied.to(self.box_min.device).contiguous()
-        self.resolution = int(occupied.shape[1])
-        self.voxel_size = (self.box_max - self.box_min) / self.resolution
+    lead = 1
+    shape_name = "(depths, R, R, R)"
 
     @property
     def depths(self) -> int:
