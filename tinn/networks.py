@@ -139,7 +139,13 @@ class NetworkArray(Part):
         if kernels == "fused" and not fusable:
             raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
                               f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
-        self.fused = fusable and kernels != "unfused"
+        # The fused weight gradients add a network's sample blocks with atomics; deterministic mode takes the
+        # unfused kernels, whose per-tile partials it sums in tile order.
+        deterministic = runtime.settings().deterministic
+        if kernels == "fused" and deterministic:
+            raise ConfigError("kernels='fused' sums weight gradients in no fixed order; with settings.deterministic "
+                              "allowed: 'unfused' or 'auto'")
+        self.fused = fusable and kernels != "unfused" and not deterministic
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers,

@@ -22,6 +22,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
 | collective_timeout_s | 300 | seconds a collective of `tinn.distributed` may wait for the other ranks before it fails |
+| deterministic | False | bit-identical results run to run: fixed-order reductions instead of float atomics (slower; `tinn/kernels/deterministic.py`) |
 | table_chunk_elements | 2^30 | most elements of a per-network table (parameters, gradients, optimizer state) one kernel launch indexes; bigger tables run in row chunks (tinn/chunks.py) |
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Settings:
     # Taichi 1.7.4 indexes ndarrays and counts loops in 32 bits (tinn/chunks.py); tests set it tiny to cross
     # chunk boundaries.
     table_chunk_elements: int = 1 << 30
+    deterministic: bool = False
 
     def __post_init__(self):
         if self.network_kernels not in NETWORK_KERNELS:
@@ -72,6 +74,8 @@ class Settings:
         if not 1 <= self.table_chunk_elements <= (1 << 31) - (1 << 24):
             raise ConfigError(f"settings.table_chunk_elements={self.table_chunk_elements} must be in "
                               "[1, 2^31 - 2^24]")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"settings.deterministic={self.deterministic!r} must be true or false")
         for name in ("fused_grad_chunk", "gpu_max_reg"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 0")

@@ -15,6 +15,7 @@ import torch
 from .. import chunks, memory, runtime
 from ..config import Section, count
 from ..errors import ConfigError
+from ..kernels import deterministic as DK
 from ..kernels import grid_encoding as K
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, to_layout
 from .base import Encoding
@@ -295,6 +296,10 @@ class GridEncoding(Encoding):
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
+        if runtime.settings().deterministic:
+            self._launch_backward_in_order(x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f,
+                                           interp, gtype)
+            return
         n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
         for lo, hi, rows in _chunk_views(params):
             self._launch_backward_chunk(x, net_ids, rows(params), off, dy_t, rows(dparams) if want_params else dparams,
@@ -324,6 +329,29 @@ class GridEncoding(Encoding):
         if first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
                             int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo)
+
+    def _launch_backward_in_order(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
+                                  gtype):
+        """`Settings.deterministic`: the backward's terms written out, then summed in a fixed order
+        (tinn/kernels/deterministic.py), in blocks of samples added one after the other."""
+        levels, d, dev = self.n_levels, self.n_input_dims, x.device
+        slots = (1 << d) * f
+        block = max(1, DK.GRID_TERMS_PER_BLOCK // (levels * slots))
+        ph = torch.empty(1, 1, 1, device=dev)
+        ph_keys = torch.empty(1, 1, 1, dtype=torch.int64, device=dev)
+        for b0 in range(0, x.shape[0], block):
+            b1 = min(x.shape[0], b0 + block)
+            keys = torch.full((levels, b1 - b0, slots), -1, dtype=torch.int64, device=dev) if want_params else ph_keys
+            terms = torch.empty(levels, b1 - b0, slots, device=dev) if want_params else ph
+            dx_terms = torch.zeros(levels, b1 - b0, d, device=dev) if want_x else ph
+            xs, ids, dys = x[b0:b1], net_ids[b0:b1], dy_t[:, b0:b1].contiguous()
+            for lo, hi, rows in _chunk_views(params):
+                DK.grid_backward_terms(xs, ids, rows(params), off, self._meta, dys, keys, terms, dx_terms, f, interp,
+                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo)
+            if want_params:
+                DK.add_sorted_terms(dparams.view(-1), keys.view(-1), terms.view(-1))
+            if want_x:
+                dx[b0:b1] += dx_terms.sum(0)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()

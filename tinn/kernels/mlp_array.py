@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from ..backend import ti
 
-from .. import chunks
+from .. import chunks, runtime
 from . import activations as act
 from .launch import fast_kernel
 
@@ -264,6 +264,8 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
 
     The partials are (tiles, P): when they or `dparams` pass the chunk limit, tiles go in groups (tiles
     are sorted by network) and each group is reduced into the gradient chunks its networks fall in."""
+    from .deterministic import reduce_tiles_in_order  # (it builds on this module's helpers)
+    reduce = reduce_tiles_in_order if runtime.settings().deterministic else reduce_tiles
     n_params = dparams.shape[1]
     spans = chunks.row_spans(dparams.shape[0], n_params, "the network gradients")
     group = chunks.row_spans(routing.n_tiles, n_params, "the per-tile gradients")
@@ -271,7 +273,7 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
     if len(spans) == 1 and len(group) == 1:
         partial = deltas.new_empty(routing.n_tiles, n_params)
         _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, dout, partial, layers)
-        reduce_tiles(partial, routing.tile_net, dparams, 0)
+        reduce(partial, routing.tile_net, dparams, 0)
         return
     tile_net = routing.tile_net.cpu().tolist()  # the slow path's one host sync: which chunks a group touches
     partial = None
@@ -283,7 +285,7 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
         first, last = tile_net[t0], tile_net[t1 - 1]
         for lo, hi in spans:
             if lo <= last and first < hi:
-                reduce_tiles(partial, routing.tile_net[t0:t1], dparams[lo:hi], lo)
+                reduce(partial, routing.tile_net[t0:t1], dparams[lo:hi], lo)
 
 
 def _tile_gradients(x, order, tile_start, tile_end, acts, deltas, dout, partial, layers):
