@@ -45,7 +45,9 @@ PHASES = ("teacher", "distill", "finetune")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
-    p.add_argument("--data", default=None, help="a NeRF-synthetic scene folder (transforms_*.json); replaces --scene")
+    p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio "
+                   "(transforms*.json); replaces --scene")
+    p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
     p.add_argument("--small", action="store_true", help="CPU-sized run (smaller grid, views, steps)")
     p.add_argument("--grid", type=int, default=None, help="cells per axis (networks: grid^3); full size 16")
     p.add_argument("--views", type=int, default=None, help="training views (full size 100)")
@@ -97,18 +99,23 @@ def parse_args(argv=None):
 
 def load_data(args):
     """(train, test) PosedImages on tinn's device."""
-    from tinn.scenes import ProceduralScene, load_nerf_synthetic, render_views
+    from tinn.scenes import ProceduralScene, render_views
+    from tinn.scenes.formats import load_scene
+    from tinn.scenes.mesh import scene_from_mesh
 
+    if args.mesh:
+        args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
+                                    args.res)
     if args.data is None:
         scene = ProceduralScene()
         # Different seeds: held-out cameras are not training cameras.
         return (render_views(scene, args.views, args.res, args.res, seed=args.seed),
                 render_views(scene, args.test_views, args.res, args.res, seed=args.seed + 1000))
-    probe = load_nerf_synthetic(args.data, "train", max_views=1)
+    probe = load_scene(args.data, "train", max_views=1)
     factor = max(1, round(probe.width / args.res))
     dev = tinn.runtime.device()
-    train = load_nerf_synthetic(args.data, "train", downscale=factor, max_views=args.views).to(dev)
-    test = load_nerf_synthetic(args.data, "test", downscale=factor, max_views=args.test_views).to(dev)
+    train = load_scene(args.data, "train", downscale=factor, max_views=args.views).to(dev)
+    test = load_scene(args.data, "test", downscale=factor, max_views=args.test_views).to(dev)
     return train, test
 
 

@@ -44,7 +44,8 @@ SCALE = dict(FULL, max_depth=5, min_points=2, n_points=400_000, steps=300, batch
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
-    p.add_argument("--data", default=None, help="a NeRF-synthetic scene folder (transforms_*.json + PNGs)")
+    p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio")
+    p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
     p.add_argument("--small", action="store_true", help="CPU-sized defaults (32 px, depth 3, 250 steps)")
     p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 4, small: 3)")
     p.add_argument("--min-points", type=int, default=None, help="a node splits while it holds more points")
@@ -113,15 +114,20 @@ def load_scene(args):
     """(train images, held-out images, points to build the octree over)."""
     from tinn.scenes.octree_training import foreground_points
 
-    if args.data:
-        from tinn.scenes.data import load_nerf_synthetic
+    if args.mesh:
+        from tinn.scenes.mesh import scene_from_mesh
 
-        probe = load_nerf_synthetic(args.data, split="train", max_views=1)
+        args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
+                                    args.res)
+    if args.data:
+        from tinn.scenes.formats import load_scene as load_folder
+
+        probe = load_folder(args.data, split="train", max_views=1)
         if probe.width % args.res:
             raise SystemExit(f"--res {args.res} must divide the images' width {probe.width}")
         down = probe.width // args.res
-        train = load_nerf_synthetic(args.data, split="train", downscale=down, max_views=args.views)
-        test = load_nerf_synthetic(args.data, split="test", downscale=down, max_views=args.test_views)
+        train = load_folder(args.data, split="train", downscale=down, max_views=args.views)
+        test = load_folder(args.data, split="test", downscale=down, max_views=args.test_views)
         points = foreground_points(train, resolution=min(2 ** (args.max_depth + 3), 256))
         return train, test, points
     from tinn.scenes.procedural import ProceduralScene, render_views, surface_points

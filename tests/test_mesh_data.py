@@ -1,0 +1,199 @@
+"""Real meshes rendered into scene folders, and the scene formats users have (tinn/scenes/mesh.py, formats.py)."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import tinn
+from tinn.errors import InputError
+from tinn.scenes import formats
+from tinn.scenes import mesh as M
+from tinn.scenes.data import load_nerf_synthetic
+
+BUNNY = "/usr/share/glmark2/models/bunny.obj"   # Debian package glmark2-data
+
+
+def quad(z=-3.0, half=1.0, colour=(0.2, 0.6, 1.0)) -> M.Mesh:
+    """A square facing the camera at the origin (camera space), two triangles."""
+    v = np.array([[-half, -half, z], [half, -half, z], [half, half, z], [-half, half, z]], np.float32)
+    f = np.array([[0, 1, 2], [0, 2, 3]], np.int32)
+    return M.Mesh(v, f, np.tile(np.array(colour, np.float32), (2, 3)))
+
+
+def test_a_square_covers_its_projected_pixels_with_its_colour():
+    focal, res = 50.0, 64
+    img = M.render_rgba(quad(), np.eye(4), res, res, focal, supersample=1, ambient=1.0).cpu()
+    # Projected half-side: focal * 1 / 3 pixels around the centre; pixel centres inside it are covered.
+    edge = focal / 3.0
+    centres = torch.arange(res) + 0.5 - res / 2
+    inside = (centres.abs() < edge)
+    expected = inside[:, None] & inside[None, :]
+    assert torch.equal(img[..., 3] > 0.5, expected)
+    torch.testing.assert_close(img[expected][:, :3], torch.tensor([0.2, 0.6, 1.0]).expand(int(expected.sum()), 3))
+    assert img[~expected].abs().max() == 0
+
+
+def test_supersampled_alpha_is_the_covered_area_and_nearer_triangles_win():
+    focal, res = 40.0, 48
+    img = M.render_rgba(quad(half=0.7), np.eye(4), res, res, focal, supersample=4, ambient=1.0).cpu()
+    area = (2 * 0.7 * focal / 3.0) ** 2
+    assert abs(float(img[..., 3].sum()) - area) < 0.02 * area
+    near, far = quad(z=-2.0, half=0.3, colour=(1, 0, 0)), quad(z=-4.0, colour=(0, 1, 0))
+    both = M.Mesh(np.concatenate([far.vertices, near.vertices]), np.concatenate([far.faces, near.faces + 4]),
+                  np.concatenate([far.corner_rgb, near.corner_rgb]))
+    img = M.render_rgba(both, np.eye(4), res, res, focal, supersample=1, ambient=1.0).cpu()
+    c = res // 2
+    assert img[c, c, :3].tolist() == [1.0, 0.0, 0.0] and img[c, c + 8, :3].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_texture_lookup_and_obj_with_material(tmp_path):
+    import imageio.v3 as iio
+
+    tex = np.zeros((2, 2, 3), np.uint8)
+    tex[0, :] = (255, 0, 0)     # top row red (v = 1)
+    tex[1, :] = (0, 0, 255)     # bottom row blue (v = 0)
+    iio.imwrite(tmp_path / "t.png", tex)
+    (tmp_path / "m.mtl").write_text("newmtl a\nKd 1 1 1\nmap_Kd t.png\n")
+    (tmp_path / "q.obj").write_text("mtllib m.mtl\nv -1 -1 -3\nv 1 -1 -3\nv 1 1 -3\nv -1 1 -3\n"
+                                    "vt 0 0.25\nvt 1 0.25\nvt 1 0.75\nvt 0 0.75\nusemtl a\nf 1/1 2/2 3/3 4/4\n")
+    m = M.read_mesh(tmp_path / "q.obj")
+    assert m.faces.shape == (2, 3) and m.texture is not None
+    img = M.render_rgba(m, np.eye(4), 32, 32, 30.0, supersample=1, ambient=1.0).cpu()
+    top, bottom = img[12, 16, :3], img[19, 16, :3]
+    assert top[0] > top[2] and bottom[2] > bottom[0]   # v up: the image's top shows the texture's top row
+
+
+def test_ply_ascii_and_binary_read_the_same(tmp_path):
+    v = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], np.float32)
+    header = ("ply\nformat {fmt} 1.0\ncomment tinn test\nelement vertex 4\nproperty float x\nproperty float y\n"
+              "property float z\nproperty uchar red\nproperty uchar green\nproperty uchar blue\n"
+              "element face 1\nproperty list uchar int vertex_indices\nend_header\n")
+    body = "".join(f"{a} {b} {c} 255 0 0\n" for a, b, c in v) + "4 0 1 2 3\n"
+    (tmp_path / "a.ply").write_text(header.format(fmt="ascii") + body)
+    vert = np.zeros(4, dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")])
+    vert["x"], vert["y"], vert["z"], vert["r"] = v[:, 0], v[:, 1], v[:, 2], 255
+    face = np.array([4], np.uint8).tobytes() + np.array([0, 1, 2, 3], "<i4").tobytes()
+    (tmp_path / "b.ply").write_bytes(header.format(fmt="binary_little_endian").encode() + vert.tobytes() + face)
+    a, b = M.read_mesh(tmp_path / "a.ply"), M.read_mesh(tmp_path / "b.ply")
+    assert np.array_equal(a.faces, [[0, 1, 2], [0, 2, 3]]) and np.array_equal(a.faces, b.faces)
+    assert np.array_equal(a.vertices, b.vertices) and np.allclose(a.corner_rgb[:, 0], 1.0)
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("bad.obj", "v 0 0 0\nv 1 0 0\nf 1 2 9\n", "outside 1..2"),
+    ("words.obj", "v 0 zero 0\nf 1 1 1\n", r"bad\.obj|words\.obj:1"),
+    ("none.obj", "v 0 0 0\n", "no faces"),
+    ("bad.ply", "ply\nformat binary_big_endian 1.0\nend_header\n", "binary_big_endian"),
+    ("short.ply", "ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
+                  "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n", "ends early"),
+    ("m.stl", "solid", r"allowed: \.obj, \.ply"),
+])
+def test_malformed_meshes_name_the_problem(tmp_path, name, text, match):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match=match):
+        M.read_mesh(tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def bunny_scene(tmp_path_factory):
+    if not os.path.isfile(BUNNY):
+        pytest.skip(f"{BUNNY} missing (Debian package glmark2-data)")
+    out = tmp_path_factory.mktemp("bunny")
+    counts = M.write_nerf_synthetic(M.read_mesh(BUNNY), out, views=16, val_views=0, test_views=2, resolution=32)
+    return out, counts
+
+
+def test_written_folder_round_trips_through_the_nerf_synthetic_loader(bunny_scene):
+    out, counts = bunny_scene
+    assert counts == {"train": 16, "test": 2}
+    train = load_nerf_synthetic(out, "train")
+    assert len(train) == 16 and train.width == 32
+    np.testing.assert_allclose(train.c2w.numpy(), M.sphere_cameras(16).astype(np.float32), atol=1e-6)
+    assert abs(train.focal - 16 / math.tan(0.5 * M.CAMERA_ANGLE_X)) < 1e-3
+    # The object is in view and not cut off: some pixels covered, the border empty.
+    assert (train.images < 0.99).any(dim=-1).float().mean() > 0.05
+    border = torch.cat([train.images[:, 0], train.images[:, -1], train.images[:, :, 0], train.images[:, :, -1]], 1)
+    assert (border > 0.99).all()
+    assert formats.detect_format(out) == "nerf_synthetic"
+
+
+def _transforms(tmp_path, scene_dir, **top):
+    """An instant-ngp style transforms.json over a written NeRF-synthetic folder's training images."""
+    meta = json.loads((scene_dir / "transforms_train.json").read_text())
+    frames = [{"file_path": os.path.relpath(scene_dir / (fr["file_path"] + ".png"), tmp_path),
+               "transform_matrix": fr["transform_matrix"]} for fr in meta["frames"]]
+    f = 16 / math.tan(0.5 * meta["camera_angle_x"])
+    data = {"fl_x": f, "fl_y": f, "cx": 16.0, "cy": 16.0, "w": 32, "h": 32, "frames": frames, **top}
+    (tmp_path / "transforms.json").write_text(json.dumps(data))
+    return tmp_path / "transforms.json"
+
+
+def test_instant_ngp_and_nerfstudio_load_the_same_rays(bunny_scene, tmp_path):
+    out, _ = bunny_scene
+    ref = load_nerf_synthetic(out, "train")
+    path = _transforms(tmp_path, out, aabb_scale=1, k1=0.0)
+    assert formats.detect_format(path) == "instant_ngp"
+    every = formats.load_scene(path, "all")
+    assert torch.equal(every.images, ref.images) and torch.equal(every.c2w, ref.c2w)
+    assert abs(every.focal - ref.focal) < 1e-4
+    torch.testing.assert_close(every.box_max, torch.full((3,), 0.5 / 0.33))   # aabb 1 at instant-ngp's scale
+    test = formats.load_scene(path, "test")
+    assert len(test) == 2 and torch.equal(test.c2w, ref.c2w[::8])
+    assert len(formats.load_scene(path, "train")) == 14
+    _transforms(tmp_path, out, camera_model="OPENCV", applied_transform=np.eye(4)[:3].tolist())
+    assert formats.detect_format(tmp_path) == "nerfstudio"
+    studio = formats.load_scene(tmp_path, "all")
+    assert torch.equal(studio.images, ref.images) and studio.near < studio.far
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"k1": 0.1}, r"lens distortion 'k1'=0\.1"),
+    ({"camera_model": "FISHEYE"}, r"camera_model 'FISHEYE' is not supported"),
+    ({"fl_y": 10.0}, "square pixels"),
+    ({"cx": 5.0}, r"cx=5\.0 is not the image centre"),
+    ({"w": 64}, "is 32x32 but w x h = 64x32"),
+    ({"fl_x": "wide"}, r"'fl_x' must be a finite number"),
+    ({"frames": []}, "'frames' must be a non-empty list"),
+])
+def test_unsupported_or_malformed_transforms_name_the_field(bunny_scene, tmp_path, change, match):
+    out, _ = bunny_scene
+    if "camera_model" in change:
+        change = dict(change, applied_transform=np.eye(4)[:3].tolist())
+    path = _transforms(tmp_path, out, **change)
+    with pytest.raises(InputError, match=match):
+        formats.load_scene(path, "all")
+
+
+def test_missing_images_and_folders_are_named(bunny_scene, tmp_path):
+    out, _ = bunny_scene
+    path = _transforms(tmp_path, out)
+    meta = json.loads(path.read_text())
+    meta["frames"][3]["file_path"] = "nowhere/r_3"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(InputError, match=r"frames\[3\]: file_path 'nowhere/r_3'"):
+        formats.load_scene(path, "all")
+    with pytest.raises(InputError, match="neither transforms_train.json"):
+        formats.load_scene(tmp_path / "empty")
+    path.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        formats.load_scene(path)
+
+
+def test_kilonerf_trains_on_the_rendered_bunny(tmp_path):
+    """The whole pipeline on a real mesh at test size (`--mesh`: rendered, then loaded from the folder):
+    teacher, distillation, fine-tuning, held-out PSNR."""
+    import sys
+
+    if not os.path.isfile(BUNNY):
+        pytest.skip(f"{BUNNY} missing (Debian package glmark2-data)")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import kilonerf
+
+    summary = kilonerf.run(["--small", "--mesh", BUNNY, "--res", "32", "--views", "16", "--test-views", "2",
+                            "--out", str(tmp_path / "run")])
+    assert os.path.isfile(tmp_path / "run" / "mesh_scene" / "transforms_test.json")
+    # Measured at this size: background 14.7 dB, teacher and student 26.1 dB.
+    assert summary["psnr_student"] > summary["psnr_background"] + 8.0
