@@ -17,6 +17,7 @@ import torch
 
 from . import checks, tcnn_layout
 from .encodings import create_encoding
+from .errors import ConfigError
 from .networks import NetworkArray
 from .part import Context, Part, accumulate, common_layout, has_hooks
 
@@ -42,8 +43,16 @@ class NetworkWithInputEncoding(Part):
         """`tcnn_padding`: the network input is the encoding's output padded as tcnn pads it (see
         `tcnn_input_padding`), so the same parameters give tcnn's function."""
         super().__init__(n_input_dims, n_output_dims, n_networks)
-        self.encoding = create_encoding(n_input_dims, encoding_config, n_networks=1 if share_encoding else n_networks,
-                                        seed=seed)
+        if isinstance(encoding_config, Part):  # a part built by the caller (e.g. a tinn.autodiff part)
+            enc = encoding_config
+            want = 1 if share_encoding else n_networks
+            if enc.n_input_dims != n_input_dims or enc.n_networks != want:
+                raise ConfigError(f"the encoding part has n_input_dims={enc.n_input_dims}, n_networks="
+                                  f"{enc.n_networks}; allowed: n_input_dims={n_input_dims}, n_networks={want}")
+            self.encoding = enc
+        else:
+            self.encoding = create_encoding(n_input_dims, encoding_config,
+                                            n_networks=1 if share_encoding else n_networks, seed=seed)
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
                                     n_networks=n_networks, seed=seed + 1, kernels=kernels,
                                     input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
