@@ -15,7 +15,7 @@ to run. Here every sum is taken in an order fixed by the data alone:
 import torch
 
 from ..backend import ti
-from .grid_encoding import NEAREST, _dweight, _entry, _lattice, _smooth, _weight
+from .grid_encoding import NEAREST, _corners, _dweight, _entry, _level_at, _smooth
 from .launch import fast_kernel
 from .mlp_array import in_chunk
 
@@ -62,12 +62,9 @@ def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
         net = net_ids[b] - net_lo
         if in_chunk(net, params):
-            scale = ti.bit_cast(meta[level, 3], ti.f32)
-            res, size = meta[level, 1], meta[level, 2]
-            base = param_offset + meta[level, 0] * F
+            scale, res, size, base, cell, frac = _level_at(x, b, level, meta, param_offset, F, D)
             col = level * F
             row = ti.cast(net_ids[b], ti.i64) * params.shape[1]
-            cell, frac = _lattice(x, b, scale, D)
             if interp == NEAREST:
                 if want_params:
                     e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
@@ -76,11 +73,7 @@ def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset
                         terms[level, b, f] = dy_t[col + f, b]
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx = ti.Vector([0] * (1 << D), dt=ti.i32)
-                w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-                for c in ti.static(range(1 << D)):
-                    idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
-                    w[c] = _weight(s, c, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
                 if want_params:
                     for c in ti.static(range(1 << D)):
                         for f in ti.static(range(F)):

@@ -138,6 +138,25 @@ def _dweight(s, ds, c: ti.template(), k: ti.template(), D: ti.template()):
     return w
 
 
+@ti.func
+def _level_at(x: ti.template(), b, level, meta: ti.template(), param_offset, F: ti.template(), D: ti.template()):
+    """Level `level` at sample b: (scale, resolution, table size, the level's first table column, cell, frac)."""
+    scale = ti.bit_cast(meta[level, 3], ti.f32)
+    cell, frac = _lattice(x, b, scale, D)
+    return scale, meta[level, 1], meta[level, 2], param_offset + meta[level, 0] * F, cell, frac
+
+
+@ti.func
+def _corners(cell, s, res, size, base, grid_type, meta: ti.template(), F: ti.template(), D: ti.template()):
+    """Table column of each corner's first feature, and the corner's interpolation weight."""
+    idx = ti.Vector([0] * (1 << D), dt=ti.i32)
+    w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+    for c in ti.static(range(1 << D)):
+        idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
+        w[c] = _weight(s, c, D)
+    return idx, w
+
+
 @fast_kernel
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
@@ -147,11 +166,8 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
         net = net_ids[b] - net_lo
         if in_chunk(net, params):
-            scale = ti.bit_cast(meta[level, 3], ti.f32)
-            res, size = meta[level, 1], meta[level, 2]
-            base = param_offset + meta[level, 0] * F
+            scale, res, size, base, cell, frac = _level_at(x, b, level, meta, param_offset, F, D)
             col = level * F
-            cell, frac = _lattice(x, b, scale, D)
             if interp == NEAREST:
                 e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
                 # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
@@ -160,11 +176,7 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
                     out_t[col + f, b] = ti.select(nan, ti.math.nan, params[net, e + f])
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx = ti.Vector([0] * (1 << D), dt=ti.i32)
-                w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-                for c in ti.static(range(1 << D)):
-                    idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
-                    w[c] = _weight(s, c, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
                 for f in ti.static(range(F)):
                     acc = 0.0
                     for c in ti.static(range(1 << D)):
@@ -184,11 +196,8 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
     for level, b in ti.ndrange((0 if want_x else first_level, meta.shape[0] - 1), x.shape[0]):
         net = net_ids[b] - net_lo
         if in_chunk(net, params):
-            scale = ti.bit_cast(meta[level, 3], ti.f32)
-            res, size = meta[level, 1], meta[level, 2]
-            base = param_offset + meta[level, 0] * F
+            scale, res, size, base, cell, frac = _level_at(x, b, level, meta, param_offset, F, D)
             col = level * F
-            cell, frac = _lattice(x, b, scale, D)
             params_here = want_params != 0 and level >= first_level
             if interp == NEAREST:
                 # Piecewise constant: no input gradient, one entry per feature receives dy.
@@ -200,11 +209,7 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
                             ti.atomic_add(dparams[net, e + f], g)
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx = ti.Vector([0] * (1 << D), dt=ti.i32)
-                w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-                for c in ti.static(range(1 << D)):
-                    idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
-                    w[c] = _weight(s, c, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
                 if params_here:
                     for f in ti.static(range(F)):
                         g = dy_t[col + f, b]

@@ -63,6 +63,17 @@ def check_resolution(name: str, value, hi: int) -> int:
     return value
 
 
+def check_build_options(resolution, n_jitter, dilate, threshold) -> int:
+    """The options of building a grid from a density: validated; returns the resolution."""
+    resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
+    check_resolution("n_jitter", n_jitter, 1024)
+    if isinstance(dilate, bool) or not isinstance(dilate, int) or dilate < 0:
+        raise InputError(f"dilate={dilate!r} must be an integer >= 0 (voxels)")
+    if not float(threshold) >= 0.0:
+        raise InputError(f"threshold={threshold!r} must be a density >= 0")
+    return resolution
+
+
 class VoxelBox:
     """Boolean voxels over the box [box_min, box_max]: `occupied` has `lead` leading dimensions, then a cube
     (R, R, R). Validates and places them; the grids below add what they track."""
@@ -151,12 +162,7 @@ class OccupancyGrid(VoxelBox):
 
         `density(points (M, 3)) -> (M,)` is called in chunks of `chunk` points, without gradients.
         """
-        resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
-        check_resolution("n_jitter", n_jitter, 1024)
-        if isinstance(dilate, bool) or not isinstance(dilate, int) or dilate < 0:
-            raise InputError(f"dilate={dilate!r} must be an integer >= 0 (voxels)")
-        if not float(threshold) >= 0.0:
-            raise InputError(f"threshold={threshold!r} must be a density >= 0")
+        resolution = check_build_options(resolution, n_jitter, dilate, threshold)
         lo, hi = as_box(box_min, box_max)
         dev = lo.device
         voxel = (hi - lo) / resolution

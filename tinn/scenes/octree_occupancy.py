@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import checks
-from ..errors import InputError
-from .occupancy import MAX_RESOLUTION, VoxelBox, check_resolution
+from .occupancy import VoxelBox, check_build_options
 
 
 class LevelOccupancy(VoxelBox):
@@ -38,12 +37,7 @@ class LevelOccupancy(VoxelBox):
                    chunk: int = 1 << 15, seed: int = 0) -> "LevelOccupancy":
         """Grid d: voxels where the depth-d nodes' density (`field.octree.lookup(points, d)`, clamped to the leaf)
         exceeds `threshold` at one of `n_jitter` points, grown by `dilate` voxels."""
-        resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
-        check_resolution("n_jitter", n_jitter, 1024)
-        if isinstance(dilate, bool) or not isinstance(dilate, int) or dilate < 0:
-            raise InputError(f"dilate={dilate!r} must be an integer >= 0 (voxels)")
-        if not float(threshold) >= 0.0:
-            raise InputError(f"threshold={threshold!r} must be a density >= 0")
+        resolution = check_build_options(resolution, n_jitter, dilate, threshold)
         tree = field.octree
         lo, hi = tree.box_min, tree.box_max
         dev, depths = lo.device, tree.deepest + 1
