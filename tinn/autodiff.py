@@ -19,7 +19,7 @@ Taichi's reverse mode has rules (docs.taichi-lang.org, "Differentiable programmi
   it against float64 finite differences and raises `ConfigError` naming the first wrong derivative.
 - **Loops whose trip count is not known at compile time** keep their iterations on Taichi's autodiff stack:
   start tinn with a stack that holds them, `tinn.init(ad_stack_size=N)` (passed to `ti.init`);
-  `ti.static` loops need none.
+  `ti.static` loops need none. Quadrants' reverse mode refuses such loops: there a `ConfigError` says so.
 
 **Gradient buffers.** They are the torch tensors' own `.grad` (Taichi's torch interop), made once and
 zeroed per call.
@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from . import runtime
-from .backend import ti
+from . import backend, runtime
 from .config import count
 from .errors import ConfigError
 from .kernels.autodiff import sample_kernel
@@ -119,9 +118,10 @@ class AutodiffPart(Part):
     def _call(self, kernel, x, ids, table, y, replicas: int):
         try:
             kernel(x, ids, table, y, self.n_networks, replicas)
-        except (ti.TaichiCompilationError, ti.TaichiSyntaxError, ti.TaichiTypeError) as e:
+        except backend.compile_errors() as e:
             raise ConfigError(f"AutodiffPart: the function {getattr(self.func, '__name__', self.func)!r} does not "
-                              f"compile as func(x, p, b, net, y): {str(e).strip().splitlines()[-1]}") from e
+                              f"compile as func(x, p, b, net, y) (or its reverse mode): "
+                              f"{str(e).strip().splitlines()[-1]}") from e
 
     def extra_repr(self) -> str:
         return (f"func={getattr(self.func, '__name__', '?')}, in={self.n_input_dims}, out={self.n_output_dims}, "

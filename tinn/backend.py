@@ -112,6 +112,13 @@ def version() -> str:
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
+def compile_errors() -> tuple[type, ...]:
+    """The backend's exception classes for a kernel that does not compile (syntax, types, unsupported)."""
+    prefix = "Quadrants" if name() == "quadrants" else "Taichi"
+    exceptions = load().lang.exception
+    return tuple(getattr(exceptions, prefix + kind) for kind in ("CompilationError", "SyntaxError", "TypeError"))
+
+
 def is_loaded() -> bool:
     return _state["module"] is not None
 
