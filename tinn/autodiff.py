@@ -1,4 +1,4 @@
-"""Parts written as one forward Taichi function; Taichi's reverse mode derives the backward.
+"""Parts and losses written as one forward Taichi function; Taichi's reverse mode derives the backward.
 
     @ti.func
     def fourier(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
@@ -8,55 +8,137 @@
     enc = tinn.autodiff.AutodiffPart(fourier, n_input_dims=2, n_output_dims=8, n_params=16, n_networks=64)
     y = enc(x, ids)                          # torch autograd, the Trainer, compositions: any tinn part
 
-The function reads sample `b`'s inputs `x[b, i]` and its network's parameters `p[net, j]` and writes every
-output `y[b, k]`. tinn wraps it in a kernel over the samples (one thread each) and calls Taichi's
-`kernel.grad` for the backward: inputs and parameters get their gradients, networks without samples get
-zero, ids may come in any order (ragged routing).
+    @ti.func
+    def charbonnier(pred: ti.template(), target: ti.template(), b, l: ti.template()):
+        for d in ti.static(range(3)):
+            l[b, d] = ti.sqrt((pred[b, d] - target[b, d]) ** 2 + 1e-6)
 
-Taichi's reverse mode has rules (docs.taichi-lang.org, "Differentiable programming"), which hold here:
-- **Global data access:** the function may only *write* `y` (once per element), and it may not read `y`.
-  A function that reads an output it wrote, or writes x or p, gets wrong gradients. `check_function` runs
-  it against float64 finite differences and raises `ConfigError` naming the first wrong derivative.
-- **Loops whose trip count is not known at compile time** keep their iterations on Taichi's autodiff stack:
-  start tinn with a stack that holds them, `tinn.init(ad_stack_size=N)` (passed to `ti.init`);
-  `ti.static` loops need none. Quadrants' reverse mode refuses such loops: there a `ConfigError` says so.
+    trainer = tinn.Trainer(model, tinn.autodiff.AutodiffLoss(charbonnier), {"otype": "Adam"})
 
-**Gradient buffers.** They are the torch tensors' own `.grad` (Taichi's torch interop), made once and
-zeroed per call.
+A part's function reads sample `b`'s inputs `x[b, i]` and its network's parameters `p[net, j]` and
+writes every output `y[b, k]`; a loss's function writes the loss of every element `l[b, d]` from
+`pred[b, :]` and `target[b, :]` (the loss is their mean, as tcnn's losses are). tinn wraps the function
+in a kernel over the samples (one thread each) and calls Taichi's `kernel.grad` for the backward: inputs
+and parameters get their gradients, networks without samples get zero, ids may come in any order.
 
-**Parameter gradients.** These are float atomic adds, one per sample and parameter used. With
-`gradient_replicas=R` the samples spread over R copies of the table's gradient (sample b adds into copy
-b mod R), which are summed after: fewer collisions on hot rows, R times the gradient memory.
+Taichi's reverse mode has rules that it does not enforce; tinn checks the function's source for them
+when the part or loss is built (kernels/autodiff_source.py) and raises ConfigError naming the array or
+loop and its line:
+- **Global data access:** inputs (x, p; pred, target) are read-only; outputs (y; l) are written once per
+  element and never read (no `y[...] += ...`). Breaking it gives silently wrong gradients.
+  `check_function` also compares a part's gradients with float64 finite differences.
+- **Dynamic loops** (a `range` that is not `ti.static`) keep one autodiff-stack entry per iteration;
+  past the stack's size (`ad_stack_size`, 256 in tinn) Taichi crashes the process. tinn bounds every
+  dynamic loop from the source (literals, Python ints of the function's scope, `.shape[1]` of the arrays)
+  and refuses what it cannot bound or what would overflow, with the fix. Quadrants' reverse mode takes
+  `ti.static` loops only (without its experimental stack), which tinn says at construction.
 
-Second derivatives are not derived: such a part raises `SecondOrderError` where one is asked for. The
-hand-written parts of tinn are faster; `benchmarks/bench_autodiff.py` measures by how much.
+**Buffers.** Taichi's torch interop takes a tensor's `.grad` as the kernel's gradient buffer; tinn hands
+it detached aliases whose `.grad` are its own buffers, kept per part and zeroed per call (the copy of
+`dy`, which the adjoint kernel consumes, and the replicated tables), so no call allocates `.grad`s.
+
+**Parameter gradients** are float atomic adds, one per sample and parameter read. With R gradient
+replicas sample b adds into copy b mod R of the table's gradient and one sum reduces the copies: fewer
+threads collide on a network's row. `gradient_replicas=None` (default) picks R from the samples per
+network and a memory budget (`replicas_for`); an explicit R is used as given.
+
+**Second derivatives** (`create_graph=True`, eikonal losses): tinn derives the function's forward-mode
+derivative by source transformation and lets Taichi's reverse mode differentiate it (forward over
+reverse; Taichi 1.7.4 has no forward mode on ndarrays). Functions using a construct the transformation
+does not know raise `SecondOrderError` naming it.
 """
-from __future__ import annotations
 
 import torch
 
-from . import backend, runtime
+from . import backend, checks, runtime
+from .backend import ti
 from .config import count
-from .errors import ConfigError
-from .kernels.autodiff import sample_kernel
-from .part import SAMPLE_MAJOR, Context, Part
+from .errors import ConfigError, InputError
+from .kernels import autodiff_source as source
+from .kernels.autodiff import loss_kernel, sample_kernel, tangent_kernel
+from .losses import LossResult
+from .part import SAMPLE_MAJOR, Context, Part, SecondOrderError
+
+PART_ARGUMENTS = ("x", "p", "b", "net", "y")
+LOSS_ARGUMENTS = ("pred", "target", "b", "l")
+#: Replica memory (table copy plus its gradient) tinn spends at most per part when it picks R itself.
+REPLICA_BUDGET_BYTES = 64 << 20
+#: Samples per network below which atomics on a row rarely collide, so replicas only cost copies.
+REPLICA_MIN_SAMPLES = 256
+MAX_REPLICAS = {"cuda": 32, "cpu": 4}
+
+
+def replicas_for(batch: int, n_networks: int, n_params: int, arch: str) -> int:
+    """Gradient replicas for a batch: one per REPLICA_MIN_SAMPLES samples a network gets on average, at
+    most MAX_REPLICAS[arch] and what fits REPLICA_BUDGET_BYTES (two copies of the table per replica)."""
+    per_network = batch // max(n_networks, 1)
+    budget = REPLICA_BUDGET_BYTES // max(1, 8 * n_networks * n_params)
+    return max(1, min(MAX_REPLICAS.get(arch, 4), budget, per_network // REPLICA_MIN_SAMPLES))
+
+
+def _stack_size() -> int:
+    return int(ti.lang.impl.current_cfg().ad_stack_size)
+
+
+def _check_source(func, kind, expected, inputs, outputs, shapes):
+    return source.check(func, kind=kind, expected=expected, inputs=inputs, outputs=outputs, shapes=shapes,
+                        ad_stack_size=_stack_size(), static_loops_only=backend.name() == "quadrants",
+                        backend=backend.name())
+
+
+def _alias(t: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+    """A detached view of `t` that carries `grad` as its `.grad` (Taichi's gradient pointer for it)."""
+    a = t.detach()
+    if grad is not None:
+        a.requires_grad_(True)
+        a.grad = grad
+    return a
+
+
+class _Workspace:
+    """Buffers a part reuses from call to call, by name; reallocated when the shape changes."""
+
+    def __init__(self):
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple, device) -> torch.Tensor:
+        t = self.buffers.get(name)
+        if t is None or tuple(t.shape) != tuple(shape) or t.device != device:
+            t = self.buffers[name] = torch.empty(shape, dtype=torch.float32, device=device)
+        return t
+
+
+def _compile_guard(kind: str, func, signature: str, call):
+    try:
+        return call()
+    except backend.compile_errors() as e:
+        raise ConfigError(f"{kind}: the function {getattr(func, '__name__', func)!r} does not compile as "
+                          f"{signature}: {str(e).strip().splitlines()[-1]}") from e
+
 
 class AutodiffPart(Part):
     """A part from a per-sample forward `@ti.func` `func(x, p, b, net, y)`; see the module's notes.
 
     n_params: parameters per network (0 for a part without parameters). init: a callable
     `init(n_networks, n_params, generator) -> tensor` for the initial table (default uniform in [-1, 1]).
+    gradient_replicas: copies of the parameter gradient the backward spreads samples over (None: chosen
+    per batch by `replicas_for`).
     """
 
     def __init__(self, func, n_input_dims: int, n_output_dims: int, n_params: int, n_networks: int = 1, *,
-                 init=None, seed: int = 1337, gradient_replicas: int = 1):
+                 init=None, seed: int = 1337, gradient_replicas: int | None = None):
         super().__init__(n_input_dims, n_output_dims, n_networks)
         if not callable(func):
             raise ConfigError(f"func must be a Taichi function (@ti.func), got {type(func).__name__}")
         self.func = func
         self.n_params = count("n_params", n_params, lo=0)
-        self.gradient_replicas = count("gradient_replicas", gradient_replicas)
+        self.gradient_replicas = None if gradient_replicas is None else count("gradient_replicas",
+                                                                              gradient_replicas)
+        _check_source(func, "AutodiffPart", PART_ARGUMENTS, ("x", "p"), ("y",),
+                      {"x": {1: self.n_input_dims}, "p": {1: max(self.n_params, 1)}, "y": {1: self.n_output_dims}})
         self._kernel = sample_kernel(func)
+        self._tangent = None  # (kernel, source) of the second-order path, built on first use
+        self._work = _Workspace()
         self.seed = seed
         self._init = init
         self.params = torch.nn.Parameter(torch.empty(n_networks, max(self.n_params, 1), device=runtime.device()))
@@ -82,56 +164,212 @@ class AutodiffPart(Part):
             table = table if self.n_params else torch.zeros(self.params.shape)
         self.params.copy_(table)
 
+    def replicas(self, batch: int) -> int:
+        if self.gradient_replicas is not None:
+            return self.gradient_replicas
+        return replicas_for(batch, self.n_networks, self.n_params, runtime.arch())
+
     # ---- the contract --------------------------------------------------------------------------------
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         if x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR:
             raise ValueError("autodiff parts read and write sample-major tensors")
+        # Zeros: an output the function leaves unwritten reads 0, not uninitialised memory.
         y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
         if x.shape[0]:
-            self._call(self._kernel, x, ids, self.params.detach(), y, replicas=1)
+            self._call(self._kernel, x, ids, self.params.detach(), y, 1)
         return y, (Context(x=x, ids=ids) if train else None)
+
+    def _tables_for(self, r: int, want: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(table the kernel reads, its gradient buffer): R stacked copies when r > 1 (workspace buffers),
+        else the live table and a fresh zeroed gradient (returned to the caller)."""
+        table = self.params.detach()
+        if not want:
+            return table, None
+        if r == 1:
+            return table, torch.zeros_like(table)
+        shape = (r * self.n_networks, table.shape[1])
+        copies = self._work.get("table", shape, table.device)
+        copies.view(r, self.n_networks, -1).copy_(table.expand(r, -1, -1))
+        grad = self._work.get("dtable", shape, table.device)
+        grad.zero_()
+        return copies, grad
+
+    def _reduced(self, grad: torch.Tensor, r: int) -> torch.Tensor:
+        return grad.view(r, self.n_networks, -1).sum(0) if r > 1 else grad
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         x, ids = ctx.x, ctx.ids
         want_params = need_grads and self.n_params > 0
-        if not x.shape[0]:
+        batch = x.shape[0]
+        if not batch:
             return (torch.zeros_like(x) if need_dx else None), (
                 torch.zeros_like(self.params) if want_params else None,)
-        r = self.gradient_replicas if want_params else 1
-        table = self.params.detach()
-        table = table.repeat(r, 1) if r > 1 else table.clone()  # a leaf of its own, to carry .grad
-        x_in = x.clone()
-        y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
-        # Taichi's torch interop takes a tensor's .grad as its gradient buffer when it requires grad.
-        for t, wanted in ((table, want_params), (x_in, need_dx), (y, True)):
-            t.requires_grad_(wanted)
-            if wanted:
-                t.grad = torch.zeros_like(t)
-        y.grad = dy.contiguous().clone()
-        with torch.no_grad():  # the adjoint kernel recomputes the forward's values itself
-            self._call(self._kernel.grad, x_in, ids, table, y, replicas=r)
-        dtable = None
-        if want_params:
-            dtable = table.grad.view(r, self.n_networks, -1).sum(0) if r > 1 else table.grad
-        return (x_in.grad if need_dx else None), (dtable,)
+        r = self.replicas(batch) if want_params else 1
+        table, dtable = self._tables_for(r, want_params)
+        dx = torch.zeros_like(x) if need_dx else None
+        # The adjoint kernel consumes its output gradient (zeroes it) and never touches the primal output
+        # (the function may not read y), so one workspace copy of dy serves as both.
+        work_dy = self._work.get("dy", dy.shape, dy.device)
+        work_dy.copy_(dy)
+        with torch.no_grad():
+            self._call(self._kernel.grad, _alias(x, dx), ids, _alias(table, dtable), _alias(work_dy, work_dy), r)
+        return dx, ((self._reduced(dtable, r) if want_params else None),)
 
-    def _call(self, kernel, x, ids, table, y, replicas: int):
-        try:
-            kernel(x, ids, table, y, self.n_networks, replicas)
-        except backend.compile_errors() as e:
-            raise ConfigError(f"AutodiffPart: the function {getattr(self.func, '__name__', self.func)!r} does not "
-                              f"compile as func(x, p, b, net, y) (or its reverse mode): "
-                              f"{str(e).strip().splitlines()[-1]}") from e
+    def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        """Through the tangent function: d_dy = J ddx (its forward), d_x and d_p = the gradient of
+        <dy, J(x, p) ddx> (Taichi's reverse mode over it)."""
+        kernel = self._tangent_kernel()
+        x, ids = ctx.x, ctx.ids
+        batch = x.shape[0]
+        want_params = need_dtables and self.n_params > 0
+        d_x = torch.zeros_like(x) if need_dx else None
+        if ddx is None:
+            ddx = torch.zeros_like(x)
+        d_dy = None
+        if need_ddy:
+            d_dy = torch.zeros(batch, self.n_output_dims, device=x.device)
+            if batch:
+                self._call(kernel, x, ids, self.params.detach(), d_dy, 1, tangent=ddx)
+        d_p = None
+        if (need_dx or want_params) and batch:
+            r = self.replicas(batch) if want_params else 1
+            table, d_table = self._tables_for(r, want_params)
+            work_dy = self._work.get("dy", dy.shape, dy.device)
+            work_dy.copy_(dy)
+            with torch.no_grad():
+                self._call(kernel.grad, _alias(x, d_x), ids, _alias(table, d_table), _alias(work_dy, work_dy), r,
+                           tangent=ddx.contiguous())
+            d_p = self._reduced(d_table, r) if want_params else None
+        elif want_params:
+            d_p = torch.zeros_like(self.params)
+        return d_dy, d_x, (d_p,)
+
+    def _tangent_kernel(self):
+        if self._tangent is None:
+            try:
+                tangent, text = source.tangent_function(self.func, ti)
+            except source.Unsupported as exc:
+                raise SecondOrderError(f"second derivatives through AutodiffPart {self.func.__name__!r} need its "
+                                       f"forward-mode derivative, which tinn cannot derive: the function uses "
+                                       f"{exc}") from exc
+            self._tangent = (tangent_kernel(tangent), text)
+        return self._tangent[0]
+
+    def _call(self, kernel, x, ids, table, y, replicas: int, tangent=None):
+        args = (x, ids, table, y, self.n_networks, replicas) if tangent is None else \
+            (x, tangent, ids, table, y, self.n_networks, replicas)
+        _compile_guard("AutodiffPart", self.func, "func(x, p, b, net, y)", lambda: kernel(*args))
 
     def extra_repr(self) -> str:
+        r = "auto" if self.gradient_replicas is None else self.gradient_replicas
         return (f"func={getattr(self.func, '__name__', '?')}, in={self.n_input_dims}, out={self.n_output_dims}, "
-                f"n_params={self.n_params}, n_networks={self.n_networks}, replicas={self.gradient_replicas}")
+                f"n_params={self.n_params}, n_networks={self.n_networks}, replicas={r}")
+
+
+class AutodiffLoss:
+    """A loss from a per-sample `@ti.func` `func(pred, target, b, l)` writing the loss `l[b, d]` of every
+    element of sample b; the value is the mean over all elements. Used like tinn's losses: by the Trainer
+    (`evaluate`: value and gradient, per-network means) and as a differentiable torch op (`loss(pred,
+    target)`, gradients to pred and, when it requires one, target)."""
+
+    def __init__(self, func, name: str | None = None):
+        if not callable(func):
+            raise ConfigError(f"func must be a Taichi function (@ti.func), got {type(func).__name__}")
+        runtime.ensure_init()
+        self.func = func
+        self.otype = name or getattr(func, "__name__", "AutodiffLoss")
+        # Arguments and the access rule now; loop bounds per output width (they may read .shape[1]).
+        source.check(func, kind="AutodiffLoss", expected=LOSS_ARGUMENTS, inputs=("pred", "target"), outputs=("l",),
+                     shapes={}, ad_stack_size=_stack_size(), static_loops_only=False, backend=backend.name(),
+                     check_loops=False)
+        self._checked_dims: set[int] = set()
+        self._kernel = loss_kernel(func)
+        self._work = _Workspace()
+
+    def _inputs(self, pred, target, data_pdf):
+        if data_pdf is not None:
+            raise InputError(f"data_pdf is not supported by AutodiffLoss {self.otype!r}; weight the loss inside "
+                             "its function instead")
+        pred = checks.float_input("pred", pred.detach(), None)
+        target = checks.float_input("target", target.detach(), pred.shape[1])
+        if target.shape[0] != pred.shape[0]:
+            raise InputError(f"target has batch size {target.shape[0]}; expected {pred.shape[0]} to match pred")
+        dims = pred.shape[1]
+        if dims not in self._checked_dims:
+            _check_source(self.func, "AutodiffLoss", LOSS_ARGUMENTS, ("pred", "target"), ("l",),
+                          {r: {1: dims} for r in ("pred", "target", "l")})
+            self._checked_dims.add(dims)
+        return pred, target
+
+    def _run(self, pred, target, need_pred: bool, need_target: bool, scale: float):
+        """(per-element values, d(scale * sum)/d pred or None, d/d target or None)."""
+        values = torch.zeros_like(pred)
+        if not pred.numel():
+            return values, (torch.zeros_like(pred) if need_pred else None), \
+                (torch.zeros_like(target) if need_target else None)
+        guard = lambda k, *a: _compile_guard("AutodiffLoss", self.func, "func(pred, target, b, l)",  # noqa: E731
+                                             lambda: k(*a))
+        guard(self._kernel, pred, target, values)
+        d_pred = torch.zeros_like(pred) if need_pred else None
+        d_target = torch.zeros_like(target) if need_target else None
+        if need_pred or need_target:
+            seed = self._work.get("seed", pred.shape, pred.device)
+            seed.fill_(scale)  # consumed by the adjoint kernel, refilled per call
+            with torch.no_grad():
+                guard(self._kernel.grad, _alias(pred, d_pred), _alias(target, d_target), _alias(seed, seed))
+        return values, d_pred, d_target
+
+    def evaluate(self, pred: torch.Tensor, target: torch.Tensor, net_ids: torch.Tensor | None = None,
+                 n_networks: int | None = None, data_pdf: torch.Tensor | None = None) -> LossResult:
+        """Mean loss, its gradient w.r.t. `pred`, and per-network means if `n_networks` is given."""
+        runtime.require_init()
+        pred, target = self._inputs(pred, target, data_pdf)
+        n_total = pred.numel()
+        values, grad, _ = self._run(pred, target, True, False, 1.0 / max(n_total, 1))
+        value = values.mean() if n_total else values.new_zeros(())
+        per_network = None
+        if n_networks is not None:
+            from .kernels import losses as LK
+            batch, dims = pred.shape
+            ids = checks.net_ids(net_ids, batch, int(n_networks))
+            sums = torch.zeros(int(n_networks), dtype=torch.float32, device=pred.device)
+            counts = torch.zeros(int(n_networks), dtype=torch.int32, device=pred.device)
+            if batch:
+                LK.per_network_sums(values.sum(1), ids, sums, counts)
+            per_network = torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
+        return LossResult(value, grad, per_network)
+
+    def __call__(self, pred: torch.Tensor, target: torch.Tensor, data_pdf: torch.Tensor | None = None) -> torch.Tensor:
+        return _AutodiffLossFn.apply(self, pred, target, data_pdf)
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype}
+
+    def __repr__(self) -> str:
+        return f"AutodiffLoss({self.otype!r})"
+
+
+class _AutodiffLossFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, loss, pred, target, data_pdf):
+        p, t = loss._inputs(pred, target, data_pdf)
+        n = p.numel()
+        values, d_pred, d_target = loss._run(p, t, ctx.needs_input_grad[1], ctx.needs_input_grad[2], 1.0 / max(n, 1))
+        ctx.save_for_backward(d_pred, d_target)
+        return values.mean() if n else values.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, dvalue):
+        d_pred, d_target = ctx.saved_tensors
+        return (None, None if d_pred is None else d_pred * dvalue, None if d_target is None else d_target * dvalue,
+                None)
 
 
 def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol: float = 2e-2, seed: int = 0) -> None:
     """Compare the part's generated gradients with central finite differences (float32 forward, float64
     arithmetic on the differences) at random inputs; raise ConfigError naming the first derivative that
-    differs, which is how a function breaking Taichi's global data access rule shows."""
+    differs, which is how a function breaking Taichi's global data access rule in a way the source check
+    cannot see (through a helper function) shows."""
     gen = torch.Generator().manual_seed(seed)
     dev = runtime.device()
     x = (torch.rand(batch, part.n_input_dims, generator=gen) * 2 - 1).to(dev)
@@ -142,7 +380,7 @@ def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol:
 
     def value(xv, table):
         out = torch.zeros(batch, part.n_output_dims, device=dev)
-        part._call(part._kernel, xv.contiguous(), ids, table.contiguous(), out, replicas=1)
+        part._call(part._kernel, xv.contiguous(), ids, table.contiguous(), out, 1)
         return float((out.double() * w.double()).sum())
 
     table = part.params.detach().clone()
@@ -162,3 +400,51 @@ def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol:
             raise ConfigError(f"AutodiffPart {getattr(part.func, '__name__', '?')}: d/d{name}[{r}, {c}] is {got:.6g} "
                               f"but finite differences give {fd:.6g}; the function may read its output y or "
                               "write x or p (Taichi's global data access rule)")
+
+
+# ---- built-in functions on this path (checked alternatives to hand-written kernels) ----------------------
+def frequency_encoding(n_input_dims: int, n_frequencies: int = 12) -> AutodiffPart:
+    """tcnn's Frequency encoding (sin and cos of 2^k pi x per input dim, tcnn's feature order) written as
+    one forward function: the same function as tinn's hand-written `Frequency`, with Taichi's backward
+    and second derivatives (tests compare the two; benchmarks/bench_autodiff.py their cost)."""
+    dims, freqs = count("n_input_dims", n_input_dims), count("n_frequencies", n_frequencies)
+
+    @ti.func
+    def frequency(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
+        for d in ti.static(range(dims)):
+            for k in ti.static(range(freqs)):
+                v = x[b, d] * (2.0 ** k) * 3.141592653589793
+                y[b, (d * freqs + k) * 2] = ti.sin(v)
+                y[b, (d * freqs + k) * 2 + 1] = ti.cos(v)
+
+    return AutodiffPart(frequency, dims, 2 * dims * freqs, 0)
+
+
+@ti.func
+def _l2(pred: ti.template(), target: ti.template(), b, l: ti.template()):
+    for d in range(pred.shape[1]):
+        l[b, d] = (pred[b, d] - target[b, d]) ** 2
+
+
+@ti.func
+def _l1(pred: ti.template(), target: ti.template(), b, l: ti.template()):
+    for d in range(pred.shape[1]):
+        l[b, d] = ti.abs(pred[b, d] - target[b, d])
+
+
+@ti.func
+def _mape(pred: ti.template(), target: ti.template(), b, l: ti.template()):
+    for d in range(pred.shape[1]):
+        l[b, d] = ti.abs(pred[b, d] - target[b, d]) / (ti.abs(target[b, d]) + 0.01)
+
+
+#: tcnn losses whose formula differentiates as tcnn's gradient does (no constant-in-the-gradient
+#: denominators), written as forward functions: checked alternatives to tinn's hand-written loss kernel.
+LOSS_FUNCTIONS = {"L2": _l2, "L1": _l1, "MAPE": _mape}
+
+
+def create_loss(otype: str) -> AutodiffLoss:
+    """One of LOSS_FUNCTIONS as an AutodiffLoss."""
+    if otype not in LOSS_FUNCTIONS:
+        raise ConfigError(f"autodiff loss {otype!r} is not built in; allowed: {list(LOSS_FUNCTIONS)}")
+    return AutodiffLoss(LOSS_FUNCTIONS[otype], otype)

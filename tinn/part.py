@@ -240,7 +240,7 @@ class _PartBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_dx, *g_tables):
-        dy, x, *tables = (t.detach() for t in ctx.saved_tensors)
+        dy, x, *tables = (None if t is None else t.detach() for t in ctx.saved_tensors)
         need_ddy, need_x = ctx.needs_input_grad[4], ctx.needs_input_grad[5]
         need_dtables = any(ctx.needs_input_grad[6:])
         if any(g is not None and want for g, want in zip(g_tables, ctx.need_tables)):

@@ -1,4 +1,9 @@
-"""The kernel around a user's per-sample function (tinn/autodiff.py); Taichi derives its `.grad`."""
+"""Kernels around a user's per-sample functions (tinn/autodiff.py); Taichi derives their `.grad`.
+
+One kernel per function (the function is baked into the kernel); samples run one thread each, in the
+caller's order (ids may come in any order). With gradient replicas the parameter table holds R stacked
+copies of its rows and sample b reads copy b mod R, so its parameter gradients land in copy b mod R.
+"""
 from ..backend import ti
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -6,12 +11,35 @@ i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 
 def sample_kernel(func):
-    """A kernel over samples calling `func(x, p, b, net, y)`; one instance per function."""
+    """A kernel over samples calling `func(x, p, b, net, y)`."""
 
     @ti.kernel
     def per_sample(x: f32_2d, ids: i32_1d, p: f32_2d, y: f32_2d, n_networks: ti.i32, replicas: ti.i32):
         for b in range(x.shape[0]):
-            # With replicas the table holds R stacked copies of the rows; sample b reads copy b mod R.
             func(x, p, b, ids[b] + n_networks * (b % replicas), y)
 
     return per_sample
+
+
+def tangent_kernel(tangent):
+    """A kernel over samples calling the forward-mode function `tangent(x, xt, p, b, net, yt)`
+    (kernels/autodiff_source.py): yt = J(x, p) xt per sample. Its `.grad` gives second derivatives."""
+
+    @ti.kernel
+    def per_sample_tangent(x: f32_2d, xt: f32_2d, ids: i32_1d, p: f32_2d, yt: f32_2d, n_networks: ti.i32,
+                           replicas: ti.i32):
+        for b in range(x.shape[0]):
+            tangent(x, xt, p, b, ids[b] + n_networks * (b % replicas), yt)
+
+    return per_sample_tangent
+
+
+def loss_kernel(func):
+    """A kernel over samples calling the loss function `func(pred, target, b, l)` (l[b, d] per element)."""
+
+    @ti.kernel
+    def per_sample_loss(pred: f32_2d, target: f32_2d, value: f32_2d):
+        for b in range(pred.shape[0]):
+            func(pred, target, b, value)
+
+    return per_sample_loss
