@@ -347,15 +347,14 @@ def test_frequency_on_the_autodiff_path_matches_the_hand_written_one_and_float64
 
 # ---- losses ---------------------------------------------------------------------------------------------------
 @ti.func
-def charbonnier(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-    for d in range(pred.shape[1]):
-        l[b, d] = ti.sqrt((pred[b, d] - target[b, d]) ** 2 + 1e-3)
+def charbonnier(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+    l[b, d] = ti.sqrt((pred[b, d] - target[b, d]) ** 2 + 1e-3)
 
 
 @ti.func
-def loss_reads_its_output(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-    l[b, 0] = pred[b, 0] - target[b, 0]
-    l[b, 1] = l[b, 0] * l[b, 0]
+def loss_reads_its_output(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+    l[b, d] = pred[b, d] - target[b, d]
+    l[b, d] = l[b, d] * l[b, d]
 
 
 def test_a_user_loss_matches_float64_in_evaluate_and_autograd():
@@ -385,8 +384,8 @@ def test_a_user_loss_matches_float64_in_evaluate_and_autograd():
 def test_loss_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"'loss_reads_its_output' reads its output 'l'"):
         AutodiffLoss(loss_reads_its_output)
-    with pytest.raises(ConfigError, match=r"must take exactly \(pred, target, b, l\)"):
-        AutodiffLoss(fourier)
+    with pytest.raises(ConfigError, match=r"must take exactly \(pred, target, b, d, l\)"):
+        AutodiffLoss(wrong_arity)
     loss = AutodiffLoss(charbonnier)
     with pytest.raises(InputError, match=r"target has last dimension 2; expected 3"):
         loss.evaluate(torch.zeros(4, 3, device=DEV), torch.zeros(4, 2, device=DEV))

@@ -9,15 +9,15 @@
     y = enc(x, ids)                          # torch autograd, the Trainer, compositions: any tinn part
 
     @ti.func
-    def charbonnier(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-        for d in ti.static(range(3)):
-            l[b, d] = ti.sqrt((pred[b, d] - target[b, d]) ** 2 + 1e-6)
+    def charbonnier(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+        l[b, d] = ti.sqrt((pred[b, d] - target[b, d]) ** 2 + 1e-6)
 
     trainer = tinn.Trainer(model, tinn.autodiff.AutodiffLoss(charbonnier), {"otype": "Adam"})
 
 A part's function reads sample `b`'s inputs `x[b, i]` and its network's parameters `p[net, j]` and
-writes every output `y[b, k]`; a loss's function writes the loss of every element `l[b, d]` from
-`pred[b, :]` and `target[b, :]` (the loss is their mean, as tcnn's losses are). tinn wraps the function
+writes every output `y[b, k]`; a loss's function writes the loss of element (b, d), `l[b, d]`, from
+`pred[b, :]` and `target[b, :]` (one thread per element; the loss is the mean over all elements, as tcnn's
+losses are). tinn wraps the function
 in a kernel over the samples (one thread each) and calls Taichi's `kernel.grad` for the backward: inputs
 and parameters get their gradients, networks without samples get zero, ids may come in any order.
 
@@ -60,7 +60,7 @@ from .losses import LossResult
 from .part import SAMPLE_MAJOR, Context, Part, SecondOrderError
 
 PART_ARGUMENTS = ("x", "p", "b", "net", "y")
-LOSS_ARGUMENTS = ("pred", "target", "b", "l")
+LOSS_ARGUMENTS = ("pred", "target", "b", "d", "l")
 #: Replica memory (table copy plus its gradient) tinn spends at most per part when it picks R itself.
 REPLICA_BUDGET_BYTES = 64 << 20
 #: Samples per network below which atomics on a row rarely collide, so replicas only cost copies.
@@ -267,8 +267,8 @@ class AutodiffPart(Part):
 
 
 class AutodiffLoss:
-    """A loss from a per-sample `@ti.func` `func(pred, target, b, l)` writing the loss `l[b, d]` of every
-    element of sample b; the value is the mean over all elements. Used like tinn's losses: by the Trainer
+    """A loss from a per-element `@ti.func` `func(pred, target, b, d, l)` writing the loss `l[b, d]` of
+    element (b, d) (it may read the whole row b); the value is the mean over all elements. Used like tinn's losses: by the Trainer
     (`evaluate`: value and gradient, per-network means) and as a differentiable torch op (`loss(pred,
     target)`, gradients to pred and, when it requires one, target)."""
 
@@ -307,7 +307,7 @@ class AutodiffLoss:
         if not pred.numel():
             return values, (torch.zeros_like(pred) if need_pred else None), \
                 (torch.zeros_like(target) if need_target else None)
-        guard = lambda k, *a: _compile_guard("AutodiffLoss", self.func, "func(pred, target, b, l)",  # noqa: E731
+        guard = lambda k, *a: _compile_guard("AutodiffLoss", self.func, "func(pred, target, b, d, l)",  # noqa: E731
                                              lambda: k(*a))
         guard(self._kernel, pred, target, values)
         d_pred = torch.zeros_like(pred) if need_pred else None
@@ -421,21 +421,18 @@ def frequency_encoding(n_input_dims: int, n_frequencies: int = 12) -> AutodiffPa
 
 
 @ti.func
-def _l2(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-    for d in range(pred.shape[1]):
-        l[b, d] = (pred[b, d] - target[b, d]) ** 2
+def _l2(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+    l[b, d] = (pred[b, d] - target[b, d]) ** 2
 
 
 @ti.func
-def _l1(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-    for d in range(pred.shape[1]):
-        l[b, d] = ti.abs(pred[b, d] - target[b, d])
+def _l1(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+    l[b, d] = ti.abs(pred[b, d] - target[b, d])
 
 
 @ti.func
-def _mape(pred: ti.template(), target: ti.template(), b, l: ti.template()):
-    for d in range(pred.shape[1]):
-        l[b, d] = ti.abs(pred[b, d] - target[b, d]) / (ti.abs(target[b, d]) + 0.01)
+def _mape(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
+    l[b, d] = ti.abs(pred[b, d] - target[b, d]) / (ti.abs(target[b, d]) + 0.01)
 
 
 #: tcnn losses whose formula differentiates as tcnn's gradient does (no constant-in-the-gradient

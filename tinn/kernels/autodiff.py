@@ -35,11 +35,12 @@ def tangent_kernel(tangent):
 
 
 def loss_kernel(func):
-    """A kernel over samples calling the loss function `func(pred, target, b, l)` (l[b, d] per element)."""
+    """A kernel over elements calling the loss function `func(pred, target, b, d, l)`: one thread per
+    element (b, d), as tinn's hand-written loss kernel, so no loop over the row is differentiated."""
 
     @ti.kernel
-    def per_sample_loss(pred: f32_2d, target: f32_2d, value: f32_2d):
-        for b in range(pred.shape[0]):
-            func(pred, target, b, value)
+    def per_element_loss(pred: f32_2d, target: f32_2d, value: f32_2d):
+        for b, d in ti.ndrange(pred.shape[0], pred.shape[1]):
+            func(pred, target, b, d, value)
 
-    return per_sample_loss
+    return per_element_loss
