@@ -5,9 +5,12 @@
 Cases (forward + backward of one batch, the gradients a training step needs):
 - Frequency encoding (3 inputs, 6 octaves, sin and cos: 36 outputs): input gradient only; tinn's
   hand-written `Frequency` against the same function as a `tinn.autodiff.AutodiffPart`.
-- One linear layer per network (32 in, 16 out, 64 networks): parameter and input gradients; tinn's
-  `NetworkArray` without hidden layers against an autodiff part computing y = W x per sample, with 1 and
-  16 gradient replicas.
+- The same Frequency encoding, second order (an eikonal-style loss on its input gradient): the
+  hand-written `backward_backward` against the autodiff part's tangent function under reverse mode.
+- One linear layer per network (32 in, 16 out; 64 networks and 1 network): parameter and input gradients;
+  tinn's `NetworkArray` without hidden layers against an autodiff part computing y = W x per sample, with
+  1 and 4 gradient replicas and the automatic count (`tinn.autodiff.replicas_for`).
+- The L2 loss (value and gradient, 3 outputs): tinn's loss kernel against `tinn.autodiff.create_loss("L2")`.
 Prints a table and writes JSON: milliseconds and peak memory per path, and their ratio.
 """
 import argparse
@@ -45,7 +48,7 @@ def linear(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
 
 def main(argv=None):
     from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
-    from tinn.autodiff import AutodiffPart
+    from tinn.autodiff import AutodiffPart, create_loss, replicas_for
     from tinn.encodings import create_encoding
     from tinn.networks import NetworkArray
 
@@ -72,21 +75,47 @@ def main(argv=None):
         ms = 1e3 * time_fn(step, reps=args.reps)
         return ms, peak_memory_mib()
 
+    def measure_second_order(part):
+        x = torch.rand(batch, 3, device=dev, requires_grad=True)
+        w = torch.randn(batch, part.n_output_dims, device=dev)
+
+        def step():
+            gx, = torch.autograd.grad((part(x) * w).sum(), x, create_graph=True)
+            return torch.autograd.grad(gx.square().sum(), x)
+        step()
+        peak_memory_reset()
+        ms = 1e3 * time_fn(step, reps=args.reps)
+        return ms, peak_memory_mib()
+
+    def row(case, hand, auto):
+        return {"case": case, "hand_ms": hand[0], "auto_ms": auto[0], "ratio": auto[0] / hand[0],
+                "hand_mib": hand[1], "auto_mib": auto[1]}
+
     rows = []
     freq = create_encoding(3, {"otype": "Frequency", "n_frequencies": OCTAVES})
     auto_freq = AutodiffPart(frequency, 3, 6 * OCTAVES, 0)
-    hand = measure(freq, 3, 6 * OCTAVES, 1, False)
-    auto = measure(auto_freq, 3, 6 * OCTAVES, 1, False)
-    rows.append({"case": "Frequency, 3 in x 6 octaves (dx)", "hand_ms": hand[0], "auto_ms": auto[0],
-                 "ratio": auto[0] / hand[0], "hand_mib": hand[1], "auto_mib": auto[1]})
-    net = NetworkArray(N_IN, N_OUT, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 0,
-                                     "output_activation": "None"}, n_networks=64)
-    hand = measure(net, N_IN, N_OUT, 64, True)
-    for replicas in (1, 16):
-        auto_lin = AutodiffPart(linear, N_IN, N_OUT, N_IN * N_OUT, n_networks=64, gradient_replicas=replicas)
-        auto = measure(auto_lin, N_IN, N_OUT, 64, True)
-        rows.append({"case": f"linear 32 -> 16 per network, 64 networks, replicas {replicas}", "hand_ms": hand[0],
-                     "auto_ms": auto[0], "ratio": auto[0] / hand[0], "hand_mib": hand[1], "auto_mib": auto[1]})
+    rows.append(row("Frequency, 3 in x 6 octaves (dx)", measure(freq, 3, 6 * OCTAVES, 1, False),
+                    measure(auto_freq, 3, 6 * OCTAVES, 1, False)))
+    rows.append(row("Frequency, second order (eikonal-style)", measure_second_order(freq),
+                    measure_second_order(auto_freq)))
+    for n_networks in (64, 1):
+        net = NetworkArray(N_IN, N_OUT, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 0,
+                                         "output_activation": "None"}, n_networks=n_networks)
+        hand = measure(net, N_IN, N_OUT, n_networks, True)
+        auto_r = replicas_for(batch, n_networks, N_IN * N_OUT, arch)
+        for replicas in (1, 4, None):
+            auto_lin = AutodiffPart(linear, N_IN, N_OUT, N_IN * N_OUT, n_networks=n_networks,
+                                    gradient_replicas=replicas)
+            label = f"auto = {auto_r}" if replicas is None else str(replicas)
+            rows.append(row(f"linear 32 -> 16, {n_networks} network(s), replicas {label}", hand,
+                            measure(auto_lin, N_IN, N_OUT, n_networks, True)))
+    pred, target = torch.rand(batch, 3, device=dev), torch.rand(batch, 3, device=dev)
+    timed = []
+    for loss in (tinn.create_loss({"otype": "L2"}), create_loss("L2")):
+        loss.evaluate(pred, target)
+        peak_memory_reset()
+        timed.append((1e3 * time_fn(lambda: loss.evaluate(pred, target), reps=args.reps), peak_memory_mib()))
+    rows.append(row("L2 loss, 3 outputs (value + gradient)", *timed))
     device = torch.cuda.get_device_name(0) if arch == "cuda" else "cpu"
     print(f"\nautodiff against hand-written backward, {batch} samples, {device}")
     print_table(rows, [("case", "case", "s"), ("hand_ms", "hand-written ms", ".2f"), ("auto_ms", "autodiff ms", ".2f"),

@@ -16,6 +16,7 @@ _LAZY = {
     "Network": "networks", "NetworkArray": "networks",
     "create_optimizer": "optimizers",
     "Trainer": "trainer",
+    "AutodiffPart": "autodiff", "AutodiffLoss": "autodiff",
     "Part": "part", "Context": "part", "SecondOrderError": "part", "SAMPLE_MAJOR": "part", "FEATURE_MAJOR": "part",
 }
 

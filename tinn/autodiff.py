@@ -65,7 +65,9 @@ LOSS_ARGUMENTS = ("pred", "target", "b", "d", "l")
 REPLICA_BUDGET_BYTES = 64 << 20
 #: Samples per network below which atomics on a row rarely collide, so replicas only cost copies.
 REPLICA_MIN_SAMPLES = 256
-MAX_REPLICAS = {"cuda": 32, "cpu": 4}
+#: On the CPU a few threads rarely meet on one address and the copies cost more than they save
+#: (benchmarks/bench_autodiff.py, docs/design-notes.md); on a GPU thousands of threads do.
+MAX_REPLICAS = {"cuda": 32, "cpu": 1}
 
 
 def replicas_for(batch: int, n_networks: int, n_params: int, arch: str) -> int:
