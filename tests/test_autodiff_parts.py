@@ -145,3 +145,33 @@ def test_custom_encoding_demo_learns_the_image():
     out = custom_encoding.run(["--steps", "250", "--size", "64", "--tiles", "2", "--batch", "4096"])
     # Measured 22.5 dB at this size; the same run after 120 steps is at 19.8 dB.
     assert out["psnr"] > 21.0
+
+
+OCTAVES = 4
+
+
+@ti.func
+def frequency(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
+    for d, o in ti.static(ti.ndrange(3, OCTAVES)):
+        v = x[b, d] * (2.0 ** o) * 3.141592653589793
+        y[b, (d * OCTAVES + o) * 2] = ti.sin(v)
+        y[b, (d * OCTAVES + o) * 2 + 1] = ti.cos(v)
+
+
+def test_autodiff_frequency_equals_the_hand_written_encoding():
+    """The built-in Frequency encoding as a checked alternative: same outputs and input gradients."""
+    from tinn.encodings import create_encoding
+
+    hand = create_encoding(3, {"otype": "Frequency", "n_frequencies": OCTAVES})
+    auto = AutodiffPart(frequency, 3, 6 * OCTAVES, 0)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(300, 3, generator=gen).to(DEV)
+    w = torch.randn(300, 6 * OCTAVES, generator=gen).to(DEV)
+    results = []
+    for part in (hand, auto):
+        xg = x.clone().requires_grad_(True)
+        y = part(xg)
+        (y * w).sum().backward()
+        results.append((y.detach(), xg.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4)

@@ -57,6 +57,7 @@ class AutodiffPart(Part):
         self.n_params = count("n_params", n_params, lo=0)
         self.gradient_replicas = count("gradient_replicas", gradient_replicas)
         self._kernel = sample_kernel(func)
+        self._buffers: dict = {}
         self.seed = seed
         self._init = init
         self.params = torch.nn.Parameter(torch.empty(n_networks, max(self.n_params, 1), device=runtime.device()))
@@ -98,22 +99,38 @@ class AutodiffPart(Part):
             return (torch.zeros_like(x) if need_dx else None), (
                 torch.zeros_like(self.params) if want_params else None,)
         r = self.gradient_replicas if want_params else 1
-        table = self.params.detach()
-        table = table.repeat(r, 1) if r > 1 else table.clone()  # a leaf of its own, to carry .grad
-        x_in = x.clone()
-        y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
-        # Taichi's torch interop takes a tensor's .grad as its gradient buffer when it requires grad.
-        for t, wanted in ((table, want_params), (x_in, need_dx), (y, True)):
-            t.requires_grad_(wanted)
-            if wanted:
-                t.grad = torch.zeros_like(t)
-        y.grad = dy.contiguous().clone()
-        with torch.no_grad():  # the adjoint kernel recomputes the forward's values itself
+        table, x_in, y = self._adjoint_buffers(x.shape[0], r, need_dx, want_params, x.device)
+        with torch.no_grad():
+            table.copy_(self.params.detach().repeat(r, 1) if r > 1 else self.params.detach())
+            x_in.copy_(x)
+            y.grad.copy_(dy)
+            for t in (table, x_in):
+                if t.grad is not None:
+                    t.grad.zero_()
+            # The adjoint kernel recomputes the forward's values itself; it adds into the .grad buffers.
             self._call(self._kernel.grad, x_in, ids, table, y, replicas=r)
         dtable = None
         if want_params:
-            dtable = table.grad.view(r, self.n_networks, -1).sum(0) if r > 1 else table.grad
-        return (x_in.grad if need_dx else None), (dtable,)
+            dtable = table.grad.view(r, self.n_networks, -1).sum(0) if r > 1 else table.grad.clone()
+        return (x_in.grad.clone() if need_dx else None), (dtable,)
+
+    def _adjoint_buffers(self, batch: int, replicas: int, need_dx: bool, want_params: bool, device):
+        """Leaf tensors for the adjoint kernel, kept for the last batch shapes and reused: Taichi's torch interop
+        takes a tensor's .grad as its gradient buffer when the tensor requires grad."""
+        key = (batch, replicas, need_dx, want_params)
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            if len(self._buffers) >= 2:
+                self._buffers.clear()
+            table = torch.empty(replicas * self.n_networks, self.params.shape[1], device=device)
+            x_in = torch.empty(batch, self.n_input_dims, device=device)
+            y = torch.zeros(batch, self.n_output_dims, device=device)
+            for t, wanted in ((table, want_params), (x_in, need_dx), (y, True)):
+                t.requires_grad_(wanted)
+                if wanted:
+                    t.grad = torch.zeros_like(t)
+            buffers = self._buffers[key] = (table, x_in, y)
+        return buffers
 
     def _call(self, kernel, x, ids, table, y, replicas: int):
         try:
