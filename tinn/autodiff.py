@@ -38,7 +38,7 @@ import torch
 from . import backend, runtime
 from .config import count
 from .errors import ConfigError
-from .kernels.autodiff import sample_kernel
+from .kernels.autodiff import element_kernel, sample_kernel
 from .part import SAMPLE_MAJOR, Context, Part
 
 class AutodiffPart(Part):
@@ -143,6 +143,60 @@ class AutodiffPart(Part):
     def extra_repr(self) -> str:
         return (f"func={getattr(self.func, '__name__', '?')}, in={self.n_input_dims}, out={self.n_output_dims}, "
                 f"n_params={self.n_params}, n_networks={self.n_networks}, replicas={self.gradient_replicas}")
+
+
+class AutodiffLoss:
+    """A loss from a per-element forward `@ti.func` `func(pred, target, b, c, out)` writing out[b, c]; the
+    loss is the mean of `out`, its gradient with respect to `pred` comes from Taichi's reverse mode.
+
+    Use it as the Trainer's loss (`Trainer(model, AutodiffLoss(f), ...)`) or call it on tensors
+    (`loss(pred, target)`, differentiable by torch autograd). The same access rule holds: write `out`
+    only, read nothing it writes.
+    """
+
+    def __init__(self, func):
+        if not callable(func):
+            raise ConfigError(f"func must be a Taichi function (@ti.func), got {type(func).__name__}")
+        self.func = func
+        self._kernel = element_kernel(func)
+
+    def evaluate(self, pred: torch.Tensor, target: torch.Tensor, **_) -> "LossResult":
+        from .losses import LossResult
+
+        if pred.shape != target.shape or pred.dim() != 2:
+            raise ConfigError(f"AutodiffLoss needs pred and target of one (batch, dims) shape, got "
+                              f"{tuple(pred.shape)} and {tuple(target.shape)}")
+        p = pred.detach().float().contiguous().requires_grad_(True)
+        p.grad = torch.zeros_like(p)
+        out = torch.zeros_like(p).requires_grad_(True)
+        out.grad = torch.full_like(p, 1.0 / max(p.numel(), 1))   # d mean / d out
+        t = target.detach().float().contiguous()
+        with torch.no_grad():
+            try:
+                self._kernel(p, t, out)
+                self._kernel.grad(p, t, out)
+            except backend.compile_errors() as e:
+                raise ConfigError(f"AutodiffLoss: the function {getattr(self.func, '__name__', self.func)!r} does "
+                                  f"not compile as func(pred, target, b, c, out): "
+                                  f"{str(e).strip().splitlines()[-1]}") from e
+            value = out.detach().mean()
+        return LossResult(value, p.grad)
+
+    def __call__(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _LossFunction.apply(self, pred, target)
+
+
+class _LossFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, loss, pred, target):
+        result = loss.evaluate(pred, target)
+        ctx.save_for_backward(result.grad)
+        return result.value
+
+    @staticmethod
+    def backward(ctx, g):
+        (grad,) = ctx.saved_tensors
+        return None, grad * g, None
 
 
 def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol: float = 2e-2, seed: int = 0) -> None:

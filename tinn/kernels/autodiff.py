@@ -15,3 +15,15 @@ def sample_kernel(func):
             func(x, p, b, ids[b] + n_networks * (b % replicas), y)
 
     return per_sample
+
+
+def element_kernel(func):
+    """A kernel over (sample, channel) calling `func(pred, target, b, c, out)`; its `.grad` is Taichi's reverse
+    mode of it."""
+
+    @ti.kernel
+    def per_element(pred: f32_2d, target: f32_2d, out: f32_2d):
+        for b, c in ti.ndrange(pred.shape[0], pred.shape[1]):
+            func(pred, target, b, c, out)
+
+    return per_element
