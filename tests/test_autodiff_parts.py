@@ -421,3 +421,70 @@ def test_the_trainer_takes_an_autodiff_loss():
         last = float(trainer.training_step(x, target, ids))
     assert last < 0.5 * first
     assert trainer.per_network_loss.shape == (3,) and bool((trainer.per_network_loss > 0).all())
+
+
+OCTAVES = 4
+
+
+@ti.func
+def frequency(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
+    for d, o in ti.static(ti.ndrange(3, OCTAVES)):
+        v = x[b, d] * (2.0 ** o) * 3.141592653589793
+        y[b, (d * OCTAVES + o) * 2] = ti.sin(v)
+        y[b, (d * OCTAVES + o) * 2 + 1] = ti.cos(v)
+
+
+def test_autodiff_frequency_equals_the_hand_written_encoding():
+    """The built-in Frequency encoding as a checked alternative: same outputs and input gradients."""
+    from tinn.encodings import create_encoding
+
+    hand = create_encoding(3, {"otype": "Frequency", "n_frequencies": OCTAVES})
+    auto = AutodiffPart(frequency, 3, 6 * OCTAVES, 0)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(300, 3, generator=gen).to(DEV)
+    w = torch.randn(300, 6 * OCTAVES, generator=gen).to(DEV)
+    results = []
+    for part in (hand, auto):
+        xg = x.clone().requires_grad_(True)
+        y = part(xg)
+        (y * w).sum().backward()
+        results.append((y.detach(), xg.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4)
+
+
+@ti.func
+def log_cosh(pred: ti.template(), target: ti.template(), b, c, out: ti.template()):
+    d = pred[b, c] - target[b, c]
+    out[b, c] = ti.log(0.5 * (ti.exp(d) + ti.exp(-d)))
+
+
+def test_an_autodiff_loss_matches_float64_and_trains():
+    from tinn.autodiff import AutodiffLoss
+
+    loss = AutodiffLoss(log_cosh)
+    gen = torch.Generator().manual_seed(6)
+    pred = (torch.randn(300, 3, generator=gen) * 2).to(DEV)
+    target = torch.randn(300, 3, generator=gen).to(DEV)
+    result = loss.evaluate(pred, target)
+    p64 = pred.double().requires_grad_(True)
+    ref = torch.log(torch.cosh(p64 - target.double())).mean()
+    ref.backward()
+    torch.testing.assert_close(result.value.double(), ref.detach(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(result.grad.double(), p64.grad, rtol=1e-4, atol=1e-8)
+    pg = pred.clone().requires_grad_(True)
+    (2 * loss(pg, target)).backward()          # torch autograd through it
+    torch.testing.assert_close(pg.grad.double(), 2 * p64.grad, rtol=1e-4, atol=1e-8)
+    # As the Trainer's loss: the same steps as torch autograd on the same formula.
+    x = torch.rand(512, 2, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (512,), generator=gen, dtype=torch.int32).to(DEV)
+    y = torch.sin(4 * x[:, :1]) * (1 + ids[:, None].float())
+    runs = []
+    for objective in (loss, lambda p, t: torch.log(torch.cosh(p - t)).mean()):
+        model = tinn.NetworkArray(2, 1, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=3, seed=2)
+        trainer = Trainer(model, objective, {"otype": "Adam", "learning_rate": 1e-2})
+        runs.append([float(trainer.training_step(x, y, ids)) for _ in range(40)])
+    torch.testing.assert_close(torch.tensor(runs[0]), torch.tensor(runs[1]), rtol=1e-3, atol=1e-6)
+    assert runs[0][-1] < 0.8 * runs[0][0]
+    with pytest.raises(InputError, match=r"target has last dimension 2; expected 3"):
+        loss.evaluate(pred, target[:, :2])

@@ -197,3 +197,50 @@ def test_kilonerf_trains_on_the_rendered_bunny(tmp_path):
     assert os.path.isfile(tmp_path / "run" / "mesh_scene" / "transforms_test.json")
     # Measured at this size: background 14.7 dB, teacher and student 26.1 dB.
     assert summary["psnr_student"] > summary["psnr_background"] + 8.0
+
+
+def test_rgba_scenes_keep_alpha_for_random_backgrounds(bunny_scene):
+    out, _ = bunny_scene
+    train = load_nerf_synthetic(out, "train")
+    assert train.alpha is not None and train.alpha.shape == (16, 32, 32, 1)
+    empty = train.alpha[..., 0] == 0
+    assert empty.any() and (train.images[empty] == 1.0).all()   # uncovered pixels show the (white) background
+    half = train.downscaled(2)
+    torch.testing.assert_close(half.alpha, train.alpha.reshape(16, 16, 2, 16, 2, 1).mean(dim=(2, 4)))
+
+
+class _EmptyField(torch.nn.Module):
+    """Zero density everywhere: a render shows exactly the background it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1, device=tinn.runtime.device()))
+        self.register_buffer("box_min", torch.full((3,), -1.0, device=tinn.runtime.device()))
+        self.register_buffer("box_max", torch.full((3,), 1.0, device=tinn.runtime.device()))
+
+    def forward(self, points):
+        zero = points[:, 0] * 0.0 + self.w * 0.0
+        return zero, torch.stack([zero, zero, zero], 1)
+
+
+@pytest.mark.parametrize("coverage", [0.0, 1.0])
+def test_random_backgrounds_recomposite_the_target(coverage):
+    from tinn.scenes.data import PosedImages
+    from tinn.scenes.photometric import PhotometricTrainer
+
+    red = torch.tensor([1.0, 0.0, 0.0])
+    white = torch.ones(3)
+    stored = (red if coverage else white).expand(1, 8, 8, 3).contiguous()   # composited on white at load
+    data = PosedImages(images=stored, c2w=torch.tensor(M.look_at([0.0, 0.0, 3.0]), dtype=torch.float32)[None],
+                       focal=8.0, width=8, height=8, near=0.5, far=6.0, box_min=-white, box_max=white,
+                       background=white, alpha=torch.full((1, 8, 8, 1), coverage))
+    losses = {}
+    for random in (True, False):
+        trainer = PhotometricTrainer(_EmptyField(), data, n_samples=8, batch_rays=4096, learning_rate=1e-3,
+                                     random_background=random)
+        losses[random] = float(trainer.loss())
+    if coverage == 0.0:   # the target is the random background itself, which the empty field shows
+        assert losses[True] == 0.0 and losses[False] == 0.0
+    else:                 # a covered red pixel stays red; the empty field shows white, or a random colour
+        assert abs(losses[False] - 2 / 3) < 1e-6
+        assert 0.25 < losses[True] < 0.42   # E[((u - 1)^2 + u^2 + u^2) / 3] = 1/3 for uniform u

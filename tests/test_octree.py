@@ -296,8 +296,8 @@ def _reference_image(field, c2w, size, focal, n_samples, background, occupancy=N
     keep = (ids >= 0) & (deltas.reshape(-1) > 0)
     if occupancy is not None:
         keep &= occupancy.query(points, field.octree.depth[ids.clamp(min=0).long()])
-    sigma = torch.zeros(points.shape[0], dtype=torch.float64)
-    rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64)
+    sigma = torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
+    rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64, device=points.device)
     with torch.no_grad():
         s, c = field.query(points[keep], ids[keep])
     sigma[keep], rgb[keep] = s.double(), c.double()
@@ -314,24 +314,24 @@ def _look_at_origin(distance, axis=2):
     c2w[axis, 3] = distance
     if axis != 2:  # a camera on another axis: rotate so that -z points at the origin
         c2w[:3, :3] = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
-    return c2w
+    return c2w.to(DEV)
 
 
 def test_lookup_kernel_matches_the_per_level_reference_and_sends_nan_to_empty():
     gen = torch.Generator().manual_seed(5)
-    pts = torch.randn(500, 3, generator=gen) * 0.3
+    pts = (torch.randn(500, 3, generator=gen) * 0.3).to(DEV)
     tree = Octree.build(pts, *BOX, max_depth=6, min_points=2)
-    queries = torch.rand(4000, 3, generator=gen) * 2.2 - 1.1
-    levels = torch.randint(-2, 9, (4000,), generator=gen, dtype=torch.int32)
+    queries = (torch.rand(4000, 3, generator=gen) * 2.2 - 1.1).to(DEV)
+    levels = torch.randint(-2, 9, (4000,), generator=gen, dtype=torch.int32).to(DEV)
     assert torch.equal(tree.lookup(queries, levels), _per_level_lookup(tree, queries, levels))
-    nan = torch.tensor([[float("nan"), 0.0, 0.0], [0.0, 0.0, float("inf")]])
+    nan = torch.tensor([[float("nan"), 0.0, 0.0], [0.0, 0.0, float("inf")]], device=DEV)
     assert tree.lookup(nan, 3).tolist() == [-1, -1]
 
 
 @pytest.mark.parametrize("mode", ["one_run", "segments_no_stop"])
 def test_render_image_equals_the_per_level_path(mode):
     field = blob_field(2)
-    background = torch.tensor([0.3, 0.6, 0.9])
+    background = torch.tensor([0.3, 0.6, 0.9], device=DEV)
     c2w = _look_at_origin(2.6)
     kwargs = {"one_run": dict(segments=1), "segments_no_stop": dict(segments=4, early_stop=0.0)}[mode]
     frame = field.render_image(c2w, 20, 20, 18.0, 24, background=background, occupancy=None, chunk=150, **kwargs)
@@ -348,9 +348,9 @@ def test_render_image_skips_empty_voxels_of_the_node_depth_grid():
 
     field = blob_field(3)
     gen = torch.Generator().manual_seed(1)
-    occupied = torch.rand(field.octree.deepest + 1, 8, 8, 8, generator=gen) < 0.5
+    occupied = (torch.rand(field.octree.deepest + 1, 8, 8, 8, generator=gen) < 0.5).to(DEV)
     occupancy = LevelOccupancy(occupied, *BOX)
-    background = torch.tensor([1.0, 1.0, 1.0])
+    background = torch.tensor([1.0, 1.0, 1.0], device=DEV)
     c2w = _look_at_origin(2.4, axis=0)
     frame = field.render_image(c2w, 16, 16, 14.0, 20, background=background, occupancy=occupancy, segments=1)
     want, n_kept, _, _ = _reference_image(field, c2w, 16, 14.0, 20, background, occupancy)
@@ -364,7 +364,7 @@ def test_early_termination_changes_a_pixel_by_at_most_early_stop(monkeypatch):
 
     monkeypatch.setattr(of, "DENSITY_BIAS", 4.0)  # an opaque field: rays saturate early
     field = blob_field(4)
-    background = torch.tensor([0.0, 1.0, 0.0])
+    background = torch.tensor([0.0, 1.0, 0.0], device=DEV)
     c2w = _look_at_origin(2.5)
     want, n_kept, _, _ = _reference_image(field, c2w, 16, 16.0, 32, background)
     for early_stop in (1e-4, 1e-2):
@@ -380,11 +380,12 @@ def test_level_occupancy_marks_the_voxels_where_a_depth_has_density():
     field = blob_field(5)
     res, threshold = 6, 0.25
     grid = LevelOccupancy.from_field(field, res, threshold, n_jitter=1, dilate=0)
-    axis = (torch.arange(res, dtype=torch.float32) + 0.5) / res * 2 - 1
+    axis = (torch.arange(res, dtype=torch.float32, device=DEV) + 0.5) / res * 2 - 1
     centres = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
     for depth in range(field.octree.deepest + 1):
-        ids = _per_level_lookup(field.octree, centres, torch.full((centres.shape[0],), depth, dtype=torch.int32))
-        sigma = torch.zeros(centres.shape[0])
+        ids = _per_level_lookup(field.octree, centres, torch.full((centres.shape[0],), depth, dtype=torch.int32,
+                                                                  device=DEV))
+        sigma = torch.zeros(centres.shape[0], device=DEV)
         with torch.no_grad():
             sigma[ids >= 0] = field.query(centres[ids >= 0], ids[ids >= 0])[0]
         assert grid.occupied[depth].reshape(-1).tolist() == (sigma > threshold).tolist()
@@ -426,10 +427,10 @@ def test_render_image_bad_input():
     with pytest.raises(InputError, match="occupancy"):
         field.render_image(c2w, 4, 4, 4.0, 8, occupancy="yes")
     with pytest.raises(InputError, match="octree's box"):
-        field.render_image(c2w, 4, 4, 4.0, 8, occupancy=OccupancyGrid(torch.ones(2, 2, 2, dtype=torch.bool),
-                                                                     [-2.0] * 3, [2.0] * 3))
+        field.render_image(c2w, 4, 4, 4.0, 8, occupancy=OccupancyGrid(torch.ones(2, 2, 2, dtype=torch.bool,
+                                                                                device=DEV), [-2.0] * 3, [2.0] * 3))
     with pytest.raises(InputError, match="background"):
-        field.render_image(c2w, 4, 4, 4.0, 8, background=torch.ones(4))
+        field.render_image(c2w, 4, 4, 4.0, 8, background=torch.ones(4, device=DEV))
 
 
 # ---- end to end: the demo trains a tiny procedural scene -------------------------------------------------------

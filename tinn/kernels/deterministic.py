@@ -15,7 +15,7 @@ to run. Here every sum is taken in an order fixed by the data alone:
 import torch
 
 from ..backend import ti
-from .grid_encoding import NEAREST, _corners, _dweight, _entry, _level_at, _smooth
+from .grid_encoding import NEAREST, _corners, _entry, _input_gradient, _level_at, _smooth
 from .launch import fast_kernel
 from .mlp_array import in_chunk
 
@@ -80,16 +80,9 @@ def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset
                             keys[level, b, c * F + f] = row + idx[c] + f
                             terms[level, b, c * F + f] = w[c] * dy_t[col + f, b]
                 if want_x:
-                    vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)
-                    for f in ti.static(range(F)):
-                        g = dy_t[col + f, b]
-                        for c in ti.static(range(1 << D)):
-                            vg[c] += g * params[net, idx[c] + f]
+                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D)
                     for k in ti.static(range(D)):
-                        acc = 0.0
-                        for c in ti.static(range(1 << D)):
-                            acc += vg[c] * _dweight(s, ds, c, k, D)
-                        dx_terms[level, b, k] = acc * scale
+                        dx_terms[level, b, k] = g_x[k]
 
 
 @fast_kernel

@@ -157,6 +157,24 @@ def _corners(cell, s, res, size, base, grid_type, meta: ti.template(), F: ti.tem
     return idx, w
 
 
+@ti.func
+def _input_gradient(params: ti.template(), net, idx, s, ds, dy_t: ti.template(), col, b, scale, F: ti.template(),
+                    D: ti.template()):
+    """d(level's features . dy)/dx of sample b: the corner values dotted with dy, times the weights' slopes."""
+    vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)
+    for f in ti.static(range(F)):
+        g = dy_t[col + f, b]
+        for c in ti.static(range(1 << D)):
+            vg[c] += g * params[net, idx[c] + f]
+    g_x = ti.Vector([0.0] * D, dt=ti.f32)
+    for k in ti.static(range(D)):
+        acc = 0.0
+        for c in ti.static(range(1 << D)):
+            acc += vg[c] * _dweight(s, ds, c, k, D)
+        g_x[k] = acc * scale
+    return g_x
+
+
 @fast_kernel
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
@@ -217,16 +235,9 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
                             for c in ti.static(range(1 << D)):
                                 ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
                 if want_x:
-                    vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)  # corner value . dy, summed over features
-                    for f in ti.static(range(F)):
-                        g = dy_t[col + f, b]
-                        for c in ti.static(range(1 << D)):
-                            vg[c] += g * params[net, idx[c] + f]
+                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D)
                     for k in ti.static(range(D)):
-                        acc = 0.0
-                        for c in ti.static(range(1 << D)):
-                            acc += vg[c] * _dweight(s, ds, c, k, D)
-                        ti.atomic_add(dx[b, k], acc * scale)
+                        ti.atomic_add(dx[b, k], g_x[k])
 
 
 @ti.func

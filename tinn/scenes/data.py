@@ -19,6 +19,8 @@ class PosedImages:
 
     images (V, H, W, 3) float32 in [0, 1], already composited on `background`; c2w (V, 4, 4) float32;
     focal in pixels; near/far bound the depths of interest; box_min/box_max (3,) is the scene's bounding box.
+    alpha (V, H, W, 1) float32, the coverage of images read from RGBA files (None otherwise): with it a
+    trainer can composite the same pixels on other backgrounds (`recomposited`).
     """
 
     images: torch.Tensor
@@ -31,6 +33,7 @@ class PosedImages:
     box_min: torch.Tensor
     box_max: torch.Tensor
     background: torch.Tensor
+    alpha: torch.Tensor | None = None
 
     def __post_init__(self):
         img = self.images
@@ -52,6 +55,10 @@ class PosedImages:
             raise InputError(f"focal must be positive (pixels), got {self.focal}")
         if not 0 <= self.near < self.far:
             raise InputError(f"need 0 <= near < far, got near={self.near}, far={self.far}")
+        a = self.alpha
+        if a is not None and (not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(img.shape[:3]) + (1,)):
+            raise InputError(f"alpha must be None or a {tuple(img.shape[:3]) + (1,)} tensor (one coverage per pixel), "
+                             f"got {tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -72,6 +79,10 @@ class PosedImages:
         origins, directions = camera_rays(self.c2w[idx], self.width, self.height, self.focal)
         colors = self.images[idx].reshape(-1, 3)
         return origins, directions, colors
+
+    def alphas(self, views=None) -> torch.Tensor | None:
+        """(R, 1) coverage of the pixels `rays(views)` returns, in the same order (None without alpha)."""
+        return None if self.alpha is None else self.alpha[self._view_index(views)].reshape(-1, 1)
 
     def _view_index(self, views) -> torch.Tensor:
         n = len(self)
@@ -95,7 +106,8 @@ class PosedImages:
         if self.width % factor or self.height % factor:
             raise InputError(f"width={self.width} and height={self.height} must be divisible by factor={factor}")
         return replace(self, images=area_downscale(self.images, factor), width=self.width // factor,
-                       height=self.height // factor, focal=self.focal / factor)
+                       height=self.height // factor, focal=self.focal / factor,
+                       alpha=None if self.alpha is None else area_downscale(self.alpha, factor))
 
 
 def area_downscale(images: torch.Tensor, factor: int) -> torch.Tensor:
@@ -144,7 +156,7 @@ def load_nerf_synthetic(root, split: str = "train", downscale: int = 1, backgrou
         raise InputError(f"downscale must be a positive integer, got {downscale}")
     bg = torch.tensor(background, dtype=torch.float32).reshape(3)
 
-    images, poses = [], []
+    images, poses, alphas = [], [], []
     for k, frame in enumerate(frames):
         for key in ("file_path", "transform_matrix"):
             if key not in frame:
@@ -154,7 +166,9 @@ def load_nerf_synthetic(root, split: str = "train", downscale: int = 1, backgrou
             image_path += ".png"
         if not os.path.isfile(image_path):
             raise InputError(f"{path}: frames[{k}] names {image_path}, which does not exist")
-        images.append(_read_rgb(iio.imread(image_path), bg, downscale, image_path))
+        rgb, alpha = _read_rgba(iio.imread(image_path), bg, downscale, image_path)
+        images.append(rgb)
+        alphas.append(alpha)
         pose = torch.tensor(frame["transform_matrix"], dtype=torch.float32)
         if pose.shape != (4, 4):
             raise InputError(f"{path}: frames[{k}].transform_matrix must be 4x4, got {tuple(pose.shape)}")
@@ -166,7 +180,22 @@ def load_nerf_synthetic(root, split: str = "train", downscale: int = 1, backgrou
     focal = 0.5 * width / math.tan(0.5 * float(meta["camera_angle_x"]))
     return PosedImages(images=torch.stack(images), c2w=torch.stack(poses), focal=focal, width=width, height=height,
                        near=near, far=far, box_min=torch.full((3,), -float(box)), box_max=torch.full((3,), float(box)),
-                       background=bg)
+                       background=bg, alpha=stack_alpha(alphas))
+
+
+def stack_alpha(alphas: list) -> torch.Tensor | None:
+    """The images' coverage as one (V, H, W, 1) tensor when every image had an alpha channel, else None."""
+    return torch.stack(alphas) if alphas and all(a is not None for a in alphas) else None
+
+
+def _read_rgba(pixels: np.ndarray, background: torch.Tensor, downscale: int, name: str):
+    """(`_read_rgb`'s image, its (H, W, 1) alpha area-downscaled, or None for an RGB file)."""
+    rgb = _read_rgb(pixels, background, downscale, name)
+    if pixels.ndim != 3 or pixels.shape[2] != 4:
+        return rgb, None
+    scale = 65535.0 if pixels.dtype == np.uint16 else 255.0 if pixels.dtype == np.uint8 else 1.0
+    alpha = torch.from_numpy(pixels[..., 3:].astype(np.float32) / scale)
+    return rgb, (area_downscale(alpha[None], downscale)[0] if downscale > 1 else alpha).contiguous()
 
 
 def _read_rgb(pixels: np.ndarray, background: torch.Tensor, downscale: int, name: str) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .data import NERF_SYNTHETIC_BOX, PosedImages, _read_rgb, load_nerf_synthetic
+from .data import NERF_SYNTHETIC_BOX, PosedImages, _read_rgba, load_nerf_synthetic, stack_alpha
 
 SPLITS = ("train", "test", "all")
 HELD_OUT_EVERY = 8
@@ -118,7 +118,7 @@ def _load_transforms(meta, file, kind, split, downscale, background, max_views, 
                          f"{HELD_OUT_EVERY}th held out)")
     bg = torch.tensor(background, dtype=torch.float32).reshape(3)
     folder = os.path.dirname(file)
-    images, poses, cams = [], [], []
+    images, poses, cams, alphas = [], [], [], []
     for k, frame in chosen:
         where = f"{file}: frames[{k}]"
         if not isinstance(frame, dict):
@@ -133,7 +133,9 @@ def _load_transforms(meta, file, kind, split, downscale, background, max_views, 
         if (cam["w"], cam["h"]) != (pixels.shape[1], pixels.shape[0]):
             raise InputError(f"{where}: {image_path} is {pixels.shape[1]}x{pixels.shape[0]} but w x h = "
                              f"{cam['w']}x{cam['h']}")
-        images.append(_read_rgb(pixels, bg, downscale, image_path))
+        rgb, alpha = _read_rgba(pixels, bg, downscale, image_path)
+        images.append(rgb)
+        alphas.append(alpha)
         try:
             pose = torch.tensor(frame["transform_matrix"], dtype=torch.float32)
         except (TypeError, ValueError):
@@ -164,7 +166,7 @@ def _load_transforms(meta, file, kind, split, downscale, background, max_views, 
     far = float(centre_dist.max()) + half_diag
     return PosedImages(images=torch.stack(images), c2w=c2w, focal=cam["fl_x"] / downscale,
                        width=images[0].shape[1], height=images[0].shape[0], near=near, far=max(far, near + 1e-3),
-                       box_min=lo, box_max=hi, background=bg)
+                       box_min=lo, box_max=hi, background=bg, alpha=stack_alpha(alphas))
 
 
 def _image_path(folder: str, name, where: str) -> str:

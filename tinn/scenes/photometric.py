@@ -60,11 +60,15 @@ class PhotometricTrainer(SceneTrainer):
     (`OccupancyGrid.tracking`) and `occupancy_threshold`, the grid follows the field: every
     `occupancy_every` steps it is updated from the field's density, so training and rendering skip
     the space the field leaves empty.
+
+    Images read with an alpha channel (`data.alpha`) train, with `random_background` (the default), on a
+    random background per ray: the pixel is composited anew on it and the render uses the same colour, so
+    the field cannot paint the fixed background into empty space (instant-ngp does the same).
     """
 
     def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
                  total_steps: int | None = None, final_lr_factor: float = 0.1, seed: int = 0,
-                 occupancy_threshold: float | None = None, occupancy_every: int = 16):
+                 occupancy_threshold: float | None = None, occupancy_every: int = 16, random_background: bool = True):
         if isinstance(batch_rays, bool) or not isinstance(batch_rays, int) or batch_rays < 1:
             raise InputError(f"batch_rays={batch_rays!r} must be an integer >= 1")
         self.field, self.n_samples, self.batch_rays, self.occupancy = field, int(n_samples), batch_rays, occupancy
@@ -74,6 +78,8 @@ class PhotometricTrainer(SceneTrainer):
         self.directions = directions.to(dev, torch.float32).contiguous()
         self.colors = colors.to(dev, torch.float32).contiguous()
         self.background = data.background.to(dev, torch.float32)
+        alpha = data.alphas() if random_background else None
+        self.alpha = None if alpha is None else alpha.to(dev, torch.float32).contiguous()
         self.trainer = Trainer(field, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
         self.generator = torch.Generator(device=dev).manual_seed(seed)
         tracks = occupancy is not None and occupancy.density is not None
@@ -92,6 +98,10 @@ class PhotometricTrainer(SceneTrainer):
     def loss(self) -> torch.Tensor:
         pick = torch.randint(0, self.origins.shape[0], (self.batch_rays,), device=self.origins.device,
                              generator=self.generator)
-        out = render_rays(self.field, self.origins[pick], self.directions[pick], self.n_samples, self.background,
+        colors, background = self.colors[pick], self.background
+        if self.alpha is not None:
+            background = torch.rand(self.batch_rays, 3, device=colors.device, generator=self.generator)
+            colors = colors + (1.0 - self.alpha[pick]) * (background - self.background)
+        out = render_rays(self.field, self.origins[pick], self.directions[pick], self.n_samples, background,
                           self.occupancy, jitter=True, generator=self.generator)
-        return ((out.rgb - self.colors[pick]) ** 2).mean()
+        return ((out.rgb - colors) ** 2).mean()
