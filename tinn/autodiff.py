@@ -331,14 +331,8 @@ class AutodiffLoss:
         value = values.mean() if n_total else values.new_zeros(())
         per_network = None
         if n_networks is not None:
-            from .kernels import losses as LK
-            batch, dims = pred.shape
-            ids = checks.net_ids(net_ids, batch, int(n_networks))
-            sums = torch.zeros(int(n_networks), dtype=torch.float32, device=pred.device)
-            counts = torch.zeros(int(n_networks), dtype=torch.int32, device=pred.device)
-            if batch:
-                LK.per_network_sums(values.sum(1), ids, sums, counts)
-            per_network = torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
+            from .losses import per_network_means
+            per_network = per_network_means(values, net_ids, n_networks)
         return LossResult(value, grad, per_network)
 
     def __call__(self, pred: torch.Tensor, target: torch.Tensor, data_pdf: torch.Tensor | None = None) -> torch.Tensor:

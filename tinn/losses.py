@@ -72,15 +72,19 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
         K.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
     # One reduction op (host time counts in a small step); an empty batch has loss 0, not mean()'s NaN.
     value = elements.mean() if n_total else elements.new_zeros(())
-    per_network = None
-    if n_networks is not None:
-        ids = checks.net_ids(net_ids, batch, int(n_networks))
-        sums = torch.zeros(int(n_networks), dtype=torch.float32, device=pred.device)
-        counts = torch.zeros(int(n_networks), dtype=torch.int32, device=pred.device)
-        if batch:
-            K.per_network_sums(elements.sum(1), ids, sums, counts)
-        per_network = torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
+    per_network = None if n_networks is None else per_network_means(elements, net_ids, n_networks)
     return LossResult(value, grad, per_network)
+
+
+def per_network_means(elements: torch.Tensor, net_ids, n_networks: int) -> torch.Tensor:
+    """Mean of each network's (batch, dims) loss elements; 0 for a network without samples."""
+    batch, dims = elements.shape
+    ids = checks.net_ids(net_ids, batch, int(n_networks))
+    sums = torch.zeros(int(n_networks), dtype=torch.float32, device=elements.device)
+    counts = torch.zeros(int(n_networks), dtype=torch.int32, device=elements.device)
+    if batch:
+        K.per_network_sums(elements.sum(1), ids, sums, counts)
+    return torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
 
 
 class _LossFn(torch.autograd.Function):
