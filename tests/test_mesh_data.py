@@ -244,3 +244,44 @@ def test_random_backgrounds_recomposite_the_target(coverage):
     else:                 # a covered red pixel stays red; the empty field shows white, or a random colour
         assert abs(losses[False] - 2 / 3) < 1e-6
         assert 0.25 < losses[True] < 0.42   # E[((u - 1)^2 + u^2 + u^2) / 3] = 1/3 for uniform u
+
+
+DAE = """<?xml version="1.0"?>
+<COLLADA xmlns="http://www.collada.org/2005/11/COLLADASchema" version="1.4.1">
+ <library_effects><effect id="e"><profile_COMMON><technique sid="t"><lambert>
+  <diffuse><color>0.1 0.8 0.3 1</color></diffuse></lambert></technique></profile_COMMON></effect></library_effects>
+ <library_geometries><geometry id="g"><mesh>
+  <source id="pos"><float_array id="pa" count="12">-1 -1 0 1 -1 0 1 1 0 -1 1 0</float_array>
+   <technique_common><accessor source="#pa" count="4" stride="3"/></technique_common></source>
+  <vertices id="v"><input semantic="POSITION" source="#pos"/></vertices>
+  <polylist count="1"><input semantic="VERTEX" source="#v" offset="0"/><vcount>4</vcount><p>0 1 2 3</p></polylist>
+ </mesh></geometry></library_geometries>
+ <library_visual_scenes><visual_scene id="s"><node id="n"><translate>0 0 -3</translate>
+  <instance_geometry url="#g"/></node></visual_scene></library_visual_scenes>
+</COLLADA>
+"""
+
+
+def test_collada_polylists_node_transforms_and_colour(tmp_path):
+    (tmp_path / "q.dae").write_text(DAE)
+    m = M.read_mesh(tmp_path / "q.dae")
+    assert m.faces.shape == (2, 3) and m.texture is None
+    np.testing.assert_allclose(m.vertices[:, 2], -3.0)             # the node's translate applied
+    np.testing.assert_allclose(m.corner_rgb[0, :3], [0.1, 0.8, 0.3])
+    img = M.render_rgba(m, np.eye(4), 32, 32, 30.0, supersample=1, ambient=1.0).cpu()
+    assert img[16, 16, :3].tolist() == pytest.approx([0.1, 0.8, 0.3], abs=1e-6)
+    (tmp_path / "bad.dae").write_text("<COLLADA><unclosed>")
+    with pytest.raises(InputError, match="not valid XML"):
+        M.read_mesh(tmp_path / "bad.dae")
+
+
+def test_the_textured_collada_duck_renders_its_texture():
+    duck = "/usr/share/assimp/models/Collada/duck.dae"   # Debian package assimp-testmodels
+    if not os.path.isfile(duck):
+        pytest.skip(f"{duck} missing (Debian package assimp-testmodels)")
+    m = M.read_mesh(duck)
+    assert m.texture is not None and m.texture.shape == (512, 512, 3) and m.corner_uv.shape == (len(m.faces), 6)
+    img = M.render_rgba(m.normalised(), M.sphere_cameras(8)[3], 64, 64, 32 / math.tan(0.5 * M.CAMERA_ANGLE_X)).cpu()
+    covered = img[..., 3] > 0.99
+    r, g, b = img[covered][:, :3].mean(0).tolist()
+    assert covered.float().mean() > 0.1 and r > b + 0.2 and g > b + 0.2   # mostly the duck's yellow

@@ -1,5 +1,5 @@
-"""Real meshes as scene data: read OBJ (with an MTL colour or texture) and PLY, render posed RGBA views with a
-Taichi rasteriser, and write them as a NeRF-synthetic folder that `load_nerf_synthetic` and the demos read.
+"""Real meshes as scene data: read OBJ (with an MTL colour or texture), PLY and COLLADA (with one texture),
+render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synthetic folder that `load_nerf_synthetic` and the demos read.
 
     python -m tinn.scenes.mesh /usr/share/glmark2/models/bunny.obj out/bunny --views 100 --res 800
 
@@ -60,7 +60,7 @@ class Mesh:
 
 
 def read_mesh(path) -> Mesh:
-    """An OBJ or PLY file (by extension)."""
+    """An OBJ, PLY or COLLADA (.dae) file (by extension)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise InputError(f"mesh file {path!r} does not exist")
@@ -69,7 +69,9 @@ def read_mesh(path) -> Mesh:
         return read_obj(path)
     if ext == ".ply":
         return read_ply(path)
-    raise InputError(f"mesh file {path!r}: extension {ext!r} is not supported; allowed: .obj, .ply")
+    if ext == ".dae":
+        return read_dae(path)
+    raise InputError(f"mesh file {path!r}: extension {ext!r} is not supported; allowed: .obj, .ply, .dae")
 
 
 # ---- OBJ ------------------------------------------------------------------------------------------------
@@ -289,6 +291,133 @@ def _ply_type(name: str, path: str) -> str:
     if name not in _PLY_TYPES:
         raise InputError(f"{path}: property type {name!r} is not supported; allowed: {sorted(_PLY_TYPES)}")
     return _PLY_TYPES[name]
+
+
+# ---- COLLADA ----------------------------------------------------------------------------------------------
+def read_dae(path: str) -> Mesh:
+    """COLLADA 1.4/1.5: the triangles and polylists of the geometries the visual scene instances (with their
+    nodes' translate/rotate/scale/matrix transforms), positions and texture coordinates, and one diffuse
+    texture (the first image of the file) or the effects' diffuse colour."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        raise InputError(f"{path}: not valid XML ({e})") from None
+    ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    sources = {}
+    for src in root.iter(ns + "source"):
+        arr = src.find(ns + "float_array")
+        acc = src.find(f"{ns}technique_common/{ns}accessor")
+        if arr is not None and acc is not None:
+            stride = int(acc.get("stride", "1"))
+            values = np.asarray((arr.text or "").split(), dtype=np.float32)
+            sources[src.get("id")] = values[:len(values) // stride * stride].reshape(-1, stride)
+    vertices = {}
+    for v in root.iter(ns + "vertices"):
+        for inp in v.findall(ns + "input"):
+            if inp.get("semantic") == "POSITION":
+                vertices[v.get("id")] = inp.get("source", "").lstrip("#")
+    geometries = {g.get("id"): g for g in root.iter(ns + "geometry")}
+    placed = _dae_instances(root, ns) or [(gid, np.eye(4)) for gid in geometries]
+    verts, faces, uvs = [], [], []
+    for gid, transform in placed:
+        mesh = geometries.get(gid)
+        mesh = mesh.find(ns + "mesh") if mesh is not None else None
+        if mesh is None:
+            continue
+        for prims in list(mesh.findall(ns + "triangles")) + list(mesh.findall(ns + "polylist")):
+            _dae_primitives(prims, ns, sources, vertices, transform, verts, faces, uvs, path)
+    if not faces:
+        raise InputError(f"{path}: no triangles or polylists in the instanced geometries")
+    v = np.concatenate(verts).astype(np.float32)
+    f = np.concatenate(faces).astype(np.int32)
+    uv = np.concatenate(uvs).astype(np.float32) if uvs and all(u is not None for u in uvs) else None
+    texture, colour = None, (0.8, 0.8, 0.8)
+    image = next(root.iter(ns + "image"), None)
+    init = image.find(".//" + ns + "init_from") if image is not None else None
+    if uv is not None and init is not None and init.text:
+        texture = _read_texture(os.path.join(os.path.dirname(path), init.text.strip().replace("file://", "")))
+    else:
+        diffuse = next((d for d in root.iter(ns + "diffuse") if d.find(ns + "color") is not None), None)
+        if diffuse is not None:
+            colour = tuple(float(c) for c in diffuse.find(ns + "color").text.split()[:3])
+    return Mesh(v, f, np.tile(np.asarray(colour, np.float32), (len(f), 3)), uv if texture is not None else None,
+                texture)
+
+
+def _dae_instances(root, ns) -> list:
+    """(geometry id, 4x4 world transform) of every instance_geometry under the visual scenes' nodes."""
+    out = []
+
+    def walk(node, parent):
+        m = parent @ _dae_node_matrix(node, ns)
+        for inst in node.findall(ns + "instance_geometry"):
+            out.append((inst.get("url", "").lstrip("#"), m))
+        for child in node.findall(ns + "node"):
+            walk(child, m)
+
+    for scene in root.iter(ns + "visual_scene"):
+        for node in scene.findall(ns + "node"):
+            walk(node, np.eye(4))
+    return out
+
+
+def _dae_node_matrix(node, ns) -> np.ndarray:
+    m = np.eye(4)
+    for el in node:
+        tag = el.tag[len(ns):]
+        values = [float(v) for v in (el.text or "").split()]
+        t = np.eye(4)
+        if tag == "translate" and len(values) == 3:
+            t[:3, 3] = values
+        elif tag == "scale" and len(values) == 3:
+            t[:3, :3] = np.diag(values)
+        elif tag == "rotate" and len(values) == 4:
+            axis = np.asarray(values[:3]) / max(np.linalg.norm(values[:3]), 1e-12)
+            a = math.radians(values[3])
+            k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+            t[:3, :3] = np.eye(3) + math.sin(a) * k + (1 - math.cos(a)) * (k @ k)
+        elif tag == "matrix" and len(values) == 16:
+            t = np.asarray(values).reshape(4, 4)
+        m = m @ t
+    return m
+
+
+def _dae_primitives(prims, ns, sources, vertices, transform, verts, faces, uvs, path) -> None:
+    inputs = prims.findall(ns + "input")
+    stride = max(int(i.get("offset", "0")) for i in inputs) + 1 if inputs else 1
+    p = np.asarray((prims.findtext(ns + "p") or "").split(), dtype=np.int64)
+    if not len(p):
+        return
+    corners = p[:len(p) // stride * stride].reshape(-1, stride)
+    pos_in = next((i for i in inputs if i.get("semantic") == "VERTEX"), None)
+    if pos_in is None:
+        raise InputError(f"{path}: a <{prims.tag[len(ns):]}> has no VERTEX input")
+    positions = sources.get(vertices.get(pos_in.get("source", "").lstrip("#"), ""))
+    if positions is None:
+        raise InputError(f"{path}: positions {pos_in.get('source')!r} not found")
+    tex_in = next((i for i in inputs if i.get("semantic") == "TEXCOORD" and i.get("set", "0") == "0"), None)
+    counts = [3] * (len(corners) // 3)
+    if prims.tag.endswith("polylist"):
+        counts = [int(c) for c in (prims.findtext(ns + "vcount") or "").split()]
+    tris, start = [], 0
+    for n in counts:  # fans over each polygon's corners
+        tris += [(start, start + k, start + k + 1) for k in range(1, n - 1)]
+        start += n
+    tris = np.asarray(tris, dtype=np.int64).reshape(-1, 3)
+    if start > len(corners) or not len(tris):
+        raise InputError(f"{path}: the index list holds {len(corners)} corners, fewer than the {start} counted")
+    pos = positions[corners[:, int(pos_in.get("offset", "0"))]][:, :3].astype(np.float64)
+    pos = (np.c_[pos, np.ones(len(pos))] @ transform.T)[:, :3]
+    base = sum(len(v) for v in verts)
+    verts.append(pos)
+    faces.append(tris + base)
+    if tex_in is not None and tex_in.get("source", "").lstrip("#") in sources:
+        uv = sources[tex_in.get("source").lstrip("#")][corners[:, int(tex_in.get("offset", "0"))]][:, :2]
+        uvs.append(uv[tris].reshape(-1, 6))
+    else:
+        uvs.append(None)
 
 
 # ---- cameras and rendering --------------------------------------------------------------------------------
