@@ -1,5 +1,6 @@
 """Real meshes as scene data: read OBJ (with an MTL colour or texture), PLY and COLLADA (with one texture),
-render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synthetic folder that `load_nerf_synthetic` and the demos read.
+render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synthetic folder that
+`load_nerf_synthetic` and the demos read.
 
     python -m tinn.scenes.mesh /usr/share/glmark2/models/bunny.obj out/bunny --views 100 --res 800
 
