@@ -30,14 +30,6 @@ N_IN, N_OUT = 32, 16
 
 
 @ti.func
-def frequency(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
-    for d, o in ti.static(ti.ndrange(3, OCTAVES)):
-        v = x[b, d] * (2.0 ** o) * 3.141592653589793
-        y[b, (d * OCTAVES + o) * 2] = ti.sin(v)
-        y[b, (d * OCTAVES + o) * 2 + 1] = ti.cos(v)
-
-
-@ti.func
 def linear(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
     for o in ti.static(range(N_OUT)):
         acc = 0.0
@@ -48,7 +40,7 @@ def linear(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
 
 def main(argv=None):
     from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
-    from tinn.autodiff import AutodiffPart, create_loss, replicas_for
+    from tinn.autodiff import AutodiffPart, create_loss, frequency_encoding, replicas_for
     from tinn.encodings import create_encoding
     from tinn.networks import NetworkArray
 
@@ -93,7 +85,7 @@ def main(argv=None):
 
     rows = []
     freq = create_encoding(3, {"otype": "Frequency", "n_frequencies": OCTAVES})
-    auto_freq = AutodiffPart(frequency, 3, 6 * OCTAVES, 0)
+    auto_freq = frequency_encoding(3, OCTAVES)
     rows.append(row("Frequency, 3 in x 6 octaves (dx)", measure(freq, 3, 6 * OCTAVES, 1, False),
                     measure(auto_freq, 3, 6 * OCTAVES, 1, False)))
     rows.append(row("Frequency, second order (eikonal-style)", measure_second_order(freq),

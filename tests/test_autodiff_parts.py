@@ -426,20 +426,12 @@ def test_the_trainer_takes_an_autodiff_loss():
 OCTAVES = 4
 
 
-@ti.func
-def frequency(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
-    for d, o in ti.static(ti.ndrange(3, OCTAVES)):
-        v = x[b, d] * (2.0 ** o) * 3.141592653589793
-        y[b, (d * OCTAVES + o) * 2] = ti.sin(v)
-        y[b, (d * OCTAVES + o) * 2 + 1] = ti.cos(v)
-
-
 def test_autodiff_frequency_equals_the_hand_written_encoding():
     """The built-in Frequency encoding as a checked alternative: same outputs and input gradients."""
     from tinn.encodings import create_encoding
 
     hand = create_encoding(3, {"otype": "Frequency", "n_frequencies": OCTAVES})
-    auto = AutodiffPart(frequency, 3, 6 * OCTAVES, 0)
+    auto = frequency_encoding(3, OCTAVES)
     gen = torch.Generator().manual_seed(4)
     x = torch.rand(300, 3, generator=gen).to(DEV)
     w = torch.randn(300, 6 * OCTAVES, generator=gen).to(DEV)
