@@ -285,3 +285,22 @@ def test_the_textured_collada_duck_renders_its_texture():
     covered = img[..., 3] > 0.99
     r, g, b = img[covered][:, :3].mean(0).tolist()
     assert covered.float().mean() > 0.1 and r > b + 0.2 and g > b + 0.2   # mostly the duck's yellow
+
+
+def test_octree_training_recomposites_rgba_pixels_and_runs_on_a_mesh(bunny_scene, tmp_path):
+    import sys
+
+    from tinn.scenes.octree_training import PyramidRays
+
+    out, _ = bunny_scene
+    rays = PyramidRays(load_nerf_synthetic(out, "train"), 2)
+    _, _, colors, _, alpha = rays.sample_rgba(2000, torch.Generator(device=tinn.runtime.device()).manual_seed(0))
+    empty = alpha[:, 0] == 0
+    assert alpha.shape == (2000, 1) and empty.any() and (colors[empty] == 1.0).all()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import octree_lod
+
+    s = octree_lod.run(["--small", "--mesh", BUNNY, "--res", "16", "--views", "8", "--test-views", "1",
+                        "--steps", "60", "--pyramid-levels", "1", "--samples", "16", "--batch", "256",
+                        "--out", str(tmp_path / "octree")])
+    assert s["psnr"] > s["background_psnr"] + 3.0

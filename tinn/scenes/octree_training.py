@@ -54,6 +54,8 @@ class PyramidRays:
         self.offsets = torch.tensor([0] + counts[:-1], device=dev).cumsum(0)
         self.radius = torch.cat([torch.full((c,), pixel_radius(level.focal), device=dev)
                                  for c, level in zip(counts, self.levels)])
+        alphas = [level.to(dev).alphas() for level in self.levels]
+        self.alpha = torch.cat(alphas).float().contiguous() if all(a is not None for a in alphas) else None
         self._level_of_slot = (None, None)  # (batch size, level of every batch slot), rebuilt when the size changes
 
     @property
@@ -74,6 +76,10 @@ class PyramidRays:
     def sample(self, n_rays: int, generator: torch.Generator | None = None):
         """n_rays random rays, `level_counts(n_rays)` from each pyramid level: (origins, directions, colors,
         radius)."""
+        return self.sample_rgba(n_rays, generator)[:4]
+
+    def sample_rgba(self, n_rays: int, generator: torch.Generator | None = None):
+        """`sample`, plus the rays' pixel coverage (n_rays, 1) when the images have alpha (else None)."""
         dev = self.counts.device
         if self._level_of_slot[0] != n_rays:
             counts = torch.tensor(self.level_counts(n_rays), device=dev)
@@ -82,30 +88,38 @@ class PyramidRays:
         u = torch.rand(n_rays, device=dev, generator=generator)
         count = self.counts[level]
         idx = self.offsets[level] + torch.minimum((u * count).long(), count - 1)
-        return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx]
+        alpha = None if self.alpha is None else self.alpha[idx]
+        return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx], alpha
 
 
 class OctreeTrainer(SceneTrainer):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
-                 batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0):
+                 batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
+                 random_background: bool = True):
         for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
         self.field, self.n_samples, self.batch_rays = field, n_samples, batch_rays
         self.rays = PyramidRays(images, pyramid_levels)
         self.background = images.background.to(runtime.device()).float()
+        # Images with alpha train on a random background per ray, as PhotometricTrainer does.
+        self.random_background = bool(random_background) and self.rays.alpha is not None
         self.optimizer_config = dict(optimizer_config or DEFAULT_OPTIMIZER)
         self.trainer = Trainer(field.model, self.loss, self.optimizer_config)
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
         self.train_seconds = 0.0
 
     def loss(self) -> torch.Tensor:
-        origins, directions, colors, radius = self.rays.sample(self.batch_rays, self.generator)
+        origins, directions, colors, radius, alpha = self.rays.sample_rgba(self.batch_rays, self.generator)
+        background = self.background
+        if self.random_background:
+            background = torch.rand(colors.shape[0], 3, device=colors.device, generator=self.generator)
+            colors = colors + (1.0 - alpha) * (background - self.background)
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
             result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
-                                            background=self.background, generator=self.generator)
+                                            background=background, generator=self.generator)
         return photometric_loss(result.rgb, colors)
 
     def step(self) -> torch.Tensor:
