@@ -97,6 +97,13 @@ def test_levels_for_radius_formula():
     r = (torch.rand(1000, generator=gen) * 0.5 + 1e-4).to(DEV)
     expected = [max(0, math.floor(math.log2(3.0 / v))) for v in r.double().tolist()]
     assert levels_for_radius(r, 3.0).tolist() == expected
+    # Exact powers of two and their float32 neighbours: a logarithm rounding either way would move the level.
+    k = torch.arange(0, 40)
+    r = torch.ldexp(torch.ones(40), -k)
+    above = torch.nextafter(r, torch.full_like(r, 1.0e9))
+    assert levels_for_radius(r.to(DEV), 1.0).tolist() == k.tolist()
+    assert levels_for_radius(above.to(DEV), 1.0).tolist() == [0] + (k[1:] - 1).tolist()
+    assert levels_for_radius(r.to(DEV) * 3, 3.0).tolist() == k.tolist()
 
 
 def _brute_force_lookup(tree: Octree, point, level) -> int:

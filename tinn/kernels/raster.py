@@ -3,8 +3,9 @@
 Camera space as in tinn/render/rays.py: the camera at the origin looks down -z, +y up; pixel (i, j) is seen
 through (i + 0.5 - W / 2, -(j + 0.5 - H / 2), -focal). Each triangle's thread walks its screen bounding box
 and intersects the pixels' rays with it exactly (Moller-Trumbore), so depth and barycentrics are the ray's,
-perspective-correct. The nearest hit per pixel wins an atomic min on a key whose high 32 bits are the
-depth's float bits (positive floats order like their bits) and whose low 32 bits are the triangle.
+perspective-correct; edges carry a small slack so that shared edges are watertight. The nearest hit per
+pixel wins an atomic min on a key whose high 32 bits are the depth's float bits (positive floats order like
+their bits) and whose low 32 bits are the triangle.
 """
 from ..backend import ti
 
@@ -14,6 +15,10 @@ i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 i64_2d = ti.types.ndarray(dtype=ti.i64, ndim=2)
 
 NO_HIT = (1 << 63) - 1
+# A ray through a shared edge must hit one of its two triangles. Rounding (and CUDA's fast math) can put the
+# barycentrics of both just outside, leaving a pinhole; a slack of 1e-5 of a triangle's size closes it and the
+# depth key then picks one of the two.
+EDGE_SLACK = 1e-5
 
 
 @ti.func
@@ -35,7 +40,7 @@ def _intersect(d, a, b, c):
         u = s.dot(p) * inv
         q = s.cross(e1)
         v = d.dot(q) * inv
-        if u >= 0.0 and v >= 0.0 and u + v <= 1.0:
+        if u >= -EDGE_SLACK and v >= -EDGE_SLACK and u + v <= 1.0 + EDGE_SLACK:
             t = e2.dot(q) * inv
     return t, u, v
 

@@ -92,9 +92,22 @@ def levels_for_radius(sample_radius: torch.Tensor, root_size: float) -> torch.Te
     if checks.sync_checks_enabled() and sample_radius.numel() and bool((sample_radius < 0).any()
                                                                        | torch.isnan(sample_radius).any()):
         raise InputError("sample_radius must be >= 0 and not NaN")
-    ratio = root_size / sample_radius.double()            # float64: exact powers of two stay exact
-    level = torch.floor(torch.log2(ratio)).clamp(0, 1 << 20)  # r = 0 -> inf -> the clamp's top
+    # The octree kernel's rule, exactly: the largest L with r * 2^L <= root_size. A logarithm is not exact on
+    # every device (CUDA's float64 log2(8) rounds below 3), so the exponent comes from frexp of the quotient
+    # and is then corrected by one either way against exact power-of-two products (the quotient may round).
+    r = sample_radius.double()
+    _, exponent = torch.frexp(root_size / r)               # root / r = m 2^e with m in [0.5, 1): floor(log2) = e - 1
+    level = exponent.long().clamp(-1000, 1000) - 1
+    root = torch.tensor(root_size, dtype=torch.float64, device=r.device)
+    level = level - (r * _pow2(level) > root).long()
+    level = level + (r * _pow2(level + 1) <= root).long()
+    level = torch.where(r == 0, 1 << 20, level.clamp(0, 1 << 20))   # radius 0: the finest level there is
     return level.to(torch.int32)
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent as exact float64 (normal range), built from its bits."""
+    return ((exponent.clamp(-1022, 1023) + 1023) << 52).view(torch.float64)
 
 
 @dataclass
