@@ -160,12 +160,43 @@ def test_skipping_leaves_the_image_unchanged():
     c2w = torch.eye(4, device=DEV)
     c2w[2, 3] = 3.0  # on +z looking down -z at the origin
     bg = torch.tensor([1.0, 1.0, 1.0], device=DEV)
-    full = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=None)
-    skip = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=occ)
+    full = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=None, early_stop=0.0)
+    skip = render_image(field, c2w, 20, 20, 24.0, n_samples=48, background=bg, occupancy=occ, early_stop=0.0)
     assert torch.allclose(full.rgb, skip.rgb, atol=1e-6)
     assert full.n_evaluated == full.n_candidates and skip.n_candidates == full.n_candidates
     assert 0.5 < skip.skipped_fraction < 1.0
     assert float(full.opacity.amax()) > 0.9 and float(full.opacity.amin()) == 0.0  # both sphere and background
+
+
+@pytest.mark.parametrize("chunk", [1 << 18, 37])
+def test_marched_render_matches_the_dense_sampler_and_early_termination_is_bounded(chunk):
+    """render_image (marching kernels, runs, early termination) against render_rays' dense torch sampler with
+    occupancy masking on the same rays and samples."""
+    from tinn.scenes.rendering import render_rays
+    from tinn.render import camera_rays
+
+    scene_density = sphere_density((0.1, 0.0, -0.1), 0.45, value=40.0)   # nearly opaque: rays end early
+    field = AnalyticField(scene_density, lambda p: (p * 0.5 + 0.5).clamp(0, 1))
+    occ = OccupancyGrid.from_density(scene_density, field.box_min, field.box_max, 16, threshold=0.0, dilate=1)
+    c2w = torch.eye(4, device=DEV)
+    c2w[0, 3], c2w[2, 3] = 0.3, 2.5
+    bg = torch.tensor([0.2, 0.9, 0.4], device=DEV)
+    origins, directions = camera_rays(c2w, 24, 20, 22.0)
+    want = render_rays(field, origins, directions, 64, bg, occupancy=occ)
+    exact = render_image(field, c2w, 24, 20, 22.0, n_samples=64, background=bg, occupancy=occ, chunk=chunk,
+                         early_stop=0.0)
+    assert torch.allclose(exact.rgb.reshape(-1, 3), want.rgb, atol=1e-6)
+    assert torch.allclose(exact.opacity.reshape(-1), want.opacity, atol=1e-6)
+    assert exact.n_evaluated == want.n_evaluated and exact.n_candidates == int(want.n_candidates)
+    for early_stop, segments in ((1e-2, 4), (1e-4, 8), (1e-4, 64)):
+        fast = render_image(field, c2w, 24, 20, 22.0, n_samples=64, background=bg, occupancy=occ, chunk=chunk,
+                            early_stop=early_stop, segments=segments)
+        assert float((fast.rgb.reshape(-1, 3) - want.rgb).abs().max()) <= early_stop + 1e-6
+        assert fast.n_evaluated < 0.8 * want.n_evaluated   # the back halves of the hit rays were never marched
+    with pytest.raises(InputError, match="segments"):
+        render_image(field, c2w, 4, 4, 22.0, n_samples=8, segments=9)
+    with pytest.raises(InputError, match="early_stop"):
+        render_image(field, c2w, 4, 4, 22.0, n_samples=8, early_stop=1.0)
 
 
 # ---- distillation -----------------------------------------------------------------------------------------

@@ -51,3 +51,47 @@ def pack(mask: torch.Tensor):
     ray_offsets = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
     ray_offsets[1:] = torch.cumsum(counts, dim=0)
     return sample_index, ray_offsets
+
+
+def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor, t_far: torch.Tensor,
+          rays: torch.Tensor, first_bin: int, end_bin: int, n_samples: int, occupancy=None):
+    """The kept samples of bins first_bin..end_bin-1 of the listed rays, packed, without a rays x samples array.
+
+    Bins and sample points are `stratified_t`'s without jitter (n_samples bins over [t_near, t_far]). A sample is
+    kept where `occupancy` (an object with `occupied` (G, G, G) bool, `box_min`, `box_max`, `voxel_size`, as
+    `tinn.scenes.OccupancyGrid`) says it is occupied, or always with occupancy None; rays that miss the box
+    keep none. rays: (K,) int32 indices into origins. Returns points (M, 3), deltas (M,) and ray_offsets
+    (K + 1,) int32 (the listed ray k owns samples ray_offsets[k]:ray_offsets[k + 1], front to back).
+    """
+    from ..kernels import march as K
+
+    if rays.dtype != torch.int32 or rays.dim() != 1:
+        raise InputError(f"rays must be a 1-D torch.int32 tensor of ray indices, got {rays.dtype} {tuple(rays.shape)}")
+    if not 0 <= first_bin <= end_bin <= n_samples:
+        raise InputError(f"bins {first_bin}..{end_bin} must lie in 0..n_samples={n_samples}")
+    dev = origins.device
+    if occupancy is None:
+        box = torch.zeros(9, device=dev)
+        occupied, resolution = torch.zeros(1, dtype=torch.uint8, device=dev), 0
+    elif occupancy.occupied.dim() != 3:
+        raise InputError(f"occupancy must hold one (G, G, G) grid, got occupied of shape {tuple(occupancy.occupied.shape)}")
+    else:
+        box = torch.cat([occupancy.box_min, occupancy.box_max, occupancy.voxel_size.expand(3)]).float().to(dev)
+        occupied, resolution = occupancy.occupied.reshape(-1).view(torch.uint8), int(occupancy.resolution)
+    args = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
+            rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), box.contiguous(), occupied.contiguous(),
+            resolution)
+    k = rays.shape[0]
+    ray_offsets = torch.zeros(k + 1, dtype=torch.int32, device=dev)
+    if k:
+        counts = torch.empty(k, dtype=torch.int32, device=dev)
+        K.march_count(*args, counts)
+        torch.cumsum(counts, 0, out=ray_offsets[1:])
+    m = int(ray_offsets[-1])
+    if m >= 2**31 - 1:
+        raise InputError(f"{m} kept samples exceed int32 offsets; march fewer rays at once")
+    points = torch.empty(m, 3, device=dev)
+    deltas = torch.empty(m, device=dev)
+    if m:
+        K.march_emit(*args, ray_offsets, points, deltas)
+    return points, deltas, ray_offsets

@@ -1,8 +1,10 @@
 """Rendering fields (see tinn/scenes/fields.py) with `tinn.render`, and timing helpers.
 
-`render_rays` / `render_image`: stratified samples inside the box, optionally only those in occupied
-voxels (`tinn.render.sampling.pack`), networks evaluated on the kept samples only, composited with
+`render_rays` (training): stratified samples inside the box, optionally only those in occupied voxels
+(`tinn.render.sampling.pack`), networks evaluated on the kept samples only, composited with
 `tinn.render.compositing.composite` (whose backward trains the networks).
+`render_image` (viewing): the same samples without jitter produced packed by a marching kernel pair
+(`tinn.render.march`), with early ray termination.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 from .. import runtime
 from ..errors import InputError
-from ..render import camera_rays, composite, pack, ray_box, stratified_t
+from ..render import camera_rays, composite, march, pack, ray_box, stratified_t
 from ..tasks.image import psnr  # noqa: F401  (the project's one PSNR, offered here next to the scene helpers)
 from .fields import activate
 from .occupancy import check_points
@@ -74,34 +76,75 @@ class RenderedImage:
 
 @torch.no_grad()
 def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int = 128,
-                 background=None, occupancy="auto", chunk: int = 1 << 14) -> RenderedImage:
-    """Render one view of a field in chunks of `chunk` rays (no gradients).
+                 background=None, occupancy="auto", chunk: int = 1 << 18, early_stop: float = 1e-4,
+                 segments: int = 4) -> RenderedImage:
+    """Render one view of a field (no gradients): the samples of `render_rays` without jitter, marched by one
+    kernel pair per run (`tinn.render.march`: only samples in occupied voxels are produced, nothing of size
+    rays x samples is stored), the field evaluated on them, composited.
 
     `occupancy="auto"` uses `model.occupancy` when the model has one (KiloNeRF does), None renders every sample.
+    Early ray termination: each ray's bins are taken in `segments` runs front to back, and a ray whose
+    transmittance fell below `early_stop` is finished there (its pixel changes by at most `early_stop`);
+    segments=1 or early_stop=0 evaluates every sample. `chunk`: rays marched at once.
     """
     if not isinstance(c2w, torch.Tensor) or tuple(c2w.shape[-2:]) not in ((4, 4), (3, 4)) or c2w.dim() != 2:
         raise InputError(f"c2w must be a (4, 4) torch.Tensor, got "
                          f"{tuple(c2w.shape) if isinstance(c2w, torch.Tensor) else type(c2w).__name__}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays per launch)")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise InputError(f"n_samples={n_samples!r} must be an integer >= 1")
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
+        raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
+    if not 0.0 <= float(early_stop) < 1.0:
+        raise InputError(f"early_stop={early_stop!r} must be a transmittance in [0, 1)")
     if isinstance(occupancy, str):
         if occupancy != "auto":
             raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None or an OccupancyGrid")
         occupancy = getattr(model, "occupancy", None)
     dev = runtime.device()
     origins, directions = camera_rays(c2w.to(dev, torch.float32), width, height, focal)
-    if background is not None and isinstance(background, torch.Tensor):
-        background = background.to(dev, torch.float32)
-    rgb, opacity, n_candidates, n_evaluated = [], [], 0, 0
-    for start in range(0, origins.shape[0], chunk):
-        out = render_rays(model, origins[start:start + chunk], directions[start:start + chunk], n_samples,
-                          background, occupancy)
-        rgb.append(out.rgb)
-        opacity.append(out.opacity)
-        n_candidates += int(out.n_candidates)
-        n_evaluated += out.n_evaluated
-    return RenderedImage(torch.cat(rgb).reshape(height, width, 3), torch.cat(opacity).reshape(height, width),
-                         n_candidates, n_evaluated)
+    t_near, t_far = ray_box(origins, directions, model.box_min, model.box_max)
+    n_rays = origins.shape[0]
+    bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev, torch.float32)
+    if bg.shape != (3,):
+        raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
+    color = torch.zeros(n_rays, 3, device=dev)
+    trans = torch.ones(n_rays, device=dev)
+    hits = t_far > t_near
+    collective = _collective(model)  # every rank makes the same calls: no run is left out early
+    runs = segments if early_stop > 0 else 1
+    bounds = [n_samples * k // runs for k in range(runs + 1)]
+    n_evaluated = 0
+    for start in range(0, n_rays, chunk):
+        alive = (torch.nonzero(hits[start:start + chunk]).squeeze(1) + start).to(torch.int32)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if alive.numel() == 0 and not collective:
+                break
+            points, deltas, offsets = march(origins, directions, t_near, t_far, alive, a, b, n_samples, occupancy)
+            sigma, rgb = _evaluate(model, points, collective)
+            out = composite(sigma, rgb, deltas, offsets)   # black: the background goes behind every run, once
+            n_evaluated += points.shape[0]
+            rows = alive.long()
+            color[rows] += trans[rows, None] * out.rgb
+            trans[rows] *= 1.0 - out.opacity
+            alive = alive[trans[rows] > early_stop] if early_stop > 0 else alive
+    rgb = color + trans[:, None] * bg
+    return RenderedImage(rgb.reshape(height, width, 3), (1.0 - trans).reshape(height, width),
+                         int(hits.sum()) * n_samples, n_evaluated)
+
+
+EVALUATE_SLICE = 1 << 22  # samples per field call: bounds the field's activations whatever the frame size
+
+
+def _evaluate(field, points: torch.Tensor, collective: bool):
+    """sigma (M,), rgb (M, 3) of the field at points, in slices of EVALUATE_SLICE samples."""
+    if points.shape[0] == 0 and not collective:
+        return torch.zeros(0, device=points.device), torch.zeros(0, 3, device=points.device)
+    if collective or points.shape[0] <= EVALUATE_SLICE:  # sharded: one call per run on every rank
+        return field(points)
+    parts = [field(points[i:i + EVALUATE_SLICE]) for i in range(0, points.shape[0], EVALUATE_SLICE)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def timed(fn, *args, **kwargs):
