@@ -73,6 +73,8 @@ def parse_args(argv=None):
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
     p.add_argument("--fixed-teacher-occupancy", action="store_true",
                    help="train the teacher on every sample (no occupancy grid tracking it during training)")
+    p.add_argument("--profile-render", action="store_true",
+                   help="also profile one KiloNeRF frame (torch.profiler): render_profile.txt in --out")
     p.add_argument("--out", default="out/kilonerf", help="output directory for PNGs and summary.json")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=0)
@@ -322,6 +324,22 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     return summary
 
 
+def profile_render(pipe: KiloNeRFPipeline, path: str) -> None:
+    """Kernel and operator times of one KiloNeRF frame (after a warm-up frame), by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    pipe.render_view(pipe.student)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        pipe.render_view(pipe.student)
+        tinn.runtime.sync()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40)
+    with open(path, "w") as f:
+        f.write(table)
+    print(table)
+
+
 def print_summary(s: dict) -> None:
     t = s["time_s"]
     distilled = "-" if s["psnr_student_distilled"] is None else f"{s['psnr_student_distilled']:.2f}"
@@ -394,6 +412,8 @@ def _run(args, arch: str) -> dict:
         summary["viewer"] = {k: viewer_summary[k] for k in ("backend", "steps", "frames") if k in viewer_summary}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    if args.profile_render:
+        profile_render(pipe, os.path.join(args.out, "render_profile.txt"))
     print_summary(summary)
     print(f"PNGs and summary.json in {args.out}")
     return summary

@@ -307,3 +307,23 @@ def test_octree_training_recomposites_rgba_pixels_and_runs_on_a_mesh(bunny_scene
                         "--steps", "60", "--pyramid-levels", "1", "--samples", "16", "--batch", "256",
                         "--out", str(tmp_path / "octree")])
     assert s["psnr"] > s["background_psnr"] + 3.0
+
+
+def test_a_fixed_light_shades_a_face_the_same_from_every_view_and_a_headlight_does_not():
+    """A quad at the origin seen from two cameras: with a world light its lit colour is |cos| of the normal
+    against the light whatever the view; with a headlight it follows the view."""
+    flat = quad(z=0.0, half=0.5, colour=(1.0, 1.0, 1.0))
+    light = (0.0, 0.6, 0.8)
+    centre = []
+    for eye in ([0.0, 0.0, 3.0], [2.0, 0.0, 2.2]):
+        c2w = M.look_at(np.array(eye))
+        fixed = M.render_rgba(flat, c2w, 16, 16, 20.0, supersample=1, ambient=0.2, light=light).cpu()
+        head = M.render_rgba(flat, c2w, 16, 16, 20.0, supersample=1, ambient=0.2, light="headlight").cpu()
+        centre.append((float(fixed[8, 8, 0]), float(head[8, 8, 0])))
+    want = 0.2 + 0.8 * 0.8   # the quad's normal is z
+    assert abs(centre[0][0] - want) < 1e-5 and abs(centre[1][0] - want) < 1e-5
+    assert abs(centre[0][1] - 1.0) < 1e-3 and centre[1][1] < 0.95   # head-on (pixel centres just off axis), then oblique
+    with pytest.raises(InputError, match="light"):
+        M.render_rgba(flat, np.eye(4), 8, 8, 10.0, light=(0.0, 0.0, 0.0))
+    with pytest.raises(InputError, match="light"):
+        M.render_rgba(flat, np.eye(4), 8, 8, 10.0, light="sun")

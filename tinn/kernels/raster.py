@@ -13,6 +13,7 @@ f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 i64_2d = ti.types.ndarray(dtype=ti.i64, ndim=2)
+f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 
 NO_HIT = (1 << 63) - 1
 # A ray through a shared edge must hit one of its two triangles. Rounding (and CUDA's fast math) can put the
@@ -75,10 +76,11 @@ def raster_depth(verts: f32_2d, faces: i32_2d, key: i64_2d, focal: ti.f32, near:
 
 @ti.kernel
 def shade(verts: f32_2d, faces: i32_2d, key: i64_2d, corner_rgb: f32_2d, corner_uv: f32_2d, texture: f32_3d,
-          textured: ti.i32, focal: ti.f32, ambient: ti.f32, rgba: f32_3d):
+          textured: ti.i32, focal: ti.f32, ambient: ti.f32, light: f32_1d, headlight: ti.i32, rgba: f32_3d):
     """rgba[j, i]: the hit triangle's colour (per-corner colours, or a bilinear texture lookup at the
-    interpolated uv, v up) times ambient + (1 - ambient) |cos| of the face normal against the ray (a light at
-    the camera); alpha 1. Pixels without a hit: 0."""
+    interpolated uv, v up) times ambient + (1 - ambient) |cos| of the face normal against the light: the
+    direction `light` (camera space), or the ray itself with `headlight` (a light at the camera, so shading
+    changes with the view); alpha 1. Pixels without a hit: 0."""
     height, width = key.shape[0], key.shape[1]
     th, tw = texture.shape[0], texture.shape[1]
     for j, i in ti.ndrange(height, width):
@@ -112,7 +114,10 @@ def shade(verts: f32_2d, faces: i32_2d, key: i64_2d, corner_rgb: f32_2d, corner_
                 for ch in ti.static(range(3)):
                     colour[ch] = w0 * corner_rgb[f, ch] + u * corner_rgb[f, 3 + ch] + v * corner_rgb[f, 6 + ch]
             n = (b - a).cross(c - a)
-            light = ambient + (1.0 - ambient) * ti.abs(n.dot(d)) / ti.max(n.norm() * d.norm(), 1e-20)
+            to_light = ti.Vector([light[0], light[1], light[2]])
+            if headlight:
+                to_light = d
+            lit = ambient + (1.0 - ambient) * ti.abs(n.dot(to_light)) / ti.max(n.norm() * to_light.norm(), 1e-20)
             for ch in ti.static(range(3)):
-                rgba[j, i, ch] = ti.min(colour[ch] * light, 1.0)
+                rgba[j, i, ch] = ti.min(colour[ch] * lit, 1.0)
             rgba[j, i, 3] = 1.0

@@ -7,8 +7,10 @@ render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synth
 The mesh is centred and scaled into [-1, 1]^3 (NeRF-synthetic objects fit in [-1.5, 1.5]^3); cameras sit on a
 sphere of radius 4 looking at the origin with Blender's default field of view, spread by a Fibonacci lattice;
 validation and test cameras take positions between the training ones. Shading: the surface colour times an
-ambient term plus a light at the camera (|cos| of the face normal), so every view is lit; 2 x 2 supersampling
-smooths edges, and alpha is the pixel's coverage.
+ambient term plus a distant light fixed in the world (|cos| of the face normal, both sides lit), so the
+shading is the same from every view, as the fields trained on it (no view direction) can represent; `--light
+headlight` puts the light at each camera instead. 2 x 2 supersampling smooths edges, and alpha is the
+pixel's coverage.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ from ..errors import InputError
 
 CAMERA_ANGLE_X = 0.6911112070083618  # Blender's default horizontal field of view (the NeRF-synthetic scenes)
 CAMERA_RADIUS = 4.0
+# Towards a distant light above and to the side, fixed in the world: the shading is baked into the scene, the
+# same from every view, as in the NeRF-synthetic renders (a light at the camera would make it view-dependent).
+DEFAULT_LIGHT = (0.4, 0.8, 0.45)
 
 
 @dataclass
@@ -450,8 +455,12 @@ def sphere_cameras(n: int, radius: float = CAMERA_RADIUS, offset: float = 0.0) -
 
 
 def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: float, supersample: int = 2,
-                ambient: float = 0.35, near: float = 0.05) -> torch.Tensor:
-    """(H, W, 4) float32 RGBA of one view (alpha = coverage), on tinn's device."""
+                ambient: float = 0.35, near: float = 0.05, light=DEFAULT_LIGHT) -> torch.Tensor:
+    """(H, W, 4) float32 RGBA of one view (alpha = coverage), on tinn's device.
+
+    light: a world-space direction towards a distant light (the shading is then the same from every view, as
+    the scene fields here, which take no view direction, can represent), or "headlight" (a light at the
+    camera: shading changes with the view)."""
     from ..kernels import raster as K
 
     dev = runtime.device()
@@ -469,7 +478,15 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     uv = torch.as_tensor(mesh.corner_uv if textured else np.zeros((1, 6), np.float32), device=dev).contiguous()
     rgb = torch.as_tensor(mesh.corner_rgb, device=dev).contiguous()
     big = torch.empty(height * s, width * s, 4, device=dev)
-    K.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), big)
+    headlight = isinstance(light, str)
+    if headlight and light != "headlight":
+        raise InputError(f"light={light!r}; allowed: 'headlight' or a world-space direction of 3 numbers")
+    world = np.zeros(3) if headlight else np.asarray(light, dtype=np.float64).reshape(-1)
+    if world.shape != (3,) or not np.all(np.isfinite(world)) or (not headlight and not np.any(world)):
+        raise InputError(f"light={light!r} must be 'headlight' or a non-zero direction of 3 finite numbers")
+    to_light = torch.as_tensor(c2w_t[:3, :3].numpy().T @ world, dtype=torch.float32, device=dev).contiguous()
+    K.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), to_light,
+            int(headlight), big)
     img = big.reshape(height, s, width, s, 4).mean(dim=(1, 3))
     # Colour weighted by coverage: straight (not premultiplied) alpha, as PNGs store it.
     alpha = img[..., 3:]
@@ -478,7 +495,7 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
 
 
 def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int = 10, test_views: int = 20,
-                         resolution: int = 800, supersample: int = 2) -> dict:
+                         resolution: int = 800, supersample: int = 2, light=DEFAULT_LIGHT) -> dict:
     """Render train/val/test views of `mesh` (normalised first) into `out_dir` as a NeRF-synthetic folder.
     Returns {split: number of views}."""
     import imageio.v3 as iio
@@ -495,7 +512,7 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
         os.makedirs(os.path.join(out_dir, split), exist_ok=True)
         frames = []
         for k, c2w in enumerate(sphere_cameras(n, offset=offset)):
-            rgba = render_rgba(mesh, c2w, resolution, resolution, focal, supersample)
+            rgba = render_rgba(mesh, c2w, resolution, resolution, focal, supersample, light=light)
             pixels = (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
             iio.imwrite(os.path.join(out_dir, split, f"r_{k}.png"), pixels)
             frames.append({"file_path": f"./{split}/r_{k}", "transform_matrix": c2w.tolist()})
@@ -512,6 +529,16 @@ def scene_from_mesh(mesh_path, out_dir, views: int, test_views: int, resolution:
     return os.fspath(out_dir)
 
 
+def _direction(name: str, text: str) -> tuple:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise InputError(f"{name}={text!r} must be three comma-separated numbers (x,y,z) or 'headlight'")
+    return values
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mesh", help="an .obj or .ply file")
@@ -521,13 +548,17 @@ def main(argv=None) -> dict:
     p.add_argument("--test-views", type=int, default=20)
     p.add_argument("--res", type=int, default=800, help="image side in pixels")
     p.add_argument("--supersample", type=int, default=2, help="samples per pixel side (antialiasing)")
+    p.add_argument("--light", default=",".join(str(v) for v in DEFAULT_LIGHT),
+                   help="direction towards a distant light, 'x,y,z' in world space, or 'headlight' (a light at each "
+                        "camera: view-dependent shading)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto")
     args = p.parse_args(argv)
+    light = args.light if args.light == "headlight" else _direction("--light", args.light)
     runtime.init(args.arch)
     import time
     t0 = time.perf_counter()
     counts = write_nerf_synthetic(read_mesh(args.mesh), args.out, args.views, args.val_views, args.test_views,
-                                  args.res, args.supersample)
+                                  args.res, args.supersample, light)
     print(f"{sum(counts.values())} views ({counts}) at {args.res}x{args.res} in {time.perf_counter() - t0:.1f} s: "
           f"{args.out}")
     return counts
