@@ -72,6 +72,19 @@ def test_cell_of_non_cubic_box():
     assert torch.allclose(c.local, torch.zeros(1, 3, device=DEV), atol=1e-6)
 
 
+def test_the_cell_kernel_matches_cell_of_bit_for_bit():
+    model = KiloNeRF(torch.tensor([-1.0, -0.5, 0.0], device=DEV), torch.tensor([1.0, 1.5, 3.0], device=DEV), grid=5)
+    gen = torch.Generator().manual_seed(3)
+    pts = torch.rand(5000, 3, generator=gen) * torch.tensor([2.6, 2.6, 3.6]) + torch.tensor([-1.3, -0.8, -0.3])
+    faces = torch.tensor([[-1.0, -0.5, 0.0], [1.0, 1.5, 3.0], [0.2, 0.3, 1.2], [-0.6, 0.7, 2.4]])  # on faces
+    pts = torch.cat([pts, faces, torch.tensor([[float("nan"), 0.0, 1.0]])]).to(DEV)
+    want = model.cell_of(pts[:-1])
+    got = model.network_inputs(pts)
+    assert torch.equal(got.ids[:-1], want.ids) and torch.equal(got.local[:-1], want.local * 0.5)
+    assert torch.equal(got.inside[:-1], want.inside) and not bool(got.inside[-1])
+    assert 0.2 < float(want.inside.float().mean()) < 0.9   # both inside and outside points were tried
+
+
 def test_each_network_models_only_its_cell():
     model = KiloNeRF((-1, -1, -1), (1, 1, 1), grid=2, seed=3)
     gen = torch.Generator().manual_seed(0)

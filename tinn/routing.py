@@ -30,7 +30,11 @@ def sort_by_network(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tenso
     if n_networks == 1:
         return (torch.arange(batch, dtype=torch.int32, device=net_ids.device),
                 torch.tensor([batch], dtype=torch.int64, device=net_ids.device))
-    return torch.argsort(net_ids, stable=True).to(torch.int32), torch.bincount(net_ids, minlength=n_networks)
+    # Counts from the sorted ids (a binary search per network boundary) rather than a histogram: a histogram's
+    # atomics serialise when many samples share a network, and the sort has the sorted ids anyway.
+    ids, order = torch.sort(net_ids, stable=True)
+    bounds = torch.searchsorted(ids, torch.arange(n_networks + 1, dtype=ids.dtype, device=ids.device))
+    return order.to(torch.int32), (bounds[1:] - bounds[:-1]).to(torch.int64)
 
 
 def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256, tiles: bool = True) -> Routing:

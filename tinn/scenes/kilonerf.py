@@ -89,15 +89,30 @@ class KiloNeRF(torch.nn.Module):
     def cell_of(self, points: torch.Tensor) -> CellCoords:
         return cell_of(points, self.box_min, self.box_max, self.grid)
 
+    def network_inputs(self, points: torch.Tensor) -> CellCoords:
+        """`cell_of` in one kernel pass, with the local coordinates halved (the networks' input, see above)."""
+        from ..kernels.cells import cell_coords
+
+        points = check_points("points", points).contiguous()
+        m = points.shape[0]
+        ids = torch.empty(m, dtype=torch.int32, device=points.device)
+        local = torch.empty(m, 3, device=points.device)
+        inside = torch.empty(m, dtype=torch.uint8, device=points.device)
+        if m:
+            box = torch.cat([self.box_min, self.box_max, (self.box_max - self.box_min) / self.grid])
+            box = box.to(points.device).contiguous()
+            cell_coords(points, box, self.grid, 0.5, ids, local, inside)
+        return CellCoords(ids, local, inside.view(torch.bool))
+
     def raw(self, points: torch.Tensor) -> torch.Tensor:
         """(M, 4) raw outputs, every sample through its cell's network, all cells in one launch."""
-        cells = self.cell_of(points)
-        return self.networks(cells.local * 0.5, cells.ids)
+        cells = self.network_inputs(points)
+        return self.networks(cells.local, cells.ids)
 
     def forward(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """sigma (M,), rgb (M, 3); points outside the box get sigma 0."""
-        cells = self.cell_of(points)
-        sigma, rgb = activate(self.networks(cells.local * 0.5, cells.ids))
+        cells = self.network_inputs(points)
+        sigma, rgb = activate(self.networks(cells.local, cells.ids))
         return torch.where(cells.inside, sigma, torch.zeros_like(sigma)), rgb
 
     def density(self, points: torch.Tensor) -> torch.Tensor:
