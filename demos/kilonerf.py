@@ -73,6 +73,10 @@ def parse_args(argv=None):
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
     p.add_argument("--fixed-teacher-occupancy", action="store_true",
                    help="train the teacher on every sample (no occupancy grid tracking it during training)")
+    p.add_argument("--render-segments", type=int, default=2,
+                   help="early ray termination: runs of samples per ray (1: every sample in one run)")
+    p.add_argument("--early-stop", type=float, default=1e-4,
+                   help="a ray ends once its transmittance is below this (0: never)")
     p.add_argument("--profile-render", action="store_true",
                    help="also profile one KiloNeRF frame (torch.profiler): render_profile.txt in --out")
     p.add_argument("--out", default="out/kilonerf", help="output directory for PNGs and summary.json")
@@ -244,17 +248,20 @@ class KiloNeRFPipeline:
         """The model being trained: the teacher first, the grid of networks from distillation on."""
         return self.teacher if self.phase == "teacher" else self.student
 
-    def render_view(self, model, view: int = 0, occupancy="auto"):
+    def render_view(self, model, view: int = 0, occupancy="auto", early_stop=None):
         from tinn.scenes.rendering import render_image
 
         return render_image(model, self.test.c2w[view], self.test.width, self.test.height, self.test.focal,
-                            n_samples=self.args.samples, background=self.test.background, occupancy=occupancy)
+                            n_samples=self.args.samples, background=self.test.background, occupancy=occupancy,
+                            segments=self.args.render_segments,
+                            early_stop=self.args.early_stop if early_stop is None else early_stop)
 
     def heldout(self, model, occupancy="auto") -> tuple[float, float]:
-        """Mean PSNR over the held-out views, and the share of their in-box samples that skipping left out."""
+        """Mean PSNR over the held-out views, and the share of their in-box samples that empty-space skipping left
+        out (rendered without early ray termination, so that the share is the occupancy grid's alone)."""
         from tinn.scenes.rendering import psnr
 
-        views = [self.render_view(model, v, occupancy) for v in range(len(self.test))]
+        views = [self.render_view(model, v, occupancy, early_stop=0.0) for v in range(len(self.test))]
         value = sum(psnr(out.rgb, self.test.images[v]) for v, out in enumerate(views)) / len(views)
         candidates = sum(out.n_candidates for out in views)
         evaluated = sum(out.n_evaluated for out in views)
