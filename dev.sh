@@ -17,7 +17,7 @@ setup() {
   "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==${TINN_TORCH_VERSION:-2.13.0}"
   local extras=test
   case "${TINN_BACKEND:-auto}" in taichi|quadrants) extras="test,$TINN_BACKEND" ;; esac
-  "$VENV/bin/python" -c "import os, imageio, pytest, tinn.backend as b; b.resolve(None, os.environ.get(b.ENV))" 2>/dev/null \
+  "$VENV/bin/python" -c "import os, imageio, pytest, xdist, tinn.backend as b; b.resolve(None, os.environ.get(b.ENV))" 2>/dev/null \
     || "$VENV/bin/pip" install -q -e ".[$extras]"
 }
 
