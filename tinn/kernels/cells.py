@@ -3,7 +3,8 @@
 The box [box_min, box_max] is cut into grid^3 cells of size cell = (box_max - box_min) / grid. A point's cell is
 q = clamp(floor((p - box_min) / cell), 0, grid - 1) per axis, its id (qx * grid + qy) * grid + qz, its local
 coordinates clamp(((p - box_min) / cell - q) * 2 - 1, -1, 1) times `scale`, and `inside` says whether it lies
-in the box (faces included). The same float32 operations as the torch version, so both agree bit for bit.
+in the box (faces included). The same float32 operations as the torch version: on the CPU both agree bit
+for bit; on CUDA, fast math may round the local coordinates differently in the last bit.
 
 `box` (f32, 9): box_min (3), box_max (3), cell size (3).
 """
