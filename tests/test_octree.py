@@ -550,3 +550,15 @@ def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
         PyramidRays(render_views(ProceduralScene(), 1, 10, 10, n_samples=8), 3)
     with pytest.raises(ConfigError, match="pyramid_levels"):
         PyramidRays(views, 0)
+
+
+def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
+    field = blob_field(3)
+    c2w = _look_at_origin(2.6)
+    background = torch.tensor([0.3, 0.6, 0.9], device=DEV)
+    whole = field.render_image(c2w, 12, 10, 12.0, 24, background=background, occupancy=None, segments=3)
+    pieces = field.render_image(c2w, 12, 10, 12.0, 24, background=background, occupancy=None, segments=3, chunk=37)
+    assert torch.equal(whole["image"], pieces["image"]) and torch.equal(whole["first_node"], pieces["first_node"])
+    assert torch.equal(whole["touched"], pieces["touched"]) and whole["n_evaluated"] == pieces["n_evaluated"] > 0
+    with pytest.raises(InputError, match="n_samples"):
+        field.render_image(c2w, 4, 4, 12.0, 0)

@@ -99,22 +99,85 @@ def assign_samples(origins: f32_2d, directions: f32_2d, t: f32_2d, deltas: f32_2
         pz = origins[r, 2] + tt * directions[r, 2]
         node = -1
         if deltas[r, s] > 0:
-            node = _descend(children, split, geo, px, py, pz, _level(tt * radius[r], root_size, deepest),
-                            max_depth, deepest)
-        if node >= 0 and occ_res > 0:
-            vx = ti.cast(ti.min(ti.max(ti.floor((px - geo[GEO_OCC_MIN]) * geo[GEO_OCC_INV_VOXEL]), 0.0),
-                                ti.cast(occ_res - 1, ti.f32)), ti.i32)
-            vy = ti.cast(ti.min(ti.max(ti.floor((py - geo[GEO_OCC_MIN + 1]) * geo[GEO_OCC_INV_VOXEL + 1]), 0.0),
-                                ti.cast(occ_res - 1, ti.f32)), ti.i32)
-            vz = ti.cast(ti.min(ti.max(ti.floor((pz - geo[GEO_OCC_MIN + 2]) * geo[GEO_OCC_INV_VOXEL + 2]), 0.0),
-                                ti.cast(occ_res - 1, ti.f32)), ti.i32)
-            g = ti.min(node_depth[node], occ_grids - 1)
-            if occupied[((g * occ_res + vx) * occ_res + vy) * occ_res + vz] == 0:
-                node = -1
+            node = _sample_node(children, split, node_depth, geo, px, py, pz, tt * radius[r], root_size, max_depth,
+                                deepest, occupied, occ_res, occ_grids)
         out_node[r, s] = node
         if node >= 0:
-            h = half[node]
-            row = r * n_samples + s
-            out_local[row, 0] = ti.min(ti.max((px - center[node, 0] + h) / (2.0 * h), 0.0), 1.0)
-            out_local[row, 1] = ti.min(ti.max((py - center[node, 1] + h) / (2.0 * h), 0.0), 1.0)
-            out_local[row, 2] = ti.min(ti.max((pz - center[node, 2] + h) / (2.0 * h), 0.0), 1.0)
+            _write_local(center, half, node, px, py, pz, out_local, r * n_samples + s)
+
+
+@ti.func
+def _sample_node(children: ti.template(), split: ti.template(), node_depth: ti.template(), geo: ti.template(),
+                 px: ti.f32, py: ti.f32, pz: ti.f32, sample_radius: ti.f32, root_size: ti.f64, max_depth: ti.i32,
+                 deepest: ti.i32, occupied: ti.template(), occ_res: ti.i32, occ_grids: ti.i32) -> ti.i32:
+    """The LoD node of a sample, or -1 (outside the box, pruned space, an empty voxel of its depth's grid)."""
+    node = _descend(children, split, geo, px, py, pz, _level(sample_radius, root_size, deepest), max_depth, deepest)
+    if node >= 0 and occ_res > 0:
+        top = ti.cast(occ_res - 1, ti.f32)
+        vx = ti.cast(ti.min(ti.max(ti.floor((px - geo[GEO_OCC_MIN]) * geo[GEO_OCC_INV_VOXEL]), 0.0), top), ti.i32)
+        vy = ti.cast(ti.min(ti.max(ti.floor((py - geo[GEO_OCC_MIN + 1]) * geo[GEO_OCC_INV_VOXEL + 1]), 0.0), top),
+                     ti.i32)
+        vz = ti.cast(ti.min(ti.max(ti.floor((pz - geo[GEO_OCC_MIN + 2]) * geo[GEO_OCC_INV_VOXEL + 2]), 0.0), top),
+                     ti.i32)
+        g = ti.min(node_depth[node], occ_grids - 1)
+        if occupied[((g * occ_res + vx) * occ_res + vy) * occ_res + vz] == 0:
+            node = -1
+    return node
+
+
+@ti.func
+def _write_local(center: ti.template(), half: ti.template(), node, px, py, pz, out_local: ti.template(), row):
+    h = half[node]
+    out_local[row, 0] = ti.min(ti.max((px - center[node, 0] + h) / (2.0 * h), 0.0), 1.0)
+    out_local[row, 1] = ti.min(ti.max((py - center[node, 1] + h) / (2.0 * h), 0.0), 1.0)
+    out_local[row, 2] = ti.min(ti.max((pz - center[node, 2] + h) / (2.0 * h), 0.0), 1.0)
+
+
+@fast_kernel
+@ti.kernel
+def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, rays: i32_1d,
+                s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d, split: i32_1d, node_depth: i32_1d,
+                geo: f32_1d, root_size: ti.f64, max_depth: ti.i32, deepest: ti.i32, occupied: u8_1d,
+                occ_res: ti.i32, occ_grids: ti.i32, counts: i32_1d):
+    """counts[k]: samples of ray rays[k] in bins s0..s1-1 that have a node (`assign_samples`' rule, with the bins
+    of `tinn.render.stratified_t` without jitter: n_samples bins over [t_near, t_far], midpoints)."""
+    for k in range(rays.shape[0]):
+        r = rays[k]
+        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        c = 0
+        if step > 0.0:
+            for s in range(s0, s1):
+                tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
+                node = _sample_node(children, split, node_depth, geo, origins[r, 0] + tt * directions[r, 0],
+                                    origins[r, 1] + tt * directions[r, 1], origins[r, 2] + tt * directions[r, 2],
+                                    tt * radius[r], root_size, max_depth, deepest, occupied, occ_res, occ_grids)
+                if node >= 0:
+                    c += 1
+        counts[k] = c
+
+
+@fast_kernel
+@ti.kernel
+def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, rays: i32_1d,
+               s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d, split: i32_1d, node_depth: i32_1d,
+               center: f32_2d, half: f32_1d, geo: f32_1d, root_size: ti.f64, max_depth: ti.i32, deepest: ti.i32,
+               occupied: u8_1d, occ_res: ti.i32, occ_grids: ti.i32, offsets: i32_1d, out_node: i32_1d,
+               out_local: f32_2d, out_delta: f32_1d):
+    """The samples `march_count` counted, packed at offsets[k] front to back: node, local coordinates, bin length."""
+    for k in range(rays.shape[0]):
+        r = rays[k]
+        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        row = offsets[k]
+        if step > 0.0:
+            for s in range(s0, s1):
+                tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
+                px = origins[r, 0] + tt * directions[r, 0]
+                py = origins[r, 1] + tt * directions[r, 1]
+                pz = origins[r, 2] + tt * directions[r, 2]
+                node = _sample_node(children, split, node_depth, geo, px, py, pz, tt * radius[r], root_size,
+                                    max_depth, deepest, occupied, occ_res, occ_grids)
+                if node >= 0:
+                    out_node[row] = node
+                    out_delta[row] = step
+                    _write_local(center, half, node, px, py, pz, out_local, row)
+                    row += 1

@@ -14,7 +14,9 @@ only the networks along its rays; `render_rays` reports which.
 A batch of rays is rendered as: one Taichi kernel assigns every sample its node (level, walk, occupancy
 test, local coordinates; `tinn.kernels.octree.assign_samples`), the assigned samples are packed, the node
 array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays.
-`render_image` adds empty-space skipping (an occupancy grid per octree depth, `build_occupancy`) and early ray termination: the samples of a ray are taken in `segments` runs front to
+`render_image` marches the rays instead (`tinn.kernels.octree.march_count` / `march_emit`: only samples
+that have a node are produced), adds empty-space skipping (an occupancy grid per octree depth,
+`build_occupancy`) and early ray termination: the samples of a ray are taken in `segments` runs front to
 back, and rays whose transmittance fell below `early_stop` are dropped from the later runs.
 """
 from __future__ import annotations
@@ -202,21 +204,25 @@ class OctreeField(torch.nn.Module):
 
     @torch.no_grad()
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
-                     background: torch.Tensor | None = None, chunk: int = 1 << 16, occupancy="auto",
+                     background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
                      early_stop: float = 1e-4, segments: int = 2) -> dict:
-        """Render one view in chunks of rays. Returns image (H, W, 3), first_node (H, W) (the node met first along
-        each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
-        (samples the networks evaluated).
+        """Render one view. Returns image (H, W, 3), first_node (H, W) (the node met first along each pixel's ray,
+        -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated (samples the
+        networks evaluated).
 
-        occupancy: "auto" (the field's `occupancy`, if set), None (no skipping), a LevelOccupancy or an
-        OccupancyGrid. Early ray termination: a ray's samples are evaluated in `segments` runs, and a ray whose
-        transmittance is below `early_stop` after a run is finished there (its image changes by at most
-        `early_stop`); segments=1 or early_stop=0 evaluates every sample in one run.
+        The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
+        emit: only samples that have a node, nothing of size rays x samples). occupancy: "auto" (the field's
+        `occupancy`, if set), None (no skipping), a LevelOccupancy or an OccupancyGrid. Early ray termination:
+        a ray's bins are taken in `segments` runs, and a ray whose transmittance is below `early_stop` after a
+        run is finished there (its image changes by at most `early_stop`); segments=1 or early_stop=0 evaluates
+        every sample in one run. `chunk`: rays marched at once.
         """
         if isinstance(occupancy, str):
             if occupancy != "auto":
                 raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
             occupancy = self.occupancy
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise InputError(f"n_samples={n_samples!r} must be an integer >= 1")
         if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
             raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
         if not 0.0 <= float(early_stop) < 1.0:
@@ -224,48 +230,68 @@ class OctreeField(torch.nn.Module):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays per batch)")
         origins, directions = camera_rays(c2w, width, height, focal)
-        dev = origins.device
+        dev, n_rays = origins.device, origins.shape[0]
         bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
         if bg.shape != (3,):
             raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
-        touched = torch.zeros(self.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
-        colors, firsts = [], []
-        for start in range(0, origins.shape[0], chunk):
-            rgb, first = self._render_chunk(origins[start:start + chunk], directions[start:start + chunk],
-                                            pixel_radius(focal), n_samples, bg, occupancy, float(early_stop),
-                                            segments if early_stop > 0 else 1, touched)
-            colors.append(rgb)
-            firsts.append(first)
-        return {"image": torch.cat(colors).view(height, width, 3), "first_node": torch.cat(firsts).view(height, width),
-                "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
-
-    def _render_chunk(self, origins, directions, radius, n_samples, bg, occupancy, early_stop, segments, touched):
-        n_rays, dev = origins.shape[0], origins.device
-        radius = self._ray_radius(radius, n_rays, dev)
+        radius = self._ray_radius(pixel_radius(focal), n_rays, dev)
         t_near, t_far = ray_box(origins, directions, self.octree.box_min, self.octree.box_max)
-        t, deltas = stratified_t(t_near, t_far, n_samples, False)
-        if segments == 1:
-            sigma, rgb, d, node_ids, offsets = self._evaluate(origins, directions, t, deltas, radius, occupancy)
-            touched += torch.bincount(node_ids, minlength=self.n_nodes)
-            return composite(sigma, rgb, d, offsets, bg).rgb, first_node_per_ray(node_ids, offsets)
+        touched = torch.zeros(self.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
         color = torch.zeros(n_rays, 3, device=dev)
         trans = torch.ones(n_rays, device=dev)
         first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
-        alive = torch.nonzero(t_far > t_near).squeeze(1)
-        bounds = [n_samples * k // segments for k in range(segments + 1)]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            sigma, rgb, d, node_ids, offsets = self._evaluate(
-                origins[alive], directions[alive], t[alive, a:b], deltas[alive, a:b], radius[alive], occupancy)
-            touched += torch.bincount(node_ids, minlength=self.n_nodes)
-            out = composite(sigma, rgb, d, offsets)  # black: the background is added once, behind every run
-            color[alive] += trans[alive, None] * out.rgb
-            trans[alive] *= 1.0 - out.opacity
-            seen = first[alive]
-            first[alive] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
-            alive = alive[trans[alive] > early_stop]
-            if alive.numel() == 0:
-                break
-        return color + trans[:, None] * bg, first
+        hits = t_far > t_near
+        runs = segments if early_stop > 0 else 1
+        bounds = [n_samples * k // runs for k in range(runs + 1)]
+        with checks.disabled():  # node ids, points and offsets come from the octree and the marcher
+            for start in range(0, n_rays, chunk):
+                alive = (torch.nonzero(hits[start:start + chunk]).squeeze(1) + start).to(torch.int32)
+                for a, b in zip(bounds[:-1], bounds[1:]):
+                    if alive.numel() == 0:
+                        break
+                    node_ids, local, deltas, offsets = self._march(origins, directions, t_near, t_far, radius, alive,
+                                                                   a, b, n_samples, occupancy)
+                    touched += torch.bincount(node_ids, minlength=self.n_nodes)
+                    if node_ids.numel():
+                        sigma, rgb = self._query_local(local, node_ids)
+                    else:
+                        sigma, rgb = torch.zeros(0, device=dev), torch.zeros(0, 3, device=dev)
+                    out = composite(sigma, rgb, deltas, offsets)  # black: the background goes behind every run
+                    rows = alive.long()
+                    color[rows] += trans[rows, None] * out.rgb
+                    trans[rows] *= 1.0 - out.opacity
+                    seen = first[rows]
+                    first[rows] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
+                    alive = alive[trans[rows] > early_stop] if early_stop > 0 else alive
+        image = color + trans[:, None] * bg
+        return {"image": image.view(height, width, 3), "first_node": first.view(height, width),
+                "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
+
+    def _march(self, origins, directions, t_near, t_far, radius, rays, first_bin, end_bin, n_samples, occupancy):
+        """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node: node ids, local
+        coordinates, bin lengths and ray offsets (len(rays) + 1, int32)."""
+        from ..kernels import octree as K
+
+        dev = origins.device
+        k = self.octree.kernel_tables
+        occupied, occ_res, grids = self._occupancy_args(occupancy)
+        geo = k.geometry(occupancy)
+        head = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
+                radius.contiguous(), rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), k.children,
+                k.split, k.depth)
+        tail = (self.lod_root_size, self.octree.max_depth, self.octree.deepest, occupied, occ_res, grids)
+        offsets = torch.zeros(rays.shape[0] + 1, dtype=torch.int32, device=dev)
+        if rays.shape[0]:
+            counts = torch.empty(rays.shape[0], dtype=torch.int32, device=dev)
+            K.march_count(*head, geo, *tail, counts)
+            torch.cumsum(counts, 0, out=offsets[1:])
+        m = int(offsets[-1])
+        node_ids = torch.empty(m, dtype=torch.int32, device=dev)
+        local = torch.empty(m, 3, device=dev)
+        deltas = torch.empty(m, device=dev)
+        if m:
+            K.march_emit(*head, k.center, k.half_size, geo, *tail, offsets, node_ids, local, deltas)
+        return node_ids, local, deltas, offsets
 
     def touched_report(self, touched: torch.Tensor) -> dict:
         """Distinct nodes and parameters a frame evaluated, against the whole array; nodes touched per depth."""
