@@ -5,6 +5,7 @@ each bin's midpoint (`tinn.render.stratified_t` without jitter, the same float32
 kept where it lies in the occupancy grid's box and its voxel is occupied (`OccupancyGrid.query`, the same
 formulas); with `occ_res = 0` every sample of a ray that meets the box is kept.
 
+A ray whose transmittance trans[r] is at most `cutoff` is finished (early ray termination) and keeps none.
 Two passes over the same loop, so that nothing of size rays x samples is ever stored: `march_count` counts
 the kept samples of each listed ray in bins [s0, s1), the caller turns the counts into offsets (a prefix
 sum), and `march_emit` writes each kept sample's point and bin length at its ray's offset, front to back.
@@ -37,14 +38,15 @@ def _kept(box: ti.template(), occupied: ti.template(), occ_res: ti.i32, px: ti.f
 
 @fast_kernel
 @ti.kernel
-def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, rays: i32_1d, s0: ti.i32,
-                s1: ti.i32, n_samples: ti.i32, box: f32_1d, occupied: u8_1d, occ_res: ti.i32, counts: i32_1d):
+def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, trans: f32_1d, cutoff: ti.f32,
+                rays: i32_1d, s0: ti.i32, s1: ti.i32, n_samples: ti.i32, box: f32_1d, occupied: u8_1d,
+                occ_res: ti.i32, counts: i32_1d):
     """counts[k]: kept samples of ray rays[k] among bins s0..s1-1."""
     for k in range(rays.shape[0]):
         r = rays[k]
         step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
         c = 0
-        if step > 0.0:
+        if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
                 t = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
                 c += _kept(box, occupied, occ_res, origins[r, 0] + t * directions[r, 0],
@@ -54,15 +56,15 @@ def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_
 
 @fast_kernel
 @ti.kernel
-def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, rays: i32_1d, s0: ti.i32,
-               s1: ti.i32, n_samples: ti.i32, box: f32_1d, occupied: u8_1d, occ_res: ti.i32, offsets: i32_1d,
-               points: f32_2d, deltas: f32_1d):
+def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, trans: f32_1d, cutoff: ti.f32,
+               rays: i32_1d, s0: ti.i32, s1: ti.i32, n_samples: ti.i32, box: f32_1d, occupied: u8_1d,
+               occ_res: ti.i32, offsets: i32_1d, points: f32_2d, deltas: f32_1d):
     """points[offsets[k] + j], deltas[...]: the j-th kept sample of ray rays[k] (bins s0..s1-1, front to back)."""
     for k in range(rays.shape[0]):
         r = rays[k]
         step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
         row = offsets[k]
-        if step > 0.0:
+        if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
                 t = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
                 px = origins[r, 0] + t * directions[r, 0]

@@ -135,17 +135,18 @@ def _write_local(center: ti.template(), half: ti.template(), node, px, py, pz, o
 
 @fast_kernel
 @ti.kernel
-def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, rays: i32_1d,
-                s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d, split: i32_1d, node_depth: i32_1d,
-                geo: f32_1d, root_size: ti.f64, max_depth: ti.i32, deepest: ti.i32, occupied: u8_1d,
-                occ_res: ti.i32, occ_grids: ti.i32, counts: i32_1d):
+def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, trans: f32_1d,
+                cutoff: ti.f32, rays: i32_1d, s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d,
+                split: i32_1d, node_depth: i32_1d, geo: f32_1d, root_size: ti.f64, max_depth: ti.i32,
+                deepest: ti.i32, occupied: u8_1d, occ_res: ti.i32, occ_grids: ti.i32, counts: i32_1d):
     """counts[k]: samples of ray rays[k] in bins s0..s1-1 that have a node (`assign_samples`' rule, with the bins
-    of `tinn.render.stratified_t` without jitter: n_samples bins over [t_near, t_far], midpoints)."""
+    of `tinn.render.stratified_t` without jitter: n_samples bins over [t_near, t_far], midpoints); none for a
+    ray whose transmittance trans[r] is at most `cutoff` (early ray termination)."""
     for k in range(rays.shape[0]):
         r = rays[k]
         step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
         c = 0
-        if step > 0.0:
+        if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
                 tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
                 node = _sample_node(children, split, node_depth, geo, origins[r, 0] + tt * directions[r, 0],
@@ -158,17 +159,17 @@ def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_
 
 @fast_kernel
 @ti.kernel
-def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, rays: i32_1d,
-               s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d, split: i32_1d, node_depth: i32_1d,
-               center: f32_2d, half: f32_1d, geo: f32_1d, root_size: ti.f64, max_depth: ti.i32, deepest: ti.i32,
-               occupied: u8_1d, occ_res: ti.i32, occ_grids: ti.i32, offsets: i32_1d, out_node: i32_1d,
+def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1d, radius: f32_1d, trans: f32_1d,
+               cutoff: ti.f32, rays: i32_1d, s0: ti.i32, s1: ti.i32, n_samples: ti.i32, children: i32_2d,
+               split: i32_1d, node_depth: i32_1d, center: f32_2d, half: f32_1d, geo: f32_1d, root_size: ti.f64,
+               max_depth: ti.i32, deepest: ti.i32, occupied: u8_1d, occ_res: ti.i32, occ_grids: ti.i32, offsets: i32_1d, out_node: i32_1d,
                out_local: f32_2d, out_delta: f32_1d):
     """The samples `march_count` counted, packed at offsets[k] front to back: node, local coordinates, bin length."""
     for k in range(rays.shape[0]):
         r = rays[k]
         step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
         row = offsets[k]
-        if step > 0.0:
+        if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
                 tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
                 px = origins[r, 0] + tt * directions[r, 0]

@@ -54,13 +54,14 @@ def pack(mask: torch.Tensor):
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor, t_far: torch.Tensor,
-          rays: torch.Tensor, first_bin: int, end_bin: int, n_samples: int, occupancy=None):
+          rays: torch.Tensor, first_bin: int, end_bin: int, n_samples: int, occupancy=None,
+          transmittance: torch.Tensor | None = None, early_stop: float = 0.0):
     """The kept samples of bins first_bin..end_bin-1 of the listed rays, packed, without a rays x samples array.
 
     Bins and sample points are `stratified_t`'s without jitter (n_samples bins over [t_near, t_far]). A sample is
     kept where `occupancy` (an object with `occupied` (G, G, G) bool, `box_min`, `box_max`, `voxel_size`, as
     `tinn.scenes.OccupancyGrid`) says it is occupied, or always with occupancy None; rays that miss the box
-    keep none. rays: (K,) int32 indices into origins. Returns points (M, 3), deltas (M,) and ray_offsets
+    keep none, and so do rays whose `transmittance` (R,) is at most `early_stop` > 0 (finished rays). rays: (K,) int32 indices into origins. Returns points (M, 3), deltas (M,) and ray_offsets
     (K + 1,) int32 (the listed ray k owns samples ray_offsets[k]:ray_offsets[k + 1], front to back).
     """
     from ..kernels import march as K
@@ -78,8 +79,11 @@ def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor,
     else:
         box = torch.cat([occupancy.box_min, occupancy.box_max, occupancy.voxel_size.expand(3)]).float().to(dev)
         occupied, resolution = occupancy.occupied.reshape(-1).view(torch.uint8), int(occupancy.resolution)
+    if transmittance is None:
+        transmittance = torch.ones(origins.shape[0], device=dev)
+    cutoff = float(early_stop) if early_stop > 0 else -1.0
     args = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
-            rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), box.contiguous(), occupied.contiguous(),
+            transmittance.contiguous(), cutoff, rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), box.contiguous(), occupied.contiguous(),
             resolution)
     k = rays.shape[0]
     ray_offsets = torch.zeros(k + 1, dtype=torch.int32, device=dev)

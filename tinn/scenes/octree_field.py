@@ -240,44 +240,44 @@ class OctreeField(torch.nn.Module):
         color = torch.zeros(n_rays, 3, device=dev)
         trans = torch.ones(n_rays, device=dev)
         first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
-        hits = t_far > t_near
         runs = segments if early_stop > 0 else 1
         bounds = [n_samples * k // runs for k in range(runs + 1)]
+        # Finished rays stay in the list and march no samples (no compaction, no sync for it).
         with checks.disabled():  # node ids, points and offsets come from the octree and the marcher
             for start in range(0, n_rays, chunk):
-                alive = (torch.nonzero(hits[start:start + chunk]).squeeze(1) + start).to(torch.int32)
+                end = min(start + chunk, n_rays)
+                rays = torch.arange(start, end, dtype=torch.int32, device=dev)
                 for a, b in zip(bounds[:-1], bounds[1:]):
-                    if alive.numel() == 0:
-                        break
-                    node_ids, local, deltas, offsets = self._march(origins, directions, t_near, t_far, radius, alive,
-                                                                   a, b, n_samples, occupancy)
+                    node_ids, local, deltas, offsets = self._march(origins, directions, t_near, t_far, radius, rays,
+                                                                   a, b, n_samples, occupancy, trans, early_stop)
                     touched += torch.bincount(node_ids, minlength=self.n_nodes)
                     if node_ids.numel():
                         sigma, rgb = self._query_local(local, node_ids)
                     else:
                         sigma, rgb = torch.zeros(0, device=dev), torch.zeros(0, 3, device=dev)
                     out = composite(sigma, rgb, deltas, offsets)  # black: the background goes behind every run
-                    rows = alive.long()
-                    color[rows] += trans[rows, None] * out.rgb
-                    trans[rows] *= 1.0 - out.opacity
-                    seen = first[rows]
-                    first[rows] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
-                    alive = alive[trans[rows] > early_stop] if early_stop > 0 else alive
+                    color[start:end] += trans[start:end, None] * out.rgb
+                    trans[start:end] *= 1.0 - out.opacity
+                    seen = first[start:end]
+                    first[start:end] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
         image = color + trans[:, None] * bg
         return {"image": image.view(height, width, 3), "first_node": first.view(height, width),
                 "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
 
-    def _march(self, origins, directions, t_near, t_far, radius, rays, first_bin, end_bin, n_samples, occupancy):
-        """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node: node ids, local
-        coordinates, bin lengths and ray offsets (len(rays) + 1, int32)."""
+    def _march(self, origins, directions, t_near, t_far, radius, rays, first_bin, end_bin, n_samples, occupancy,
+               trans, early_stop):
+        """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node (none for rays whose
+        transmittance `trans` is at most early_stop > 0): node ids, local coordinates, bin lengths and ray
+        offsets (len(rays) + 1, int32)."""
         from ..kernels import octree as K
 
         dev = origins.device
         k = self.octree.kernel_tables
         occupied, occ_res, grids = self._occupancy_args(occupancy)
         geo = k.geometry(occupancy)
+        cutoff = float(early_stop) if early_stop > 0 else -1.0
         head = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
-                radius.contiguous(), rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), k.children,
+                radius.contiguous(), trans.contiguous(), cutoff, rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), k.children,
                 k.split, k.depth)
         tail = (self.lod_root_size, self.octree.max_depth, self.octree.deepest, occupied, occ_res, grids)
         offsets = torch.zeros(rays.shape[0] + 1, dtype=torch.int32, device=dev)

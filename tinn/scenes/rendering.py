@@ -112,27 +112,25 @@ def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float
     color = torch.zeros(n_rays, 3, device=dev)
     trans = torch.ones(n_rays, device=dev)
     hits = t_far > t_near
-    collective = _collective(model)  # every rank makes the same calls: no run is left out early
+    collective = _collective(model)  # every rank calls the field once per run, even with no samples
     runs = segments if early_stop > 0 else 1
     bounds = [n_samples * k // runs for k in range(runs + 1)]
     n_evaluated = 0
     # Points, ids and offsets below are valid by construction (finite, in the box, ordered): the checked
     # path's device syncs are skipped, as they would be a large share of a frame's host time.
+    # Finished rays stay in the list and march no samples (no compaction, no sync for it).
     with checks.disabled():
         for start in range(0, n_rays, chunk):
-            alive = (torch.nonzero(hits[start:start + chunk]).squeeze(1) + start).to(torch.int32)
+            end = min(start + chunk, n_rays)
+            rays = torch.arange(start, end, dtype=torch.int32, device=dev)
             for a, b in zip(bounds[:-1], bounds[1:]):
-                if alive.numel() == 0 and not collective:
-                    break
-                points, deltas, offsets = march(origins, directions, t_near, t_far, alive, a, b, n_samples,
-                                                occupancy)
+                points, deltas, offsets = march(origins, directions, t_near, t_far, rays, a, b, n_samples,
+                                                occupancy, trans, early_stop)
                 sigma, rgb = _evaluate(model, points, collective)
                 out = composite(sigma, rgb, deltas, offsets)   # black: the background goes behind every run
                 n_evaluated += points.shape[0]
-                rows = alive.long()
-                color[rows] += trans[rows, None] * out.rgb
-                trans[rows] *= 1.0 - out.opacity
-                alive = alive[trans[rows] > early_stop] if early_stop > 0 else alive
+                color[start:end] += trans[start:end, None] * out.rgb
+                trans[start:end] *= 1.0 - out.opacity
     rgb = color + trans[:, None] * bg
     return RenderedImage(rgb.reshape(height, width, 3), (1.0 - trans).reshape(height, width),
                          int(hits.sum()) * n_samples, n_evaluated)
