@@ -22,6 +22,20 @@ u8_1d = ti.types.ndarray(dtype=ti.u8, ndim=1)
 
 
 @ti.func
+def bin_step(t_near: ti.template(), t_far: ti.template(), r, n_samples: ti.i32) -> ti.f32:
+    """Bin length of ray r: its span in the box over n_samples (0 for a ray that misses)."""
+    return ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+
+
+@ti.func
+def bin_point(origins: ti.template(), directions: ti.template(), t_near: ti.template(), r, s, step: ti.f32):
+    """(t, x, y, z) of bin s's midpoint on ray r, in `stratified_t`'s float32 operations."""
+    tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
+    return tt, origins[r, 0] + tt * directions[r, 0], origins[r, 1] + tt * directions[r, 1], \
+        origins[r, 2] + tt * directions[r, 2]
+
+
+@ti.func
 def _kept(box: ti.template(), occupied: ti.template(), occ_res: ti.i32, px: ti.f32, py: ti.f32,
           pz: ti.f32) -> ti.i32:
     keep = 1
@@ -44,13 +58,12 @@ def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_
     """counts[k]: kept samples of ray rays[k] among bins s0..s1-1."""
     for k in range(rays.shape[0]):
         r = rays[k]
-        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        step = bin_step(t_near, t_far, r, n_samples)
         c = 0
         if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
-                t = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
-                c += _kept(box, occupied, occ_res, origins[r, 0] + t * directions[r, 0],
-                           origins[r, 1] + t * directions[r, 1], origins[r, 2] + t * directions[r, 2])
+                _, px, py, pz = bin_point(origins, directions, t_near, r, s, step)
+                c += _kept(box, occupied, occ_res, px, py, pz)
         counts[k] = c
 
 
@@ -62,14 +75,11 @@ def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1
     """points[offsets[k] + j], deltas[...]: the j-th kept sample of ray rays[k] (bins s0..s1-1, front to back)."""
     for k in range(rays.shape[0]):
         r = rays[k]
-        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        step = bin_step(t_near, t_far, r, n_samples)
         row = offsets[k]
         if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
-                t = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
-                px = origins[r, 0] + t * directions[r, 0]
-                py = origins[r, 1] + t * directions[r, 1]
-                pz = origins[r, 2] + t * directions[r, 2]
+                _, px, py, pz = bin_point(origins, directions, t_near, r, s, step)
                 if _kept(box, occupied, occ_res, px, py, pz):
                     points[row, 0] = px
                     points[row, 1] = py

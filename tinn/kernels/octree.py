@@ -13,6 +13,7 @@ r * 2^(L+1) <= root_size, i.e. L = floor(log2(root_size / r)) without rounding a
 """
 from ..backend import ti
 from .launch import fast_kernel
+from .march import bin_point, bin_step
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -144,14 +145,13 @@ def march_count(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_
     ray whose transmittance trans[r] is at most `cutoff` (early ray termination)."""
     for k in range(rays.shape[0]):
         r = rays[k]
-        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        step = bin_step(t_near, t_far, r, n_samples)
         c = 0
         if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
-                tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
-                node = _sample_node(children, split, node_depth, geo, origins[r, 0] + tt * directions[r, 0],
-                                    origins[r, 1] + tt * directions[r, 1], origins[r, 2] + tt * directions[r, 2],
-                                    tt * radius[r], root_size, max_depth, deepest, occupied, occ_res, occ_grids)
+                tt, px, py, pz = bin_point(origins, directions, t_near, r, s, step)
+                node = _sample_node(children, split, node_depth, geo, px, py, pz, tt * radius[r], root_size,
+                                    max_depth, deepest, occupied, occ_res, occ_grids)
                 if node >= 0:
                     c += 1
         counts[k] = c
@@ -167,14 +167,11 @@ def march_emit(origins: f32_2d, directions: f32_2d, t_near: f32_1d, t_far: f32_1
     """The samples `march_count` counted, packed at offsets[k] front to back: node, local coordinates, bin length."""
     for k in range(rays.shape[0]):
         r = rays[k]
-        step = ti.max(t_far[r] - t_near[r], 0.0) / ti.cast(n_samples, ti.f32)
+        step = bin_step(t_near, t_far, r, n_samples)
         row = offsets[k]
         if step > 0.0 and trans[r] > cutoff:
             for s in range(s0, s1):
-                tt = t_near[r] + (ti.cast(s, ti.f32) + 0.5) * step
-                px = origins[r, 0] + tt * directions[r, 0]
-                py = origins[r, 1] + tt * directions[r, 1]
-                pz = origins[r, 2] + tt * directions[r, 2]
+                tt, px, py, pz = bin_point(origins, directions, t_near, r, s, step)
                 node = _sample_node(children, split, node_depth, geo, px, py, pz, tt * radius[r], root_size,
                                     max_depth, deepest, occupied, occ_res, occ_grids)
                 if node >= 0:

@@ -99,3 +99,18 @@ def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor,
     if m:
         K.march_emit(*args, ray_offsets, points, deltas)
     return points, deltas, ray_offsets
+
+
+def frame_runs(n_samples: int, segments: int, early_stop: float, chunk: int) -> list[tuple[int, int]]:
+    """Checks a frame's marching options and returns the bin ranges of its runs: `segments` runs front to back
+    with early ray termination (early_stop > 0), one run of every bin without it."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays marched at once)")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+        raise InputError(f"n_samples={n_samples!r} must be an integer >= 1")
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
+        raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
+    if not 0.0 <= float(early_stop) < 1.0:
+        raise InputError(f"early_stop={early_stop!r} must be a transmittance in [0, 1)")
+    runs = segments if early_stop > 0 else 1
+    return [(n_samples * k // runs, n_samples * (k + 1) // runs) for k in range(runs)]

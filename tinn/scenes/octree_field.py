@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .. import checks
 from ..errors import ConfigError, InputError
 from ..models import NetworkWithInputEncoding
-from ..render import camera_rays, composite, pack, pixel_radius, ray_box, stratified_t
+from ..render import camera_rays, composite, frame_runs, pack, pixel_radius, ray_box, stratified_t
 from .octree import Octree, levels_for_radius
 from .occupancy import OccupancyGrid
 from .octree_occupancy import LevelOccupancy
@@ -221,14 +221,7 @@ class OctreeField(torch.nn.Module):
             if occupancy != "auto":
                 raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
             occupancy = self.occupancy
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise InputError(f"n_samples={n_samples!r} must be an integer >= 1")
-        if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
-            raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
-        if not 0.0 <= float(early_stop) < 1.0:
-            raise InputError(f"early_stop={early_stop!r} must be a transmittance in [0, 1)")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays per batch)")
+        runs = frame_runs(n_samples, segments, early_stop, chunk)
         origins, directions = camera_rays(c2w, width, height, focal)
         dev, n_rays = origins.device, origins.shape[0]
         bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
@@ -240,14 +233,12 @@ class OctreeField(torch.nn.Module):
         color = torch.zeros(n_rays, 3, device=dev)
         trans = torch.ones(n_rays, device=dev)
         first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
-        runs = segments if early_stop > 0 else 1
-        bounds = [n_samples * k // runs for k in range(runs + 1)]
         # Finished rays stay in the list and march no samples (no compaction, no sync for it).
         with checks.disabled():  # node ids, points and offsets come from the octree and the marcher
             for start in range(0, n_rays, chunk):
                 end = min(start + chunk, n_rays)
                 rays = torch.arange(start, end, dtype=torch.int32, device=dev)
-                for a, b in zip(bounds[:-1], bounds[1:]):
+                for a, b in runs:
                     node_ids, local, deltas, offsets = self._march(origins, directions, t_near, t_far, radius, rays,
                                                                    a, b, n_samples, occupancy, trans, early_stop)
                     touched += torch.bincount(node_ids, minlength=self.n_nodes)

@@ -16,7 +16,7 @@ import torch
 
 from .. import checks, runtime
 from ..errors import InputError
-from ..render import camera_rays, composite, march, pack, ray_box, stratified_t
+from ..render import camera_rays, composite, frame_runs, march, pack, ray_box, stratified_t
 from ..tasks.image import psnr  # noqa: F401  (the project's one PSNR, offered here next to the scene helpers)
 from .fields import activate
 from .occupancy import check_points
@@ -90,14 +90,7 @@ def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float
     if not isinstance(c2w, torch.Tensor) or tuple(c2w.shape[-2:]) not in ((4, 4), (3, 4)) or c2w.dim() != 2:
         raise InputError(f"c2w must be a (4, 4) torch.Tensor, got "
                          f"{tuple(c2w.shape) if isinstance(c2w, torch.Tensor) else type(c2w).__name__}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise InputError(f"chunk={chunk!r} must be an integer >= 1 (rays per launch)")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise InputError(f"n_samples={n_samples!r} must be an integer >= 1")
-    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n_samples:
-        raise InputError(f"segments={segments!r} must be an integer in 1..n_samples={n_samples}")
-    if not 0.0 <= float(early_stop) < 1.0:
-        raise InputError(f"early_stop={early_stop!r} must be a transmittance in [0, 1)")
+    runs = frame_runs(n_samples, segments, early_stop, chunk)
     if isinstance(occupancy, str):
         if occupancy != "auto":
             raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None or an OccupancyGrid")
@@ -113,8 +106,6 @@ def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float
     trans = torch.ones(n_rays, device=dev)
     hits = t_far > t_near
     collective = _collective(model)  # every rank calls the field once per run, even with no samples
-    runs = segments if early_stop > 0 else 1
-    bounds = [n_samples * k // runs for k in range(runs + 1)]
     n_evaluated = 0
     # Points, ids and offsets below are valid by construction (finite, in the box, ordered): the checked
     # path's device syncs are skipped, as they would be a large share of a frame's host time.
@@ -123,7 +114,7 @@ def render_image(model, c2w: torch.Tensor, width: int, height: int, focal: float
         for start in range(0, n_rays, chunk):
             end = min(start + chunk, n_rays)
             rays = torch.arange(start, end, dtype=torch.int32, device=dev)
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in runs:
                 points, deltas, offsets = march(origins, directions, t_near, t_far, rays, a, b, n_samples,
                                                 occupancy, trans, early_stop)
                 sigma, rgb = _evaluate(model, points, collective)
