@@ -325,7 +325,8 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     }
     renders = {"teacher": lambda: pipe.render_view(pipe.teacher, occupancy=None),
                "teacher_skipping": lambda: pipe.render_view(pipe.teacher, occupancy=pipe.occupancy),
-               "student": lambda: pipe.render_view(pipe.student)}
+               "student": lambda: pipe.render_view(pipe.student),
+               "student_one_run": lambda: pipe.render_view(pipe.student, early_stop=0.0)}
     ms = {name: 1e3 * seconds_per_frame(fn, timing_repeats) for name, fn in renders.items()}
     summary["render_ms_per_frame"] = {k: round(v, 3) for k, v in ms.items()}
     summary["frames_per_second"] = {k: round(1e3 / v, 2) for k, v in ms.items()}
@@ -363,7 +364,8 @@ def print_summary(s: dict) -> None:
     w, h = s["res"]
     print(f"render {w}x{h}, {s['samples_per_ray']} samples/ray: "
           f"teacher {r['teacher']:.1f} ms ({f['teacher']:.1f} fps), "
-          f"teacher+skipping {r['teacher_skipping']:.1f} ms, KiloNeRF {r['student']:.1f} ms ({f['student']:.1f} fps)")
+          f"teacher+skipping {r['teacher_skipping']:.1f} ms, KiloNeRF {r['student']:.1f} ms ({f['student']:.1f} fps; "
+          f"without early termination {r['student_one_run']:.1f} ms)")
     print(f"empty space: {100 * s['occupied_fraction']:.1f}% of voxels occupied, "
           f"{100 * s['skipped_fraction']:.1f}% of in-box samples skipped")
     mem = (f"memory: KiloNeRF {s['n_networks']} networks {s['param_bytes_student'] / 2**20:.2f} MiB, "
