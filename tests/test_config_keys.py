@@ -26,7 +26,8 @@ CONFIG = {
 }
 GRID_KEYS = ['base_resolution', 'fixed_point_pos', 'hash', 'interpolation', 'log2_hashmap_size', 'n_features',
              'n_features_per_level',
-             'n_grid_features', 'n_levels', 'otype', 'per_level_scale', 'stochastic_interpolation', 'type']
+             'n_grid_features', 'n_levels', 'otype', 'per_level_scale', 'stochastic_interpolation', 'table_dtype',
+             'type']
 
 
 def with_key(section, key, value):

@@ -147,11 +147,13 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     net_ids(ids, inputs.shape[0], n_networks)
 
 
-def table(name: str, p: torch.Tensor, shape: tuple) -> None:
-    """A parameter table a kernel is about to read: float32, on tinn's device, contiguous, of `shape`."""
-    if p.dtype != torch.float32:
-        raise InputError(f"{name} has dtype {p.dtype}; tinn kernels read float32 parameters "
-                         "(was the module converted with .double() / .half()? convert it back with .float())")
+def table(name: str, p: torch.Tensor, shape: tuple, dtype: torch.dtype = torch.float32) -> None:
+    """A parameter table a kernel is about to read: of `dtype` (float32, or bfloat16 for a compact grid
+    table), on tinn's device, contiguous, of `shape`."""
+    if p.dtype != dtype:
+        hint = "convert it back with .float()" if dtype == torch.float32 else f"convert it back with .to({dtype})"
+        raise InputError(f"{name} has dtype {p.dtype}; this module's kernels read {dtype} parameters "
+                         f"(was the module converted with .double() / .half()? {hint})")
     check_device(name, p)
     if tuple(p.shape) != tuple(shape):
         raise InputError(f"{name} has shape {tuple(p.shape)}; expected {tuple(shape)}")

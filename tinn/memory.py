@@ -40,9 +40,15 @@ def check_fits(what: str, needed: dict[str, int], device: torch.device, note: st
                             "smaller ones")
 
 
-def table_fits(what: str, n_rows: int, row_elements: int, device: torch.device) -> None:
+def table_fits(what: str, n_rows: int, row_elements: int, device: torch.device, compact: bool = False) -> None:
     """A float32 parameter table and its gradient (what any training needs) must fit; the message also
-    gives what Adam's state (two moments and an int32 step count per element) would add."""
-    table = 4 * n_rows * row_elements
+    gives what Adam's state (two moments and an int32 step count per element) would add. A compact
+    (bfloat16) table has sparse gradients: the table itself must fit, and Adam adds two bfloat16 moments."""
+    elements = n_rows * row_elements
+    if compact:
+        check_fits(what, {"parameters": 2 * elements}, device,
+                   note=f" (Adam's state would add another {4 * elements / GIB:.2f} GiB)")
+        return
+    table = 4 * elements
     check_fits(what, {"parameters": table, "gradients": table}, device,
                note=f" (Adam's state would add another {3 * table / GIB:.2f} GiB)")

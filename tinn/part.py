@@ -166,7 +166,8 @@ class Part(torch.nn.Module):
         converted with .double(), or a table replaced by one of another shape, is an error, not a crash)."""
         params = getattr(self, "params", None)
         if isinstance(params, torch.Tensor):
-            checks.table("params", params, (params.shape[0], self.n_params_per_network()))
+            checks.table("params", params, (params.shape[0], self.n_params_per_network()),
+                         getattr(self, "table_dtype", torch.float32))
 
     def inference(self, x: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():

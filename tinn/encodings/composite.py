@@ -48,6 +48,9 @@ class CompositeEncoding(Encoding):
             if enc.n_params_per_network() > 0:
                 if enc.params is None or not hasattr(enc, "lookup"):
                     raise ConfigError(f"nested {enc.otype} has parameters but cannot read them from a shared table")
+                if getattr(enc, "compact", False):
+                    raise ConfigError(f"nested {enc.otype} has table_dtype='bfloat16'; a Composite holds one float32 "
+                                      "table for its nested grids; allowed inside a Composite: table_dtype='float32'")
                 tables.append(enc.params.data)
                 enc.params = None
                 self.param_offsets.append(offset)

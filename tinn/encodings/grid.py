@@ -17,7 +17,7 @@ from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import deterministic as DK
 from ..kernels import grid_encoding as K
-from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, to_layout
+from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, SecondOrderError, to_layout
 from .base import Encoding
 from .grid_layout import (GRID_TYPES, HASH_PRIMES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
                           default_per_level_scale, grid_layout)
@@ -26,6 +26,9 @@ _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense",
 _INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
 _TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
 _INT32_MAX = 2**31 - 1
+# table_dtype: float32 (tcnn's precision for the optimizer's copy) or bfloat16, a compact table
+# (tinn/kernels/compact.py) with sparse gradients, for grids too large to train at 4 bytes per value.
+TABLE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 _PLACEHOLDERS: dict = {}
@@ -65,15 +68,22 @@ class GridEncoding(Encoding):
     # tcnn's "stochastic_interpolation" and "fixed_point_pos": only false is supported.
     OPTIONS = ("n_levels", "n_features", "n_grid_features", "n_features_per_level", "log2_hashmap_size",
                "base_resolution", "per_level_scale", "type", "interpolation", "hash", "stochastic_interpolation",
-               "fixed_point_pos")
+               "fixed_point_pos", "table_dtype")
 
     def __init__(self, n_input_dims: int, n_levels: int = 16, n_features_per_level: int = 2,
                  log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float | None = None,
                  interpolation: str = "Linear", grid_type: str = "Hash", hash: str = "CoherentPrime",
-                 n_networks: int = 1, seed: int = 1337, feature_lanes: bool | None = None):
+                 n_networks: int = 1, seed: int = 1337, feature_lanes: bool | None = None,
+                 table_dtype: str = "float32"):
         """`feature_lanes`: one thread per (level, sample, feature) for the table gradient instead of per
         (level, sample). It pays on a GPU, whose memory system serves a warp's neighbouring words as one
-        request; a CPU thread only repeats the hashing. None: the settings' choice (by default CUDA only)."""
+        request; a CPU thread only repeats the hashing. None: the settings' choice (by default CUDA only).
+
+        `table_dtype`: "float32", or "bfloat16" for a compact table: 2 bytes per value, and a sparse
+        gradient (a coalesced `torch.sparse_coo_tensor` of the entries a batch touched) that tinn's Adam
+        steps lazily with bfloat16 moments and stochastically rounded weights, so a trained value costs
+        6 bytes instead of 20 (float32 table, dense gradient, Adam's two moments and step count). No second
+        derivatives; not inside a Composite."""
         if count("n_input_dims", n_input_dims) not in (2, 3, 4):
             raise ConfigError(f"grid encodings take 2, 3 or 4 input dims, got n_input_dims={n_input_dims}")
         if count("n_features_per_level", n_features_per_level) not in (1, 2, 4, 8):
@@ -86,6 +96,8 @@ class GridEncoding(Encoding):
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not supported; allowed: {list(allowed)}")
         count("n_networks", n_networks)
+        if table_dtype not in TABLE_DTYPES:
+            raise ConfigError(f"table_dtype={table_dtype!r} is not supported; allowed: {list(TABLE_DTYPES)}")
         if per_level_scale is None:
             per_level_scale = default_per_level_scale(grid_type, n_levels, base_resolution)
         layout = grid_layout(n_input_dims, n_levels, n_features_per_level, log2_hashmap_size, base_resolution,
@@ -103,6 +115,8 @@ class GridEncoding(Encoding):
         self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
         self.grid_type, self.hash = grid_type, hash
         self.seed = seed
+        self.table_dtype = TABLE_DTYPES[table_dtype]
+        self.compact = table_dtype == "bfloat16"
         if feature_lanes is None:
             feature_lanes = runtime.settings().grid_feature_lanes
         self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
@@ -110,7 +124,7 @@ class GridEncoding(Encoding):
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
         memory.table_fits(f"{type(self).__name__}(n_networks={n_networks}, {layout.n_params} parameters each)",
-                          n_networks, layout.n_params, runtime.device())
+                          n_networks, layout.n_params, runtime.device(), compact=self.compact)
         self.params = torch.nn.Parameter(self.initial_params(seed))
 
     @classmethod
@@ -158,6 +172,7 @@ class GridEncoding(Encoding):
             hash=cfg.choice("hash", HASH_TYPES, "CoherentPrime"),
             n_networks=n_networks,
             seed=seed,
+            table_dtype=cfg.choice("table_dtype", tuple(TABLE_DTYPES), "float32"),
         )
 
     def _kernel_table(self):
@@ -190,10 +205,11 @@ class GridEncoding(Encoding):
 
     # -- parameters ---------------------------------------------------------------------------
     def initial_params(self, seed: int) -> torch.Tensor:
-        """tcnn's init: uniform in [-1e-4, 1e-4], reproducible from `seed` (drawn on the CPU, then moved)."""
+        """tcnn's init: uniform in [-1e-4, 1e-4], reproducible from `seed` (drawn on the CPU, then moved;
+        a compact table holds the same draws rounded to bfloat16)."""
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
         n, p = self.n_networks, self.layout.n_params
-        out = torch.empty(n, p, dtype=torch.float32, device=runtime.device())
+        out = torch.empty(n, p, dtype=self.table_dtype, device=runtime.device())
         # Drawn in blocks of rows (the generator's stream is the same as in one draw): a table of
         # billions of floats needs no host copy of its own size.
         step = max(1, (1 << 24) // max(p, 1))
@@ -212,23 +228,25 @@ class GridEncoding(Encoding):
 
     # -- memory reporting ----------------------------------------------------------------------
     def memory_bytes_per_network(self) -> int:
-        return self.layout.n_params * 4
+        return self.layout.n_params * self.table_dtype.itemsize
 
     def memory_bytes(self) -> int:
         # From the layout, not self.params: inside a Composite the table lives in the composite.
         return self.n_networks * self.memory_bytes_per_network()
 
     def memory_report(self) -> dict:
-        """Parameter memory per level, per grid and in total (float32; gradients and optimizer state add
-        the same amount again each)."""
+        """Parameter memory per level, per grid and in total (float32: gradients and Adam's moments add the
+        same amount again each; bfloat16: the moments add as much again each, gradients are sparse)."""
         f = self.n_features_per_level
+        size = self.table_dtype.itemsize
         levels = [
             {"level": i, "resolution": lv.resolution, "scale": lv.scale, "entries": lv.size,
-             "hashed": self.layout.level_is_hashed(i), "bytes_per_network": lv.size * f * 4}
+             "hashed": self.layout.level_is_hashed(i), "bytes_per_network": lv.size * f * size}
             for i, lv in enumerate(self.layout.levels)
         ]
         return {
             "otype": self.otype, "type": self.grid_type, "n_networks": self.n_networks,
+            "table_dtype": str(self.table_dtype).removeprefix("torch."),
             "params_per_network": self.layout.n_params, "bytes_per_network": self.memory_bytes_per_network(),
             "total_bytes": self.memory_bytes(), "levels": levels,
         }
@@ -239,11 +257,20 @@ class GridEncoding(Encoding):
         return y, (Context(x=x, ids=ids, y_layout=y_layout) if train else None)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        if self.compact:
+            return self._sparse_backward(ctx, dy, need_dx, need_grads)
         dtable = torch.zeros_like(self.params) if need_grads else None
         dx = self.lookup_backward(ctx.x, ctx.ids, self.params.detach(), 0, dy, dtable, need_dx, ctx.y_layout)
         return dx, (dtable,)
 
+    def _refuse_second_order(self):
+        if self.compact:
+            raise SecondOrderError(f"{type(self).__name__} with table_dtype='bfloat16' has no second derivative "
+                                   "(its table gradient is sparse); use table_dtype='float32' for eikonal or "
+                                   "normal losses")
+
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
+        self._refuse_second_order()
         dy_sm = to_layout(dy, ctx.y_layout, SAMPLE_MAJOR)
         table = self.params.detach()
         out_dy = torch.zeros_like(dy_sm) if need_ddy else None
@@ -256,6 +283,7 @@ class GridEncoding(Encoding):
     def backward_backward_tables(self, ctx, dy, g_tables, *, need_ddy, need_dx):
         """The table gradient scatters w(x) * dy, so its derivative is a lookup into the incoming
         gradient: with respect to dy the plain lookup, with respect to x the lookup's input gradient."""
+        self._refuse_second_order()
         (g_table,) = g_tables
         g_table = g_table.contiguous()
         d_dy = self.lookup(ctx.x, ctx.ids, g_table, 0, ctx.y_layout) if need_ddy else None
@@ -272,9 +300,11 @@ class GridEncoding(Encoding):
                            f"features ({self.n_output_dims}, batch)")
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         if x.shape[0]:
+            compact = table.dtype == torch.bfloat16
+            cells = table.view(torch.int16) if compact else table  # the kernels read bfloat16 as its bits
             for lo, hi, rows in _chunk_views(table):
-                K.grid_forward(x, ids, rows(table), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
-                               lo)
+                K.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
+                               lo, compact)
         return to_layout(out_t, FEATURE_MAJOR, layout)
 
     def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
@@ -297,8 +327,7 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
         if runtime.settings().deterministic:
-            self._launch_backward_in_order(x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f,
-                                           interp, gtype)
+            self._launch_backward_in_order(x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x)
             return
         n_shared = self._shared_levels if params.shape[0] == 1 else 0  # 0 off CUDA
         for lo, hi, rows in _chunk_views(params):
@@ -330,15 +359,17 @@ class GridEncoding(Encoding):
             K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
                             int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo)
 
-    def _launch_backward_in_order(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
-                                  gtype):
-        """`Settings.deterministic`: the backward's terms written out, then summed in a fixed order
-        (tinn/kernels/deterministic.py), in blocks of samples added one after the other."""
+    def _term_blocks(self, x, net_ids, params, off, dy_t, want_params, want_x):
+        """The backward's terms (tinn/kernels/deterministic.py), in blocks of samples:
+        yields (b0, b1, keys, terms, dx_terms) per block [b0, b1), keys of the whole table."""
+        f, interp, gtype = self._codes()
         levels, d, dev = self.n_levels, self.n_input_dims, x.device
         slots = (1 << d) * f
         block = max(1, DK.GRID_TERMS_PER_BLOCK // (levels * slots))
         ph = torch.empty(1, 1, 1, device=dev)
         ph_keys = torch.empty(1, 1, 1, dtype=torch.int64, device=dev)
+        compact = params.dtype == torch.bfloat16
+        cells = params.view(torch.int16) if compact else params
         for b0 in range(0, x.shape[0], block):
             b1 = min(x.shape[0], b0 + block)
             keys = torch.full((levels, b1 - b0, slots), -1, dtype=torch.int64, device=dev) if want_params else ph_keys
@@ -346,12 +377,52 @@ class GridEncoding(Encoding):
             dx_terms = torch.zeros(levels, b1 - b0, d, device=dev) if want_x else ph
             xs, ids, dys = x[b0:b1], net_ids[b0:b1], dy_t[:, b0:b1].contiguous()
             for lo, hi, rows in _chunk_views(params):
-                DK.grid_backward_terms(xs, ids, rows(params), off, self._meta, dys, keys, terms, dx_terms, f, interp,
-                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo)
+                DK.grid_backward_terms(xs, ids, rows(cells), off, self._meta, dys, keys, terms, dx_terms, f, interp,
+                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo, compact)
+            yield b0, b1, keys, terms, dx_terms
+
+    def _launch_backward_in_order(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x):
+        """`Settings.deterministic`: the backward's terms written out, then summed in a fixed order
+        (tinn/kernels/deterministic.py), in blocks of samples added one after the other."""
+        for b0, b1, keys, terms, dx_terms in self._term_blocks(x, net_ids, params, off, dy_t, want_params, want_x):
             if want_params:
                 DK.add_sorted_terms(dparams.view(-1), keys.view(-1), terms.view(-1))
             if want_x:
                 dx[b0:b1] += dx_terms.sum(0)
+
+    def _sparse_backward(self, ctx, dy, need_dx, need_grads):
+        """A compact table's backward: dx as usual, and the table gradient as a coalesced sparse COO tensor
+        (bfloat16 values, each the fixed-order sum of its entry's terms), so no dense gradient is stored."""
+        x, ids, table = ctx.x, ctx.ids, self.params.detach()
+        dx = torch.zeros_like(x) if need_dx else None
+        if not (need_grads or need_dx) or not x.shape[0]:
+            return dx, (self._sparse_zeros() if need_grads else None,)
+        dy_t = to_layout(dy, ctx.y_layout, FEATURE_MAJOR).contiguous()
+        positions, sums = [], []
+        for b0, b1, keys, terms, dx_terms in self._term_blocks(x, ids, table, 0, dy_t, need_grads, need_dx):
+            if need_grads:
+                unique, total = DK.sum_terms_by_key(keys.view(-1), terms.view(-1))
+                positions.append(unique)
+                sums.append(total)
+            if need_dx:
+                dx[b0:b1] += dx_terms.sum(0)
+        if not need_grads:
+            return dx, (None,)
+        if len(positions) > 1:  # blocks may share entries: their sums are added in block order
+            positions, sums = DK.sum_terms_by_key(torch.cat(positions), torch.cat(sums))
+        else:
+            positions, sums = positions[0], sums[0]
+        cols = self.layout.n_params
+        indices = torch.stack((torch.div(positions, cols, rounding_mode="floor"), positions % cols))
+        grad = torch.sparse_coo_tensor(indices, sums.to(self.table_dtype), tuple(table.shape), is_coalesced=True,
+                                       check_invariants=False)
+        return dx, (grad,)
+
+    def _sparse_zeros(self):
+        dev = self.params.device
+        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64, device=dev),
+                                       torch.zeros(0, dtype=self.table_dtype, device=dev),
+                                       tuple(self.params.shape), is_coalesced=True, check_invariants=False)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()

@@ -15,7 +15,7 @@ to run. Here every sum is taken in an order fixed by the data alone:
 import torch
 
 from ..backend import ti
-from .grid_encoding import NEAREST, _corners, _entry, _input_gradient, _level_at, _smooth
+from .grid_encoding import NEAREST, table_2d, _corners, _entry, _input_gradient, _level_at, _smooth
 from .launch import fast_kernel
 from .mlp_array import in_chunk
 
@@ -53,9 +53,9 @@ def reduce_tiles_in_order(partial: f32_2d, tile_net: i32_1d, grad: f32_2d, net_l
 
 @fast_kernel
 @ti.kernel
-def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d,
+def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.i32, meta: i32_2d,
                         dy_t: f32_2d, keys: i64_3d, terms: f32_3d, dx_terms: f32_3d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, want_params: ti.i32, want_x: ti.i32,
-                        D: ti.template(), net_lo: ti.i32):
+                        D: ti.template(), net_lo: ti.i32, BF16: ti.template()):
     """The grid backward's terms without summing them: for (level, sample) the table terms w_c * dy_f at
     keys[level, b, c * F + f] = row * row_length + column (rows of the whole table), and the input gradient
     dx_terms[level, b, k]. Samples of rows outside the chunk view `params` are left alone (keys stay -1)."""
@@ -80,7 +80,7 @@ def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset
                             keys[level, b, c * F + f] = row + idx[c] + f
                             terms[level, b, c * F + f] = w[c] * dy_t[col + f, b]
                 if want_x:
-                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D)
+                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D, BF16)
                     for k in ti.static(range(D)):
                         dx_terms[level, b, k] = g_x[k]
 
@@ -101,15 +101,23 @@ def segment_sums(values: f32_1d, ends: i64_1d, out: f32_1d):
         out[s] = acc
 
 
-def add_sorted_terms(flat_table: torch.Tensor, keys: torch.Tensor, terms: torch.Tensor) -> None:
-    """flat_table[keys] += terms, each key's terms summed in their given order (keys < 0 are no terms)."""
+def sum_terms_by_key(keys: torch.Tensor, terms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct keys in increasing order, the sum of each key's terms taken in their given order);
+    keys < 0 are no terms."""
     keep = keys >= 0
     keys, terms = keys[keep], terms[keep]
     if not keys.numel():
-        return
+        return keys, terms
     keys, order = torch.sort(keys, stable=True)
     terms = terms[order].contiguous()
     unique, counts = torch.unique_consecutive(keys, return_counts=True)
     sums = torch.empty(unique.shape[0], dtype=torch.float32, device=terms.device)
     segment_sums(terms, torch.cumsum(counts, 0), sums)
-    flat_table[unique] += sums   # unique positions: one add each, no order to depend on
+    return unique, sums
+
+
+def add_sorted_terms(flat_table: torch.Tensor, keys: torch.Tensor, terms: torch.Tensor) -> None:
+    """flat_table[keys] += terms, each key's terms summed in their given order (keys < 0 are no terms)."""
+    unique, sums = sum_terms_by_key(keys, terms)
+    if unique.numel():
+        flat_table[unique] += sums   # unique positions: one add each, no order to depend on

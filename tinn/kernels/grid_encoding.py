@@ -34,10 +34,12 @@ come from neighbouring threads to neighbouring words and reach L2 as one request
 """
 from ..backend import ti
 
+from .compact import bf16_value
 from .launch import fast_kernel
 from .mlp_array import in_chunk
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+table_2d = ti.types.ndarray(ndim=2)  # float32, or int16 holding bfloat16 bits (a compact table)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
@@ -158,14 +160,25 @@ def _corners(cell, s, res, size, base, grid_type, meta: ti.template(), F: ti.tem
 
 
 @ti.func
+def table_value(params: ti.template(), net, i, BF16: ti.template()):
+    """Element (net, i) of a grid table as float32: a float32 table, or a compact one (bfloat16 bits)."""
+    value = 0.0
+    if ti.static(BF16):
+        value = bf16_value(params[net, i])
+    else:
+        value = params[net, i]
+    return value
+
+
+@ti.func
 def _input_gradient(params: ti.template(), net, idx, s, ds, dy_t: ti.template(), col, b, scale, F: ti.template(),
-                    D: ti.template()):
+                    D: ti.template(), BF16: ti.template()):
     """d(level's features . dy)/dx of sample b: the corner values dotted with dy, times the weights' slopes."""
     vg = ti.Vector([0.0] * (1 << D), dt=ti.f32)
     for f in ti.static(range(F)):
         g = dy_t[col + f, b]
         for c in ti.static(range(1 << D)):
-            vg[c] += g * params[net, idx[c] + f]
+            vg[c] += g * table_value(params, net, idx[c] + f, BF16)
     g_x = ti.Vector([0.0] * D, dt=ti.f32)
     for k in ti.static(range(D)):
         acc = 0.0
@@ -177,10 +190,11 @@ def _input_gradient(params: ti.template(), net, idx, s, ds, dy_t: ti.template(),
 
 @fast_kernel
 @ti.kernel
-def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
-                 F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(), net_lo: ti.i32):
+def grid_forward(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
+                 F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(), net_lo: ti.i32,
+                 BF16: ti.template()):
     """out_t[level * F + f, b] = features (feature-major), for the samples whose grid lies in the chunk view
-    `params` (rows net_lo...; tinn/chunks.py)."""
+    `params` (rows net_lo...; tinn/chunks.py); BF16: the table is compact (int16 bfloat16 bits)."""
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
         net = net_ids[b] - net_lo
         if in_chunk(net, params):
@@ -191,14 +205,14 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i3
                 # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
                 nan = ti.math.isnan(frac).any()
                 for f in ti.static(range(F)):
-                    out_t[col + f, b] = ti.select(nan, ti.math.nan, params[net, e + f])
+                    out_t[col + f, b] = ti.select(nan, ti.math.nan, table_value(params, net, e + f, BF16))
             else:
                 s, ds, dds = _smooth(frac, interp, D)
                 idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
                 for f in ti.static(range(F)):
                     acc = 0.0
                     for c in ti.static(range(1 << D)):
-                        acc += w[c] * params[net, idx[c] + f]
+                        acc += w[c] * table_value(params, net, idx[c] + f, BF16)
                     out_t[col + f, b] = acc
 
 
@@ -235,7 +249,7 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
                             for c in ti.static(range(1 << D)):
                                 ti.atomic_add(dparams[net, idx[c] + f], w[c] * g)
                 if want_x:
-                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D)
+                    g_x = _input_gradient(params, net, idx, s, ds, dy_t, col, b, scale, F, D, False)
                     for k in ti.static(range(D)):
                         ti.atomic_add(dx[b, k], g_x[k])
 

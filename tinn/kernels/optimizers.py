@@ -30,32 +30,41 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32)
 
 
 @ti.func
+def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
+                lower, upper):
+    """tcnn's Adam on one element: (new weight, new m, new v) from the weight, its gradient, its moments and
+    the step count t used for bias correction; lr_r is the learning rate with the row's scale applied."""
+    grad += l2_reg * wv
+    if grad_clip != 0.0:
+        # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
+        grad = ti.select(grad >= 0.0, ti.min(grad, grad_clip), ti.max(grad, -grad_clip))
+    mv = beta1 * m_old + (1.0 - beta1) * grad
+    vv = beta2 * v_old + (1.0 - beta2) * grad * grad
+    tf = ti.cast(t, ti.f32)
+    lr_t = lr_r * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
+    eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
+    nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
+    if clip != 0.0:
+        nw = ti.min(ti.max(nw, -clip), clip)
+    return nw, mv, vv
+
+
+@ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
                   lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay,
                   abs_decay, clip, grad_clip, lower, upper):
     grad = g[r, c]
     if skip_zero == 0 or grad != 0.0:
-        wv = w[r, c]
-        grad += l2_reg * wv
-        if grad_clip != 0.0:
-            # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
-            grad = ti.select(grad >= 0.0, ti.min(grad, grad_clip), ti.max(grad, -grad_clip))
-        mv = beta1 * m[r, c] + (1.0 - beta1) * grad
-        vv = beta2 * v[r, c] + (1.0 - beta2) * grad * grad
-        m[r, c] = mv
-        v[r, c] = vv
         # A tensor whose elements are never skipped shares one step count (step_now, kept on the host);
         # skipping gives every element its own.
         t = step_now
         if step_now == 0:
             t = steps[r, c] + 1
             steps[r, c] = t
-        tf = ti.cast(t, ti.f32)
-        lr_t = lr * lr_scale[r] * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
-        eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
-        nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
-        if clip != 0.0:
-            nw = ti.min(ti.max(nw, -clip), clip)
+        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_scale[r], l2_reg, beta1, beta2,
+                                 epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        m[r, c] = mv
+        v[r, c] = vv
         w[r, c] = nw
 
 

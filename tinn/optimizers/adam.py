@@ -13,13 +13,20 @@ Differences from torch.optim.Adam, on purpose (they are tcnn's):
 - relative_decay / absolute_decay shrink the weight by (relative_decay * lr_t) * w and
   (absolute_decay * lr_t) * sign(w) (decoupled, scaled by the bias-corrected rate).
 - adabound clamps lr_t / (sqrt(v) + eps) to [0.1 - 0.1/((1-beta2) t + 1), 0.1 + 0.1/((1-beta2) t)].
+
+Compact (bfloat16) grid tables arrive with sparse gradients: only their entries are stepped (the lazy
+Adam of torch.optim.SparseAdam), with the same per-element update, bfloat16 moments, stochastically
+rounded weights (tinn/kernels/compact.py) and one step count per tensor for the bias correction.
 """
 from __future__ import annotations
+
+import zlib
 
 import torch
 
 from .. import chunks
 from ..config import Section
+from ..kernels import compact as KC
 from ..kernels import optimizers as K
 from .base import LeafOptimizer, is_matrix_param
 
@@ -28,6 +35,7 @@ F32_MAX = 3.4028234663852886e38
 
 class Adam(LeafOptimizer):
     otype = "Adam"
+    COMPACT = True
     OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "l2_reg", "relative_decay", "absolute_decay",
                "adabound", "clipping_magnitude", "gradient_clipping_magnitude", "non_matrix_learning_rate_factor",
                "non_matrix_l2_reg", "optimize_matrix_params", "optimize_non_matrix_params",
@@ -52,9 +60,11 @@ class Adam(LeafOptimizer):
         self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
         self._no_steps = None
         for name, p in self.named_params:
-            self.new_state("m", name)
-            self.new_state("v", name)
-            if self._skips(name):
+            self.new_state("m", name, dtype=p.dtype)
+            self.new_state("v", name, dtype=p.dtype)
+            if p.dtype == torch.bfloat16:
+                self.scalars[f"steps.{name}"] = 0
+            elif self._skips(name):
                 self.new_state("steps", name, dtype=torch.int32)
             else:
                 self.scalars[f"steps.{name}"] = 0
@@ -84,6 +94,22 @@ class Adam(LeafOptimizer):
             per_element = operands[4] is not self._no_steps
             chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
                                   sliced=range(6) if per_element else (0, 1, 2, 3, 5))
+
+    def _update_sparse(self, name, w, g, lr_scale) -> None:
+        """A compact table: its entries with a gradient, row chunk by row chunk (tinn/chunks.py)."""
+        if not self._optimized(name) or not g._nnz():
+            return
+        step = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
+        lr, l2_reg = ((self.learning_rate, self.l2_reg) if self.is_matrix[name] else
+                      (self.learning_rate * self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg))
+        indices, values = g.indices(), g.values().contiguous().view(torch.int16)
+        rows, cols = indices[0].contiguous(), indices[1].contiguous()
+        m, v = self.state[f"m.{name}"].view(torch.int16), self.state[f"v.{name}"].view(torch.int16)
+        bits = w.view(torch.int16)
+        seed = zlib.crc32(name.encode())  # stochastic rounding: a stream of its own per tensor
+        for lo, hi in chunks.row_spans(w.shape[0], w.shape[1], f"the table {name!r}"):
+            KC.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr, l2_reg, step,
+                                seed, *self._hyper())
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params

@@ -21,6 +21,8 @@ from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 
 State = dict  # str -> torch.Tensor | int | float | str | bool
+# The optimizers that step compact (bfloat16) tables from their sparse gradients (the `COMPACT` flag).
+COMPACT_OPTIMIZERS = "Adam, or ExponentialDecay around Adam"
 
 
 def rows_of(p: torch.Tensor) -> int:
@@ -62,7 +64,10 @@ def layer_shapes(name: str, p: torch.Tensor) -> list[tuple[int, int]] | None:
     return None
 
 
-def validate_params(named_params) -> list[tuple[str, torch.Tensor]]:
+def validate_params(named_params, compact: bool = False, owner: str = "this optimizer"
+                    ) -> list[tuple[str, torch.Tensor]]:
+    """The (name, parameter) pairs, checked; bfloat16 ones (compact grid tables, stepped from sparse
+    gradients) only where `compact` says the optimizer steps them."""
     runtime.require_init()
     out, seen = [], set()
     for item in named_params:
@@ -74,8 +79,12 @@ def validate_params(named_params) -> list[tuple[str, torch.Tensor]]:
         if name in seen:
             raise InputError(f"parameter name {name!r} appears twice in named_params")
         seen.add(name)
-        if p.dtype != torch.float32:
-            raise InputError(f"parameter {name!r} has dtype {p.dtype}; allowed: torch.float32")
+        if p.dtype == torch.bfloat16 and not compact:
+            raise InputError(f"parameter {name!r} is a compact (bfloat16) table, which {owner} cannot step; "
+                             f"allowed for compact tables: {COMPACT_OPTIMIZERS}")
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise InputError(f"parameter {name!r} has dtype {p.dtype}; allowed: torch.float32 (and torch.bfloat16 "
+                             f"for compact grid tables)")
         checks.check_device(f"parameter {name!r}", p)
         if not p.is_contiguous():
             raise InputError(f"parameter {name!r} must be contiguous (updated in place through a flat view)")
@@ -101,9 +110,11 @@ class Optimizer:
     otype = "Optimizer"
     # Every key of this optimizer's config besides "otype"; `create_optimizer` rejects any other.
     OPTIONS: tuple[str, ...] | None = None
+    # Whether it steps compact (bfloat16) tables, whose gradients are sparse.
+    COMPACT = False
 
     def __init__(self, named_params, path: str = "optimizer"):
-        self.named_params = validate_params(named_params)
+        self.named_params = validate_params(named_params, self.COMPACT, f"{self.otype} ({path})")
         self.params = dict(self.named_params)
         self.path = path
         self.scalars: dict[str, int | float | bool | str] = {}
@@ -117,10 +128,13 @@ class Optimizer:
         for name, p in self.named_params:
             g = p.grad
             if g is not None:
-                if g.shape != p.shape or g.dtype != torch.float32:
+                if g.shape != p.shape or g.dtype != p.dtype:
                     raise InputError(f"gradient of {name!r} is {tuple(g.shape)} {g.dtype}; expected "
-                                     f"{tuple(p.shape)} torch.float32")
-                g = g.detach().contiguous()
+                                     f"{tuple(p.shape)} {p.dtype}")
+                if p.dtype == torch.bfloat16:  # a compact table: stepped where its gradient has entries
+                    g = (g if g.is_sparse else g.to_sparse()).detach().coalesce()
+                else:
+                    g = g.detach().contiguous()
             grads[name] = g
         with torch.no_grad():
             self._apply(grads)
@@ -300,14 +314,19 @@ class LeafOptimizer(Optimizer):
 
     def _apply(self, grads) -> None:
         self.scalars["step_count"] += 1
-        updates = []
+        updates, sparse = [], []
         for name, p in self.named_params:
             g = grads.get(name)
             if g is None or p.numel() == 0:
                 continue
             rows = self.rows[name]
-            updates.append((name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"]))
+            if g.is_sparse:
+                sparse.append((name, as_rows(p.detach(), rows), g, self.state[f"lr_scale.{name}"]))
+            else:
+                updates.append((name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"]))
         self._update_all(updates)
+        for update in sparse:
+            self._update_sparse(*update)
 
     def _update_all(self, updates: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         """This step's (name, w, g, lr_scale) of every parameter with a gradient; one `_update` each
@@ -316,4 +335,8 @@ class LeafOptimizer(Optimizer):
             self._update(*update)
 
     def _update(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _update_sparse(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
+        """A compact table `w` (rows, cols) stepped from its coalesced sparse gradient (optimizers with COMPACT)."""
         raise NotImplementedError

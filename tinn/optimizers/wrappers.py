@@ -178,6 +178,7 @@ class ExponentialDecay(Wrapper):
 
     otype = "ExponentialDecay"
     OPTIONS = ("nested", "decay_base", "decay_start", "decay_interval", "decay_end")
+    COMPACT = True  # it only rescales the nested learning rate; the nested optimizer checks its own
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
