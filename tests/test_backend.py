@@ -121,3 +121,34 @@ def test_quick_class_check_answers_as_taichi():
     o.fill(o.out, 2.5)
     tinn.runtime.sync()
     assert o.out.tolist() == [2.5, 2.5, 2.5]
+
+
+def test_remembered_positions_give_taichi_s_messages():
+    utils = backend.ti.lang.ast.ast_transformer_utils
+    if backend.name() != "taichi" or not hasattr(utils.ASTTransformerContext.get_pos_info, "original"):
+        pytest.skip("remembered positions replace a Taichi 1.7.4 internal only")
+    ti = backend.ti
+
+    def message():
+        @ti.kernel
+        def bad(a: ti.types.ndarray()):
+            for i in a:
+                for j in ti.static(range(3)):
+                    a[i] += j * 2.0
+                    a[i] += (j +
+                             undefined_name)  # noqa: F821  (the error the message reports)
+
+        with pytest.raises(backend.compile_errors()) as info:
+            bad(torch.zeros(4, device=tinn.runtime.device()))
+        return str(info.value)
+
+    remembered = [message(), message()]       # the second from what the first remembered
+    context = utils.ASTTransformerContext
+    patched = context.get_pos_info
+    context.get_pos_info = patched.original
+    try:
+        taichi_own = message()
+    finally:
+        context.get_pos_info = patched
+    assert "undefined_name" in taichi_own and "line" in taichi_own
+    assert remembered == [taichi_own, taichi_own]
