@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import tinn
 from tinn import backend
@@ -87,3 +88,67 @@ def test_only_the_backend_module_imports_a_backend():
                     if pattern.search(fh.read()):
                         offenders.append(os.path.relpath(path, ROOT))
     assert offenders == []
+
+
+def _class_checks(level):
+    """(tinn's answer, Taichi's own) to "is the frame `level` up a class statement?", as the decorators ask."""
+    impl = backend.ti.lang.kernel_impl
+    return impl._inside_class(level + 1), impl._inside_class.original(level + 1)
+
+
+def test_quick_class_check_answers_as_taichi():
+    if backend.name() != "taichi" or not hasattr(backend.ti.lang.kernel_impl._inside_class, "original"):
+        pytest.skip("the quick class check replaces a Taichi 1.7.4 internal only")
+    assert _class_checks(1) == (False, False)   # this function's frame: an ordinary statement
+
+    class Plain:
+        answers = _class_checks(2)              # the frame running `class Plain:`
+
+    assert Plain.answers == (True, True)
+    ti = backend.ti
+
+    @ti.data_oriented
+    class Oriented:
+        def __init__(self):
+            self.out = torch.zeros(3, device=tinn.runtime.device())
+
+        @ti.kernel
+        def fill(self, out: ti.types.ndarray(), v: ti.f32):   # a class kernel: needs the True answer
+            for i in out:
+                out[i] = v
+
+    o = Oriented()
+    o.fill(o.out, 2.5)
+    tinn.runtime.sync()
+    assert o.out.tolist() == [2.5, 2.5, 2.5]
+
+
+def test_remembered_positions_give_taichi_s_messages():
+    utils = backend.ti.lang.ast.ast_transformer_utils
+    if backend.name() != "taichi" or not hasattr(utils.ASTTransformerContext.get_pos_info, "original"):
+        pytest.skip("remembered positions replace a Taichi 1.7.4 internal only")
+    ti = backend.ti
+
+    def message():
+        @ti.kernel
+        def bad(a: ti.types.ndarray()):
+            for i in a:
+                for j in ti.static(range(3)):
+                    a[i] += j * 2.0
+                    a[i] += (j +
+                             undefined_name)  # noqa: F821  (the error the message reports)
+
+        with pytest.raises(backend.compile_errors()) as info:
+            bad(torch.zeros(4, device=tinn.runtime.device()))
+        return str(info.value)
+
+    remembered = [message(), message()]       # the second from what the first remembered
+    context = utils.ASTTransformerContext
+    patched = context.get_pos_info
+    context.get_pos_info = patched.original
+    try:
+        taichi_own = message()
+    finally:
+        context.get_pos_info = patched
+    assert "undefined_name" in taichi_own and "line" in taichi_own
+    assert remembered == [taichi_own, taichi_own]

@@ -90,9 +90,83 @@ def load(requested: str | None = None):
         return _state["module"]
     name, why = resolve(requested, os.environ.get(ENV))
     module = importlib.import_module(name)
+    if name == "taichi":
+        _quick_class_check(module)
+        _remembered_positions(module)
     _state.update(name=name, module=module, why=why)
     globals()["ti"] = module  # later `from tinn.backend import ti` finds the attribute directly
     return module
+
+
+def _quick_class_check(module) -> None:
+    """Make Taichi 1.7.4's per-decorator "is this inside a class body?" test cheap.
+
+    Every `@ti.kernel` and `@ti.func` asks it, through `inspect.getframeinfo`, which maps the frame to
+    its module by scanning `sys.modules` (thousands of entries once torch is imported): that made
+    importing tinn's kernel modules a visible part of start-up. The replacement reads the same source
+    line (the frame's current line, through linecache with the frame's globals, as `inspect.findsource`
+    does) and applies Taichi's own patterns, so every decorator gets the answer it got before. Taichi
+    is frozen at 1.7.4; if its internals are not the expected ones, nothing is replaced.
+    """
+    impl = getattr(getattr(module, "lang", None), "kernel_impl", None)
+    patterns = getattr(impl, "_KERNEL_CLASS_STACKFRAME_STMT_RES", None)
+    original = getattr(impl, "_inside_class", None)
+    if patterns is None or original is None or getattr(original, "__code__", None) is None or \
+            original.__code__.co_varnames[:1] != ("level_of_class_stackframe",):
+        return
+    import linecache
+
+    def _inside_class(level_of_class_stackframe):
+        try:
+            frame = sys._getframe(level_of_class_stackframe)
+            lines = linecache.getlines(frame.f_code.co_filename, frame.f_globals)
+            if not lines:
+                return False
+            statement = lines[max(0, min(frame.f_lineno - 1, len(lines) - 1))].strip()  # inspect's clamp
+            return any(pat.match(statement) for pat in patterns)
+        except Exception:  # no source (interactive input, sourceless modules): what Taichi answers
+            return False
+
+    _inside_class.original = original
+    impl._inside_class = _inside_class
+
+
+def _remembered_positions(module) -> None:
+    """Remember the source-position text that Taichi 1.7.4 attaches to every IR statement it builds.
+
+    Building a kernel's IR (at its first launch in each process, even when the compiled kernel then comes
+    from the offline cache) formats a "File ..., line ..." message with carets for every statement, through
+    `textwrap`, and `ti.static` loops and inlined `ti.func`s visit the same source nodes many times: that
+    formatting was most of the IR-building time of tinn's kernels. The text is a function of the context's
+    file, function name, line offset and indent and of the node's kind, position and source lines, which
+    together make the key: a repeat gets the same string, a new node goes to Taichi's own code.
+    """
+    utils = getattr(getattr(getattr(module, "lang", None), "ast", None), "ast_transformer_utils", None)
+    context = getattr(utils, "ASTTransformerContext", None)
+    original = getattr(context, "get_pos_info", None)
+    if original is None or getattr(original, "__code__", None) is None or \
+            original.__code__.co_varnames[:2] != ("self", "node"):
+        return
+    remembered: dict = {}
+
+    def get_pos_info(self, node):
+        try:
+            first, last = node.lineno, node.end_lineno
+            body = getattr(node, "body", None)
+            key = (self.file, self.func.func.__name__, self.lineno_offset, self.indent, type(node).__name__,
+                   first, last, node.col_offset, node.end_col_offset,
+                   body[0].lineno if isinstance(body, list) and body else None, tuple(self.src[first - 1:last]))
+        except Exception:  # anything unexpected: Taichi's own answer, not remembered
+            return original(self, node)
+        text = remembered.get(key)
+        if text is None:
+            if len(remembered) >= 1 << 16:
+                remembered.clear()
+            text = remembered[key] = original(self, node)
+        return text
+
+    get_pos_info.original = original
+    context.get_pos_info = get_pos_info
 
 
 def name() -> str:

@@ -52,7 +52,12 @@ MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)
 def make_table(values):
     """A persistent int32 Taichi ndarray on the backend's device holding `values` (a 2-D numpy array)."""
     table = ti.ndarray(dtype=ti.i32, shape=values.shape)
-    table.from_numpy(values)
+    # Element by element rather than `from_numpy`: that launches a Taichi kernel of its own, one more to
+    # compile at start-up for a table of a few dozen integers.
+    rows, cols = values.shape
+    for i in range(rows):
+        for j in range(cols):
+            table[i, j] = int(values[i, j])
     return table
 
 

@@ -1,0 +1,54 @@
+"""tinn.precompile: one training step and one inference pass fill Taichi's offline cache, so that a later
+process with the same config loads every kernel instead of compiling it."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tinn
+from tinn.precompile import precompile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "config_hash.json")
+
+
+def _cached(path):
+    return sorted(f for _, _, files in os.walk(path) for f in files if f.endswith(".tic"))
+
+
+def _precompile_process(cache):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TI_OFFLINE_CACHE_FILE_PATH", None)
+    proc = subprocess.run([sys.executable, "-m", "tinn.precompile", "--arch", "cpu", "--config", CONFIG,
+                           "--batch", "256", "--cache-dir", str(cache), "--json"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_compiles_nothing_new(tmp_path):
+    first = _precompile_process(tmp_path)
+    assert first["arch"] == "cpu" and os.path.samefile(first["cache_dir"], tmp_path)
+    kernels = first["kernels"]
+    for name in ("image_sampling.sample_image_batch", "grid_encoding.grid_forward", "grid_encoding.grid_backward",
+                 "mlp_array.forward", "mlp_array.backward_deltas", "losses.loss_forward", "optimizers.adam_step_pair"):
+        assert f"tinn.kernels.{name}" in kernels
+    assert kernels.count("tinn.kernels.mlp_array.forward") == 2  # training (keeps activations) and inference
+    cached = _cached(tmp_path)
+    assert len(cached) >= len(kernels)
+
+    second = _precompile_process(tmp_path)
+    assert second["kernels"] == kernels     # the same instances built again in Python ...
+    assert _cached(tmp_path) == cached      # ... and every one loaded from the cache, none compiled
+
+
+def test_precompile_in_process_without_the_image_task():
+    config = {"encoding": {"otype": "Frequency", "n_frequencies": 2},
+              "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
+    built = precompile(config, 3, 2, n_networks=4, batch=128, image=False)
+    assert isinstance(built, list) and all(name.startswith(("tinn.", "taichi.")) for name in built)
+    with pytest.raises(ValueError, match="image=True needs 2 inputs, 3 outputs"):
+        precompile(config, 3, 2, n_networks=4, batch=128)
+    assert tinn.runtime.arch() in ("cpu", "cuda")
