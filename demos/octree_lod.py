@@ -35,10 +35,12 @@ FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points":
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
          "grid_features": 2, "neurons": 16, "occupancy_res": 64}
-# --scale: over a thousand nodes, each with a 16-level hash grid whose tables are as large as the device
-# holds (up to tcnn's 2^19 entries), so the array's grid table passes 2^31 floats and runs in row chunks.
-SCALE = dict(FULL, max_depth=5, min_points=2, n_points=400_000, steps=300, batch=4096, grid_levels=16,
-             grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=1.5)
+# --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
+# up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
+# sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
+SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=300, batch=2048, grid_levels=16,
+             grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=(2048 / 16) ** (1 / 15),
+             table_dtype="bfloat16")
 
 
 def parse_args(argv=None):
@@ -65,6 +67,9 @@ def parse_args(argv=None):
                    help="log2 of each grid level's table size (default: dense-sized, 3 x levels, at most 19)")
     p.add_argument("--base-resolution", type=int, default=None, help="coarsest grid resolution (default 2)")
     p.add_argument("--per-level-scale", type=float, default=None, help="grid resolution growth per level (2)")
+    p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
+                        "against 20); default float32, bfloat16 with --scale")
     p.add_argument("--scale", action="store_true",
                    help="scale preset: depth 5 (1000+ nodes), 16-level hash grids sized to the device memory")
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
@@ -96,7 +101,9 @@ def apply_defaults(args, on_gpu: bool):
     small = args.small or not (on_gpu or args.full or args.scale)
     defaults = dict(SCALE if args.scale and not args.small else SMALL if small else FULL)
     if args.scale and args.small:  # the scale preset's structure at CPU size (tests, with a tiny chunk limit)
-        defaults.update(grid_levels=16, log2_hashmap=None, base_resolution=16, per_level_scale=1.5)
+        defaults.update(grid_levels=16, log2_hashmap=None, base_resolution=16, per_level_scale=1.5,
+                        table_dtype="bfloat16")
+    defaults.setdefault("table_dtype", "float32")
     if args.data and not small:
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     for key, value in defaults.items():
@@ -149,7 +156,8 @@ def build_field(args, train, points):
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.
                 "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
-                "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0}
+                "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
+                "table_dtype": args.table_dtype}
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.neurons, "n_hidden_layers": 1}
     field = OctreeField(tree, encoding, network, seed=args.seed + 1)
@@ -164,17 +172,21 @@ def build_field(args, train, points):
 
 
 def scaled_log2_hashmap(args, n_nodes: int) -> int:
-    """The largest grid table (2^12 .. 2^19 entries per level) whose parameters, gradients and Adam state
-    for `n_nodes` grids take at most three quarters of the free device memory (on the CPU: 2^12, test-sized)."""
+    """The largest grid table (2^12 .. 2^19 entries per level) whose training state for `n_nodes` grids fits the
+    free device memory (on the CPU: 2^12, test-sized). float32: parameters, gradients and Adam's state, 20 bytes
+    per value, in three quarters of it; bfloat16: the table and Adam's two moments, 6 bytes per value (gradients
+    are sparse), leaving 4 GiB for the step's batch and the gradient's sorting."""
     from tinn import memory
     from tinn.encodings.grid_layout import grid_layout
 
     free = memory.free_bytes(tinn.runtime.device()) if tinn.runtime.arch() == "cuda" else None
+    compact = args.table_dtype == "bfloat16"
+    budget = None if free is None else (free - 4 * 2**30 if compact else free * 3 // 4)
     best = 12
     for log2 in range(12, 20):
         layout = grid_layout(3, args.grid_levels, args.grid_features, log2, args.base_resolution or 2,
                              args.per_level_scale or 2.0, "Hash")
-        if free is not None and 5 * 4 * n_nodes * layout.n_params <= free * 3 // 4:
+        if budget is not None and (6 if compact else 20) * n_nodes * layout.n_params <= budget:
             best = log2
     return best
 
@@ -324,6 +336,7 @@ def run(argv=None) -> dict:
         "pyramid_levels": args.pyramid_levels, "nodes": tree.n_nodes, "nodes_per_level": tree.nodes_per_level(),
         "params_per_node": field.params_per_node(), "params_total": field.n_params(),
         "param_bytes": field.memory_bytes(), "grid_table_floats": table, "grid_table_launches": launches,
+        "table_dtype": args.table_dtype,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "train_seconds": train_seconds, "steps_per_second": args.steps / train_seconds,
         "final_loss": float(loss) if loss is not None else None,
