@@ -38,9 +38,11 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
 # sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
-SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=300, batch=2048, grid_levels=16,
+# Its level-of-detail rule counts 4 cells per node edge (not the finest level's 2048, which would make the
+# root fine enough for every pixel of a 128-pixel view), so the views' footprints spread samples over all depths.
+SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=600, batch=2048, grid_levels=16,
              grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=(2048 / 16) ** (1 / 15),
-             table_dtype="bfloat16")
+             table_dtype="bfloat16", lod_resolution=4.0)
 
 
 def parse_args(argv=None):
@@ -66,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--log2-hashmap", type=int, default=None,
                    help="log2 of each grid level's table size (default: dense-sized, 3 x levels, at most 19)")
     p.add_argument("--base-resolution", type=int, default=None, help="coarsest grid resolution (default 2)")
+    p.add_argument("--lod-resolution", type=float, default=None,
+                   help="grid cells per node edge for the level-of-detail rule (default: the finest grid level's)")
     p.add_argument("--per-level-scale", type=float, default=None, help="grid resolution growth per level (2)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
@@ -160,7 +164,7 @@ def build_field(args, train, points):
                 "table_dtype": args.table_dtype}
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.neurons, "n_hidden_layers": 1}
-    field = OctreeField(tree, encoding, network, seed=args.seed + 1)
+    field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
     if args.shard:
         import tinn.distributed as td
         from tinn.models import NetworkWithInputEncoding
