@@ -414,8 +414,9 @@ class GridEncoding(Encoding):
             positions, sums = positions[0], sums[0]
         cols = self.layout.n_params
         indices = torch.stack((torch.div(positions, cols, rounding_mode="floor"), positions % cols))
-        grad = torch.sparse_coo_tensor(indices, sums.to(self.table_dtype), tuple(table.shape), is_coalesced=True,
-                                       check_invariants=False)
+        with torch.sparse.check_sparse_tensor_invariants(False):  # built sorted and unique above
+            grad = torch.sparse_coo_tensor(indices, sums.to(self.table_dtype), tuple(table.shape),
+                                           is_coalesced=True, check_invariants=False)
         return dx, (grad,)
 
     def _sparse_zeros(self):
