@@ -31,9 +31,13 @@ def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
 
 def peak_memory_reset() -> None:
     """Start a peak-memory window: unreachable objects of earlier cases (reference cycles that Python's
-    collector has not reached yet) are freed first, so they do not count towards this case's peak."""
+    collector has not reached yet) are freed first, so they do not count towards this case's peak, and the
+    allocator's cache is emptied: a block served from a cached segment a little larger than the request
+    counts whole, so segments left by earlier cases would change the peak with the order of the cases."""
     if torch.cuda.is_available():
         gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
