@@ -17,7 +17,9 @@ GPU's FP32 peak (non-tensor-core), inference samples/s, peak GPU memory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -154,6 +156,7 @@ def time_torch(row, prefix, model, x, ids, target, n, reps):
     row[f"{prefix}_mem_mib"] = peak_memory_mib()
     # The steady state, as for tinn: one more step, its peak counted alone.
     peak_memory_reset()
+    row[f"{prefix}_step_base_mib"] = torch.cuda.memory_allocated() / 2**20 if x.is_cuda else None
     step()
     row[f"{prefix}_step_mem_mib"] = peak_memory_mib()
 
@@ -184,6 +187,7 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
         # The steady state: one more step after the timed ones, peak counted from there (the first
         # calls of a process compile and warm up; the row above includes them).
         peak_memory_reset()
+        row["tinn_step_base_mib"] = torch.cuda.memory_allocated() / 2**20 if dev.type == "cuda" else None
         trainer.training_step(x, target, ids)
         row["tinn_step_mem_mib"] = peak_memory_mib()
     row["tinn_fwd_tflops"] = flop / row["tinn_fwd_ms"] / 1e9
@@ -228,6 +232,16 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
     return row
 
 
+def run_isolated(case: dict, arch: str | None) -> dict:
+    """`bench_case(**case)` in a fresh Python process; its row."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)] + (["--arch", arch] if arch else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("CASE "):
+            return json.loads(line[5:])
+    raise RuntimeError(f"case {case} failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default=None)
@@ -246,8 +260,16 @@ def main(argv=None):
     p.add_argument("--suite", action="store_true",
                    help="the full grid: N in 1,64,1024,4096,16384 x widths 16,32,64,128 x even,ragged")
     p.add_argument("--peak-tflops", type=float, default=None, help="FP32 peak for the %% column (default: by GPU name)")
+    p.add_argument("--isolate", action="store_true",
+                   help="each case in a fresh process: no allocator state, library workspaces or caches of earlier "
+                        "cases count towards a case's peak memory (the memory tables use it)")
+    p.add_argument("--case", default=None, help=argparse.SUPPRESS)  # one case, as JSON (for --isolate)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.case:
+        tinn.init(args.arch)
+        print("CASE " + json.dumps(bench_case(**json.loads(args.case))), flush=True)
+        return []
     arch = tinn.init(args.arch)
     gpu = arch == "cuda"
     if args.suite:
@@ -263,9 +285,11 @@ def main(argv=None):
         for width in [int(w) for w in args.widths.split(",")]:
             for n in networks:
                 for s in sizes:
-                    row = bench_case(n, s, width, args.n_input, args.n_output, args.hidden_layers, routing,
-                                     args.reps, args.skip_torch, unfused=args.unfused, vmap=not args.no_vmap,
-                                     peak=peak, grouped=not args.no_grouped)
+                    case = dict(n=n, log2_samples=s, width=width, n_in=args.n_input, n_out=args.n_output,
+                                hidden=args.hidden_layers, routing=routing, reps=args.reps,
+                                skip_torch=args.skip_torch, unfused=args.unfused, vmap=not args.no_vmap,
+                                peak=peak, grouped=not args.no_grouped)
+                    row = run_isolated(case, args.arch) if args.isolate else bench_case(**case)
                     rows.append(row)
                     print(row, flush=True)
     print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}"

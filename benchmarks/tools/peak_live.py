@@ -81,12 +81,34 @@ def live_at_peak(step, label: str) -> None:
             print(f"  {b / MIB:10.2f} MiB  {n:3d} block(s)  {key}")
 
 
+def earlier_case(n: int, width: int, batch: int, routing: str, dev) -> None:
+    """A benchmark case run to completion (inference, training steps), its objects dropped on return."""
+    from bench_mlp_array import make_ids
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": 2, "activation": "ReLU",
+           "output_activation": "None"}
+    net = NetworkArray(32, 16, cfg, n_networks=n)
+    x, target = torch.rand(batch, 32, device=dev), torch.rand(batch, 16, device=dev)
+    ids = make_ids(batch, n, routing, dev)
+    with tinn.checks.disabled():
+        net.inference(x, ids)
+        trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-3})
+        for _ in range(3):
+            trainer.training_step(x, target, ids)
+    torch.cuda.synchronize()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--networks", type=int, default=64)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--log2-samples", type=int, default=22)
     p.add_argument("--routing", default="even")
+    p.add_argument("--before", default=None, metavar="N,W",
+                   help="first train another case (networks N, width W) in this process, as the benchmark's "
+                        "earlier cases do; lists what it leaves allocated")
     p.add_argument("--inference-first", action="store_true",
                    help="as the benchmark: inference calls before the training steps; lists what is allocated "
                         "before the measured step")
@@ -98,6 +120,12 @@ def main(argv=None) -> None:
 
     dev = tinn.runtime.device()
     batch = 1 << args.log2_samples
+    if args.before:
+        torch.cuda.memory._record_memory_history(max_entries=400_000)
+        n0, w0 = (int(v) for v in args.before.split(","))
+        earlier_case(n0, w0, batch, args.routing, dev)
+        gc.collect()
+        live_now(f"after the earlier case {n0} x {w0}")
     cfg = {"otype": "FullyFusedMLP", "n_neurons": args.width, "n_hidden_layers": 2, "activation": "ReLU",
            "output_activation": "None"}
     net = NetworkArray(32, 16, cfg, n_networks=args.networks)
