@@ -77,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--scale", action="store_true",
                    help="scale preset: depth 5 (1000+ nodes), 16-level hash grids sized to the device memory")
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
+    p.add_argument("--far-sweep", default="2,4,8,16,32",
+                   help="comma list of distance factors whose share of touched parameters is reported")
     p.add_argument("--occupancy-res", type=int, default=None,
                    help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
@@ -326,6 +328,13 @@ def run(argv=None) -> dict:
     far = field.render_image(far_view(test, 0, args.far_factor), test.width, test.height, test.focal, args.samples,
                              background=test.background.float(), **render)
     near_report, far_report = field.touched_report(near["touched"]), field.touched_report(far["touched"])
+    # The share of the parameters a frame touches against the camera's distance (the LoD picks coarser nodes
+    # once a pixel's footprint passes the deepest nodes' grid spacing).
+    far_sweep = {}
+    for factor in (float(v) for v in args.far_sweep.split(",") if v.strip()):
+        frame_out = field.render_image(far_view(test, 0, factor), test.width, test.height, test.focal, args.samples,
+                                       background=test.background.float(), **render)
+        far_sweep[f"{factor:g}"] = field.touched_report(frame_out["touched"])["fraction_touched"]
 
     _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
     _save(os.path.join(args.out, "test_reference.png"), test.images[0])
@@ -354,7 +363,7 @@ def run(argv=None) -> dict:
         "render_seconds_one_run": frame["skipping_one_run"],
         "render": render,
         "fraction_touched_mean": full["fraction_touched"],
-        "near": near_report, "far": far_report, "far_factor": args.far_factor,
+        "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep,
         "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
                             for v, r in enumerate(full["reports"])],
     }
@@ -377,6 +386,9 @@ def run(argv=None) -> dict:
         print(f"{name} camera: {rep['nodes_touched']}/{rep['nodes_total']} nodes, "
               f"{rep['params_touched']}/{rep['params_total']} params, {rep['param_bytes_touched']} bytes "
               f"({100 * rep['fraction_touched']:.1f}%) touched; per depth {rep['nodes_touched_per_depth']}")
+    if far_sweep:
+        print("parameters touched by a camera pulled back by " +
+              ", ".join(f"x{k}: {100 * v:.1f}%" for k, v in far_sweep.items()))
     print(f"PNGs and summary.json in {args.out}")
     return summary
 
