@@ -83,3 +83,28 @@ def test_feature_major_inputs_match_row_major(n_networks, batch):
     (out0, dx0, dp0), (out1, dx1, dp1) = results
     assert torch.equal(out0, out1) and torch.equal(dx0, dx1)
     assert rel_err(dp0, dp1) < 1e-5
+
+
+@pytest.mark.parametrize("n_dims,n_frequencies,width,n_networks", [(3, 6, 32, 64), (2, 4, 64, 5), (3, 2, 16, 1)])
+def test_inference_encodes_frequencies_inside_the_fused_kernel(n_dims, n_frequencies, width, n_networks, tuned):
+    """Inference of Frequency -> FullyFusedMLP encodes in the network's kernel (no encoded features in memory);
+    it equals the encoding's own kernel followed by the network, with tcnn's input padding and across row chunks."""
+    from tinn.models import NetworkWithInputEncoding
+
+    DEV = tinn.runtime.device()
+    model = NetworkWithInputEncoding(n_dims, 4, {"otype": "Frequency", "n_frequencies": n_frequencies},
+                                     {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": 2},
+                                     n_networks=n_networks, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(7000, n_dims, generator=gen).to(DEV) * 2 - 0.5
+    ids = torch.randint(0, n_networks, (7000,), generator=gen, dtype=torch.int32).to(DEV)
+    assert model._frequencies_fuse(x)
+    with torch.no_grad():
+        fused = model(x, ids)
+        h = model.encoding(x, torch.zeros_like(ids))
+        separate = model.network(h, ids)
+    assert rel_err(fused, separate) < 1e-5
+    tuned(table_chunk_elements=max(model.network.params[0].numel() * 2, 1))  # several row chunks
+    with torch.no_grad():
+        chunked = model(x, ids)
+    assert rel_err(chunked, separate) < 1e-5

@@ -17,6 +17,7 @@ import torch
 
 from . import checks, tcnn_layout
 from .encodings import create_encoding
+from .encodings.basic import FrequencyEncoding
 from .errors import ConfigError
 from .networks import NetworkArray
 from .part import Context, Part, accumulate, common_layout, has_hooks
@@ -100,10 +101,19 @@ class NetworkWithInputEncoding(Part):
         return super().run_checked(x, ids)
 
     def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+        if not train and x_layout == "sample_major" and self._frequencies_fuse(x):
+            # Inference of Frequency -> fused MLP: the network's kernel encodes the raw inputs as it loads
+            # them, so the (batch, 2 * octaves * dims) features never go through memory.
+            return self.network.inference_of_frequencies(x, ids, self.encoding.n_frequencies), None
         handover = common_layout(self.encoding, self.network)
         h, enc_ctx = self.encoding.forward_ctx(x, self._encoding_ids(ids), train=train, y_layout=handover)
         y, net_ctx = self.network.forward_ctx(h, ids, train=train, x_layout=handover)
         return y, (Context(encoding=enc_ctx, network=net_ctx) if train else None)
+
+    def _frequencies_fuse(self, x) -> bool:
+        fuses = getattr(self.network, "fuses_frequency_inputs", None)
+        return (type(self.encoding) is FrequencyEncoding and fuses is not None and
+                fuses(x.shape[1], self.encoding.n_frequencies))
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         enc_tables = self.encoding.tables()

@@ -296,7 +296,7 @@ class NetworkArray(Part):
                 tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
         return tiles if not train or separate_backward else tiles + (tiles[0],)
 
-    def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False):
+    def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False, frequencies=0):
         tiles = self._fused_tiles(ids, train=keep_all)
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -304,8 +304,21 @@ class NetworkArray(Part):
         out = torch.empty(batch, self.kernel_outputs, device=x.device)
         if batch:
             FK.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
-                           keep_all=keep_all, x_fm=x_fm)
+                           keep_all=keep_all, x_fm=x_fm, frequencies=frequencies, pad=self.input_padding[1])
         return out, acts, (tiles if keep_all else None)
+
+    def fuses_frequency_inputs(self, n_raw_dims: int, n_frequencies: int) -> bool:
+        """Whether `inference_of_frequencies` applies: the fused kernels run this array, and their inputs are
+        the Frequency encoding of `n_raw_dims` values (tcnn's layout), padded."""
+        return self.fused and n_raw_dims * 2 * n_frequencies == self.n_input_dims
+
+    def inference_of_frequencies(self, x_raw: torch.Tensor, ids: torch.Tensor, n_frequencies: int) -> torch.Tensor:
+        """The forward of Frequency(n_frequencies)(x_raw) without the encoded features in memory: the fused
+        kernel encodes each sample's raw values as it loads them (validated inputs; `fuses_frequency_inputs`)."""
+        self._check_batch(x_raw.shape[0], False)
+        out = self._launch_fused_forward(x_raw.contiguous(), ids, self.params.detach(), keep_all=False,
+                                         frequencies=n_frequencies)[0]
+        return self._sliced(out)
 
     def _inference(self, x, ids, params, x_fm):
         if self.fused:

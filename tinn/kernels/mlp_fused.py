@@ -37,6 +37,7 @@ from typing import NamedTuple
 from ..backend import ti
 
 from .. import chunks
+from .basic_encodings import PI, pow2
 from ..settings import Settings
 from ..settings import current as tuning
 from . import activations as act
@@ -163,11 +164,15 @@ def row_element(idx, n: ti.template(), TS: ti.template(), feature_major: ti.temp
 
 @ti.func
 def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), start, count, tid,
-              n: ti.template(), TS: ti.template(), TSP: ti.template(), feature_major: ti.template() = False):
+              n: ti.template(), TS: ti.template(), TSP: ti.template(), feature_major: ti.template() = False,
+              freq: ti.template() = 0, pad=0.0):
     """Tile rows x[order[start + s], 0:n] into sh[base + k * TSP + s]; zeros past `count`.
 
     With `feature_major` the caller's array is x[k, sample] (an encoding's output as its kernel
     wrote it): the loop then walks samples fastest, coalesced when the order is the identity.
+    With `freq` > 0 the rows are the Frequency encoding of x's rows (raw positions, row-major), computed
+    here as `frequency_forward` does, then the network's input padding `pad`: an inference that needs no
+    encoded features in memory.
     """
     for j in range((TS * n + BLOCK - 1) // BLOCK):
         idx = j * BLOCK + tid
@@ -175,7 +180,13 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
         if k < n and s < TS:
             v = 0.0
             if s < count:
-                if ti.static(feature_major):
+                if ti.static(freq > 0):
+                    v = pad
+                    if k < x.shape[1] * 2 * freq:
+                        d = k // (2 * freq)
+                        phase = ti.cast(k % 2, ti.f32) * (PI / 2)
+                        v = ti.sin(x[order[start + s], d] * pow2((k // 2) % freq) * PI + phase)
+                elif ti.static(feature_major):
                     v = x[k, order[start + s]]
                 else:
                     v = x[order[start + s], k]
@@ -214,10 +225,11 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), net_lo: ti.i32,
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(), net_lo: ti.i32, freq: ti.template(), pad: ti.f32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
-    x_fm: x is feature-major, (n_in, batch)."""
+    x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
+    many octaves, then the input padding `pad`) is the network's input (see `load_rows`)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     A = ti.static(0)
@@ -234,7 +246,7 @@ def forward(
         # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
         if count > 0 and in_chunk(net, params):
             start = tile_start[t]
-            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm)
+            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
             ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
                 fan_in = ti.static(n_in if l == 0 else width)
@@ -509,11 +521,13 @@ def weight_gradients(
 # `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
 # Every launcher runs once per row chunk of the table it indexes (tinn/chunks.py); each launch walks all
 # tiles and skips those of networks outside its chunk.
-def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool):
+def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool,
+                frequencies: int = 0, pad: float = 0.0):
+    """`frequencies` > 0: x holds raw positions, encoded by the Frequency encoding inside the kernel."""
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, lo)
+                keep_all, geometry.tile, geometry.features, x_fm, lo, frequencies, pad)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
