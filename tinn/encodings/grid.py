@@ -116,7 +116,6 @@ class GridEncoding(Encoding):
         self.grid_type, self.hash = grid_type, hash
         self.seed = seed
         self.table_dtype = TABLE_DTYPES[table_dtype]
-        self.compact = table_dtype == "bfloat16"
         if feature_lanes is None:
             feature_lanes = runtime.settings().grid_feature_lanes
         self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
@@ -126,6 +125,11 @@ class GridEncoding(Encoding):
         memory.table_fits(f"{type(self).__name__}(n_networks={n_networks}, {layout.n_params} parameters each)",
                           n_networks, layout.n_params, runtime.device(), compact=self.compact)
         self.params = torch.nn.Parameter(self.initial_params(seed))
+
+    @property
+    def compact(self) -> bool:
+        """Whether the table is compact (bfloat16, with sparse gradients)."""
+        return self.table_dtype == torch.bfloat16
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
