@@ -200,7 +200,8 @@ def main(argv=None) -> None:
                 print(f"  {k['ir_s']:.3f} {fl:>7}  {k['kernel']} [{k['mode']}]")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": os.path.relpath(args.config, ROOT), "steps": args.steps, "runs": results, "rows": rows}, f, indent=1)
+            json.dump({"config": os.path.relpath(args.config, ROOT), "steps": args.steps, "runs": results,
+                       "rows": rows}, f, indent=1)
     if tmp is not None:
         tmp.cleanup()
 
