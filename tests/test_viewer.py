@@ -420,6 +420,41 @@ def test_drag_turns_the_orbit_only_from_the_panels():
     assert drag.update(True, xs - 0.3, ys) == (0.0, 0.0)
 
 
+def test_window_drag_reaches_the_orbit_through_ggui_calls():
+    """The visible window's input path (no display here): a stand-in window reports a left-button drag."""
+    from types import SimpleNamespace
+
+    from tinn.viewer.window import GGUIFrontend
+
+    class FakeWindow:
+        def __init__(self):
+            self.cursor, self.pressed = (0.2, 0.5), False
+
+        def get_events(self, kind):
+            return []
+
+        def get_cursor_pos(self):
+            return self.cursor
+
+        def is_pressed(self, key):
+            assert key == "LMB"
+            return self.pressed
+
+    layout = Layout((12, 12), arrays=False, zoom=8)
+    front = GGUIFrontend.__new__(GGUIFrontend)  # skips opening a Vulkan window
+    front.ti = SimpleNamespace(ui=SimpleNamespace(PRESS="Press", LMB="LMB"))
+    front.layout, front.visible, front.window = layout, True, FakeWindow()
+    front.canvas, front.gui, front.drag = SimpleNamespace(set_image=lambda image: None), FakeGui(), OrbitDrag(layout)
+    c = ViewerController(SkySource())
+    frame = np.zeros(layout.size + (3,), np.uint8)
+    azimuth = c.orbit.azimuth
+    front.window.pressed = True
+    front.present(frame, c)  # the press
+    front.window.cursor = (0.3, 0.5)  # dragged right by a tenth of the window
+    front.present(frame, c)
+    assert c.orbit.azimuth == pytest.approx((azimuth - 18.0) % 360) and c.orbiting
+
+
 # ---- drawing helpers ------------------------------------------------------------------------------------
 def test_layout_loss_curve_and_text():
     for arrays in (False, True):
