@@ -249,9 +249,14 @@ class KiloNeRFPipeline:
         return self.teacher if self.phase == "teacher" else self.student
 
     def render_view(self, model, view: int = 0, occupancy="auto", early_stop=None):
+        return self.render_pose(model, self.test.c2w[view], occupancy, early_stop)
+
+    def render_pose(self, model, c2w, occupancy="auto", early_stop=None):
+        """`model` seen from the camera-to-world pose `c2w` (4, 4) with the held-out views' size and focal."""
         from tinn.scenes.rendering import render_image
 
-        return render_image(model, self.test.c2w[view], self.test.width, self.test.height, self.test.focal,
+        c2w = torch.as_tensor(c2w, dtype=torch.float32, device=self.test.c2w.device)
+        return render_image(model, c2w, self.test.width, self.test.height, self.test.focal,
                             n_samples=self.args.samples, background=self.test.background, occupancy=occupancy,
                             segments=self.args.render_segments,
                             early_stop=self.args.early_stop if early_stop is None else early_stop)
@@ -276,6 +281,14 @@ class KiloNeRFPipeline:
 
     def reference(self) -> torch.Tensor:
         return self.test.images[0]
+
+    def render_from(self, c2w) -> torch.Tensor:
+        """The viewer's orbit camera: the current model from any pose."""
+        return self.render_pose(self.current_model(), c2w).rgb
+
+    def orbit_start(self):
+        """The orbit starts at held-out view 0 (render()'s) and turns around the scene box's centre."""
+        return self.test.c2w[0], (self.train.box_min + self.train.box_max) / 2
 
     @property
     def learning_rate(self) -> float:

@@ -212,9 +212,12 @@ class OctreeSource(TrainerControls):
         frame = self._frame()
         self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
 
-    def _frame(self):
+    def _frame(self, c2w=None):
+        import torch
+
         t = self.test
-        return self.field.render_image(t.c2w[self.view], t.width, t.height, t.focal, self.samples,
+        c2w = t.c2w[self.view] if c2w is None else torch.as_tensor(c2w, dtype=torch.float32, device=t.c2w.device)
+        return self.field.render_image(c2w, t.width, t.height, t.focal, self.samples,
                                        background=t.background.float())
 
     def train_step(self):
@@ -228,6 +231,14 @@ class OctreeSource(TrainerControls):
 
     def ownership(self):
         return self._ownership
+
+    def render_from(self, c2w):
+        """The viewer's orbit camera: the field from any pose (the level of detail follows the distance)."""
+        return self._frame(c2w)["image"]
+
+    def orbit_start(self):
+        """The orbit starts at the held-out view render() shows and turns around the scene box's centre."""
+        return self.test.c2w[self.view], (self.test.box_min + self.test.box_max) / 2
 
 
 

@@ -12,6 +12,7 @@ from tinn.scenes import ProceduralScene
 from tinn.scenes.kilonerf import Distiller, KiloNeRF, cell_of
 from tinn.scenes.occupancy import OccupancyGrid
 from tinn.scenes.rendering import render_image
+from tinn.viewer.orbit import OrbitCamera
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DEV = tinn.runtime.device()
@@ -275,10 +276,27 @@ def test_demo_in_the_headless_viewer(tmp_path, monkeypatch):
     monkeypatch.setenv("TINN_VIEWER_BACKEND", "png")
     argv = TINY + ["--teacher-steps", "4", "--distill-steps", "3", "--finetune-steps", "3", "--gui", "--headless",
                    "--frame-every", "5", "--out", str(tmp_path)]
-    summary = load_demo().run(argv)
+    demo = load_demo()
+    seen, render_from = [], demo.KiloNeRFPipeline.render_from
+
+    def spy(pipe, c2w):  # the orbit camera's renders, with the held-out view they start from
+        if not seen:  # from the held-out pose, render_from is render()
+            assert torch.equal(render_from(pipe, pipe.test.c2w[0]), pipe.render())
+        seen.append((c2w.clone(), pipe.test.c2w[0].cpu(), render_from(pipe, c2w).cpu(), pipe.render().cpu()))
+        return seen[-1][2]
+
+    monkeypatch.setattr(demo.KiloNeRFPipeline, "render_from", spy)
+    summary = demo.run(argv)
     assert summary["viewer"]["steps"] == 10
     assert len(summary["viewer"]["frames"]) >= 2 and all(os.path.exists(f) for f in summary["viewer"]["frames"])
     assert summary["steps"] == {"teacher": 4, "distill": 3, "finetune": 3}
+    # Headless frames after the first orbit the scene, 15 degrees each, around the box centre (the origin).
+    assert len(seen) == len(summary["viewer"]["frames"]) - 1
+    start = OrbitCamera.from_c2w(seen[0][1])
+    for c2w, _, image, heldout in seen:
+        start.rotate(15.0)
+        assert torch.allclose(c2w, start.c2w(), atol=1e-5)
+        assert not torch.equal(image, heldout)  # another pose, another picture
 
 
 def test_demo_rejects_bad_arguments():

@@ -519,10 +519,27 @@ def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, mo
     assert s["views"] == 12 and s["resolution"] == [16, 16]
     assert s["nodes"] > 9 and s["psnr"] > s["background_psnr"] + 3   # built over the visual hull, learning
     monkeypatch.setenv("TINN_VIEWER_BACKEND", "png")
+    seen, render_from = [], octree_lod.OctreeSource.render_from
+
+    def spy(source, c2w):  # the orbit camera's renders, with the held-out view's
+        if not seen:  # from the held-out pose, render_from is render()
+            assert torch.equal(render_from(source, source.test.c2w[source.view]), source.render())
+        seen.append((c2w.clone(), render_from(source, c2w), source.render()))
+        return seen[-1][1]
+
+    monkeypatch.setattr(octree_lod.OctreeSource, "render_from", spy)
     v = octree_lod.run(["--small", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "3",
                         "--pyramid-levels", "2", "--samples", "16", "--batch", "128", "--gui", "--headless",
                         "--out", str(tmp_path / "gui")])
     assert v["steps"] == 3 and len(v["frames"]) == 4 and v["final_psnr"] is not None
+    # Headless frames after the first orbit the scene at the held-out view's distance, 15 degrees apart.
+    assert len(seen) == 3
+    radius = seen[0][0][:3, 3].norm()
+    for (a, image, heldout), (b, _, _) in zip(seen, seen[1:] + [seen[-1]]):
+        assert (a[:3, 3].norm() - radius).abs() < 1e-5 and not torch.equal(image, heldout)
+        if a is not b:
+            cos = torch.dot(a[:2, 3], b[:2, 3]) / (a[:2, 3].norm() * b[:2, 3].norm())
+            assert cos.item() == pytest.approx(math.cos(math.radians(15.0)), abs=1e-5)
 
 
 def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():

@@ -20,7 +20,10 @@ from tinn.viewer.controller import ViewerController
 from tinn.viewer.font import draw_text
 from tinn.viewer.layout import Layout
 from tinn.viewer.render import loss_curve_image, quantize
-from tinn.viewer.window import draw_controls, ggui_support, handle_key
+from tinn.render import camera_rays
+from tinn.scenes.procedural import look_at_poses
+from tinn.viewer.orbit import OrbitCamera
+from tinn.viewer.window import ORBIT_HELP, OrbitDrag, draw_controls, ggui_support, handle_key
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = {
@@ -295,8 +298,161 @@ def test_generic_source_without_optional_capabilities(tmp_path):
     gui = click(viewer)
     assert "Reset parameters" not in gui.labels and "log10 lr" not in gui.labels and "Pause" in gui.labels
     assert "ownership" not in viewer.layout.panels
+    # No render_from: no orbit camera, its keys do nothing and its help is not shown.
+    assert viewer.controller.orbit is None and not handle_key("a", viewer.controller)
+    assert not set(ORBIT_HELP) & set(gui.texts)
     shown = panel(read_rgb(summary["frames"][-1]), viewer, "prediction")
     assert shown.shape == (20, 24, 3) and np.all(shown[..., 2] == 0)  # 2 channels drawn as red/green
+
+
+# ---- scene sources: the orbit camera --------------------------------------------------------------------
+class SkySource:
+    """A scene source: a sky coloured by each pixel's world-space ray direction, times a trained gain.
+
+    Any turn of the camera changes the picture, and rendering costs next to nothing. Records every
+    render_from call as (pose, gain) so a test can rebuild what each frame should show.
+    """
+
+    SIZE, FOCAL = 12, 10.0
+
+    def __init__(self):
+        self.home = look_at_poses(torch.tensor([[2.0, 1.0, 1.0]]))[0]
+        self.gain = torch.tensor(0.3, requires_grad=True)
+        self.calls = []
+
+    def image(self, c2w, gain):
+        _, dirs = camera_rays(c2w, self.SIZE, self.SIZE, self.FOCAL)
+        return (gain * (0.5 + 0.5 * dirs)).reshape(self.SIZE, self.SIZE, 3)
+
+    def train_step(self):
+        loss = (self.gain - 1.0) ** 2
+        loss.backward()
+        with torch.no_grad():
+            self.gain -= 0.2 * self.gain.grad
+            self.gain.grad = None
+        return loss.detach()
+
+    def render(self):
+        return self.image(self.home, self.gain.detach())
+
+    def reference(self):
+        return self.image(self.home, 1.0)
+
+    def render_from(self, c2w):
+        self.calls.append((c2w.clone(), self.gain.detach().clone()))
+        return self.image(c2w, self.gain.detach())
+
+    def orbit_start(self):
+        return self.home, torch.zeros(3)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("ggui", marks=needs_vulkan), "png"])
+def test_headless_frames_orbit_the_scene(tmp_path, backend, monkeypatch):
+    monkeypatch.setenv(app.BACKEND_ENV, backend)
+    source = SkySource()
+    viewer = Viewer(source, out_dir=str(tmp_path), headless=True, frame_every=1, zoom=8, orbit_degrees_per_frame=30)
+    summary = viewer.run(steps=3)
+    frames = [read_rgb(f) for f in summary["frames"]]
+    assert len(frames) == 4
+
+    # The poses follow the orbit: 30 degrees of azimuth per saved frame, from the held-out view on.
+    orbit = OrbitCamera.from_c2w(source.home)
+    assert len(source.calls) == 3
+    for k, (pose, _) in enumerate(source.calls, start=1):
+        orbit.rotate(30.0)
+        assert torch.allclose(pose, orbit.c2w(), atol=1e-6), k
+        assert (pose[:3, 3].norm() - source.home[:3, 3].norm()).abs() < 1e-5  # same distance
+
+    # The scene panel shows what each pose sees, and it changes frame to frame; the first frame is the held-out view.
+    expected = [quantize(source.image(source.home, 0.3).numpy())] + \
+        [quantize(source.image(pose, gain).numpy()) for pose, gain in source.calls]
+    shown = [panel(f, viewer, "prediction").astype(int) for f in frames]
+    for k in range(4):
+        assert np.abs(shown[k] - expected[k]).max() <= 1, k
+    for a, b in zip(shown, shown[1:]):
+        assert np.abs(a - b).mean() > 2
+    # No ground truth for new poses: the reference stays the held-out image.
+    reference = quantize(source.reference().numpy())
+    for f in frames:
+        assert np.abs(panel(f, viewer, "reference").astype(int) - reference).max() <= 1
+    assert summary["final_psnr"] == pytest.approx(viewer._psnr(source.render().numpy()), abs=1e-4)
+
+
+def test_orbit_keys_buttons_and_status():
+    source = SkySource()
+    c = ViewerController(source)
+    assert c.orbit is not None and not c.orbiting and "view az" not in " ".join(c.status_lines())
+    start = c.orbit.azimuth, c.orbit.elevation
+    assert handle_key("a", c) and c.orbit.azimuth == pytest.approx((start[0] - 10) % 360)
+    assert handle_key("w", c) and c.orbit.elevation == pytest.approx(start[1] + 10)
+    assert c.orbiting and any(line.startswith("view az") for line in c.status_lines())
+    layout = Layout((12, 12), arrays=False, zoom=8)
+    gui = FakeGui(press=["Held-out view"])
+    draw_controls(gui, c, layout)
+    assert not c.orbiting and torch.equal(c.orbit.c2w(), source.home)
+    assert set(ORBIT_HELP) <= set(gui.texts)
+    version = c.camera_version
+    assert handle_key("d", c) and handle_key("h", c) and c.camera_version == version + 2 and not c.orbiting
+
+    class NoStart(FieldSource):  # render_from without the pose to start from
+        def render_from(self, c2w):
+            return self.render()
+
+    with pytest.raises(TypeError, match="orbit_start"):
+        ViewerController(NoStart())
+
+
+def test_drag_turns_the_orbit_only_from_the_panels():
+    layout = Layout((12, 12), arrays=False, zoom=8)
+    h, w = layout.size
+    drag = OrbitDrag(layout)
+    p = layout.panels["prediction"]
+    x0, y0 = (p.x + p.w / 2) / w, 1 - (p.y + p.h / 2) / h  # GGUI's cursor: y up
+    assert drag.update(False, x0, y0) == (0.0, 0.0)
+    assert drag.update(True, x0, y0) == (0.0, 0.0)  # the press itself
+    d_az, d_el = drag.update(True, x0 + 0.1, y0 + 0.05)  # right and up
+    assert d_az == pytest.approx(-18.0) and d_el == pytest.approx(-9.0)
+    assert drag.update(False, x0, y0) == (0.0, 0.0)
+    sb = layout.sidebar
+    xs, ys = (sb.x + sb.w / 2) / w, 1 - (sb.y + sb.h / 2) / h
+    assert drag.over_sidebar(xs, ys) and not drag.over_sidebar(x0, y0)
+    drag.update(True, xs, ys)  # imgui's slider, say: no orbit
+    assert drag.update(True, xs - 0.3, ys) == (0.0, 0.0)
+
+
+def test_window_drag_reaches_the_orbit_through_ggui_calls():
+    """The visible window's input path (no display here): a stand-in window reports a left-button drag."""
+    from types import SimpleNamespace
+
+    from tinn.viewer.window import GGUIFrontend
+
+    class FakeWindow:
+        def __init__(self):
+            self.cursor, self.pressed = (0.2, 0.5), False
+
+        def get_events(self, kind):
+            return []
+
+        def get_cursor_pos(self):
+            return self.cursor
+
+        def is_pressed(self, key):
+            assert key == "LMB"
+            return self.pressed
+
+    layout = Layout((12, 12), arrays=False, zoom=8)
+    front = GGUIFrontend.__new__(GGUIFrontend)  # skips opening a Vulkan window
+    front.ti = SimpleNamespace(ui=SimpleNamespace(PRESS="Press", LMB="LMB"))
+    front.layout, front.visible, front.window = layout, True, FakeWindow()
+    front.canvas, front.gui, front.drag = SimpleNamespace(set_image=lambda image: None), FakeGui(), OrbitDrag(layout)
+    c = ViewerController(SkySource())
+    frame = np.zeros(layout.size + (3,), np.uint8)
+    azimuth = c.orbit.azimuth
+    front.window.pressed = True
+    front.present(frame, c)  # the press
+    front.window.cursor = (0.3, 0.5)  # dragged right by a tenth of the window
+    front.present(frame, c)
+    assert c.orbit.azimuth == pytest.approx((azimuth - 18.0) % 360) and c.orbiting
 
 
 # ---- drawing helpers ------------------------------------------------------------------------------------

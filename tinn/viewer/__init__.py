@@ -6,8 +6,9 @@
 """
 from .app import BACKEND_ENV, Viewer, open_frontend, run_viewer
 from .controller import ViewerController
+from .orbit import OrbitCamera
 from .source import ImageTrainerSource
 from .window import ViewerUnavailable, vulkan_installed
 
-__all__ = ["BACKEND_ENV", "ImageTrainerSource", "Viewer", "ViewerController", "ViewerUnavailable", "open_frontend",
-           "run_viewer", "vulkan_installed"]
+__all__ = ["BACKEND_ENV", "ImageTrainerSource", "OrbitCamera", "Viewer", "ViewerController", "ViewerUnavailable",
+           "open_frontend", "run_viewer", "vulkan_installed"]

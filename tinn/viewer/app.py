@@ -20,6 +20,7 @@ from .window import GGUIFrontend, ViewerUnavailable, ggui_support, has_display, 
 
 BACKEND_ENV = "TINN_VIEWER_BACKEND"  # "png": force the numpy fallback, "ggui": fail instead of falling back
 FRAME_BUDGET_S = 1 / 30  # training time per displayed frame in window mode
+ORBIT_DEGREES_PER_FRAME = 15.0  # headless: once round the scene in 24 saved frames
 
 
 def open_frontend(layout: Layout, headless: bool, backend: str | None = None, title: str = "tinn viewer",
@@ -62,8 +63,11 @@ class Viewer:
     """Trains `source` (see `tinn.viewer.source`) while showing it; `run()` returns a summary dict."""
 
     def __init__(self, source, out_dir: str = "out/viewer", headless: bool = False, frame_every: int | None = None,
-                 backend: str | None = None, zoom: float | None = None, title: str = "tinn viewer", log=print):
+                 backend: str | None = None, zoom: float | None = None, title: str = "tinn viewer", log=print,
+                 orbit_degrees_per_frame: float = ORBIT_DEGREES_PER_FRAME):
         self.source, self.out_dir, self.frame_every, self.log = source, out_dir, frame_every, log
+        # Headless runs of sources with `render_from` turn the camera this much between saved frames.
+        self.orbit_degrees_per_frame = float(orbit_degrees_per_frame)
         os.makedirs(out_dir, exist_ok=True)
         self.controller = ViewerController(source, out_dir)
         self.reference = render.to_rgb(render.as_numpy(source.reference()))
@@ -78,6 +82,8 @@ class Viewer:
         self._n_networks = None if ids is None else int(_ids_numpy(ids).max()) + 1
         self._prediction = None
         self._prediction_version = -1
+        self._orbit_view = None
+        self._orbit_key = None
         self.frames: list[str] = []
         self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir)
 
@@ -87,7 +93,10 @@ class Viewer:
 
     # ---- frames -------------------------------------------------------------------------------
     def prediction(self) -> np.ndarray:
-        """The source's current render as float (H, W, 3); re-rendered only after the parameters changed."""
+        """The source's current render as float (H, W, 3); re-rendered only after the parameters changed.
+
+        This is the held-out view (the reference's): the error panel and PSNR always compare it.
+        """
         c = self.controller
         if self._prediction_version != c.version:
             raw = self.source.render()
@@ -95,6 +104,17 @@ class Viewer:
             c.psnr = float(self.source.psnr(raw)) if c.can("psnr") else self._psnr(self._prediction)
             self._prediction_version = c.version
         return self._prediction
+
+    def shown(self) -> np.ndarray:
+        """What the prediction panel shows: the held-out view, or the orbit camera's once it moved away."""
+        c = self.controller
+        if not c.orbiting:
+            return self.prediction()
+        key = (c.version, c.camera_version)
+        if self._orbit_key != key:
+            self._orbit_view = render.to_rgb(render.as_numpy(self.source.render_from(c.orbit.c2w())))
+            self._orbit_key = key
+        return self._orbit_view
 
     def _psnr(self, prediction: np.ndarray) -> float:
         mse = float(np.mean((np.clip(prediction, 0, 1) - self.reference) ** 2))
@@ -105,12 +125,17 @@ class Viewer:
         c.flush()
         ph, pw = self.layout.panel_hw
         pred_small = render.resize_nearest(self.prediction(), ph, pw)
-        panels = {"prediction": render.quantize(pred_small), "reference": self._ref_panel,
+        # Away from the held-out view there is no ground truth: the reference, error and PSNR stay on the
+        # held-out view (one more render per frame), the prediction panel shows the orbit camera.
+        shown_small = render.resize_nearest(self.shown(), ph, pw) if c.orbiting else pred_small
+        panels = {"prediction": render.quantize(shown_small), "reference": self._ref_panel,
                   "error": render.error_image(pred_small, self._ref_small), "ownership": self._own_panel}
         curve = self.layout.panels["loss_curve"]
         panels["loss_curve"] = render.loss_curve_image(c.loss_steps, c.losses, curve.h, curve.w)
         psnr = "-" if c.psnr is None else f"{c.psnr:.2f} DB"
-        titles = {"prediction": f"PREDICTION  STEP {c.step}", "reference": "REFERENCE",
+        prediction_title = f"PREDICTION  STEP {c.step}" if not c.orbiting else \
+            f"STEP {c.step} AZ {c.orbit.azimuth:.0f} EL {c.orbit.elevation:.0f}"
+        titles = {"prediction": prediction_title, "reference": "REFERENCE",
                   "error": f"ERROR X{render.ERROR_GAIN:g}  PSNR {psnr}",
                   "loss_curve": "LOSS" + (f" {c.loss:.4g}" if c.loss is not None else "")}
         if self._ids_small is not None:
@@ -165,6 +190,7 @@ class Viewer:
             if c.advance(every - c.step % every) == 0:
                 break  # paused through the API: nobody can resume a headless run
             if c.step % every == 0 or c.finished:
+                c.orbit_by(self.orbit_degrees_per_frame)  # the saved frames go round the scene
                 self.save_frame()
 
     def _run_window(self) -> None:

@@ -11,10 +11,12 @@ import time
 
 import torch
 
+from .orbit import OrbitCamera
 from .source import OPTIONAL
 
 LOG10_LR_RANGE = (-5.0, 0.0)  # the learning-rate slider works on log10(lr): rates span decades
 NETWORK_LOSS_DECAY = 0.9  # per-network loss is averaged over steps: one batch gives each network few samples
+ORBIT_KEY_DEGREES = 10.0  # one press of an orbit key
 
 
 class ViewerController:
@@ -37,6 +39,14 @@ class ViewerController:
         self._pending: list[torch.Tensor | float] = []  # losses not yet read back (reading syncs the device)
         self._pending_time = 0.0
         self._screenshots = 0
+        # Scene sources that can render from any pose get an orbit camera, starting at the pose render() shows.
+        self.orbit: OrbitCamera | None = None
+        self.camera_version = 0  # bumped whenever the camera moves, so renders can be cached
+        if self.can("render_from"):
+            if not hasattr(source, "orbit_start"):
+                raise TypeError(f"{type(source).__name__} has render_from() but no orbit_start() -> (c2w, target)")
+            c2w, target = source.orbit_start()
+            self.orbit = OrbitCamera.from_c2w(c2w, target)
 
     # ---- what the source offers -----------------------------------------------------------------
     def can(self, capability: str) -> bool:
@@ -116,6 +126,39 @@ class ViewerController:
         self.message = f"screenshot {os.path.basename(path)}"
         return path
 
+    def orbit_by(self, d_azimuth: float = 0.0, d_elevation: float = 0.0) -> None:
+        """Turn the camera around the scene (degrees); nothing for sources without `render_from`."""
+        if self.orbit is None:
+            return
+        self.orbit.rotate(d_azimuth, d_elevation)
+        self.camera_version += 1
+        self.message = f"orbit az {self.orbit.azimuth:.0f} el {self.orbit.elevation:.0f}"
+
+    def orbit_left(self) -> None:
+        self.orbit_by(-ORBIT_KEY_DEGREES, 0.0)
+
+    def orbit_right(self) -> None:
+        self.orbit_by(ORBIT_KEY_DEGREES, 0.0)
+
+    def orbit_up(self) -> None:
+        self.orbit_by(0.0, ORBIT_KEY_DEGREES)
+
+    def orbit_down(self) -> None:
+        self.orbit_by(0.0, -ORBIT_KEY_DEGREES)
+
+    def orbit_home(self) -> None:
+        """Back to the held-out view (the one the reference image shows)."""
+        if self.orbit is None:
+            return
+        self.orbit.reset()
+        self.camera_version += 1
+        self.message = "held-out view"
+
+    @property
+    def orbiting(self) -> bool:
+        """Whether the camera is away from the held-out view, so the prediction has no ground truth."""
+        return self.orbit is not None and not self.orbit.at_home
+
     def quit(self) -> None:
         self.quit_requested = True
 
@@ -182,6 +225,9 @@ class ViewerController:
                  f"steps/s {fmt(self.steps_per_second, '.1f')}"]
         if self.can("learning_rate"):
             lines.append(f"lr {self.learning_rate:.3g}")
+        if self.orbiting:
+            lines.append(f"view az {self.orbit.azimuth:.0f} el {self.orbit.elevation:.0f}")
+            lines.append("error, psnr: held-out view")
         lines.append("paused" if self.paused else ("done" if self.finished else "training"))
         if self.message:
             lines.append(self.message)

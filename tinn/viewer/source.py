@@ -14,6 +14,10 @@ and, optionally (the viewer hides the matching panel or control when one is miss
     reset()                      back to the initial parameters and optimizer state
     save_checkpoint(path)
     psnr(prediction) -> float    else the viewer computes PSNR against reference()
+    render_from(c2w) -> (H, W, C) the prediction seen from another camera (scene sources): a (4, 4)
+                                 camera-to-world matrix in the scenes' convention (`tinn.render.camera_rays`);
+                                 with it the viewer orbits the camera, and the source also needs
+    orbit_start() -> (c2w, target) the pose render() shows and the point the orbit turns around
 
 Scene demos write their own source; `ImageTrainerSource` adapts `ImageTask` + `Trainer`.
 """
@@ -25,7 +29,7 @@ import torch
 
 from ..trainer import TrainerControls
 
-OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr")
+OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr", "render_from")
 
 
 class ImageTrainerSource(TrainerControls):

@@ -25,9 +25,17 @@ KEY_ACTIONS = {
     "c": ("save_checkpoint", "save_checkpoint"),
     "p": ("request_screenshot", None),
     "Escape": ("quit", None),
+    # Orbit camera (scene sources): GGUI reports key presses, so a held key turns one step per press.
+    "a": ("orbit_left", "render_from"),
+    "d": ("orbit_right", "render_from"),
+    "w": ("orbit_up", "render_from"),
+    "s": ("orbit_down", "render_from"),
+    "h": ("orbit_home", "render_from"),
 }
 IMGUI_INI = "imgui.ini"
 KEY_HELP = ("keys: space pause, n step,", "r reset, c checkpoint, p shot")
+ORBIT_HELP = ("orbit: drag (left button),", "a/d w/s turn, h held-out view")
+DRAG_DEGREES = 180.0  # a drag across the whole window turns the camera half way round
 
 
 class ViewerUnavailable(RuntimeError):
@@ -101,7 +109,9 @@ def draw_controls(gui, controller, layout: Layout) -> None:
             controller.save_checkpoint()
         if g.button("Save screenshot"):
             controller.request_screenshot()
-        for line in KEY_HELP:
+        if controller.orbiting and g.button("Held-out view"):
+            controller.orbit_home()
+        for line in KEY_HELP + (ORBIT_HELP if controller.orbit is not None else ()):
             g.text(line)
 
 
@@ -112,6 +122,38 @@ def handle_key(key: str, controller) -> bool:
         return False
     getattr(controller, action[0])()
     return True
+
+
+class OrbitDrag:
+    """Turns left-button drags over the panels into orbit angles; drags that start on the sidebar are imgui's.
+
+    `update` takes GGUI's cursor position (x, y in [0, 1], y up) once per frame. Dragging moves the scene
+    with the cursor: right turns the camera to smaller azimuths, up lowers it.
+    """
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.last: tuple[float, float] | None = None
+        self.active = False
+
+    def over_sidebar(self, x: float, y: float) -> bool:
+        sb, (height, width) = self.layout.sidebar, self.layout.size
+        px, py = x * width, (1.0 - y) * height  # the layout's rows count from the top
+        return sb.x <= px < sb.x + sb.w and sb.y <= py < sb.y + sb.h
+
+    def update(self, pressed: bool, x: float, y: float) -> tuple[float, float]:
+        """(d_azimuth, d_elevation) in degrees since the last frame."""
+        if not pressed:
+            self.last, self.active = None, False
+            return 0.0, 0.0
+        if self.last is None:  # the press began this frame
+            self.last, self.active = (x, y), not self.over_sidebar(x, y)
+            return 0.0, 0.0
+        dx, dy = x - self.last[0], y - self.last[1]
+        self.last = (x, y)
+        if not self.active:
+            return 0.0, 0.0
+        return -DRAG_DEGREES * dx, -DRAG_DEGREES * dy
 
 
 class GGUIFrontend:
@@ -133,6 +175,7 @@ class GGUIFrontend:
             raise ViewerUnavailable(f"GGUI could not open a window ({str(exc).strip().splitlines()[0]})") from None
         self.canvas = self.window.get_canvas()
         self.gui = self.window.get_gui()
+        self.drag = OrbitDrag(layout)
 
     @property
     def running(self) -> bool:
@@ -142,6 +185,11 @@ class GGUIFrontend:
         if self.visible:  # get_events() is refused on an offscreen window
             for event in self.window.get_events(self.ti.ui.PRESS):
                 handle_key(event.key, controller)
+            if controller.orbit is not None:
+                x, y = self.window.get_cursor_pos()
+                d_azimuth, d_elevation = self.drag.update(self.window.is_pressed(self.ti.ui.LMB), x, y)
+                if d_azimuth or d_elevation:
+                    controller.orbit_by(d_azimuth, d_elevation)
         # GGUI images are indexed [x, y] with y pointing up.
         self.canvas.set_image(np.ascontiguousarray(frame.transpose(1, 0, 2)[:, ::-1]))
         draw_controls(self.gui, controller, self.layout)
