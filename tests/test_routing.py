@@ -90,7 +90,7 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    assert int(fwd_counts.max()) == 64 and seen["forward"][-4] == 64  # (..., TS, F, x_fm, net_lo)
+    assert int(fwd_counts.max()) == 64 and seen["forward"][-6] == 64  # (..., TS, F, x_fm, freq, pad, net_lo)
     assert int(deltas_counts.max()) == 32 and seen["deltas"][-4] == 32  # (..., TS, F, x_fm, net_lo)
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):

@@ -225,7 +225,7 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), net_lo: ti.i32, freq: ti.template(), pad: ti.f32,
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), pad: ti.f32, net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
@@ -527,7 +527,7 @@ def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, 
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, lo, frequencies, pad)
+                keep_all, geometry.tile, geometry.features, x_fm, frequencies, pad, lo)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
