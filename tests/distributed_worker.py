@@ -85,6 +85,44 @@ def scenario_equal(rank, out):
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
+def scenario_compact(rank, out):
+    """Compact (bfloat16) grid tables owned per network: trained sharded; replicated, refused."""
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+    from tinn.models import NetworkWithInputEncoding
+    from tinn.trainer import Trainer
+
+    res = {}
+    model = td.ShardedPart(compact_factory(), N_NETWORKS)
+    x, ids, _, w = batch(rank, 0)
+    got = autograd_pass(model, x, ids, w)
+    res["y"] = got["y"]
+    res["grads"] = {n: (g.coalesce().to_dense() if g.is_sparse else g).float() for n, g in got["grads"].items()}
+    res["dtypes"] = {n: p.dtype for n, p in model.named_parameters()}
+    before = model.local.encoding.params.detach().clone()
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    res["losses"] = []
+    for step in range(3):
+        x, ids, t, _ = batch(rank, 10 + step)
+        res["losses"].append(float(trainer.training_step(x, t, ids)))
+    res["moved"] = float((model.local.encoding.params.detach() != before).float().mean())
+    res["owned"] = model.owned
+    try:
+        td.ShardedPart(lambda n: NetworkWithInputEncoding(2, 3, dict(ENCODING, table_dtype="bfloat16"), NETWORK,
+                                                          n_networks=n, seed=11, share_encoding=True), N_NETWORKS)
+        res["replicated_error"] = None
+    except ConfigError as e:
+        res["replicated_error"] = str(e)
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
+
+
+def compact_factory():
+    from tinn.models import NetworkWithInputEncoding
+
+    return lambda n: NetworkWithInputEncoding(2, 3, dict(ENCODING, table_dtype="bfloat16"), NETWORK, n_networks=n,
+                                              seed=11)
+
+
 def scenario_checkpoint(rank, out):
     import tinn.distributed as td
     from tinn.errors import CheckpointError

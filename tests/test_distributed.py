@@ -133,6 +133,39 @@ def test_forward_gradients_and_steps_equal_unsharded(equal_run, shared):
 
 
 @cpu_reference
+def test_compact_tables_train_sharded_like_unsharded(tmp_path):
+    """Owned compact (bfloat16) grid tables: the sharded forward and sparse gradients equal the unsharded ones
+    (to one bfloat16 step: sums taken in another order round apart), sharded Trainer steps train them, and a
+    replicated compact table is refused by name."""
+    from tinn.trainer import Trainer
+
+    runs = run_ranks("compact", tmp_path)
+    full = W.compact_factory()(W.N_NETWORKS)
+    batches = [W.batch(r, 0) for r in range(WORLD)]
+    y, _, grads = _reference_autograd(full, batches, 1.0 / WORLD)
+    trainer = Trainer(full, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    bs = [W.batch(r, 10) for r in range(WORLD)]
+    first_loss = float(trainer.training_step(torch.cat([b[0] for b in bs]), torch.cat([b[2] for b in bs]),
+                                             torch.cat([b[1] for b in bs])))
+    for r, res in enumerate(runs):
+        assert res["dtypes"]["local.encoding.params"] == torch.bfloat16
+        torch.testing.assert_close(res["y"], y[r * W.BATCH:(r + 1) * W.BATCH], rtol=1e-5, atol=1e-6)
+        for n, g in grads.items():
+            want = _rows(n, (g.coalesce().to_dense() if g.is_sparse else g).float(), res["owned"], False)
+            got = res["grads"][f"local.{n}"]
+            if g.is_sparse:
+                assert bool(((got - want).abs() <= want.abs() * 2.0 ** -7 + 1e-7).all()), n
+                assert torch.equal(got != 0, want != 0) and int((want != 0).sum()) > 20, n
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7, msg=n)
+        assert res["moved"] > 0.05  # the lazy Adam stepped the touched entries
+        assert "compact (bfloat16) and replicated" in res["replicated_error"]
+        assert "table_dtype='float32'" in res["replicated_error"]
+    # Each rank's first loss is its own batch's; their mean is the unsharded loss.
+    assert abs(sum(res["losses"][0] for res in runs) / WORLD - first_loss) <= 1e-5 * abs(first_loss)
+
+
+@cpu_reference
 @pytest.mark.parametrize("shared", [False, True])
 def test_trainer_steps_equal_unsharded(equal_run, shared):
     from tinn.trainer import Trainer

@@ -162,6 +162,12 @@ class ShardedPart(_Collective):
         shared_ids = _replicated_by_default(local) | {id(p) for p in local.parameters() if names[id(p)] in replicated}
         self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.tables())
         for t, shared in zip(local.tables(), self._replicated):
+            if shared and t.dtype == torch.bfloat16:
+                # Its gradient is sparse, and each rank's entries differ: no all-reduce sums them.
+                raise ConfigError(f"table {names.get(id(t), '?')} is compact (bfloat16) and replicated over the "
+                                  "ranks; a replicated table must be float32 (table_dtype='float32'), or owned "
+                                  "per network (share_encoding=False)")
+        for t, shared in zip(local.tables(), self._replicated):
             if t is not None and not shared and (t.dim() < 1 or t.shape[0] != len(owned)):
                 raise ConfigError(f"table {names.get(id(t), '?')} of shape {tuple(t.shape)} is neither per network "
                                   f"({len(owned)} rows here) nor replicated; name it in replicated=")
