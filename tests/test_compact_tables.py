@@ -233,3 +233,23 @@ def test_errors_name_the_field_and_allowed_values():
     c.params.data = c.params.data.float()
     with pytest.raises(InputError, match=r"params has dtype torch.float32.*bfloat16"):
         c(x.detach())
+
+
+def test_tcnn_facade_keeps_the_compact_table():
+    """tinn.torch binds a single model's tables into one float32 flat vector (tcnn's `params`); a compact table
+    keeps its own bfloat16 storage instead, trains through autograd and reloads its state dict."""
+    import tinn.torch as tcnn
+
+    m = tcnn.NetworkWithInputEncoding(3, 3, {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 10,
+                                             "table_dtype": "bfloat16"},
+                                      {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1})
+    assert m.encoding.params.dtype == torch.bfloat16 and m.network.params.dtype == torch.float32
+    x = torch.rand(100, 3, device=DEV)
+    m(x).square().sum().backward()
+    assert m.encoding.params.grad.is_sparse and m.encoding.params.grad._nnz() > 0
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    opt = create_optimizer({"otype": "Adam", "learning_rate": 1e-2}, list(m.named_parameters()))
+    opt.step()
+    assert not torch.equal(m.encoding.params.view(torch.int16), state["encoding.params"].view(torch.int16))
+    m.load_state_dict(state)
+    assert torch.equal(m.encoding.params.view(torch.int16), state["encoding.params"].view(torch.int16))

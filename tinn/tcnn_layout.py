@@ -97,11 +97,13 @@ def is_tcnn_state_dict(state_dict) -> bool:
 def bind_flat(model) -> torch.Tensor | None:
     """Rebind a single-network model's tables as views of one flat storage in tcnn's order (network, then
     encoding), so `model.params` can be that flat vector, as in tcnn; returns it (None for arrays, whose
-    per-network rows cannot be contiguous views of both tables at once)."""
+    per-network rows cannot be contiguous views of both tables at once, and for tables of different dtypes)."""
     if getattr(model, "network", model).n_networks != 1:
         return None
     network, encoding = _parts(model)
     tables = [network] + ([encoding] if encoding is not None and encoding.params is not None else [])
+    if len({t.params.dtype for t in tables}) > 1:  # a compact (bfloat16) grid table cannot share float32 storage
+        return None
     flat = torch.cat([t.params.detach().reshape(-1) for t in tables])
     off = 0
     for part in tables:
