@@ -343,6 +343,9 @@ def run(argv=None) -> dict:
     # once a pixel's footprint passes the deepest nodes' grid spacing).
     far_sweep = {}
     for factor in (float(v) for v in args.far_sweep.split(",") if v.strip()):
+        if factor == args.far_factor:  # rendered above
+            far_sweep[f"{factor:g}"] = far_report["fraction_touched"]
+            continue
         frame_out = field.render_image(far_view(test, 0, factor), test.width, test.height, test.focal, args.samples,
                                        background=test.background.float(), **render)
         far_sweep[f"{factor:g}"] = field.touched_report(frame_out["touched"])["fraction_touched"]

@@ -55,6 +55,12 @@ def _whole(t):
     return t
 
 
+def _kernel_cells(table: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(what the grid kernels index, whether it is compact): a bfloat16 table goes in as its int16 bits."""
+    compact = table.dtype == torch.bfloat16
+    return (table.view(torch.int16) if compact else table), compact
+
+
 class GridEncoding(Encoding):
     """Trainable multiresolution grid (tcnn semantics), one grid per network.
 
@@ -304,8 +310,7 @@ class GridEncoding(Encoding):
                            f"features ({self.n_output_dims}, batch)")
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
         if x.shape[0]:
-            compact = table.dtype == torch.bfloat16
-            cells = table.view(torch.int16) if compact else table  # the kernels read bfloat16 as its bits
+            cells, compact = _kernel_cells(table)
             for lo, hi, rows in _chunk_views(table):
                 K.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
                                lo, compact)
@@ -372,8 +377,7 @@ class GridEncoding(Encoding):
         block = max(1, DK.GRID_TERMS_PER_BLOCK // (levels * slots))
         ph = torch.empty(1, 1, 1, device=dev)
         ph_keys = torch.empty(1, 1, 1, dtype=torch.int64, device=dev)
-        compact = params.dtype == torch.bfloat16
-        cells = params.view(torch.int16) if compact else params
+        cells, compact = _kernel_cells(params)
         for b0 in range(0, x.shape[0], block):
             b1 = min(x.shape[0], b0 + block)
             keys = torch.full((levels, b1 - b0, slots), -1, dtype=torch.int64, device=dev) if want_params else ph_keys
@@ -400,7 +404,8 @@ class GridEncoding(Encoding):
         x, ids, table = ctx.x, ctx.ids, self.params.detach()
         dx = torch.zeros_like(x) if need_dx else None
         if not (need_grads or need_dx) or not x.shape[0]:
-            return dx, (self._sparse_zeros() if need_grads else None,)
+            none = torch.zeros(0, dtype=torch.int64, device=table.device)
+            return dx, (self._sparse_gradient(none, none.float()) if need_grads else None,)
         dy_t = to_layout(dy, ctx.y_layout, FEATURE_MAJOR).contiguous()
         positions, sums = [], []
         for b0, b1, keys, terms, dx_terms in self._term_blocks(x, ids, table, 0, dy_t, need_grads, need_dx):
@@ -416,18 +421,15 @@ class GridEncoding(Encoding):
             positions, sums = DK.sum_terms_by_key(torch.cat(positions), torch.cat(sums))
         else:
             positions, sums = positions[0], sums[0]
+        return dx, (self._sparse_gradient(positions, sums),)
+
+    def _sparse_gradient(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """The table gradient as a COO tensor from flat table positions (increasing, distinct) and their sums."""
         cols = self.layout.n_params
         indices = torch.stack((torch.div(positions, cols, rounding_mode="floor"), positions % cols))
-        with torch.sparse.check_sparse_tensor_invariants(False):  # built sorted and unique above
-            grad = torch.sparse_coo_tensor(indices, sums.to(self.table_dtype), tuple(table.shape),
+        with torch.sparse.check_sparse_tensor_invariants(False):  # built sorted and unique by the caller
+            return torch.sparse_coo_tensor(indices, sums.to(self.table_dtype), tuple(self.params.shape),
                                            is_coalesced=True, check_invariants=False)
-        return dx, (grad,)
-
-    def _sparse_zeros(self):
-        dev = self.params.device
-        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64, device=dev),
-                                       torch.zeros(0, dtype=self.table_dtype, device=dev),
-                                       tuple(self.params.shape), is_coalesced=True, check_invariants=False)
 
     def _launch_backward_backward(self, x, net_ids, params, off, dy, g_dx, out_dy, out_params, out_x):
         f, interp, gtype = self._codes()

@@ -22,14 +22,20 @@ def identity_forward(x: f32_2d, out: f32_2d, scale: ti.f32, offset: ti.f32):
         out[b, d] = x[b, d] * scale + offset
 
 
+@ti.func
+def frequency_feature(x: ti.template(), b, j, n_frequencies):
+    """Feature j of sample b's Frequency encoding. tcnn layout: feature j encodes input dim j // (2F), frequency
+    2^((j//2) % F), sin for even j, cos for odd. Also what the fused network computes when it encodes its inputs."""
+    d = j // (2 * n_frequencies)
+    k = (j // 2) % n_frequencies
+    phase = ti.cast(j % 2, ti.f32) * (PI / 2)
+    return ti.sin(x[b, d] * pow2(k) * PI + phase)
+
+
 @ti.kernel
 def frequency_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
-    # tcnn layout: feature j encodes input dim j // (2F), frequency 2^((j//2) % F), sin for even j, cos for odd.
     for b, j in ti.ndrange(out.shape[0], out.shape[1]):
-        d = j // (2 * n_frequencies)
-        k = (j // 2) % n_frequencies
-        phase = ti.cast(j % 2, ti.f32) * (PI / 2)
-        out[b, j] = ti.sin(x[b, d] * pow2(k) * PI + phase)
+        out[b, j] = frequency_feature(x, b, j, n_frequencies)
 
 
 @ti.kernel

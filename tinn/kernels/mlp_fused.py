@@ -37,7 +37,7 @@ from typing import NamedTuple
 from ..backend import ti
 
 from .. import chunks
-from .basic_encodings import PI, pow2
+from .basic_encodings import frequency_feature
 from ..settings import Settings
 from ..settings import current as tuning
 from . import activations as act
@@ -170,8 +170,8 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
 
     With `feature_major` the caller's array is x[k, sample] (an encoding's output as its kernel
     wrote it): the loop then walks samples fastest, coalesced when the order is the identity.
-    With `freq` > 0 the rows are the Frequency encoding of x's rows (raw positions, row-major), computed
-    here as `frequency_forward` does, then the network's input padding `pad`: an inference that needs no
+    With `freq` > 0 the rows are the Frequency encoding of x's rows (raw positions, row-major), by the
+    encoding's own `frequency_feature`, then the network's input padding `pad`: an inference that needs no
     encoded features in memory.
     """
     for j in range((TS * n + BLOCK - 1) // BLOCK):
@@ -183,9 +183,7 @@ def load_rows(sh: ti.template(), base, x: ti.template(), order: ti.template(), s
                 if ti.static(freq > 0):
                     v = pad
                     if k < x.shape[1] * 2 * freq:
-                        d = k // (2 * freq)
-                        phase = ti.cast(k % 2, ti.f32) * (PI / 2)
-                        v = ti.sin(x[order[start + s], d] * pow2((k // 2) % freq) * PI + phase)
+                        v = frequency_feature(x, order[start + s], k, freq)
                 elif ti.static(feature_major):
                     v = x[k, order[start + s]]
                 else:

@@ -100,8 +100,7 @@ class Adam(LeafOptimizer):
         if not self._optimized(name) or not g._nnz():
             return
         step = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
-        lr, l2_reg = ((self.learning_rate, self.l2_reg) if self.is_matrix[name] else
-                      (self.learning_rate * self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg))
+        lr, l2_reg = self._rate_and_l2(name)
         indices, values = g.indices(), g.values().contiguous().view(torch.int16)
         rows, cols = indices[0].contiguous(), indices[1].contiguous()
         m, v = self.state[f"m.{name}"].view(torch.int16), self.state[f"v.{name}"].view(torch.int16)
@@ -111,17 +110,19 @@ class Adam(LeafOptimizer):
             KC.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr, l2_reg, step,
                                 seed, *self._hyper())
 
+    def _rate_and_l2(self, name) -> tuple[float, float]:
+        """Learning rate and L2 term of a tensor: tcnn's for matrix params, the non-matrix ones otherwise."""
+        if self.is_matrix[name]:
+            return self.learning_rate, self.l2_reg
+        return self.learning_rate * self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg
+
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
 
     def _operands(self, name, w, g, lr_scale) -> tuple:
         """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero, step_now),
         counting the step of a tensor with one step count."""
-        if self.is_matrix[name]:
-            lr, l2_reg = self.learning_rate, self.l2_reg
-        else:
-            lr = self.learning_rate * self.non_matrix_learning_rate_factor
-            l2_reg = self.non_matrix_l2_reg
+        lr, l2_reg = self._rate_and_l2(name)
         if self._skips(name):
             steps, step_now = self.state[f"steps.{name}"], 0
         else:
