@@ -73,6 +73,8 @@ def parse_args(argv=None):
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
     p.add_argument("--fixed-teacher-occupancy", action="store_true",
                    help="train the teacher on every sample (no occupancy grid tracking it during training)")
+    p.add_argument("--fixed-student-occupancy", action="store_true",
+                   help="fine-tune the student in the teacher's grid as it is (no grid tracking the student)")
     p.add_argument("--render-segments", type=int, default=2,
                    help="early ray termination: runs of samples per ray (1: every sample in one run)")
     p.add_argument("--early-stop", type=float, default=1e-4,
@@ -209,8 +211,16 @@ class KiloNeRFPipeline:
         elif finished == "distill":
             self.distill_error = self.trainers["distill"].error()
             self.psnr_distilled = self.heldout_psnr(self.student)  # before fine-tuning, to show what it adds
+            # The student fine-tunes with a grid that tracks it inside the teacher's: voxels where it keeps only
+            # faint density (smeared by distillation from the teacher's faint floaters) leave training and
+            # rendering instead of showing as voxel-shaped haze. (Sharded runs keep the fixed grid.)
+            tracks = not (args.fixed_student_occupancy or args.shard)
+            grid = OccupancyGrid.tracking(self.train.box_min, self.train.box_max, args.occupancy_res,
+                                          within=self.occupancy) if tracks else self.occupancy
+            self.student.occupancy = grid
             self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.batch_rays,
-                                                           args.finetune_lr, occupancy=self.occupancy,
+                                                           args.finetune_lr, occupancy=grid,
+                                                           occupancy_threshold=self.density_threshold(),
                                                            total_steps=args.finetune_steps, seed=args.batch_seed + 1)
 
     def train_step(self) -> torch.Tensor:
@@ -331,6 +341,7 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
         "occupied_fraction": pipe.occupancy.occupied_fraction(),
         "teacher_tracked_occupied_fraction": (None if pipe.teacher_occupancy is None
                                               else pipe.teacher_occupancy.occupied_fraction()),
+        "student_occupied_fraction": pipe.student.occupancy.occupied_fraction(),
         "skipped_fraction": skipped,
         "param_bytes_teacher": pipe.teacher.memory_bytes(),
         "param_bytes_student": pipe.student.networks.memory_bytes(),
@@ -379,7 +390,8 @@ def print_summary(s: dict) -> None:
           f"teacher {r['teacher']:.1f} ms ({f['teacher']:.1f} fps), "
           f"teacher+skipping {r['teacher_skipping']:.1f} ms, KiloNeRF {r['student']:.1f} ms ({f['student']:.1f} fps; "
           f"without early termination {r['student_one_run']:.1f} ms)")
-    print(f"empty space: {100 * s['occupied_fraction']:.1f}% of voxels occupied, "
+    print(f"empty space: {100 * s['occupied_fraction']:.1f}% of voxels occupied by the teacher's grid, "
+          f"{100 * s['student_occupied_fraction']:.1f}% by the student's, "
           f"{100 * s['skipped_fraction']:.1f}% of in-box samples skipped")
     mem = (f"memory: KiloNeRF {s['n_networks']} networks {s['param_bytes_student'] / 2**20:.2f} MiB, "
            f"teacher {s['param_bytes_teacher'] / 2**20:.2f} MiB, occupancy {s['occupancy_bytes'] / 2**20:.2f} MiB")

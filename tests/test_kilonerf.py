@@ -307,6 +307,38 @@ def test_demo_rejects_bad_arguments():
         demo.parse_args(["--teacher-steps", "-1"])
 
 
+def test_tracking_within_a_grid_only_sheds_voxels():
+    """A student fine-tunes in a grid that tracks it within its teacher's grid: it starts as that grid, never
+    evaluates or occupies a voxel outside it, and drops the voxels where the field's density stays faint."""
+    lo, hi, res = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV), 8
+    solid, faint = sphere_density([-0.4, -0.4, -0.4], 0.45), sphere_density([0.5, 0.5, 0.5], 0.35)
+    teacher_grid = OccupancyGrid.from_density(lambda p: solid(p) + faint(p), lo, hi, res, threshold=1.0,
+                                              n_jitter=32, dilate=0)
+    grid = OccupancyGrid.tracking(lo, hi, res, within=teacher_grid)
+    assert torch.equal(grid.occupied, teacher_grid.occupied)
+    seen = []
+
+    def student(p):  # solid where the teacher was, faint in the second sphere, dense outside the teacher's grid
+        inside = teacher_grid.query(p)
+        seen.append(inside)
+        return solid(p) + 0.01 * faint(p) + 50.0 * (~inside).float()
+
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    for _ in range(6):
+        grid.update(student, threshold=1.0, decay=0.5, random_share=1.0, generator=gen)
+        assert not bool((grid.occupied & ~teacher_grid.occupied).any())
+    assert all(bool(s.all()) for s in seen)  # only voxels of the teacher's grid were evaluated
+    solid_grid = OccupancyGrid.from_density(solid, lo, hi, res, threshold=1.0, n_jitter=32, dilate=0)
+    assert grid.occupied.any() and bool((grid.occupied <= solid_grid.occupied).all())
+    assert int(grid.occupied.sum()) < int(teacher_grid.occupied.sum())  # the faint sphere's voxels are gone
+    with pytest.raises(InputError, match="resolution"):
+        OccupancyGrid.tracking(lo, hi, res * 2, within=teacher_grid)
+    with pytest.raises(InputError, match="box"):
+        OccupancyGrid.tracking(lo, 2 * hi, res, within=teacher_grid)
+    with pytest.raises(InputError, match="OccupancyGrid"):
+        OccupancyGrid.tracking(lo, hi, res, within=teacher_grid.occupied)
+
+
 def test_tracking_occupancy_follows_a_changing_field():
     """instant-ngp's density grid: every voxel starts occupied, the first update evaluates all of them,
     density a field stops producing decays away, new density is found by the random share."""

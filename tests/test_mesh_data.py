@@ -327,3 +327,101 @@ def test_a_fixed_light_shades_a_face_the_same_from_every_view_and_a_headlight_do
         M.render_rgba(flat, np.eye(4), 8, 8, 10.0, light=(0.0, 0.0, 0.0))
     with pytest.raises(InputError, match="light"):
         M.render_rgba(flat, np.eye(4), 8, 8, 10.0, light="sun")
+
+
+def icosphere(subdivisions: int = 2) -> M.Mesh:
+    """A unit sphere of shared vertices: an icosahedron subdivided, corners pushed onto the sphere."""
+    t = (1.0 + 5 ** 0.5) / 2
+    v = [[-1, t, 0], [1, t, 0], [-1, -t, 0], [1, -t, 0], [0, -1, t], [0, 1, t], [0, -1, -t], [0, 1, -t],
+         [t, 0, -1], [t, 0, 1], [-t, 0, -1], [-t, 0, 1]]
+    f = [[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11], [1, 5, 9], [5, 11, 4], [11, 10, 2], [10, 7, 6],
+         [7, 1, 8], [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9], [4, 9, 5], [2, 4, 11], [6, 2, 10],
+         [8, 6, 7], [9, 8, 1]]
+    verts = [np.array(p, float) / np.linalg.norm(p) for p in v]
+    for _ in range(subdivisions):
+        mid, out = {}, []
+
+        def middle(i, j):
+            key = (min(i, j), max(i, j))
+            if key not in mid:
+                p = verts[i] + verts[j]
+                verts.append(p / np.linalg.norm(p))
+                mid[key] = len(verts) - 1
+            return mid[key]
+        for a, b, c in f:
+            ab, bc, ca = middle(a, b), middle(b, c), middle(c, a)
+            out += [[a, ab, ca], [b, bc, ab], [c, ca, bc], [ab, bc, ca]]
+        f = out
+    faces = np.array(f, np.int32)
+    return M.Mesh(np.array(verts, np.float32), faces, np.ones((len(faces), 9), np.float32))
+
+
+def soup(mesh: M.Mesh, flip_every: int = 0) -> M.Mesh:
+    """The same triangles with every corner its own vertex (as the bunny's file); optionally every
+    `flip_every`-th face wound the other way."""
+    faces = mesh.faces.copy()
+    if flip_every:
+        faces[::flip_every] = faces[::flip_every, ::-1]
+    verts = mesh.vertices[faces.reshape(-1)]
+    return M.Mesh(verts, np.arange(len(verts), dtype=np.int32).reshape(-1, 3), mesh.corner_rgb)
+
+
+def test_smooth_corner_normals_follow_the_surface_whatever_the_vertex_sharing_and_winding():
+    sphere = icosphere(2)
+    normals = M.corner_normals(sphere).reshape(-1, 3, 3)
+    radial = sphere.vertices[sphere.faces]                       # unit sphere: the true normal is the position
+    assert np.abs(np.einsum("fci,fci->fc", normals, radial)).min() > 0.995
+    face = np.cross(radial[:, 1] - radial[:, 0], radial[:, 2] - radial[:, 0])
+    face /= np.linalg.norm(face, axis=1, keepdims=True)
+    assert np.abs(np.einsum("fi,fci->fc", face, radial)).min() < 0.99   # flat normals are visibly off
+    flipped = normals.copy()
+    flipped[::3] = flipped[::3, ::-1]                            # a flipped face lists its corners backwards
+    for other, want in ((soup(sphere), normals), (soup(sphere, flip_every=3), flipped)):  # unshared; mixed winding
+        got = M.corner_normals(other).reshape(-1, 3, 3)
+        np.testing.assert_allclose(np.abs(np.einsum("fci,fci->fc", got, want)), 1.0, atol=1e-5)
+    # Blocks of positions: a small pair budget gives the same normals.
+    np.testing.assert_allclose(M.corner_normals(sphere, pair_block=7), M.corner_normals(sphere), atol=1e-6)
+
+
+def test_creases_keep_hard_edges_and_bad_angles_are_named():
+    v = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], np.float32)
+    quads = [(0, 1, 3, 2), (4, 6, 7, 5), (0, 4, 5, 1), (2, 3, 7, 6), (0, 2, 6, 4), (1, 5, 7, 3)]
+    faces = np.array([t for a, b, c, d in quads for t in ((a, b, c), (a, c, d))], np.int32)
+    cube = M.Mesh(v, faces, np.ones((12, 9), np.float32))
+    sharp = M.corner_normals(cube).reshape(-1, 3, 3)             # 90-degree edges > 60: each face flat
+    face = np.cross(v[faces[:, 1]] - v[faces[:, 0]], v[faces[:, 2]] - v[faces[:, 0]])
+    face /= np.linalg.norm(face, axis=1, keepdims=True)
+    np.testing.assert_allclose(np.abs(np.einsum("fi,fci->fc", face, sharp)), 1.0, atol=1e-6)
+    rounded = M.corner_normals(cube, crease_degrees=120.0).reshape(-1, 3, 3)
+    corner_dir = v[faces] / np.sqrt(3.0)                         # all three faces at a corner averaged
+    assert np.abs(np.einsum("fci,fci->fc", rounded, corner_dir)).min() > 0.9
+    for bad in (-1.0, 200.0, "sixty", True):
+        with pytest.raises(InputError, match="crease_degrees"):
+            M.corner_normals(cube, crease_degrees=bad)
+    with pytest.raises(InputError, match="shading.*smooth, flat"):
+        M.render_rgba(cube, np.eye(4), 8, 8, 10.0, shading="phong")
+    with pytest.raises(InputError, match="normals"):
+        M.render_rgba(cube, M.look_at(np.array([0.0, 0.0, 4.0])), 8, 8, 10.0, normals=np.zeros((3, 9)))
+
+
+def test_a_smooth_shaded_sphere_matches_lambert_and_a_flat_one_shows_facets():
+    """An icosphere under a fixed light against the analytic sphere's shading, ambient + (1 - ambient) |n . l|
+    at the pixel's hit point: interpolated normals come close, flat faces do not."""
+    sphere, light, ambient, res, focal = icosphere(3), np.array([0.3, 0.5, 0.81]), 0.3, 48, 60.0
+    c2w = M.look_at(np.array([0.0, 0.0, 4.0]))
+    errors = {}
+    for shading in M.SHADINGS:
+        img = M.render_rgba(sphere, c2w, res, res, focal, supersample=1, ambient=ambient, light=tuple(light),
+                            shading=shading).cpu().numpy()
+        j, i = np.nonzero(img[..., 3] > 0.5)
+        d = np.stack([(i + 0.5 - res / 2) / focal, -(j + 0.5 - res / 2) / focal, -np.ones_like(i, float)], 1)
+        d /= np.linalg.norm(d, axis=1, keepdims=True)
+        origin = c2w[:3, 3]
+        world_d = d @ c2w[:3, :3].T
+        b = world_d @ origin
+        t = -b - np.sqrt(np.maximum(b * b - (origin @ origin - 1.0), 0.0))
+        n = origin + t[:, None] * world_d
+        want = ambient + (1 - ambient) * np.abs(n @ (light / np.linalg.norm(light)))
+        inner = (j - res / 2) ** 2 + (i - res / 2) ** 2 < (0.8 * focal / 4) ** 2   # away from the silhouette
+        errors[shading] = float(np.abs(img[j, i, 0] - want)[inner].max())
+    assert errors["smooth"] < 0.02 < errors["flat"]

@@ -76,11 +76,13 @@ def raster_depth(verts: f32_2d, faces: i32_2d, key: i64_2d, focal: ti.f32, near:
 
 @ti.kernel
 def shade(verts: f32_2d, faces: i32_2d, key: i64_2d, corner_rgb: f32_2d, corner_uv: f32_2d, texture: f32_3d,
-          textured: ti.i32, focal: ti.f32, ambient: ti.f32, light: f32_1d, headlight: ti.i32, rgba: f32_3d):
+          textured: ti.i32, focal: ti.f32, ambient: ti.f32, light: f32_1d, headlight: ti.i32, corner_normal: f32_2d,
+          smooth: ti.i32, rgba: f32_3d):
     """rgba[j, i]: the hit triangle's colour (per-corner colours, or a bilinear texture lookup at the
-    interpolated uv, v up) times ambient + (1 - ambient) |cos| of the face normal against the light: the
+    interpolated uv, v up) times ambient + (1 - ambient) |cos| of the normal against the light: the
     direction `light` (camera space), or the ray itself with `headlight` (a light at the camera, so shading
-    changes with the view); alpha 1. Pixels without a hit: 0."""
+    changes with the view); alpha 1. Pixels without a hit: 0. The normal is the face's, or with `smooth` the
+    interpolation of its corners' (camera-space `corner_normal` (F, 9))."""
     height, width = key.shape[0], key.shape[1]
     th, tw = texture.shape[0], texture.shape[1]
     for j, i in ti.ndrange(height, width):
@@ -114,6 +116,9 @@ def shade(verts: f32_2d, faces: i32_2d, key: i64_2d, corner_rgb: f32_2d, corner_
                 for ch in ti.static(range(3)):
                     colour[ch] = w0 * corner_rgb[f, ch] + u * corner_rgb[f, 3 + ch] + v * corner_rgb[f, 6 + ch]
             n = (b - a).cross(c - a)
+            if smooth:
+                for ax in ti.static(range(3)):
+                    n[ax] = w0 * corner_normal[f, ax] + u * corner_normal[f, 3 + ax] + v * corner_normal[f, 6 + ax]
             to_light = ti.Vector([light[0], light[1], light[2]])
             if headlight:
                 to_light = d

@@ -7,10 +7,17 @@ render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synth
 The mesh is centred and scaled into [-1, 1]^3 (NeRF-synthetic objects fit in [-1.5, 1.5]^3); cameras sit on a
 sphere of radius 4 looking at the origin with Blender's default field of view, spread by a Fibonacci lattice;
 validation and test cameras take positions between the training ones. Shading: the surface colour times an
-ambient term plus a distant light fixed in the world (|cos| of the face normal, both sides lit), so the
+ambient term plus a distant light fixed in the world (|cos| of the surface normal, both sides lit), so the
 shading is the same from every view, as the fields trained on it (no view direction) can represent; `--light
 headlight` puts the light at each camera instead. 2 x 2 supersampling smooths edges, and alpha is the
 pixel's coverage.
+
+Normals are smooth by default, as a modelling tool's "auto smooth" shades: each corner's normal averages the
+(area-weighted) normals of the faces that meet at its position and bend from its own face by less than a crease
+angle (60 degrees), so scanned surfaces look smooth and hard edges stay hard. Corners are matched by position,
+so triangle soups (the bunny's file repeats every vertex) and faces wound either way shade the same.
+`--shading flat` gives every face its own normal: a scanned mesh then shows tens of thousands of flat facets,
+detail that no real capture of the object has.
 """
 from __future__ import annotations
 
@@ -63,6 +70,61 @@ class Mesh:
             raise InputError("the mesh is a single point; nothing to render")
         return Mesh(((self.vertices - (lo + hi) / 2) / half).astype(np.float32), self.faces, self.corner_rgb,
                     self.corner_uv, self.texture)
+
+
+SHADINGS = ("smooth", "flat")
+DEFAULT_CREASE_DEGREES = 60.0
+
+
+def corner_normals(mesh: Mesh, crease_degrees: float = DEFAULT_CREASE_DEGREES, pair_block: int = 1 << 22) -> np.ndarray:
+    """(F, 9) float32 unit normals per corner: the sum of the area-weighted normals of the faces at the corner's
+    position whose normals are within `crease_degrees` of the corner's face normal, each turned to the corner's
+    side (so winding does not matter). Degenerate faces get a zero normal; their corners then use their
+    neighbours' (and a corner with none shades as ambient)."""
+    if isinstance(crease_degrees, bool) or not isinstance(crease_degrees, (int, float)) \
+            or not 0.0 <= float(crease_degrees) <= 180.0:
+        raise InputError(f"crease_degrees={crease_degrees!r} must be an angle in [0, 180] degrees")
+    v, f = mesh.vertices.astype(np.float64), mesh.faces.astype(np.int64)
+    a, b, c = v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
+    area_normal = np.cross(b - a, c - a)                        # length: twice the face's area
+    length = np.linalg.norm(area_normal, axis=1, keepdims=True)
+    unit = np.divide(area_normal, length, out=np.zeros_like(area_normal), where=length > 0)
+    # Corners at one position are one vertex, whether or not the file shares it: positions quantised at 1e-6
+    # of the mesh's extent.
+    extent = float(np.ptp(v, axis=0).max()) or 1.0
+    keys = np.round(v / (extent * 1e-6)).astype(np.int64)
+    _, weld = np.unique(keys, axis=0, return_inverse=True)
+    corner_vertex = weld.reshape(-1)[f.reshape(-1)]              # (3F,) welded vertex of each corner
+    corner_face = np.repeat(np.arange(len(f)), 3)
+    order = np.argsort(corner_vertex, kind="stable")
+    sorted_vertex = corner_vertex[order]
+    starts = np.flatnonzero(np.r_[True, sorted_vertex[1:] != sorted_vertex[:-1]])
+    sizes = np.diff(np.r_[starts, len(order)])
+    cos_crease = math.cos(math.radians(float(crease_degrees)))
+    out = np.zeros((len(order), 3))
+    # Every (corner, corner at the same position) pair, in blocks of positions so that a vertex shared by very
+    # many faces does not need one huge allocation.
+    group = 0
+    while group < len(starts):
+        end, pairs = group, 0
+        while end < len(starts) and (end == group or pairs + sizes[end] ** 2 <= pair_block):
+            pairs += int(sizes[end]) ** 2
+            end += 1
+        g_start, g_size = starts[group:end], sizes[group:end]
+        reps = np.repeat(g_size, g_size)                         # for each corner of the block: its group's size
+        first = np.repeat(g_start, g_size)
+        mine = first + (np.arange(reps.size) - np.repeat(np.cumsum(g_size) - g_size, g_size))
+        me = np.repeat(mine, reps)                               # pair (me, other)
+        other = np.repeat(first, reps) + (np.arange(me.size) - np.repeat(np.cumsum(reps) - reps, reps))
+        face_me, face_other = corner_face[order[me]], corner_face[order[other]]
+        cos = np.einsum("ij,ij->i", unit[face_me], unit[face_other])
+        keep = np.abs(cos) >= cos_crease - 1e-9
+        contribution = area_normal[face_other] * (np.where(cos < 0, -1.0, 1.0) * keep)[:, None]
+        np.add.at(out, order[me], contribution)
+        group = end
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    out = np.divide(out, norm, out=np.zeros_like(out), where=norm > 0)
+    return out.reshape(len(f), 9).astype(np.float32)
 
 
 def read_mesh(path) -> Mesh:
@@ -455,14 +517,18 @@ def sphere_cameras(n: int, radius: float = CAMERA_RADIUS, offset: float = 0.0) -
 
 
 def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: float, supersample: int = 2,
-                ambient: float = 0.35, near: float = 0.05, light=DEFAULT_LIGHT) -> torch.Tensor:
+                ambient: float = 0.35, near: float = 0.05, light=DEFAULT_LIGHT, normals: np.ndarray | None = None,
+                shading: str = "smooth") -> torch.Tensor:
     """(H, W, 4) float32 RGBA of one view (alpha = coverage), on tinn's device.
 
     light: a world-space direction towards a distant light (the shading is then the same from every view, as
     the scene fields here, which take no view direction, can represent), or "headlight" (a light at the
-    camera: shading changes with the view)."""
+    camera: shading changes with the view). shading: "smooth" (interpolated corner normals: `normals`, the
+    (F, 9) array of `corner_normals`, computed here when None) or "flat" (each face's own normal)."""
     from ..kernels import raster as K
 
+    if shading not in SHADINGS:
+        raise InputError(f"shading={shading!r}; allowed: {', '.join(SHADINGS)}")
     dev = runtime.device()
     s = int(supersample)
     if s < 1:
@@ -485,8 +551,19 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     if world.shape != (3,) or not np.all(np.isfinite(world)) or (not headlight and not np.any(world)):
         raise InputError(f"light={light!r} must be 'headlight' or a non-zero direction of 3 finite numbers")
     to_light = torch.as_tensor(c2w_t[:3, :3].numpy().T @ world, dtype=torch.float32, device=dev).contiguous()
+    smooth = shading == "smooth"
+    if smooth:
+        world_normals = corner_normals(mesh) if normals is None else np.asarray(normals, dtype=np.float64)
+        if world_normals.shape != (len(mesh.faces), 9):
+            raise InputError(f"normals has shape {world_normals.shape}; allowed: ({len(mesh.faces)}, 9), one normal "
+                             "per face corner")
+        rotation = c2w_t[:3, :3].numpy()
+        cam_normals = (world_normals.reshape(-1, 3, 3) @ rotation).reshape(-1, 9)  # row vectors: R^T n
+        normal_arg = torch.as_tensor(cam_normals, dtype=torch.float32, device=dev).contiguous()
+    else:
+        normal_arg = torch.zeros(1, 9, device=dev)
     K.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), to_light,
-            int(headlight), big)
+            int(headlight), normal_arg, int(smooth), big)
     img = big.reshape(height, s, width, s, 4).mean(dim=(1, 3))
     # Colour weighted by coverage: straight (not premultiplied) alpha, as PNGs store it.
     alpha = img[..., 3:]
@@ -495,7 +572,8 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
 
 
 def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int = 10, test_views: int = 20,
-                         resolution: int = 800, supersample: int = 2, light=DEFAULT_LIGHT) -> dict:
+                         resolution: int = 800, supersample: int = 2, light=DEFAULT_LIGHT, shading: str = "smooth",
+                         crease_degrees: float = DEFAULT_CREASE_DEGREES) -> dict:
     """Render train/val/test views of `mesh` (normalised first) into `out_dir` as a NeRF-synthetic folder.
     Returns {split: number of views}."""
     import imageio.v3 as iio
@@ -503,7 +581,10 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
     for name, value in (("views", views), ("resolution", resolution)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name}={value!r} must be an integer >= 1")
+    if shading not in SHADINGS:
+        raise InputError(f"shading={shading!r}; allowed: {', '.join(SHADINGS)}")
     mesh = mesh.normalised()
+    normals = corner_normals(mesh, crease_degrees) if shading == "smooth" else None
     focal = 0.5 * resolution / math.tan(0.5 * CAMERA_ANGLE_X)
     counts = {}
     for split, n, offset in (("train", views, 0.0), ("val", val_views, 0.5), ("test", test_views, 0.25)):
@@ -512,7 +593,8 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
         os.makedirs(os.path.join(out_dir, split), exist_ok=True)
         frames = []
         for k, c2w in enumerate(sphere_cameras(n, offset=offset)):
-            rgba = render_rgba(mesh, c2w, resolution, resolution, focal, supersample, light=light)
+            rgba = render_rgba(mesh, c2w, resolution, resolution, focal, supersample, light=light, normals=normals,
+                               shading=shading)
             pixels = (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
             iio.imwrite(os.path.join(out_dir, split, f"r_{k}.png"), pixels)
             frames.append({"file_path": f"./{split}/r_{k}", "transform_matrix": c2w.tolist()})
@@ -551,14 +633,20 @@ def main(argv=None) -> dict:
     p.add_argument("--light", default=",".join(str(v) for v in DEFAULT_LIGHT),
                    help="direction towards a distant light, 'x,y,z' in world space, or 'headlight' (a light at each "
                         "camera: view-dependent shading)")
+    p.add_argument("--shading", default="smooth", choices=SHADINGS,
+                   help="smooth: corner normals averaged across edges flatter than --crease; flat: one normal per face")
+    p.add_argument("--crease", type=float, default=DEFAULT_CREASE_DEGREES,
+                   help="smooth shading: edges whose faces bend by more than this many degrees stay sharp")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto")
     args = p.parse_args(argv)
+    if not 0.0 <= args.crease <= 180.0:
+        p.error(f"--crease must be an angle in [0, 180] degrees, got {args.crease}")
     light = args.light if args.light == "headlight" else _direction("--light", args.light)
     runtime.init(args.arch)
     import time
     t0 = time.perf_counter()
     counts = write_nerf_synthetic(read_mesh(args.mesh), args.out, args.views, args.val_views, args.test_views,
-                                  args.res, args.supersample, light)
+                                  args.res, args.supersample, light, args.shading, args.crease)
     print(f"{sum(counts.values())} views ({counts}) at {args.res}x{args.res} in {time.perf_counter() - t0:.1f} s: "
           f"{args.out}")
     return counts

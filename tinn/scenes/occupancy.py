@@ -15,6 +15,11 @@ density per voxel; each `update(density, threshold)` decays the tracked values, 
 jittered point in a share of the voxels (a random share plus every occupied one), keeps the larger value,
 and marks the voxels whose tracked density exceeds the threshold. Density the field paints into empty
 space decays away once the field stops producing it there.
+
+`tracking(..., within=grid)` tracks inside another grid only: it starts as that grid and can only shed voxels.
+A KiloNeRF student fine-tunes this way inside the grid built from its teacher: its cells' networks are
+undefined outside it (never trained there), and inside it the voxels where the student leaves only faint
+density (what distillation smeared from the teacher's own faint floaters) drop out of training and rendering.
 """
 from __future__ import annotations
 
@@ -101,15 +106,30 @@ class OccupancyGrid(VoxelBox):
     def __init__(self, occupied: torch.Tensor, box_min, box_max):
         super().__init__(occupied, box_min, box_max)
         self.density: torch.Tensor | None = None  # the tracked density per voxel (tracking grids only)
+        self.within: torch.Tensor | None = None   # tracking grids: the voxels that may be occupied (None: all)
         self.updates = 0
 
     @classmethod
-    def tracking(cls, box_min, box_max, resolution: int) -> "OccupancyGrid":
-        """A grid that follows a training field through `update`: every voxel occupied until the first update."""
+    def tracking(cls, box_min, box_max, resolution: int, within: "OccupancyGrid | None" = None) -> "OccupancyGrid":
+        """A grid that follows a training field through `update`: every voxel occupied until the first update,
+        or with `within` (a grid over the same box and resolution) that grid's voxels, never more."""
         resolution = check_resolution("resolution", resolution, MAX_RESOLUTION)
-        lo, _ = as_box(box_min, box_max)
-        grid = cls(torch.ones((resolution,) * 3, dtype=torch.bool, device=lo.device), box_min, box_max)
+        lo, hi = as_box(box_min, box_max)
+        allowed = None
+        if within is not None:
+            if not isinstance(within, OccupancyGrid) or within.lead != 0:
+                raise InputError(f"within must be an OccupancyGrid, got {type(within).__name__}")
+            if within.resolution != resolution:
+                raise InputError(f"within has resolution {within.resolution}; allowed: the tracking grid's "
+                                 f"resolution {resolution}")
+            if not (torch.allclose(within.box_min.to(lo.device), lo) and torch.allclose(within.box_max.to(lo.device), hi)):
+                raise InputError(f"within covers the box {within.box_min.tolist()}..{within.box_max.tolist()}; "
+                                 f"allowed: the tracking grid's box {lo.tolist()}..{hi.tolist()}")
+            allowed = within.occupied.to(lo.device).clone()
+        start = torch.ones((resolution,) * 3, dtype=torch.bool, device=lo.device) if allowed is None else allowed
+        grid = cls(start.clone(), box_min, box_max)
         grid.density = torch.zeros((resolution,) * 3, dtype=torch.float32, device=lo.device)
+        grid.within = allowed
         return grid
 
     @torch.no_grad()
@@ -132,11 +152,13 @@ class OccupancyGrid(VoxelBox):
             raise InputError(f"threshold={threshold!r} must be a density >= 0")
         dev = self.occupied.device
         n = self.occupied.numel()
+        allowed = None if self.within is None else self.within.reshape(-1)
         if self.updates == 0:
-            cells = torch.arange(n, device=dev)
+            cells = torch.arange(n, device=dev) if allowed is None else torch.nonzero(allowed).reshape(-1)
         else:
             chosen = torch.rand(n, device=dev, generator=generator) < float(random_share)
-            cells = torch.nonzero(chosen | self.occupied.reshape(-1)).reshape(-1)
+            chosen |= self.occupied.reshape(-1)
+            cells = torch.nonzero(chosen if allowed is None else chosen & allowed).reshape(-1)
         tracked = self.density.reshape(-1)
         tracked.mul_(float(decay))
         r = self.resolution
@@ -149,7 +171,8 @@ class OccupancyGrid(VoxelBox):
         # As instant-ngp: never above the mean tracked density, so a young field whose densities are all
         # below the threshold still keeps its denser half occupied (and trained).
         cut = min(float(threshold), float(self.density.mean()))
-        self.occupied = (self.density > cut).contiguous()
+        occupied = self.density > cut
+        self.occupied = (occupied if self.within is None else occupied & self.within).contiguous()
         self.updates += 1
         return self.occupied_fraction()
 
