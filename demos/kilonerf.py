@@ -191,6 +191,7 @@ class KiloNeRFPipeline:
 
     def _finish_phase(self) -> None:
         """End the current phase and set up the next (occupancy grid and distiller after the teacher, ...)."""
+        from tinn.scenes.fields import RenderedField
         from tinn.scenes.kilonerf import Distiller
         from tinn.scenes.occupancy import OccupancyGrid
         from tinn.scenes.photometric import PhotometricTrainer
@@ -201,11 +202,17 @@ class KiloNeRFPipeline:
         self.phase_step = 0
         if finished == "teacher":
             threshold = self.density_threshold()
-            self.occupancy, seconds = timed(OccupancyGrid.from_density, self.teacher.density, self.train.box_min,
+            # The student learns the teacher as it renders: with the grid that tracked it, outside which the
+            # teacher's density was never trained nor seen.
+            self.teacher_rendered = self.teacher if self.teacher_occupancy is None else \
+                RenderedField(self.teacher, self.teacher_occupancy)
+            self.occupancy, seconds = timed(OccupancyGrid.from_density, self.teacher_rendered.density,
+                                            self.train.box_min,
                                             self.train.box_max, args.occupancy_res, threshold, seed=args.seed)
             self.times["occupancy"] += seconds
             self.student.occupancy = self.occupancy
-            self.trainers["distill"] = Distiller(self.student, self.teacher, self.occupancy, self.render_step,
+            self.trainers["distill"] = Distiller(self.student, self.teacher_rendered, self.occupancy,
+                                                 self.render_step,
                                                  batch=args.distill_batch, learning_rate=args.distill_lr,
                                                  total_steps=args.distill_steps, seed=args.batch_seed)
         elif finished == "distill":

@@ -307,6 +307,25 @@ def test_demo_rejects_bad_arguments():
         demo.parse_args(["--teacher-steps", "-1"])
 
 
+def test_a_rendered_field_has_no_density_where_its_grid_is_empty():
+    """Distillation's teacher: the trained field seen through the grid it trained with."""
+    from tinn.scenes.fields import HashGridField, RenderedField
+
+    lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
+    teacher = HashGridField(lo, hi, n_levels=2, log2_hashmap_size=8, base_resolution=4, finest_resolution=8,
+                            n_neurons=16, n_hidden_layers=1, seed=3)
+    grid = OccupancyGrid.from_density(sphere_density([0.3, 0.0, 0.0], 0.5), lo, hi, 8, threshold=1.0, dilate=0)
+    seen = RenderedField(teacher, grid)
+    points = torch.rand(4096, 3, device=DEV) * 2.0 - 1.0
+    sigma, rgb = teacher(points)
+    got_sigma, got_rgb = seen(points)
+    inside = grid.query(points)
+    assert inside.any() and (~inside).any()
+    assert torch.equal(got_sigma[inside], sigma[inside]) and bool((got_sigma[~inside] == 0).all())
+    assert torch.equal(got_rgb, rgb) and torch.equal(seen.density(points), got_sigma)
+    assert torch.equal(seen.box_min, lo) and torch.equal(seen.box_max, hi)
+
+
 def test_tracking_within_a_grid_only_sheds_voxels():
     """A student fine-tunes in a grid that tracks it within its teacher's grid: it starts as that grid, never
     evaluates or occupies a voxel outside it, and drops the voxels where the field's density stays faint."""

@@ -154,7 +154,7 @@ def main() -> None:
         pipe.student = student
         pipe.phase_index, pipe.phase_step = demo.PHASES.index("distill"), 0
         pipe.times["distill"] = pipe.times["finetune"] = 0.0
-        pipe.trainers["distill"] = Distiller(student, pipe.teacher, pipe.occupancy, pipe.render_step,
+        pipe.trainers["distill"] = Distiller(student, pipe.teacher_rendered, pipe.occupancy, pipe.render_step,
                                              batch=args.distill_batch, learning_rate=args.distill_lr,
                                              total_steps=args.distill_steps, seed=args.batch_seed)
         pipe.run_phase()

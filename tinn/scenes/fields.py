@@ -66,3 +66,26 @@ class HashGridField(torch.nn.Module):
 
     def memory_bytes(self) -> int:
         return self.model.memory_bytes()
+
+
+class RenderedField(torch.nn.Module):
+    """A field as it renders with an occupancy grid: density 0 in the voxels the grid leaves empty.
+
+    A teacher trained with a grid that tracks it has never been trained on samples outside that grid, and
+    never renders them; its density there is whatever the hash grid left (faint floaters). Distilling from
+    this view of it gives the student the teacher that was seen, not the one that was not.
+    """
+
+    def __init__(self, field, occupancy):
+        super().__init__()
+        self.field, self.occupancy = field, occupancy
+        self.box_min, self.box_max = field.box_min, field.box_max
+
+    def forward(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sigma, rgb = self.field(points)
+        return torch.where(self.occupancy.query(points), sigma, torch.zeros_like(sigma)), rgb
+
+    def density(self, points: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.forward(points)[0]
+
