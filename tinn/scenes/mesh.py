@@ -76,6 +76,12 @@ SHADINGS = ("smooth", "flat")
 DEFAULT_CREASE_DEGREES = 60.0
 
 
+def check_shading(shading) -> str:
+    if shading not in SHADINGS:
+        raise InputError(f"shading={shading!r}; allowed: {', '.join(SHADINGS)}")
+    return shading
+
+
 def corner_normals(mesh: Mesh, crease_degrees: float = DEFAULT_CREASE_DEGREES, pair_block: int = 1 << 22) -> np.ndarray:
     """(F, 9) float32 unit normals per corner: the sum of the area-weighted normals of the faces at the corner's
     position whose normals are within `crease_degrees` of the corner's face normal, each turned to the corner's
@@ -110,10 +116,10 @@ def corner_normals(mesh: Mesh, crease_degrees: float = DEFAULT_CREASE_DEGREES, p
         while end < len(starts) and (end == group or pairs + sizes[end] ** 2 <= pair_block):
             pairs += int(sizes[end]) ** 2
             end += 1
-        g_start, g_size = starts[group:end], sizes[group:end]
-        reps = np.repeat(g_size, g_size)                         # for each corner of the block: its group's size
-        first = np.repeat(g_start, g_size)
-        mine = first + (np.arange(reps.size) - np.repeat(np.cumsum(g_size) - g_size, g_size))
+        g_size = sizes[group:end]
+        mine = np.arange(starts[group], starts[end - 1] + sizes[end - 1])  # the block's corners, in sorted order
+        reps = np.repeat(g_size, g_size)                         # for each of them: its position's corner count
+        first = np.repeat(starts[group:end], g_size)             # and its position's first corner
         me = np.repeat(mine, reps)                               # pair (me, other)
         other = np.repeat(first, reps) + (np.arange(me.size) - np.repeat(np.cumsum(reps) - reps, reps))
         face_me, face_other = corner_face[order[me]], corner_face[order[other]]
@@ -527,8 +533,7 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     (F, 9) array of `corner_normals`, computed here when None) or "flat" (each face's own normal)."""
     from ..kernels import raster as K
 
-    if shading not in SHADINGS:
-        raise InputError(f"shading={shading!r}; allowed: {', '.join(SHADINGS)}")
+    check_shading(shading)
     dev = runtime.device()
     s = int(supersample)
     if s < 1:
@@ -581,8 +586,7 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
     for name, value in (("views", views), ("resolution", resolution)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name}={value!r} must be an integer >= 1")
-    if shading not in SHADINGS:
-        raise InputError(f"shading={shading!r}; allowed: {', '.join(SHADINGS)}")
+    check_shading(shading)
     mesh = mesh.normalised()
     normals = corner_normals(mesh, crease_degrees) if shading == "smooth" else None
     focal = 0.5 * resolution / math.tan(0.5 * CAMERA_ANGLE_X)
