@@ -33,12 +33,12 @@ from tinn.progress import ProgressBar  # noqa: E402
 # Full size (the defaults) and --small; an explicit flag wins over both.
 FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 4096,
         "teacher_steps": 2000, "distill_steps": 2000, "finetune_steps": 1000, "distill_batch": 1 << 18,
-        "occupancy_res": 128, "teacher_levels": 16, "teacher_log2_hashmap": 19, "teacher_base": 16,
-        "teacher_hidden_layers": 2, "teacher_lr": 1e-2}
+        "finetune_rays": 1 << 16, "hidden_layers": 3, "occupancy_res": 128, "teacher_levels": 16,
+        "teacher_log2_hashmap": 19, "teacher_base": 16, "teacher_hidden_layers": 2, "teacher_lr": 1e-2}
 SMALL = {"grid": 4, "views": 24, "test_views": 2, "res": 32, "samples": 32, "batch_rays": 512,
          "teacher_steps": 200, "distill_steps": 200, "finetune_steps": 100, "distill_batch": 8192,
-         "occupancy_res": 32, "teacher_levels": 8, "teacher_log2_hashmap": 14, "teacher_base": 4,
-        "teacher_hidden_layers": 1, "teacher_lr": 3e-2}
+         "finetune_rays": 512, "hidden_layers": 2, "occupancy_res": 32, "teacher_levels": 8,
+         "teacher_log2_hashmap": 14, "teacher_base": 4, "teacher_hidden_layers": 1, "teacher_lr": 3e-2}
 PHASES = ("teacher", "distill", "finetune")
 
 
@@ -54,7 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--test-views", type=int, default=None, help="held-out views for PSNR (full size 4)")
     p.add_argument("--res", type=int, default=None, help="image width and height in pixels (full size 100)")
     p.add_argument("--samples", type=int, default=None, help="samples per ray across the scene box (full size 128)")
-    p.add_argument("--batch-rays", type=int, default=None, help="rays per photometric step (full size 4096)")
+    p.add_argument("--batch-rays", type=int, default=None, help="rays per teacher step (full size 4096)")
+    p.add_argument("--finetune-rays", type=int, default=None, help="rays per student fine-tuning step (full 2^16)")
     p.add_argument("--teacher-steps", type=int, default=None, help="teacher training steps (full size 2000)")
     p.add_argument("--distill-steps", type=int, default=None, help="distillation steps (full size 2000)")
     p.add_argument("--finetune-steps", type=int, default=None, help="student fine-tuning steps (full size 1000)")
@@ -62,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--occupancy-res", type=int, default=None, help="occupancy voxels per axis (full size 128)")
     p.add_argument("--frequencies", type=int, default=4, help="Frequency-encoding octaves of each cell's network")
     p.add_argument("--neurons", type=int, default=32, choices=[16, 32, 64], help="width of each cell's network")
+    p.add_argument("--hidden-layers", type=int, default=None, help="hidden layers of each cell's network (full 3)")
     p.add_argument("--teacher-levels", type=int, default=None, help="teacher hash-grid levels (full size 16)")
     p.add_argument("--teacher-log2-hashmap", type=int, default=None, help="teacher hash table size, log2 (full 19)")
     p.add_argument("--teacher-base", type=int, default=None, help="teacher's coarsest grid resolution (full 16)")
@@ -69,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--teacher-lr", type=float, default=None, help="teacher learning rate (full 1e-2, small 3e-2)")
     p.add_argument("--distill-lr", type=float, default=1e-2)
     p.add_argument("--finetune-lr", type=float, default=2e-3)
+    p.add_argument("--finetune-final-lr-factor", type=float, default=0.01,
+                   help="fine-tuning's learning rate decays to finetune-lr times this")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
                    help="a voxel is occupied where one render step of the teacher's density has alpha above this")
     p.add_argument("--fixed-teacher-occupancy", action="store_true",
@@ -96,9 +100,12 @@ def parse_args(argv=None):
     for key, value in (SMALL if args.small else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    for key in ("grid", "views", "test_views", "res", "samples", "batch_rays", "distill_batch", "occupancy_res"):
+    for key in ("grid", "views", "test_views", "res", "samples", "batch_rays", "finetune_rays", "distill_batch",
+                "occupancy_res", "hidden_layers"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if not 0.0 < args.finetune_final_lr_factor <= 1.0:
+        p.error(f"--finetune-final-lr-factor must be in (0, 1], got {args.finetune_final_lr_factor}")
     for key in ("teacher_steps", "distill_steps", "finetune_steps"):
         if getattr(args, key) < 0:
             p.error(f"--{key.replace('_', '-')} must be >= 0, got {getattr(args, key)}")
@@ -159,7 +166,7 @@ class KiloNeRFPipeline:
                                      finest_resolution=max(4 * args.res, args.teacher_base), n_neurons=64,
                                      n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1)
         self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
-                                n_neurons=args.neurons, n_hidden_layers=2, seed=args.seed + 2)
+                                n_neurons=args.neurons, n_hidden_layers=args.hidden_layers, seed=args.seed + 2)
         if args.shard:
             shard_fields(self.teacher, self.student, args.seed + 2)
         # The teacher trains with a density grid that tracks it (instant-ngp): samples in voxels it leaves
@@ -225,8 +232,9 @@ class KiloNeRFPipeline:
             grid = OccupancyGrid.tracking(self.train.box_min, self.train.box_max, args.occupancy_res,
                                           within=self.occupancy) if tracks else self.occupancy
             self.student.occupancy = grid
-            self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.batch_rays,
+            self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.finetune_rays,
                                                            args.finetune_lr, occupancy=grid,
+                                                           final_lr_factor=args.finetune_final_lr_factor,
                                                            occupancy_threshold=self.density_threshold(),
                                                            total_steps=args.finetune_steps, seed=args.batch_seed + 1)
 
@@ -336,6 +344,9 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
         "n_networks": pipe.student.n_networks, "views": len(pipe.train), "test_views": len(test),
         "res": [test.width, test.height], "samples_per_ray": args.samples,
         "steps": dict(pipe.steps),
+        "student_network": {"n_frequencies": args.frequencies, "n_neurons": args.neurons,
+                            "n_hidden_layers": args.hidden_layers},
+        "rays_per_step": {"teacher": args.batch_rays, "finetune": args.finetune_rays},
         "psnr_background": sum(psnr(background, image) for image in test.images) / len(test),
         # The teacher as it trains and as instant-ngp renders it: with its tracked density grid (samples in
         # voxels it keeps empty were never trained); every sample evaluated shows what lies outside it too.

@@ -9,7 +9,10 @@ PSNR, PSNR on training views (fit against generalisation), the squared error spl
         --teacher-steps 6000 --batch-rays 8192 --distill-steps 5000 --finetune-steps 6000 \
         --variants f6w32h2,f8w32h2,f6w64h2 --json out.json
 
-A variant is `f<frequencies>w<neurons>h<hidden layers>`, optionally `g<grid>` (default: --grid).
+A variant is `f<frequencies>w<neurons>h<hidden layers>`, optionally `g<grid>` (default: --grid), then optional
+fine-tuning settings `:key=value` (lr, final = the final learning-rate factor, rays, steps, and the Adam options
+beta1, beta2, epsilon, l2_reg), e.g. `f6w32h2:final=0.01:rays=16384`. Variants of one architecture fine-tune
+from the same distilled state (distilled once), so their rows differ by fine-tuning alone.
 """
 from __future__ import annotations
 
@@ -29,15 +32,25 @@ import tinn  # noqa: E402
 import kilonerf as demo  # noqa: E402
 
 VARIANT = re.compile(r"^f(\d+)w(\d+)h(\d+)(?:g(\d+))?$")
+FINETUNE_KEYS = {"lr": float, "final": float, "rays": int, "steps": int,
+                 "beta1": float, "beta2": float, "epsilon": float, "l2_reg": float}
 
 
 def parse_variant(text: str, default_grid: int) -> dict:
-    m = VARIANT.match(text)
+    arch, *settings = text.split(":")
+    m = VARIANT.match(arch)
     if not m:
-        raise SystemExit(f"variant {text!r}: expected f<frequencies>w<neurons>h<hidden layers>[g<grid>]")
+        raise SystemExit(f"variant {text!r}: expected f<frequencies>w<neurons>h<hidden layers>[g<grid>][:key=value...]")
     f, w, h, g = m.groups()
-    return {"name": text, "frequencies": int(f), "neurons": int(w), "hidden": int(h),
-            "grid": int(g) if g else default_grid}
+    finetune = {}
+    for item in settings:
+        key, _, value = item.partition("=")
+        if key not in FINETUNE_KEYS or not value:
+            raise SystemExit(f"variant {text!r}: fine-tuning setting {item!r} is not key=value with key one of "
+                             f"{sorted(FINETUNE_KEYS)}")
+        finetune[key] = FINETUNE_KEYS[key](value)
+    return {"name": text, "arch": arch, "frequencies": int(f), "neurons": int(w), "hidden": int(h),
+            "grid": int(g) if g else default_grid, "finetune": finetune}
 
 
 def edge_mask(image: torch.Tensor, threshold: float = 0.1) -> torch.Tensor:
@@ -123,6 +136,8 @@ def main() -> None:
     args = demo.parse_args(argv)
     arch = demo.start_script(args)
     from tinn.scenes.kilonerf import Distiller, KiloNeRF
+    from tinn.scenes.occupancy import OccupancyGrid
+    from tinn.scenes.photometric import PhotometricTrainer
     from tinn.scenes.rendering import seconds_per_frame
 
     train, test = demo.load_data(args)
@@ -146,29 +161,53 @@ def main() -> None:
         save_maps(pipe, pipe.teacher, "teacher", maps, occupancy=pipe.teacher_occupancy)
     print(f"teacher: held-out {results['teacher']['heldout']['psnr']:.2f} dB, "
           f"train views {results['teacher']['train']['psnr']:.2f} dB", flush=True)
+    distilled = {}  # architecture -> (state_dict, distilled PSNR, seconds)
     for spec in (parse_variant(v, args.grid) for v in variants.split(",")):
         torch.manual_seed(args.seed)
         student = KiloNeRF(train.box_min, train.box_max, grid=spec["grid"], n_frequencies=spec["frequencies"],
                            n_neurons=spec["neurons"], n_hidden_layers=spec["hidden"], seed=args.seed + 2)
         student.occupancy = pipe.occupancy
         pipe.student = student
-        pipe.phase_index, pipe.phase_step = demo.PHASES.index("distill"), 0
-        pipe.times["distill"] = pipe.times["finetune"] = 0.0
-        pipe.trainers["distill"] = Distiller(student, pipe.teacher_rendered, pipe.occupancy, pipe.render_step,
-                                             batch=args.distill_batch, learning_rate=args.distill_lr,
-                                             total_steps=args.distill_steps, seed=args.batch_seed)
-        pipe.run_phase()
-        pipe.run_phase()
+        if spec["arch"] not in distilled:
+            distiller = Distiller(student, pipe.teacher_rendered, pipe.occupancy, pipe.render_step,
+                                  batch=args.distill_batch, learning_rate=args.distill_lr,
+                                  total_steps=args.distill_steps, seed=args.batch_seed)
+            tinn.runtime.sync()
+            t0 = time.perf_counter()
+            for _ in range(args.distill_steps):
+                distiller.step()
+            tinn.runtime.sync()
+            seconds = time.perf_counter() - t0
+            distilled[spec["arch"]] = ({k: v.clone() for k, v in student.state_dict().items()},
+                                       pipe.heldout_psnr(student), seconds)
+        state, distilled_psnr, distill_s = distilled[spec["arch"]]
+        student.load_state_dict(state)
+        ft = spec["finetune"]
+        steps = ft.get("steps", args.finetune_steps)
+        grid = OccupancyGrid.tracking(train.box_min, train.box_max, args.occupancy_res, within=pipe.occupancy)
+        student.occupancy = grid
+        adam = {k: ft[k] for k in ("beta1", "beta2", "epsilon", "l2_reg") if k in ft}
+        tuner = PhotometricTrainer(student, train, args.samples, ft.get("rays", args.batch_rays),
+                                   ft.get("lr", args.finetune_lr), occupancy=grid,
+                                   occupancy_threshold=pipe.density_threshold(), total_steps=steps,
+                                   final_lr_factor=ft.get("final", 0.1), seed=args.batch_seed + 1, adam_options=adam)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tuner.step()
+        tinn.runtime.sync()
+        finetune_s = time.perf_counter() - t0
         render_ms = 1e3 * seconds_per_frame(lambda: pipe.render_view(student), 10 if arch == "cuda" else 1)
         row = {**spec, "heldout": error_split(pipe, student, *test_views),
-               "train": error_split(pipe, student, *train_views), "distilled_psnr": pipe.psnr_distilled,
-               "time_s": {"distill": round(pipe.times["distill"], 2), "finetune": round(pipe.times["finetune"], 2)},
+               "train": error_split(pipe, student, *train_views), "distilled_psnr": distilled_psnr,
+               "time_s": {"distill": round(distill_s, 2), "finetune": round(finetune_s, 2)},
                "render_ms": round(render_ms, 2), "param_bytes": student.networks.memory_bytes(),
+               "occupied_fraction": float(grid.occupied.float().mean()),
                "heldout_with_teacher_grid": error_split(pipe, student, *test_views, occupancy=pipe.teacher_occupancy),
                "error_by_face_distance": error_by_face_distance(student, pipe.teacher, pipe.occupancy,
                                                                 pipe.render_step)}
         if maps:
-            save_maps(pipe, student, spec["name"], maps)
+            save_maps(pipe, student, spec["name"].replace(":", "_"), maps)
         results["students"].append(row)
         print(f"{spec['name']}: held-out {row['heldout']['psnr']:.2f} dB, train {row['train']['psnr']:.2f} dB, "
               f"render {render_ms:.1f} ms", flush=True)
@@ -176,13 +215,14 @@ def main() -> None:
             with open(json_path, "w") as f:
                 json.dump(results, f, indent=1)
     t = results["teacher"]
-    print("\nmodel     | held-out dB | train dB | distilled dB | edge px % | edge err % (held-out) | "
+    width = max([9] + [len(r["name"]) for r in results["students"]])
+    print(f"\n{'model':{width}} | held-out dB | train dB | distilled dB | edge px % | edge err % (held-out) | "
           "distill s | finetune s | render ms")
-    print(f"teacher   | {t['heldout']['psnr']:11.2f} | {t['train']['psnr']:8.2f} |            - | "
+    print(f"{'teacher':{width}} | {t['heldout']['psnr']:11.2f} | {t['train']['psnr']:8.2f} |            - | "
           f"{100 * t['heldout']['edge_pixel_share']:9.1f} | {100 * t['heldout']['edge_error_share']:21.1f} | "
           f"        - |          - |         -")
     for r in results["students"]:
-        print(f"{r['name']:9} | {r['heldout']['psnr']:11.2f} | {r['train']['psnr']:8.2f} | "
+        print(f"{r['name']:{width}} | {r['heldout']['psnr']:11.2f} | {r['train']['psnr']:8.2f} | "
               f"{r['distilled_psnr']:12.2f} | {100 * r['heldout']['edge_pixel_share']:9.1f} | "
               f"{100 * r['heldout']['edge_error_share']:21.1f} | {r['time_s']['distill']:9.1f} | "
               f"{r['time_s']['finetune']:10.1f} | {r['render_ms']:9.2f}")

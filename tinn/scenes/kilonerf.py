@@ -134,14 +134,15 @@ class Distiller(SceneTrainer):
 
     def __init__(self, student, teacher, occupancy: OccupancyGrid, step_size: float, batch: int = 1 << 16,
                  learning_rate: float = 1e-2, total_steps: int | None = None, final_lr_factor: float = 0.1,
-                 seed: int = 0):
+                 seed: int = 0, adam_options: dict | None = None):
         if not float(step_size) > 0:
             raise InputError(f"step_size={step_size!r} must be a positive distance (the render step)")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise InputError(f"batch={batch!r} must be an integer >= 1")
         self.student, self.teacher, self.occupancy = student, teacher, occupancy
         self.step_size, self.batch = float(step_size), batch
-        self.trainer = Trainer(student, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
+        self.trainer = Trainer(student, self.loss,
+                               decaying_adam(learning_rate, total_steps, final_lr_factor, **(adam_options or {})))
         self.generator = torch.Generator(device=occupancy.occupied.device).manual_seed(seed)
 
     def targets(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,7 +56,8 @@ class PhotometricTrainer(SceneTrainer):
     empty space skipped when an occupancy grid is given) and takes one Adam step on the mean squared colour error.
 
     The learning rate decays exponentially from `learning_rate` to `learning_rate * final_lr_factor` over
-    `total_steps` (constant when total_steps is None). With a tracking occupancy grid
+    `total_steps` (constant when total_steps is None); `adam_options` override the other Adam settings
+    (`NERF_ADAM`, e.g. beta2 or l2_reg). With a tracking occupancy grid
     (`OccupancyGrid.tracking`) and `occupancy_threshold`, the grid follows the field: every
     `occupancy_every` steps it is updated from the field's density, so training and rendering skip
     the space the field leaves empty.
@@ -68,7 +69,8 @@ class PhotometricTrainer(SceneTrainer):
 
     def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
                  total_steps: int | None = None, final_lr_factor: float = 0.1, seed: int = 0,
-                 occupancy_threshold: float | None = None, occupancy_every: int = 16, random_background: bool = True):
+                 occupancy_threshold: float | None = None, occupancy_every: int = 16, random_background: bool = True,
+                 adam_options: dict | None = None):
         if isinstance(batch_rays, bool) or not isinstance(batch_rays, int) or batch_rays < 1:
             raise InputError(f"batch_rays={batch_rays!r} must be an integer >= 1")
         self.field, self.n_samples, self.batch_rays, self.occupancy = field, int(n_samples), batch_rays, occupancy
@@ -80,7 +82,8 @@ class PhotometricTrainer(SceneTrainer):
         self.background = data.background.to(dev, torch.float32)
         alpha = data.alphas() if random_background else None
         self.alpha = None if alpha is None else alpha.to(dev, torch.float32).contiguous()
-        self.trainer = Trainer(field, self.loss, decaying_adam(learning_rate, total_steps, final_lr_factor))
+        self.trainer = Trainer(field, self.loss,
+                               decaying_adam(learning_rate, total_steps, final_lr_factor, **(adam_options or {})))
         self.generator = torch.Generator(device=dev).manual_seed(seed)
         tracks = occupancy is not None and occupancy.density is not None
         if tracks and occupancy_threshold is None:
