@@ -299,12 +299,36 @@ def test_demo_in_the_headless_viewer(tmp_path, monkeypatch):
         assert not torch.equal(image, heldout)  # another pose, another picture
 
 
-def test_demo_rejects_bad_arguments():
+def test_demo_rejects_bad_arguments(capsys):
     demo = load_demo()
-    with pytest.raises(SystemExit):
-        demo.parse_args(["--grid", "0"])
-    with pytest.raises(SystemExit):
-        demo.parse_args(["--teacher-steps", "-1"])
+    for argv, field in ((["--grid", "0"], "--grid"), (["--teacher-steps", "-1"], "--teacher-steps"),
+                        (["--hidden-layers", "0"], "--hidden-layers"), (["--finetune-rays", "0"], "--finetune-rays"),
+                        (["--finetune-final-lr-factor", "0"], "--finetune-final-lr-factor"),
+                        (["--finetune-final-lr-factor", "1.5"], "--finetune-final-lr-factor")):
+        with pytest.raises(SystemExit):
+            demo.parse_args(argv)
+        assert field in capsys.readouterr().err
+
+
+def test_demo_fine_tunes_with_its_own_rays_depth_and_final_rate(tmp_path):
+    demo = load_demo()
+    args = demo.parse_args(TINY + ["--teacher-steps", "2", "--distill-steps", "2", "--finetune-steps", "4",
+                                   "--hidden-layers", "3", "--finetune-rays", "96", "--finetune-lr", "4e-3",
+                                   "--finetune-final-lr-factor", "0.25", "--out", str(tmp_path)])
+    demo.start_script(args)
+    pipe = demo.KiloNeRFPipeline(args, *demo.load_data(args))
+    assert pipe.trainers["teacher"].batch_rays == 256
+    # 64 cells, each 24 Frequency features -> 32 -> 32 -> 32 -> 4
+    assert pipe.student.networks.memory_bytes() == 64 * (24 * 32 + 2 * 32 * 32 + 32 * 4) * 4
+    pipe.run_phase()
+    pipe.run_phase()
+    tuner = pipe.trainers["finetune"]
+    assert tuner.batch_rays == 96
+    assert tuner.learning_rate == pytest.approx(4e-3, rel=1e-6)
+    pipe.run_phase()
+    assert pipe.phase == "done"
+    # The rate decays by 0.25^(1/4) before each step after the first (decaying_adam): the 4th used 0.25^(3/4).
+    assert tuner.learning_rate == pytest.approx(4e-3 * 0.25 ** 0.75, rel=1e-5)
 
 
 def test_a_rendered_field_has_no_density_where_its_grid_is_empty():

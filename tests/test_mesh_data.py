@@ -425,3 +425,24 @@ def test_a_smooth_shaded_sphere_matches_lambert_and_a_flat_one_shows_facets():
         inner = (j - res / 2) ** 2 + (i - res / 2) ** 2 < (0.8 * focal / 4) ** 2   # away from the silhouette
         errors[shading] = float(np.abs(img[j, i, 0] - want)[inner].max())
     assert errors["smooth"] < 0.02 < errors["flat"]
+
+
+def test_photometric_trainer_takes_adam_options_and_names_a_bad_one():
+    from tinn.errors import ConfigError
+    from tinn.scenes.data import PosedImages
+    from tinn.scenes.fields import HashGridField
+    from tinn.scenes.photometric import PhotometricTrainer
+
+    white = torch.ones(3)
+    data = PosedImages(images=white.expand(1, 4, 4, 3).contiguous(),
+                       c2w=torch.tensor(M.look_at([0.0, 0.0, 3.0]), dtype=torch.float32)[None],
+                       focal=4.0, width=4, height=4, near=0.5, far=6.0, box_min=-white, box_max=white,
+                       background=white)
+    field = HashGridField(-white, white, n_levels=2, log2_hashmap_size=8, base_resolution=4, finest_resolution=8,
+                          n_neurons=16, n_hidden_layers=1)
+    trainer = PhotometricTrainer(field, data, n_samples=4, batch_rays=16, learning_rate=1e-3, total_steps=10,
+                                 adam_options={"beta2": 0.999, "l2_reg": 1e-6})
+    adam = trainer.optimizer.nested
+    assert (adam.beta2, adam.l2_reg, adam.beta1) == (0.999, 1e-6, 0.9)  # beta1 still the NeRF default
+    with pytest.raises(ConfigError, match="betta2.*did you mean 'beta2'"):
+        PhotometricTrainer(field, data, n_samples=4, batch_rays=16, learning_rate=1e-3, adam_options={"betta2": 0.9})
