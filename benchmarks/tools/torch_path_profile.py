@@ -1,0 +1,123 @@
+"""Where the image step's time goes on the PyTorch path (tcnn's sample loop) against the native Trainer.
+
+Same model and batches as `benchmarks/bench_torch_path.py` (config_hash.json, one network, 2^18 samples by
+default). For each path it reports, per step: wall time over a synced block, host time (the Python that
+issues a step, no sync inside the block), GPU time (CUDA events between consecutive steps), and then a
+torch.profiler table of a few steps by device time (Taichi's kernels appear under their own names).
+
+    python benchmarks/tools/torch_path_profile.py [--log2-batch 18] [--steps 50] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import tinn  # noqa: E402
+import tinn.torch as tcnn  # noqa: E402
+from bench_torch_path import relative_l2, torch_adam  # noqa: E402
+
+
+def timeline(step, steps: int) -> dict:
+    """Per-step wall, host and GPU milliseconds (medians)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    host = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        starts[i].record()
+        h = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - h)
+    starts[steps].record()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    gpu = [starts[i].elapsed_time(starts[i + 1]) for i in range(steps)]
+    return {"wall_ms": 1e3 * wall, "host_ms": 1e3 * statistics.median(host), "gpu_ms": statistics.median(gpu)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "configs", "config_hash.json"))
+    p.add_argument("--log2-batch", type=int, default=18)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--out", default=None, help="directory for the profiler tables and JSON")
+    args = p.parse_args(argv)
+    if tinn.init() != "cuda":
+        sys.exit("torch_path_profile.py times CUDA events: run it on a GPU")
+    from torch.profiler import ProfilerActivity, profile
+    from tinn.tasks.image import ImageTask, default_image
+
+    config = tinn.load_config(args.config)
+    tinn.checks.set_enabled(False)
+    task = ImageTask(default_image(256), seed=0)
+    batches = [task.batch(1 << args.log2_batch) for _ in range(4)]
+    trainer = tinn.Trainer.from_config(config, 2, 3, seed=1337)
+    model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
+    optimizer = torch_adam(model.parameters(), config.get("optimizer", {}))
+    adam = config.get("optimizer", {})
+    fused = torch.optim.Adam(model.parameters(), lr=adam.get("learning_rate", 1e-3),
+                             betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.999)), eps=adam.get("epsilon", 1e-8),
+                             fused=True)
+    tinn_loss = tinn.create_loss({"otype": "RelativeL2"})
+    state = {"i": 0}
+
+    def next_batch():
+        state["i"] = (state["i"] + 1) % len(batches)
+        return batches[state["i"]]
+
+    def native():
+        x, t, _ = next_batch()
+        trainer.training_step(x, t)
+
+    def torch_path(opt, loss_fn):
+        def step():
+            x, t, _ = next_batch()
+            loss = loss_fn(model(x), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+
+    paths = {"native Trainer": native,
+             "tinn.torch + torch loss + Adam (foreach)": torch_path(optimizer, relative_l2),
+             "tinn.torch + tinn loss + Adam (foreach)": torch_path(optimizer, tinn_loss),
+             "tinn.torch + tinn loss + Adam (fused)": torch_path(fused, tinn_loss)}
+    rows, tables = [], {}
+    for name, step in paths.items():
+        for _ in range(10):
+            step()
+        rows.append({"path": name, **timeline(step, args.steps)})
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        tables[name] = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+    for name, table in tables.items():
+        print(f"\n== {name} (5 steps) ==\n{table}")
+    print(f"\nimage step, {os.path.basename(args.config)}, batch 2^{args.log2_batch}, "
+          f"{torch.cuda.get_device_name(0)}, medians over {args.steps} steps")
+    print(f"{'path':44} | wall ms | host ms | GPU ms")
+    for r in rows:
+        print(f"{r['path']:44} | {r['wall_ms']:7.3f} | {r['host_ms']:7.3f} | {r['gpu_ms']:6.3f}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "torch_path_profile.json"), "w") as f:
+            json.dump({"config": os.path.basename(args.config), "log2_batch": args.log2_batch,
+                       "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "torch_path_profile_tables.txt"), "w") as f:
+            for name, table in tables.items():
+                f.write(f"== {name} (5 steps) ==\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
