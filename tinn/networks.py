@@ -123,7 +123,9 @@ class NetworkArray(Part):
         n_pad, pad_value = input_padding or (0, 0.0)
         self.input_padding = (count("input_padding", n_pad, lo=0), float(pad_value))
         self.kernel_inputs = n_input_dims + self.input_padding[0]  # the inputs the weight matrices see
-        # tcnn's padded output rows: computed, stored in the last matrix, sliced off (zero gradient).
+        # tcnn's padded output rows: part of the parameter layout (the last matrix's trailing rows, initialised
+        # as tcnn does), never computed. Their outputs would be dropped and their gradients are exactly zero,
+        # so the kernels run n_output_dims rows and the gradient keeps zeros there.
         self.kernel_outputs = n_output_dims + count("output_padding", output_padding, lo=0)
         self.config = cfg
         self.width = cfg["n_neurons"]
@@ -135,7 +137,7 @@ class NetworkArray(Part):
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
         fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(self.kernel_inputs, self.width,
-                                                                                  self.kernel_outputs)
+                                                                                  n_output_dims)
         if kernels == "fused" and not fusable:
             raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
                               f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
@@ -148,7 +150,7 @@ class NetworkArray(Part):
         self.fused = fusable and kernels != "unfused" and not deterministic
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
-        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers,
+        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings()) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
@@ -206,41 +208,30 @@ class NetworkArray(Part):
         params = self.params.detach()
         self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if not train:
-            return self._sliced(self._inference(x, ids, params, x_fm)), None
+            return self._inference(x, ids, params, x_fm), None
         out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
         # The context keeps a detached alias of the output (autograd marks the returned tensor itself), and
         # only when the output activation's derivative reads it: otherwise the output's memory is free once
         # the caller drops it, before the backward allocates its deltas.
         kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
-        return self._sliced(out), Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept,
+        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept,
                                           routing=routing, x_fm=x_fm)
-
-    def _sliced(self, out: torch.Tensor) -> torch.Tensor:
-        """The caller's outputs: tcnn's padded output rows dropped."""
-        return out if self.kernel_outputs == self.n_output_dims else out[:, :self.n_output_dims].contiguous()
-
-    def _dy_padded(self, dy: torch.Tensor) -> torch.Tensor:
-        pad = self.kernel_outputs - self.n_output_dims
-        return dy if not pad else torch.cat([dy, dy.new_zeros(dy.shape[0], pad)], dim=1)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
         x = ctx.x.t() if ctx.x_fm else ctx.x
         ddx = ddx.t() if ctx.x_fm else ddx
         ddx = self._padded(ddx, False, 0.0)
-        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, self._dy_padded(dy),
+        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy,
                                                             ddx,
                                                             need_ddy=need_ddy, need_dx=need_dx,
                                                             need_dparams=need_dtables)
         d_x = self._unpadded(d_x, False)
-        if d_dy is not None:
-            d_dy = self._sliced(d_dy)
         if ctx.x_fm and d_x is not None:
             d_x = d_x.t().contiguous()
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        dy = self._dy_padded(dy)
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
@@ -248,8 +239,8 @@ class NetworkArray(Part):
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer passes the index limit."""
-        hidden, rows = self.n_layers - 1, max(self.width, self.kernel_outputs)
-        buffers = [(self.kernel_inputs, "inputs"), (self.kernel_outputs, "outputs"),
+        hidden, rows = self.n_layers - 1, max(self.width, self.n_output_dims)
+        buffers = [(self.kernel_inputs, "inputs"), (self.n_output_dims, "outputs"),
                    (min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)")]
         if train:
             buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
@@ -260,8 +251,9 @@ class NetworkArray(Part):
 
     @property
     def shape(self) -> K.MLPShape:
-        """The compile-time shape the kernels take."""
-        return K.MLPShape(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers, self.hidden_act,
+        """The compile-time shape the kernels take: the computed outputs, without tcnn's padded rows (the
+        parameter offsets they use do not depend on the last matrix's row count)."""
+        return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
                           self.output_act)
 
     def _launch_forward(self, x, ids, params, order, keep_all):
@@ -270,9 +262,9 @@ class NetworkArray(Part):
         dev = x.device
         slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
         acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev)
-        pre = torch.empty((self.n_layers, max(self.width, self.kernel_outputs), batch) if self.keep_pre else (1, 1, 1),
+        pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
                           device=dev)
-        out = torch.empty(batch, self.kernel_outputs, device=dev)
+        out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch:
             K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
@@ -301,7 +293,7 @@ class NetworkArray(Part):
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
                            device=x.device)
-        out = torch.empty(batch, self.kernel_outputs, device=x.device)
+        out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
             FK.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
                            keep_all=keep_all, x_fm=x_fm, frequencies=frequencies, pad=self.input_padding[1])
@@ -318,7 +310,7 @@ class NetworkArray(Part):
         self._check_batch(x_raw.shape[0], False)
         out = self._launch_fused_forward(x_raw.contiguous(), ids, self.params.detach(), keep_all=False,
                                          frequencies=n_frequencies)[0]
-        return self._sliced(out)
+        return out
 
     def _inference(self, x, ids, params, x_fm):
         if self.fused:
@@ -352,7 +344,7 @@ class NetworkArray(Part):
         # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
         hidden = self.n_layers - 1
         deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev)
-        dout = torch.empty(1, self.kernel_outputs, batch, device=dev)
+        dout = torch.empty(1, self.n_output_dims, batch, device=dev)
         if self.fused:
             grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
@@ -386,6 +378,9 @@ class NetworkArray(Part):
         mm_long_k([(dout[0] if l == last else deltas[l],             # (fan_out, B)
                     x_t if l == 0 else acts[l - 1, :fan_in])         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
+        computed = self.n_params_per_network() - (self.kernel_outputs - self.n_output_dims) * self.width
+        if computed < dparams.shape[1]:  # tcnn's padded output rows, never computed: zero gradient
+            dparams[:, computed:].zero_()
 
     def extra_repr(self) -> str:
         pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""
