@@ -201,7 +201,6 @@ class KiloNeRFPipeline:
         from tinn.scenes.fields import RenderedField
         from tinn.scenes.kilonerf import Distiller
         from tinn.scenes.occupancy import OccupancyGrid
-        from tinn.scenes.photometric import PhotometricTrainer
         from tinn.scenes.rendering import timed
 
         args, finished = self.args, self.phase
@@ -228,15 +227,27 @@ class KiloNeRFPipeline:
             # The student fine-tunes with a grid that tracks it inside the teacher's: voxels where it keeps only
             # faint density (smeared by distillation from the teacher's faint floaters) leave training and
             # rendering instead of showing as voxel-shaped haze. (Sharded runs keep the fixed grid.)
-            tracks = not (args.fixed_student_occupancy or args.shard)
-            grid = OccupancyGrid.tracking(self.train.box_min, self.train.box_max, args.occupancy_res,
-                                          within=self.occupancy) if tracks else self.occupancy
-            self.student.occupancy = grid
-            self.trainers["finetune"] = PhotometricTrainer(self.student, self.train, args.samples, args.finetune_rays,
-                                                           args.finetune_lr, occupancy=grid,
-                                                           final_lr_factor=args.finetune_final_lr_factor,
-                                                           occupancy_threshold=self.density_threshold(),
-                                                           total_steps=args.finetune_steps, seed=args.batch_seed + 1)
+            self.trainers["finetune"] = self.finetuner(self.student,
+                                                       tracks=not (args.fixed_student_occupancy or args.shard))
+
+    def finetuner(self, student, tracks: bool = True, rays: int | None = None, learning_rate: float | None = None,
+                  final_lr_factor: float | None = None, steps: int | None = None, adam_options: dict | None = None):
+        """The fine-tuning phase of `student` (the args' settings unless given): photometric training with the
+        student's own grid tracking it inside the teacher-derived one (`tracks`), or with that grid as it is.
+        Sets the student's occupancy grid."""
+        from tinn.scenes.occupancy import OccupancyGrid
+        from tinn.scenes.photometric import PhotometricTrainer
+
+        args = self.args
+        grid = OccupancyGrid.tracking(self.train.box_min, self.train.box_max, args.occupancy_res,
+                                      within=self.occupancy) if tracks else self.occupancy
+        student.occupancy = grid
+        return PhotometricTrainer(student, self.train, args.samples, rays or args.finetune_rays,
+                                  learning_rate or args.finetune_lr, occupancy=grid,
+                                  final_lr_factor=final_lr_factor or args.finetune_final_lr_factor,
+                                  occupancy_threshold=self.density_threshold(),
+                                  total_steps=args.finetune_steps if steps is None else steps,
+                                  seed=args.batch_seed + 1, adam_options=adam_options)
 
     def train_step(self) -> torch.Tensor:
         """One step of the current phase (the viewer's `train_step`); moves on to the next phase when it is done."""

@@ -11,7 +11,7 @@ PSNR, PSNR on training views (fit against generalisation), the squared error spl
 
 A variant is `f<frequencies>w<neurons>h<hidden layers>`, optionally `g<grid>` (default: --grid), then optional
 fine-tuning settings `:key=value` (lr, final = the final learning-rate factor, rays, steps, and the Adam options
-beta1, beta2, epsilon, l2_reg), e.g. `f6w32h2:final=0.01:rays=16384`. Variants of one architecture fine-tune
+beta1, beta2, epsilon, l2_reg; the demo's settings where not given), e.g. `f6w32h2:final=0.1:rays=8192`. Variants of one architecture fine-tune
 from the same distilled state (distilled once), so their rows differ by fine-tuning alone.
 """
 from __future__ import annotations
@@ -136,8 +136,6 @@ def main() -> None:
     args = demo.parse_args(argv)
     arch = demo.start_script(args)
     from tinn.scenes.kilonerf import Distiller, KiloNeRF
-    from tinn.scenes.occupancy import OccupancyGrid
-    from tinn.scenes.photometric import PhotometricTrainer
     from tinn.scenes.rendering import seconds_per_frame
 
     train, test = demo.load_data(args)
@@ -184,13 +182,10 @@ def main() -> None:
         student.load_state_dict(state)
         ft = spec["finetune"]
         steps = ft.get("steps", args.finetune_steps)
-        grid = OccupancyGrid.tracking(train.box_min, train.box_max, args.occupancy_res, within=pipe.occupancy)
-        student.occupancy = grid
         adam = {k: ft[k] for k in ("beta1", "beta2", "epsilon", "l2_reg") if k in ft}
-        tuner = PhotometricTrainer(student, train, args.samples, ft.get("rays", args.batch_rays),
-                                   ft.get("lr", args.finetune_lr), occupancy=grid,
-                                   occupancy_threshold=pipe.density_threshold(), total_steps=steps,
-                                   final_lr_factor=ft.get("final", 0.1), seed=args.batch_seed + 1, adam_options=adam)
+        tuner = pipe.finetuner(student, rays=ft.get("rays"), learning_rate=ft.get("lr"),
+                               final_lr_factor=ft.get("final"), steps=steps, adam_options=adam)
+        grid = student.occupancy
         tinn.runtime.sync()
         t0 = time.perf_counter()
         for _ in range(steps):
