@@ -53,9 +53,10 @@ def relative_l2(output, targets):
     return ((output - targets) ** 2 / (output.detach() ** 2 + 0.01)).mean()
 
 
-def torch_adam(params, cfg: dict) -> torch.optim.Adam:
+def torch_adam(params, cfg: dict, **options) -> torch.optim.Adam:
+    """torch's Adam with the config's hyper-parameters; `options` go to torch (e.g. fused=True)."""
     return torch.optim.Adam(params, lr=cfg.get("learning_rate", 1e-3), betas=(cfg.get("beta1", 0.9), cfg.get("beta2", 0.999)),
-                            eps=cfg.get("epsilon", 1e-8))
+                            eps=cfg.get("epsilon", 1e-8), **options)
 
 
 def bench_one(config: dict, batch: int, n_networks: int, steps: int, reps: int, seed: int = 1337) -> dict:

@@ -214,16 +214,15 @@ class NetworkArray(Part):
         # only when the output activation's derivative reads it: otherwise the output's memory is free once
         # the caller drops it, before the backward allocates its deltas.
         kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
-        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept,
-                                          routing=routing, x_fm=x_fm)
+        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept, routing=routing,
+                            x_fm=x_fm)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
         x = ctx.x.t() if ctx.x_fm else ctx.x
         ddx = ddx.t() if ctx.x_fm else ddx
         ddx = self._padded(ddx, False, 0.0)
-        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy,
-                                                            ddx,
+        d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
                                                             need_ddy=need_ddy, need_dx=need_dx,
                                                             need_dparams=need_dtables)
         d_x = self._unpadded(d_x, False)
@@ -308,9 +307,8 @@ class NetworkArray(Part):
         """The forward of Frequency(n_frequencies)(x_raw) without the encoded features in memory: the fused
         kernel encodes each sample's raw values as it loads them (validated inputs; `fuses_frequency_inputs`)."""
         self._check_batch(x_raw.shape[0], False)
-        out = self._launch_fused_forward(x_raw.contiguous(), ids, self.params.detach(), keep_all=False,
-                                         frequencies=n_frequencies)[0]
-        return out
+        return self._launch_fused_forward(x_raw.contiguous(), ids, self.params.detach(), keep_all=False,
+                                          frequencies=n_frequencies)[0]
 
     def _inference(self, x, ids, params, x_fm):
         if self.fused:
@@ -378,9 +376,8 @@ class NetworkArray(Part):
         mm_long_k([(dout[0] if l == last else deltas[l],             # (fan_out, B)
                     x_t if l == 0 else acts[l - 1, :fan_in])         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
-        computed = self.n_params_per_network() - (self.kernel_outputs - self.n_output_dims) * self.width
-        if computed < dparams.shape[1]:  # tcnn's padded output rows, never computed: zero gradient
-            dparams[:, computed:].zero_()
+        if self.kernel_outputs > self.n_output_dims:  # tcnn's padded output rows, never computed: zero gradient
+            dparams[:, K.computed_params(self.shape):].zero_()
 
     def extra_repr(self) -> str:
         pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""

@@ -64,10 +64,7 @@ def main(argv=None) -> None:
     trainer = tinn.Trainer.from_config(config, 2, 3, seed=1337)
     model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
     optimizer = torch_adam(model.parameters(), config.get("optimizer", {}))
-    adam = config.get("optimizer", {})
-    fused = torch.optim.Adam(model.parameters(), lr=adam.get("learning_rate", 1e-3),
-                             betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.999)), eps=adam.get("epsilon", 1e-8),
-                             fused=True)
+    fused = torch_adam(model.parameters(), config.get("optimizer", {}), fused=True)
     tinn_loss = tinn.create_loss({"otype": "RelativeL2"})
     state = {"i": 0}
 

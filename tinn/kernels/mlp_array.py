@@ -44,6 +44,12 @@ def layer_shapes(n_in: int, width: int, n_out: int, n_layers: int) -> list[tuple
     return [(dims[l + 1], dims[l]) for l in range(n_layers)]
 
 
+def computed_params(shape: MLPShape) -> int:
+    """Parameters per network that the kernels compute with: a parameter row may be longer (tcnn's padded
+    output rows trail it), and those trailing entries get a zero gradient."""
+    return sum(o * i for o, i in layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers))
+
+
 @ti.func
 def in_chunk(net, table: ti.template()):
     """Whether row `net` (already shifted by the chunk's first row) lies in this launch's chunk view."""
@@ -270,12 +276,11 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
     spans = chunks.row_spans(dparams.shape[0], n_params, "the network gradients")
     group = chunks.row_spans(routing.n_tiles, n_params, "the per-tile gradients")
     layers = layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers)
-    # Parameters past the computed layers (tcnn's padded output rows, which the kernels never compute) get
-    # a zero gradient: their columns of the partials are zeroed once per buffer.
-    computed = sum(o * i for o, i in layers)
+    computed = computed_params(shape)  # the partials' columns past it are zeroed once per buffer
     if len(spans) == 1 and len(group) == 1:
         partial = deltas.new_empty(routing.n_tiles, n_params)
-        partial[:, computed:].zero_()
+        if computed < n_params:
+            partial[:, computed:].zero_()
         _tile_gradients(x, routing.order, routing.tile_start, routing.tile_end, acts, deltas, dout, partial, layers)
         reduce(partial, routing.tile_net, dparams, 0)
         return
@@ -284,7 +289,8 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
     for t0, t1 in group:
         if partial is None or partial.shape[0] != t1 - t0:
             partial = deltas.new_empty(t1 - t0, n_params)
-            partial[:, computed:].zero_()
+            if computed < n_params:
+                partial[:, computed:].zero_()
         _tile_gradients(x, routing.order, routing.tile_start[t0:t1], routing.tile_end[t0:t1], acts, deltas, dout,
                         partial, layers)
         first, last = tile_net[t0], tile_net[t1 - 1]
