@@ -1,4 +1,7 @@
-"""Per-kernel time of one MLP-array training step (Taichi's kernel profiler)."""
+"""Per-kernel time of one MLP-array training step (Taichi's kernel profiler).
+
+    python benchmarks/profile_step.py [NETWORKS=1,4096] [LOG2_SAMPLES=22] [WIDTHS=64]
+"""
 import os
 import sys
 
@@ -13,9 +16,11 @@ from tinn.networks import NetworkArray  # noqa: E402
 from tinn.trainer import Trainer  # noqa: E402
 
 dev = tinn.runtime.device()
-for n in [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,4096").split(",")]:
+widths = [int(v) for v in (sys.argv[3] if len(sys.argv) > 3 else "64").split(",")]
+cases = [(n, w) for n in [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,4096").split(",")] for w in widths]
+for n, width in cases:
     batch = 1 << int(sys.argv[2] if len(sys.argv) > 2 else 22)
-    net = NetworkArray(32, 16, {"n_neurons": 64, "n_hidden_layers": 2}, n_networks=n)
+    net = NetworkArray(32, 16, {"n_neurons": width, "n_hidden_layers": 2}, n_networks=n)
     trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam"})
     x = torch.rand(batch, 32, device=dev)
     y = torch.rand(batch, 16, device=dev)
@@ -28,5 +33,5 @@ for n in [int(v) for v in (sys.argv[1] if len(sys.argv) > 1 else "1,4096").split
         for _ in range(5):
             trainer.training_step(x, y, ids)
         tinn.runtime.sync()
-    print(f"== N={n} batch={batch} (5 steps)")
+    print(f"== N={n} width={width} batch={batch} (5 steps)")
     ti.profiler.print_kernel_profiler_info("count")

@@ -27,12 +27,32 @@ def run(net, x, ids, dy, input_grad=True):
     (3, 16, 1, 1, 1, 3000, "single", True),      # one network, many chunks: atomics across chunks
     (16, 64, 4, 0, 1024, 4000, "even", True),    # no hidden layer
 ])
-def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad):
+def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, tuned):
+    """Both GEMM kernels with their weights staged in shared memory (the default stages the deltas kernel's)."""
+    tuned(fused_staged_weights="both")
+    check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad)
+
+
+@pytest.mark.parametrize("n_in,width,n_out,depth,n_networks,batch,routing,input_grad", [
+    pytest.param(32, 64, 16, 2, 64, 20000, "ragged", True, marks=slow),
+    (3, 16, 1, 1, 1, 3000, "single", True),
+    (16, 64, 4, 0, 1024, 4000, "even", True),
+])
+def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, n_networks, batch, routing,
+                                                      input_grad, tuned):
+    """The GEMMs' other weight path (settings.fused_staged_weights="none"): weights read from global memory."""
+    tuned(fused_staged_weights="none")
+    check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False)
+
+
+def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=True):
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(batch)
     cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": "ReLU", "output_activation": "Sigmoid"}
     net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1)
     assert net.fused
+    geometry = net.fused_geometry
+    assert (geometry.weight_rows > 0) == staged and (geometry.backward_weight_rows > 0) == staged
     x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).to(dev)
     if routing == "ragged":
         ids = torch.multinomial(torch.rand(n_networks, generator=gen) ** 4, batch, replacement=True, generator=gen)

@@ -78,7 +78,7 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     from tinn.networks import NetworkArray
 
     net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
-    net.fused, net.fused_geometry = True, FK.Geometry(64, 16, 32)
+    net.fused, net.fused_geometry = True, FK.Geometry(64, 16, 32, 16, 8)
     seen = {}
     monkeypatch.setattr(FK, "forward", lambda *a: seen.setdefault("forward", a))
     monkeypatch.setattr(FK, "backward_deltas", lambda *a: seen.setdefault("deltas", a))
@@ -90,8 +90,9 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    assert int(fwd_counts.max()) == 64 and seen["forward"][-6] == 64  # (..., TS, F, x_fm, freq, pad, net_lo)
-    assert int(deltas_counts.max()) == 32 and seen["deltas"][-4] == 32  # (..., TS, F, x_fm, net_lo)
+    # (..., TS, F, x_fm, freq, KC, pad, net_lo) and (..., TS, F, x_fm, KC, net_lo): tile sizes and staged weight rows
+    assert int(fwd_counts.max()) == 64 and seen["forward"][-7] == 64 and seen["forward"][-3] == 16
+    assert int(deltas_counts.max()) == 32 and seen["deltas"][-5] == 32 and seen["deltas"][-2] == 8
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
         assert int(counts.sum()) == 3000
@@ -109,14 +110,43 @@ def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
     assert FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_backward_tile=48)).backward_tile == 48
 
 
-@pytest.mark.parametrize("n_in,width,n_out,prefetch", [
-    (32, 64, 16, True),    # measured: weight-gradient kernel 9.29 -> 6.05 ms on the H100
-    (3, 16, 1, True),
-    (32, 128, 16, False),  # width 128: not measured with the prefetch, keeps the plain loop
-    (128, 64, 16, False),  # a 128-wide input needs the same register blocks
+@pytest.mark.parametrize("n_in,width,n_out,rows", [
+    (32, 64, 3, 64),    # tcnn's image network: every layer's weights at once
+    (3, 16, 4, 16),
+    (32, 128, 16, 24),  # width 128: 24 rows of a 128 x 128 matrix at a time, next to 64 samples' activations
+    (128, 128, 128, 24),
 ])
-def test_weight_gradient_prefetch_by_features(n_in, width, n_out, prefetch, tuned):
+def test_staged_weight_rows_fit_in_shared_memory(n_in, width, n_out, rows):
     from tinn.kernels import mlp_fused as FK
-    assert FK.grad_prefetch(FK.features(n_in, width, n_out)) == prefetch
-    tuned(fused_grad_prefetch=False)
-    assert not FK.grad_prefetch(FK.features(n_in, width, n_out))
+    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights="both"))
+    assert (g.weight_rows, g.backward_weight_rows) == (rows, rows if g.backward_tile == g.tile else g.features)
+    for tile, kc in ((g.tile, g.weight_rows), (g.backward_tile, g.backward_weight_rows)):
+        assert kc % 8 == 0 and 0 < kc <= g.features
+        # the kernels' shared array: activations, then kc rows of the widest matrix with odd stride
+        assert g.features * (tile + 1) + kc * (g.features + 1) <= FK.SHARED_FLOATS
+    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s))
+                  for s in ("none", "forward", "backward", "both")}
+    assert [(b.weight_rows > 0, b.backward_weight_rows > 0) for b in by_setting.values()] == [
+        (False, False), (True, False), (False, True), (True, True)]
+    assert tinn.Settings().fused_staged_weights == "backward"  # measured: the forward is faster through L1
+    with pytest.raises(tinn.ConfigError, match="fused_staged_weights.*allowed"):
+        tinn.Settings(fused_staged_weights="yes")
+    assert FK.weight_stride(64) == 65 and FK.weight_stride(3) == 3
+
+
+@pytest.mark.parametrize("n_in,width,n_out,step_of_32", [
+    (32, 64, 16, 32),    # measured: weight-gradient kernel 9.29 -> 6.05 ms on the H100 (steps of 32)
+    (3, 16, 1, 32),
+    (32, 128, 16, 16),   # width 128: half the samples per step keep the prefetch's registers
+    (128, 64, 16, 16),   # a 128-wide input needs the same
+])
+def test_weight_gradient_prefetch_by_features(n_in, width, n_out, step_of_32, tuned):
+    from tinn.kernels import mlp_fused as FK
+    f = FK.features(n_in, width, n_out)
+    assert FK.grad_prefetch(f) and FK.grad_step(f) == 16  # the default step fits every width up to 128
+    tuned(fused_grad_step=32)
+    step = FK.grad_step(f)
+    assert FK.grad_prefetch(f) and step == step_of_32
+    assert (FK.GRAD_ROWS + f) * step // FK.BLOCK <= FK.GRAD_PREFETCH_REGISTERS
+    tuned(fused_grad_step=32, fused_grad_prefetch=False)
+    assert not FK.grad_prefetch(f) and FK.grad_step(f) == 32  # the plain loop keeps the configured step

@@ -13,8 +13,9 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_backward_tile | 0 | samples per backward-deltas tile; 0 = 32 up to 64 features, else `fused_tile` |
 | fused_unroll_forward | 1 | k steps per iteration of the forward GEMM loop |
 | fused_unroll_backward | 2 | k steps per iteration of the backward GEMM loops |
-| fused_grad_step | 32 | samples staged per weight-gradient step |
+| fused_grad_step | 16 | samples staged per weight-gradient step (fewer where the prefetch would not fit its registers) |
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
+| fused_staged_weights | "backward" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward" or "both" |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -35,6 +36,7 @@ from .errors import ConfigError
 
 ENV_VARIABLE = "TINN_SETTINGS"
 NETWORK_KERNELS = ("auto", "fused", "unfused")
+STAGED_WEIGHTS = ("none", "forward", "backward", "both")
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,9 @@ class Settings:
     fused_backward_tile: int = 0
     fused_unroll_forward: int = 1
     fused_unroll_backward: int = 2
-    fused_grad_step: int = 32
+    fused_grad_step: int = 16
     fused_grad_chunk: int = 0
+    fused_staged_weights: str = "backward"
     fused_grad_prefetch: bool = True
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
@@ -62,6 +65,9 @@ class Settings:
         if self.network_kernels not in NETWORK_KERNELS:
             raise ConfigError(f"settings.network_kernels={self.network_kernels!r} is not supported; "
                               f"allowed: {list(NETWORK_KERNELS)}")
+        if self.fused_staged_weights not in STAGED_WEIGHTS:
+            raise ConfigError(f"settings.fused_staged_weights={self.fused_staged_weights!r} is not supported; "
+                              f"allowed: {list(STAGED_WEIGHTS)}")
         for name in ("fused_tile", "fused_backward_tile"):
             value = getattr(self, name)
             if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):

@@ -56,9 +56,10 @@ SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
 # The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's settings, read when a
 # kernel compiles; docs/design-notes.md has what each choice measured.
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
-# The weight-gradient prefetch holds a step's samples in registers: only up to 64 features, where it was
-# measured to pay; wider networks keep the plain loop.
-GRAD_PREFETCH_MAX_FEATURES = 64
+# The weight-gradient prefetch holds a step's samples in registers, this many per thread at most (what 64
+# features with steps of 32 samples take, where it was first measured to pay); wider networks take shorter
+# steps to keep it (`grad_step`).
+GRAD_PREFETCH_REGISTERS = 32
 
 
 def round_up(v: int, m: int) -> int:
@@ -78,6 +79,21 @@ class Geometry(NamedTuple):
     tile: int           # samples per forward tile (multiple of 16)
     features: int       # F: widest layer input/output, rounded up to 16
     backward_tile: int  # samples per backward-deltas tile (multiple of 16)
+    weight_rows: int = 0           # k rows of a weight matrix the forward stages in shared memory; 0 = read via L1
+    backward_weight_rows: int = 0  # the same for backward_deltas
+
+
+def weight_stride(n_cols: int) -> int:
+    """Shared-memory row stride of a staged weight matrix: odd, so that a warp's column-wise stores land in
+    32 different banks."""
+    return n_cols | 1
+
+
+def staged_weight_rows(f: int, tile: int) -> int:
+    """How many k rows of a layer's weight matrix fit in shared memory next to a tile of `tile` samples'
+    activations: all f where they fit, else the largest multiple of 8 (the GEMM then walks k in chunks)."""
+    free = SHARED_FLOATS - f * (tile + 1)
+    return min(f, free // weight_stride(f)) // 8 * 8
 
 
 def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings) -> Geometry:
@@ -85,8 +101,12 @@ def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Setting
     blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
     cap = settings.fused_tile
+    forward = min(_largest_tile(1, f), cap)
     backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
-    return Geometry(min(_largest_tile(1, f), cap), f, backward)
+    staged = settings.fused_staged_weights
+    return Geometry(forward, f, backward,
+                    staged_weight_rows(f, forward) if staged in ("forward", "both") else 0,
+                    staged_weight_rows(f, backward) if staged in ("backward", "both") else 0)
 
 
 def grad_chunk(batch: int) -> int:
@@ -96,9 +116,22 @@ def grad_chunk(batch: int) -> int:
     return max(256, min(2048, round_up(want, tuning().fused_grad_step)))
 
 
+def _prefetch_registers(f: int, step: int) -> int:
+    return (GRAD_ROWS + f) * step // BLOCK
+
+
+def grad_step(f: int) -> int:
+    """Samples per weight-gradient step for networks of `f` features: settings.fused_grad_step, halved (down to
+    8) while the prefetch of a step would not fit its registers."""
+    step = tuning().fused_grad_step
+    while tuning().fused_grad_prefetch and step > 8 and _prefetch_registers(f, step) > GRAD_PREFETCH_REGISTERS:
+        step //= 2
+    return step
+
+
 def grad_prefetch(f: int) -> bool:
     """Whether weight_gradients prefetches the next step's samples for networks of `f` features."""
-    return tuning().fused_grad_prefetch and f <= GRAD_PREFETCH_MAX_FEATURES
+    return tuning().fused_grad_prefetch and _prefetch_registers(f, grad_step(f)) <= GRAD_PREFETCH_REGISTERS
 
 
 def supported(n_in: int, width: int, n_out: int) -> bool:
@@ -113,24 +146,94 @@ def layer_offset(l: ti.template(), n_in: ti.template(), width: ti.template()):
 @ti.func
 def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_count: ti.template(),
               n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
-              R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template()):
+              R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template(),
+              KC: ti.template() = 0, w_base: ti.template() = 0, tid=0):
     """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c], the k loop unrolled by U.
 
-    A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in)
-    read from global memory: M = W^T (forward, k = input) or, with `transposed`, M = W
-    (backward, k = output). Columns past n_cols are clamped to a valid address and ignored.
+    A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in): M = W^T
+    (forward, k = input) or, with `transposed`, M = W (backward, k = output). Columns past n_cols are
+    clamped to a valid address and ignored. With KC = 0 M is read from global memory through the L1 cache;
+    with KC > 0 the block stages KC rows of M at a time in shared memory at w_base (`stage_weights`) and reads
+    them from there. The caller makes sure no thread still reads that region; the block's barrier after
+    staging also publishes the caller's stores to A.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
-    # With U > 1 the loads of the next step can be issued before the multiply-adds of this one, at
-    # the price of registers (and occupancy): which wins depends on the kernel (settings fused_unroll_*).
-    for kb in range(k_count // U):
-        for ku in ti.static(range(U)):
-            gemm_step(acc, sh, a_base, params, net, offset, kb * U + ku, k_count, n_cols, transposed,
+    if ti.static(KC == 0):
+        # With U > 1 the loads of the next step can be issued before the multiply-adds of this one, at
+        # the price of registers (and occupancy): which wins depends on the kernel (settings fused_unroll_*).
+        for kb in range(k_count // U):
+            for ku in ti.static(range(U)):
+                gemm_step(acc, sh, a_base, params, net, offset, kb * U + ku, k_count, n_cols, transposed,
+                          lane_s, lane_o, R, C, TSP)
+        for k in ti.static(range(k_count // U * U, k_count)):
+            gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
                       lane_s, lane_o, R, C, TSP)
-    for k in ti.static(range(k_count // U * U, k_count)):
-        gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
-                  lane_s, lane_o, R, C, TSP)
+    else:
+        for ci in ti.static(range((k_count + KC - 1) // KC)):
+            k0 = ti.static(ci * KC)
+            kc = ti.static(min(KC, k_count - ci * KC))
+            if ti.static(ci > 0):
+                ti.simt.block.sync()  # every thread is done with the previous chunk
+            stage_weights(sh, w_base, params, net, offset, k0, kc, k_count, n_cols, transposed, tid)
+            ti.simt.block.sync()
+            for kb in range(kc // U):
+                for ku in ti.static(range(U)):
+                    staged_step(acc, sh, a_base, w_base, k0, kb * U + ku, n_cols, lane_s, lane_o, R, C, TSP)
+            for k in ti.static(range(kc // U * U, kc)):
+                staged_step(acc, sh, a_base, w_base, k0, k, n_cols, lane_s, lane_o, R, C, TSP)
     return acc
+
+
+@ti.func
+def stage_weights(sh: ti.template(), w_base: ti.template(), params: ti.template(), net, offset,
+                  k0: ti.template(), kc: ti.template(), k_count: ti.template(), n_cols: ti.template(),
+                  transposed: ti.template(), tid):
+    """Rows k0 .. k0 + kc of M (see tile_gemm) into sh[w_base + k * weight_stride(n_cols) + j].
+
+    Consecutive threads read consecutive words of W (coalesced). Every load is issued before the first
+    store: the loads are generic and the stores shared, which the compiler may not reorder, so interleaving
+    them would wait out a global load's latency per element.
+    """
+    NCP = ti.static(weight_stride(n_cols))
+    n = ti.static((kc * n_cols + BLOCK - 1) // BLOCK)
+    v = ti.Vector.zero(ti.f32, n)
+    for q in ti.static(range(n)):
+        idx = q * BLOCK + tid
+        if ti.static(transposed):  # M = W: rows of W, n_cols long, are contiguous
+            k = idx // n_cols
+            if k < kc:
+                v[q] = params[net, offset + (k0 + k) * n_cols + idx % n_cols]
+        else:  # M = W^T: walk k along a row of W (k_count long)
+            j = idx // kc
+            if j < n_cols:
+                v[q] = params[net, offset + j * k_count + k0 + idx % kc]
+    for q in ti.static(range(n)):
+        idx = q * BLOCK + tid
+        if ti.static(transposed):
+            k = idx // n_cols
+            if k < kc:
+                sh[w_base + k * NCP + idx % n_cols] = v[q]
+        else:
+            j = idx // kc
+            if j < n_cols:
+                sh[w_base + (idx % kc) * NCP + j] = v[q]
+
+
+@ti.func
+def staged_step(acc: ti.template(), sh: ti.template(), a_base, w_base: ti.template(), k0: ti.template(), k,
+                n_cols: ti.template(), lane_s, lane_o, R: ti.template(), C: ti.template(), TSP: ti.template()):
+    """gemm_step with M's rows k0 + k staged in shared memory: a warp reads two weight words per load
+    (broadcasts)."""
+    NCP = ti.static(weight_stride(n_cols))
+    a = ti.Vector([sh[a_base + (k0 + k) * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
+    m = ti.Vector.zero(ti.f32, C)
+    for c in ti.static(range(C)):
+        j = c * LANES_O + lane_o
+        if ti.static(n_cols % LANES_O != 0):
+            j = ti.min(j, n_cols - 1)
+        m[c] = sh[w_base + k * NCP + j]
+    for r, c in ti.static(ti.ndrange(R, C)):
+        acc[r, c] += a[r] * m[c]
 
 
 @ti.func
@@ -223,14 +326,17 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), pad: ti.f32, net_lo: ti.i32,
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
+    net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
-    many octaves, then the input padding `pad`) is the network's input (see `load_rows`)."""
+    many octaves, then the input padding `pad`) is the network's input (see `load_rows`). KC > 0: weights
+    staged in shared memory, KC rows at a time (see tile_gemm)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     A = ti.static(0)
+    W = ti.static(F * TSP)  # staged weights
     U = ti.static(tuning().fused_unroll_forward)
     ti.loop_config(block_dim=BLOCK)
     for g in range(tile_net.shape[0] * BLOCK):
@@ -238,20 +344,21 @@ def forward(
         tid = g % BLOCK
         lane_s = tid % LANES_S
         lane_o = tid // LANES_S
-        sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
+        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1),), ti.f32)
         count = tile_count[t]
         net = tile_net[t] - net_lo
         # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
         if count > 0 and in_chunk(net, params):
             start = tile_start[t]
             load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
-            ti.simt.block.sync()
+            if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
+                ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
                 fan_in = ti.static(n_in if l == 0 else width)
                 fan_out = ti.static(n_out if l == n_layers - 1 else width)
                 C = ti.static((fan_out + LANES_O - 1) // LANES_O)
                 acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                lane_s, lane_o, R, C, TSP, U)
+                                lane_s, lane_o, R, C, TSP, U, KC, W, tid)
                 for r, c in ti.static(ti.ndrange(R, C)):
                     acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
                 ti.simt.block.sync()
@@ -261,7 +368,8 @@ def forward(
                         s = r * LANES_S + lane_s
                         if s < count:
                             acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
-                ti.simt.block.sync()
+                if ti.static(KC == 0 or l == n_layers - 1):
+                    ti.simt.block.sync()
             write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
             ti.simt.block.sync()
 
@@ -273,15 +381,17 @@ def backward_deltas(
     params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(), x_fm: ti.template(), net_lo: ti.i32,
+    F: ti.template(), x_fm: ti.template(), KC: ti.template(), net_lo: ti.i32,
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
-    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm)."""
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC as in the forward."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     G = ti.static(0)
+    W = ti.static(F * TSP)
     last = ti.static(n_layers - 1)
+    lowest = ti.static(0 if want_dx else 1)  # the last layer whose deltas GEMM runs
     shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
     U = ti.static(tuning().fused_unroll_backward)
     ti.loop_config(block_dim=BLOCK)
@@ -290,7 +400,7 @@ def backward_deltas(
         tid = g % BLOCK
         lane_s = tid % LANES_S
         lane_o = tid // LANES_S
-        sh = ti.simt.block.SharedArray((F * TSP,), ti.f32)
+        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1),), ti.f32)
         count = tile_count[t]
         net = tile_net[t] - net_lo
         if count > 0 and in_chunk(net, params):
@@ -328,7 +438,7 @@ def backward_deltas(
                             if i < fan_in and s < count:
                                 slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
                     acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
-                                    lane_s, lane_o, R, C, TSP, U)
+                                    lane_s, lane_o, R, C, TSP, U, KC, W, tid)
                     if ti.static(l > 0):
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
@@ -340,7 +450,8 @@ def backward_deltas(
                             acc[r, c] = v
                     ti.simt.block.sync()
                     store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
-                    ti.simt.block.sync()
+                    if ti.static(KC == 0 or l == lowest):
+                        ti.simt.block.sync()
             if ti.static(want_dx):
                 write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
                 ti.simt.block.sync()
@@ -435,13 +546,13 @@ def weight_gradients(
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
-    A batched GEMM with the samples as the long inner dimension: per step `fused_grad_step` samples of the
+    A batched GEMM with the samples as the long inner dimension: per step `grad_step(F)` samples of the
     deltas (up to GRAD_ROWS rows per pass) and of the layer input are staged in shared memory with
     coalesced feature-major reads, and each thread keeps an (8 rows x 16-strided columns) register block.
     Global memory sees one atomic add per weight per chunk. With `grad_prefetch(F)` each step's global
     loads are issued before the previous step's GEMM and land in registers (fetch_*/store_*).
     """
-    KS = ti.static(tuning().fused_grad_step)
+    KS = ti.static(grad_step(F))
     KSP = ti.static(KS + 1)
     GB = ti.static(0)                 # deltas rows of this pass
     HB = ti.static(GRAD_ROWS * KSP)   # the layer's input
@@ -525,7 +636,7 @@ def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, 
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, frequencies, pad, lo)
+                keep_all, geometry.tile, geometry.features, x_fm, frequencies, geometry.weight_rows, pad, lo)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
@@ -533,7 +644,8 @@ def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, 
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
-                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm, lo)
+                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm,
+                        geometry.backward_weight_rows, lo)
 
 
 def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
