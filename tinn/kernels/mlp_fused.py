@@ -79,7 +79,7 @@ class Geometry(NamedTuple):
     tile: int           # samples per forward tile (multiple of 16)
     features: int       # F: widest layer input/output, rounded up to 16
     backward_tile: int  # samples per backward-deltas tile (multiple of 16)
-    weight_rows: int = 0           # k rows of a weight matrix the forward stages in shared memory; 0 = read via L1
+    weight_rows: int = 0           # F when the forward stages each layer's weights in shared memory; 0 = read via L1
     backward_weight_rows: int = 0  # the same for backward_deltas
 
 
@@ -90,10 +90,9 @@ def weight_stride(n_cols: int) -> int:
 
 
 def staged_weight_rows(f: int, tile: int) -> int:
-    """How many k rows of a layer's weight matrix fit in shared memory next to a tile of `tile` samples'
-    activations: all f where they fit, else the largest multiple of 8 (the GEMM then walks k in chunks)."""
-    free = SHARED_FLOATS - f * (tile + 1)
-    return min(f, free // weight_stride(f)) // 8 * 8
+    """f when a layer's whole weight matrix fits in shared memory next to a tile of `tile` samples' activations,
+    else 0: staging it in parts, a barrier pair per part, was measured slower than reading it through L1."""
+    return f if f * (tile + 1) + f * weight_stride(f) <= SHARED_FLOATS else 0
 
 
 def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings) -> Geometry:
@@ -153,9 +152,9 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
     A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in): M = W^T
     (forward, k = input) or, with `transposed`, M = W (backward, k = output). Columns past n_cols are
     clamped to a valid address and ignored. With KC = 0 M is read from global memory through the L1 cache;
-    with KC > 0 the block stages KC rows of M at a time in shared memory at w_base (`stage_weights`) and reads
-    them from there. The caller makes sure no thread still reads that region; the block's barrier after
-    staging also publishes the caller's stores to A.
+    with KC > 0 (room for KC >= k_count rows) the block stages M in shared memory at w_base (`stage_weights`)
+    and reads it from there. The caller makes sure no thread still reads that region; the block's barrier
+    after staging also publishes the caller's stores to A.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
     if ti.static(KC == 0):
@@ -169,63 +168,49 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
             gemm_step(acc, sh, a_base, params, net, offset, k, k_count, n_cols, transposed,
                       lane_s, lane_o, R, C, TSP)
     else:
-        for ci in ti.static(range((k_count + KC - 1) // KC)):
-            k0 = ti.static(ci * KC)
-            kc = ti.static(min(KC, k_count - ci * KC))
-            if ti.static(ci > 0):
-                ti.simt.block.sync()  # every thread is done with the previous chunk
-            stage_weights(sh, w_base, params, net, offset, k0, kc, k_count, n_cols, transposed, tid)
-            ti.simt.block.sync()
-            for kb in range(kc // U):
-                for ku in ti.static(range(U)):
-                    staged_step(acc, sh, a_base, w_base, k0, kb * U + ku, n_cols, lane_s, lane_o, R, C, TSP)
-            for k in ti.static(range(kc // U * U, kc)):
-                staged_step(acc, sh, a_base, w_base, k0, k, n_cols, lane_s, lane_o, R, C, TSP)
+        ti.static_assert(KC >= k_count)
+        stage_weights(sh, w_base, params, net, offset, k_count, n_cols, transposed, tid)
+        ti.simt.block.sync()
+        for kb in range(k_count // U):
+            for ku in ti.static(range(U)):
+                staged_step(acc, sh, a_base, w_base, kb * U + ku, n_cols, lane_s, lane_o, R, C, TSP)
+        for k in ti.static(range(k_count // U * U, k_count)):
+            staged_step(acc, sh, a_base, w_base, k, n_cols, lane_s, lane_o, R, C, TSP)
     return acc
 
 
 @ti.func
 def stage_weights(sh: ti.template(), w_base: ti.template(), params: ti.template(), net, offset,
-                  k0: ti.template(), kc: ti.template(), k_count: ti.template(), n_cols: ti.template(),
-                  transposed: ti.template(), tid):
-    """Rows k0 .. k0 + kc of M (see tile_gemm) into sh[w_base + k * weight_stride(n_cols) + j].
+                  k_count: ti.template(), n_cols: ti.template(), transposed: ti.template(), tid):
+    """M (see tile_gemm) into sh[w_base + k * weight_stride(n_cols) + j].
 
-    Consecutive threads read consecutive words of W (coalesced). Every load is issued before the first
-    store: the loads are generic and the stores shared, which the compiler may not reorder, so interleaving
-    them would wait out a global load's latency per element.
+    The block reads W's words in order (coalesced): W[k, j] (transposed) or W[j, k] is word `idx` of the
+    layer. Every load is issued before the first store: the loads are generic and the stores shared, which
+    the compiler may not reorder, so interleaving them would wait out a global load's latency per element.
     """
     NCP = ti.static(weight_stride(n_cols))
-    n = ti.static((kc * n_cols + BLOCK - 1) // BLOCK)
+    size = ti.static(k_count * n_cols)
+    n = ti.static((size + BLOCK - 1) // BLOCK)
     v = ti.Vector.zero(ti.f32, n)
     for q in ti.static(range(n)):
         idx = q * BLOCK + tid
-        if ti.static(transposed):  # M = W: rows of W, n_cols long, are contiguous
-            k = idx // n_cols
-            if k < kc:
-                v[q] = params[net, offset + (k0 + k) * n_cols + idx % n_cols]
-        else:  # M = W^T: walk k along a row of W (k_count long)
-            j = idx // kc
-            if j < n_cols:
-                v[q] = params[net, offset + j * k_count + k0 + idx % kc]
+        if idx < size:
+            v[q] = params[net, offset + idx]
     for q in ti.static(range(n)):
         idx = q * BLOCK + tid
-        if ti.static(transposed):
-            k = idx // n_cols
-            if k < kc:
-                sh[w_base + k * NCP + idx % n_cols] = v[q]
-        else:
-            j = idx // kc
-            if j < n_cols:
-                sh[w_base + (idx % kc) * NCP + j] = v[q]
+        if idx < size:
+            if ti.static(transposed):
+                sh[w_base + idx // n_cols * NCP + idx % n_cols] = v[q]
+            else:  # the odd stride spreads consecutive k over the banks
+                sh[w_base + idx % k_count * NCP + idx // k_count] = v[q]
 
 
 @ti.func
-def staged_step(acc: ti.template(), sh: ti.template(), a_base, w_base: ti.template(), k0: ti.template(), k,
+def staged_step(acc: ti.template(), sh: ti.template(), a_base, w_base: ti.template(), k,
                 n_cols: ti.template(), lane_s, lane_o, R: ti.template(), C: ti.template(), TSP: ti.template()):
-    """gemm_step with M's rows k0 + k staged in shared memory: a warp reads two weight words per load
-    (broadcasts)."""
+    """gemm_step with M staged in shared memory: a warp reads two weight words per load (broadcasts)."""
     NCP = ti.static(weight_stride(n_cols))
-    a = ti.Vector([sh[a_base + (k0 + k) * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
+    a = ti.Vector([sh[a_base + k * TSP + r * LANES_S + lane_s] for r in ti.static(range(R))], dt=ti.f32)
     m = ti.Vector.zero(ti.f32, C)
     for c in ti.static(range(C)):
         j = c * LANES_O + lane_o
