@@ -54,6 +54,7 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
     g = net.fused_geometry
     fits = g.features * (g.tile + 1) + g.features * (g.features + 1) <= 12288  # width 128 does not: L1 either way
     assert g.weight_rows == (g.features if staged and fits else 0)
+    assert g.backward_weight_rows == (g.features if staged and fits else 0)
     x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).to(dev)
     if routing == "ragged":
         ids = torch.multinomial(torch.rand(n_networks, generator=gen) ** 4, batch, replacement=True, generator=gen)

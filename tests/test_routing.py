@@ -125,11 +125,15 @@ def test_staged_weights_fit_in_shared_memory(n_in, width, n_out, staged):
         assert g.features * (tile + 1) + kc * (g.features + 1) <= FK.SHARED_FLOATS
     if not staged:
         return
-    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s))
-                  for s in ("none", "forward", "backward", "both")}
+    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s), n_networks=64)
+                  for s in ("none", "forward", "backward", "both", "auto")}
     assert [(b.weight_rows > 0, b.backward_weight_rows > 0) for b in by_setting.values()] == [
-        (False, False), (True, False), (False, True), (True, True)]
-    assert tinn.Settings().fused_staged_weights == "backward"  # measured: the forward is faster through L1
+        (False, False), (True, False), (False, True), (True, True), (False, True)]
+    assert tinn.Settings().fused_staged_weights == "auto"
+    # measured on the H100: the forward is faster staged with one network (the image step), through L1 with 4096
+    for n_networks, forward_staged in ((1, True), (2, False), (4096, False)):
+        g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(), n_networks=n_networks)
+        assert (g.weight_rows > 0, g.backward_weight_rows > 0) == (forward_staged, True)
     with pytest.raises(tinn.ConfigError, match="fused_staged_weights.*allowed"):
         tinn.Settings(fused_staged_weights="yes")
     assert FK.weight_stride(64) == 65 and FK.weight_stride(3) == 3

@@ -15,7 +15,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_unroll_backward | 2 | k steps per iteration of the backward GEMM loops |
 | fused_grad_step | 16 | samples staged per weight-gradient step (fewer where the prefetch would not fit its registers) |
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
-| fused_staged_weights | "backward" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward" or "both" |
+| fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -36,7 +36,7 @@ from .errors import ConfigError
 
 ENV_VARIABLE = "TINN_SETTINGS"
 NETWORK_KERNELS = ("auto", "fused", "unfused")
-STAGED_WEIGHTS = ("none", "forward", "backward", "both")
+STAGED_WEIGHTS = ("auto", "none", "forward", "backward", "both")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Settings:
     fused_unroll_backward: int = 2
     fused_grad_step: int = 16
     fused_grad_chunk: int = 0
-    fused_staged_weights: str = "backward"
+    fused_staged_weights: str = "auto"
     fused_grad_prefetch: bool = True
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256

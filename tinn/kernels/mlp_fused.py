@@ -95,17 +95,29 @@ def staged_weight_rows(f: int, tile: int) -> int:
     return f if f * (tile + 1) + f * weight_stride(f) <= SHARED_FLOATS else 0
 
 
-def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings) -> Geometry:
-    """Tile geometry of a network shape, fixed at construction. Smaller tiles mean smaller register
-    blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
+def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
+    """(forward, backward_deltas): which kernels stage weights under settings.fused_staged_weights.
+
+    "auto" stages the deltas kernel's always and the forward's for a single network only. Staging
+    reads a layer's whole matrix before the tile's first multiply-add: with one network those reads
+    hit in L1 for every tile, while with thousands of networks the forward waits on them from L2 and
+    was measured slower than reading the weights through L1 as the GEMM needs them (docs/design-notes.md)."""
+    if setting == "auto":
+        return n_networks == 1, True
+    return setting in ("forward", "both"), setting in ("backward", "both")
+
+
+def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings, n_networks: int = 1) -> Geometry:
+    """Tile geometry of a network shape (and array size), fixed at construction. Smaller tiles mean smaller
+    register blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
     cap = settings.fused_tile
     forward = min(_largest_tile(1, f), cap)
     backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
-    staged = settings.fused_staged_weights
+    stage_forward, stage_backward = staged_kernels(settings.fused_staged_weights, n_networks)
     return Geometry(forward, f, backward,
-                    staged_weight_rows(f, forward) if staged in ("forward", "both") else 0,
-                    staged_weight_rows(f, backward) if staged in ("backward", "both") else 0)
+                    staged_weight_rows(f, forward) if stage_forward else 0,
+                    staged_weight_rows(f, backward) if stage_backward else 0)
 
 
 def grad_chunk(batch: int) -> int:
