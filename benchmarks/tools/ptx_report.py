@@ -1,13 +1,19 @@
-"""Compile the fused kernels once with PTX printing on, then ask ptxas (from triton) for registers and spills.
+"""Compile the fused kernels once with PTX printing on, then ask ptxas (from triton) for registers and spills,
+and, where cuobjdump is installed, print the instruction mix of every loop of their machine code
+(`sass_loops.py`: FFMA share, loads, address arithmetic per iteration).
 
-KEEP_PTX=1 leaves the fused kernels' PTX modules (modN.ptx) in the output folder for reading."""
+KEEP_PTX=1 leaves the fused kernels' PTX modules (modN.ptx) and their SASS (modN.sass) in the output folder."""
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_loops  # noqa: E402
 
 out_dir = sys.argv[1]
 width = int(sys.argv[2]) if len(sys.argv) > 2 else 64
@@ -41,9 +47,17 @@ for i, m in enumerate(mods):
         continue
     path = os.path.join(out_dir, f"mod{i}.ptx")
     open(path, "w").write(m[: m.rfind("}") + 1] + "\n")
-    r = subprocess.run([ptxas[0], "-v", "-arch=sm_90", path, "-o", "/dev/null"], capture_output=True, text=True)
+    cubin = path[:-4] + ".cubin"
+    r = subprocess.run([ptxas[0], "-v", "-arch=sm_90", path, "-o", cubin], capture_output=True, text=True)
     for line in (r.stdout + r.stderr).splitlines():
         if any(k in line for k in ("Compiling entry", "registers", "spill", "error")):
             print(names, line.strip())
-    if os.environ.get("KEEP_PTX") != "1":
-        os.remove(path)
+    cuobjdump = shutil.which("cuobjdump") or os.path.join(os.path.dirname(ptxas[0]), "cuobjdump")
+    if os.path.exists(cubin) and os.path.exists(cuobjdump):
+        sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True).stdout
+        print(sass_loops.report(sass, ("forward", "backward")))
+        if os.environ.get("KEEP_PTX") == "1":
+            open(path[:-4] + ".sass", "w").write(sass)
+    for f in (cubin,) + (() if os.environ.get("KEEP_PTX") == "1" else (path,)):
+        if os.path.exists(f):
+            os.remove(f)
