@@ -152,3 +152,47 @@ def test_remembered_positions_give_taichi_s_messages():
         context.get_pos_info = patched
     assert "undefined_name" in taichi_own and "line" in taichi_own
     assert remembered == [taichi_own, taichi_own]
+
+
+def test_remembered_sources_read_as_taichi_reads_them():
+    kernel_impl = backend.ti.lang.kernel_impl
+    if backend.name() != "taichi" or not hasattr(kernel_impl.getsourcelines, "original"):
+        pytest.skip("remembered sources replace a Taichi 1.7.4 internal only")
+    ti = backend.ti
+
+    @ti.func
+    def scaled(v, s):
+        return v * s
+
+    def run_and_message():
+        @ti.kernel
+        def good(a: ti.types.ndarray()):
+            for i in a:
+                for j in ti.static(range(3)):
+                    a[i] += scaled(j + 1.0, 0.5)  # the func's source is read once per unrolled call
+
+        @ti.kernel
+        def bad(a: ti.types.ndarray()):
+            for i in a:
+                a[i] += scaled(1.0,
+                               undefined_name)  # noqa: F821  (the error the message reports)
+
+        a = torch.zeros(4, device=tinn.runtime.device())
+        good(a)
+        with pytest.raises(backend.compile_errors()) as info:
+            bad(torch.zeros(4, device=tinn.runtime.device()))
+        return a.cpu().tolist(), str(info.value)
+
+    remembered = run_and_message()
+    patched = (kernel_impl.getsourcelines, kernel_impl.getsourcefile, kernel_impl.textwrap)
+    kernel_impl.getsourcelines, kernel_impl.getsourcefile = patched[0].original, patched[1].original
+    kernel_impl.textwrap = patched[2]._wrapped
+    try:
+        taichi_own = run_and_message()
+        lines, first = patched[0].original(scaled.func.func)
+    finally:
+        kernel_impl.getsourcelines, kernel_impl.getsourcefile, kernel_impl.textwrap = patched
+    assert taichi_own[0] == [3.0] * 4 and "undefined_name" in taichi_own[1]
+    assert remembered == taichi_own
+    assert patched[0](scaled.func.func) == (lines, first) == patched[0](scaled.func.func)  # kept, and a fresh list
+    assert patched[0](scaled.func.func)[0] is not patched[0](scaled.func.func)[0]

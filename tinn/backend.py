@@ -93,6 +93,7 @@ def load(requested: str | None = None):
     if name == "taichi":
         _quick_class_check(module)
         _remembered_positions(module)
+        _remembered_sources(module)
     _state.update(name=name, module=module, why=why)
     globals()["ti"] = module  # later `from tinn.backend import ti` finds the attribute directly
     return module
@@ -167,6 +168,69 @@ def _remembered_positions(module) -> None:
 
     get_pos_info.original = original
     context.get_pos_info = get_pos_info
+
+
+class _RememberedText:
+    """`textwrap` as Taichi's IR builder uses it, with `fill` and `dedent` remembered (pure functions of
+    their arguments); everything else is the module's own."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
+        self._fill: dict = {}
+        self._dedent: dict = {}
+
+    def fill(self, text, **options):
+        key = (text, tuple(sorted(options.items())))
+        out = self._fill.get(key)
+        if out is None:
+            out = self._fill[key] = self._wrapped.fill(text, **options)
+        return out
+
+    def dedent(self, text):
+        out = self._dedent.get(text)
+        if out is None:
+            out = self._dedent[text] = self._wrapped.dedent(text)
+        return out
+
+    def __getattr__(self, attr):
+        return getattr(self._wrapped, attr)
+
+
+def _remembered_sources(module) -> None:
+    """Remember each function's source text as Taichi 1.7.4 reads it to build IR.
+
+    Every call of a `ti.func` inside a kernel being built reads the function's source again: `inspect`
+    finds the file and tokenizes it to find the function's block, and each line then goes through
+    `textwrap.fill` (tab expansion) before the text is parsed. Kernels that call the same funcs in unrolled
+    loops repeat this dozens of times per instance. A function object's source does not change within a
+    process, so the file name and lines are kept per function and the text functions' results per argument;
+    Taichi still parses a fresh tree for every call, as before.
+    """
+    kernel_impl = getattr(getattr(module, "lang", None), "kernel_impl", None)
+    lines_of = getattr(kernel_impl, "getsourcelines", None)
+    file_of = getattr(kernel_impl, "getsourcefile", None)
+    text = getattr(kernel_impl, "textwrap", None)
+    if lines_of is None or file_of is None or getattr(text, "fill", None) is None or \
+            getattr(lines_of, "original", None) is not None:
+        return
+    lines: dict = {}
+    files: dict = {}
+
+    def getsourcelines(obj):
+        kept = lines.get(obj)
+        if kept is None:
+            found, first = lines_of(obj)
+            kept = lines[obj] = (tuple(found), first)
+        return list(kept[0]), kept[1]
+
+    def getsourcefile(obj):
+        if obj not in files:
+            files[obj] = file_of(obj)
+        return files[obj]
+
+    getsourcelines.original, getsourcefile.original = lines_of, file_of
+    kernel_impl.getsourcelines, kernel_impl.getsourcefile = getsourcelines, getsourcefile
+    kernel_impl.textwrap = _RememberedText(text)
 
 
 def name() -> str:
