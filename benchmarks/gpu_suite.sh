@@ -4,6 +4,11 @@
 #                                             MLP case (tinn fused/unfused, torch bmm, torch.func vmap), image demo
 #   OUT=dir benchmarks/gpu_suite.sh grid      the benchmark grid: N 1..16384 x widths 16..128, even + ragged
 #   OUT=dir benchmarks/gpu_suite.sh scenes    KiloNeRF and octree-LoD demos at full size
+#   OUT=dir benchmarks/gpu_suite.sh speed     the fused-kernel A/B runs of the speed work: per-kernel times of the
+#                                             target case and width 128 under each tuning in SPEED_SETTINGS (each a
+#                                             TINN_SETTINGS value, "default" for none), the image step under the same,
+#                                             the SASS loop mix at widths 64 and 128, start-up cold and warm;
+#                                             ARCHIVE=file.tgz packs OUT into one file (the device returns few files)
 # Logs and JSON land in $OUT; each step prints its last lines.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
@@ -29,4 +34,18 @@ fi
 if [ "$part" = scenes ]; then
   TAIL=12 run kilonerf 300 python3 demos/kilonerf.py --out "$OUT/kilonerf"
   TAIL=12 run octree_lod 280 python3 demos/octree_lod.py --out "$OUT/octree_lod"
+fi
+if [ "$part" = speed ]; then
+  TINN_ARCH=cuda run tests 300 python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py
+  for setting in ${SPEED_SETTINGS:-default fused_backward_tile=64 fused_staged_weights=both}; do
+    tag=${setting//[^a-z0-9]/_}
+    env=$([ "$setting" = default ] || echo "$setting")
+    TAIL=12 TINN_SETTINGS=$env run "profile_step_$tag" 150 python3 benchmarks/profile_step.py 64,4096 22 64,128
+    TAIL=14 TINN_SETTINGS=$env run "profile_image_$tag" 90 python3 benchmarks/profile_image.py --json "$OUT/profile_image_$tag.json"
+  done
+  mkdir -p "$OUT/ptx"
+  TAIL=12 run ptx_w64 120 python3 benchmarks/tools/ptx_report.py "$OUT/ptx" 64
+  TAIL=12 run ptx_w128 120 python3 benchmarks/tools/ptx_report.py "$OUT/ptx" 128
+  TAIL=8 run startup 120 python3 benchmarks/bench_startup.py --arch cuda --kernels --json "$OUT/bench_startup.json"
+  [ -z "${ARCHIVE:-}" ] || tar czf "$ARCHIVE" -C "$OUT" .
 fi
