@@ -7,7 +7,8 @@
 #   OUT=dir benchmarks/gpu_suite.sh speed     the fused-kernel A/B runs of the speed work: per-kernel times of the
 #                                             target case and width 128 under each tuning in SPEED_SETTINGS (each a
 #                                             TINN_SETTINGS value, "default" for none), the image step under the same,
-#                                             the SASS loop mix at widths 64 and 128, start-up cold and warm;
+#                                             the host time per path (host_overhead.py), the SASS loop mix at widths
+#                                             64 and 128, start-up cold and warm;
 #                                             ARCHIVE=file.tgz packs OUT into one file (the device returns few files)
 # Logs and JSON land in $OUT; each step prints its last lines.
 set -uo pipefail
@@ -43,6 +44,7 @@ if [ "$part" = speed ]; then
     TAIL=12 TINN_SETTINGS=$env run "profile_step_$tag" 150 python3 benchmarks/profile_step.py 64,4096 22 64,128
     TAIL=14 TINN_SETTINGS=$env run "profile_image_$tag" 90 python3 benchmarks/profile_image.py --json "$OUT/profile_image_$tag.json"
   done
+  TAIL=8 run host_overhead 90 python3 benchmarks/tools/host_overhead.py --arch cuda --json "$OUT/host_overhead.json"
   mkdir -p "$OUT/ptx"
   TAIL=12 run ptx_w64 120 python3 benchmarks/tools/ptx_report.py "$OUT/ptx" 64
   TAIL=12 run ptx_w128 120 python3 benchmarks/tools/ptx_report.py "$OUT/ptx" 128
