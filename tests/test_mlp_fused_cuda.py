@@ -52,9 +52,10 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
     net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1)
     assert net.fused
     g = net.fused_geometry
-    fits = g.features * (g.tile + 1) + g.features * (g.features + 1) <= 12288  # width 128 does not: L1 either way
-    assert g.weight_rows == (g.features if staged and fits else 0)
-    assert g.backward_weight_rows == (g.features if staged and fits else 0)
+    def fits(tile):  # width 128 does not: L1 either way
+        return g.features * (tile + 1) + g.features * (g.features + 1) <= 12288
+    assert g.weight_rows == (g.features if staged and fits(g.tile) else 0)
+    assert g.backward_weight_rows == (g.features if staged and fits(g.backward_tile) else 0)
     x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).to(dev)
     if routing == "ragged":
         ids = torch.multinomial(torch.rand(n_networks, generator=gen) ** 4, batch, replacement=True, generator=gen)

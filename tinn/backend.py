@@ -15,6 +15,7 @@ imported; asking for another backend after that is a ConfigError that says so.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -176,21 +177,8 @@ class _RememberedText:
 
     def __init__(self, wrapped):
         self._wrapped = wrapped
-        self._fill: dict = {}
-        self._dedent: dict = {}
-
-    def fill(self, text, **options):
-        key = (text, tuple(sorted(options.items())))
-        out = self._fill.get(key)
-        if out is None:
-            out = self._fill[key] = self._wrapped.fill(text, **options)
-        return out
-
-    def dedent(self, text):
-        out = self._dedent.get(text)
-        if out is None:
-            out = self._dedent[text] = self._wrapped.dedent(text)
-        return out
+        self.fill = functools.cache(wrapped.fill)
+        self.dedent = functools.cache(wrapped.dedent)
 
     def __getattr__(self, attr):
         return getattr(self._wrapped, attr)
@@ -213,21 +201,17 @@ def _remembered_sources(module) -> None:
     if lines_of is None or file_of is None or getattr(text, "fill", None) is None or \
             getattr(lines_of, "original", None) is not None:
         return
-    lines: dict = {}
-    files: dict = {}
 
-    def getsourcelines(obj):
-        kept = lines.get(obj)
-        if kept is None:
-            found, first = lines_of(obj)
-            kept = lines[obj] = (tuple(found), first)
-        return list(kept[0]), kept[1]
+    @functools.cache
+    def kept_lines(obj):
+        found, first = lines_of(obj)
+        return tuple(found), first
 
-    def getsourcefile(obj):
-        if obj not in files:
-            files[obj] = file_of(obj)
-        return files[obj]
+    def getsourcelines(obj):  # a fresh list per call, as inspect gives
+        found, first = kept_lines(obj)
+        return list(found), first
 
+    getsourcefile = functools.cache(file_of)
     getsourcelines.original, getsourcefile.original = lines_of, file_of
     kernel_impl.getsourcelines, kernel_impl.getsourcefile = getsourcelines, getsourcefile
     kernel_impl.textwrap = _RememberedText(text)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import time
-
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))

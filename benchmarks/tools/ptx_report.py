@@ -39,6 +39,7 @@ for f in glob.glob(os.path.join(out_dir, "*.ptx")):
 ptxas = (glob.glob("/opt/torch/.venv/lib/python3*/site-packages/triton/backends/nvidia/bin/ptxas")
          + glob.glob("/usr/local/cuda*/bin/ptxas"))
 print("ptxas:", ptxas[:1], "ptx chars:", len(text))
+keep = os.environ.get("KEEP_PTX") == "1"
 # Each module starts with a ".version" line; keep the ones holding the fused kernels.
 mods = re.split(r"(?=^\.version)", text, flags=re.M)
 for i, m in enumerate(mods):
@@ -56,8 +57,8 @@ for i, m in enumerate(mods):
     if os.path.exists(cubin) and os.path.exists(cuobjdump):
         sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True).stdout
         print(sass_loops.report(sass, ("forward", "backward")))
-        if os.environ.get("KEEP_PTX") == "1":
+        if keep:
             open(path[:-4] + ".sass", "w").write(sass)
-    for f in (cubin,) + (() if os.environ.get("KEEP_PTX") == "1" else (path,)):
+    for f in (cubin,) if keep else (cubin, path):
         if os.path.exists(f):
             os.remove(f)
