@@ -4,11 +4,15 @@
 #                                             MLP case (tinn fused/unfused, torch bmm, torch.func vmap), image demo
 #   OUT=dir benchmarks/gpu_suite.sh grid      the benchmark grid: N 1..16384 x widths 16..128, even + ragged
 #   OUT=dir benchmarks/gpu_suite.sh scenes    KiloNeRF and octree-LoD demos at full size
-#   OUT=dir benchmarks/gpu_suite.sh speed     the fused-kernel A/B runs of the speed work: per-kernel times of the
-#                                             target case and width 128 under each tuning in SPEED_SETTINGS (each a
-#                                             TINN_SETTINGS value, "default" for none), the image step under the same,
-#                                             the host time per path (host_overhead.py), the SASS loop mix at widths
-#                                             64 and 128, start-up cold and warm;
+#   OUT=dir benchmarks/gpu_suite.sh speed     the speed work's runs, those named in SPEED_PARTS (default all):
+#                                             ab: per-kernel times of STEP_CASES and the image step under each
+#                                             tuning in SPEED_SETTINGS (TINN_SETTINGS values separated by ";",
+#                                             "default" for none; tools/settings_ab.py); kernels: every GPU kernel
+#                                             of the target step (tools/step_kernels.py); bench: training steps
+#                                             against torch bmm and grouped GEMM, even routing, 64 and 4096
+#                                             networks x widths 64 and 128; tests: the fused-kernel CUDA tests;
+#   OUT=dir benchmarks/gpu_suite.sh speed-extra  the host time per path (host_overhead.py), the SASS loop mix at
+#                                             widths 64 and 128, start-up cold and warm;
 #                                             ARCHIVE=file.tgz packs OUT into one file (the device returns few files)
 # Logs and JSON land in $OUT; each step prints its last lines.
 set -uo pipefail
@@ -37,13 +41,19 @@ if [ "$part" = scenes ]; then
   TAIL=12 run octree_lod 280 python3 demos/octree_lod.py --out "$OUT/octree_lod"
 fi
 if [ "$part" = speed ]; then
-  TINN_ARCH=cuda run tests 300 python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py
-  for setting in ${SPEED_SETTINGS:-default fused_backward_tile=64 fused_staged_weights=both}; do
-    tag=${setting//[^a-z0-9]/_}
-    env=$([ "$setting" = default ] || echo "$setting")
-    TAIL=12 TINN_SETTINGS=$env run "profile_step_$tag" 150 python3 benchmarks/profile_step.py 64,4096 22 64,128
-    TAIL=14 TINN_SETTINGS=$env run "profile_image_$tag" 90 python3 benchmarks/profile_image.py --json "$OUT/profile_image_$tag.json"
-  done
+  parts=" ${SPEED_PARTS:-ab kernels bench tests} "
+  [[ $parts == *" ab "* ]] && TAIL=40 run settings_ab "${AB_LIMIT:-300}" python3 benchmarks/tools/settings_ab.py \
+    --out "$OUT/ab" --image --jobs 8 --settings "${SPEED_SETTINGS:-default;fused_backward_tile=64}" \
+    --step-cases "${STEP_CASES-4096:22:64,128}"
+  [[ $parts == *" kernels "* ]] && TAIL=50 run step_kernels 150 python3 benchmarks/tools/step_kernels.py \
+    --cases 4096:64,64:64 --json "$OUT/step_kernels.json"
+  [[ $parts == *" bench "* ]] && TAIL=14 run bench_even 240 python3 benchmarks/bench_mlp_array.py --networks 64,4096 \
+    --log2-samples 22 --widths 64,128 --routing even --no-vmap --json "$OUT/bench_even.json"
+  [[ $parts == *" tests "* ]] && TINN_ARCH=cuda run tests "${TESTS_LIMIT:-300}" python3 -m pytest -q -n 8 \
+    -p no:cacheprovider tests/test_mlp_fused_cuda.py tests/test_routing.py
+  [ -z "${ARCHIVE:-}" ] || tar czf "$ARCHIVE" -C "$OUT" .
+fi
+if [ "$part" = speed-extra ]; then
   TAIL=8 run host_overhead 90 python3 benchmarks/tools/host_overhead.py --arch cuda --json "$OUT/host_overhead.json"
   mkdir -p "$OUT/ptx"
   TAIL=12 run ptx_w64 120 python3 benchmarks/tools/ptx_report.py "$OUT/ptx" 64

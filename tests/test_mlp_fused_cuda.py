@@ -45,10 +45,18 @@ def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, 
     check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False)
 
 
-def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=True):
+@pytest.mark.parametrize("activation", ["LeakyReLU", pytest.param("Tanh", marks=slow)])
+@pytest.mark.parametrize("width", [32, pytest.param(128, marks=slow)])
+def test_fused_activation_derivatives_match_float64(activation, width, tuned):
+    """Hidden activations other than ReLU through the deltas kernel's derivative, at 4 and 16 columns per thread."""
+    tuned(fused_staged_weights="both")
+    check_fused(24, width, 5, 2, 9, 6000, "ragged", True, activation=activation)
+
+
+def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=True, activation="ReLU"):
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(batch)
-    cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": "ReLU", "output_activation": "Sigmoid"}
+    cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": activation, "output_activation": "Sigmoid"}
     net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1)
     assert net.fused
     g = net.fused_geometry
@@ -69,7 +77,7 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
     y, dx, dp = run(net, x, ids, dy, input_grad)
     p64 = net.params.detach().double().requires_grad_()
     x64 = x.double().requires_grad_()
-    y64 = mlp_array(net, p64, x64, ids, "ReLU", "Sigmoid")
+    y64 = mlp_array(net, p64, x64, ids, activation, "Sigmoid")
     y64.backward(dy.double())
     assert rel_err(y, y64.detach()) < TOL
     assert (dx is None) if not input_grad else rel_err(dx, x64.grad) < TOL

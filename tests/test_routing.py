@@ -33,6 +33,22 @@ def test_bounded_tiles_cover_each_sample_once(n_networks, batch, tile):
     assert r.tile_net.shape[0] >= int(((counts + tile - 1) // tile).sum())
 
 
+@pytest.mark.parametrize("n_networks,key_dtype", [(2, torch.uint8), (255, torch.uint8), (256, torch.int16),
+                                                    (32767, torch.int16), (32768, torch.int32), (100000, torch.int32)])
+def test_sort_keys_narrow_without_changing_the_order(n_networks, key_dtype):
+    """The sort runs on the narrowest key type that holds the ids and the bound n_networks; order (stable)
+    and counts equal those of a stable sort of the int32 ids, the extreme ids included."""
+    gen = torch.Generator().manual_seed(n_networks)
+    ids = torch.randint(0, n_networks, (20000,), generator=gen, dtype=torch.int32)
+    ids[:3] = torch.tensor([n_networks - 1, 0, n_networks - 1], dtype=torch.int32)
+    ids = ids.to(DEV)
+    assert routing.sort_keys(ids, n_networks).dtype == key_dtype
+    order, counts = routing.sort_by_network(ids, n_networks)
+    assert order.dtype == torch.int32 and counts.dtype == torch.int64
+    assert torch.equal(order.long().cpu(), torch.sort(ids.cpu().long(), stable=True).indices)
+    assert torch.equal(counts.cpu(), torch.bincount(ids.cpu().long(), minlength=n_networks))
+
+
 def test_bounded_tiles_agree_with_synced_routing():
     ids = torch.tensor([3, 1, 1, 0, 3, 3, 3, 2, 1], dtype=torch.int32, device=DEV)
     a, b = route(ids, 4, tile_size=2), route_bounded(ids, 4, 2)
