@@ -14,6 +14,8 @@
 #   OUT=dir benchmarks/gpu_suite.sh speed-extra  the host time per path (host_overhead.py), the SASS loop mix at
 #                                             widths 64 and 128, start-up cold and warm;
 #                                             ARCHIVE=file.tgz packs OUT into one file (the device returns few files)
+# On the device machine keep OUT local and the archive in the device's $OUT; bash assigns left to right, so
+# name the archive first:  ARCHIVE=$OUT/speed.tgz OUT=/tmp/speed bash benchmarks/gpu_suite.sh speed
 # Logs and JSON land in $OUT; each step prints its last lines.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
