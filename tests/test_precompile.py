@@ -33,9 +33,10 @@ def test_a_second_process_compiles_nothing_new(tmp_path):
     assert first["arch"] == "cpu" and os.path.samefile(first["cache_dir"], tmp_path)
     kernels = first["kernels"]
     for name in ("image_sampling.sample_image_batch", "grid_encoding.grid_forward", "grid_encoding.grid_backward",
-                 "mlp_array.forward", "mlp_array.backward_deltas", "losses.loss_forward", "optimizers.adam_step_pair"):
+                 "losses.loss_forward", "optimizers.adam_step_pair"):
         assert f"tinn.kernels.{name}" in kernels
-    assert kernels.count("tinn.kernels.mlp_array.forward") == 2  # training (keeps activations) and inference
+    # The demo's single network runs as dense GEMMs on the CPU (tinn/dense_mlp.py): no MLP kernel to compile.
+    assert not [k for k in kernels if "mlp_array" in k]
     cached = _cached(tmp_path)
     assert len(cached) >= len(kernels)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import chunks, memory, runtime, second_order
+from . import chunks, dense_mlp, memory, runtime, second_order
 from .activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -148,6 +148,11 @@ class NetworkArray(Part):
             raise ConfigError("kernels='fused' sums weight gradients in no fixed order; with settings.deterministic "
                               "allowed: 'unfused' or 'auto'")
         self.fused = fusable and kernels != "unfused" and not deterministic
+        # A single network elsewhere: dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default on
+        # the CPU. `kernels="unfused"` keeps Taichi's kernels; deterministic mode too (BLAS picks its own order).
+        dense = runtime.settings().dense_single_network
+        self.dense = (n_networks == 1 and not self.fused and kernels == "auto" and not deterministic
+                      and (runtime.arch() == "cpu" if dense is None else dense))
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
@@ -264,7 +269,10 @@ class NetworkArray(Part):
         pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
                           device=dev)
         out = torch.empty(batch, self.n_output_dims, device=dev)
-        if batch:
+        if batch and self.dense:
+            dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
+                              keep_pre=self.keep_pre)
+        elif batch:
             K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
         return out, acts, pre
@@ -347,6 +355,9 @@ class NetworkArray(Part):
             grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
                                    deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
+        elif self.dense:
+            dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
+                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
         else:
             K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
                                   deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)

@@ -17,6 +17,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
+| dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
 | grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
@@ -50,6 +51,7 @@ class Settings:
     fused_grad_chunk: int = 0
     fused_staged_weights: str = "auto"
     fused_grad_prefetch: bool = True
+    dense_single_network: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     grid_feature_lanes: bool | None = None

@@ -1,0 +1,89 @@
+"""A single network as dense GEMMs (tinn/dense_mlp.py): against float64 torch and Taichi's unfused kernels,
+every activation, and when it is chosen."""
+import pytest
+import torch
+
+import tinn
+from tinn.activations import ACTIVATIONS
+from tinn.networks import NetworkArray
+
+from reference import mlp_array, rel_err
+
+CPU = tinn.runtime.arch() == "cpu"
+PAIRS = [("ReLU", "None"), ("LeakyReLU", "Sigmoid"), ("Sine", "SiLU"), ("Softplus", "Squareplus"),
+         ("Tanh", "Exponential"), ("SiLU", "ReLU"), ("Squareplus", "Softplus"), ("Sigmoid", "Tanh"),
+         ("Exponential", "LeakyReLU"), ("None", "Sine")]
+
+
+def run(net, x, dy):
+    x = x.clone().requires_grad_()
+    net.params.grad = None
+    y = net(x, None)
+    y.backward(dy)
+    return y.detach(), x.grad, net.params.grad.clone()
+
+
+def test_every_activation_is_covered():
+    assert {name for pair in PAIRS for name in pair} == set(ACTIVATIONS)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+@pytest.mark.parametrize("hidden,output", PAIRS)
+def test_dense_matches_float64_and_the_unfused_kernels(hidden, output, depth, tuned):
+    """Padded inputs and outputs (tcnn's layout) included; the output's and the input's gradients too."""
+    tuned(dense_single_network=True)
+    gen = torch.Generator().manual_seed(depth)
+    dev = tinn.runtime.device()
+    x = (torch.rand(2000, 7, generator=gen) * 2 - 1).to(dev)
+    dy = torch.randn(2000, 5, generator=gen).to(dev)
+    cfg = {"n_neurons": 32, "n_hidden_layers": depth, "activation": hidden, "output_activation": output}
+    dense = NetworkArray(7, 5, cfg, seed=3, input_padding=(2, 1.0), output_padding=3)
+    unfused = NetworkArray(7, 5, cfg, seed=3, input_padding=(2, 1.0), output_padding=3, kernels="unfused")
+    assert dense.dense and not unfused.dense and not unfused.fused
+    y, dx, dp = run(dense, x, dy)
+    y2, dx2, dp2 = run(unfused, x, dy)
+    for a, b in ((y, y2), (dx, dx2), (dp, dp2)):
+        assert rel_err(a, b) < 1e-5
+    p64 = dense.params.detach().double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    y64 = mlp_array(dense, p64, x64, torch.zeros(2000, dtype=torch.int32, device=dev), hidden, output)
+    y64.backward(dy.double())
+    assert rel_err(y, y64.detach()) < 1e-5 and rel_err(dx, x64.grad) < 1e-5 and rel_err(dp, p64.grad) < 1e-5
+    assert torch.all(dp[:, -3 * 32 if depth else -3 * 9:] == 0)  # tcnn's padded output rows: no gradient
+
+
+def test_inference_and_nan_rules_match_the_kernels(tuned):
+    """Inference (no kept activations) equals the training forward; a NaN input gives NaN outputs, and
+    ReLU passes the gradient where its output is NaN, as the kernels (and torch's threshold_backward) do."""
+    tuned(dense_single_network=True)
+    dev = tinn.runtime.device()
+    cfg = {"n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU", "output_activation": "None"}
+    net = NetworkArray(3, 2, cfg, seed=5)
+    ref = NetworkArray(3, 2, cfg, seed=5, kernels="unfused")
+    x = torch.rand(64, 3, generator=torch.Generator().manual_seed(2)).to(dev)
+    x[5, 1] = float("nan")
+    with tinn.checks.disabled():  # (the input checks refuse a NaN; one can still arise inside a network)
+        with torch.no_grad():
+            inferred = net(x, None)
+        y, dx, dp = run(net, x, torch.ones(64, 2, device=dev))
+        y2, dx2, dp2 = run(ref, x, torch.ones(64, 2, device=dev))
+    assert torch.equal(torch.isnan(y), torch.isnan(y2)) and bool(torch.isnan(y[5]).all())
+    assert torch.equal(torch.isnan(dx), torch.isnan(dx2)) and torch.equal(torch.isnan(dp), torch.isnan(dp2))
+    finite = ~torch.isnan(y).any(dim=1)
+    assert torch.allclose(inferred[finite], y[finite], rtol=1e-6, atol=1e-7)
+    assert torch.allclose(y[finite], y2[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("setting,n_networks,kernels,deterministic,expected", [
+    (None, 1, "auto", False, CPU),      # the default: on the CPU only
+    (True, 1, "auto", False, True),
+    (False, 1, "auto", False, False),
+    (True, 4, "auto", False, False),    # an array: Taichi's kernels route samples to networks
+    (True, 1, "unfused", False, False),  # asked for Taichi's kernels
+    (True, 1, "auto", True, False),     # deterministic mode: the kernels' fixed summation order
+])
+def test_when_the_dense_path_is_chosen(setting, n_networks, kernels, deterministic, expected, tuned):
+    tuned(dense_single_network=setting, deterministic=deterministic)
+    net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1, "activation": "Sine"}, n_networks=n_networks,
+                       kernels=kernels)
+    assert net.dense == expected
