@@ -225,13 +225,16 @@ def test_4d_hash_matches_reference_entries():
 # ---------------------------------------------------------------------------------------------------------
 # Forward / backward / double backward against the reference
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("lanes", [True, False], ids=["feature-lanes", "sample-threads"])
+@pytest.mark.parametrize("lanes,level_tasks", [(True, False), (False, False), (False, True)],
+                         ids=["feature-lanes", "sample-threads", "level-tasks"])
 @pytest.mark.parametrize("n_dims,kw,n_networks", CONFIGS, ids=IDS)
-def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, tuned):
-    # Both kernel families: one thread per (level, sample, feature) and one per (level, sample).
-    tuned(grid_feature_lanes=lanes)
+def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, level_tasks, tuned):
+    # Every kernel family of the table gradient: one thread per (level, sample, feature), one per (level,
+    # sample), and on the CPU one task per level walking the samples without atomics.
+    tuned(grid_feature_lanes=lanes, grid_level_tasks=level_tasks)
     enc = make(n_dims, n_networks, **kw)
     assert enc.feature_lanes is lanes
+    assert enc.level_tasks is (level_tasks and tinn.runtime.arch() == "cpu")
     x, ids = inputs(enc, 96)
     xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)
@@ -255,6 +258,32 @@ def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, tun
     else:
         assert_close(x.grad, xr.grad, rtol=1e-4, atol_frac=1e-4, what="d/dx")
         assert x.grad.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("setting,threads_per_level,expected", [
+    (None, "few", True), (None, "many", False), (True, "many", True), (False, "few", False)])
+def test_level_tasks_where_no_thread_idles(setting, threads_per_level, expected, tuned, monkeypatch):
+    """By default the CPU takes one task per level when it runs no more threads than the grid has levels;
+    the setting forces either way; on CUDA never (a level per thread would leave the GPU idle)."""
+    tuned(grid_level_tasks=setting)
+    monkeypatch.setattr(tinn.runtime, "cpu_threads", lambda: 4 if threads_per_level == "few" else 64)
+    enc = make(2, 1, n_levels=8, n_features_per_level=2, log2_hashmap_size=10)
+    assert enc.level_tasks is (expected and tinn.runtime.arch() == "cpu")
+
+
+def test_level_tasks_sum_in_a_fixed_order(tuned):
+    """No atomics: the same batch gives bit-identical table gradients every time."""
+    tuned(grid_level_tasks=True)
+    enc = make(3, 2, n_levels=4, n_features_per_level=2, log2_hashmap_size=8)
+    x, ids = inputs(enc, 4000)
+    w = torch.randn(4000, 8, generator=torch.Generator().manual_seed(1)).to(DEV)
+    grads = []
+    for _ in range(3):
+        enc.params.grad = None
+        (enc(x, ids) * w).sum().backward()
+        grads.append(enc.params.grad.clone())
+    assert grads[0].abs().sum() > 0
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
 
 
 SECOND_ORDER = [CONFIGS[0], CONFIGS[1], CONFIGS[4]]

@@ -90,6 +90,13 @@ def settings() -> Settings:
     return settings_module.current()
 
 
+def cpu_threads() -> int:
+    """Threads the backend runs a CPU kernel's parallel loop on."""
+    require_init()
+    cfg = _backend.ti.lang.impl.current_cfg()
+    return int(getattr(cfg, "cpu_max_num_threads", 0) or os.cpu_count() or 1)
+
+
 def device() -> torch.device:
     """The torch device whose tensors Taichi kernels use in place."""
     require_init()

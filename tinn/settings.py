@@ -20,6 +20,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
+| grid_level_tasks | None | on the CPU, the grid's table gradient as one task per level without atomics; None = where the CPU runs no more threads than the grid has levels |
 | grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
@@ -55,6 +56,7 @@ class Settings:
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     grid_feature_lanes: bool | None = None
+    grid_level_tasks: bool | None = None
     fast_launch: bool = True
     gpu_max_reg: int = 0
     collective_timeout_s: int = 300

@@ -125,6 +125,11 @@ class GridEncoding(Encoding):
         if feature_lanes is None:
             feature_lanes = runtime.settings().grid_feature_lanes
         self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
+        # The CPU's table gradient: one task per level, no atomics (`grid_backward_levels`), where that
+        # leaves no thread idle.
+        level_tasks = runtime.settings().grid_level_tasks
+        self.level_tasks = runtime.arch() == "cpu" and (runtime.cpu_threads() <= n_levels if level_tasks is None
+                                                        else bool(level_tasks))
 
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
@@ -347,6 +352,9 @@ class GridEncoding(Encoding):
                                gtype, n_shared, lo):
         """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
         is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
+        if want_params and not want_x and self.level_tasks:
+            K.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype, self.n_input_dims, lo)
+            return
         if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
             # in one launch with the coarse levels of a single grid, which are summed per block in shared

@@ -299,6 +299,41 @@ def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: 
         _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo)
 
 
+@fast_kernel
+@ti.kernel
+def grid_backward_levels(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
+                         dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(),
+                         net_lo: ti.i32):
+    """dL/dparams (+=) of every level, one task per level walking all samples in order: for CPUs with no
+    more threads than the grid has levels. Levels own disjoint table columns, so no two tasks write one
+    word and the adds need no atomics (on the CPU a float atomic is a compare-and-swap loop). No input
+    gradient (`grid_backward` does both); the sum over samples has a fixed order."""
+    ti.loop_config(block_dim=1)  # one level per task
+    for level in range(meta.shape[0] - 1):
+        scale = ti.bit_cast(meta[level, 3], ti.f32)
+        res, size = meta[level, 1], meta[level, 2]
+        base = param_offset + meta[level, 0] * F
+        col = level * F
+        for b in range(x.shape[0]):
+            net = net_ids[b] - net_lo
+            if in_chunk(net, dparams):
+                cell, frac = _lattice(x, b, scale, D)
+                if interp == NEAREST:
+                    e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    for f in ti.static(range(F)):
+                        g = dy_t[col + f, b]
+                        if g != 0.0:
+                            dparams[net, e + f] = dparams[net, e + f] + g
+                else:
+                    s, ds, dds = _smooth(frac, interp, D)
+                    idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
+                    for f in ti.static(range(F)):
+                        g = dy_t[col + f, b]
+                        if g != 0.0:
+                            for c in ti.static(range(1 << D)):
+                                dparams[net, idx[c] + f] = dparams[net, idx[c] + f] + w[c] * g
+
+
 SHARED_BLOCK = 256
 SHARED_FLOATS = 12288   # 48 KB, the static shared-memory limit per block
 SHARED_CHUNK = 4096     # samples per block: the flush of a whole level is paid once per this many
