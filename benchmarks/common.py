@@ -29,6 +29,20 @@ def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
     return statistics.median(times)
 
 
+def time_pipelined(fn, warmup: int = 2, steps: int = 10) -> float:
+    """Mean wall time in seconds of fn() over `steps` calls issued back to back with one device sync at the
+    end, as a training loop runs: the host's work for a call overlaps the device's work for the one before,
+    where `time_fn` (a sync around each call) counts the host's lead-in of every call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
 def peak_memory_reset() -> None:
     """Start a peak-memory window: unreachable objects of earlier cases (reference cycles that Python's
     collector has not reached yet) are freed first, so they do not count towards this case's peak, and the
