@@ -1,0 +1,17 @@
+"""benchmarks/bench_mlp_array.py at toy size: both timings of every training step, and ratios made from them."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench_mlp_array  # noqa: E402
+
+
+def test_a_case_reports_synced_and_pipelined_steps():
+    row = bench_mlp_array.bench_case(4, 10, 16, 8, 3, 1, "ragged", reps=2, skip_torch=False, vmap=False)
+    for prefix in ("tinn", "torch"):
+        assert row[f"{prefix}_train_ms"] > 0 and row[f"{prefix}_train_pipelined_ms"] > 0
+    assert row["train_speedup"] == pytest.approx(row["torch_train_ms"] / row["tinn_train_ms"])
+    assert row["train_speedup_pipelined"] == pytest.approx(row["torch_train_pipelined_ms"]
+                                                           / row["tinn_train_pipelined_ms"])
