@@ -171,3 +171,22 @@ def test_weight_gradient_prefetch_by_features(n_in, width, n_out, step_of_32, tu
     assert (FK.GRAD_ROWS + f) * step // FK.BLOCK <= FK.GRAD_PREFETCH_REGISTERS
     tuned(fused_grad_step=32, fused_grad_prefetch=False)
     assert not FK.grad_prefetch(f) and FK.grad_step(f) == 32  # the plain loop keeps the configured step
+
+
+@pytest.mark.parametrize("n_networks,batch", [(1, 3000), (7, 1000), (64, 300), (500, 3000), (16, 0), (3, 5)])
+def test_fused_routing_equals_one_routing_per_size(n_networks, batch):
+    """All sizes at once give what `route_bounded` gives size by size: same tiles, same padding, each
+    size's arrays contiguous (the kernels' lean launch takes contiguous tensors only)."""
+    gen = torch.Generator().manual_seed(n_networks + batch)
+    w = torch.rand(n_networks, generator=gen) ** 3
+    w[::3] = 0.0 if n_networks > 2 else 1.0
+    ids = torch.multinomial(w, batch, replacement=True, generator=gen) if batch else torch.zeros(0, dtype=torch.long)
+    ids = ids.to(DEV, torch.int32)
+    sizes = (64, 2048, 32)
+    fused = routing.route_fused(ids, n_networks, sizes)
+    for size, r in zip(sizes, fused):
+        one = route_bounded(ids, n_networks, size)
+        for name in ("order", "tile_net", "tile_start", "tile_count"):
+            a, b = getattr(r, name), getattr(one, name)
+            assert a.dtype == b.dtype == torch.int32 and a.is_contiguous(), name
+            assert torch.equal(a, b), (size, name)

@@ -1,0 +1,64 @@
+"""Host cost of routing a training step: `route_fused` (all tile sizes at once) against one
+`route_bounded` per size after one sort, in wall time per call and top-level torch ops (each op is a
+kernel launch on a GPU, paid by the host before the step's kernels start).
+
+    python benchmarks/tools/routing_cost.py [--arch cpu|cuda]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import tinn  # noqa: E402
+
+
+def per_size(routing, ids, n, sizes):
+    presorted = routing.sort_by_network(ids, n)
+    return tuple(routing.route_bounded(ids, n, size, presorted) for size in sizes)
+
+
+def top_level_ops(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def best_us(fn, calls: int = 50, rounds: int = 5) -> float:
+    for _ in range(5):
+        fn()
+    tinn.runtime.sync()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        tinn.runtime.sync()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default=None)
+    args = p.parse_args(argv)
+    arch = tinn.init(args.arch)
+    from tinn import routing
+    dev = tinn.runtime.device()
+    sizes = (64, 2048, 32)  # forward tiles, weight-gradient chunks, backward-deltas tiles
+    print(f"routing, {arch}, tile sizes {sizes}")
+    print(f"{'networks':>8s} {'batch':>8s} | {'per size us':>11s} {'ops':>4s} | {'fused us':>8s} {'ops':>4s}")
+    for n, log2 in ((64, 12), (4096, 12), (64, 16), (4096, 22)):
+        if log2 > 16 and arch != "cuda":
+            continue
+        ids = torch.randint(0, n, (1 << log2,), dtype=torch.int32, device=dev)
+        a = (best_us(lambda: per_size(routing, ids, n, sizes)), top_level_ops(lambda: per_size(routing, ids, n, sizes)))
+        b = (best_us(lambda: routing.route_fused(ids, n, sizes)), top_level_ops(lambda: routing.route_fused(ids, n, sizes)))
+        print(f"{n:8d} {1 << log2:8d} | {a[0]:11.0f} {a[1]:4d} | {b[0]:8.0f} {b[1]:4d}")
+
+
+if __name__ == "__main__":
+    main()
