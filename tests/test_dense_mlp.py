@@ -52,12 +52,14 @@ def test_dense_matches_float64_and_the_unfused_kernels(hidden, output, depth, tu
     assert torch.all(dp[:, -3 * 32 if depth else -3 * 9:] == 0)  # tcnn's padded output rows: no gradient
 
 
-def test_inference_and_nan_rules_match_the_kernels(tuned):
-    """Inference (no kept activations) equals the training forward; a NaN input gives NaN outputs, and
-    ReLU passes the gradient where its output is NaN, as the kernels (and torch's threshold_backward) do."""
+@pytest.mark.parametrize("depth", [2, 3])
+def test_inference_and_nan_rules_match_the_kernels(depth, tuned):
+    """Inference (hidden layers taking turns in two buffers) equals the training forward; a NaN input gives
+    NaN outputs, and ReLU passes the gradient where its output is NaN, as the kernels (and torch's
+    threshold_backward) do."""
     tuned(dense_single_network=True)
     dev = tinn.runtime.device()
-    cfg = {"n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU", "output_activation": "None"}
+    cfg = {"n_neurons": 16, "n_hidden_layers": depth, "activation": "ReLU", "output_activation": "None"}
     net = NetworkArray(3, 2, cfg, seed=5)
     ref = NetworkArray(3, 2, cfg, seed=5, kernels="unfused")
     x = torch.rand(64, 3, generator=torch.Generator().manual_seed(2)).to(dev)

@@ -89,12 +89,13 @@ def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
 def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor, pre: torch.Tensor,
             out: torch.Tensor, keep_all: bool, keep_pre: bool) -> None:
     """What `mlp_array.forward` writes for one network: out (batch, n_out); with keep_all every hidden
-    layer's output in acts[l] (features, batch); with keep_pre every layer's pre-activation in pre[l]."""
+    layer's output in acts[l] (features, batch), else the hidden layers take turns in acts' two slots;
+    with keep_pre every layer's pre-activation in pre[l]."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     h = x.t()  # (n_in, batch), a view
     for l, w in enumerate(mats[:-1]):
-        z = acts[l] if keep_all else torch.empty(w.shape[0], x.shape[0], dtype=x.dtype, device=x.device)
+        z = acts[l if keep_all else l % acts.shape[0]]  # inference: the kernels' two ping-pong slots
         torch.mm(w, h, out=z)
         if keep_pre:
             pre[l, :w.shape[0]].copy_(z)

@@ -86,36 +86,22 @@ def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int,
     and marking the unused tail with count 0 keeps the whole routing on the
     device (no `int(...)` sync before the launch).
     """
-    batch = net_ids.shape[0]
-    dev = net_ids.device
-    i32 = torch.int32
-    order, counts = presorted if presorted is not None else sort_by_network(net_ids, n_networks)
-    seg_end = torch.cumsum(counts, 0)
-    seg_start = seg_end - counts
-    tiles_per_net = (counts + tile_size - 1) // tile_size
-    last_tile = torch.cumsum(tiles_per_net, 0)          # inclusive: tiles of networks 0..n
-    n_max = batch // tile_size + min(n_networks, batch) + 1
-    t = torch.arange(n_max, device=dev)
-    net = torch.searchsorted(last_tile, t, right=True)  # == n_networks past the last real tile
-    valid = net < n_networks
-    net = torch.clamp(net, max=n_networks - 1)
-    k = t - (last_tile[net] - tiles_per_net[net])
-    start = seg_start[net] + k * tile_size
-    count = torch.clamp(torch.minimum(seg_end[net] - start, torch.full_like(start, tile_size)), min=0)
-    count = torch.where(valid, count, torch.zeros_like(count))
-    return TileRouting(order, net.to(i32), torch.clamp(start, 0, max(batch - 1, 0)).to(i32), count.to(i32))
+    sorted_ids = presorted if presorted is not None else sort_by_network(net_ids, n_networks)
+    return _tiles(*sorted_ids, net_ids.shape[0], n_networks, (tile_size,))[0]
 
 
 def route_fused(net_ids: torch.Tensor, n_networks: int, tile_sizes: tuple[int, ...]) -> tuple[TileRouting, ...]:
-    """One sort, tiles of each size: the forward's tiles and the backward's chunks line up by sorted position.
+    """One sort, tiles of each size: the forward's tiles and the backward's chunks line up by sorted position."""
+    return _tiles(*sort_by_network(net_ids, n_networks), net_ids.shape[0], n_networks, tile_sizes)
 
-    What `route_bounded` gives for each size, computed for all sizes at once as (sizes, tiles) tensors, each
-    size's tiles then a row prefix (contiguous): a training step routes with about half the torch ops, and
-    on a GPU every op is a launch the host pays for before the step's kernels can start."""
-    batch = net_ids.shape[0]
-    dev = net_ids.device
+
+def _tiles(order: torch.Tensor, counts: torch.Tensor, batch: int, n_networks: int,
+           tile_sizes: tuple[int, ...]) -> tuple[TileRouting, ...]:
+    """`route_bounded`'s tiles for every size at once, as (sizes, tiles) tensors whose rows are then each
+    size's tiles (a row prefix, contiguous): a training step's sizes cost one batch of torch ops, and on a
+    GPU every op is a launch the host pays for before the step's kernels can start."""
+    dev = counts.device
     i32 = torch.int32
-    order, counts = sort_by_network(net_ids, n_networks)
     sizes = torch.tensor(tile_sizes, dtype=torch.int64, device=dev)[:, None]          # (S, 1)
     n_max = [batch // size + min(n_networks, batch) + 1 for size in tile_sizes]
     seg_end = torch.cumsum(counts, 0)

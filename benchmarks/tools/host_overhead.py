@@ -18,7 +18,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
@@ -27,7 +26,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402
 from bench_torch_path import torch_adam  # noqa: E402
-from common import print_table, write_json  # noqa: E402
+from common import host_ms_per_step, print_table, write_json  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,17 +68,6 @@ def paths(config: dict, batch: int) -> dict:
             "tinn.torch forward, loss, backward": torch_backward, "tinn.torch step with torch Adam": torch_step}
 
 
-def host_us(fn, steps: int, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / steps)
-        tinn.runtime.sync()  # between blocks only: the GPU must not fall a whole block behind
-    return best * 1e6
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     arch = tinn.init(args.arch)
@@ -100,11 +88,11 @@ def main(argv=None) -> dict:
 
     rows = []
     for name, fn in runs.items():
-        row = {"path": name, "host_us": host_us(fn, args.steps, args.reps)}
+        row = {"path": name, "host_us": 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)}
         launch.FastKernel.__call__ = no_op
         launches.clear()
         try:
-            row["no_kernels_us"] = host_us(fn, args.steps, args.reps)
+            row["no_kernels_us"] = 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)
         finally:
             launch.FastKernel.__call__ = real_call
         row["launches"] = sum(launches.values()) / (args.steps * args.reps)

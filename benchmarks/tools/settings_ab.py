@@ -30,7 +30,7 @@ def tag(setting: str) -> str:
 
 
 def run(cmd: list[str], setting: str, log: str, timeout: float) -> int:
-    env = dict(os.environ, TINN_SETTINGS="" if setting == "default" else setting.replace(";", ","))
+    env = dict(os.environ, TINN_SETTINGS="" if setting == "default" else setting)
     with open(log, "w") as f:
         try:
             return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
