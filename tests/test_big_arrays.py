@@ -93,7 +93,7 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     from tinn.routing import route_fused
 
     calls = {}
-    for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -1), ("weight_gradients", 8, -1)):
+    for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -5), ("weight_gradients", 8, -1)):
         monkeypatch.setattr(FK, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
             (a[s].data_ptr(), a[s].shape[0], a[l])))(name, slot, lo_slot))
     params = torch.zeros(7, 100, device=DEV)

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import tinn
+from tinn.losses import LOSSES, Loss
 from tinn.networks import NetworkArray
 
 from reference import mlp_array, rel_err
@@ -155,3 +156,40 @@ def test_inference_encodes_frequencies_inside_the_fused_kernel(n_dims, n_frequen
     with torch.no_grad():
         chunked = model(x, ids)
     assert rel_err(chunked, separate) < 1e-5
+
+
+@pytest.mark.parametrize("otype", list(LOSSES))
+def test_loss_inside_the_deltas_kernel_matches_float64(otype):
+    """`backward_from_loss` on the fused kernels: the deltas kernel computes the loss's gradient from the output
+    and target (and per-warp sums of its values); against the loss kernel followed by `backward`, and float64."""
+    from test_losses import _value64
+    dims = 6 if otype == "RelativeL2Luminance" else 4
+    positive = otype in ("CrossEntropy", "Variance")  # PDF-valued predictions
+    out_act = "Softplus" if positive else "Sigmoid"
+    cfg = {"n_neurons": 16, "n_hidden_layers": 1, "output_activation": out_act}
+    net = NetworkArray(5, dims, cfg, n_networks=7, seed=3)
+    assert net.fuses_loss()
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(len(otype))
+    batch = 3001
+    x = torch.rand(batch, 5, generator=gen).to(dev)
+    ids = torch.multinomial(torch.rand(7, generator=gen) + 0.1, batch, replacement=True, generator=gen)
+    ids = ids.to(torch.int32).to(dev)
+    t = (torch.rand(batch, dims, generator=gen) + (0.1 if positive else -0.5)).to(dev)
+    loss = Loss(otype)
+
+    y, ctx = net.forward_ctx(x, ids, train=True)
+    dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
+    y2, ctx2 = net.forward_ctx(x, ids, train=True)
+    result = loss.evaluate(y2, t)
+    dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
+    assert abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))
+    assert rel_err(dp, dp2) < 1e-5 and rel_err(dx, dx2) < 1e-5
+
+    p64 = net.params.detach().double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, ids, "ReLU", out_act)
+    v64 = _value64(otype, y64, t.double(), torch.ones_like(y64)).mean()
+    v64.backward()
+    assert abs(float(value) - float(v64)) <= 1e-4 * abs(float(v64))
+    assert rel_err(dp, p64.grad) < TOL and rel_err(dx, x64.grad) < TOL

@@ -83,6 +83,46 @@ def test_trainer_contract_step_equals_autograd(kind, n_networks, monkeypatch):
         same(p.grad, q.grad, name)
 
 
+@pytest.mark.parametrize("kind", ["grid", "network"])
+def test_backward_from_loss_equals_loss_then_backward(kind):
+    """The contract's loss-seeded backward (what the Trainer calls where a part fuses the loss) gives the loss
+    kernel's value and the same gradients as its gradient handed to `backward`."""
+    model = make(kind, 3)
+    x, t, ids = batch(model, 3, 0)
+    ids = ids.int()
+    loss = tinn.losses.create_loss({"otype": "RelativeL2"})
+    y, ctx = model.forward_ctx(x, ids, train=True)
+    dx, grads, value = model.backward_from_loss(ctx, y, loss, t, need_dx=True)
+    y2, ctx2 = model.forward_ctx(x, ids, train=True)
+    result = loss.evaluate(y2, t)
+    dx2, grads2 = model.backward(ctx2, result.grad, need_dx=True)
+    same(value, result.value, "loss")
+    same(dx, dx2, "dx")
+    for g, g2 in zip(grads, grads2):
+        same(g, g2, "grads")
+    with pytest.raises(tinn.InputError, match="target"):
+        model.backward_from_loss(ctx, y, loss, t[:, :2], need_dx=False)
+
+
+def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monkeypatch):
+    """Where `fuses_loss()` (the fused MLP on CUDA) the Trainer hands the loss to the backward; its losses and
+    gradients are those of the loss-then-gradient step (here on whatever path the machine runs)."""
+    calls = []
+    real = NetworkWithInputEncoding.backward_from_loss
+    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: True)
+    monkeypatch.setattr(NetworkWithInputEncoding, "backward_from_loss",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    seeded, seeded_losses = train(make("grid", 2), True, steps=2, n_networks=2)
+    assert len(calls) == 2
+    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: False)
+    plain, plain_losses = train(make("grid", 2), True, steps=2, n_networks=2)
+    assert len(calls) == 2
+    for a, b in zip(seeded_losses, plain_losses):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    for (name, p), (_, q) in zip(seeded.model.named_parameters(), plain.model.named_parameters()):
+        same(p, q, name)
+
+
 def test_contract_path_really_runs_without_autograd(monkeypatch):
     """The contract step builds no autograd graph: the generic Function is never applied."""
     from tinn import part

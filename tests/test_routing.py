@@ -106,12 +106,13 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    # (..., TS, F, x_fm, freq, KC, RW, pad, group, net_lo) and (..., TS, F, x_fm, KC, RW, group, net_lo): tile
-    # sizes, staged weight rows, no resident weights and so one tile per block
+    # (..., TS, F, x_fm, freq, KC, RW, pad, group, net_lo) and (..., TS, F, x_fm, KC, RW, group, net_lo, target,
+    # loss_parts, inv_n, LOSS): tile sizes, staged weight rows, no resident weights and so one tile per block,
+    # dy given (no loss)
     assert int(fwd_counts.max()) == 64 and seen["forward"][-9] == 64 and seen["forward"][-5] == 16
     assert seen["forward"][-4] == 0 and seen["forward"][-2] == 1
-    assert int(deltas_counts.max()) == 32 and seen["deltas"][-7] == 32 and seen["deltas"][-4] == 8
-    assert seen["deltas"][-3] == 0 and seen["deltas"][-2] == 1
+    assert int(deltas_counts.max()) == 32 and seen["deltas"][-11] == 32 and seen["deltas"][-8] == 8
+    assert seen["deltas"][-7] == 0 and seen["deltas"][-6] == 1 and seen["deltas"][-1] == -1
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
         assert int(counts.sum()) == 3000

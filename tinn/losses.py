@@ -52,7 +52,8 @@ class LossResult:
     per_network: torch.Tensor | None = None  # (n_networks,) mean loss of each network's samples (0 if none)
 
 
-def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=None) -> LossResult:
+def checked_pair(kind: int, pred, target) -> tuple[torch.Tensor, torch.Tensor]:
+    """pred and target validated for loss `kind`: float32 on tinn's device, the same shape, detached."""
     runtime.require_init()
     pred = checks.float_input("pred", pred.detach(), None)
     target = checks.float_input("target", target.detach(), pred.shape[1])
@@ -60,6 +61,11 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
         raise InputError(f"target has batch size {target.shape[0]}; expected {pred.shape[0]} to match pred")
     if kind == K.RELATIVE_L2_LUMINANCE and pred.shape[1] < 3:
         raise InputError(f"RelativeL2Luminance needs RGB predictions (dims >= 3), got {pred.shape[1]} dims")
+    return pred, target
+
+
+def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=None) -> LossResult:
+    pred, target = checked_pair(kind, pred, target)
     use_pdf = data_pdf is not None
     pdf = checks.float_input("data_pdf", data_pdf.detach(), pred.shape[1]) if use_pdf else pred
     if use_pdf and pdf.shape[0] != pred.shape[0]:

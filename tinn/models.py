@@ -116,12 +116,28 @@ class NetworkWithInputEncoding(Part):
                 fuses(x.shape[1], self.encoding.n_frequencies))
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        enc_tables = self.encoding.tables()
-        train_encoding = need_grads and any(t is not None and t.requires_grad for t in enc_tables)
-        need_dh = need_dx or train_encoding
+        need_dh, train_encoding = self._needs(need_dx, need_grads)
         dh, net_grads = self.network.backward(ctx.network, dy, need_dx=need_dh, need_grads=need_grads)
-        if not need_dh:
-            return None, (None,) * len(enc_tables) + net_grads
+        return self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
+
+    def fuses_loss(self) -> bool:
+        return self.network.fuses_loss()
+
+    def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
+        """The network's backward takes the loss (the fused MLP computes its gradient in its own kernel)."""
+        need_dh, train_encoding = self._needs(need_dx, need_grads)
+        dh, net_grads, value = self.network.backward_from_loss(ctx.network, y, loss, target, need_dx=need_dh,
+                                                               need_grads=need_grads)
+        return (*self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding), value)
+
+    def _needs(self, need_dx, need_grads) -> tuple[bool, bool]:
+        """(whether the network's input gradient is needed, whether the encoding trains)."""
+        train_encoding = need_grads and any(t is not None and t.requires_grad for t in self.encoding.tables())
+        return need_dx or train_encoding, train_encoding
+
+    def _encoding_backward(self, ctx, dh, net_grads, need_dx, train_encoding):
+        if dh is None:
+            return None, (None,) * len(self.encoding.tables()) + net_grads
         dx, enc_grads = self.encoding.backward(ctx.encoding, dh, need_dx=need_dx, need_grads=train_encoding)
         return dx, tuple(enc_grads) + net_grads
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import chunks, dense_mlp, memory, runtime, second_order
+from . import chunks, dense_mlp, losses, memory, runtime, second_order
 from .activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -241,6 +241,22 @@ class NetworkArray(Part):
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
+    def fuses_loss(self) -> bool:
+        return self.fused and runtime.settings().fused_loss
+
+    def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
+        """On the fused kernels the deltas kernel computes the loss's gradient (and per-warp sums of its values)
+        as it reads the output, so the loss kernel's pass over outputs and targets does not run."""
+        kind = getattr(loss, "kind", None)
+        if not self.fused or kind is None or y.shape[0] == 0:
+            return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        y, target = losses.checked_pair(kind, y, target)
+        tiles = ctx.routing[1]
+        parts = torch.zeros(tiles.tile_net.shape[0] * FK.WARPS, device=y.device)
+        dx, dparams = self._backward(y, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
+                                     need_grads, ctx.x_fm, loss=(kind, target, parts))
+        return self._unpadded(dx, ctx.x_fm), (dparams,), parts.sum() / y.numel()
+
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer passes the index limit."""
         hidden, rows = self.n_layers - 1, max(self.width, self.n_output_dims)
@@ -336,7 +352,8 @@ class NetworkArray(Part):
         return out, acts, pre, routing
 
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting],
-                  want_dx: bool, want_params: bool, x_feature_major: bool):
+                  want_dx: bool, want_params: bool, x_feature_major: bool, loss=None):
+        """`loss` (fused kernels only): see mlp_fused.run_backward_deltas; dy is then not read."""
         batch = ids.shape[0]
         dev = x.device
         dx_shape = (self.kernel_inputs, batch) if x_feature_major else (batch, self.kernel_inputs)
@@ -354,7 +371,7 @@ class NetworkArray(Part):
         if self.fused:
             grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
-                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major)
+                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
                                       dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)

@@ -5,6 +5,7 @@ its parameter tables, evaluated per sample for the network the sample's id names
 
     y, ctx = part.forward_ctx(x, ids, train=True, x_layout=..., y_layout=...)
     dx, grads = part.backward(ctx, dy, need_dx=..., grads=...)
+    dx, grads, value = part.backward_from_loss(ctx, y, loss, target, need_dx=...)   # seeded by a tinn loss
     d_dy, d_x, d_tables = part.backward_backward(ctx, dy, ddx, ...)   # optional (second order)
 
 `x`, `dy` and `ids` reach these methods validated, contiguous and detached; `ids` is an int32 tensor
@@ -126,6 +127,21 @@ class Part(torch.nn.Module):
     def backward(self, ctx: Context, dy: torch.Tensor, *, need_dx: bool, need_grads: bool = True,
                  grads: tuple | None = None) -> tuple[torch.Tensor | None, tuple]:
         raise NotImplementedError
+
+    def fuses_loss(self) -> bool:
+        """Whether `backward_from_loss` computes the loss inside the backward's kernels (then the Trainer seeds
+        the backward with the loss rather than its gradient)."""
+        return False
+
+    def backward_from_loss(self, ctx: Context, y: torch.Tensor, loss, target: torch.Tensor, *, need_dx: bool,
+                           need_grads: bool = True) -> tuple[torch.Tensor | None, tuple, torch.Tensor]:
+        """`backward` seeded by a loss of the output instead of its gradient: `loss` (a tinn `Loss`) of `y`, the
+        output `forward_ctx` returned, against `target`, the mean over every element. Returns dx, the grads
+        and the mean loss (0-d). Here the loss kernel runs first; a part whose kernels compute the loss's
+        gradient where they first read the output (the fused MLP) overrides it and saves that pass."""
+        result = loss.evaluate(y, target)
+        dx, grads = self.backward(ctx, result.grad, need_dx=need_dx, need_grads=need_grads)
+        return dx, grads, result.value
 
     def backward_backward(self, ctx: Context, dy: torch.Tensor, ddx: torch.Tensor | None, *, need_ddy: bool,
                           need_dx: bool, need_dtables: bool) -> tuple[torch.Tensor | None, torch.Tensor | None,

@@ -18,6 +18,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
 | fused_resident_weights | "auto" | which fused GEMM kernels keep every layer's weights in shared memory for all the tiles a block runs of one network (staged once per network, not once per tile and layer; where they fit next to the tile, else `fused_staged_weights` applies): "none", "forward", "backward", "both", or "auto" (the forward of arrays of several networks) |
 | fused_tiles_per_block | 0 | tiles one block of the fused forward and deltas kernels runs in turn (with resident weights); 0 = by the tile count, enough blocks to fill the GPU |
+| fused_loss | True | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel, no gradient buffer) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
@@ -55,6 +56,7 @@ class Settings:
     fused_staged_weights: str = "auto"
     fused_resident_weights: str = "auto"
     fused_tiles_per_block: int = 0
+    fused_loss: bool = True
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     vendor_weight_gradients: bool = True

@@ -20,7 +20,7 @@ import torch
 from . import checkpoint, checks, runtime
 from .config import Section
 from .errors import InputError
-from .losses import LossResult, create_loss
+from .losses import Loss, LossResult, create_loss
 from .models import NetworkWithInputEncoding
 from .optimizers import create_optimizer
 from .part import Part, has_hooks
@@ -144,9 +144,16 @@ class Trainer(LearningRateOf):
             if self._uses_contract(x.shape[0]):
                 model = self.model
                 pred, ctx = model.forward_ctx(x, ids, train=True)
-                result = _loss_result(self.loss, pred, t, **kwargs)
-                del pred  # its memory is reused by the backward where the model's context does not keep it
-                _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
+                if isinstance(self.loss, Loss) and not track and model.fuses_loss():
+                    # The model's backward takes the loss itself: the fused MLP computes its gradient where
+                    # its kernel first reads the outputs (Part.backward_from_loss).
+                    _, grads, value = model.backward_from_loss(ctx, pred, self.loss, t, need_dx=False)
+                    del pred
+                    result = LossResult(value, None)
+                else:
+                    result = _loss_result(self.loss, pred, t, **kwargs)
+                    del pred  # its memory is reused by the backward where the model's context does not keep it
+                    _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
                 for table, grad in zip(model.tables(), grads):
                     if table is not None and table.requires_grad and grad is not None:
                         _accumulate_grad(table, grad)

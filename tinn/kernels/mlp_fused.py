@@ -43,9 +43,11 @@ from .basic_encodings import frequency_feature
 from ..settings import Settings
 from ..settings import current as tuning
 from . import activations as act
+from . import losses
 from .launch import fast_kernel
 from .mlp_array import MLPShape, in_chunk, layer_shapes
 
+f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -470,11 +472,17 @@ def backward_deltas(
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
     F: ti.template(), x_fm: ti.template(), KC: ti.template(), RW: ti.template(), group: ti.i32, net_lo: ti.i32,
+    target: f32_2d, loss_parts: f32_1d, inv_n: ti.f32, LOSS: ti.template(),
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
     dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC, RW and `group`
-    as in the forward."""
+    as in the forward.
+
+    LOSS >= 0 (a loss id of kernels/losses.py): dy is not read; the output's gradient is that loss's of `out`
+    against `target`, divided by the element count (inv_n = 1 / (batch * n_out)), and each warp writes the sum
+    of its elements' loss values to loss_parts[4 * tile + warp] (the loss kernel's pass over the outputs is
+    then not needed)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
     G = ti.static(0)
@@ -507,6 +515,7 @@ def backward_deltas(
                         stage_network(sh, W, params, net, n_in, width, n_out, n_layers, True, lowest, tid)
                         staged = net
                 # Output deltas: dy times the output activation's derivative (taken from the output).
+                part = 0.0
                 for j in range((TS * n_out + BLOCK - 1) // BLOCK):
                     idx = j * BLOCK + tid
                     s = idx // n_out
@@ -515,8 +524,20 @@ def backward_deltas(
                         v = 0.0
                         if s < count:
                             b = order[start + s]
-                            v = dy[b, o] * act.derivative(0.0, out[b, o], output_act)
+                            grad = 0.0
+                            if ti.static(LOSS >= 0):
+                                value, d_value = losses.element(LOSS, out, b, o, target[b, o], 1.0)
+                                part += value
+                                grad = d_value * inv_n
+                            else:
+                                grad = dy[b, o]
+                            v = grad * act.derivative(0.0, out[b, o], output_act)
                         sh[G + o * TSP + s] = v
+                if ti.static(LOSS >= 0):  # the warp's sum, in a fixed order
+                    for m in ti.static((16, 8, 4, 2, 1)):
+                        part += ti.simt.warp.shfl_down_f32(ti.u32(0xFFFFFFFF), part, m)
+                    if tid % 32 == 0:
+                        loss_parts[t * (BLOCK // 32) + tid // 32] = part
                 ti.simt.block.sync()
                 for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
                     idx = j * BLOCK + tid
@@ -747,14 +768,22 @@ def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, 
                 geometry.resident, pad, group, lo)
 
 
+WARPS = BLOCK // 32
+
+
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
-                        want_dx: bool, x_fm: bool):
+                        want_dx: bool, x_fm: bool, loss=None):
+    """`loss` = (loss id, target, loss_parts): the output's gradient from that loss (dy unused), its per-warp sums
+    into loss_parts, zeros of WARPS floats per tile (see backward_deltas)."""
     group = tiles_per_block(tiles.tile_net.shape[0], geometry.backward_resident)
+    kind, target, parts = loss if loss is not None else (-1, out, out[0, :1])
+    inv_n = 1.0 / max(1, out.shape[0] * out.shape[1])
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
                         dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm,
-                        geometry.backward_weight_rows, geometry.backward_resident, group, lo)
+                        geometry.backward_weight_rows, geometry.backward_resident, group, lo,
+                        target, parts, inv_n, kind)
 
 
 def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
