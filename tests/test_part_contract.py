@@ -112,15 +112,20 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
     monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: True)
     monkeypatch.setattr(NetworkWithInputEncoding, "backward_from_loss",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    seeded, seeded_losses = train(make("grid", 2), True, steps=2, n_networks=2)
-    assert len(calls) == 2
+    # On CUDA the float atomics' order differs run to run and Adam's normalisation magnifies it: one step,
+    # gradients compared without the optimizer (as test_trainer_contract_step_equals_autograd does)
+    cpu = tinn.runtime.arch() == "cpu"
+    steps = 2 if cpu else 1
+    seeded, seeded_losses = train(make("grid", 2), True, steps=steps, n_networks=2, run_optimizer=cpu)
+    assert len(calls) == steps
     monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: False)
-    plain, plain_losses = train(make("grid", 2), True, steps=2, n_networks=2)
-    assert len(calls) == 2
+    plain, plain_losses = train(make("grid", 2), True, steps=steps, n_networks=2, run_optimizer=cpu)
+    assert len(calls) == steps
     for a, b in zip(seeded_losses, plain_losses):
         assert abs(a - b) <= 1e-5 * abs(b)
     for (name, p), (_, q) in zip(seeded.model.named_parameters(), plain.model.named_parameters()):
         same(p, q, name)
+        same(p.grad, q.grad, name)
 
 
 def test_contract_path_really_runs_without_autograd(monkeypatch):
