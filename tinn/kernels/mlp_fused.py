@@ -391,6 +391,61 @@ def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), 
                 y[order[start + s], k] = sh[base + k * TSP + s]
 
 
+@ti.func
+def forward_tile(t, staged, sh: ti.template(), tid, lane_s, lane_o, x: ti.template(), order: ti.template(),
+                 tile_net: ti.template(), tile_start: ti.template(), tile_count: ti.template(), params: ti.template(),
+                 acts: ti.template(), out: ti.template(), n_in: ti.template(), width: ti.template(),
+                 n_out: ti.template(), n_layers: ti.template(), hidden_act: ti.template(), output_act: ti.template(),
+                 keep_all: ti.template(), TS: ti.template(), F: ti.template(), x_fm: ti.template(),
+                 freq: ti.template(), KC: ti.template(), RW: ti.template(), pad, net_lo):
+    """`forward`'s work on tile t; returns the network whose weights are resident after it (RW > 0: `staged`,
+    the one resident before, unless the tile is of another)."""
+    TSP = ti.static(TS + 1)
+    R = ti.static(TS // LANES_S)
+    A = ti.static(0)
+    W = ti.static(F * TSP)  # staged weights
+    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, False)[0])
+    U = ti.static(tuning().fused_unroll_forward)
+    resident = staged
+    count = tile_count[t]
+    net = tile_net[t] - net_lo
+    # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
+    if count > 0 and in_chunk(net, params):
+        start = tile_start[t]
+        if ti.static(RW > 0):
+            if net != resident:  # the last tile's final barrier has retired every read of the old weights
+                stage_network(sh, W, params, net, n_in, width, n_out, n_layers, False, 0, tid)
+                resident = net
+        load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
+        if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
+            ti.simt.block.sync()
+        for l in ti.static(range(n_layers)):
+            fan_in = ti.static(n_in if l == 0 else width)
+            fan_out = ti.static(n_out if l == n_layers - 1 else width)
+            C = ti.static((fan_out + LANES_O - 1) // LANES_O)
+            acc = ti.Matrix.zero(ti.f32, R, C)
+            if ti.static(RW > 0):
+                acc = tile_gemm(sh, A, params, net, 0, fan_in, fan_out, False, lane_s, lane_o, R, C, TSP,
+                                U, fan_in, W + bases[l], tid, True)
+            else:
+                acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
+                                lane_s, lane_o, R, C, TSP, U, KC, W, tid)
+            for r, c in ti.static(ti.ndrange(R, C)):
+                acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
+            ti.simt.block.sync()
+            store_block(sh, A, acc, lane_s, lane_o, fan_out, R, C, TSP)
+            if ti.static(keep_all and l < n_layers - 1):
+                for r, c in ti.static(ti.ndrange(R, C)):
+                    s = r * LANES_S + lane_s
+                    if s < count:
+                        acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
+            if ti.static(KC == 0 or l == n_layers - 1):
+                ti.simt.block.sync()
+        write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
+        ti.simt.block.sync()
+    return resident
+
+
 @fast_kernel
 @ti.kernel
 def forward(
@@ -406,62 +461,126 @@ def forward(
     many octaves, then the input padding `pad`) is the network's input (see `load_rows`). KC > 0: weights
     staged in shared memory, KC rows at a time (see tile_gemm). RW > 0: all layers' weights resident in
     shared memory (RW floats, `stage_network`), staged when a block's tile is of another network than its
-    last; each block runs `group` consecutive tiles."""
+    last; each block runs `group` consecutive tiles. Without resident weights a block runs one tile and no
+    loop: a loop around the tile's work was measured to cost registers the GEMMs need."""
     TSP = ti.static(TS + 1)
-    R = ti.static(TS // LANES_S)
-    A = ti.static(0)
-    W = ti.static(F * TSP)  # staged weights
-    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, False)[0])
-    U = ti.static(tuning().fused_unroll_forward)
     n_tiles = tile_net.shape[0]
     ti.loop_config(block_dim=BLOCK)
     for g in range((n_tiles + group - 1) // group * BLOCK):
         tid = g % BLOCK
-        lane_s = tid % LANES_S
-        lane_o = tid // LANES_S
         sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1) + RW,), ti.f32)
-        staged = -1
-        for q in range(group):
-            t = g // BLOCK * group + q
-            count = 0
-            net = 0
-            if t < n_tiles:
-                count = tile_count[t]
-                net = tile_net[t] - net_lo
-            # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
-            if count > 0 and in_chunk(net, params):
-                start = tile_start[t]
-                if ti.static(RW > 0):
-                    if net != staged:  # the last tile's final barrier has retired every read of the old weights
-                        stage_network(sh, W, params, net, n_in, width, n_out, n_layers, False, 0, tid)
-                        staged = net
-                load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
-                if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
-                    ti.simt.block.sync()
-                for l in ti.static(range(n_layers)):
-                    fan_in = ti.static(n_in if l == 0 else width)
-                    fan_out = ti.static(n_out if l == n_layers - 1 else width)
-                    C = ti.static((fan_out + LANES_O - 1) // LANES_O)
-                    acc = ti.Matrix.zero(ti.f32, R, C)
-                    if ti.static(RW > 0):
-                        acc = tile_gemm(sh, A, params, net, 0, fan_in, fan_out, False, lane_s, lane_o, R, C, TSP,
-                                        U, fan_in, W + bases[l], tid, True)
+        if ti.static(RW == 0):
+            forward_tile(g // BLOCK, -1, sh, tid, tid % LANES_S, tid // LANES_S, x, order, tile_net, tile_start,
+                         tile_count, params, acts, out, n_in, width, n_out, n_layers, hidden_act, output_act,
+                         keep_all, TS, F, x_fm, freq, KC, RW, pad, net_lo)
+        else:
+            staged = -1
+            for q in range(group):
+                t = g // BLOCK * group + q
+                if t < n_tiles:
+                    staged = forward_tile(t, staged, sh, tid, tid % LANES_S, tid // LANES_S, x, order, tile_net,
+                                          tile_start, tile_count, params, acts, out, n_in, width, n_out, n_layers,
+                                          hidden_act, output_act, keep_all, TS, F, x_fm, freq, KC, RW, pad, net_lo)
+
+
+@ti.func
+def deltas_tile(t, staged, sh: ti.template(), tid, lane_s, lane_o, dy: ti.template(), order: ti.template(),
+                tile_net: ti.template(), tile_start: ti.template(), tile_count: ti.template(), params: ti.template(),
+                acts: ti.template(), out: ti.template(), deltas: ti.template(), dout: ti.template(), dx: ti.template(),
+                n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
+                hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
+                F: ti.template(), x_fm: ti.template(), KC: ti.template(), RW: ti.template(), net_lo,
+                target: ti.template(), loss_parts: ti.template(), inv_n, LOSS: ti.template()):
+    """`backward_deltas`' work on tile t; returns the network whose weights are resident after it (as
+    `forward_tile`)."""
+    TSP = ti.static(TS + 1)
+    R = ti.static(TS // LANES_S)
+    G = ti.static(0)
+    W = ti.static(F * TSP)
+    last = ti.static(n_layers - 1)
+    lowest = ti.static(0 if want_dx else 1)  # the last layer whose deltas GEMM runs
+    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
+    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, True)[0])
+    per_layer_staging = ti.static(KC > 0)
+    U = ti.static(tuning().fused_unroll_backward)
+    resident = staged
+    count = tile_count[t]
+    net = tile_net[t] - net_lo
+    if count > 0 and in_chunk(net, params):
+        start = tile_start[t]
+        if ti.static(RW > 0):
+            if net != resident:  # (the barrier below publishes them)
+                stage_network(sh, W, params, net, n_in, width, n_out, n_layers, True, lowest, tid)
+                resident = net
+        # Output deltas: dy times the output activation's derivative (taken from the output).
+        part = 0.0
+        for j in range((TS * n_out + BLOCK - 1) // BLOCK):
+            idx = j * BLOCK + tid
+            s = idx // n_out
+            o = idx % n_out
+            if s < TS:
+                v = 0.0
+                if s < count:
+                    b = order[start + s]
+                    grad = 0.0
+                    if ti.static(LOSS >= 0):
+                        value, d_value = losses.element(LOSS, out, b, o, target[b, o], 1.0)
+                        part += value
+                        grad = d_value * inv_n
                     else:
-                        acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                        lane_s, lane_o, R, C, TSP, U, KC, W, tid)
+                        grad = dy[b, o]
+                    v = grad * act.derivative(0.0, out[b, o], output_act)
+                sh[G + o * TSP + s] = v
+        if ti.static(LOSS >= 0):  # the warp's sum, in a fixed order
+            for m in ti.static((16, 8, 4, 2, 1)):
+                part += ti.simt.warp.shfl_down_f32(ti.u32(0xFFFFFFFF), part, m)
+            if tid % 32 == 0:
+                loss_parts[t * (BLOCK // 32) + tid // 32] = part
+        ti.simt.block.sync()
+        for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
+            idx = j * BLOCK + tid
+            o = idx // TS
+            s = idx % TS
+            if o < n_out and s < count:
+                dout[0, o, start + s] = sh[G + o * TSP + s]
+        for q2 in ti.static(range(n_layers)):
+            l = ti.static(last - q2)
+            if ti.static(l > 0 or want_dx):
+                fan_out, fan_in = ti.static(shapes[l])
+                C = ti.static((fan_in + LANES_O - 1) // LANES_O)
+                # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
+                # before the GEMM, whose work hides the loads' latency.
+                slope = ti.Matrix.zero(ti.f32, R, C)
+                if ti.static(l > 0):
                     for r, c in ti.static(ti.ndrange(R, C)):
-                        acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
-                    ti.simt.block.sync()
-                    store_block(sh, A, acc, lane_s, lane_o, fan_out, R, C, TSP)
-                    if ti.static(keep_all and l < n_layers - 1):
-                        for r, c in ti.static(ti.ndrange(R, C)):
-                            s = r * LANES_S + lane_s
-                            if s < count:
-                                acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
-                    if ti.static(KC == 0 or l == n_layers - 1):
-                        ti.simt.block.sync()
-                write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
+                        i = c * LANES_O + lane_o
+                        s = r * LANES_S + lane_s
+                        if i < fan_in and s < count:
+                            slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
+                acc = ti.Matrix.zero(ti.f32, R, C)
+                if ti.static(RW > 0):
+                    acc = tile_gemm(sh, G, params, net, 0, fan_out, fan_in, True, lane_s, lane_o, R, C, TSP,
+                                    U, fan_out, W + bases[l], tid, True)
+                else:
+                    acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
+                                    lane_s, lane_o, R, C, TSP, U, KC, W, tid)
+                if ti.static(l > 0):
+                    for r, c in ti.static(ti.ndrange(R, C)):
+                        i = c * LANES_O + lane_o
+                        s = r * LANES_S + lane_s
+                        v = 0.0
+                        if i < fan_in and s < count:
+                            v = acc[r, c] * slope[r, c]
+                            deltas[l - 1, i, start + s] = v
+                        acc[r, c] = v
                 ti.simt.block.sync()
+                store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
+                if ti.static(not per_layer_staging or l == lowest):
+                    ti.simt.block.sync()
+        if ti.static(want_dx):
+            write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
+            ti.simt.block.sync()
+    return resident
 
 
 @fast_kernel
@@ -484,104 +603,24 @@ def backward_deltas(
     of its elements' loss values to loss_parts[4 * tile + warp] (the loss kernel's pass over the outputs is
     then not needed)."""
     TSP = ti.static(TS + 1)
-    R = ti.static(TS // LANES_S)
-    G = ti.static(0)
-    W = ti.static(F * TSP)
-    last = ti.static(n_layers - 1)
-    lowest = ti.static(0 if want_dx else 1)  # the last layer whose deltas GEMM runs
-    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
-    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, True)[0])
-    per_layer_staging = ti.static(KC > 0)
-    U = ti.static(tuning().fused_unroll_backward)
     n_tiles = tile_net.shape[0]
     ti.loop_config(block_dim=BLOCK)
     for g in range((n_tiles + group - 1) // group * BLOCK):
         tid = g % BLOCK
-        lane_s = tid % LANES_S
-        lane_o = tid // LANES_S
         sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1) + RW,), ti.f32)
-        staged = -1
-        for q in range(group):
-            t = g // BLOCK * group + q
-            count = 0
-            net = 0
-            if t < n_tiles:
-                count = tile_count[t]
-                net = tile_net[t] - net_lo
-            if count > 0 and in_chunk(net, params):
-                start = tile_start[t]
-                if ti.static(RW > 0):
-                    if net != staged:  # (the barrier below publishes them)
-                        stage_network(sh, W, params, net, n_in, width, n_out, n_layers, True, lowest, tid)
-                        staged = net
-                # Output deltas: dy times the output activation's derivative (taken from the output).
-                part = 0.0
-                for j in range((TS * n_out + BLOCK - 1) // BLOCK):
-                    idx = j * BLOCK + tid
-                    s = idx // n_out
-                    o = idx % n_out
-                    if s < TS:
-                        v = 0.0
-                        if s < count:
-                            b = order[start + s]
-                            grad = 0.0
-                            if ti.static(LOSS >= 0):
-                                value, d_value = losses.element(LOSS, out, b, o, target[b, o], 1.0)
-                                part += value
-                                grad = d_value * inv_n
-                            else:
-                                grad = dy[b, o]
-                            v = grad * act.derivative(0.0, out[b, o], output_act)
-                        sh[G + o * TSP + s] = v
-                if ti.static(LOSS >= 0):  # the warp's sum, in a fixed order
-                    for m in ti.static((16, 8, 4, 2, 1)):
-                        part += ti.simt.warp.shfl_down_f32(ti.u32(0xFFFFFFFF), part, m)
-                    if tid % 32 == 0:
-                        loss_parts[t * (BLOCK // 32) + tid // 32] = part
-                ti.simt.block.sync()
-                for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
-                    idx = j * BLOCK + tid
-                    o = idx // TS
-                    s = idx % TS
-                    if o < n_out and s < count:
-                        dout[0, o, start + s] = sh[G + o * TSP + s]
-                for q2 in ti.static(range(n_layers)):
-                    l = ti.static(last - q2)
-                    if ti.static(l > 0 or want_dx):
-                        fan_out, fan_in = ti.static(shapes[l])
-                        C = ti.static((fan_in + LANES_O - 1) // LANES_O)
-                        # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
-                        # before the GEMM, whose work hides the loads' latency.
-                        slope = ti.Matrix.zero(ti.f32, R, C)
-                        if ti.static(l > 0):
-                            for r, c in ti.static(ti.ndrange(R, C)):
-                                i = c * LANES_O + lane_o
-                                s = r * LANES_S + lane_s
-                                if i < fan_in and s < count:
-                                    slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
-                        acc = ti.Matrix.zero(ti.f32, R, C)
-                        if ti.static(RW > 0):
-                            acc = tile_gemm(sh, G, params, net, 0, fan_out, fan_in, True, lane_s, lane_o, R, C, TSP,
-                                            U, fan_out, W + bases[l], tid, True)
-                        else:
-                            acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
-                                            lane_s, lane_o, R, C, TSP, U, KC, W, tid)
-                        if ti.static(l > 0):
-                            for r, c in ti.static(ti.ndrange(R, C)):
-                                i = c * LANES_O + lane_o
-                                s = r * LANES_S + lane_s
-                                v = 0.0
-                                if i < fan_in and s < count:
-                                    v = acc[r, c] * slope[r, c]
-                                    deltas[l - 1, i, start + s] = v
-                                acc[r, c] = v
-                        ti.simt.block.sync()
-                        store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
-                        if ti.static(not per_layer_staging or l == lowest):
-                            ti.simt.block.sync()
-                if ti.static(want_dx):
-                    write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
-                    ti.simt.block.sync()
+        if ti.static(RW == 0):  # one tile, no loop (see forward)
+            deltas_tile(g // BLOCK, -1, sh, tid, tid % LANES_S, tid // LANES_S, dy, order, tile_net, tile_start,
+                        tile_count, params, acts, out, deltas, dout, dx, n_in, width, n_out, n_layers, hidden_act,
+                        output_act, want_dx, TS, F, x_fm, KC, RW, net_lo, target, loss_parts, inv_n, LOSS)
+        else:
+            staged = -1
+            for q in range(group):
+                t = g // BLOCK * group + q
+                if t < n_tiles:
+                    staged = deltas_tile(t, staged, sh, tid, tid % LANES_S, tid // LANES_S, dy, order, tile_net,
+                                         tile_start, tile_count, params, acts, out, deltas, dout, dx, n_in, width,
+                                         n_out, n_layers, hidden_act, output_act, want_dx, TS, F, x_fm, KC, RW,
+                                         net_lo, target, loss_parts, inv_n, LOSS)
 
 
 @ti.func
