@@ -30,7 +30,7 @@ def run(net, x, ids, dy, input_grad=True):
 ])
 def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, tuned):
     """Both GEMM kernels with their weights staged in shared memory (the default stages the deltas kernel's)."""
-    tuned(fused_staged_weights="both", fused_resident_weights="none")
+    tuned(fused_staged_weights="both")
     check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad)
 
 
@@ -42,7 +42,7 @@ def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks
 def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, n_networks, batch, routing,
                                                       input_grad, tuned):
     """The GEMMs' other weight path (settings.fused_staged_weights="none"): weights read from global memory."""
-    tuned(fused_staged_weights="none", fused_resident_weights="none")
+    tuned(fused_staged_weights="none")
     check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False)
 
 
@@ -50,26 +50,11 @@ def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, 
 @pytest.mark.parametrize("width", [32, pytest.param(128, marks=slow)])
 def test_fused_activation_derivatives_match_float64(activation, width, tuned):
     """Hidden activations other than ReLU through the deltas kernel's derivative, at 4 and 16 columns per thread."""
-    tuned(fused_staged_weights="both", fused_resident_weights="none")
+    tuned(fused_staged_weights="both")
     check_fused(24, width, 5, 2, 9, 6000, "ragged", True, activation=activation)
 
 
-@pytest.mark.parametrize("n_in,width,n_out,depth,n_networks,batch,routing,input_grad,group", [
-    pytest.param(32, 64, 16, 2, 64, 20000, "ragged", True, 0, marks=slow),  # the target shape, group by tile count
-    (3, 16, 1, 1, 1, 3000, "single", True, 0),      # one network: staged once per block
-    (16, 32, 4, 0, 200, 4000, "even", True, 3),     # no hidden layer; blocks whose tiles change network
-    (12, 16, 3, 2, 7, 5000, "ragged", False, 5),    # parameters only: the deltas kernel leaves layer 0 out
-])
-def test_resident_weights_match_float64(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, group,
-                                        tuned):
-    """Every layer's weights resident in shared memory across a block's tiles (settings.fused_resident_weights),
-    blocks running `group` tiles each, some of them of several networks."""
-    tuned(fused_resident_weights="both", fused_tiles_per_block=group)
-    check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False, resident=True)
-
-
-def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=True, activation="ReLU",
-                resident=False):
+def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=True, activation="ReLU"):
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(batch)
     cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": activation, "output_activation": "Sigmoid"}
@@ -80,7 +65,6 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
         return g.features * (tile + 1) + g.features * (g.features + 1) <= 12288
     assert g.weight_rows == (g.features if staged and fits(g.tile) else 0)
     assert g.backward_weight_rows == (g.features if staged and fits(g.backward_tile) else 0)
-    assert (g.resident > 0, g.backward_resident > 0) == (resident, resident)
     x = (torch.rand(batch, n_in, generator=gen) * 2 - 1).to(dev)
     if routing == "ragged":
         ids = torch.multinomial(torch.rand(n_networks, generator=gen) ** 4, batch, replacement=True, generator=gen)

@@ -128,6 +128,22 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
         same(p.grad, q.grad, name)
 
 
+def test_which_networks_fuse_the_loss(tuned):
+    """settings.fused_loss: None = arrays of several networks on the fused kernels (measured faster there and
+    slower on the single-network image step, H100); True / False force it where the fused kernels run."""
+    one, many = make("network", 1), make("network", 4)
+    for net in (one, many):
+        net.fused = True  # (the fused kernels are CUDA's; only the rule is checked here)
+    assert (one.fuses_loss(), many.fuses_loss()) == (False, True)
+    tuned(fused_loss=True)
+    assert one.fuses_loss() and many.fuses_loss()
+    tuned(fused_loss=False)
+    assert not one.fuses_loss() and not many.fuses_loss()
+    many.fused = False
+    tuned(fused_loss=True)
+    assert not many.fuses_loss()  # the unfused kernels have no loss inside
+
+
 def test_contract_path_really_runs_without_autograd(monkeypatch):
     """The contract step builds no autograd graph: the generic Function is never applied."""
     from tinn import part

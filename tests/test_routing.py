@@ -106,13 +106,11 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    # (..., TS, F, x_fm, freq, KC, RW, pad, group, net_lo) and (..., TS, F, x_fm, KC, RW, group, net_lo, target,
-    # loss_parts, inv_n, LOSS): tile sizes, staged weight rows, no resident weights and so one tile per block,
-    # dy given (no loss)
-    assert int(fwd_counts.max()) == 64 and seen["forward"][-9] == 64 and seen["forward"][-5] == 16
-    assert seen["forward"][-4] == 0 and seen["forward"][-2] == 1
-    assert int(deltas_counts.max()) == 32 and seen["deltas"][-11] == 32 and seen["deltas"][-8] == 8
-    assert seen["deltas"][-7] == 0 and seen["deltas"][-6] == 1 and seen["deltas"][-1] == -1
+    # (..., TS, F, x_fm, freq, KC, pad, net_lo) and (..., TS, F, x_fm, KC, net_lo, target, loss_parts, inv_n, LOSS):
+    # tile sizes and staged weight rows; dy given (no loss inside the deltas kernel)
+    assert int(fwd_counts.max()) == 64 and seen["forward"][-7] == 64 and seen["forward"][-3] == 16
+    assert int(deltas_counts.max()) == 32 and seen["deltas"][-9] == 32 and seen["deltas"][-6] == 8
+    assert seen["deltas"][-1] == -1
     assert int(chunk_counts.max()) == FK.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
         assert int(counts.sum()) == 3000
@@ -138,67 +136,25 @@ def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
 ])
 def test_staged_weights_fit_in_shared_memory(n_in, width, n_out, staged):
     from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights="both", fused_resident_weights="none"))
+    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights="both"))
     for tile, kc in ((g.tile, g.weight_rows), (g.backward_tile, g.backward_weight_rows)):
         assert kc == (g.features if staged else 0)
         # the kernels' shared array: activations, then every row of the widest matrix with an odd stride
         assert g.features * (tile + 1) + kc * (g.features + 1) <= FK.SHARED_FLOATS
     if not staged:
         return
-    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s, fused_resident_weights="none"),
-                                 n_networks=64)
+    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s), n_networks=64)
                   for s in ("none", "forward", "backward", "both", "auto")}
     assert [(b.weight_rows > 0, b.backward_weight_rows > 0) for b in by_setting.values()] == [
         (False, False), (True, False), (False, True), (True, True), (False, True)]
     assert tinn.Settings().fused_staged_weights == "auto"
     # measured on the H100: the forward is faster staged with one network (the image step), through L1 with 4096
     for n_networks, forward_staged in ((1, True), (2, False), (4096, False)):
-        g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_resident_weights="none"), n_networks=n_networks)
+        g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(), n_networks=n_networks)
         assert (g.weight_rows > 0, g.backward_weight_rows > 0) == (forward_staged, True)
     with pytest.raises(tinn.ConfigError, match="fused_staged_weights.*allowed"):
         tinn.Settings(fused_staged_weights="yes")
     assert FK.weight_stride(64) == 65 and FK.weight_stride(3) == 3
-
-
-@pytest.mark.parametrize("n_in,width,n_out,n_layers,fits", [
-    (32, 64, 16, 3, True),    # the target shape: 7328 floats of weights next to 64 samples' activations
-    (32, 64, 3, 3, True),     # tcnn's image network
-    (3, 16, 4, 5, True),
-    (32, 64, 16, 4, False),   # a third 64 x 64 matrix does not fit
-    (32, 128, 16, 3, False),
-])
-def test_resident_weights_fit_next_to_the_tile(n_in, width, n_out, n_layers, fits):
-    from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, n_layers, tinn.Settings(fused_resident_weights="both"), n_networks=64)
-    bases, total = FK.resident_layout(n_in, width, n_out, n_layers, False)
-    shapes = FK.layer_shapes(n_in, width, n_out, n_layers)
-    # each layer's M = W^T (fan_in rows, odd stride over fan_out columns), one after the other
-    assert total == sum(i * FK.weight_stride(o) for o, i in shapes) and bases[0] == 0
-    assert all(b1 - b0 == i * FK.weight_stride(o) for b0, b1, (o, i) in zip(bases, bases[1:], shapes))
-    assert (g.resident == total) == fits and (g.resident == 0) == (not fits)
-    assert g.features * (g.tile + 1) + g.resident <= FK.SHARED_FLOATS
-    if fits:
-        assert g.weight_rows == 0  # resident replaces the per-layer staging
-        t_total = FK.resident_layout(n_in, width, n_out, n_layers, True)[1]
-        assert g.backward_resident == (t_total if g.features * (g.backward_tile + 1) + t_total <= FK.SHARED_FLOATS else 0)
-    # "auto": the forward of arrays of several networks only (measured on the H100)
-    for n_networks, forward in ((1, False), (2, fits), (4096, fits)):
-        a = FK.geometry(n_in, width, n_out, n_layers, tinn.Settings(), n_networks=n_networks)
-        assert (a.resident > 0, a.backward_resident > 0) == (forward, False)
-    with pytest.raises(tinn.ConfigError, match="fused_resident_weights.*allowed"):
-        tinn.Settings(fused_resident_weights="always")
-
-
-def test_tiles_per_block(tuned):
-    from tinn.kernels import mlp_fused as FK
-    sms = FK._sm_count()
-    assert FK.tiles_per_block(10 ** 6, 0) == 1  # nothing shared between tiles without resident weights
-    assert FK.tiles_per_block(sms * 8 * 5, 100) == 5 and FK.tiles_per_block(10 ** 6, 100) == 16
-    assert FK.tiles_per_block(3, 100) == 1
-    tuned(fused_tiles_per_block=7)
-    assert FK.tiles_per_block(3, 100) == 7 and FK.tiles_per_block(10 ** 6, 0) == 1
-    with pytest.raises(tinn.ConfigError, match="fused_tiles_per_block"):
-        tinn.Settings(fused_tiles_per_block=-1)
 
 
 @pytest.mark.parametrize("n_in,width,n_out,step_of_32", [

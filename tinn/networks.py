@@ -242,7 +242,8 @@ class NetworkArray(Part):
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
     def fuses_loss(self) -> bool:
-        return self.fused and runtime.settings().fused_loss
+        setting = runtime.settings().fused_loss
+        return self.fused and (self.n_networks > 1 if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
         """On the fused kernels the deltas kernel computes the loss's gradient (and per-warp sums of its values)

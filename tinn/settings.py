@@ -16,9 +16,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_step | 16 | samples staged per weight-gradient step (fewer where the prefetch would not fit its registers) |
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
-| fused_resident_weights | "auto" | which fused GEMM kernels keep every layer's weights in shared memory for all the tiles a block runs of one network (staged once per network, not once per tile and layer; where they fit next to the tile, else `fused_staged_weights` applies): "none", "forward", "backward", "both", or "auto" (the forward of arrays of several networks) |
-| fused_tiles_per_block | 0 | tiles one block of the fused forward and deltas kernels runs in turn (with resident weights); 0 = by the tile count, enough blocks to fill the GPU |
-| fused_loss | True | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel, no gradient buffer) |
+| fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks (measured faster there, slower on the single-network image step) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
@@ -54,9 +52,7 @@ class Settings:
     fused_grad_step: int = 16
     fused_grad_chunk: int = 0
     fused_staged_weights: str = "auto"
-    fused_resident_weights: str = "auto"
-    fused_tiles_per_block: int = 0
-    fused_loss: bool = True
+    fused_loss: bool | None = None
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     vendor_weight_gradients: bool = True
@@ -75,10 +71,9 @@ class Settings:
         if self.network_kernels not in NETWORK_KERNELS:
             raise ConfigError(f"settings.network_kernels={self.network_kernels!r} is not supported; "
                               f"allowed: {list(NETWORK_KERNELS)}")
-        for name in ("fused_staged_weights", "fused_resident_weights"):
-            if getattr(self, name) not in STAGED_WEIGHTS:
-                raise ConfigError(f"settings.{name}={getattr(self, name)!r} is not supported; "
-                                  f"allowed: {list(STAGED_WEIGHTS)}")
+        if self.fused_staged_weights not in STAGED_WEIGHTS:
+            raise ConfigError(f"settings.fused_staged_weights={self.fused_staged_weights!r} is not supported; "
+                              f"allowed: {list(STAGED_WEIGHTS)}")
         for name in ("fused_tile", "fused_backward_tile"):
             value = getattr(self, name)
             if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):
@@ -93,9 +88,6 @@ class Settings:
                               "[1, 2^31 - 2^24]")
         if not isinstance(self.deterministic, bool):
             raise ConfigError(f"settings.deterministic={self.deterministic!r} must be true or false")
-        if not 0 <= self.fused_tiles_per_block <= 256:
-            raise ConfigError(f"settings.fused_tiles_per_block={self.fused_tiles_per_block} must be in [0, 256] "
-                              "(0 = by the tile count)")
         for name in ("fused_grad_chunk", "gpu_max_reg"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 0")

@@ -34,11 +34,9 @@ keeps the unfused kernels of `mlp_array.py`.
 """
 from typing import NamedTuple
 
-import torch
-
 from ..backend import ti
 
-from .. import chunks, runtime
+from .. import chunks
 from .basic_encodings import frequency_feature
 from ..settings import Settings
 from ..settings import current as tuning
@@ -55,6 +53,7 @@ i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 BLOCK = 128          # threads per block
 LANES_S = 16         # sample lanes
 LANES_O = BLOCK // LANES_S
+WARPS = BLOCK // 32
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
 # The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's settings, read when a
@@ -85,8 +84,6 @@ class Geometry(NamedTuple):
     backward_tile: int  # samples per backward-deltas tile (multiple of 16)
     weight_rows: int = 0           # F when the forward stages each layer's weights in shared memory; 0 = read via L1
     backward_weight_rows: int = 0  # the same for backward_deltas
-    resident: int = 0              # floats of all layers' weights when the forward keeps them resident; 0 = not
-    backward_resident: int = 0     # the same for backward_deltas
 
 
 def weight_stride(n_cols: int) -> int:
@@ -101,23 +98,6 @@ def staged_weight_rows(f: int, tile: int) -> int:
     return f if f * (tile + 1) + f * weight_stride(f) <= SHARED_FLOATS else 0
 
 
-def resident_layout(n_in: int, width: int, n_out: int, n_layers: int, transposed: bool) -> tuple[tuple[int, ...], int]:
-    """Where each layer's matrix M (see tile_gemm; M = W with `transposed`, else W^T) starts when every layer
-    is resident in shared memory, one after the other with odd row strides, and the floats they take."""
-    bases, total = [], 0
-    for fan_out, fan_in in layer_shapes(n_in, width, n_out, n_layers):
-        k_count, n_cols = (fan_out, fan_in) if transposed else (fan_in, fan_out)
-        bases.append(total)
-        total += k_count * weight_stride(n_cols)
-    return tuple(bases), total
-
-
-def resident_floats(n_in: int, width: int, n_out: int, n_layers: int, transposed: bool, tile: int) -> int:
-    """Shared floats of the resident weights when they fit next to a tile of `tile` samples, else 0."""
-    total = resident_layout(n_in, width, n_out, n_layers, transposed)[1]
-    return total if features(n_in, width, n_out) * (tile + 1) + total <= SHARED_FLOATS else 0
-
-
 def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
     """(forward, backward_deltas): which kernels stage weights under settings.fused_staged_weights.
 
@@ -130,52 +110,17 @@ def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
     return setting in ("forward", "both"), setting in ("backward", "both")
 
 
-def resident_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
-    """(forward, backward_deltas): which kernels keep all layers' weights resident (settings.fused_resident_weights).
-
-    "auto" keeps the forward's resident for arrays of several networks, where each tile would otherwise wait
-    on L2 for its network's weights (docs/design-notes.md has the measurements): with one network the
-    per-layer staging hits in L1 anyway, and the deltas kernel measured the same either way."""
-    if setting == "auto":
-        return n_networks > 1, False
-    return setting in ("forward", "both"), setting in ("backward", "both")
-
-
 def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings, n_networks: int = 1) -> Geometry:
     """Tile geometry of a network shape (and array size), fixed at construction. Smaller tiles mean smaller
-    register blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort.
-    Resident weights, where asked for and where they fit, replace the per-layer staging."""
+    register blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
     cap = settings.fused_tile
     forward = min(_largest_tile(1, f), cap)
     backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
     stage_forward, stage_backward = staged_kernels(settings.fused_staged_weights, n_networks)
-    keep_forward, keep_backward = resident_kernels(settings.fused_resident_weights, n_networks)
-    resident = resident_floats(n_in, width, n_out, n_layers, False, forward) if keep_forward else 0
-    backward_resident = resident_floats(n_in, width, n_out, n_layers, True, backward) if keep_backward else 0
     return Geometry(forward, f, backward,
-                    staged_weight_rows(f, forward) if stage_forward and not resident else 0,
-                    staged_weight_rows(f, backward) if stage_backward and not backward_resident else 0,
-                    resident, backward_resident)
-
-
-def _sm_count() -> int:
-    if "sm" not in _DEVICE:
-        dev = runtime.device()
-        _DEVICE["sm"] = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-    return _DEVICE["sm"]
-
-
-_DEVICE: dict[str, int] = {}
-
-
-def tiles_per_block(n_tiles: int, resident: int) -> int:
-    """Tiles one block runs in turn: 1 without resident weights (nothing to share between tiles); with them,
-    settings.fused_tiles_per_block, or by default as many as keep 8 blocks per SM (up to 16), so a network's
-    weights are staged once per block while every SM still gets work."""
-    if not resident:
-        return 1
-    return tuning().fused_tiles_per_block or max(1, min(16, n_tiles // (_sm_count() * 8)))
+                    staged_weight_rows(f, forward) if stage_forward else 0,
+                    staged_weight_rows(f, backward) if stage_backward else 0)
 
 
 def grad_chunk(batch: int) -> int:
@@ -216,7 +161,7 @@ def layer_offset(l: ti.template(), n_in: ti.template(), width: ti.template()):
 def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_count: ti.template(),
               n_cols: ti.template(), transposed: ti.template(), lane_s, lane_o,
               R: ti.template(), C: ti.template(), TSP: ti.template(), U: ti.template(),
-              KC: ti.template() = 0, w_base: ti.template() = 0, tid=0, prestaged: ti.template() = False):
+              KC: ti.template() = 0, w_base: ti.template() = 0, tid=0):
     """acc[r, c] = sum_k A[k, lane_s + 16 r] * M[k, lane_o + 8 c], the k loop unrolled by U.
 
     A is feature-major in shared memory. M is the layer's weight matrix W (fan_out, fan_in): M = W^T
@@ -224,8 +169,7 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
     clamped to a valid address and ignored. With KC = 0 M is read from global memory through the L1 cache;
     with KC > 0 (room for KC >= k_count rows) the block stages M in shared memory at w_base (`stage_weights`)
     and reads it from there. The caller makes sure no thread still reads that region; the block's barrier
-    after staging also publishes the caller's stores to A. With `prestaged` M is already there (resident
-    weights, `stage_network`): no staging, no barrier.
+    after staging also publishes the caller's stores to A.
     """
     acc = ti.Matrix.zero(ti.f32, R, C)
     if ti.static(KC == 0):
@@ -240,9 +184,8 @@ def tile_gemm(sh: ti.template(), a_base, params: ti.template(), net, offset, k_c
                       lane_s, lane_o, R, C, TSP)
     else:
         ti.static_assert(KC >= k_count)
-        if ti.static(not prestaged):
-            stage_weights(sh, w_base, params, net, offset, k_count, n_cols, transposed, tid)
-            ti.simt.block.sync()
+        stage_weights(sh, w_base, params, net, offset, k_count, n_cols, transposed, tid)
+        ti.simt.block.sync()
         for kb in range(k_count // U):
             for ku in ti.static(range(U)):
                 staged_step(acc, sh, a_base, w_base, kb * U + ku, n_cols, lane_s, lane_o, R, C, TSP)
@@ -275,21 +218,6 @@ def stage_weights(sh: ti.template(), w_base: ti.template(), params: ti.template(
                 sh[w_base + idx // n_cols * NCP + idx % n_cols] = v[q]
             else:  # the odd stride spreads consecutive k over the banks
                 sh[w_base + idx % k_count * NCP + idx // k_count] = v[q]
-
-
-@ti.func
-def stage_network(sh: ti.template(), w_base: ti.template(), params: ti.template(), net,
-                  n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
-                  transposed: ti.template(), lowest: ti.template(), tid):
-    """Every layer's M from `lowest` up into shared memory at w_base + resident_layout's bases (no barrier:
-    the caller's next one publishes them)."""
-    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, transposed)[0])
-    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
-    for l in ti.static(range(lowest, n_layers)):
-        fan_out, fan_in = ti.static(shapes[l])
-        stage_weights(sh, w_base + bases[l], params, net, layer_offset(l, n_in, width),
-                      fan_out if ti.static(transposed) else fan_in, fan_in if ti.static(transposed) else fan_out,
-                      transposed, tid)
 
 
 @ti.func
@@ -391,61 +319,6 @@ def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), 
                 y[order[start + s], k] = sh[base + k * TSP + s]
 
 
-@ti.func
-def forward_tile(t, staged, sh: ti.template(), tid, lane_s, lane_o, x: ti.template(), order: ti.template(),
-                 tile_net: ti.template(), tile_start: ti.template(), tile_count: ti.template(), params: ti.template(),
-                 acts: ti.template(), out: ti.template(), n_in: ti.template(), width: ti.template(),
-                 n_out: ti.template(), n_layers: ti.template(), hidden_act: ti.template(), output_act: ti.template(),
-                 keep_all: ti.template(), TS: ti.template(), F: ti.template(), x_fm: ti.template(),
-                 freq: ti.template(), KC: ti.template(), RW: ti.template(), pad, net_lo):
-    """`forward`'s work on tile t; returns the network whose weights are resident after it (RW > 0: `staged`,
-    the one resident before, unless the tile is of another)."""
-    TSP = ti.static(TS + 1)
-    R = ti.static(TS // LANES_S)
-    A = ti.static(0)
-    W = ti.static(F * TSP)  # staged weights
-    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, False)[0])
-    U = ti.static(tuning().fused_unroll_forward)
-    resident = staged
-    count = tile_count[t]
-    net = tile_net[t] - net_lo
-    # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
-    if count > 0 and in_chunk(net, params):
-        start = tile_start[t]
-        if ti.static(RW > 0):
-            if net != resident:  # the last tile's final barrier has retired every read of the old weights
-                stage_network(sh, W, params, net, n_in, width, n_out, n_layers, False, 0, tid)
-                resident = net
-        load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
-        if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
-            ti.simt.block.sync()
-        for l in ti.static(range(n_layers)):
-            fan_in = ti.static(n_in if l == 0 else width)
-            fan_out = ti.static(n_out if l == n_layers - 1 else width)
-            C = ti.static((fan_out + LANES_O - 1) // LANES_O)
-            acc = ti.Matrix.zero(ti.f32, R, C)
-            if ti.static(RW > 0):
-                acc = tile_gemm(sh, A, params, net, 0, fan_in, fan_out, False, lane_s, lane_o, R, C, TSP,
-                                U, fan_in, W + bases[l], tid, True)
-            else:
-                acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
-                                lane_s, lane_o, R, C, TSP, U, KC, W, tid)
-            for r, c in ti.static(ti.ndrange(R, C)):
-                acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
-            ti.simt.block.sync()
-            store_block(sh, A, acc, lane_s, lane_o, fan_out, R, C, TSP)
-            if ti.static(keep_all and l < n_layers - 1):
-                for r, c in ti.static(ti.ndrange(R, C)):
-                    s = r * LANES_S + lane_s
-                    if s < count:
-                        acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
-            if ti.static(KC == 0 or l == n_layers - 1):
-                ti.simt.block.sync()
-        write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
-        ti.simt.block.sync()
-    return resident
-
-
 @fast_kernel
 @ti.kernel
 def forward(
@@ -453,134 +326,52 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), KC: ti.template(),
-    RW: ti.template(), pad: ti.f32, group: ti.i32, net_lo: ti.i32,
+    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
+    net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
     many octaves, then the input padding `pad`) is the network's input (see `load_rows`). KC > 0: weights
-    staged in shared memory, KC rows at a time (see tile_gemm). RW > 0: all layers' weights resident in
-    shared memory (RW floats, `stage_network`), staged when a block's tile is of another network than its
-    last; each block runs `group` consecutive tiles. Without resident weights a block runs one tile and no
-    loop: a loop around the tile's work was measured to cost registers the GEMMs need."""
-    TSP = ti.static(TS + 1)
-    n_tiles = tile_net.shape[0]
-    ti.loop_config(block_dim=BLOCK)
-    for g in range((n_tiles + group - 1) // group * BLOCK):
-        tid = g % BLOCK
-        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1) + RW,), ti.f32)
-        if ti.static(RW == 0):
-            forward_tile(g // BLOCK, -1, sh, tid, tid % LANES_S, tid // LANES_S, x, order, tile_net, tile_start,
-                         tile_count, params, acts, out, n_in, width, n_out, n_layers, hidden_act, output_act,
-                         keep_all, TS, F, x_fm, freq, KC, RW, pad, net_lo)
-        else:
-            staged = -1
-            for q in range(group):
-                t = g // BLOCK * group + q
-                if t < n_tiles:
-                    staged = forward_tile(t, staged, sh, tid, tid % LANES_S, tid // LANES_S, x, order, tile_net,
-                                          tile_start, tile_count, params, acts, out, n_in, width, n_out, n_layers,
-                                          hidden_act, output_act, keep_all, TS, F, x_fm, freq, KC, RW, pad, net_lo)
-
-
-@ti.func
-def deltas_tile(t, staged, sh: ti.template(), tid, lane_s, lane_o, dy: ti.template(), order: ti.template(),
-                tile_net: ti.template(), tile_start: ti.template(), tile_count: ti.template(), params: ti.template(),
-                acts: ti.template(), out: ti.template(), deltas: ti.template(), dout: ti.template(), dx: ti.template(),
-                n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
-                hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-                F: ti.template(), x_fm: ti.template(), KC: ti.template(), RW: ti.template(), net_lo,
-                target: ti.template(), loss_parts: ti.template(), inv_n, LOSS: ti.template()):
-    """`backward_deltas`' work on tile t; returns the network whose weights are resident after it (as
-    `forward_tile`)."""
+    staged in shared memory, KC rows at a time (see tile_gemm)."""
     TSP = ti.static(TS + 1)
     R = ti.static(TS // LANES_S)
-    G = ti.static(0)
-    W = ti.static(F * TSP)
-    last = ti.static(n_layers - 1)
-    lowest = ti.static(0 if want_dx else 1)  # the last layer whose deltas GEMM runs
-    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
-    bases = ti.static(resident_layout(n_in, width, n_out, n_layers, True)[0])
-    per_layer_staging = ti.static(KC > 0)
-    U = ti.static(tuning().fused_unroll_backward)
-    resident = staged
-    count = tile_count[t]
-    net = tile_net[t] - net_lo
-    if count > 0 and in_chunk(net, params):
-        start = tile_start[t]
-        if ti.static(RW > 0):
-            if net != resident:  # (the barrier below publishes them)
-                stage_network(sh, W, params, net, n_in, width, n_out, n_layers, True, lowest, tid)
-                resident = net
-        # Output deltas: dy times the output activation's derivative (taken from the output).
-        part = 0.0
-        for j in range((TS * n_out + BLOCK - 1) // BLOCK):
-            idx = j * BLOCK + tid
-            s = idx // n_out
-            o = idx % n_out
-            if s < TS:
-                v = 0.0
-                if s < count:
-                    b = order[start + s]
-                    grad = 0.0
-                    if ti.static(LOSS >= 0):
-                        value, d_value = losses.element(LOSS, out, b, o, target[b, o], 1.0)
-                        part += value
-                        grad = d_value * inv_n
-                    else:
-                        grad = dy[b, o]
-                    v = grad * act.derivative(0.0, out[b, o], output_act)
-                sh[G + o * TSP + s] = v
-        if ti.static(LOSS >= 0):  # the warp's sum, in a fixed order
-            for m in ti.static((16, 8, 4, 2, 1)):
-                part += ti.simt.warp.shfl_down_f32(ti.u32(0xFFFFFFFF), part, m)
-            if tid % 32 == 0:
-                loss_parts[t * (BLOCK // 32) + tid // 32] = part
-        ti.simt.block.sync()
-        for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
-            idx = j * BLOCK + tid
-            o = idx // TS
-            s = idx % TS
-            if o < n_out and s < count:
-                dout[0, o, start + s] = sh[G + o * TSP + s]
-        for q2 in ti.static(range(n_layers)):
-            l = ti.static(last - q2)
-            if ti.static(l > 0 or want_dx):
-                fan_out, fan_in = ti.static(shapes[l])
-                C = ti.static((fan_in + LANES_O - 1) // LANES_O)
-                # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
-                # before the GEMM, whose work hides the loads' latency.
-                slope = ti.Matrix.zero(ti.f32, R, C)
-                if ti.static(l > 0):
-                    for r, c in ti.static(ti.ndrange(R, C)):
-                        i = c * LANES_O + lane_o
-                        s = r * LANES_S + lane_s
-                        if i < fan_in and s < count:
-                            slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
-                acc = ti.Matrix.zero(ti.f32, R, C)
-                if ti.static(RW > 0):
-                    acc = tile_gemm(sh, G, params, net, 0, fan_out, fan_in, True, lane_s, lane_o, R, C, TSP,
-                                    U, fan_out, W + bases[l], tid, True)
-                else:
-                    acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
-                                    lane_s, lane_o, R, C, TSP, U, KC, W, tid)
-                if ti.static(l > 0):
-                    for r, c in ti.static(ti.ndrange(R, C)):
-                        i = c * LANES_O + lane_o
-                        s = r * LANES_S + lane_s
-                        v = 0.0
-                        if i < fan_in and s < count:
-                            v = acc[r, c] * slope[r, c]
-                            deltas[l - 1, i, start + s] = v
-                        acc[r, c] = v
+    A = ti.static(0)
+    W = ti.static(F * TSP)  # staged weights
+    U = ti.static(tuning().fused_unroll_forward)
+    ti.loop_config(block_dim=BLOCK)
+    for g in range(tile_net.shape[0] * BLOCK):
+        t = g // BLOCK
+        tid = g % BLOCK
+        lane_s = tid % LANES_S
+        lane_o = tid // LANES_S
+        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1),), ti.f32)
+        count = tile_count[t]
+        net = tile_net[t] - net_lo
+        # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
+        if count > 0 and in_chunk(net, params):
+            start = tile_start[t]
+            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
+            if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
                 ti.simt.block.sync()
-                store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
-                if ti.static(not per_layer_staging or l == lowest):
+            for l in ti.static(range(n_layers)):
+                fan_in = ti.static(n_in if l == 0 else width)
+                fan_out = ti.static(n_out if l == n_layers - 1 else width)
+                C = ti.static((fan_out + LANES_O - 1) // LANES_O)
+                acc = tile_gemm(sh, A, params, net, layer_offset(l, n_in, width), fan_in, fan_out, False,
+                                lane_s, lane_o, R, C, TSP, U, KC, W, tid)
+                for r, c in ti.static(ti.ndrange(R, C)):
+                    acc[r, c] = act.apply(acc[r, c], hidden_act if ti.static(l < n_layers - 1) else output_act)
+                ti.simt.block.sync()
+                store_block(sh, A, acc, lane_s, lane_o, fan_out, R, C, TSP)
+                if ti.static(keep_all and l < n_layers - 1):
+                    for r, c in ti.static(ti.ndrange(R, C)):
+                        s = r * LANES_S + lane_s
+                        if s < count:
+                            acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
+                if ti.static(KC == 0 or l == n_layers - 1):
                     ti.simt.block.sync()
-        if ti.static(want_dx):
-            write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
+            write_rows(sh, A, out, order, start, count, tid, n_out, TS, TSP)
             ti.simt.block.sync()
-    return resident
 
 
 @fast_kernel
@@ -590,37 +381,99 @@ def backward_deltas(
     params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(), x_fm: ti.template(), KC: ti.template(), RW: ti.template(), group: ti.i32, net_lo: ti.i32,
+    F: ti.template(), x_fm: ti.template(), KC: ti.template(), net_lo: ti.i32,
     target: f32_2d, loss_parts: f32_1d, inv_n: ti.f32, LOSS: ti.template(),
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
-    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC, RW and `group`
-    as in the forward.
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC as in the forward.
 
     LOSS >= 0 (a loss id of kernels/losses.py): dy is not read; the output's gradient is that loss's of `out`
     against `target`, divided by the element count (inv_n = 1 / (batch * n_out)), and each warp writes the sum
-    of its elements' loss values to loss_parts[4 * tile + warp] (the loss kernel's pass over the outputs is
+    of its elements' loss values to loss_parts[WARPS * tile + warp] (the loss kernel's pass over the outputs is
     then not needed)."""
     TSP = ti.static(TS + 1)
-    n_tiles = tile_net.shape[0]
+    R = ti.static(TS // LANES_S)
+    G = ti.static(0)
+    W = ti.static(F * TSP)
+    last = ti.static(n_layers - 1)
+    lowest = ti.static(0 if want_dx else 1)  # the last layer whose deltas GEMM runs
+    shapes = ti.static(layer_shapes(n_in, width, n_out, n_layers))
+    U = ti.static(tuning().fused_unroll_backward)
     ti.loop_config(block_dim=BLOCK)
-    for g in range((n_tiles + group - 1) // group * BLOCK):
+    for g in range(tile_net.shape[0] * BLOCK):
+        t = g // BLOCK
         tid = g % BLOCK
-        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1) + RW,), ti.f32)
-        if ti.static(RW == 0):  # one tile, no loop (see forward)
-            deltas_tile(g // BLOCK, -1, sh, tid, tid % LANES_S, tid // LANES_S, dy, order, tile_net, tile_start,
-                        tile_count, params, acts, out, deltas, dout, dx, n_in, width, n_out, n_layers, hidden_act,
-                        output_act, want_dx, TS, F, x_fm, KC, RW, net_lo, target, loss_parts, inv_n, LOSS)
-        else:
-            staged = -1
-            for q in range(group):
-                t = g // BLOCK * group + q
-                if t < n_tiles:
-                    staged = deltas_tile(t, staged, sh, tid, tid % LANES_S, tid // LANES_S, dy, order, tile_net,
-                                         tile_start, tile_count, params, acts, out, deltas, dout, dx, n_in, width,
-                                         n_out, n_layers, hidden_act, output_act, want_dx, TS, F, x_fm, KC, RW,
-                                         net_lo, target, loss_parts, inv_n, LOSS)
+        lane_s = tid % LANES_S
+        lane_o = tid // LANES_S
+        sh = ti.simt.block.SharedArray((F * TSP + KC * (F + 1),), ti.f32)
+        count = tile_count[t]
+        net = tile_net[t] - net_lo
+        if count > 0 and in_chunk(net, params):
+            start = tile_start[t]
+            # Output deltas: dy times the output activation's derivative (taken from the output).
+            part = 0.0
+            for j in range((TS * n_out + BLOCK - 1) // BLOCK):
+                idx = j * BLOCK + tid
+                s = idx // n_out
+                o = idx % n_out
+                if s < TS:
+                    v = 0.0
+                    if s < count:
+                        b = order[start + s]
+                        grad = 0.0
+                        if ti.static(LOSS >= 0):
+                            value, d_value = losses.element(LOSS, out, b, o, target[b, o], 1.0)
+                            part += value
+                            grad = d_value * inv_n
+                        else:
+                            grad = dy[b, o]
+                        v = grad * act.derivative(0.0, out[b, o], output_act)
+                    sh[G + o * TSP + s] = v
+            if ti.static(LOSS >= 0):  # the warp's sum, in a fixed order
+                for m in ti.static((16, 8, 4, 2, 1)):
+                    part += ti.simt.warp.shfl_down_f32(ti.u32(0xFFFFFFFF), part, m)
+                if tid % 32 == 0:
+                    loss_parts[t * WARPS + tid // 32] = part
+            ti.simt.block.sync()
+            for j in range((TS * n_out + BLOCK - 1) // BLOCK):  # feature-major copy for weight_gradients
+                idx = j * BLOCK + tid
+                o = idx // TS
+                s = idx % TS
+                if o < n_out and s < count:
+                    dout[0, o, start + s] = sh[G + o * TSP + s]
+            for q in ti.static(range(n_layers)):
+                l = ti.static(last - q)
+                if ti.static(l > 0 or want_dx):
+                    fan_out, fan_in = ti.static(shapes[l])
+                    C = ti.static((fan_in + LANES_O - 1) // LANES_O)
+                    # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
+                    # before the GEMM, whose work hides the loads' latency.
+                    slope = ti.Matrix.zero(ti.f32, R, C)
+                    if ti.static(l > 0):
+                        for r, c in ti.static(ti.ndrange(R, C)):
+                            i = c * LANES_O + lane_o
+                            s = r * LANES_S + lane_s
+                            if i < fan_in and s < count:
+                                slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
+                    acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
+                                    lane_s, lane_o, R, C, TSP, U, KC, W, tid)
+                    if ti.static(l > 0):
+                        for r, c in ti.static(ti.ndrange(R, C)):
+                            i = c * LANES_O + lane_o
+                            s = r * LANES_S + lane_s
+                            v = 0.0
+                            if i < fan_in and s < count:
+                                v = acc[r, c] * slope[r, c]
+                                deltas[l - 1, i, start + s] = v
+                            acc[r, c] = v
+                    ti.simt.block.sync()
+                    store_block(sh, G, acc, lane_s, lane_o, fan_in, R, C, TSP)
+                    if ti.static(KC == 0 or l == lowest):
+                        ti.simt.block.sync()
+            if ti.static(want_dx):
+                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
+                ti.simt.block.sync()
 
 
 @ti.func
@@ -799,30 +652,23 @@ def weight_gradients(
 def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool,
                 frequencies: int = 0, pad: float = 0.0):
     """`frequencies` > 0: x holds raw positions, encoded by the Frequency encoding inside the kernel."""
-    group = tiles_per_block(tiles.tile_net.shape[0], geometry.resident)
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, frequencies, geometry.weight_rows,
-                geometry.resident, pad, group, lo)
-
-
-WARPS = BLOCK // 32
+                keep_all, geometry.tile, geometry.features, x_fm, frequencies, geometry.weight_rows, pad, lo)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
                         want_dx: bool, x_fm: bool, loss=None):
     """`loss` = (loss id, target, loss_parts): the output's gradient from that loss (dy unused), its per-warp sums
     into loss_parts, zeros of WARPS floats per tile (see backward_deltas)."""
-    group = tiles_per_block(tiles.tile_net.shape[0], geometry.backward_resident)
     kind, target, parts = loss if loss is not None else (-1, out, out[0, :1])
     inv_n = 1.0 / max(1, out.shape[0] * out.shape[1])
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
                         dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm,
-                        geometry.backward_weight_rows, geometry.backward_resident, group, lo,
-                        target, parts, inv_n, kind)
+                        geometry.backward_weight_rows, lo, target, parts, inv_n, kind)
 
 
 def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
