@@ -45,7 +45,7 @@ fi
 if [ "$part" = speed ]; then
   parts=" ${SPEED_PARTS:-ab kernels bench tests} "
   [[ $parts == *" ab "* ]] && TAIL=40 run settings_ab "${AB_LIMIT:-300}" python3 benchmarks/tools/settings_ab.py \
-    --out "$OUT/ab" --image --jobs 8 --settings "${SPEED_SETTINGS:-default;fused_backward_tile=64}" \
+    --out "$OUT/ab" --image --jobs 8 --settings "${SPEED_SETTINGS:-default;fused_loss=True;fused_loss=False}" \
     --step-cases "${STEP_CASES-4096:22:64,128}"
   [[ $parts == *" kernels "* ]] && TAIL=50 run step_kernels 150 python3 benchmarks/tools/step_kernels.py \
     --cases 4096:64,64:64 --json "$OUT/step_kernels.json"

@@ -109,7 +109,7 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
     gradients are those of the loss-then-gradient step (here on whatever path the machine runs)."""
     calls = []
     real = NetworkWithInputEncoding.backward_from_loss
-    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: True)
+    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self, need_dx=False: True)
     monkeypatch.setattr(NetworkWithInputEncoding, "backward_from_loss",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     # On CUDA the float atomics' order differs run to run and Adam's normalisation magnifies it: one step,
@@ -118,7 +118,7 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
     steps = 2 if cpu else 1
     seeded, seeded_losses = train(make("grid", 2), True, steps=steps, n_networks=2, run_optimizer=cpu)
     assert len(calls) == steps
-    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self: False)
+    monkeypatch.setattr(NetworkWithInputEncoding, "fuses_loss", lambda self, need_dx=False: False)
     plain, plain_losses = train(make("grid", 2), True, steps=steps, n_networks=2, run_optimizer=cpu)
     assert len(calls) == steps
     for a, b in zip(seeded_losses, plain_losses):
@@ -129,14 +129,18 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
 
 
 def test_which_networks_fuse_the_loss(tuned):
-    """settings.fused_loss: None = arrays of several networks on the fused kernels (measured faster there and
-    slower on the single-network image step, H100); True / False force it where the fused kernels run."""
+    """settings.fused_loss: None = arrays of several networks on the fused kernels whose input gradient is not
+    needed (measured faster there, H100; slower on the image step: one network, its grid needing the input
+    gradient); True / False force it where the fused kernels run."""
     one, many = make("network", 1), make("network", 4)
-    for net in (one, many):
+    grid, frozen = make("grid", 4), make("grid", 4)
+    frozen.encoding.params.requires_grad_(False)
+    for net in (one, many, grid.network, frozen.network):
         net.fused = True  # (the fused kernels are CUDA's; only the rule is checked here)
-    assert (one.fuses_loss(), many.fuses_loss()) == (False, True)
+    assert (one.fuses_loss(), many.fuses_loss(), many.fuses_loss(need_dx=True)) == (False, True, False)
+    assert not grid.fuses_loss() and frozen.fuses_loss()  # a trained grid needs the network's input gradient
     tuned(fused_loss=True)
-    assert one.fuses_loss() and many.fuses_loss()
+    assert one.fuses_loss() and many.fuses_loss(need_dx=True) and grid.fuses_loss()
     tuned(fused_loss=False)
     assert not one.fuses_loss() and not many.fuses_loss()
     many.fused = False

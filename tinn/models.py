@@ -120,8 +120,8 @@ class NetworkWithInputEncoding(Part):
         dh, net_grads = self.network.backward(ctx.network, dy, need_dx=need_dh, need_grads=need_grads)
         return self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
 
-    def fuses_loss(self) -> bool:
-        return self.network.fuses_loss()
+    def fuses_loss(self, need_dx: bool = False) -> bool:
+        return self.network.fuses_loss(self._needs(need_dx, True)[0])
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
         """The network's backward takes the loss (the fused MLP computes its gradient in its own kernel)."""

@@ -241,9 +241,9 @@ class NetworkArray(Part):
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
-    def fuses_loss(self) -> bool:
+    def fuses_loss(self, need_dx: bool = False) -> bool:
         setting = runtime.settings().fused_loss
-        return self.fused and (self.n_networks > 1 if setting is None else setting)
+        return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
         """On the fused kernels the deltas kernel computes the loss's gradient (and per-warp sums of its values)

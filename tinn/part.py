@@ -128,9 +128,9 @@ class Part(torch.nn.Module):
                  grads: tuple | None = None) -> tuple[torch.Tensor | None, tuple]:
         raise NotImplementedError
 
-    def fuses_loss(self) -> bool:
-        """Whether `backward_from_loss` computes the loss inside the backward's kernels (then the Trainer seeds
-        the backward with the loss rather than its gradient)."""
+    def fuses_loss(self, need_dx: bool = False) -> bool:
+        """Whether `backward_from_loss(..., need_dx=need_dx)` computes the loss inside the backward's kernels,
+        and is faster for it (then the Trainer seeds the backward with the loss rather than its gradient)."""
         return False
 
     def backward_from_loss(self, ctx: Context, y: torch.Tensor, loss, target: torch.Tensor, *, need_dx: bool,

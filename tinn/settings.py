@@ -16,7 +16,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_step | 16 | samples staged per weight-gradient step (fewer where the prefetch would not fit its registers) |
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
-| fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks (measured faster there, slower on the single-network image step) |
+| fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks whose input gradient is not needed (measured faster there; slower on the image step, one network whose grid needs its input gradient) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
