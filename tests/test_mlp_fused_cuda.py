@@ -143,7 +143,7 @@ def test_inference_encodes_frequencies_inside_the_fused_kernel(n_dims, n_frequen
 
 
 @pytest.mark.parametrize("otype", list(LOSSES))
-def test_loss_inside_the_deltas_kernel_matches_float64(otype):
+def test_loss_inside_the_deltas_kernel_matches_float64(otype, tuned):
     """`backward_from_loss` on the fused kernels: the deltas kernel computes the loss's gradient from the output
     and target (and per-warp sums of its values); against the loss kernel followed by `backward`, and float64."""
     from test_losses import _value64
@@ -154,7 +154,9 @@ def test_loss_inside_the_deltas_kernel_matches_float64(otype):
     out_act = "Exponential" if positive else "Sigmoid"
     cfg = {"n_neurons": 16, "n_hidden_layers": 1, "output_activation": out_act}
     net = NetworkArray(5, dims, cfg, n_networks=7, seed=3)
-    assert net.fuses_loss()
+    assert net.fuses_loss() and not net.fuses_loss(need_dx=True)  # the default: only without the input gradient
+    tuned(fused_loss=True)  # (with it, to check dx too)
+    assert net.fuses_loss(need_dx=True)
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(len(otype))
     batch = 3001

@@ -246,10 +246,10 @@ class NetworkArray(Part):
         return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
-        """On the fused kernels the deltas kernel computes the loss's gradient (and per-warp sums of its values)
-        as it reads the output, so the loss kernel's pass over outputs and targets does not run."""
+        """Where `fuses_loss(need_dx)`, the deltas kernel computes the loss's gradient (and per-warp sums of its
+        values) as it reads the output, so the loss kernel's pass over outputs and targets does not run."""
         kind = getattr(loss, "kind", None)
-        if not self.fused or kind is None or y.shape[0] == 0:
+        if kind is None or y.shape[0] == 0 or not self.fuses_loss(need_dx):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         y, target = losses.checked_pair(kind, y, target)
         tiles = ctx.routing[1]
