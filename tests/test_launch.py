@@ -105,3 +105,53 @@ def test_missing_internals_fall_back_with_one_warning(monkeypatch):
         fast(a, b, rows, 4, 0.25, 3, False)  # standard launch, no second warning
         assert torch.equal(a, expected)
     assert not fast.usable and not fast.instances
+
+
+@ti.kernel
+def _scaled(a: F2, b: F2, rows: I1, s: ti.i32, v: ti.f32, n: ti.template(), flip: ti.template()):
+    # its own kernel: _mixed's instances are compiled by the tests above, under the process default
+    for i, j in a:
+        a[i, j] = b[rows[i], j] * v * n + s
+
+
+def _compile_flag_spy(seen):
+    from tinn.kernels.launch import ti as backend_ti
+
+    def kernel(*args):
+        seen.append(backend_ti.lang.impl.current_cfg().advanced_optimization)
+    return kernel
+
+
+@pytest.mark.parametrize("setting, declared, expected", [
+    (None, False, False),   # auto: the kernel's own declaration
+    (None, None, True),     # auto, undeclared: the process default (the passes run)
+    (True, False, True),    # an explicit setting holds for every kernel
+    (False, None, False),
+])
+def test_ir_passes_follow_the_kernel_declaration_under_auto(tuned, setting, declared, expected):
+    from tinn.kernels.launch import ti as backend_ti
+    tuned(ir_optimization=setting)
+    config = backend_ti.lang.impl.current_cfg()
+    before = config.advanced_optimization
+    if setting is not None:  # what tinn.init sets for the process under an explicit setting
+        config.advanced_optimization = setting
+    try:
+        seen = []
+        fast = FastKernel(_compile_flag_spy(seen), ir_passes=declared)
+        fast(1)
+        fast(2)
+        assert seen == [expected, expected]
+        assert config.advanced_optimization == (before if setting is None else setting)  # restored
+    finally:
+        config.advanced_optimization = before
+
+
+def test_kernel_compiled_without_ir_passes_matches_taichi_launch(tuned):
+    tuned(ir_optimization=None)
+    fast = fast_kernel(ir_passes=False)(_scaled)
+    for call in range(3):
+        a, b, rows = _args(call)
+        expected = b[rows.long()] * 0.5 * 3 + 2
+        fast(a, b, rows, 2, 0.5, 3, False)
+        assert torch.allclose(a, expected)
+    assert fast.usable and len(fast.instances) == 1

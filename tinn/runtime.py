@@ -60,6 +60,7 @@ def init(arch: str | None = None, *, backend: str | None = None, settings: Setti
     kwargs.setdefault("log_level", ti.WARN)
     # The MLP kernels unroll up to 128 multiply-adds per row on purpose (register-resident vectors).
     kwargs.setdefault("unrolling_limit", 0)
+    kwargs.setdefault("advanced_optimization", chosen.ir_optimization is not False)
     if wanted == "cuda" and chosen.gpu_max_reg:
         kwargs.setdefault("gpu_max_reg", chosen.gpu_max_reg)
     ti.init(arch=ti_arch, debug=debug, offline_cache=offline_cache, **kwargs)

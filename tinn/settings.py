@@ -25,6 +25,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
+| ir_optimization | None | the kernel language's own IR optimisation passes (Taichi's `advanced_optimization`, before LLVM's) for every kernel (True) or none (False); None = all kernels but those measured as fast without them (`fast_kernel(ir_passes=False)`: the fused MLP forward and weight gradients, the grid encoding's), which then compile several times faster |
 | collective_timeout_s | 300 | seconds a collective of `tinn.distributed` may wait for the other ranks before it fails |
 | deterministic | False | bit-identical results run to run: fixed-order reductions instead of float atomics (slower; `tinn/kernels/deterministic.py`) |
 | table_chunk_elements | 2^30 | most elements of a per-network table (parameters, gradients, optimizer state) one kernel launch indexes; bigger tables run in row chunks (tinn/chunks.py) |
@@ -61,6 +62,7 @@ class Settings:
     grid_level_tasks: bool | None = None
     fast_launch: bool = True
     gpu_max_reg: int = 0
+    ir_optimization: bool | None = None
     collective_timeout_s: int = 300
     # Taichi 1.7.4 indexes ndarrays and counts loops in 32 bits (tinn/chunks.py); tests set it tiny to cross
     # chunk boundaries.

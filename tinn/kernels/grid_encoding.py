@@ -193,7 +193,7 @@ def _input_gradient(params: ti.template(), net, idx, s, ds, dy_t: ti.template(),
     return g_x
 
 
-@fast_kernel
+@fast_kernel(ir_passes=False)
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
                  F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(), net_lo: ti.i32,
@@ -410,7 +410,7 @@ def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f3
         _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
 
 
-@fast_kernel
+@fast_kernel(ir_passes=False)
 @ti.kernel
 def grid_backward_params(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                          dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_shared: ti.i32,

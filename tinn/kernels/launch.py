@@ -24,6 +24,7 @@ callers ensure it; it is checked here, cheaply, because a wrong pointer would
 not fail loudly).
 """
 
+import contextlib
 import importlib
 import warnings
 
@@ -165,9 +166,28 @@ def _self_test(adapter) -> None:
         raise RuntimeError("self-test: the lean launch wrote other values than the standard launch")
 
 
+@contextlib.contextmanager
+def _ir_passes(wanted: bool | None):
+    """The backend's own IR optimisation passes on or off while a kernel instance compiles (its config is
+    read at compile time; instances compiled since keep what they were compiled with)."""
+    if wanted is None or tuning().ir_optimization is not None:
+        yield
+        return
+    config = ti.lang.impl.current_cfg()
+    before = config.advanced_optimization
+    config.advanced_optimization = wanted
+    try:
+        yield
+    finally:
+        config.advanced_optimization = before
+
+
 class FastKernel:
-    def __init__(self, kernel, adapter=None):
+    def __init__(self, kernel, adapter=None, ir_passes: bool | None = None):
         self.kernel = kernel
+        # False: compiled without the backend's IR passes where settings.ir_optimization is None (auto); None:
+        # the process default.
+        self.ir_passes = ir_passes
         self.primal = getattr(kernel, "_primal", None)
         self.adapter = adapter  # None: asks `internals()` at the first call
         self.kinds: list[int] | None = None
@@ -234,24 +254,30 @@ class FastKernel:
                       enumerate((i, k) for i, k in enumerate(self.kinds) if k != TEMPLATE)]
         return True
 
+    def _standard(self, *args):
+        """The backend's own call: compiles a new instance, validates, launches."""
+        with _ir_passes(self.ir_passes):
+            return self.kernel(*args)
+
     def __call__(self, *args):
         if not self.usable:
-            return self.kernel(*args)
+            return self._standard(*args)
         if self.kinds is None and not self._setup(args):
             self.usable = False
-            return self.kernel(*args)
+            return self._standard(*args)
         key = self._key(args)
         try:
             entry = self.instances.get(key) if key is not None else None
         except TypeError:  # an unhashable template value
             key = None
         if key is None:
-            return self.kernel(*args)
+            return self._standard(*args)
         if entry is None:
-            result = self.kernel(*args)  # compiles, validates, launches
+            result = self._standard(*args)
             if self.primal.return_type is None and not self.primal.has_print:
                 try:
-                    self.instances[key] = self.adapter.compiled(self.primal, args)
+                    with _ir_passes(self.ir_passes):
+                        self.instances[key] = self.adapter.compiled(self.primal, args)
                 except (LookupError, AttributeError) as exc:
                     self.failure, self.usable = exc, False
             else:
@@ -275,5 +301,11 @@ class FastKernel:
         return None
 
 
-def fast_kernel(kernel) -> FastKernel:
-    return FastKernel(kernel)
+def fast_kernel(kernel=None, *, ir_passes: bool | None = None):
+    """`@fast_kernel` or `@fast_kernel(ir_passes=False)` over a `@ti.kernel`. ir_passes=False: a kernel
+    measured as fast without the backend's own IR optimisation passes, which take most of its compile time
+    (the unrolled MLP kernels; docs/design-notes.md), compiles without them unless settings.ir_optimization
+    says otherwise for every kernel."""
+    if kernel is None:
+        return lambda k: FastKernel(k, ir_passes=ir_passes)
+    return FastKernel(kernel, ir_passes=ir_passes)

@@ -203,21 +203,27 @@ def stage_weights(sh: ti.template(), w_base: ti.template(), params: ti.template(
     layer. Every load is issued before the first store: the loads are generic and the stores shared, which
     the compiler may not reorder, so interleaving them would wait out a global load's latency per element.
     """
-    NCP = ti.static(weight_stride(n_cols))
     size = ti.static(k_count * n_cols)
     n = ti.static((size + BLOCK - 1) // BLOCK)
-    v = ti.Vector.zero(ti.f32, n)
+    # Loads from clamped (always valid) addresses into plain values: no branch and no local array for the
+    # compiler's passes to track.
+    v = [params[net, offset + ti.min(q * BLOCK + tid, size - 1)] for q in ti.static(range(n))]
     for q in ti.static(range(n)):
         idx = q * BLOCK + tid
-        if idx < size:
-            v[q] = params[net, offset + idx]
-    for q in ti.static(range(n)):
-        idx = q * BLOCK + tid
-        if idx < size:
-            if ti.static(transposed):
-                sh[w_base + idx // n_cols * NCP + idx % n_cols] = v[q]
-            else:  # the odd stride spreads consecutive k over the banks
-                sh[w_base + idx % k_count * NCP + idx // k_count] = v[q]
+        if ti.static((q + 1) * BLOCK <= size):  # a full row of the block: no bounds test to compile
+            stage_word(sh, w_base, idx, v[q], k_count, n_cols, transposed)
+        elif idx < size:
+            stage_word(sh, w_base, idx, v[q], k_count, n_cols, transposed)
+
+
+@ti.func
+def stage_word(sh: ti.template(), w_base: ti.template(), idx, value, k_count: ti.template(), n_cols: ti.template(),
+               transposed: ti.template()):
+    NCP = ti.static(weight_stride(n_cols))
+    if ti.static(transposed):
+        sh[w_base + idx // n_cols * NCP + idx % n_cols] = value
+    else:  # the odd stride spreads consecutive k over the banks
+        sh[w_base + idx % k_count * NCP + idx // k_count] = value
 
 
 @ti.func
@@ -253,6 +259,13 @@ def gemm_step(acc: ti.template(), sh: ti.template(), a_base, params: ti.template
             m[c] = params[net, offset + j * k_count + k]
     for r, c in ti.static(ti.ndrange(R, C)):
         acc[r, c] += a[r] * m[c]
+
+
+@ti.func
+def in_block(i, n: ti.template(), s, count):
+    """Feature i < n of sample s < count, as one `&` of both tests: an `and` becomes branches, which Taichi's
+    IR passes analyse at length (compile time; docs/design-notes.md)."""
+    return (i < n) & (s < count)
 
 
 @ti.func
@@ -300,7 +313,9 @@ def store_block(sh: ti.template(), base, acc: ti.template(), lane_s, lane_o, n_r
     """Register block back to feature-major shared memory (rows < n_rows)."""
     for r, c in ti.static(ti.ndrange(R, C)):
         o = c * LANES_O + lane_o
-        if o < n_rows:
+        if ti.static(n_rows % LANES_O == 0):  # every row is one: no test to compile
+            sh[base + o * TSP + r * LANES_S + lane_s] = acc[r, c]
+        elif o < n_rows:
             sh[base + o * TSP + r * LANES_S + lane_s] = acc[r, c]
 
 
@@ -319,7 +334,7 @@ def write_rows(sh: ti.template(), base, y: ti.template(), order: ti.template(), 
                 y[order[start + s], k] = sh[base + k * TSP + s]
 
 
-@fast_kernel
+@fast_kernel(ir_passes=False)
 @ti.kernel
 def forward(
     x: f32_2d, order: i32_1d, tile_net: i32_1d, tile_start: i32_1d, tile_count: i32_1d, params: f32_2d,
@@ -454,7 +469,7 @@ def backward_deltas(
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
-                            if i < fan_in and s < count:
+                            if in_block(i, fan_in, s, count):
                                 slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
                     acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
                                     lane_s, lane_o, R, C, TSP, U, KC, W, tid)
@@ -463,7 +478,7 @@ def backward_deltas(
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
                             v = 0.0
-                            if i < fan_in and s < count:
+                            if in_block(i, fan_in, s, count):
                                 v = acc[r, c] * slope[r, c]
                                 deltas[l - 1, i, start + s] = v
                             acc[r, c] = v
@@ -555,7 +570,7 @@ def accumulate_step(acc: ti.template(), sh: ti.template(), GB: ti.template(), HB
                 acc[r, c] += d[r] * h[c]
 
 
-@fast_kernel
+@fast_kernel(ir_passes=False)
 @ti.kernel
 def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
