@@ -463,23 +463,26 @@ def backward_deltas(
                     fan_out, fan_in = ti.static(shapes[l])
                     C = ti.static((fan_in + LANES_O - 1) // LANES_O)
                     # The hidden activation's derivative (layer l-1's output is layer l's input), loaded
-                    # before the GEMM, whose work hides the loads' latency.
+                    # before the GEMM, whose work hides the loads' latency. Loaded from a clamped (valid)
+                    # address and zeroed outside the block by a select, not a branch: the branch-free form
+                    # measured faster (docs/design-notes.md).
                     slope = ti.Matrix.zero(ti.f32, R, C)
                     if ti.static(l > 0):
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
-                            if in_block(i, fan_in, s, count):
-                                slope[r, c] = act.derivative(0.0, acts[l - 1, i, start + s], hidden_act)
+                            y = acts[l - 1, ti.min(i, fan_in - 1), start + ti.min(s, count - 1)]
+                            slope[r, c] = ti.select(in_block(i, fan_in, s, count),
+                                                    act.derivative(0.0, y, hidden_act), 0.0)
                     acc = tile_gemm(sh, G, params, net, layer_offset(l, n_in, width), fan_out, fan_in, True,
                                     lane_s, lane_o, R, C, TSP, U, KC, W, tid)
                     if ti.static(l > 0):
                         for r, c in ti.static(ti.ndrange(R, C)):
                             i = c * LANES_O + lane_o
                             s = r * LANES_S + lane_s
-                            v = 0.0
-                            if in_block(i, fan_in, s, count):
-                                v = acc[r, c] * slope[r, c]
+                            inside = in_block(i, fan_in, s, count)
+                            v = ti.select(inside, acc[r, c] * slope[r, c], 0.0)
+                            if inside:
                                 deltas[l - 1, i, start + s] = v
                             acc[r, c] = v
                     ti.simt.block.sync()
