@@ -19,6 +19,9 @@ needs is there and launches a tiny kernel both ways, comparing the results; if
 anything is missing or differs, every kernel keeps the standard launch and one
 warning names what was missing. The setting `fast_launch=False` turns the lean path off.
 
+`fast_kernel(ir_passes=False)` also compiles a kernel's instances without the backend's own IR passes (see
+`_ir_passes` and settings.ir_optimization): the first call of an instance is where it compiles.
+
 Tensors must be contiguous and on the backend's device (the wrapped kernels'
 callers ensure it; it is checked here, cheaply, because a wrong pointer would
 not fail loudly).
