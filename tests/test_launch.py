@@ -140,6 +140,8 @@ def test_ir_passes_follow_the_kernel_declaration_under_auto(tuned, setting, decl
         fast = FastKernel(_compile_flag_spy(seen), ir_passes=declared)
         fast(1)
         fast(2)
+        if setting is None and tinn.runtime.backend_name() != "taichi":
+            expected = before  # declarations hold where they were measured (Taichi)
         assert seen == [expected, expected]
         assert config.advanced_optimization == (before if setting is None else setting)  # restored
     finally:

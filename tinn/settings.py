@@ -25,7 +25,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | grid_feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
-| ir_optimization | None | the kernel language's own IR optimisation passes (Taichi's `advanced_optimization`, before LLVM's) for every kernel (True) or none (False); None = all kernels but those measured as fast without them (`fast_kernel(ir_passes=False)`: the fused MLP forward and weight gradients, the grid encoding's), which then compile several times faster |
+| ir_optimization | None | the kernel language's own IR optimisation passes (Taichi's `advanced_optimization`, before LLVM's) for every kernel (True) or none (False); None = all kernels but those measured as fast without them (`fast_kernel(ir_passes=False)`: the fused MLP forward and weight gradients, the grid encoding's; on Taichi, where measured), which then compile several times faster |
 | collective_timeout_s | 300 | seconds a collective of `tinn.distributed` may wait for the other ranks before it fails |
 | deterministic | False | bit-identical results run to run: fixed-order reductions instead of float atomics (slower; `tinn/kernels/deterministic.py`) |
 | table_chunk_elements | 2^30 | most elements of a per-network table (parameters, gradients, optimizer state) one kernel launch indexes; bigger tables run in row chunks (tinn/chunks.py) |
