@@ -9,8 +9,9 @@ bf16 (tensor cores) and fp32 where torch runs it. Training = forward, L2 loss, a
 (forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
 unfused kernels (`--unfused`) for comparison. Reported: times, TFLOP/s, % of the
 GPU's FP32 peak (non-tensor-core), inference samples/s, peak GPU memory. Training steps are timed two
-ways: a sync around each step (median), and pipelined, steps issued back to back with one sync at the end
-(mean), as a training loop runs; the host's lead-in of a step counts in the first only.
+ways: a sync around each step (median), and pipelined, steps issued back to back with one sync at the end,
+as a training loop runs (the median of three such blocks' means, and the blocks' spread); the host's
+lead-in of a step counts in the first only.
 
     python benchmarks/bench_mlp_array.py                       # GPU sizes if CUDA, tiny sizes on CPU
     python benchmarks/bench_mlp_array.py --suite               # N in 1..16384 x widths 16..128, even + ragged
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
-from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, time_pipelined, write_json  # noqa: E402
+from common import peak_memory_mib, peak_memory_reset, print_table, record_pipelined, time_fn, write_json  # noqa: E402
 
 
 def make_ids(batch: int, n: int, routing: str, device) -> torch.Tensor:
@@ -155,7 +156,7 @@ def time_torch(row, prefix, model, x, ids, target, n, reps):
     with torch.no_grad():
         row[f"{prefix}_fwd_ms"] = 1e3 * time_fn(lambda: model(x, ids.long(), n), reps=reps)
     row[f"{prefix}_train_ms"] = 1e3 * time_fn(step, reps=reps)
-    row[f"{prefix}_train_pipelined_ms"] = 1e3 * time_pipelined(step, steps=2 * reps)
+    record_pipelined(row, prefix, step, steps=2 * reps)
     row[f"{prefix}_mem_mib"] = peak_memory_mib()
     # The steady state, as for tinn: one more step, its peak counted alone.
     peak_memory_reset()
@@ -186,8 +187,7 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
         row["tinn_fwd_ms"] = 1e3 * time_fn(lambda: net.inference(x, ids), reps=reps)
         trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-3})
         row["tinn_train_ms"] = 1e3 * time_fn(lambda: trainer.training_step(x, target, ids), reps=reps)
-        row["tinn_train_pipelined_ms"] = 1e3 * time_pipelined(lambda: trainer.training_step(x, target, ids),
-                                                              steps=2 * reps)
+        record_pipelined(row, "tinn", lambda: trainer.training_step(x, target, ids), steps=2 * reps)
         row["tinn_mem_mib"] = peak_memory_mib()
         # The steady state: one more step after the timed ones, peak counted from there (the first
         # calls of a process compile and warm up; the row above includes them).
@@ -315,6 +315,8 @@ def main(argv=None):
                        ("gmm_bf16_train_speedup", "step x gmm bf16", ".2f"),
                        ("tinn_train_pipelined_ms", "tinn step ms, pipelined", ".2f"),
                        ("torch_train_pipelined_ms", "torch step ms, pipelined", ".2f"),
+                       ("tinn_train_pipelined_spread_pct", "tinn spread %", ".1f"),
+                       ("torch_train_pipelined_spread_pct", "torch spread %", ".1f"),
                        ("train_speedup_pipelined", "step x bmm, pipelined", ".2f"),
                        ("gmm_bf16_train_speedup_pipelined", "step x gmm bf16, pipelined", ".2f"),
                        ("tinn_infer_samples_per_s", "infer samples/s", ".3g"),

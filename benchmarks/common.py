@@ -33,14 +33,34 @@ def time_pipelined(fn, warmup: int = 2, steps: int = 10) -> float:
     """Mean wall time in seconds of fn() over `steps` calls issued back to back with one device sync at the
     end, as a training loop runs: the host's work for a call overlaps the device's work for the one before,
     where `time_fn` (a sync around each call) counts the host's lead-in of every call."""
+    return time_pipelined_blocks(fn, warmup, steps, blocks=1)[0]
+
+
+def time_pipelined_blocks(fn, warmup: int = 2, steps: int = 10, blocks: int = 3) -> list[float]:
+    """`time_pipelined` over `blocks` blocks of `steps` calls each, one sync per block: the mean per call of
+    every block, in order. Their spread shows how much a single block's number can be trusted (clocks and
+    the machine drift within a process too)."""
     for _ in range(warmup):
         fn()
     sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / steps
+    means = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync()
+        means.append((time.perf_counter() - t0) / steps)
+    return means
+
+
+def record_pipelined(row: dict, prefix: str, fn, steps: int, blocks: int = 3) -> None:
+    """row[prefix_train_pipelined_ms] = the median block's mean ms per step; row[..._spread_ms] = the blocks'
+    [min, max], and row[..._spread_pct] = (max - min) / median in percent."""
+    means = [1e3 * t for t in time_pipelined_blocks(fn, steps=steps, blocks=blocks)]
+    median = statistics.median(means)
+    row[f"{prefix}_train_pipelined_ms"] = median
+    row[f"{prefix}_train_pipelined_spread_ms"] = [min(means), max(means)]
+    row[f"{prefix}_train_pipelined_spread_pct"] = 100 * (max(means) - min(means)) / median
 
 
 def peak_memory_reset() -> None:
