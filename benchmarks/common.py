@@ -17,29 +17,15 @@ def sync() -> None:
 
 def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
     """Median wall time in seconds of fn() with device syncs around each call."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def time_pipelined(fn, warmup: int = 2, steps: int = 10) -> float:
-    """Mean wall time in seconds of fn() over `steps` calls issued back to back with one device sync at the
-    end, as a training loop runs: the host's work for a call overlaps the device's work for the one before,
-    where `time_fn` (a sync around each call) counts the host's lead-in of every call."""
-    return time_pipelined_blocks(fn, warmup, steps, blocks=1)[0]
+    return statistics.median(time_pipelined_blocks(fn, warmup, steps=1, blocks=reps))
 
 
 def time_pipelined_blocks(fn, warmup: int = 2, steps: int = 10, blocks: int = 3) -> list[float]:
-    """`time_pipelined` over `blocks` blocks of `steps` calls each, one sync per block: the mean per call of
-    every block, in order. Their spread shows how much a single block's number can be trusted (clocks and
-    the machine drift within a process too)."""
+    """Mean wall time in seconds of fn() per block of `steps` calls issued back to back with one device sync
+    at the block's end, for each of `blocks` blocks in order. With many steps a block runs as a training loop
+    does: the host's work for a call overlaps the device's work for the one before, where one step per block
+    (`time_fn`) counts the host's lead-in of every call. The blocks' spread shows how much one block's number
+    can be trusted (clocks and the machine drift within a process too)."""
     for _ in range(warmup):
         fn()
     sync()
