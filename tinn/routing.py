@@ -28,8 +28,10 @@ def sort_by_network(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tenso
     """(order, counts): int32 sample indices grouped by network id (stable), int64 samples per network."""
     batch = net_ids.shape[0]
     if n_networks == 1:
+        # torch.full, not torch.tensor([batch], device=...): a tensor from host data is a blocking copy, which
+        # waits for the GPU to finish the previous step before this one can be issued.
         return (torch.arange(batch, dtype=torch.int32, device=net_ids.device),
-                torch.tensor([batch], dtype=torch.int64, device=net_ids.device))
+                torch.full((1,), batch, dtype=torch.int64, device=net_ids.device))
     # Counts from the sorted ids (a binary search per network boundary) rather than a histogram: a histogram's
     # atomics serialise when many samples share a network, and the sort has the sorted ids anyway.
     ids, order = torch.sort(sort_keys(net_ids, n_networks), stable=True)
@@ -102,7 +104,7 @@ def _tiles(order: torch.Tensor, counts: torch.Tensor, batch: int, n_networks: in
     GPU every op is a launch the host pays for before the step's kernels can start."""
     dev = counts.device
     i32 = torch.int32
-    sizes = torch.tensor(tile_sizes, dtype=torch.int64, device=dev)[:, None]          # (S, 1)
+    sizes = _sizes_column(tile_sizes, dev)                                              # (S, 1)
     n_max = [batch // size + min(n_networks, batch) + 1 for size in tile_sizes]
     seg_end = torch.cumsum(counts, 0)
     seg_start = seg_end - counts
@@ -116,3 +118,17 @@ def _tiles(order: torch.Tensor, counts: torch.Tensor, batch: int, n_networks: in
     count = torch.minimum(seg_end[net] - start, sizes).clamp_(min=0).masked_fill_(~valid, 0)
     net, start, count = net.to(i32), start.clamp_(0, max(batch - 1, 0)).to(i32), count.to(i32)
     return tuple(TileRouting(order, net[i, :m], start[i, :m], count[i, :m]) for i, m in enumerate(n_max))
+
+
+_SIZES: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _sizes_column(tile_sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The tile sizes as an int64 (S, 1) tensor on `device`, made once per (sizes, device): building it from
+    host data every step would be a blocking copy, a host sync in the middle of an otherwise asynchronous step.
+    Callers only read it."""
+    key = (tuple(tile_sizes), device)
+    column = _SIZES.get(key)
+    if column is None:
+        column = _SIZES[key] = torch.tensor(tile_sizes, dtype=torch.int64).to(device)[:, None]
+    return column
