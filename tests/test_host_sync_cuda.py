@@ -93,3 +93,64 @@ def test_torch_facade_step_does_not_sync():
         for _ in range(3):
             loss = step()
     assert float(loss) < float(first)
+
+
+ADAM = {"otype": "Adam", "learning_rate": 1e-2}
+OPTIMIZERS = [
+    ADAM,
+    {"otype": "SGD", "learning_rate": 1e-1},
+    {"otype": "Novograd", "learning_rate": 1e-2},
+    {"otype": "Shampoo", "learning_rate": 1e-2},
+    {"otype": "EMA", "decay": 0.9, "nested": ADAM},
+    {"otype": "Average", "n_samples": 4, "nested": ADAM},
+    {"otype": "Lookahead", "alpha": 0.5, "n_steps": 2, "nested": ADAM},
+    {"otype": "ExponentialDecay", "decay_start": 1, "decay_interval": 1, "decay_base": 0.99, "nested": ADAM},
+    {"otype": "Batched", "batch_size_multiplier": 2, "nested": ADAM},
+]
+
+
+@pytest.mark.parametrize("config", OPTIMIZERS, ids=[c["otype"] for c in OPTIMIZERS])
+def test_optimizer_steps_do_not_sync(config):
+    """Every optimizer and wrapper, driven by the Trainer over an array of networks."""
+    net = NetworkArray(3, 1, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=5)
+    trainer = Trainer(net, {"otype": "L2"}, config)
+    x, y, ids = batch(3, 1, 5, 3000, seed=3)
+    first = trainer.training_step(x, y, ids)
+    for _ in range(3):  # past every wrapper's first period (Lookahead's sync step, Average's window)
+        trainer.training_step(x, y, ids)
+    with no_host_sync():
+        for _ in range(4):
+            loss = trainer.training_step(x, y, ids)
+    assert float(loss) < float(first)
+
+
+def test_grid_arrays_training_step_does_not_sync():
+    """One hash grid per network (an array of grid-and-MLP models), routed by id."""
+    trainer = Trainer.from_config(HASH_CONFIG, 2, 3, n_networks=4)
+    x, y, ids = batch(2, 3, 4, 4096, seed=4)
+    first = trainer.training_step(x, y, ids)
+    with no_host_sync():
+        for _ in range(3):
+            loss = trainer.training_step(x, y, ids)
+    assert float(loss) < float(first)
+
+
+def test_compositing_does_not_sync():
+    """Forward and backward of the compositing, with the background given as numbers (the usual call)."""
+    from tinn.render.compositing import composite, composite_dense
+
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(5)
+    n_rays, n_samples = 64, 16
+    sigma = (torch.rand(n_rays, n_samples, generator=gen) * 3).to(dev).requires_grad_()
+    rgb = torch.rand(n_rays, n_samples, 3, generator=gen).to(dev).requires_grad_()
+    deltas = torch.full((n_rays, n_samples), 0.1, device=dev)
+    offsets = torch.arange(n_rays + 1, dtype=torch.int32, device=dev) * n_samples
+    composite_dense(sigma, rgb, deltas, background=(1.0, 1.0, 1.0))  # the background's one copy, outside
+    with no_host_sync():
+        dense = composite_dense(sigma, rgb, deltas, background=(1.0, 1.0, 1.0))
+        packed = composite(sigma.reshape(-1), rgb.reshape(-1, 3), deltas.reshape(-1), offsets,
+                           background=(1.0, 1.0, 1.0))
+        (dense.rgb.sum() + packed.rgb.sum()).backward()
+    assert torch.equal(dense.rgb, packed.rgb)
+    assert sigma.grad is not None and torch.isfinite(sigma.grad).all()

@@ -198,6 +198,19 @@ def test_composite_gradients_only_where_asked():
     assert out.depth is None
 
 
+def test_composite_background_as_numbers_equals_the_tensor():
+    """A background given as numbers composites as the same tensor would (and None as black); a render
+    loop passing the same numbers reuses one device tensor instead of copying them every call."""
+    sigma, rgb, deltas, offsets, t, _ = make_rays(5)
+    as_tensor = composite(sigma, rgb, deltas, offsets, background=torch.tensor([0.25, 0.5, 1.0], device=DEV), t=t)
+    as_numbers = composite(sigma, rgb, deltas, offsets, background=(0.25, 0.5, 1), t=t)
+    assert torch.equal(as_numbers.rgb, as_tensor.rgb) and torch.equal(as_numbers.depth, as_tensor.depth)
+    black = composite(sigma, rgb, deltas, offsets, t=t)
+    assert torch.equal(black.rgb, composite(sigma, rgb, deltas, offsets, background=torch.zeros(3, device=DEV), t=t).rgb)
+    from tinn.render.compositing import _constant_background
+    assert _constant_background([0.25, 0.5, 1.0], sigma.device) is _constant_background((0.25, 0.5, 1), sigma.device)
+
+
 def test_composite_dense_equals_packed():
     g = torch.Generator().manual_seed(4)
     n_rays, n_samples = 5, 9
@@ -236,6 +249,10 @@ def test_composite_rejects_bad_input():
         composite(sigma, rgb, deltas, bad)
     with pytest.raises(InputError, match="background must have shape"):
         composite(sigma, rgb, deltas, offsets, background=torch.ones(2, 3, device=DEV))
+    with pytest.raises(InputError, match="background must have shape"):
+        composite(sigma, rgb, deltas, offsets, background=(1.0, 1.0))
+    with pytest.raises(InputError, match="background must be None, three numbers"):
+        composite(sigma, rgb, deltas, offsets, background=("white", 1.0, 1.0))
     with pytest.raises(InputError, match="t must have shape"):
         composite(sigma, rgb, deltas, offsets, t=t[:3])
     with pytest.raises(InputError, match="rgb must have shape"):

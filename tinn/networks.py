@@ -7,6 +7,8 @@ the Taichi kernels read and write in place.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import chunks, dense_mlp, losses, memory, runtime, second_order
@@ -58,17 +60,48 @@ def parse_network_config(config, path: str = "network") -> dict:
     }
 
 
-def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor,
+class Rows(NamedTuple):
+    """Rows [offset row, + rows) of a (?, K) operand, as storage coordinates: element (r, j) of the operand is
+    base's storage at offset + r * row_stride + j * k_stride. Lets `mm_long_k` read a layer's rows out of a
+    stacked buffer without a select or slice op per layer (each torch op costs host time)."""
+    base: torch.Tensor
+    offset: int
+    rows: int
+    row_stride: int
+    k_stride: int
+    k: int
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "Rows":
+        """A 2-D tensor (any strides) as Rows."""
+        return Rows(t, t.storage_offset(), t.shape[0], t.stride(0), t.stride(1), t.shape[1])
+
+    @staticmethod
+    def stacked(t: torch.Tensor, index: int, rows: int | None = None) -> "Rows":
+        """The first `rows` rows (default all) of t[index] for a contiguous (n, R, K) t."""
+        _, r, k = t.shape
+        return Rows(t, t.storage_offset() + index * r * k, r if rows is None else rows, k, 1, k)
+
+    def matrix(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The operand (columns [start, stop) of K) as a strided view: one op."""
+        stop = self.k if stop is None else stop
+        return self.base.as_strided((self.rows, stop - start), (self.row_stride, self.k_stride),
+                                    self.offset + start * self.k_stride)
+
+
+def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], out: torch.Tensor,
               max_slices: int | None = None) -> None:
     """Consecutive blocks of the contiguous `out` receive a_i @ b_i^T, for (M_i, K) and (N_i, K)
-    operands sharing K (the batch), K far larger than M_i and N_i (weight gradients).
+    operands sharing K (the batch), K far larger than M_i and N_i (weight gradients). An operand is a 2-D
+    tensor or `Rows` of a larger buffer.
 
     On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
     a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
     slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
     Elsewhere one plain GEMM per product.
     """
-    k = products[0][0].shape[1]
+    products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
+    k = products[0][0].k
     if max_slices is None:
         max_slices = runtime.settings().weight_gradient_slices if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
@@ -76,29 +109,29 @@ def mm_long_k(products: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
     def blocks():  # out's block of each product (built only when needed: views cost host time too)
         off = out.storage_offset()
         for a, b in products:
-            yield out.as_strided((a.shape[0], b.shape[0]), (b.shape[0], 1), off)
-            off += a.shape[0] * b.shape[0]
+            yield out.as_strided((a.rows, b.rows), (b.rows, 1), off)
+            off += a.rows * b.rows
 
     if slices < 2:
         for (a, b), block in zip(products, blocks()):
-            torch.mm(a, b.t(), out=block)
+            torch.mm(a.matrix(), b.matrix().t(), out=block)
         return
     step = k // slices
     main = slices * step
-    total = sum(a.shape[0] * b.shape[0] for a, b in products)
+    total = sum(a.rows * b.rows for a, b in products)
     partial = torch.empty(slices, total, dtype=out.dtype, device=out.device)
     off = 0
     for a, b in products:
-        m, n = a.shape[0], b.shape[0]
+        m, n = a.rows, b.rows
         # Strided views, one op each: [s, m, j] = a[m, s*step + j] and [s, j, n] = b[n, s*step + j].
-        a_slices = a.as_strided((slices, m, step), (step * a.stride(1), a.stride(0), a.stride(1)))
-        b_slices = b.as_strided((slices, step, n), (step * b.stride(1), b.stride(1), b.stride(0)))
+        a_slices = a.base.as_strided((slices, m, step), (step * a.k_stride, a.row_stride, a.k_stride), a.offset)
+        b_slices = b.base.as_strided((slices, step, n), (step * b.k_stride, b.k_stride, b.row_stride), b.offset)
         torch.bmm(a_slices, b_slices, out=partial.as_strided((slices, m, n), (total, n, 1), off))
         off += m * n
     torch.sum(partial, 0, out=out.as_strided((total,), (1,)))
     if main < k:
         for (a, b), block in zip(products, blocks()):
-            block.addmm_(a[:, main:], b[:, main:].t())
+            block.addmm_(a.matrix(main), b.matrix(main).t())
 
 
 class NetworkArray(Part):
@@ -361,8 +394,9 @@ class NetworkArray(Part):
         dx = torch.empty(dx_shape, device=dev) if want_dx else torch.empty(1, 1, device=dev)
         gemm = batch > 0 and self.n_networks == 1 and runtime.settings().vendor_weight_gradients
         dparams = None
-        if want_params:  # the GEMMs write every weight; the kernels add into zeros
-            dparams = torch.empty_like(params) if gemm else torch.zeros_like(params)
+        if want_params:  # the GEMMs write every computed weight (tcnn's padded output rows stay zero); kernels add
+            padded = self.kernel_outputs > self.n_output_dims
+            dparams = torch.empty_like(params) if gemm and not padded else torch.zeros_like(params)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
         # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
@@ -382,7 +416,7 @@ class NetworkArray(Part):
         if not want_params:
             pass
         elif gemm:
-            self._gemm_weight_gradients(x if x_feature_major else x.t(), acts, deltas, dout, dparams)
+            self._gemm_weight_gradients(x, x_feature_major, acts, deltas, dout, dparams)
         elif self.fused:
             FK.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
                                     dparams=dparams, x_fm=x_feature_major)
@@ -390,23 +424,25 @@ class NetworkArray(Part):
             K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
 
-    def _gemm_weight_gradients(self, x_t, acts, deltas, dout, dparams):
+    def _gemm_weight_gradients(self, x, x_feature_major, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
 
         With a single network the batch is one long reduction (K = batch), what split-K GEMMs are for
         (tcnn computes its weight gradients with CUTLASS GEMMs the same way). Its sorted order is the
-        identity, so the feature-major deltas and activations line up with the input's samples; `x_t`
-        is the network input as (n_in, batch), a view of either layout. Plain float32 unless
+        identity, so the feature-major deltas and activations line up with the input's samples; the network
+        input is read as (n_in, batch) from either layout. Plain float32 unless
         torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and the unfused (CPU)
-        backward alike: both keep deltas and activations feature-major by sorted position.
+        backward alike: both keep deltas and activations feature-major by sorted position. tcnn's padded
+        output rows of `dparams` are not written (the caller hands zeros when there are any).
         """
-        # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other.
+        # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other. The operands are
+        # rows of the stacked buffers, described without a view op each.
+        batch, n_in = (x.shape[1], x.shape[0]) if x_feature_major else x.shape
+        x_rows = Rows.of(x) if x_feature_major else Rows(x, x.storage_offset(), n_in, x.stride(1), x.stride(0), batch)
         last = self.n_layers - 1
-        mm_long_k([(dout[0] if l == last else deltas[l],             # (fan_out, B)
-                    x_t if l == 0 else acts[l - 1, :fan_in])         # (fan_in, B)
+        mm_long_k([(Rows.stacked(dout, 0) if l == last else Rows.stacked(deltas, l),   # (fan_out, B)
+                    x_rows if l == 0 else Rows.stacked(acts, l - 1, fan_in))         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
-        if self.kernel_outputs > self.n_output_dims:  # tcnn's padded output rows, never computed: zero gradient
-            dparams[:, K.computed_params(self.shape):].zero_()
 
     def extra_repr(self) -> str:
         pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""

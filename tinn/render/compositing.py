@@ -83,12 +83,32 @@ def _float_tensor(name: str, v, shape: tuple) -> torch.Tensor:
     return v.contiguous()
 
 
+_CONSTANT_BACKGROUNDS: dict = {}
+
+
+def _constant_background(values, dev) -> torch.Tensor:
+    """A background given as numbers, as a (3,) tensor on `dev`, kept per value: torch builds a device tensor
+    from host data with a blocking copy (the GPU drains first), which a render loop would pay on every call.
+    Read-only (the kernels only read the background; it needs no gradient)."""
+    try:
+        key = (tuple(float(v) for v in values), str(dev))
+    except (TypeError, ValueError):
+        raise InputError(f"background must be None, three numbers or a float32 tensor of shape (3,) or (R, 3), "
+                         f"got {values!r}") from None
+    t = _CONSTANT_BACKGROUNDS.get(key)
+    if t is None:
+        if len(_CONSTANT_BACKGROUNDS) >= 16:
+            _CONSTANT_BACKGROUNDS.clear()
+        t = _CONSTANT_BACKGROUNDS[key] = torch.tensor(key[0], dtype=torch.float32, device=dev)
+    return t
+
+
 def _background(background, n_rays: int, dev) -> torch.Tensor:
     """The background as a (1, 3) or (R, 3) float32 tensor (a view of the caller's, so gradients reach it)."""
     if background is None:
-        return torch.zeros(1, 3, dtype=torch.float32, device=dev)
+        background = (0.0, 0.0, 0.0)
     if not isinstance(background, torch.Tensor):
-        background = torch.tensor(background, dtype=torch.float32, device=dev)
+        background = _constant_background(background, dev)
     if background.dtype != torch.float32:
         raise InputError(f"background has dtype {background.dtype}; allowed: torch.float32")
     if background.shape == (3,):
