@@ -1,6 +1,8 @@
 """The part contract (tinn/part.py): the Trainer drives it directly and gets what torch autograd gets,
 one autograd Function drives it for torch users, layouts are handed over by declaration, and second
 derivatives either match float64 torch or raise SecondOrderError."""
+import threading
+
 import pytest
 import torch
 
@@ -246,6 +248,62 @@ def test_optimize_with_decay_schedule():
     assert rates == pytest.approx(expected, rel=1e-6)
     with pytest.raises(tinn.InputError, match="0-d loss"):
         trainer.optimize(lambda: net(x))
+
+
+class _BackwardProbe(torch.autograd.Function):
+    """Identity whose backward records where it ran: the thread, and torch's thread-local switch for
+    multithreaded backward passes as that thread sees it."""
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _BackwardProbe.seen.append((threading.get_ident(), torch._C._is_multithreading_enabled()))
+        return g
+
+
+@pytest.mark.parametrize("calling_thread", [True, False])
+def test_trainer_backward_runs_where_the_settings_say(tuned, calling_thread):
+    """The Trainer's own autograd passes (an objective; a model outside the contract) run on the calling
+    thread by default (settings.autograd_calling_thread), and on torch's default worker otherwise; the
+    step's result is the same either way."""
+    tuned(autograd_calling_thread=calling_thread)
+    dev = tinn.runtime.device()
+    net = NetworkArray(2, 1, NET, seed=3)
+    x = torch.rand(64, 2, device=dev)
+    trainer = Trainer(net, None, {"otype": "SGD", "learning_rate": 0.1})
+    _BackwardProbe.seen = []
+    loss = trainer.optimize(lambda: _BackwardProbe.apply(net(x)).square().mean())
+    (thread, multithreaded), = _BackwardProbe.seen
+    assert multithreaded is not calling_thread
+    if calling_thread or dev.type == "cpu":  # torch runs a CPU backward on the calling thread anyway
+        assert thread == threading.get_ident()
+    else:
+        assert thread != threading.get_ident()  # torch's device thread
+
+    class Wrapped(Part):  # a part with its own forward: the Trainer differentiates it with autograd
+        def __init__(self):
+            super().__init__(2, 1)
+            self.net = NetworkArray(2, 1, NET, seed=3)
+
+        def forward(self, x, net_ids=None):
+            return _BackwardProbe.apply(self.net(x))
+
+    wrapped = Wrapped()
+    _BackwardProbe.seen = []
+    Trainer(wrapped, {"otype": "L2"}, {"otype": "SGD", "learning_rate": 0.1}).training_step(x, torch.zeros(64, 1, device=dev))
+    (_, multithreaded), = _BackwardProbe.seen
+    assert multithreaded is not calling_thread
+    # Same arithmetic on either thread: one SGD step from the same start.
+    reference = NetworkArray(2, 1, NET, seed=3)
+    ref_loss = reference(x).square().mean()
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss.detach())
+    torch.testing.assert_close(net.params.detach(), (reference.params - 0.1 * reference.params.grad).detach(),
+                               rtol=1e-5, atol=1e-6)
 
 
 # ---- layouts ---------------------------------------------------------------------------------------

@@ -139,6 +139,15 @@ def foreign_stream():
     return None if cur == torch.cuda.default_stream(dev) else cur
 
 
+
+def autograd_backward_here():
+    """Context for a backward pass tinn starts itself: on the calling thread where the settings say so
+    (`autograd_calling_thread`), else torch's default (CUDA backward passes on torch's device thread). The
+    calling thread waits for the backward either way; running it there saves the hand-over."""
+    if settings().autograd_calling_thread:
+        return torch.autograd.set_multithreading_enabled(False)
+    return contextlib.nullcontext()
+
 @contextlib.contextmanager
 def stream_guard():
     """Order Taichi launches (CUDA legacy default stream) with torch's current stream.

@@ -55,7 +55,8 @@ def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> Lo
     leaf = pred.detach().requires_grad_()
     with torch.enable_grad():
         value = loss(leaf, target)
-        (grad,) = torch.autograd.grad(value, leaf)
+        with runtime.autograd_backward_here():
+            (grad,) = torch.autograd.grad(value, leaf)
     return LossResult(value.detach(), grad)
 
 
@@ -160,7 +161,8 @@ class Trainer(LearningRateOf):
             else:
                 pred = self.model(x, ids)
                 result = _loss_result(self.loss, pred.detach(), t, **kwargs)
-                pred.backward(result.grad)
+                with runtime.autograd_backward_here():
+                    pred.backward(result.grad)
         if run_optimizer:
             self.optimizer.step()
             self.step += 1
@@ -177,7 +179,8 @@ class Trainer(LearningRateOf):
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 raise InputError(f"the objective must return a 0-d loss tensor, got "
                                  f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}")
-            loss.backward()
+            with runtime.autograd_backward_here():
+                loss.backward()
         if run_optimizer:
             self.optimizer.step()
             self.step += 1

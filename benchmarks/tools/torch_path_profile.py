@@ -85,8 +85,15 @@ def main(argv=None) -> None:
             opt.step()
         return step
 
+    def on_calling_thread(step):
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                step()
+        return run
+
     paths = {"native Trainer": native,
              "tinn.torch + torch loss + Adam (foreach)": torch_path(optimizer, relative_l2),
+             "  the same, backward on the calling thread": on_calling_thread(torch_path(optimizer, relative_l2)),
              "tinn.torch + tinn loss + Adam (foreach)": torch_path(optimizer, tinn_loss),
              "tinn.torch + tinn loss + Adam (fused)": torch_path(fused, tinn_loss)}
     rows, tables = [], {}

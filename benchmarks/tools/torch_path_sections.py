@@ -4,7 +4,8 @@ Wall time inside selected functions, no syncs inside a block of steps (the GPU r
 figure is what that code costs the Python threads per step. Inclusive: an outer section contains its inner
 ones. torch runs a CUDA backward on its own device thread: the sections under `loss.backward` run there.
 For scale it also times autograd alone: a backward through one torch op, and through a Python
-`autograd.Function` that does nothing. Whole steps (both paths) are also timed under `--variant` settings,
+`autograd.Function` that does nothing. The torch path is also timed with
+`torch.autograd.set_multithreading_enabled(False)` (the backward on the calling thread). Whole steps (both paths) are also timed under `--variant` settings,
 in alternating rounds in the same process.
 
     python benchmarks/tools/torch_path_sections.py [--log2-batch 18] [--steps 200] [--variant name=value] [--json FILE]
@@ -61,6 +62,14 @@ class _Nothing(torch.autograd.Function):
         return g
 
 
+def on_calling_thread(fn):
+    """`fn` with torch's autograd running the backward on the calling thread instead of its device thread."""
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
+    return run
+
+
 def per_step(fn, steps: int, sync) -> float:
     """Host microseconds per call, median of five blocks."""
     times = []
@@ -100,6 +109,7 @@ def main(argv=None) -> None:
     w = torch.randn(1 << 16, device=dev, requires_grad=True)
     plain = per_step(lambda: (w * 2).sum().backward(), args.steps, sync)
     nothing = per_step(lambda: _Nothing.apply(w).sum().backward(), args.steps, sync)
+    plain_here = per_step(on_calling_thread(lambda: (w * 2).sum().backward()), args.steps, sync)
 
     config = tinn.load_config(args.config)
     task = ImageTask(default_image(256), seed=0)
@@ -119,13 +129,23 @@ def main(argv=None) -> None:
         timed("loss.backward", loss.backward)()
         timed("optimizer.step", optimizer.step)()
 
+    # tinn's own autograd-driven step (Trainer.optimize, as the scene trainers use it) on the same objective
+    objective_model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
+    objective_trainer = tinn.Trainer(objective_model, None, config.get("optimizer", {}))
+
+    def optimize():
+        state["i"] = (state["i"] + 1) % len(batches)
+        x, t, _ = batches[state["i"]]
+        objective_trainer.optimize(lambda: relative_l2(objective_model(x), t))
+
     def native():
         state["i"] = (state["i"] + 1) % len(batches)
         x, t, _ = batches[state["i"]]
         trainer.training_step(x, t)
 
     rows = [{"section": "autograd: backward through one torch op", "us": plain},
-            {"section": "autograd: backward through a no-op Python Function", "us": nothing}]
+            {"section": "autograd: backward through a no-op Python Function", "us": nothing},
+            {"section": "autograd: backward through one torch op, on the calling thread", "us": plain_here}]
     # Whole steps under the process's settings and under each --variant, in alternating rounds (a host's
     # speed drifts within a process too), medians of the rounds.
     base = tinn.settings.current()
@@ -136,7 +156,9 @@ def main(argv=None) -> None:
     for _ in range(args.rounds):
         for label, chosen in variants.items():
             tinn.settings.install(chosen)
-            for path, fn in (("Trainer step", native), ("torch path step", step)):
+            for path, fn in (("Trainer step", native), ("torch path step", step),
+                             ("torch path step, backward on the calling thread", on_calling_thread(step)),
+                             ("Trainer.optimize on that objective", optimize)):
                 for _ in range(10):
                     fn()
                 timings[(path, label)].append(per_step(fn, args.steps, sync))
