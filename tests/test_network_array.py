@@ -106,6 +106,25 @@ def test_long_k_gemm_slices_and_remainder(k, max_slices, device):
     assert torch.equal(out[0, 50:], torch.full((2,), 7.0, device=device))
 
 
+@pytest.mark.parametrize("max_slices", [1, 4])
+def test_long_k_gemm_rows_of_stacked_buffers(max_slices, device):
+    """Operands given as rows of stacked (n, R, K) buffers and of a sample-major input read through its
+    strides (what the single network's weight gradients pass): the float64 products."""
+    gen = torch.Generator().manual_seed(11)
+    k = 4100
+    deltas = torch.randn(2, 6, k, generator=gen).to(device)
+    acts = torch.randn(3, 6, k, generator=gen).to(device)
+    x = torch.randn(k, 5, generator=gen).to(device)  # sample-major: its transpose is the (5, K) operand
+    rows = networks.Rows
+    products = [(rows.stacked(deltas, 1), rows(x, x.storage_offset(), 5, x.stride(1), x.stride(0), k)),
+                (rows.stacked(deltas, 0, 4), rows.stacked(acts, 2, 3))]
+    out = torch.full((1, 6 * 5 + 4 * 3 + 1), 7.0, device=device)
+    networks.mm_long_k(products, out[:, :-1], max_slices=max_slices)
+    assert rel_err(out[0, :30].view(6, 5), deltas[1].double() @ x.double()) < 1e-5
+    assert rel_err(out[0, 30:42].view(4, 3), deltas[0, :4].double() @ acts[2, :3].double().t()) < 1e-5
+    assert float(out[0, 42]) == 7.0
+
+
 def test_single_network_without_ids(device):
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
     x = torch.rand(50, 3, device=device)
