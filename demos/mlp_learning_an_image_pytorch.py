@@ -2,7 +2,8 @@
 samples/mlp_learning_an_image_pytorch.py.
 
 The only changes a tcnn user makes are the import (`import tinn.torch as tcnn`) and, for an array of
-networks, the extra `net_ids` argument. Everything else is plain PyTorch: the relative L2 loss is computed
+networks, the extra `net_ids` argument; this port also runs the backward on the calling thread
+(`torch.autograd.set_multithreading_enabled(False)`, one line of PyTorch), which the loop's host time favours. Everything else is plain PyTorch: the relative L2 loss is computed
 in torch exactly like tcnn's sample, and `torch.optim.Adam` updates the parameters in place.
 
     python demos/mlp_learning_an_image_pytorch.py                        # embedded default image
@@ -47,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out/image_pytorch", help="output directory for PNGs and summary.json")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--torch-backward-thread", action="store_true",
+                   help="leave the backward on torch's device thread (its default) instead of the calling thread")
     return p.parse_args(argv)
 
 
@@ -92,6 +95,9 @@ def run(argv=None) -> dict:
     def render() -> torch.Tensor:  # the prediction at every pixel centre, (H, W, 3)
         return task.render(lambda x, ids: model(x) if ids is None else model(x, ids))
 
+    # One line beyond tcnn's sample: this loop is host-bound, and a CUDA backward handed to torch's device thread
+    # costs a hand-over per step (README, Performance); on the CPU the backward runs here anyway.
+    torch.autograd.set_multithreading_enabled(args.torch_backward_thread)
     history = []
     train_time = 0.0
     prev_time = time.perf_counter()
