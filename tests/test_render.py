@@ -209,6 +209,8 @@ def test_composite_background_as_numbers_equals_the_tensor():
     assert torch.equal(black.rgb, composite(sigma, rgb, deltas, offsets, background=torch.zeros(3, device=DEV), t=t).rgb)
     from tinn.render.compositing import _constant_background
     assert _constant_background([0.25, 0.5, 1.0], sigma.device) is _constant_background((0.25, 0.5, 1), sigma.device)
+    per_ray = [[0.25, 0.5, 1.0]] * (offsets.shape[0] - 1)  # per-ray colours as nested lists: converted each call
+    assert torch.equal(composite(sigma, rgb, deltas, offsets, background=per_ray, t=t).rgb, as_tensor.rgb)
 
 
 def test_composite_dense_equals_packed():

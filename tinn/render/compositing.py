@@ -87,14 +87,18 @@ _CONSTANT_BACKGROUNDS: dict = {}
 
 
 def _constant_background(values, dev) -> torch.Tensor:
-    """A background given as numbers, as a (3,) tensor on `dev`, kept per value: torch builds a device tensor
-    from host data with a blocking copy (the GPU drains first), which a render loop would pay on every call.
-    Read-only (the kernels only read the background; it needs no gradient)."""
+    """A background given as host data, as a tensor on `dev`. A flat sequence of numbers (one colour) is kept
+    per value: torch builds a device tensor from host data with a blocking copy (the GPU drains first), which a
+    render loop would pay on every call. Read-only (the kernels only read the background; it needs no
+    gradient). Anything else (per-ray colours as nested lists or an array) is converted on each call."""
     try:
         key = (tuple(float(v) for v in values), str(dev))
     except (TypeError, ValueError):
-        raise InputError(f"background must be None, three numbers or a float32 tensor of shape (3,) or (R, 3), "
-                         f"got {values!r}") from None
+        try:
+            return torch.tensor(values, dtype=torch.float32, device=dev)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"background must be None, three numbers or a float32 tensor of shape (3,) or (R, 3), "
+                             f"got {values!r}") from None
     t = _CONSTANT_BACKGROUNDS.get(key)
     if t is None:
         if len(_CONSTANT_BACKGROUNDS) >= 16:
