@@ -96,7 +96,8 @@ def run(argv=None) -> dict:
         return task.render(lambda x, ids: model(x) if ids is None else model(x, ids))
 
     # One line beyond tcnn's sample: this loop is host-bound, and a CUDA backward handed to torch's device thread
-    # costs a hand-over per step (README, Performance); on the CPU the backward runs here anyway.
+    # costs a hand-over per step, on some machines much of the step (README, Performance); on the CPU the
+    # backward runs here anyway.
     torch.autograd.set_multithreading_enabled(args.torch_backward_thread)
     history = []
     train_time = 0.0
