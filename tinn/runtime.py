@@ -139,7 +139,6 @@ def foreign_stream():
     return None if cur == torch.cuda.default_stream(dev) else cur
 
 
-
 def autograd_backward_here():
     """Context for a backward pass tinn starts itself: on the calling thread where the settings say so
     (`autograd_calling_thread`), else torch's default (CUDA backward passes on torch's device thread). The
@@ -147,6 +146,7 @@ def autograd_backward_here():
     if settings().autograd_calling_thread:
         return torch.autograd.set_multithreading_enabled(False)
     return contextlib.nullcontext()
+
 
 @contextlib.contextmanager
 def stream_guard():
