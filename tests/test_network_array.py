@@ -116,7 +116,7 @@ def test_long_k_gemm_rows_of_stacked_buffers(max_slices, device):
     acts = torch.randn(3, 6, k, generator=gen).to(device)
     x = torch.randn(k, 5, generator=gen).to(device)  # sample-major: its transpose is the (5, K) operand
     rows = networks.Rows
-    products = [(rows.stacked(deltas, 1), rows(x, x.storage_offset(), 5, x.stride(1), x.stride(0), k)),
+    products = [(rows.stacked(deltas, 1), rows.transposed(x)),
                 (rows.stacked(deltas, 0, 4), rows.stacked(acts, 2, 3))]
     out = torch.full((1, 6 * 5 + 4 * 3 + 1), 7.0, device=device)
     networks.mm_long_k(products, out[:, :-1], max_slices=max_slices)

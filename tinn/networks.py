@@ -77,6 +77,11 @@ class Rows(NamedTuple):
         return Rows(t, t.storage_offset(), t.shape[0], t.stride(0), t.stride(1), t.shape[1])
 
     @staticmethod
+    def transposed(t: torch.Tensor) -> "Rows":
+        """The rows of t^T for a 2-D (K, R) tensor t (any strides), without the transpose op."""
+        return Rows(t, t.storage_offset(), t.shape[1], t.stride(1), t.stride(0), t.shape[0])
+
+    @staticmethod
     def stacked(t: torch.Tensor, index: int, rows: int | None = None) -> "Rows":
         """The first `rows` rows (default all) of t[index] for a contiguous (n, R, K) t."""
         _, r, k = t.shape
@@ -437,8 +442,7 @@ class NetworkArray(Part):
         """
         # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other. The operands are
         # rows of the stacked buffers, described without a view op each.
-        batch, n_in = (x.shape[1], x.shape[0]) if x_feature_major else x.shape
-        x_rows = Rows.of(x) if x_feature_major else Rows(x, x.storage_offset(), n_in, x.stride(1), x.stride(0), batch)
+        x_rows = Rows.of(x) if x_feature_major else Rows.transposed(x)
         last = self.n_layers - 1
         mm_long_k([(Rows.stacked(dout, 0) if l == last else Rows.stacked(deltas, l),   # (fan_out, B)
                     x_rows if l == 0 else Rows.stacked(acts, l - 1, fan_in))         # (fan_in, B)
