@@ -59,6 +59,53 @@ def torch_adam(params, cfg: dict, **options) -> torch.optim.Adam:
                             eps=cfg.get("epsilon", 1e-8), **options)
 
 
+def on_calling_thread(fn):
+    """`fn` with torch's autograd running its backward on the calling thread instead of torch's device thread."""
+    def run():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fn()
+    return run
+
+
+class ImageSteps:
+    """The image step (config's encoding and network, one network) both ways, on a few fixed batches taken in
+    turn, for the host-time tools: `native()` is a Trainer step, `torch_loop(...)` tcnn's sample loop through
+    `tinn.torch` (module call, loss, zero_grad, backward, optimizer step)."""
+
+    def __init__(self, config: dict, log2_batch: int, n_batches: int = 4, seed: int = 1337):
+        from tinn.tasks.image import ImageTask, default_image
+        task = ImageTask(default_image(256), seed=0)
+        self.config = config
+        self.batches = [task.batch(1 << log2_batch) for _ in range(n_batches)]
+        self.trainer = tinn.Trainer.from_config(config, 2, 3, seed=seed)
+        self.model = self.tcnn_model(seed)
+        self.i = 0
+
+    def tcnn_model(self, seed: int = 1337):
+        return tcnn.NetworkWithInputEncoding(2, 3, self.config["encoding"], self.config["network"], seed=seed)
+
+    def next_batch(self):
+        self.i = (self.i + 1) % len(self.batches)
+        return self.batches[self.i]
+
+    def native(self) -> None:
+        x, t, _ = self.next_batch()
+        self.trainer.training_step(x, t)
+
+    def torch_loop(self, optimizer, loss_fn=relative_l2, model=None, backward=None, step=None):
+        """One step of tcnn's loop as a function; `backward(loss)` and `step()` replace `loss.backward()` and
+        `optimizer.step()` where given (e.g. timed versions)."""
+        model = model or self.model
+
+        def run():
+            x, t, _ = self.next_batch()
+            loss = loss_fn(model(x), t)
+            optimizer.zero_grad()
+            (backward or torch.Tensor.backward)(loss)
+            (step or optimizer.step)()
+        return run
+
+
 def bench_one(config: dict, batch: int, n_networks: int, steps: int, reps: int, seed: int = 1337) -> dict:
     from tinn.tasks.image import ImageTask, default_image
 

@@ -1,6 +1,8 @@
 """Timing and reporting helpers shared by the benchmarks."""
 from __future__ import annotations
 
+import collections
+import functools
 import gc
 import json
 import statistics
@@ -13,6 +15,55 @@ import tinn
 
 def sync() -> None:
     tinn.runtime.sync()
+
+
+class Sections:
+    """Host wall time spent inside chosen functions, by label, with their call counts: `wrap` replaces a
+    method by a timed one, `wrap_launches` times every lean Taichi launch as "launch <kernel>". No syncs:
+    each figure is what that code costs the calling threads (the GPU runs behind). Inclusive: an outer
+    section contains its inner ones."""
+
+    def __init__(self):
+        self.spent = collections.defaultdict(float)
+        self.calls = collections.Counter()
+
+    def timed(self, label: str, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[label] += time.perf_counter() - t0
+                self.calls[label] += 1
+        return wrapper
+
+    def wrap(self, owner, name: str, label: str | None = None) -> None:
+        setattr(owner, name, self.timed(label or f"{owner.__name__}.{name}", getattr(owner, name)))
+
+    def wrap_launches(self) -> None:
+        from tinn.kernels import launch
+        real_call = launch.FastKernel.__call__
+        sections = self
+
+        def kernel_call(kernel, *args):
+            t0 = time.perf_counter()
+            try:
+                return real_call(kernel, *args)
+            finally:
+                sections.spent["launch " + kernel.__name__] += time.perf_counter() - t0
+                sections.calls["launch " + kernel.__name__] += 1
+
+        launch.FastKernel.__call__ = kernel_call
+
+    def clear(self) -> None:
+        self.spent.clear()
+        self.calls.clear()
+
+    def rows(self, steps: int) -> list[dict]:
+        """{section, calls (per step), us (per step)}, the costliest first."""
+        return [{"section": label, "calls": self.calls[label] / steps, "us": 1e6 * t / steps}
+                for label, t in sorted(self.spent.items(), key=lambda kv: -kv[1])]
 
 
 def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:

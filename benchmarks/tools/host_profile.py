@@ -21,8 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
-import tinn.torch as tcnn  # noqa: E402
-from bench_torch_path import relative_l2, torch_adam  # noqa: E402
+from bench_torch_path import ImageSteps, torch_adam  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -36,32 +35,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     arch = tinn.init(args.arch)
     tinn.checks.set_enabled(False)
-    from tinn.tasks.image import ImageTask, default_image
     config = tinn.load_config(args.config)
-    task = ImageTask(default_image(256), seed=0)
-    batches = [task.batch(1 << args.log2_batch) for _ in range(4)]
-    trainer = tinn.Trainer.from_config(config, 2, 3, seed=1337)
-    model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
-    optimizer = torch_adam(model.parameters(), config.get("optimizer", {}))
-    state = {"i": 0}
-
-    def next_batch():
-        state["i"] = (state["i"] + 1) % len(batches)
-        return batches[state["i"]]
-
-    def torch_path():
-        x, t, _ = next_batch()
-        loss = relative_l2(model(x), t)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    def native():
-        x, t, _ = next_batch()
-        trainer.training_step(x, t)
+    image = ImageSteps(config, args.log2_batch)
+    torch_loop = image.torch_loop(torch_adam(image.model.parameters(), config.get("optimizer", {})))
 
     report = []
-    for name, step in (("tinn.torch + torch loss + torch Adam", torch_path), ("Trainer", native)):
+    for name, step in (("tinn.torch + torch loss + torch Adam", torch_loop), ("Trainer", image.native)):
         for _ in range(10):
             step()
         tinn.runtime.sync()

@@ -23,8 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
-import tinn.torch as tcnn  # noqa: E402
-from bench_torch_path import relative_l2, torch_adam  # noqa: E402
+from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
 
 
 def timeline(step, steps: int) -> dict:
@@ -55,47 +54,19 @@ def main(argv=None) -> None:
     if tinn.init() != "cuda":
         sys.exit("torch_path_profile.py times CUDA events: run it on a GPU")
     from torch.profiler import ProfilerActivity, profile
-    from tinn.tasks.image import ImageTask, default_image
 
     config = tinn.load_config(args.config)
     tinn.checks.set_enabled(False)
-    task = ImageTask(default_image(256), seed=0)
-    batches = [task.batch(1 << args.log2_batch) for _ in range(4)]
-    trainer = tinn.Trainer.from_config(config, 2, 3, seed=1337)
-    model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
-    optimizer = torch_adam(model.parameters(), config.get("optimizer", {}))
-    fused = torch_adam(model.parameters(), config.get("optimizer", {}), fused=True)
+    image = ImageSteps(config, args.log2_batch)
+    optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
+    fused = torch_adam(image.model.parameters(), config.get("optimizer", {}), fused=True)
     tinn_loss = tinn.create_loss({"otype": "RelativeL2"})
-    state = {"i": 0}
 
-    def next_batch():
-        state["i"] = (state["i"] + 1) % len(batches)
-        return batches[state["i"]]
-
-    def native():
-        x, t, _ = next_batch()
-        trainer.training_step(x, t)
-
-    def torch_path(opt, loss_fn):
-        def step():
-            x, t, _ = next_batch()
-            loss = loss_fn(model(x), t)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return step
-
-    def on_calling_thread(step):
-        def run():
-            with torch.autograd.set_multithreading_enabled(False):
-                step()
-        return run
-
-    paths = {"native Trainer": native,
-             "tinn.torch + torch loss + Adam (foreach)": torch_path(optimizer, relative_l2),
-             "  the same, backward on the calling thread": on_calling_thread(torch_path(optimizer, relative_l2)),
-             "tinn.torch + tinn loss + Adam (foreach)": torch_path(optimizer, tinn_loss),
-             "tinn.torch + tinn loss + Adam (fused)": torch_path(fused, tinn_loss)}
+    paths = {"native Trainer": image.native,
+             "tinn.torch + torch loss + Adam (foreach)": image.torch_loop(optimizer),
+             "  the same, backward on the calling thread": on_calling_thread(image.torch_loop(optimizer)),
+             "tinn.torch + tinn loss + Adam (foreach)": image.torch_loop(optimizer, tinn_loss),
+             "tinn.torch + tinn loss + Adam (fused)": image.torch_loop(fused, tinn_loss)}
     rows, tables = [], {}
     for name, step in paths.items():
         for _ in range(10):

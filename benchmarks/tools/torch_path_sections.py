@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import functools
 import json
 import os
 import statistics
@@ -29,27 +28,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-import tinn.torch as tcnn  # noqa: E402
-from bench_torch_path import relative_l2, torch_adam  # noqa: E402
-
-spent = collections.defaultdict(float)
-calls = collections.Counter()
-
-
-def timed(label, fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter() - t0
-            calls[label] += 1
-    return wrapper
-
-
-def wrap(owner, name, label=None):
-    setattr(owner, name, timed(label or f"{owner.__name__}.{name}", getattr(owner, name)))
+from bench_torch_path import ImageSteps, on_calling_thread, relative_l2, torch_adam  # noqa: E402
+from common import Sections  # noqa: E402
 
 
 class _Nothing(torch.autograd.Function):
@@ -60,14 +40,6 @@ class _Nothing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g
-
-
-def on_calling_thread(fn):
-    """`fn` with torch's autograd running the backward on the calling thread instead of its device thread."""
-    def run():
-        with torch.autograd.set_multithreading_enabled(False):
-            return fn()
-    return run
 
 
 def per_step(fn, steps: int, sync) -> float:
@@ -100,10 +72,9 @@ def main(argv=None) -> None:
     tinn.checks.set_enabled(False)
     from tinn import models, networks, part
     from tinn.encodings import grid
-    from tinn.kernels import launch
-    from tinn.tasks.image import ImageTask, default_image
     sync = tinn.runtime.sync
     dev = tinn.runtime.device()
+    sections = Sections()
 
     # autograd alone
     w = torch.randn(1 << 16, device=dev, requires_grad=True)
@@ -112,36 +83,19 @@ def main(argv=None) -> None:
     plain_here = per_step(on_calling_thread(lambda: (w * 2).sum().backward()), args.steps, sync)
 
     config = tinn.load_config(args.config)
-    task = ImageTask(default_image(256), seed=0)
-    batches = [task.batch(1 << args.log2_batch) for _ in range(4)]
-    model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
-    optimizer = torch_adam(model.parameters(), config.get("optimizer", {}))
-    trainer = tinn.Trainer.from_config(config, 2, 3, seed=1337)
-    state = {"i": 0}
-    loss_fn = timed("relative_l2 (torch ops)", relative_l2)
-
-    def step():
-        state["i"] = (state["i"] + 1) % len(batches)
-        x, t, _ = batches[state["i"]]
-        y = model(x)
-        loss = loss_fn(y, t)
-        optimizer.zero_grad()
-        timed("loss.backward", loss.backward)()
-        timed("optimizer.step", optimizer.step)()
+    image = ImageSteps(config, args.log2_batch)
+    optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
+    step = image.torch_loop(optimizer, sections.timed("relative_l2 (torch ops)", relative_l2),
+                            backward=sections.timed("loss.backward", torch.Tensor.backward),
+                            step=sections.timed("optimizer.step", optimizer.step))
 
     # tinn's own autograd-driven step (Trainer.optimize, as the scene trainers use it) on the same objective
-    objective_model = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], seed=1337)
+    objective_model = image.tcnn_model()
     objective_trainer = tinn.Trainer(objective_model, None, config.get("optimizer", {}))
 
     def optimize():
-        state["i"] = (state["i"] + 1) % len(batches)
-        x, t, _ = batches[state["i"]]
+        x, t, _ = image.next_batch()
         objective_trainer.optimize(lambda: relative_l2(objective_model(x), t))
-
-    def native():
-        state["i"] = (state["i"] + 1) % len(batches)
-        x, t, _ = batches[state["i"]]
-        trainer.training_step(x, t)
 
     rows = [{"section": "autograd: backward through one torch op", "us": plain},
             {"section": "autograd: backward through a no-op Python Function", "us": nothing},
@@ -156,7 +110,7 @@ def main(argv=None) -> None:
     for _ in range(args.rounds):
         for label, chosen in variants.items():
             tinn.settings.install(chosen)
-            for path, fn in (("Trainer step", native), ("torch path step", step),
+            for path, fn in (("Trainer step", image.native), ("torch path step", step),
                              ("torch path step, backward on the calling thread", on_calling_thread(step)),
                              ("Trainer.optimize on that objective", optimize)):
                 for _ in range(10):
@@ -166,40 +120,28 @@ def main(argv=None) -> None:
     for (path, label), values in timings.items():
         rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)", "us": statistics.median(values)})
 
-    wrap(part.Part, "forward", "Part.forward (module call)")
-    wrap(part._PartFunction, "forward", "_PartFunction.forward")
-    wrap(part._PartFunction, "backward", "_PartFunction.backward")
-    wrap(models.NetworkWithInputEncoding, "forward_ctx")
-    wrap(models.NetworkWithInputEncoding, "backward")
-    wrap(networks.NetworkArray, "forward_ctx")
-    wrap(networks.NetworkArray, "backward")
-    wrap(networks.NetworkArray, "_gemm_weight_gradients")
-    wrap(grid.GridEncoding, "forward_ctx")
-    wrap(grid.GridEncoding, "backward")
-    orig = launch.FastKernel.__call__
-
-    def kernel_call(self, *a):
-        t0 = time.perf_counter()
-        try:
-            return orig(self, *a)
-        finally:
-            spent["launch " + self.__name__] += time.perf_counter() - t0
-            calls["launch " + self.__name__] += 1
-
-    launch.FastKernel.__call__ = kernel_call
+    sections.wrap(part.Part, "forward", "Part.forward (module call)")
+    sections.wrap(part._PartFunction, "forward", "_PartFunction.forward")
+    sections.wrap(part._PartFunction, "backward", "_PartFunction.backward")
+    sections.wrap(models.NetworkWithInputEncoding, "forward_ctx")
+    sections.wrap(models.NetworkWithInputEncoding, "backward")
+    sections.wrap(networks.NetworkArray, "forward_ctx")
+    sections.wrap(networks.NetworkArray, "backward")
+    sections.wrap(networks.NetworkArray, "_gemm_weight_gradients")
+    sections.wrap(grid.GridEncoding, "forward_ctx")
+    sections.wrap(grid.GridEncoding, "backward")
+    sections.wrap_launches()
     for _ in range(3):
         step()
     sync()
-    spent.clear()
-    calls.clear()
-    n = args.steps
-    for i in range(n):
-        timed("step", step)()
+    sections.clear()
+    timed_step = sections.timed("step", step)
+    for i in range(args.steps):
+        timed_step()
         if i % 8 == 7:
             sync()
     sync()
-    for label, t in sorted(spent.items(), key=lambda kv: -kv[1]):
-        rows.append({"section": label, "calls": calls[label] / n, "us": 1e6 * t / n})
+    rows += sections.rows(args.steps)
     print(f"torch path host sections, {arch}, {os.path.basename(args.config)}, batch 2^{args.log2_batch}"
           + (f", {torch.cuda.get_device_name(0)}" if arch == "cuda" else ""))
     print(f"{'section':56s} {'calls/step':>10s} {'us/step':>9s}")
