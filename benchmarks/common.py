@@ -90,6 +90,11 @@ def time_pipelined_blocks(fn, warmup: int = 2, steps: int = 10, blocks: int = 3)
     return means
 
 
+def pipelined_ms(fn, steps: int, blocks: int = 3) -> float:
+    """Milliseconds per call, calls issued back to back with one sync per block: the median block's mean."""
+    return 1e3 * statistics.median(time_pipelined_blocks(fn, warmup=0, steps=steps, blocks=blocks))
+
+
 def record_pipelined(row: dict, prefix: str, fn, steps: int, blocks: int = 3) -> None:
     """row[prefix_train_pipelined_ms] = the median block's mean ms per step; row[..._spread_ms] = the blocks'
     [min, max], and row[..._spread_pct] = (max - min) / median in percent."""
@@ -125,6 +130,19 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     print("-+-".join("-" * w for w in widths))
     for c in cells:
         print(" | ".join(v.rjust(w) for v, w in zip(c, widths)))
+
+
+def cuda_kernels(fn, n: int = 10) -> list[dict]:
+    """{kernel, calls, ms} per call of fn, Taichi's kernels and torch's alike (torch.profiler's CUDA trace),
+    the costliest first."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [{"kernel": e.key[:60], "calls": e.count / n, "ms": e.device_time_total / 1e3 / n}
+            for e in sorted(events, key=lambda e: -e.device_time_total)]
 
 
 def write_json(path: str | None, payload: dict) -> None:

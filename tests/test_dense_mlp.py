@@ -76,16 +76,58 @@ def test_inference_and_nan_rules_match_the_kernels(depth, tuned):
     assert torch.allclose(y[finite], y2[finite], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("setting,n_networks,kernels,deterministic,expected", [
-    (None, 1, "auto", False, CPU),      # the default: on the CPU only
-    (True, 1, "auto", False, True),
-    (False, 1, "auto", False, False),
-    (True, 4, "auto", False, False),    # an array: Taichi's kernels route samples to networks
-    (True, 1, "unfused", False, False),  # asked for Taichi's kernels
-    (True, 1, "auto", True, False),     # deterministic mode: the kernels' fixed summation order
+@pytest.mark.parametrize("setting,activation,width,n_networks,kernels,deterministic,expected", [
+    (None, "ReLU", 64, 1, "auto", False, CPU),    # the default: on the CPU; on CUDA where the fused kernels
+    (None, "Sine", 16, 1, "auto", False, True),   # do not take the network (Sine needs pre-activations),
+    (None, "ReLU", 128, 1, "auto", False, True),  # and above 64 features
+    (None, "ReLU", 256, 1, "auto", False, True),
+    (True, "ReLU", 16, 1, "auto", False, True),   # also in place of the fused kernels
+    (False, "Sine", 16, 1, "auto", False, False),
+    (None, "ReLU", 128, 4, "auto", False, False),  # an array: Taichi's kernels route samples to networks
+    (True, "Sine", 16, 4, "auto", False, False),
+    (True, "Sine", 16, 1, "unfused", False, False),  # asked for Taichi's kernels
+    (True, "Sine", 16, 1, "auto", True, False),   # deterministic mode: the kernels' fixed summation order
 ])
-def test_when_the_dense_path_is_chosen(setting, n_networks, kernels, deterministic, expected, tuned):
+def test_when_the_dense_path_is_chosen(setting, activation, width, n_networks, kernels, deterministic, expected,
+                                       tuned):
     tuned(dense_single_network=setting, deterministic=deterministic)
-    net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1, "activation": "Sine"}, n_networks=n_networks,
-                       kernels=kernels)
+    net = NetworkArray(4, 2, {"n_neurons": width, "n_hidden_layers": 1, "activation": activation},
+                       n_networks=n_networks, kernels=kernels)
     assert net.dense == expected
+    assert not (net.dense and net.fused)
+
+
+def test_fused_kernels_asked_for_keep_them(tuned):
+    """kernels="fused" is a request for Taichi's kernels: the dense setting does not override it."""
+    tuned(dense_single_network=True)
+    if CPU:
+        with pytest.raises(tinn.ConfigError, match="kernels='fused'"):
+            NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1}, kernels="fused")
+    else:
+        net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1}, kernels="fused")
+        assert net.fused and not net.dense
+
+
+@pytest.mark.parametrize("hidden,output", [("ReLU", "None"), ("Sine", "SiLU"), ("Tanh", "Sigmoid")])
+def test_feature_major_inputs_match_sample_major(hidden, output, tuned):
+    """The dense path takes a grid's feature-major features as they are, (n_in, batch), and returns the input's
+    gradient the same way; values equal the sample-major call's."""
+    from tinn.part import FEATURE_MAJOR
+    tuned(dense_single_network=True)
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.rand(300, 6, generator=gen) * 2 - 1).to(dev)
+    dy = torch.randn(300, 3, generator=gen).to(dev)
+    net = NetworkArray(6, 3, {"n_neurons": 16, "n_hidden_layers": 2, "activation": hidden,
+                              "output_activation": output}, seed=2, input_padding=(2, 1.0))
+    assert net.dense and FEATURE_MAJOR in net.input_layouts
+    ids = torch.zeros(300, dtype=torch.int32, device=dev)
+    y, ctx = net.forward_ctx(x, ids, train=True)
+    y_fm, ctx_fm = net.forward_ctx(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
+    dx, (dp,) = net.backward(ctx, dy, need_dx=True)
+    dx_fm, (dp_fm,) = net.backward(ctx_fm, dy, need_dx=True)
+    assert dx_fm.shape == (6, 300)
+    assert rel_err(y_fm, y) < 1e-6 and rel_err(dx_fm.t(), dx) < 1e-6 and rel_err(dp_fm, dp) < 1e-6
+    with torch.no_grad():
+        inferred = net.forward_ctx(x.t().contiguous(), ids, train=False, x_layout=FEATURE_MAJOR)[0]
+    assert rel_err(inferred, y) < 1e-6

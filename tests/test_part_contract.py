@@ -312,9 +312,11 @@ def test_layout_handover_is_declared():
     freq = create_encoding(2, {"otype": "Frequency", "n_frequencies": 2})
     net = NetworkArray(grid.n_output_dims, 3, NET)
     assert grid.output_layouts[0] == FEATURE_MAJOR and freq.output_layouts == (SAMPLE_MAJOR,)
-    fused = tinn.runtime.arch() == "cuda"
-    assert common_layout(grid, net) == (FEATURE_MAJOR if fused else SAMPLE_MAJOR)
+    assert net.fused or net.dense  # the fused kernels (CUDA) and the dense path (CPU) read features as a grid
+    assert common_layout(grid, net) == FEATURE_MAJOR  # writes them
     assert common_layout(freq, net) == SAMPLE_MAJOR
+    unfused = NetworkArray(grid.n_output_dims, 3, NET, kernels="unfused")
+    assert common_layout(grid, unfused) == SAMPLE_MAJOR
 
 
 def test_grid_writes_both_layouts_and_reads_gradients_in_them():

@@ -1,12 +1,14 @@
-"""A single network's forward and backward deltas as dense GEMMs (torch, so the CPU's BLAS), for the CPU.
+"""A single network's forward and backward deltas as dense GEMMs (torch: the CPU's BLAS, cuBLAS on CUDA).
 
 With one network every sample uses the same weights, so each layer is one GEMM over the whole batch. On
 the CPU Taichi runs the unfused kernels' dot products in scalar code, while the BLAS behind `torch.mm`
-uses the vector units: the image step's MLP takes a quarter of the time (docs/design-notes.md). The
+uses the vector units: the image step's MLP takes a quarter of the time. On CUDA cuBLAS beats Taichi's
+kernels above 64 features and wherever the fused kernels do not apply (docs/design-notes.md). The
 functions here fill the very buffers of the unfused kernels (`tinn/kernels/mlp_array.py`), in their
 layouts: activations, pre-activations and deltas feature-major by sorted position, which for one network
 is the sample index; so the weight gradients (`NetworkArray._gemm_weight_gradients`) and everything
-else read them unchanged. Activations follow `tinn/kernels/activations.py` formula by formula.
+else read them unchanged. Activations compute `tinn/kernels/activations.py`'s functions, with torch's own
+op where torch has one (one pass each).
 """
 from __future__ import annotations
 
@@ -21,12 +23,20 @@ NONE, RELU, LEAKY_RELU, EXPONENTIAL, SINE, SIGMOID, SQUAREPLUS, SOFTPLUS, TANH, 
                                    "Softplus", "Tanh", "SiLU"))
 
 
+def faster_than_kernels(arch: str, fusable: bool, width: int) -> bool:
+    """Whether a single network runs faster here than in Taichi's kernels (measurements in docs/design-notes.md):
+    on the CPU always; on CUDA where the fused kernels do not take the network (the unfused kernels took 1.4-9x
+    as long), and above 64 features, where cuBLAS's GEMMs beat the fused kernels (a step's GPU time 1.1-2.7x
+    shorter from 80 features on; at 64 and below the GPU times tie and the fused kernels issue fewer launches)."""
+    return arch == "cpu" or not fusable or width > 64
+
+
 def apply_(z: torch.Tensor, code: int) -> torch.Tensor:
     """z := act(z), in place where the formula allows; returns the result."""
     if code == NONE:
         return z
     if code == RELU:
-        return z.masked_fill_(z < 0.0, 0.0)  # a NaN stays NaN, as in the kernels
+        return z.clamp_(min=0.0)  # a NaN stays NaN, as in the kernels
     if code == LEAKY_RELU:
         return z.copy_(torch.where(z > 0.0, z, 0.01 * z))
     if code == EXPONENTIAL:
@@ -34,7 +44,7 @@ def apply_(z: torch.Tensor, code: int) -> torch.Tensor:
     if code == SINE:
         return z.sin_()
     if code == SIGMOID:
-        return z.neg_().exp_().add_(1.0).reciprocal_()
+        return z.sigmoid_()
     if code == SQUAREPLUS:
         s = z.mul_(K_ACT)
         return s.add_(torch.sqrt(s * s + 4.0)).mul_(0.5 / K_ACT)
@@ -45,8 +55,20 @@ def apply_(z: torch.Tensor, code: int) -> torch.Tensor:
     if code == TANH:
         return z.tanh_()
     if code == SILU:
-        return z.mul_(torch.reciprocal(torch.exp(-z) + 1.0))
+        return torch.nn.functional.silu(z, inplace=True)
     raise ValueError(f"activation code {code}")
+
+
+def activate(z: torch.Tensor, code: int, out: torch.Tensor) -> torch.Tensor:
+    """out := act(z), z kept (the pre-activation Sine's and SiLU's derivatives read); one pass where torch has
+    the function with an `out`."""
+    if code == SINE:
+        return torch.sin(z, out=out)
+    if code == SILU:
+        return torch.ops.aten.silu.out(z, out=out)
+    if code == RELU:
+        return torch.clamp(z, min=0.0, out=out)
+    return apply_(out.copy_(z), code)
 
 
 def derivative(z: torch.Tensor | None, y: torch.Tensor, code: int) -> torch.Tensor | None:
@@ -76,6 +98,24 @@ def derivative(z: torch.Tensor | None, y: torch.Tensor, code: int) -> torch.Tens
     raise ValueError(f"activation code {code}")
 
 
+def backprop_(g: torch.Tensor, z: torch.Tensor | None, y: torch.Tensor, code: int) -> torch.Tensor:
+    """g := g * act'(z), in place, from the output y (and the pre-activation z for Sine and SiLU): one pass with
+    torch's backward functions where they exist, the derivative's formula otherwise."""
+    if code == NONE:
+        return g
+    if code == RELU:  # a NaN output passes the gradient, as in the kernels
+        return torch.ops.aten.threshold_backward.grad_input(g, y, 0.0, grad_input=g)
+    if code == SIGMOID:
+        return torch.ops.aten.sigmoid_backward.grad_input(g, y, grad_input=g)
+    if code == TANH:
+        return torch.ops.aten.tanh_backward.grad_input(g, y, grad_input=g)
+    if code == SILU:
+        return torch.ops.aten.silu_backward.grad_input(g, z, grad_input=g)
+    if code == EXPONENTIAL:
+        return g.mul_(y)
+    return g.mul_(derivative(z, y, code))
+
+
 def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
     """Row 0's (fan_out, fan_in) blocks, the last one's computed rows only (tcnn's padded rows come after
     them in its block, so the offsets do not change)."""
@@ -87,19 +127,20 @@ def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
 
 
 def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor, pre: torch.Tensor,
-            out: torch.Tensor, keep_all: bool, keep_pre: bool) -> None:
+            out: torch.Tensor, keep_all: bool, keep_pre: bool, x_fm: bool = False) -> None:
     """What `mlp_array.forward` writes for one network: out (batch, n_out); with keep_all every hidden
     layer's output in acts[l] (features, batch), else the hidden layers take turns in acts' two slots;
-    with keep_pre every layer's pre-activation in pre[l]."""
+    with keep_pre every layer's pre-activation in pre[l]. x is (batch, n_in), or (n_in, batch) with x_fm."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
-    h = x.t()  # (n_in, batch), a view
+    h = x if x_fm else x.t()  # (n_in, batch); the transpose is a view
     for l, w in enumerate(mats[:-1]):
-        z = acts[l if keep_all else l % acts.shape[0]]  # inference: the kernels' two ping-pong slots
-        torch.mm(w, h, out=z)
+        y = acts[l if keep_all else l % acts.shape[0]]  # inference: the kernels' two ping-pong slots
         if keep_pre:
-            pre[l, :w.shape[0]].copy_(z)
-        h = apply_(z, shape.hidden_act)
+            z = torch.mm(w, h, out=pre[l, :w.shape[0]])
+            h = activate(z, shape.hidden_act, out=y)
+        else:
+            h = apply_(torch.mm(w, h, out=y), shape.hidden_act)
     torch.mm(h.t(), mats[last].t(), out=out)
     if keep_pre:
         pre[last, :shape.n_out].copy_(out.t())
@@ -108,9 +149,10 @@ def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: tor
 
 def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor,
                     pre: torch.Tensor, out: torch.Tensor, deltas: torch.Tensor, dout: torch.Tensor,
-                    dx: torch.Tensor, keep_pre: bool, want_dx: bool) -> None:
+                    dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_fm: bool = False) -> None:
     """What `mlp_array.backward_deltas` writes for one network: dout[0] (n_out, batch) and deltas[l]
-    (width, batch), dL/dz of the output and of each hidden layer; dx (batch, n_in) when want_dx."""
+    (width, batch), dL/dz of the output and of each hidden layer; dx (batch, n_in) when want_dx, (n_in, batch)
+    with x_fm."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     slope = derivative(pre[last, :shape.n_out].t() if keep_pre else None, out, shape.output_act)
@@ -118,9 +160,8 @@ def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, 
     g.copy_((dy if slope is None else dy * slope).t())
     for l in range(last - 1, -1, -1):  # hidden layer l's output feeds layer l + 1
         torch.mm(mats[l + 1].t(), g, out=deltas[l])
-        slope = derivative(pre[l, :shape.width] if keep_pre else None, acts[l], shape.hidden_act)
-        if slope is not None:
-            deltas[l].mul_(slope)
-        g = deltas[l]
-    if want_dx:
+        g = backprop_(deltas[l], pre[l, :shape.width] if keep_pre else None, acts[l], shape.hidden_act)
+    if want_dx and x_fm:
+        torch.mm(mats[0].t(), g, out=dx)
+    elif want_dx:
         torch.mm(g.t(), mats[0], out=dx)

@@ -185,13 +185,15 @@ class NetworkArray(Part):
         if kernels == "fused" and deterministic:
             raise ConfigError("kernels='fused' sums weight gradients in no fixed order; with settings.deterministic "
                               "allowed: 'unfused' or 'auto'")
-        self.fused = fusable and kernels != "unfused" and not deterministic
-        # A single network elsewhere: dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default on
-        # the CPU. `kernels="unfused"` keeps Taichi's kernels; deterministic mode too (BLAS picks its own order).
+        # A single network as dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default where they
+        # were measured faster (`dense_mlp.faster_than_kernels`). `kernels="unfused"` or "fused" keeps Taichi's
+        # kernels; deterministic mode too (a BLAS picks its own summation order).
         dense = runtime.settings().dense_single_network
-        self.dense = (n_networks == 1 and not self.fused and kernels == "auto" and not deterministic
-                      and (runtime.arch() == "cpu" if dense is None else dense))
-        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused else (SAMPLE_MAJOR,)
+        if dense is None:
+            dense = dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)
+        self.dense = n_networks == 1 and kernels == "auto" and not deterministic and dense
+        self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
+        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused or self.dense else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings(), n_networks) if self.fused else None)
@@ -246,8 +248,8 @@ class NetworkArray(Part):
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         x_fm = x_layout == FEATURE_MAJOR
         x = self._padded(x, x_fm, self.input_padding[1])
-        if x_fm and not self.fused:
-            raise ValueError("feature-major inputs need the fused kernels")
+        if x_fm and FEATURE_MAJOR not in self.input_layouts:
+            raise ValueError("feature-major inputs need the fused kernels or the dense path")
         params = self.params.detach()
         self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if not train:
@@ -315,9 +317,9 @@ class NetworkArray(Part):
         return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
                           self.output_act)
 
-    def _launch_forward(self, x, ids, params, order, keep_all):
+    def _launch_forward(self, x, ids, params, order, keep_all, x_fm=False):
         # Scratch buffers are feature-major and indexed by sorted position: (layer, feature, position).
-        batch = x.shape[0]
+        batch = ids.shape[0]
         dev = x.device
         slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
         acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev)
@@ -326,7 +328,7 @@ class NetworkArray(Part):
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch and self.dense:
             dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
-                              keep_pre=self.keep_pre)
+                              keep_pre=self.keep_pre, x_fm=x_fm)
         elif batch:
             K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
@@ -376,18 +378,22 @@ class NetworkArray(Part):
     def _inference(self, x, ids, params, x_fm):
         if self.fused:
             return self._launch_fused_forward(x, ids, params, keep_all=False, x_fm=x_fm)[0]
-        order = route(ids, self.n_networks, self.tile_size, tiles=False).order
-        out, _, _ = self._launch_forward(x, ids, params, order, keep_all=False)
+        order = None if self.dense else route(ids, self.n_networks, self.tile_size, tiles=False).order
+        out, _, _ = self._launch_forward(x, ids, params, order, keep_all=False, x_fm=x_fm)
         return out
 
     def _forward_train(self, x, ids, params, x_feature_major):
-        """Forward keeping what the backward needs. `x_feature_major` (fused path only): x is (n_in, batch),
+        """Forward keeping what the backward needs. `x_feature_major` (fused and dense paths): x is (n_in, batch),
         as a grid encoding writes it, and `_backward` then returns dx the same way."""
         if self.fused:
             out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_fm=x_feature_major)
             return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
-        routing = route(ids, self.n_networks, self.tile_size)
-        out, acts, pre = self._launch_forward(x, ids, params, routing.order, keep_all=True)
+        # The dense path needs no routing (one network, samples in order) unless Taichi's kernel computes its
+        # weight gradients; the routing's tile count would cost a host sync.
+        gemm = self.n_networks == 1 and runtime.settings().vendor_weight_gradients
+        routing = None if self.dense and gemm else route(ids, self.n_networks, self.tile_size)
+        out, acts, pre = self._launch_forward(x, ids, params, routing and routing.order, keep_all=True,
+                                             x_fm=x_feature_major)
         return out, acts, pre, routing
 
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting],
@@ -414,7 +420,7 @@ class NetworkArray(Part):
                                    deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
-                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
+                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_fm=x_feature_major)
         else:
             K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
                                   deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)

@@ -18,7 +18,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
 | fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks whose input gradient is not needed (measured faster there; slower on the image step, one network whose grid needs its input gradient) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
-| dense_single_network | None | a single network outside the fused kernels as dense GEMMs (torch, the CPU's BLAS; `tinn/dense_mlp.py`); None = on the CPU only |
+| dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
 | grid_level_tasks | None | on the CPU, the grid's table gradient as one task per level without atomics; None = where the CPU runs no more threads than the grid has levels |

@@ -1,0 +1,161 @@
+"""A single network that the fused kernels do not take (more than 128 features, Sine, SiLU): Taichi's unfused
+kernels against the dense GEMMs (`settings.dense_single_network`), next to the same MLP in plain torch.
+
+    python benchmarks/tools/single_network_paths.py [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
+        [--log2-batch 18] [--json FILE]
+
+Per shape (WIDTH:ACTIVATION:HIDDEN_LAYERS; 32 inputs, 16 outputs, L2 loss, Adam, input checks off) and path,
+in one process: a Trainer step and an inference call, each as milliseconds per call with calls issued back
+to back and one sync per block (median of blocks, rounds alternating between the paths); the step's host
+time alone and its GPU time (the sum of its kernels, torch.profiler); and the relative
+difference of the two paths' outputs and weight gradients. The torch row runs the same layers as an
+`nn.Sequential` of bias-free `nn.Linear`s: forward, `backward()` of an L2 loss, and the fused `torch.optim.Adam`.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import torch  # noqa: E402
+
+import tinn  # noqa: E402
+from common import cuda_kernels, host_ms_per_step, pipelined_ms, print_table, write_json  # noqa: E402
+
+N_IN, N_OUT = 32, 16
+TORCH_ACT = {"ReLU": torch.nn.ReLU, "Sine": None, "SiLU": torch.nn.SiLU, "Tanh": torch.nn.Tanh,
+             "Sigmoid": torch.nn.Sigmoid, "Softplus": None}
+
+
+class Sine(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(x)
+
+
+def torch_mlp(width: int, act: str, hidden: int, dev) -> torch.nn.Sequential:
+    layers, fan_in = [], N_IN
+    for _ in range(hidden):
+        layers += [torch.nn.Linear(fan_in, width, bias=False), (TORCH_ACT.get(act) or Sine)()]
+        fan_in = width
+    layers.append(torch.nn.Linear(fan_in, N_OUT, bias=False))
+    return torch.nn.Sequential(*layers).to(dev)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="256:ReLU:4,64:Sine:3,128:SiLU:2")
+    p.add_argument("--log2-batch", type=int, default=18)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    arch = tinn.init()
+    dev = tinn.runtime.device()
+    base = tinn.settings.current()
+    batch = 1 << args.log2_batch
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(batch, N_IN, generator=gen) * 2 - 1).to(dev)
+    t = torch.rand(batch, N_OUT, generator=gen).to(dev)
+    rows = []
+    for spec in args.shapes.split(","):
+        width, act, hidden = spec.split(":")
+        width, hidden = int(width), int(hidden)
+        config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-3},
+                  "network": {"otype": "CutlassMLP", "n_neurons": width, "n_hidden_layers": hidden,
+                              "activation": act, "output_activation": "None"}}
+        paths = {}
+        for label, dense in (("unfused kernels", False), ("dense GEMMs", True)):
+            chosen = base.replace(dense_single_network=dense)
+            tinn.settings.install(chosen)
+            trainer = tinn.Trainer.from_config(config, N_IN, N_OUT, seed=3)
+            net = trainer.model.network
+            path = "dense" if net.dense else ("fused" if net.fused else "unfused")
+            paths[label] = (chosen, trainer, path)
+        tinn.settings.install(base)
+        model = torch_mlp(width, act, hidden, dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if dev.type == "cuda" else {}))
+
+        def torch_step():
+            opt.zero_grad(set_to_none=True)
+            ((model(x) - t) ** 2).mean().backward()
+            opt.step()
+
+        def torch_infer():
+            with torch.no_grad():
+                model(x)
+
+        # The two paths' results on the same weights: outputs and weight gradients.
+        outs, grads = {}, {}
+        for label, (chosen, trainer, _) in paths.items():
+            tinn.settings.install(chosen)
+            m = trainer.model
+            m.network.params.data.copy_(paths["unfused kernels"][1].model.network.params.data)
+            m.zero_grad(set_to_none=True)
+            y = m(x)
+            ((y - t) ** 2).mean().backward()
+            outs[label], grads[label] = y.detach(), m.network.params.grad.detach().clone()
+        tinn.settings.install(base)
+
+        def rel(a, b):
+            return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+        timings = collections.defaultdict(list)
+        with tinn.checks.disabled():
+            for label, (chosen, trainer, _) in paths.items():  # compile and warm up
+                tinn.settings.install(chosen)
+                for _ in range(3):
+                    trainer.training_step(x, t)
+                    with torch.no_grad():
+                        trainer.model(x)
+            for _ in range(3):
+                torch_step()
+            for _ in range(args.rounds):
+                for label, (chosen, trainer, _) in paths.items():
+                    tinn.settings.install(chosen)
+                    timings[(label, "step")].append(pipelined_ms(lambda: trainer.training_step(x, t), args.steps))
+
+                    def infer():
+                        with torch.no_grad():
+                            trainer.model(x)
+                    timings[(label, "infer")].append(pipelined_ms(infer, args.steps))
+                tinn.settings.install(base)
+                timings[("torch", "step")].append(pipelined_ms(torch_step, args.steps))
+                timings[("torch", "infer")].append(pipelined_ms(torch_infer, args.steps))
+            steps = {label: (chosen, (lambda trainer=trainer: trainer.training_step(x, t)))
+                     for label, (chosen, trainer, _) in paths.items()}
+            steps["torch"] = (base, torch_step)
+            for label, (chosen, fn) in steps.items():
+                tinn.settings.install(chosen)
+                timings[(label, "host")].append(host_ms_per_step(fn))
+                if arch == "cuda":
+                    timings[(label, "gpu")].append(sum(r["ms"] for r in cuda_kernels(fn)))
+        tinn.settings.install(base)
+        for label in list(paths) + ["torch"]:
+            row = {"shape": f"{width} {act} x{hidden}", "path": paths[label][2] if label in paths else "torch",
+                   "step_ms": statistics.median(timings[(label, "step")]),
+                   "infer_ms": statistics.median(timings[(label, "infer")]),
+                   "host_ms": timings[(label, "host")][0],
+                   "gpu_ms": timings[(label, "gpu")][0] if arch == "cuda" else None}
+            if label == "dense GEMMs":
+                row["out_diff"] = rel(outs[label], outs["unfused kernels"])
+                row["grad_diff"] = rel(grads[label], grads["unfused kernels"])
+            rows.append(row)
+    for r in rows:
+        ref = next(o for o in rows if o["shape"] == r["shape"] and o["path"] == "torch")
+        r["step_x_torch"] = ref["step_ms"] / r["step_ms"]
+    print(f"\n{arch}, single network, {N_IN} in, {N_OUT} out, batch 2^{args.log2_batch}")
+    print_table(rows, [("shape", "shape", "s"), ("path", "path", "s"), ("step_ms", "step ms", ".3f"),
+                       ("host_ms", "step host ms", ".3f"), ("gpu_ms", "step GPU ms", ".3f"),
+                       ("infer_ms", "inference ms", ".3f"), ("step_x_torch", "x torch (step)", ".2f"),
+                       ("out_diff", "output diff", ".1e"), ("grad_diff", "gradient diff", ".1e")])
+    write_json(args.json, {"arch": arch, "log2_batch": args.log2_batch, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
