@@ -269,7 +269,7 @@ def test_tables_that_cannot_fit_are_refused_before_allocation(monkeypatch):
 
 
 def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
-    net = NetworkArray(1, 1, {"otype": "CutlassMLP", "n_neurons": 128, "n_hidden_layers": 5})
+    net = NetworkArray(1, 1, {"otype": "CutlassMLP", "n_neurons": 128, "n_hidden_layers": 5}, kernels="unfused")
     batch = chunks.LOOP_LIMIT // 640 + 1   # activations and deltas: 5 hidden layers x 128 rows per sample
     x, ids = torch.zeros(batch, 1, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV)
     with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 640} elements "
@@ -283,6 +283,36 @@ def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     with pytest.raises(InputError, match=rf"GridEncoding: a batch of {batch} samples .* at most {batch - 1} samples"):
         enc.forward_ctx(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
                         train=False)
+
+
+def test_dense_single_network_batches_pass_the_kernels_index_limit(monkeypatch, tuned):
+    """A single network as dense GEMMs keeps its activations and deltas in torch alone (64-bit indexing): a batch
+    whose scratch buffers pass the kernels' limit (lowered here) trains, with float64's results; its inputs and
+    outputs, which other parts' kernels read, keep the limit, and so do the scratch buffers once Taichi's kernel
+    computes the weight gradients from them."""
+    tuned(dense_single_network=True)
+    monkeypatch.setattr(chunks, "LOOP_LIMIT", 20000)
+    cfg = {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3, "activation": "Tanh"}
+    net = NetworkArray(5, 2, cfg, seed=4)
+    assert net.dense
+    gen = torch.Generator().manual_seed(8)
+    x = (torch.rand(3000, 5, generator=gen) * 2 - 1).to(DEV)   # activations and deltas: 3 x 32 x 3000 elements
+    dy = torch.randn(3000, 2, generator=gen).to(DEV)
+    x_req = x.clone().requires_grad_()
+    y = net(x_req, None)
+    y.backward(dy)
+    p64, x64 = net.params.detach().double().requires_grad_(), x.double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, torch.zeros(3000, dtype=torch.int32, device=DEV), "Tanh", "None")
+    y64.backward(dy.double())
+    for got, want in ((y, y64), (x_req.grad, x64.grad), (net.params.grad, p64.grad)):
+        assert ((got.double() - want).norm() / want.norm()) < 1e-5
+    with pytest.raises(InputError, match=r"NetworkArray: a batch of 5000 samples needs 25000 elements of inputs"):
+        net(torch.zeros(5000, 5, device=DEV), None)
+    tuned(dense_single_network=True, vendor_weight_gradients=False)
+    kernel_grads = NetworkArray(5, 2, cfg, seed=4)
+    assert kernel_grads.dense
+    with pytest.raises(InputError, match=r"needs 288000 elements of activations and deltas \(3, 32, batch\)"):
+        kernel_grads(x, None)
 
 
 def test_octree_scale_preset_runs_its_grid_table_in_chunks(tmp_path, tuned):

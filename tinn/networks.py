@@ -299,14 +299,17 @@ class NetworkArray(Part):
         return self._unpadded(dx, ctx.x_fm), (dparams,), parts.sum() / y.numel()
 
     def _check_batch(self, batch: int, train: bool) -> None:
-        """Refuse a batch whose largest per-sample buffer passes the index limit."""
+        """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""
         hidden, rows = self.n_layers - 1, max(self.width, self.n_output_dims)
-        buffers = [(self.kernel_inputs, "inputs"), (self.n_output_dims, "outputs"),
-                   (min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)")]
-        if train:
-            buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
-        if self.keep_pre:
-            buffers.append((self.n_layers * rows, f"pre-activations ({self.n_layers}, {rows}, batch)"))
+        buffers = [(self.kernel_inputs, "inputs"), (self.n_output_dims, "outputs")]  # other parts' kernels read them
+        # The dense path's scratch buffers go through torch alone (64-bit indexing), unless Taichi's kernel
+        # computes the weight gradients from them.
+        if not (self.dense and runtime.settings().vendor_weight_gradients):
+            buffers.append((min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)"))
+            if train:
+                buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
+            if self.keep_pre:
+                buffers.append((self.n_layers * rows, f"pre-activations ({self.n_layers}, {rows}, batch)"))
         per_sample, buffer = max(buffers)
         chunks.check_batch("NetworkArray", batch, per_sample, buffer)
 
