@@ -131,3 +131,19 @@ def test_feature_major_inputs_match_sample_major(hidden, output, tuned):
     with torch.no_grad():
         inferred = net.forward_ctx(x.t().contiguous(), ids, train=False, x_layout=FEATURE_MAJOR)[0]
     assert rel_err(inferred, y) < 1e-6
+
+
+def test_a_single_network_wider_than_the_kernels_limit_runs_dense():
+    """tcnn's CutlassMLP takes any width; tinn's kernels stop at 256 features, the dense path does not."""
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(6)
+    net = NetworkArray(4, 3, {"otype": "CutlassMLP", "n_neurons": 300, "n_hidden_layers": 2, "activation": "SiLU",
+                              "output_activation": "Sigmoid"}, seed=6)
+    assert net.dense and net.width == 300
+    x = (torch.rand(500, 4, generator=gen) * 2 - 1).to(dev)
+    dy = torch.randn(500, 3, generator=gen).to(dev)
+    y, dx, dp = run(net, x, dy)
+    p64, x64 = net.params.detach().double().requires_grad_(), x.double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, torch.zeros(500, dtype=torch.int32, device=dev), "SiLU", "Sigmoid")
+    y64.backward(dy.double())
+    assert rel_err(y, y64.detach()) < 1e-5 and rel_err(dx, x64.grad) < 1e-5 and rel_err(dp, p64.grad) < 1e-5

@@ -3,7 +3,7 @@ import pytest
 
 from tinn.activations import ACTIVATIONS
 from tinn.errors import ConfigError
-from tinn.networks import MAX_CUTLASS_WIDTH, parse_network_config
+from tinn.networks import MAX_CUTLASS_WIDTH, NetworkArray, parse_network_config
 
 
 def test_tcnn_defaults_when_keys_are_absent():
@@ -24,11 +24,21 @@ def test_megakernel_alias_keeps_fully_fused_widths():
         parse_network_config({"otype": "MegakernelMLP", "n_neurons": 48})
 
 
-def test_no_cap_on_depth_and_the_width_limit_names_its_reason():
+def test_no_cap_on_depth_and_the_width_limit_names_its_reason(tuned):
+    """A CutlassMLP of any width parses (as in tcnn); tinn's kernels take up to 256 features, a single network
+    on the dense path any width."""
     assert parse_network_config({"n_hidden_layers": 12, "n_neurons": 16})["n_hidden_layers"] == 12
-    assert parse_network_config({"n_neurons": MAX_CUTLASS_WIDTH})["n_neurons"] == MAX_CUTLASS_WIDTH
-    with pytest.raises(ConfigError, match=r"network\.n_neurons=512 exceeds tinn's limit of 256: .*registers"):
-        parse_network_config({"otype": "MLP", "n_neurons": 512})
+    assert parse_network_config({"otype": "MLP", "n_neurons": 512})["n_neurons"] == 512
+    wide = {"otype": "MLP", "n_neurons": MAX_CUTLASS_WIDTH + 1, "n_hidden_layers": 1}
+    limit = r"network\.n_neurons=257 exceeds the limit of tinn's kernels, 256: .*registers.*allowed here: 1\.\.256"
+    with pytest.raises(ConfigError, match=limit):
+        NetworkArray(3, 2, wide, n_networks=2)
+    with pytest.raises(ConfigError, match=limit):
+        NetworkArray(3, 2, wide, kernels="unfused")
+    assert NetworkArray(3, 2, wide).dense
+    tuned(dense_single_network=False)
+    with pytest.raises(ConfigError, match=limit):
+        NetworkArray(3, 2, wide)
 
 
 def test_silu_is_an_activation():

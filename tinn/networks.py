@@ -27,7 +27,8 @@ NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
 # "MegakernelMLP" is FullyFusedMLP.
 NETWORK_ALIASES = {"MLP": "CutlassMLP", "MegakernelMLP": "FullyFusedMLP"}
 # tinn's per-sample kernels keep a layer's input vector in registers, unrolled at compile time, so
-# compile time and register pressure grow with the width; tcnn's CUTLASS GEMMs have no such bound.
+# compile time and register pressure grow with the width; tcnn's CUTLASS GEMMs have no such bound, and neither
+# has a single network on the dense path (vendor GEMMs).
 MAX_CUTLASS_WIDTH = 256
 # Every key of a network config besides "otype" (`parse_network_config` rejects any other).
 NETWORK_OPTIONS = ("n_neurons", "n_hidden_layers", "activation", "output_activation")
@@ -46,11 +47,7 @@ def parse_network_config(config, path: str = "network") -> dict:
     if otype == "FullyFusedMLP":
         width = cfg.integer("n_neurons", 128, allowed=FULLY_FUSED_WIDTHS)
     else:
-        width = cfg.integer("n_neurons", 128, lo=1)
-        if width > MAX_CUTLASS_WIDTH:
-            raise ConfigError(f"{cfg.key('n_neurons')}={width} exceeds tinn's limit of {MAX_CUTLASS_WIDTH}: its "
-                              "kernels hold a layer's inputs in registers, unrolled at compile time (tcnn's "
-                              f"CUTLASS GEMMs have no such limit); allowed: 1..{MAX_CUTLASS_WIDTH}")
+        width = cfg.integer("n_neurons", 128, lo=1)  # above MAX_CUTLASS_WIDTH: NetworkArray says where it runs
     return {
         "otype": otype,
         "n_neurons": width,
@@ -193,6 +190,12 @@ class NetworkArray(Part):
             dense = dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)
         self.dense = n_networks == 1 and kernels == "auto" and not deterministic and dense
         self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
+        if self.width > MAX_CUTLASS_WIDTH and not self.dense:
+            raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
+                              f"{MAX_CUTLASS_WIDTH}: they hold a layer's inputs in registers, unrolled at compile time "
+                              "(tcnn's CUTLASS GEMMs have no such limit). A single network runs any width as dense "
+                              "GEMMs (n_networks=1, kernels='auto', settings.dense_single_network not False, not "
+                              f"deterministic); allowed here: 1..{MAX_CUTLASS_WIDTH}")
         self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused or self.dense else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
