@@ -258,6 +258,28 @@ def scenario_disagree(rank, out):
     torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
 
 
+def scenario_shutdown(rank, out):
+    """A sharded part still alive when the script leaves the process group: it holds no reference to torch's
+    group (which would keep gloo's worker threads into interpreter shutdown), and says so once the group is gone."""
+    import torch.distributed as dist
+
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+
+    model = td.ShardedPart(factory(), N_NETWORKS)
+    x, ids, _, _ = batch(rank, 0)
+    autograd_pass(model, x, ids, 1.0)
+    held = [name for name, value in vars(model).items() if isinstance(value, dist.ProcessGroup)]
+    td.shutdown()
+    try:
+        model.group
+        after = "no error"
+    except ConfigError as e:
+        after = f"ConfigError: {e}"
+    torch.save({"held": held, "initialized": dist.is_initialized(), "after": after},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     import tinn

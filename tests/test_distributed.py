@@ -60,7 +60,10 @@ def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **en
         if os.path.exists(err):
             pytest.fail(f"rank {r} of {scenario!r} failed:\n{open(err).read()}\n{logs[r][-3000:]}")
         path = os.path.join(out, f"rank{r}.pt")
-        results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
+        result = torch.load(path, weights_only=False) if os.path.exists(path) else None
+        if isinstance(result, dict):
+            result["returncode"] = procs[r].returncode
+        results.append(result)
     return results
 
 
@@ -256,6 +259,14 @@ def test_mismatched_config_is_a_clear_error(tmp_path):
         text = res[r]["result"]
         assert text.startswith(f"ConfigError: rank {r}: ranks [{other}] built a different sharded model"), text
         assert "n_neurons" in text or "tables" in text
+
+
+def test_a_part_alive_at_shutdown_holds_no_process_group(tmp_path):
+    res = run_ranks("shutdown", tmp_path)
+    for r in range(WORLD):
+        assert res[r]["held"] == [] and res[r]["initialized"] is False, res[r]
+        assert res[r]["after"].startswith("ConfigError: tinn.distributed needs a process group"), res[r]
+        assert res[r]["returncode"] == 0
 
 
 def test_ranks_out_of_step_raise_together(tmp_path):

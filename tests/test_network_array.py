@@ -167,7 +167,7 @@ def test_parameter_count_and_layout():
 @pytest.mark.parametrize("cfg,key", [
     ({"otype": "Transformer"}, "network.otype"),
     ({"otype": "FullyFusedMLP", "n_neurons": 48}, "network.n_neurons"),
-    ({"n_neurons": 300}, "network.n_neurons"),
+    ({"n_neurons": 0}, "network.n_neurons"),
     ({"n_hidden_layers": -1}, "network.n_hidden_layers"),
     ({"activation": "GELU"}, "network.activation"),
     ({"output_activation": 3}, "network.output_activation"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 
 import torch
@@ -85,7 +86,12 @@ def shutdown() -> None:
         # Every rank reaches the end before any tears its connections down: a rank that left while a peer was
         # still sending made gloo abort the peer at exit.
         dist.barrier()
+        # Garbage that still refers to the process group or to a collective's tensors is freed now, while the
+        # interpreter runs: freed during its shutdown instead, gloo's worker thread releases the tensors of a
+        # finished collective, cannot take the GIL there and aborts the process.
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def require_group(group=None):

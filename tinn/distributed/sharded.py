@@ -72,13 +72,21 @@ class _Collective(Part):
     collective_calls = True  # every rank must make every call (renderers call even with no samples)
 
     def _init_group(self, group, gradients: str):
-        self.group = require_group(group)
+        # The caller's group as given: None (the world) is looked up at each use rather than held, so a part still
+        # alive when the script leaves the process group does not keep torch's process group object (and its
+        # worker threads) alive into interpreter shutdown, where releasing a finished collective's tensors aborts.
+        self._group = group
+        require_group(group)
         if gradients not in GRADIENT_MODES:
             raise ConfigError(f"gradients={gradients!r} is not supported; allowed: {list(GRADIENT_MODES)}")
         self.gradients = gradients
         self.rank, self.world_size = rank(self.group), world_size(self.group)
         self.collective_device = collective_device(self.group)
         self._calls = 0
+
+    @property
+    def group(self):
+        return require_group(self._group)
 
     def _next_call(self) -> int:
         self._calls += 1
@@ -132,7 +140,6 @@ class ShardedPart(_Collective):
         n_networks = int(n_networks)
         if init not in INIT_MODES:
             raise ConfigError(f"init={init!r} is not supported; allowed: {list(INIT_MODES)}")
-        group = require_group(group)
         world = world_size(group)
         own_rank = rank(group)
         ownership = (Ownership.contiguous(n_networks, world) if assignment is None
