@@ -1,0 +1,46 @@
+"""The single-network path tools at toy size (benchmarks/tools/single_network_paths.py, image_paths.py): each path
+they report is the one the settings choose, and the paths' results agree, so the H100 tables come from a tool
+that compares what it says it compares."""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks", "tools"))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+import image_paths  # noqa: E402
+import single_network_paths  # noqa: E402
+
+import tinn  # noqa: E402
+
+
+def test_single_network_paths_compare_the_kernels_dense_gemms_and_torch(tmp_path, tuned):
+    tuned()
+    out = tmp_path / "paths.json"
+    single_network_paths.main(["--shapes", "16:Tanh:1,32:Sine:2", "--log2-batch", "9", "--steps", "1", "--rounds", "1",
+                               "--json", str(out)])
+    rows = json.load(open(out))["rows"]
+    cpu = tinn.runtime.arch() == "cpu"
+    for shape in ("16 Tanh x1", "32 Sine x2"):
+        paths = {r["path"]: r for r in rows if r["shape"] == shape}
+        kernels = "unfused" if cpu or shape.endswith("x2") else "fused"  # Sine: never the fused kernels
+        assert set(paths) == {kernels, "dense", "torch"}
+        assert paths["dense"]["out_diff"] < 1e-5 and paths["dense"]["grad_diff"] < 1e-5
+        assert all(r["step_ms"] > 0 and r["infer_ms"] > 0 and r["host_ms"] > 0 for r in paths.values())
+        assert paths["torch"]["step_x_torch"] == 1.0
+
+
+def test_image_paths_train_each_variant_from_the_same_start(tmp_path, tuned):
+    tuned()
+    out = tmp_path / "image.json"
+    image_paths.main(["--log2-batch", "9", "--steps", "1", "--rounds", "1", "--train-steps", "4",
+                      "--variant", "dense_single_network=false", "--json", str(out)])
+    result = json.load(open(out))
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert rows["default"]["path"] == ("dense" if tinn.runtime.arch() == "cpu" else "fused")
+    assert rows["dense_single_network=false"]["path"] in ("unfused", "fused")
+    curves = result["psnr_curves"]
+    assert curves["steps"] == [1, 2, 3, 4]
+    # Same seed and batches: the two MLP paths compute the same functions, so the PSNR curves agree closely.
+    a, b = curves["runs"]["default"][0], curves["runs"]["dense_single_network=false"][0]
+    assert all(abs(x - y) < 0.05 for x, y in zip(a, b)) and a[-1] > a[0]
