@@ -42,6 +42,15 @@ def mlp_array(net, params: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, hid
     return h[:, :net.n_output_dims]  # (tcnn's padded output rows, when the network has them, are dropped)
 
 
+def mlp_array_float64(net, x: torch.Tensor, ids: torch.Tensor, dy: torch.Tensor, hidden: str, output: str):
+    """`mlp_array` on the network's weights and x in float64, backpropagated from dy: (y, dL/dx, dL/dparams)."""
+    p64 = net.params.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, ids, hidden, output)
+    y64.backward(dy.double())
+    return y64.detach(), x64.grad, p64.grad
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -111,8 +111,6 @@ def backprop_(g: torch.Tensor, z: torch.Tensor | None, y: torch.Tensor, code: in
         return torch.ops.aten.tanh_backward.grad_input(g, y, grad_input=g)
     if code == SILU:
         return torch.ops.aten.silu_backward.grad_input(g, z, grad_input=g)
-    if code == EXPONENTIAL:
-        return g.mul_(y)
     return g.mul_(derivative(z, y, code))
 
 

@@ -307,7 +307,7 @@ class NetworkArray(Part):
         buffers = [(self.kernel_inputs, "inputs"), (self.n_output_dims, "outputs")]  # other parts' kernels read them
         # The dense path's scratch buffers go through torch alone (64-bit indexing), unless Taichi's kernel
         # computes the weight gradients from them.
-        if not (self.dense and runtime.settings().vendor_weight_gradients):
+        if not (self.dense and self._vendor_weight_gradients()):
             buffers.append((min(hidden, 2) * self.width, f"activations ({min(hidden, 2)}, {self.width}, batch)"))
             if train:
                 buffers.append((hidden * self.width, f"activations and deltas ({hidden}, {self.width}, batch)"))
@@ -396,8 +396,8 @@ class NetworkArray(Part):
             return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
         # The dense path needs no routing (one network, samples in order) unless Taichi's kernel computes its
         # weight gradients; the routing's tile count would cost a host sync.
-        gemm = self.n_networks == 1 and runtime.settings().vendor_weight_gradients
-        routing = None if self.dense and gemm else route(ids, self.n_networks, self.tile_size)
+        needs_routing = not (self.dense and self._vendor_weight_gradients())
+        routing = route(ids, self.n_networks, self.tile_size) if needs_routing else None
         out, acts, pre = self._launch_forward(x, ids, params, routing and routing.order, keep_all=True,
                                              x_fm=x_feature_major)
         return out, acts, pre, routing
@@ -409,7 +409,7 @@ class NetworkArray(Part):
         dev = x.device
         dx_shape = (self.kernel_inputs, batch) if x_feature_major else (batch, self.kernel_inputs)
         dx = torch.empty(dx_shape, device=dev) if want_dx else torch.empty(1, 1, device=dev)
-        gemm = batch > 0 and self.n_networks == 1 and runtime.settings().vendor_weight_gradients
+        gemm = batch > 0 and self._vendor_weight_gradients()
         dparams = None
         if want_params:  # the GEMMs write every computed weight (tcnn's padded output rows stay zero); kernels add
             padded = self.kernel_outputs > self.n_output_dims
@@ -440,6 +440,11 @@ class NetworkArray(Part):
         else:
             K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
+
+    def _vendor_weight_gradients(self) -> bool:
+        """Whether the weight gradients are vendor GEMMs (`_gemm_weight_gradients`): a single network, where the
+        settings say so. They read the scratch buffers through torch and need no routing."""
+        return self.n_networks == 1 and runtime.settings().vendor_weight_gradients
 
     def _gemm_weight_gradients(self, x, x_feature_major, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
