@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import gc
 import json
@@ -15,6 +16,23 @@ import tinn
 
 def sync() -> None:
     tinn.runtime.sync()
+
+
+def mlp_path(network) -> str:
+    """Which code runs a NetworkArray: "fused" or "unfused" Taichi kernels, or "dense" GEMMs."""
+    return "dense" if network.dense else ("fused" if network.fused else "unfused")
+
+
+@contextlib.contextmanager
+def settings_installed(chosen):
+    """tinn's settings `chosen` in force inside the block (modules built there take them), the previous after:
+    variants of one process measured side by side."""
+    before = tinn.settings.current()
+    tinn.settings.install(chosen)
+    try:
+        yield
+    finally:
+        tinn.settings.install(before)
 
 
 class Sections:

@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 import tinn  # noqa: E402
 from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
-from common import cuda_kernels, host_ms_per_step, pipelined_ms, print_table, sync, write_json  # noqa: E402
+from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+                    settings_installed, sync, write_json)
 
 
 def split_variant(text: str) -> tuple[dict, bool]:
@@ -61,18 +62,12 @@ class Variant:
             opt_cfg = config.get("optimizer", {})
             self.optimizer = torch_adam(self.steps.model.parameters(), opt_cfg)
             self.torch_step = on_calling_thread(self.steps.torch_loop(self.optimizer))
-            self.kind = "dense" if self.steps.trainer.model.network.dense else (
-                "fused" if self.steps.trainer.model.network.fused else "unfused")
+            self.kind = mlp_path(self.steps.trainer.model.network)
 
     @contextlib.contextmanager
     def active(self):
-        before = tinn.settings.current()
-        tinn.settings.install(self.settings)
-        try:
-            with matmul_tf32(self.tf32):
-                yield
-        finally:
-            tinn.settings.install(before)
+        with settings_installed(self.settings), matmul_tf32(self.tf32):
+            yield
 
 
 def main(argv=None) -> None:

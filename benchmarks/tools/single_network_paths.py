@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from common import cuda_kernels, host_ms_per_step, pipelined_ms, print_table, write_json  # noqa: E402
+from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+                    settings_installed, write_json)
 
 N_IN, N_OUT = 32, 16
 TORCH_ACT = {"ReLU": torch.nn.ReLU, "Sine": None, "SiLU": torch.nn.SiLU, "Tanh": torch.nn.Tanh,
@@ -69,15 +70,11 @@ def main(argv=None) -> None:
         config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-3},
                   "network": {"otype": "CutlassMLP", "n_neurons": width, "n_hidden_layers": hidden,
                               "activation": act, "output_activation": "None"}}
-        paths = {}
+        tinn_paths = {}  # label -> (settings, trainer)
         for label, dense in (("unfused kernels", False), ("dense GEMMs", True)):
             chosen = base.replace(dense_single_network=dense)
-            tinn.settings.install(chosen)
-            trainer = tinn.Trainer.from_config(config, N_IN, N_OUT, seed=3)
-            net = trainer.model.network
-            path = "dense" if net.dense else ("fused" if net.fused else "unfused")
-            paths[label] = (chosen, trainer, path)
-        tinn.settings.install(base)
+            with settings_installed(chosen):
+                tinn_paths[label] = (chosen, tinn.Trainer.from_config(config, N_IN, N_OUT, seed=3))
         model = torch_mlp(width, act, hidden, dev)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if dev.type == "cuda" else {}))
 
@@ -86,58 +83,51 @@ def main(argv=None) -> None:
             ((model(x) - t) ** 2).mean().backward()
             opt.step()
 
-        def torch_infer():
-            with torch.no_grad():
-                model(x)
+        def inference(m):
+            def run():
+                with torch.no_grad():
+                    m(x)
+            return run
 
-        # The two paths' results on the same weights: outputs and weight gradients.
+        # Every path as (settings, path name, step, inference).
+        paths = {label: (chosen, mlp_path(trainer.model.network),
+                         lambda trainer=trainer: trainer.training_step(x, t), inference(trainer.model))
+                 for label, (chosen, trainer) in tinn_paths.items()}
+        paths["torch"] = (base, "torch", torch_step, inference(model))
+
+        # The two tinn paths' results on the same weights: outputs and weight gradients.
         outs, grads = {}, {}
-        for label, (chosen, trainer, _) in paths.items():
-            tinn.settings.install(chosen)
-            m = trainer.model
-            m.network.params.data.copy_(paths["unfused kernels"][1].model.network.params.data)
-            m.zero_grad(set_to_none=True)
-            y = m(x)
-            ((y - t) ** 2).mean().backward()
-            outs[label], grads[label] = y.detach(), m.network.params.grad.detach().clone()
-        tinn.settings.install(base)
+        for label, (chosen, trainer) in tinn_paths.items():
+            with settings_installed(chosen):
+                m = trainer.model
+                m.network.params.data.copy_(tinn_paths["unfused kernels"][1].model.network.params.data)
+                m.zero_grad(set_to_none=True)
+                y = m(x)
+                ((y - t) ** 2).mean().backward()
+                outs[label], grads[label] = y.detach(), m.network.params.grad.detach().clone()
 
         def rel(a, b):
             return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
         timings = collections.defaultdict(list)
         with tinn.checks.disabled():
-            for label, (chosen, trainer, _) in paths.items():  # compile and warm up
-                tinn.settings.install(chosen)
-                for _ in range(3):
-                    trainer.training_step(x, t)
-                    with torch.no_grad():
-                        trainer.model(x)
-            for _ in range(3):
-                torch_step()
+            for chosen, _, step, infer in paths.values():  # compile and warm up
+                with settings_installed(chosen):
+                    for _ in range(3):
+                        step()
+                        infer()
             for _ in range(args.rounds):
-                for label, (chosen, trainer, _) in paths.items():
-                    tinn.settings.install(chosen)
-                    timings[(label, "step")].append(pipelined_ms(lambda: trainer.training_step(x, t), args.steps))
-
-                    def infer():
-                        with torch.no_grad():
-                            trainer.model(x)
-                    timings[(label, "infer")].append(pipelined_ms(infer, args.steps))
-                tinn.settings.install(base)
-                timings[("torch", "step")].append(pipelined_ms(torch_step, args.steps))
-                timings[("torch", "infer")].append(pipelined_ms(torch_infer, args.steps))
-            steps = {label: (chosen, (lambda trainer=trainer: trainer.training_step(x, t)))
-                     for label, (chosen, trainer, _) in paths.items()}
-            steps["torch"] = (base, torch_step)
-            for label, (chosen, fn) in steps.items():
-                tinn.settings.install(chosen)
-                timings[(label, "host")].append(host_ms_per_step(fn))
-                if arch == "cuda":
-                    timings[(label, "gpu")].append(sum(r["ms"] for r in cuda_kernels(fn)))
-        tinn.settings.install(base)
-        for label in list(paths) + ["torch"]:
-            row = {"shape": f"{width} {act} x{hidden}", "path": paths[label][2] if label in paths else "torch",
+                for label, (chosen, _, step, infer) in paths.items():
+                    with settings_installed(chosen):
+                        timings[(label, "step")].append(pipelined_ms(step, args.steps))
+                        timings[(label, "infer")].append(pipelined_ms(infer, args.steps))
+            for label, (chosen, _, step, _) in paths.items():
+                with settings_installed(chosen):
+                    timings[(label, "host")].append(host_ms_per_step(step))
+                    if arch == "cuda":
+                        timings[(label, "gpu")].append(sum(r["ms"] for r in cuda_kernels(step)))
+        for label, (_, path, _, _) in paths.items():
+            row = {"shape": f"{width} {act} x{hidden}", "path": path,
                    "step_ms": statistics.median(timings[(label, "step")]),
                    "infer_ms": statistics.median(timings[(label, "infer")]),
                    "host_ms": timings[(label, "host")][0],

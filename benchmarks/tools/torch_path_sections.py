@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import tinn  # noqa: E402
 from bench_torch_path import ImageSteps, on_calling_thread, relative_l2, torch_adam  # noqa: E402
-from common import Sections  # noqa: E402
+from common import Sections, settings_installed  # noqa: E402
 
 
 class _Nothing(torch.autograd.Function):
@@ -109,14 +109,13 @@ def main(argv=None) -> None:
     timings = collections.defaultdict(list)
     for _ in range(args.rounds):
         for label, chosen in variants.items():
-            tinn.settings.install(chosen)
-            for path, fn in (("Trainer step", image.native), ("torch path step", step),
-                             ("torch path step, backward on the calling thread", on_calling_thread(step)),
-                             ("Trainer.optimize on that objective", optimize)):
-                for _ in range(10):
-                    fn()
-                timings[(path, label)].append(per_step(fn, args.steps, sync))
-    tinn.settings.install(base)
+            with settings_installed(chosen):
+                for path, fn in (("Trainer step", image.native), ("torch path step", step),
+                                 ("torch path step, backward on the calling thread", on_calling_thread(step)),
+                                 ("Trainer.optimize on that objective", optimize)):
+                    for _ in range(10):
+                        fn()
+                    timings[(path, label)].append(per_step(fn, args.steps, sync))
     for (path, label), values in timings.items():
         rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)", "us": statistics.median(values)})
 
