@@ -18,14 +18,18 @@ def test_single_network_paths_compare_the_kernels_dense_gemms_and_torch(tmp_path
     tuned()
     out = tmp_path / "paths.json"
     single_network_paths.main(["--shapes", "16:Tanh:1,32:Sine:2", "--log2-batch", "9", "--steps", "1", "--rounds", "1",
-                               "--json", str(out)])
+                               "--precisions", "float16,bfloat16", "--json", str(out)])
     rows = json.load(open(out))["rows"]
     cpu = tinn.runtime.arch() == "cpu"
     for shape in ("16 Tanh x1", "32 Sine x2"):
         paths = {r["path"]: r for r in rows if r["shape"] == shape}
         kernels = "unfused" if cpu or shape.endswith("x2") else "fused"  # Sine: never the fused kernels
-        assert set(paths) == {kernels, "dense", "torch"}
+        assert set(paths) == {kernels, "dense", "torch", "dense float16", "dense bfloat16", "torch float16",
+                              "torch bfloat16"}
         assert paths["dense"]["out_diff"] < 1e-5 and paths["dense"]["grad_diff"] < 1e-5
+        for precision, bound in (("float16", 5e-3), ("bfloat16", 3e-2)):  # against the float32 dense path
+            assert 1e-6 < paths[f"dense {precision}"]["out_diff"] < bound
+            assert 1e-6 < paths[f"dense {precision}"]["grad_diff"] < bound
         assert all(r["step_ms"] > 0 and r["infer_ms"] > 0 and r["host_ms"] > 0 for r in paths.values())
         assert paths["torch"]["step_x_torch"] == 1.0
 

@@ -114,6 +114,14 @@ def backprop_(g: torch.Tensor, z: torch.Tensor | None, y: torch.Tensor, code: in
     return g.mul_(derivative(z, y, code))
 
 
+# torch dtypes of `settings.network_precision`, and the factor the output gradients are scaled by before they
+# are rounded to that dtype: tcnn's default loss scale for half precision (float16 has 5 exponent bits, so
+# gradients that are small, as a mean over a large batch makes them, would round to zero); bfloat16 has
+# float32's exponent range and needs none.
+COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+GRADIENT_SCALES = {"float32": 1.0, "float16": 128.0, "bfloat16": 1.0}
+
+
 def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
     """Row 0's (fan_out, fan_in) blocks, the last one's computed rows only (tcnn's padded rows come after
     them in its block, so the offsets do not change)."""
@@ -124,11 +132,24 @@ def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
     return mats
 
 
+def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, unscale: float = 1.0) -> None:
+    """out := (a @ b) / unscale; a float32 `out` of lower-precision operands gets the product converted first,
+    so that small values are not lost in the narrow type."""
+    if a.dtype == out.dtype and unscale == 1.0:
+        torch.mm(a, b, out=out)
+        return
+    out.copy_(torch.mm(a, b))
+    if unscale != 1.0:
+        out.mul_(1.0 / unscale)
+
+
 def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor, pre: torch.Tensor,
             out: torch.Tensor, keep_all: bool, keep_pre: bool, x_fm: bool = False) -> None:
     """What `mlp_array.forward` writes for one network: out (batch, n_out); with keep_all every hidden
     layer's output in acts[l] (features, batch), else the hidden layers take turns in acts' two slots;
-    with keep_pre every layer's pre-activation in pre[l]. x is (batch, n_in), or (n_in, batch) with x_fm."""
+    with keep_pre every layer's pre-activation in pre[l]. x is (batch, n_in), or (n_in, batch) with x_fm.
+    The GEMMs and activations compute in the dtype of x and params (`compute_operands`), which acts and pre
+    share; out is float32 (the losses and other parts read it)."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     h = x if x_fm else x.t()  # (n_in, batch); the transpose is a view
@@ -139,27 +160,40 @@ def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: tor
             h = activate(z, shape.hidden_act, out=y)
         else:
             h = apply_(torch.mm(w, h, out=y), shape.hidden_act)
-    torch.mm(h.t(), mats[last].t(), out=out)
+    _mm_into(h.t(), mats[last].t(), out)
     if keep_pre:
         pre[last, :shape.n_out].copy_(out.t())
     apply_(out, shape.output_act)
 
 
+def compute_operands(x: torch.Tensor, params: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and params as the GEMMs read them: converted to `dtype` (one pass each; the parameters stay float32
+    for the optimizer, like tcnn's full-precision master copy)."""
+    if dtype == x.dtype == params.dtype:
+        return x, params
+    return x.to(dtype), params.to(dtype)
+
+
 def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor,
                     pre: torch.Tensor, out: torch.Tensor, deltas: torch.Tensor, dout: torch.Tensor,
-                    dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_fm: bool = False) -> None:
+                    dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_fm: bool = False,
+                    gradient_scale: float = 1.0) -> None:
     """What `mlp_array.backward_deltas` writes for one network: dout[0] (n_out, batch) and deltas[l]
-    (width, batch), dL/dz of the output and of each hidden layer; dx (batch, n_in) when want_dx, (n_in, batch)
-    with x_fm."""
+    (width, batch), dL/dz of the output and of each hidden layer, times `gradient_scale`, in the dtype of
+    params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_fm, unscaled, float32."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     slope = derivative(pre[last, :shape.n_out].t() if keep_pre else None, out, shape.output_act)
     g = dout[0]
-    g.copy_((dy if slope is None else dy * slope).t())
+    grad = dy if slope is None else dy * slope
+    if gradient_scale == 1.0:
+        g.copy_(grad.t())
+    else:
+        torch.mul(grad.t(), gradient_scale, out=g)
     for l in range(last - 1, -1, -1):  # hidden layer l's output feeds layer l + 1
         torch.mm(mats[l + 1].t(), g, out=deltas[l])
         g = backprop_(deltas[l], pre[l, :shape.width] if keep_pre else None, acts[l], shape.hidden_act)
     if want_dx and x_fm:
-        torch.mm(mats[0].t(), g, out=dx)
+        _mm_into(mats[0].t(), g, dx, gradient_scale)
     elif want_dx:
-        torch.mm(g.t(), mats[0], out=dx)
+        _mm_into(g.t(), mats[0], dx, gradient_scale)

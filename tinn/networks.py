@@ -100,7 +100,8 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
     On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
     a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
     slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
-    Elsewhere one plain GEMM per product.
+    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.network_precision`)
+    give slice products in theirs, summed in out's; without slices (the CPU, short K), GEMMs in out's precision.
     """
     products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
     k = products[0][0].k
@@ -114,14 +115,17 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
             yield out.as_strided((a.rows, b.rows), (b.rows, 1), off)
             off += a.rows * b.rows
 
+    def wide(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == out.dtype else t.to(out.dtype)
+
     if slices < 2:
         for (a, b), block in zip(products, blocks()):
-            torch.mm(a.matrix(), b.matrix().t(), out=block)
+            torch.mm(wide(a.matrix()), wide(b.matrix()).t(), out=block)
         return
     step = k // slices
     main = slices * step
     total = sum(a.rows * b.rows for a, b in products)
-    partial = torch.empty(slices, total, dtype=out.dtype, device=out.device)
+    partial = torch.empty(slices, total, dtype=products[0][0].base.dtype, device=out.device)
     off = 0
     for a, b in products:
         m, n = a.rows, b.rows
@@ -130,10 +134,10 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
         b_slices = b.base.as_strided((slices, step, n), (step * b.k_stride, b.k_stride, b.row_stride), b.offset)
         torch.bmm(a_slices, b_slices, out=partial.as_strided((slices, m, n), (total, n, 1), off))
         off += m * n
-    torch.sum(partial, 0, out=out.as_strided((total,), (1,)))
+    torch.sum(partial, 0, dtype=out.dtype, out=out.as_strided((total,), (1,)))
     if main < k:
         for (a, b), block in zip(products, blocks()):
-            block.addmm_(a.matrix(main), b.matrix(main).t())
+            block.addmm_(wide(a.matrix(main)), wide(b.matrix(main)).t())
 
 
 class NetworkArray(Part):
@@ -185,10 +189,16 @@ class NetworkArray(Part):
         # A single network as dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default where they
         # were measured faster (`dense_mlp.faster_than_kernels`). `kernels="unfused"` or "fused" keeps Taichi's
         # kernels; deterministic mode too (a BLAS picks its own summation order).
+        # A precision below float32 is the dense path's (Taichi's kernels compute in float32), so it takes a single
+        # network there unless the settings rule the dense path out.
         dense = runtime.settings().dense_single_network
+        precision = runtime.settings().network_precision
         if dense is None:
-            dense = dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)
+            dense = precision != "float32" or dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)
         self.dense = n_networks == 1 and kernels == "auto" and not deterministic and dense
+        self.precision = precision if self.dense else "float32"
+        self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision]
+        self.gradient_scale = dense_mlp.GRADIENT_SCALES[self.precision]
         self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
         if self.width > MAX_CUTLASS_WIDTH and not self.dense:
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
@@ -255,15 +265,18 @@ class NetworkArray(Part):
             raise ValueError("feature-major inputs need the fused kernels or the dense path")
         params = self.params.detach()
         self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
+        # The GEMMs' operands in the network's precision (x and params themselves in float32).
+        x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
         if not train:
-            return self._inference(x, ids, params, x_fm), None
-        out, acts, pre, routing = self._forward_train(x, ids, params, x_fm)
+            return self._inference(x_c, ids, params_c, x_fm), None
+        out, acts, pre, routing = self._forward_train(x_c, ids, params_c, x_fm)
         # The context keeps a detached alias of the output (autograd marks the returned tensor itself), and
         # only when the output activation's derivative reads it: otherwise the output's memory is free once
-        # the caller drops it, before the backward allocates its deltas.
+        # the caller drops it, before the backward allocates its deltas. The second-order pass reads the float32
+        # x and params; the backward, the operands.
         kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
-        return out, Context(x=x, ids=ids, params=params, acts=acts, pre=pre, out=kept, routing=routing,
-                            x_fm=x_fm)
+        return out, Context(x=x, ids=ids, params=params, x_c=x_c, params_c=params_c, acts=acts, pre=pre, out=kept,
+                            routing=routing, x_fm=x_fm)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
@@ -280,7 +293,7 @@ class NetworkArray(Part):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
-        dx, dparams = self._backward(dy, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre,
+        dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
@@ -297,7 +310,7 @@ class NetworkArray(Part):
         y, target = losses.checked_pair(kind, y, target)
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * FK.WARPS, device=y.device)
-        dx, dparams = self._backward(y, ctx.x, ctx.ids, ctx.params, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
+        dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
                                      need_grads, ctx.x_fm, loss=(kind, target, parts))
         return self._unpadded(dx, ctx.x_fm), (dparams,), parts.sum() / y.numel()
 
@@ -328,9 +341,10 @@ class NetworkArray(Part):
         batch = ids.shape[0]
         dev = x.device
         slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
-        acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev)
+        dtype = self.compute_dtype
+        acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev, dtype=dtype)
         pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
-                          device=dev)
+                          device=dev, dtype=dtype)
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch and self.dense:
             dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
@@ -413,20 +427,22 @@ class NetworkArray(Part):
         dparams = None
         if want_params:  # the GEMMs write every computed weight (tcnn's padded output rows stay zero); kernels add
             padded = self.kernel_outputs > self.n_output_dims
-            dparams = torch.empty_like(params) if gemm and not padded else torch.zeros_like(params)
+            dparams = torch.empty_like(params, dtype=torch.float32) if gemm and not padded else \
+                torch.zeros_like(params, dtype=torch.float32)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
         # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
         hidden = self.n_layers - 1
-        deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev)
-        dout = torch.empty(1, self.n_output_dims, batch, device=dev)
+        deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev, dtype=self.compute_dtype)
+        dout = torch.empty(1, self.n_output_dims, batch, device=dev, dtype=self.compute_dtype)
         if self.fused:
             grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
                                    deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
-                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_fm=x_feature_major)
+                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_fm=x_feature_major,
+                                      gradient_scale=self.gradient_scale)
         else:
             K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
                                   deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
@@ -434,6 +450,8 @@ class NetworkArray(Part):
             pass
         elif gemm:
             self._gemm_weight_gradients(x, x_feature_major, acts, deltas, dout, dparams)
+            if self.gradient_scale != 1.0:
+                dparams.mul_(1.0 / self.gradient_scale)
         elif self.fused:
             FK.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
                                     dparams=dparams, x_fm=x_feature_major)
@@ -471,7 +489,8 @@ class NetworkArray(Part):
         return (f"n_networks={self.n_networks}, in={self.n_input_dims}{pad}, out={self.n_output_dims}"
                 f"{f' (+{opad})' if opad else ''}, "
                 f"width={self.width}, hidden_layers={self.n_layers - 1}, "
-                f"activation={activation_name(self.hidden_act)}, output_activation={activation_name(self.output_act)}")
+                f"activation={activation_name(self.hidden_act)}, output_activation={activation_name(self.output_act)}"
+                f"{'' if self.precision == 'float32' else f', precision={self.precision}'}")
 
 
 class Network(NetworkArray):

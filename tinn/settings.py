@@ -19,6 +19,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks whose input gradient is not needed (measured faster there; slower on the image step, one network whose grid needs its input gradient) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
+| network_precision | "float32" | a single network on the dense path computes its GEMMs and activations in "float32", "float16" (tcnn's precision: half operands and activations, float32 accumulation, gradients scaled by 128 as tcnn does) or "bfloat16" (no scaling); parameters, optimizer state, outputs and input gradients stay float32. Where the setting is not "float32", a single network takes the dense path by default; arrays of several networks and Taichi's kernels compute in float32 (`NetworkArray.precision` says which) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
 | grid_level_tasks | None | on the CPU, the grid's table gradient as one task per level without atomics; None = where the CPU runs no more threads than the grid has levels |
@@ -42,6 +43,7 @@ from .errors import ConfigError
 ENV_VARIABLE = "TINN_SETTINGS"
 NETWORK_KERNELS = ("auto", "fused", "unfused")
 STAGED_WEIGHTS = ("auto", "none", "forward", "backward", "both")
+NETWORK_PRECISIONS = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Settings:
     fused_loss: bool | None = None
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
+    network_precision: str = "float32"
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     grid_feature_lanes: bool | None = None
@@ -78,6 +81,9 @@ class Settings:
         if self.fused_staged_weights not in STAGED_WEIGHTS:
             raise ConfigError(f"settings.fused_staged_weights={self.fused_staged_weights!r} is not supported; "
                               f"allowed: {list(STAGED_WEIGHTS)}")
+        if self.network_precision not in NETWORK_PRECISIONS:
+            raise ConfigError(f"settings.network_precision={self.network_precision!r} is not supported; "
+                              f"allowed: {list(NETWORK_PRECISIONS)}")
         for name in ("fused_tile", "fused_backward_tile"):
             value = getattr(self, name)
             if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):

@@ -2,7 +2,7 @@
 kernels against the dense GEMMs (`settings.dense_single_network`), next to the same MLP in plain torch.
 
     python benchmarks/tools/single_network_paths.py [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
-        [--log2-batch 18] [--json FILE]
+        [--log2-batch 18] [--precisions float16,bfloat16] [--json FILE]
 
 Per shape (WIDTH:ACTIVATION:HIDDEN_LAYERS; 32 inputs, 16 outputs, L2 loss, Adam, input checks off) and path,
 in one process: a Trainer step and an inference call, each as milliseconds per call with calls issued back
@@ -10,6 +10,9 @@ to back and one sync per block (median of blocks, rounds alternating between the
 time alone and its GPU time (the sum of its kernels, torch.profiler); and the relative
 difference of the two paths' outputs and weight gradients. The torch row runs the same layers as an
 `nn.Sequential` of bias-free `nn.Linear`s: forward, `backward()` of an L2 loss, and the fused `torch.optim.Adam`.
+Each of `--precisions` adds the dense path in that `settings.network_precision` and the torch model under
+`torch.autocast` to that dtype (float16: the loss scaled by 128, as tinn and tcnn scale it; Adam's update does
+not depend on the scale); their differences are against the float32 dense path.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ def main(argv=None) -> None:
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--precisions", default="", help="comma-separated lower precisions: float16, bfloat16")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     arch = tinn.init()
@@ -64,6 +68,7 @@ def main(argv=None) -> None:
     x = (torch.rand(batch, N_IN, generator=gen) * 2 - 1).to(dev)
     t = torch.rand(batch, N_OUT, generator=gen).to(dev)
     rows = []
+    precisions = [p for p in args.precisions.split(",") if p]
     for spec in args.shapes.split(","):
         width, act, hidden = spec.split(":")
         width, hidden = int(width), int(hidden)
@@ -71,17 +76,12 @@ def main(argv=None) -> None:
                   "network": {"otype": "CutlassMLP", "n_neurons": width, "n_hidden_layers": hidden,
                               "activation": act, "output_activation": "None"}}
         tinn_paths = {}  # label -> (settings, trainer)
-        for label, dense in (("unfused kernels", False), ("dense GEMMs", True)):
-            chosen = base.replace(dense_single_network=dense)
+        variants = [("unfused kernels", {"dense_single_network": False}), ("dense GEMMs", {"dense_single_network": True})]
+        variants += [(f"dense {p}", {"dense_single_network": True, "network_precision": p}) for p in precisions]
+        for label, changes in variants:
+            chosen = base.replace(**changes)
             with settings_installed(chosen):
                 tinn_paths[label] = (chosen, tinn.Trainer.from_config(config, N_IN, N_OUT, seed=3))
-        model = torch_mlp(width, act, hidden, dev)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if dev.type == "cuda" else {}))
-
-        def torch_step():
-            opt.zero_grad(set_to_none=True)
-            ((model(x) - t) ** 2).mean().backward()
-            opt.step()
 
         def inference(m):
             def run():
@@ -89,13 +89,34 @@ def main(argv=None) -> None:
                     m(x)
             return run
 
+        def torch_path(precision):
+            model = torch_mlp(width, act, hidden, dev)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, **({"fused": True} if dev.type == "cuda" else {}))
+            dtype = tinn.dense_mlp.COMPUTE_DTYPES[precision]
+            scale = tinn.dense_mlp.GRADIENT_SCALES[precision]
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(dev.type, dtype=dtype, enabled=precision != "float32"):
+                    y = model(x)
+                ((y.float() - t) ** 2).mean().mul(scale).backward()
+                opt.step()
+
+            def infer():
+                with torch.no_grad(), torch.autocast(dev.type, dtype=dtype, enabled=precision != "float32"):
+                    model(x)
+            return step, infer
+
         # Every path as (settings, path name, step, inference).
-        paths = {label: (chosen, mlp_path(trainer.model.network),
+        paths = {label: (chosen, mlp_path(trainer.model.network)
+                         + ("" if trainer.model.network.precision == "float32" else f" {trainer.model.network.precision}"),
                          lambda trainer=trainer: trainer.training_step(x, t), inference(trainer.model))
                  for label, (chosen, trainer) in tinn_paths.items()}
-        paths["torch"] = (base, "torch", torch_step, inference(model))
+        for precision in ["float32"] + precisions:
+            label = "torch" if precision == "float32" else f"torch {precision}"
+            paths[label] = (base, label, *torch_path(precision))
 
-        # The two tinn paths' results on the same weights: outputs and weight gradients.
+        # The tinn paths' results on the same weights: outputs and weight gradients.
         outs, grads = {}, {}
         for label, (chosen, trainer) in tinn_paths.items():
             with settings_installed(chosen):
@@ -132,9 +153,10 @@ def main(argv=None) -> None:
                    "infer_ms": statistics.median(timings[(label, "infer")]),
                    "host_ms": timings[(label, "host")][0],
                    "gpu_ms": timings[(label, "gpu")][0] if arch == "cuda" else None}
-            if label == "dense GEMMs":
-                row["out_diff"] = rel(outs[label], outs["unfused kernels"])
-                row["grad_diff"] = rel(grads[label], grads["unfused kernels"])
+            if label.startswith("dense"):  # the float32 dense path against the kernels, the others against it
+                ref = "unfused kernels" if label == "dense GEMMs" else "dense GEMMs"
+                row["out_diff"] = rel(outs[label], outs[ref])
+                row["grad_diff"] = rel(grads[label], grads[ref])
             rows.append(row)
     for r in rows:
         ref = next(o for o in rows if o["shape"] == r["shape"] and o["path"] == "torch")
