@@ -129,3 +129,21 @@ def test_lower_precision_trains_like_float32(tuned):
         start, end, ref_end = sum(losses[:5]) / 5, sum(losses[-10:]) / 10, sum(ref[-10:]) / 10
         assert end < start / 20, (precision, start, end)
         assert end < 1.5 * ref_end, (precision, end, ref_end)
+
+
+def test_large_gradients_keep_float16_range_in_the_weight_gradient_sums(tuned):
+    """Output gradients of 10 (a summed loss), scaled by 128, and inputs of magnitude 20: the weight-gradient
+    GEMMs' partial sums (1024 samples each) pass float16's largest value, 65504; they are kept in float32
+    (CUDA) or the GEMMs run in float32 (CPU), so the result is finite and accurate."""
+    tuned(network_precision="float16")
+    gen = torch.Generator().manual_seed(8)
+    batch = 1 << 15
+    x = ((torch.rand(batch, 8, generator=gen) * 2 - 1) * 20).to(DEV)
+    dy = torch.full((batch, 4), 10.0, device=DEV)
+    net = NetworkArray(8, 4, {"n_neurons": 32, "n_hidden_layers": 2, "activation": "None"}, seed=1)
+    y, dx, dp = run(net, x, dy)
+    y64, dx64, dp64 = mlp_array_float64(net, x, torch.zeros(batch, dtype=torch.int32, device=DEV), dy, "None",
+                                        "None")
+    assert float(dp64.abs().max()) * 128 / (batch // 1024) > 65504  # a slice's scaled sum passes the range
+    assert bool(torch.isfinite(dp).all()) and rel_err(dp, dp64) < SMOOTH_BOUND["float16"]
+    assert rel_err(y, y64) < SMOOTH_BOUND["float16"] and rel_err(dx, dx64) < SMOOTH_BOUND["float16"]

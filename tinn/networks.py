@@ -35,6 +35,8 @@ NETWORK_OPTIONS = ("n_neurons", "n_hidden_layers", "activation", "output_activat
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
 MAX_NETWORKS = 1 << 20
 MIN_K_SLICE = 1024
+# torch's batched GEMM of float16/bfloat16 operands into float32 (CUDA; newer torch releases).
+_WIDENING_BMM = hasattr(torch.ops.aten.bmm, "dtype_out")
 
 
 def parse_network_config(config, path: str = "network") -> dict:
@@ -101,7 +103,8 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
     a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
     slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
     Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.network_precision`)
-    give slice products in theirs, summed in out's; without slices (the CPU, short K), GEMMs in out's precision.
+    give slice products in out's precision where cuBLAS writes them so (a slice's sum of scaled float16 products
+    can pass float16's range), else in theirs; without slices (the CPU, short K), GEMMs in out's precision.
     """
     products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
     k = products[0][0].k
@@ -125,14 +128,20 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
     step = k // slices
     main = slices * step
     total = sum(a.rows * b.rows for a, b in products)
-    partial = torch.empty(slices, total, dtype=products[0][0].base.dtype, device=out.device)
+    narrow = products[0][0].base.dtype
+    widened = narrow != out.dtype and _WIDENING_BMM
+    partial = torch.empty(slices, total, dtype=out.dtype if widened else narrow, device=out.device)
     off = 0
     for a, b in products:
         m, n = a.rows, b.rows
         # Strided views, one op each: [s, m, j] = a[m, s*step + j] and [s, j, n] = b[n, s*step + j].
         a_slices = a.base.as_strided((slices, m, step), (step * a.k_stride, a.row_stride, a.k_stride), a.offset)
         b_slices = b.base.as_strided((slices, step, n), (step * b.k_stride, b.k_stride, b.row_stride), b.offset)
-        torch.bmm(a_slices, b_slices, out=partial.as_strided((slices, m, n), (total, n, 1), off))
+        into = partial.as_strided((slices, m, n), (total, n, 1), off)
+        if widened:
+            torch.ops.aten.bmm.dtype_out(a_slices, b_slices, out.dtype, out=into)
+        else:
+            torch.bmm(a_slices, b_slices, out=into)
         off += m * n
     torch.sum(partial, 0, dtype=out.dtype, out=out.as_strided((total,), (1,)))
     if main < k:
