@@ -48,3 +48,21 @@ def test_image_paths_train_each_variant_from_the_same_start(tmp_path, tuned):
     # Same seed and batches: the two MLP paths compute the same functions, so the PSNR curves agree closely.
     a, b = curves["runs"]["default"][0], curves["runs"]["dense_single_network=false"][0]
     assert all(abs(x - y) < 0.05 for x, y in zip(a, b)) and a[-1] > a[0]
+
+
+def test_gradient_scale_probe_trains_float16_with_the_scale_it_was_given(tuned, monkeypatch, capsys):
+    import gradient_scale_probe
+    from tinn import dense_mlp
+
+    tuned()
+    monkeypatch.setitem(dense_mlp.GRADIENT_SCALES, "float16", 128.0)  # restored after the test
+    built = []
+    original = tinn.NetworkArray.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append((self.precision, self.gradient_scale))
+    monkeypatch.setattr(tinn.NetworkArray, "__init__", spy)
+    gradient_scale_probe.main(["1024", "--log2-batch", "9", "--quality-runs", "1", "--train-steps", "2"])
+    assert ("float16", 1024.0) in built and ("float32", 1.0) in built
+    assert "network_precision=float16" in capsys.readouterr().out
