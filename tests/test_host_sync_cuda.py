@@ -73,6 +73,23 @@ def test_grid_network_training_step_does_not_sync():
     assert float(loss) < float(first)
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_replayed_dense_network_step_does_not_sync(precision, tuned):
+    """A hash grid into a 128-wide network: the dense path, its steps replayed as CUDA graphs once captured (the
+    capture itself synchronises, once per batch shape)."""
+    tuned(network_precision=precision)
+    config = dict(HASH_CONFIG, network=dict(HASH_CONFIG["network"], n_neurons=128))
+    trainer = Trainer.from_config(config, 2, 3)
+    x, y, _ = batch(2, 3, 1, 4096, seed=1)
+    first = trainer.training_step(x, y)
+    trainer.training_step(x, y)  # captures
+    assert trainer.model.network.dense and trainer.model.network._step_graphs.shapes
+    with no_host_sync():
+        for _ in range(3):
+            loss = trainer.training_step(x, y)
+    assert float(loss) < float(first)
+
+
 def test_torch_facade_step_does_not_sync():
     """tcnn's PyTorch sample loop through tinn.torch: module call, loss, backward, torch's Adam."""
     import tinn.torch as tcnn

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import chunks, dense_mlp, losses, memory, runtime, second_order
+from . import chunks, dense_graphs, dense_mlp, losses, memory, runtime, second_order
 from .activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_code, activation_name
 from .config import Section, count
 from .errors import ConfigError
@@ -208,6 +208,13 @@ class NetworkArray(Part):
         self.precision = precision if self.dense else "float32"
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision]
         self.gradient_scale = dense_mlp.GRADIENT_SCALES[self.precision]
+        # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
+        # too, so that the whole step is torch's.
+        graphs = runtime.settings().dense_step_graphs
+        replay = graphs or (graphs is None and runtime.arch() == "cuda")
+        self._step_graphs = (dense_graphs.StepGraphs(self, any_size=bool(graphs))
+                             if self.dense and replay and n_networks == 1 and runtime.settings().vendor_weight_gradients
+                             else None)
         self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
         if self.width > MAX_CUTLASS_WIDTH and not self.dense:
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
@@ -274,6 +281,11 @@ class NetworkArray(Part):
             raise ValueError("feature-major inputs need the fused kernels or the dense path")
         params = self.params.detach()
         self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
+        if train and self._step_graphs is not None:
+            replayed = self._step_graphs.forward(x, params, x_fm)
+            if replayed is not None:
+                out, lease = replayed
+                return out, Context(x=x, ids=ids, params=params, lease=lease, x_fm=x_fm)
         # The GEMMs' operands in the network's precision (x and params themselves in float32).
         x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
         if not train:
@@ -285,7 +297,7 @@ class NetworkArray(Part):
         # x and params; the backward, the operands.
         kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
         return out, Context(x=x, ids=ids, params=params, x_c=x_c, params_c=params_c, acts=acts, pre=pre, out=kept,
-                            routing=routing, x_fm=x_fm)
+                            routing=routing, x_fm=x_fm, lease=None)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
@@ -301,6 +313,9 @@ class NetworkArray(Part):
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        if ctx.lease is not None:
+            dx, dparams = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)
+            return self._unpadded(dx, ctx.x_fm), (dparams,)
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
@@ -459,8 +474,6 @@ class NetworkArray(Part):
             pass
         elif gemm:
             self._gemm_weight_gradients(x, x_feature_major, acts, deltas, dout, dparams)
-            if self.gradient_scale != 1.0:
-                dparams.mul_(1.0 / self.gradient_scale)
         elif self.fused:
             FK.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
                                     dparams=dparams, x_fm=x_feature_major)
@@ -482,7 +495,8 @@ class NetworkArray(Part):
         input is read as (n_in, batch) from either layout. Plain float32 unless
         torch.backends.cuda.matmul.allow_tf32 is set. Used by the fused (CUDA) and the unfused (CPU)
         backward alike: both keep deltas and activations feature-major by sorted position. tcnn's padded
-        output rows of `dparams` are not written (the caller hands zeros when there are any).
+        output rows of `dparams` are not written (the caller hands zeros when there are any). In float16 the
+        deltas come scaled (`gradient_scale`); the result does not.
         """
         # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other. The operands are
         # rows of the stacked buffers, described without a view op each.
@@ -491,6 +505,8 @@ class NetworkArray(Part):
         mm_long_k([(Rows.stacked(dout, 0) if l == last else Rows.stacked(deltas, l),   # (fan_out, B)
                     x_rows if l == 0 else Rows.stacked(acts, l - 1, fan_in))         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
+        if self.gradient_scale != 1.0:  # the deltas carry the scale of the network's precision
+            dparams.mul_(1.0 / self.gradient_scale)
 
     def extra_repr(self) -> str:
         pad = f" (+{self.input_padding[0]} x {self.input_padding[1]:g})" if self.input_padding[0] else ""

@@ -20,6 +20,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | network_precision | "float32" | a single network on the dense path computes its GEMMs and activations in "float32", "float16" (tcnn's precision: half operands and activations, float32 accumulation, gradients scaled by 128 as tcnn does) or "bfloat16" (no scaling); parameters, optimizer state, outputs and input gradients stay float32. Where the setting is not "float32", a single network takes the dense path by default; arrays of several networks and Taichi's kernels compute in float32 (`NetworkArray.precision` says which) |
+| dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
 | grid_level_tasks | None | on the CPU, the grid's table gradient as one task per level without atomics; None = where the CPU runs no more threads than the grid has levels |
@@ -60,6 +61,7 @@ class Settings:
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     network_precision: str = "float32"
+    dense_step_graphs: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     grid_feature_lanes: bool | None = None

@@ -1,0 +1,162 @@
+"""A dense single network's training step replayed from fixed buffers: two CUDA graphs, forward and backward.
+
+The dense path (`tinn/dense_mlp.py`) issues about twenty torch ops a step: conversions, GEMMs, activations, the
+split-K weight gradients. Where a step's GPU work is short (the image step: 0.8 ms in float16) their host time
+is the bound. A CUDA graph replays the same ops from one launch, but only on fixed buffers, so each batch shape
+gets its own set: inputs are copied in (in the network's precision: the copy is the conversion the eager path
+makes anyway), the output and the gradients are copied out (callers may keep them across steps), and the
+activations stay in the set between the forward and its backward.
+
+A set belongs to one forward at a time. The forward's context holds a lease on it until the context is gone
+(after the backward, or when the caller drops the output), and a forward that finds its set leased runs the
+eager path: two forwards before their backwards, gradient accumulation and `retain_graph` stay correct, only
+slower. On the CPU the "graph" is the plain call on the same buffers (tests use it to check the bookkeeping).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+from . import dense_mlp
+
+# Buffers of one batch shape held between steps. Graphs pay where a step is short and host-bound; a step whose
+# buffers are larger is GPU-bound, and keeping them would only hold memory.
+MAX_AUTO_BYTES = 1 << 29
+# Batch shapes kept at once; the oldest one not in use gives way.
+MAX_SHAPES = 2
+# A batch shape is captured at its second training step: a one-off shape (a last, partial batch) runs eagerly.
+CAPTURE_AT = 2
+MAX_SEEN = 64
+
+
+def replayable(body: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """`body` as a CUDA graph's replay on CUDA (captured here, after one warm-up run on a side stream, where cuBLAS
+    picks its kernels and workspace), the plain call elsewhere. Either way the body has run once on return."""
+    if device.type != "cuda":
+        body()
+        return body
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay
+
+
+class _ShapeBuffers:
+    """One batch shape's inputs, activations and gradients, and the graphs that run on them."""
+
+    def __init__(self, net, batch: int, x_fm: bool):
+        dev, dtype, f32 = net.params.device, net.compute_dtype, torch.float32
+        hidden, rows = net.n_layers - 1, max(net.width, net.n_output_dims)
+        self.net, self.x_fm = net, x_fm  # a weak proxy (StepGraphs'): the network holds these buffers
+        self.x = torch.empty((net.kernel_inputs, batch) if x_fm else (batch, net.kernel_inputs), device=dev,
+                             dtype=dtype)
+        self.params = torch.empty(net.params.shape, device=dev, dtype=dtype)
+        self.acts = torch.empty((hidden, net.width, batch) if hidden else (1, 1, 1), device=dev, dtype=dtype)
+        self.pre = torch.empty((net.n_layers, rows, batch) if net.keep_pre else (1, 1, 1), device=dev, dtype=dtype)
+        self.out = torch.empty(batch, net.n_output_dims, device=dev, dtype=f32)
+        self.dy = torch.empty(batch, net.n_output_dims, device=dev, dtype=f32)
+        self.deltas = torch.empty((hidden, net.width, batch) if hidden else (1, 1, 1), device=dev, dtype=dtype)
+        self.dout = torch.empty(1, net.n_output_dims, batch, device=dev, dtype=dtype)
+        self.dx = torch.empty(self.x.shape, device=dev, dtype=f32)
+        self.dparams = torch.zeros(net.params.shape, device=dev, dtype=f32)  # tcnn's padded rows stay zero
+        self.forward_run = None
+        self.backward_runs: dict[tuple[bool, bool], Callable[[], None]] = {}
+        self.leased = False
+
+    def run_forward(self) -> None:
+        net = self.net
+        dense_mlp.forward(self.x, self.params, net.shape, acts=self.acts, pre=self.pre, out=self.out, keep_all=True,
+                          keep_pre=net.keep_pre, x_fm=self.x_fm)
+
+    def run_backward(self, want_dx: bool, want_params: bool) -> None:
+        net = self.net
+        dense_mlp.backward_deltas(self.dy, self.params, net.shape, acts=self.acts, pre=self.pre, out=self.out,
+                                  deltas=self.deltas, dout=self.dout, dx=self.dx, keep_pre=net.keep_pre,
+                                  want_dx=want_dx, x_fm=self.x_fm, gradient_scale=net.gradient_scale)
+        if want_params:
+            net._gemm_weight_gradients(self.x, self.x_fm, self.acts, self.deltas, self.dout, self.dparams)
+
+    def release(self) -> None:
+        self.leased = False
+
+
+class Lease:
+    """A forward's hold on its batch shape's buffers, kept in the forward's context."""
+
+    def __init__(self, buffers: _ShapeBuffers):
+        self.buffers = buffers
+        buffers.leased = True
+        weakref.finalize(self, buffers.release)
+
+
+class StepGraphs:
+    """The replayed training steps of one dense network (`NetworkArray`), per batch shape."""
+
+    def __init__(self, net, any_size: bool):
+        self.net = weakref.proxy(net)  # the network holds this object: no cycle back
+        self.any_size = any_size  # False: only shapes whose buffers fit MAX_AUTO_BYTES
+        self.shapes: dict[tuple[int, bool], _ShapeBuffers] = {}
+        self.seen: dict[tuple[int, bool], int] = {}
+
+    def _bytes(self, batch: int) -> int:
+        net = self.net
+        narrow = torch.tensor([], dtype=net.compute_dtype).element_size()
+        hidden, rows = net.n_layers - 1, max(net.width, net.n_output_dims)
+        per_sample_narrow = net.kernel_inputs + 2 * hidden * net.width + net.n_output_dims + \
+            (net.n_layers * rows if net.keep_pre else 0)
+        per_sample_wide = 2 * net.n_output_dims + net.kernel_inputs
+        return batch * (per_sample_narrow * narrow + per_sample_wide * 4)
+
+    def _buffers_for(self, batch: int, x_fm: bool) -> _ShapeBuffers | None:
+        key = (batch, x_fm)
+        buffers = self.shapes.get(key)
+        if buffers is not None:
+            return buffers
+        if len(self.seen) >= MAX_SEEN:
+            self.seen.clear()
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.seen[key] < CAPTURE_AT or not (self.any_size or self._bytes(batch) <= MAX_AUTO_BYTES):
+            return None
+        if len(self.shapes) >= MAX_SHAPES:
+            free = next((k for k, b in self.shapes.items() if not b.leased), None)
+            if free is None:
+                return None
+            del self.shapes[free]
+        buffers = self.shapes[key] = _ShapeBuffers(self.net, batch, x_fm)
+        return buffers
+
+    def forward(self, x: torch.Tensor, params: torch.Tensor, x_fm: bool) -> tuple[torch.Tensor, Lease] | None:
+        """The training forward from this shape's buffers: (a copy of the output, the lease), or None where the
+        eager path must run (first sight of the shape, too large, or its buffers leased by another forward)."""
+        batch = x.shape[1] if x_fm else x.shape[0]
+        buffers = self._buffers_for(batch, x_fm)
+        if buffers is None or buffers.leased:
+            return None
+        buffers.x.copy_(x)
+        buffers.params.copy_(params)
+        if buffers.forward_run is None:
+            buffers.forward_run = replayable(buffers.run_forward, buffers.out.device)
+        else:
+            buffers.forward_run()
+        return buffers.out.clone(), Lease(buffers)
+
+    def backward(self, lease: Lease, dy: torch.Tensor, want_dx: bool,
+                 want_params: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dx, dparams) of the forward that holds `lease`, as copies."""
+        buffers = lease.buffers
+        buffers.dy.copy_(dy)
+        key = (want_dx, want_params)
+        run = buffers.backward_runs.get(key)
+        if run is None:
+            buffers.backward_runs[key] = replayable(lambda: buffers.run_backward(want_dx, want_params),
+                                                    buffers.out.device)
+        else:
+            run()
+        return (buffers.dx.clone() if want_dx else None), (buffers.dparams.clone() if want_params else None)
