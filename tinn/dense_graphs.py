@@ -43,7 +43,8 @@ def replayable(body: Callable[[], None], device: torch.device) -> Callable[[], N
         body()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Only this thread is held to the capture's rules (another thread's CUDA work, a viewer's, may go on).
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         body()
     return graph.replay
 

@@ -213,8 +213,7 @@ class NetworkArray(Part):
         graphs = runtime.settings().dense_step_graphs
         replay = graphs or (graphs is None and runtime.arch() == "cuda")
         self._step_graphs = (dense_graphs.StepGraphs(self, any_size=bool(graphs))
-                             if self.dense and replay and n_networks == 1 and runtime.settings().vendor_weight_gradients
-                             else None)
+                             if self.dense and replay and self._vendor_weight_gradients() else None)
         self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
         if self.width > MAX_CUTLASS_WIDTH and not self.dense:
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
