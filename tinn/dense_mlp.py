@@ -8,7 +8,9 @@ functions here fill the very buffers of the unfused kernels (`tinn/kernels/mlp_a
 layouts: activations, pre-activations and deltas feature-major by sorted position, which for one network
 is the sample index; so the weight gradients (`NetworkArray._gemm_weight_gradients`) and everything
 else read them unchanged. Activations compute `tinn/kernels/activations.py`'s functions, with torch's own
-op where torch has one (one pass each).
+op where torch has one (one pass each). In `settings.network_precision` float16 or bfloat16 the GEMMs, the
+activations and those buffers are in that type (tensor cores; float32 accumulation), the output and the
+input's gradient float32.
 """
 from __future__ import annotations
 
