@@ -112,6 +112,12 @@ def test_batch_shapes_are_bounded_and_large_ones_run_eagerly(tuned, monkeypatch)
         step(replayed, torch.rand(batch, 6, generator=gen).to(DEV), torch.ones(batch, 3, device=DEV), SAMPLE_MAJOR)
     assert len(replayed._step_graphs.shapes) <= dense_graphs.MAX_SHAPES
     assert (300, False) in replayed._step_graphs.shapes
+    # Cycling through more shapes than are kept: a bounded number of evictions (each costs a capture), then eager.
+    for _ in range(6):
+        for batch in (100, 200, 300):
+            step(replayed, torch.rand(batch, 6, generator=gen).to(DEV), torch.ones(batch, 3, device=DEV),
+                 SAMPLE_MAJOR)
+    assert replayed._step_graphs.evictions == dense_graphs.MAX_EVICTIONS
     # Without `dense_step_graphs=True`, only shapes whose buffers fit MAX_AUTO_BYTES.
     replayed._step_graphs.any_size = False
     monkeypatch.setattr(dense_graphs, "MAX_AUTO_BYTES", 1000)

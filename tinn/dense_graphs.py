@@ -24,8 +24,11 @@ from . import dense_mlp
 # Buffers of one batch shape held between steps. Graphs pay where a step is short and host-bound; a step whose
 # buffers are larger is GPU-bound, and keeping them would only hold memory.
 MAX_AUTO_BYTES = 1 << 29
-# Batch shapes kept at once; the oldest one not in use gives way.
+# Batch shapes kept at once; the oldest one not in use gives way, up to MAX_EVICTIONS times: a caller cycling
+# through more shapes than that would otherwise pay a capture (and its sync) every step, so later shapes run
+# eagerly.
 MAX_SHAPES = 2
+MAX_EVICTIONS = 4
 # A batch shape is captured at its second training step: a one-off shape (a last, partial batch) runs eagerly.
 CAPTURE_AT = 2
 MAX_SEEN = 64
@@ -105,10 +108,11 @@ class StepGraphs:
         self.any_size = any_size  # False: only shapes whose buffers fit MAX_AUTO_BYTES
         self.shapes: dict[tuple[int, bool], _ShapeBuffers] = {}
         self.seen: dict[tuple[int, bool], int] = {}
+        self.evictions = 0
 
     def _bytes(self, batch: int) -> int:
         net = self.net
-        narrow = torch.tensor([], dtype=net.compute_dtype).element_size()
+        narrow = net.compute_dtype.itemsize
         hidden, rows = net.n_layers - 1, max(net.width, net.n_output_dims)
         per_sample_narrow = net.kernel_inputs + 2 * hidden * net.width + net.n_output_dims + \
             (net.n_layers * rows if net.keep_pre else 0)
@@ -127,9 +131,10 @@ class StepGraphs:
             return None
         if len(self.shapes) >= MAX_SHAPES:
             free = next((k for k, b in self.shapes.items() if not b.leased), None)
-            if free is None:
+            if free is None or self.evictions >= MAX_EVICTIONS:
                 return None
             del self.shapes[free]
+            self.evictions += 1
         buffers = self.shapes[key] = _ShapeBuffers(self.net, batch, x_fm)
         return buffers
 
