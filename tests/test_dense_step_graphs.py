@@ -155,3 +155,38 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
     (replayed, graphs), (eager, _) = runs
     assert graphs is not None and graphs.shapes  # the steps did replay
     assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(replayed, eager)), (replayed, eager)
+
+
+def test_a_loop_that_keeps_the_last_loss_alive_replays_every_step(tuned):
+    """tcnn's sample loop: `loss` of step k lives until step k+1 has run its forward. The lease ends with the
+    backward, so each step still replays."""
+    replayed, _ = pair(tuned)
+    x = (torch.rand(256, 6, generator=torch.Generator().manual_seed(7)) * 2 - 1).to(DEV)
+    opt = torch.optim.SGD(replayed.parameters(), lr=0.1)
+    loss = None
+    for _ in range(6):
+        opt.zero_grad()
+        loss = (replayed(x, None) ** 2).mean()
+        loss.backward()
+        opt.step()
+    assert replayed._step_graphs.replayed_forwards == 5  # every step after the first (the shape's capture)
+
+
+def test_a_second_backward_after_another_forward_took_the_buffers_recomputes(tuned):
+    """retain_graph: the first forward's second backward finds the next forward's activations in the buffers and
+    recomputes its own; the gradients equal the eager network's."""
+    replayed, eager = pair(tuned)
+    gen = torch.Generator().manual_seed(8)
+    xa, xb = ((torch.rand(300, 6, generator=gen) * 2 - 1).to(DEV) for _ in range(2))
+    for _ in range(2):
+        step(replayed, xa, torch.ones(300, 3, device=DEV), SAMPLE_MAJOR)
+    grads = []
+    for net in (replayed, eager):
+        net.params.grad = None
+        loss_a = (net(xa, None) ** 2).sum()
+        loss_a.backward(retain_graph=True)
+        (net(xb, None) * 3).sum().backward()   # takes the buffers (replayed network)
+        loss_a.backward()
+        grads.append(net.params.grad.clone())
+    assert replayed._step_graphs.replayed_forwards == 3  # the capture, forward a, forward b
+    assert rel_err(grads[0], grads[1]) < 1e-6

@@ -7,10 +7,13 @@ gets its own set: inputs are copied in (in the network's precision: the copy is 
 makes anyway), the output and the gradients are copied out (callers may keep them across steps), and the
 activations stay in the set between the forward and its backward.
 
-A set belongs to one forward at a time. The forward's context holds a lease on it until the context is gone
-(after the backward, or when the caller drops the output), and a forward that finds its set leased runs the
-eager path: two forwards before their backwards, gradient accumulation and `retain_graph` stay correct, only
-slower. On the CPU the "graph" is the plain call on the same buffers (tests use it to check the bookkeeping).
+A set belongs to one forward at a time. The forward's context holds a lease on it until its first backward has
+run (or the context is gone, when the caller drops the output unused); a forward that finds the set leased runs
+the eager path, so two forwards before their backwards stay correct. A later backward through the same forward
+(`retain_graph`) after another forward took the set finds that forward's generation there instead of its own and
+has the network recompute its forward eagerly. So results never depend on the order of calls, and a loop that
+keeps the last step's loss alive into the next forward (as most do) still replays every step. On the CPU the
+"graph" is the plain call on the same buffers (tests use it to check the bookkeeping).
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ class _ShapeBuffers:
         self.forward_run = None
         self.backward_runs: dict[tuple[bool, bool], Callable[[], None]] = {}
         self.leased = False
+        self.generation = 0  # forwards replayed into these buffers
 
     def run_forward(self) -> None:
         net = self.net
@@ -92,12 +96,20 @@ class _ShapeBuffers:
 
 
 class Lease:
-    """A forward's hold on its batch shape's buffers, kept in the forward's context."""
+    """A forward's hold on its batch shape's buffers, kept in the forward's context: until its first backward, or
+    until the context is gone."""
 
     def __init__(self, buffers: _ShapeBuffers):
         self.buffers = buffers
+        self.generation = buffers.generation
         buffers.leased = True
-        weakref.finalize(self, buffers.release)
+        self._finalizer = weakref.finalize(self, buffers.release)
+
+    def holds_activations(self) -> bool:
+        return self.buffers.generation == self.generation
+
+    def end(self) -> None:
+        self._finalizer()  # runs once: a later forward may take the buffers
 
 
 class StepGraphs:
@@ -109,6 +121,7 @@ class StepGraphs:
         self.shapes: dict[tuple[int, bool], _ShapeBuffers] = {}
         self.seen: dict[tuple[int, bool], int] = {}
         self.evictions = 0
+        self.replayed_forwards = 0
 
     def _bytes(self, batch: int) -> int:
         net = self.net
@@ -147,6 +160,8 @@ class StepGraphs:
             return None
         buffers.x.copy_(x)
         buffers.params.copy_(params)
+        buffers.generation += 1
+        self.replayed_forwards += 1
         if buffers.forward_run is None:
             buffers.forward_run = replayable(buffers.run_forward, buffers.out.device)
         else:
@@ -154,8 +169,12 @@ class StepGraphs:
         return buffers.out.clone(), Lease(buffers)
 
     def backward(self, lease: Lease, dy: torch.Tensor, want_dx: bool,
-                 want_params: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(dx, dparams) of the forward that holds `lease`, as copies."""
+                 want_params: bool) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+        """(dx, dparams) of the forward that holds `lease`, as copies; None where the buffers hold a later
+        forward's activations (the caller recomputes)."""
+        if not lease.holds_activations():
+            return None
+        lease.end()
         buffers = lease.buffers
         buffers.dy.copy_(dy)
         key = (want_dx, want_params)

@@ -285,10 +285,15 @@ class NetworkArray(Part):
             if replayed is not None:
                 out, lease = replayed
                 return out, Context(x=x, ids=ids, params=params, lease=lease, x_fm=x_fm)
+        if not train:
+            x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
+            return self._inference(x_c, ids, params_c, x_fm), None
+        return self._eager_forward_ctx(x, ids, params, x_fm)
+
+    def _eager_forward_ctx(self, x, ids, params, x_fm):
+        """The training forward on buffers of its own: (output, context)."""
         # The GEMMs' operands in the network's precision (x and params themselves in float32).
         x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
-        if not train:
-            return self._inference(x_c, ids, params_c, x_fm), None
         out, acts, pre, routing = self._forward_train(x_c, ids, params_c, x_fm)
         # The context keeps a detached alias of the output (autograd marks the returned tensor itself), and
         # only when the output activation's derivative reads it: otherwise the output's memory is free once
@@ -313,8 +318,12 @@ class NetworkArray(Part):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if ctx.lease is not None:
-            dx, dparams = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)
-            return self._unpadded(dx, ctx.x_fm), (dparams,)
+            replayed = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)
+            if replayed is not None:
+                dx, dparams = replayed
+                return self._unpadded(dx, ctx.x_fm), (dparams,)
+            # A second backward through this forward, whose buffers a later forward has taken: recompute it.
+            ctx = self._eager_forward_ctx(ctx.x, ctx.ids, ctx.params, ctx.x_fm)[1]
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
