@@ -147,3 +147,23 @@ def test_large_gradients_keep_float16_range_in_the_weight_gradient_sums(tuned):
     assert float(dp64.abs().max()) * 128 / (batch // 1024) > 65504  # a slice's scaled sum passes the range
     assert bool(torch.isfinite(dp).all()) and rel_err(dp, dp64) < SMOOTH_BOUND["float16"]
     assert rel_err(y, y64) < SMOOTH_BOUND["float16"] and rel_err(dx, dx64) < SMOOTH_BOUND["float16"]
+
+
+def test_tcnn_facade_module_in_half_precision_follows_float32(tuned):
+    """tcnn's PyTorch module (tinn.torch) over a hash grid: the same weights in float16 give float32 outputs and
+    gradients (grid and network) close to the float32 module's."""
+    import tinn.torch as tcnn
+
+    enc = {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 10, "base_resolution": 4}
+    net = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2, "activation": "Tanh"}
+    x = torch.rand(2048, 2, generator=torch.Generator().manual_seed(10)).to(DEV)
+    results = []
+    for precision in ("float32", "float16"):
+        tuned(network_precision=precision)
+        model = tcnn.NetworkWithInputEncoding(2, 3, enc, net, seed=5)
+        assert [m.precision for m in model.modules() if isinstance(m, NetworkArray)] == [precision]
+        y = model(x)
+        ((y.float() - 0.5) ** 2).mean().backward()
+        results.append((y.detach().float(), *(p.grad.clone() for p in model.parameters())))
+    for a, b in zip(*results):
+        assert rel_err(b, a) < SMOOTH_BOUND["float16"]
