@@ -34,7 +34,7 @@ MAX_SHAPES = 2
 MAX_EVICTIONS = 4
 # A batch shape is captured at its second training step: a one-off shape (a last, partial batch) runs eagerly.
 CAPTURE_AT = 2
-MAX_SEEN = 64
+MAX_SEEN = 64  # batch shapes counted towards their capture; the count starts over beyond that many
 
 
 def replayable(body: Callable[[], None], device: torch.device) -> Callable[[], None]:
