@@ -54,3 +54,12 @@ def mlp_array_float64(net, x: torch.Tensor, ids: torch.Tensor, dy: torch.Tensor,
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def forward_backward(net, x: torch.Tensor, dy: torch.Tensor):
+    """A single network called as a module on a copy of x and backpropagated from dy: (y, dL/dx, dL/dparams)."""
+    x = x.clone().requires_grad_()
+    net.params.grad = None
+    y = net(x, None)
+    y.backward(dy)
+    return y.detach(), x.grad, net.params.grad.clone()

@@ -7,20 +7,12 @@ import tinn
 from tinn.activations import ACTIVATIONS
 from tinn.networks import NetworkArray
 
-from reference import mlp_array_float64, rel_err
+from reference import forward_backward, mlp_array_float64, rel_err
 
 CPU = tinn.runtime.arch() == "cpu"
 PAIRS = [("ReLU", "None"), ("LeakyReLU", "Sigmoid"), ("Sine", "SiLU"), ("Softplus", "Squareplus"),
          ("Tanh", "Exponential"), ("SiLU", "ReLU"), ("Squareplus", "Softplus"), ("Sigmoid", "Tanh"),
          ("Exponential", "LeakyReLU"), ("None", "Sine")]
-
-
-def run(net, x, dy):
-    x = x.clone().requires_grad_()
-    net.params.grad = None
-    y = net(x, None)
-    y.backward(dy)
-    return y.detach(), x.grad, net.params.grad.clone()
 
 
 def test_every_activation_is_covered():
@@ -40,8 +32,8 @@ def test_dense_matches_float64_and_the_unfused_kernels(hidden, output, depth, tu
     dense = NetworkArray(7, 5, cfg, seed=3, input_padding=(2, 1.0), output_padding=3)
     unfused = NetworkArray(7, 5, cfg, seed=3, input_padding=(2, 1.0), output_padding=3, kernels="unfused")
     assert dense.dense and not unfused.dense and not unfused.fused
-    y, dx, dp = run(dense, x, dy)
-    y2, dx2, dp2 = run(unfused, x, dy)
+    y, dx, dp = forward_backward(dense, x, dy)
+    y2, dx2, dp2 = forward_backward(unfused, x, dy)
     for a, b in ((y, y2), (dx, dx2), (dp, dp2)):
         assert rel_err(a, b) < 1e-5
     y64, dx64, dp64 = mlp_array_float64(dense, x, torch.zeros(2000, dtype=torch.int32, device=dev), dy, hidden,
@@ -65,8 +57,8 @@ def test_inference_and_nan_rules_match_the_kernels(depth, tuned):
     with tinn.checks.disabled():  # (the input checks refuse a NaN; one can still arise inside a network)
         with torch.no_grad():
             inferred = net(x, None)
-        y, dx, dp = run(net, x, torch.ones(64, 2, device=dev))
-        y2, dx2, dp2 = run(ref, x, torch.ones(64, 2, device=dev))
+        y, dx, dp = forward_backward(net, x, torch.ones(64, 2, device=dev))
+        y2, dx2, dp2 = forward_backward(ref, x, torch.ones(64, 2, device=dev))
     assert torch.equal(torch.isnan(y), torch.isnan(y2)) and bool(torch.isnan(y[5]).all())
     assert torch.equal(torch.isnan(dx), torch.isnan(dx2)) and torch.equal(torch.isnan(dp), torch.isnan(dp2))
     finite = ~torch.isnan(y).any(dim=1)
@@ -140,7 +132,7 @@ def test_a_single_network_wider_than_the_kernels_limit_runs_dense():
     assert net.dense and net.width == 300
     x = (torch.rand(500, 4, generator=gen) * 2 - 1).to(dev)
     dy = torch.randn(500, 3, generator=gen).to(dev)
-    y, dx, dp = run(net, x, dy)
+    y, dx, dp = forward_backward(net, x, dy)
     y64, dx64, dp64 = mlp_array_float64(net, x, torch.zeros(500, dtype=torch.int32, device=dev), dy, "SiLU",
                                         "Sigmoid")
     assert rel_err(y, y64) < 1e-5 and rel_err(dx, dx64) < 1e-5 and rel_err(dp, dp64) < 1e-5

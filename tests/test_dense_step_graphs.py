@@ -26,6 +26,12 @@ def pair(tuned, precision="float32", config=CONFIG, **kw):
     return replayed, eager
 
 
+def captured(net, x):
+    """Two training steps on x's batch shape: the second captures it, so the next forward replays."""
+    for _ in range(2):
+        step(net, x, torch.ones(x.shape[0], 3, device=DEV), SAMPLE_MAJOR)
+
+
 def step(net, x, dy, layout):
     ids = torch.zeros(x.shape[0], dtype=torch.int32, device=DEV)
     xin = x.t().contiguous() if layout == FEATURE_MAJOR else x
@@ -63,8 +69,7 @@ def test_a_second_forward_before_the_backward_runs_eagerly(tuned):
     replayed, eager = pair(tuned)
     gen = torch.Generator().manual_seed(2)
     x1, x2 = ((torch.rand(500, 6, generator=gen) * 2 - 1).to(DEV) for _ in range(2))
-    for _ in range(2):  # the shape is captured
-        step(replayed, x1, torch.ones(500, 3, device=DEV), SAMPLE_MAJOR)
+    captured(replayed, x1)
     grads = []
     for net in (replayed, eager):
         net.params.grad = None
@@ -93,8 +98,7 @@ def test_outputs_and_gradients_stay_the_callers(tuned):
 def test_retained_graph_backward_twice_accumulates(tuned):
     replayed, eager = pair(tuned)
     x = (torch.rand(300, 6, generator=torch.Generator().manual_seed(4)) * 2 - 1).to(DEV)
-    for _ in range(2):
-        step(replayed, x, torch.ones(300, 3, device=DEV), SAMPLE_MAJOR)
+    captured(replayed, x)
     grads = []
     for net in (replayed, eager):
         net.params.grad = None
@@ -178,8 +182,7 @@ def test_a_second_backward_after_another_forward_took_the_buffers_recomputes(tun
     replayed, eager = pair(tuned)
     gen = torch.Generator().manual_seed(8)
     xa, xb = ((torch.rand(300, 6, generator=gen) * 2 - 1).to(DEV) for _ in range(2))
-    for _ in range(2):
-        step(replayed, xa, torch.ones(300, 3, device=DEV), SAMPLE_MAJOR)
+    captured(replayed, xa)
     grads = []
     for net in (replayed, eager):
         net.params.grad = None

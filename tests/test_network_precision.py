@@ -10,7 +10,7 @@ from tinn.networks import NetworkArray
 from tinn.part import FEATURE_MAJOR
 from tinn.trainer import Trainer
 
-from reference import mlp_array_float64, rel_err
+from reference import forward_backward, mlp_array_float64, rel_err
 
 DEV = tinn.runtime.device()
 # Relative error bounds against float64 for a smooth activation: a few units in the last place of each type
@@ -18,14 +18,6 @@ DEV = tinn.runtime.device()
 # of zero flip their unit's mask, so its gradients carry a few percent more.
 SMOOTH_BOUND = {"float16": 5e-3, "bfloat16": 3e-2}
 STEP_BOUND = {"float16": 4e-2, "bfloat16": 1.2e-1}
-
-
-def run(net, x, dy):
-    x = x.clone().requires_grad_()
-    net.params.grad = None
-    y = net(x, None)
-    y.backward(dy)
-    return y.detach(), x.grad, net.params.grad.clone()
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
@@ -41,7 +33,7 @@ def test_lower_precision_matches_float64(precision, hidden, output, depth, tuned
     cfg = {"n_neurons": 32, "n_hidden_layers": depth, "activation": hidden, "output_activation": output}
     net = NetworkArray(7, 5, cfg, seed=3, input_padding=(2, 1.0), output_padding=3)
     assert net.dense and net.precision == precision and net.compute_dtype == dense_mlp.COMPUTE_DTYPES[precision]
-    y, dx, dp = run(net, x, dy)
+    y, dx, dp = forward_backward(net, x, dy)
     assert y.dtype == dx.dtype == dp.dtype == torch.float32 and net.params.dtype == torch.float32
     y64, dx64, dp64 = mlp_array_float64(net, x, torch.zeros(3000, dtype=torch.int32, device=DEV), dy, hidden, output)
     bound = STEP_BOUND[precision] if hidden == "ReLU" else SMOOTH_BOUND[precision]
@@ -141,7 +133,7 @@ def test_large_gradients_keep_float16_range_in_the_weight_gradient_sums(tuned):
     x = ((torch.rand(batch, 8, generator=gen) * 2 - 1) * 20).to(DEV)
     dy = torch.full((batch, 4), 10.0, device=DEV)
     net = NetworkArray(8, 4, {"n_neurons": 32, "n_hidden_layers": 2, "activation": "None"}, seed=1)
-    y, dx, dp = run(net, x, dy)
+    y, dx, dp = forward_backward(net, x, dy)
     y64, dx64, dp64 = mlp_array_float64(net, x, torch.zeros(batch, dtype=torch.int32, device=DEV), dy, "None",
                                         "None")
     assert float(dp64.abs().max()) * 128 / (batch // 1024) > 65504  # a slice's scaled sum passes the range

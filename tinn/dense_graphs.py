@@ -17,6 +17,7 @@ keeps the last step's loss alive into the next forward (as most do) still replay
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable
 
@@ -60,17 +61,15 @@ class _ShapeBuffers:
 
     def __init__(self, net, batch: int, x_fm: bool):
         dev, dtype, f32 = net.params.device, net.compute_dtype, torch.float32
-        hidden, rows = net.n_layers - 1, max(net.width, net.n_output_dims)
         self.net, self.x_fm = net, x_fm  # a weak proxy (StepGraphs'): the network holds these buffers
         self.x = torch.empty((net.kernel_inputs, batch) if x_fm else (batch, net.kernel_inputs), device=dev,
                              dtype=dtype)
         self.params = torch.empty(net.params.shape, device=dev, dtype=dtype)
-        self.acts = torch.empty((hidden, net.width, batch) if hidden else (1, 1, 1), device=dev, dtype=dtype)
-        self.pre = torch.empty((net.n_layers, rows, batch) if net.keep_pre else (1, 1, 1), device=dev, dtype=dtype)
+        shapes = net.scratch_shapes(batch)
+        self.acts, self.pre, self.deltas, self.dout = (torch.empty(shapes[name], device=dev, dtype=dtype)
+                                                       for name in ("acts", "pre", "deltas", "dout"))
         self.out = torch.empty(batch, net.n_output_dims, device=dev, dtype=f32)
         self.dy = torch.empty(batch, net.n_output_dims, device=dev, dtype=f32)
-        self.deltas = torch.empty((hidden, net.width, batch) if hidden else (1, 1, 1), device=dev, dtype=dtype)
-        self.dout = torch.empty(1, net.n_output_dims, batch, device=dev, dtype=dtype)
         self.dx = torch.empty(self.x.shape, device=dev, dtype=f32)
         self.dparams = torch.zeros(net.params.shape, device=dev, dtype=f32)  # tcnn's padded rows stay zero
         self.forward_run = None
@@ -124,13 +123,12 @@ class StepGraphs:
         self.replayed_forwards = 0
 
     def _bytes(self, batch: int) -> int:
+        """What `_ShapeBuffers` would hold for this batch: x, the scratch buffers (the network's precision), out,
+        dy and dx (float32)."""
         net = self.net
-        narrow = net.compute_dtype.itemsize
-        hidden, rows = net.n_layers - 1, max(net.width, net.n_output_dims)
-        per_sample_narrow = net.kernel_inputs + 2 * hidden * net.width + net.n_output_dims + \
-            (net.n_layers * rows if net.keep_pre else 0)
-        per_sample_wide = 2 * net.n_output_dims + net.kernel_inputs
-        return batch * (per_sample_narrow * narrow + per_sample_wide * 4)
+        narrow = net.kernel_inputs * batch + sum(math.prod(s) for s in net.scratch_shapes(batch).values())
+        wide = (2 * net.n_output_dims + net.kernel_inputs) * batch
+        return narrow * net.compute_dtype.itemsize + wide * 4
 
     def _buffers_for(self, batch: int, x_fm: bool) -> _ShapeBuffers | None:
         key = (batch, x_fm)

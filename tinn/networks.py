@@ -196,10 +196,9 @@ class NetworkArray(Part):
             raise ConfigError("kernels='fused' sums weight gradients in no fixed order; with settings.deterministic "
                               "allowed: 'unfused' or 'auto'")
         # A single network as dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default where they
-        # were measured faster (`dense_mlp.faster_than_kernels`). `kernels="unfused"` or "fused" keeps Taichi's
+        # were measured faster (`dense_mlp.faster_than_kernels`) and in any precision below float32, which only the
+        # dense path computes (Taichi's kernels are float32). `kernels="unfused"` or "fused" keeps Taichi's
         # kernels; deterministic mode too (a BLAS picks its own summation order).
-        # A precision below float32 is the dense path's (Taichi's kernels compute in float32), so it takes a single
-        # network there unless the settings rule the dense path out.
         dense = runtime.settings().dense_single_network
         precision = runtime.settings().network_precision
         if dense is None:
@@ -368,15 +367,24 @@ class NetworkArray(Part):
         return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
                           self.output_act)
 
+    def scratch_shapes(self, batch: int, keep_all: bool = True) -> dict[str, tuple[int, ...]]:
+        """Shapes of a step's scratch buffers (in `compute_dtype`), feature-major and indexed by sorted position,
+        (layer, feature, position): "acts", every hidden layer's output (with keep_all; else the kernels' two
+        ping-pong slots), "pre", the pre-activations (where an activation's derivative reads them), "deltas",
+        the hidden layers' dL/dz, and "dout", the output's (n_out rows, no padding to the width)."""
+        hidden = self.n_layers - 1
+        slots = hidden if keep_all else min(hidden, 2)
+        return {"acts": (max(slots, 1), self.width, batch if slots else 1),
+                "pre": (self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
+                "deltas": (hidden, self.width, batch) if hidden else (1, 1, 1),
+                "dout": (1, self.n_output_dims, batch)}
+
     def _launch_forward(self, x, ids, params, order, keep_all, x_fm=False):
-        # Scratch buffers are feature-major and indexed by sorted position: (layer, feature, position).
         batch = ids.shape[0]
         dev = x.device
-        slots = (self.n_layers - 1) if keep_all else min(self.n_layers - 1, 2)
-        dtype = self.compute_dtype
-        acts = torch.empty(max(slots, 1), self.width, batch if slots else 1, device=dev, dtype=dtype)
-        pre = torch.empty((self.n_layers, max(self.width, self.n_output_dims), batch) if self.keep_pre else (1, 1, 1),
-                          device=dev, dtype=dtype)
+        shapes = self.scratch_shapes(batch, keep_all)
+        acts = torch.empty(shapes["acts"], device=dev, dtype=self.compute_dtype)
+        pre = torch.empty(shapes["pre"], device=dev, dtype=self.compute_dtype)
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch and self.dense:
             dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
@@ -463,10 +471,9 @@ class NetworkArray(Part):
                 torch.zeros_like(params, dtype=torch.float32)
         if not batch:
             return (torch.zeros(dx_shape, device=dev) if want_dx else None), dparams
-        # Hidden layers' deltas, and the output's in a buffer of n_out rows (no padding to the width).
-        hidden = self.n_layers - 1
-        deltas = torch.empty((hidden, self.width, batch) if hidden else (1, 1, 1), device=dev, dtype=self.compute_dtype)
-        dout = torch.empty(1, self.n_output_dims, batch, device=dev, dtype=self.compute_dtype)
+        shapes = self.scratch_shapes(batch)
+        deltas = torch.empty(shapes["deltas"], device=dev, dtype=self.compute_dtype)
+        dout = torch.empty(shapes["dout"], device=dev, dtype=self.compute_dtype)
         if self.fused:
             grad_chunks, tiles = routing
             FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
