@@ -52,8 +52,9 @@ Guarantees
 
 Differences from tcnn
 ---------------------
-* float32 throughout (tcnn defaults to float16 parameters/outputs): `dtype` is always torch.float32,
-  `loss_scale` is 1.
+* float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
+  is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
+  half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
 * `params` has shape `(n_networks, n_params_per_network)` (one row per network of an array; `(1, P)` for
   a single network) instead of tcnn's flat `(P,)`; `n_params()` is the total count, as in tcnn.
 * Parameter-free encodings (Identity, Frequency, ...) have `params = None` and no registered parameter
