@@ -379,9 +379,12 @@ def forward(
                 ti.simt.block.sync()
                 store_block(sh, A, acc, lane_s, lane_o, fan_out, R, C, TSP)
                 if ti.static(keep_all and l < n_layers - 1):
+                    # A register block covers C * LANES_O features, past the width where it is not a multiple of
+                    # LANES_O: those columns hold copies of the last one and must not reach acts, whose next row
+                    # past the width is another layer's or outside the buffer.
                     for r, c in ti.static(ti.ndrange(R, C)):
                         s = r * LANES_S + lane_s
-                        if s < count:
+                        if in_block(c * LANES_O + lane_o, fan_out, s, count):
                             acts[l, c * LANES_O + lane_o, start + s] = acc[r, c]
                 if ti.static(KC == 0 or l == n_layers - 1):
                     ti.simt.block.sync()
