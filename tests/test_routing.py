@@ -75,7 +75,7 @@ def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
     for backward_tile, n_sizes in ((64, 2), (32, 3)):
         calls = []
         real = routing.route_fused
-        monkeypatch.setattr("tinn.networks.route_fused", lambda i, n, sizes: calls.append(sizes) or real(i, n, sizes))
+        monkeypatch.setattr("tinn.networks.array.route_fused", lambda i, n, sizes: calls.append(sizes) or real(i, n, sizes))
         net.fused_geometry = FK.Geometry(64, 16, backward_tile)
         fwd, chunks, bwd = net._fused_tiles(ids, train=True)
         assert len(calls) == 1 and len(calls[0]) == n_sizes  # one sort, one call

@@ -139,7 +139,7 @@ def test_constructors_and_attributes_mirror_tcnn():
         assert issubclass(cls, torch.nn.Module)
 
     # `tinn.torch` does not shadow the real torch inside the package (absolute imports).
-    assert tcnn.__name__ == "tinn.torch" and tinn.networks.torch is torch and tcnn.torch is torch
+    assert tcnn.__name__ == "tinn.torch" and tinn.networks.array.torch is torch and tcnn.torch is torch
     assert torch.__name__ == "torch"
 
     # Keyword spelling of tcnn's sample, including its `.to(device)`.

@@ -8,7 +8,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 
 | field | default | what |
 | --- | --- | --- |
-| network_kernels | "auto" | "fused" (CUDA, one launch for all layers), "unfused", or "auto" (fused where supported) |
+| network_kernels | "auto" | an MLP array's path (`tinn/networks/selection.py`): "tensor_cores" (Triton kernels, CUDA), "fused" (Taichi, CUDA, one launch for all layers), "unfused", or "auto" (the selection rule) |
 | fused_tile | 64 | samples per forward tile of the fused kernels (multiple of 16) |
 | fused_backward_tile | 0 | samples per backward-deltas tile; 0 = 32 up to 64 features, else `fused_tile` |
 | fused_unroll_forward | 1 | k steps per iteration of the forward GEMM loop |
@@ -19,7 +19,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = for arrays of several networks whose input gradient is not needed (measured faster there; slower on the image step, one network whose grid needs its input gradient) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
-| network_precision | "float32" | a single network on the dense path computes its GEMMs and activations in "float32", "float16" (tcnn's precision: half operands and activations, float32 accumulation, gradients scaled by 128 as tcnn does) or "bfloat16" (no scaling); parameters, optimizer state, outputs and input gradients stay float32. Where the setting is not "float32", a single network takes the dense path by default; arrays of several networks and Taichi's kernels compute in float32 (`NetworkArray.precision` says which) |
+| network_precision | "auto" | the precision of an MLP's matrix products: "float32" (exact), "tf32" (float32 operands rounded by the tensor cores), "float16" (tcnn's precision: half operands and activations, float32 accumulation, output gradients scaled before the cast) or "bfloat16"; "auto": float16 for arrays on the tensor cores, float32 for a single network and on the CPU. Parameters, optimizer state, outputs and input gradients stay float32. Applied where the chosen path computes in it (the tensor cores; a single network's dense path in float16/bfloat16), float32 elsewhere (`NetworkArray.precision` says which); a NetworkArray's own `precision=` argument is refused where it cannot apply |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 ENV_VARIABLE = "TINN_SETTINGS"
-NETWORK_KERNELS = ("auto", "fused", "unfused")
+NETWORK_KERNELS = ("auto", "tensor_cores", "fused", "unfused")
 STAGED_WEIGHTS = ("auto", "none", "forward", "backward", "both")
-NETWORK_PRECISIONS = ("float32", "float16", "bfloat16")
+NETWORK_PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Settings:
     fused_loss: bool | None = None
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
-    network_precision: str = "float32"
+    network_precision: str = "auto"
     dense_step_graphs: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256

@@ -7,165 +7,41 @@ the Taichi kernels read and write in place.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from . import chunks, dense_graphs, dense_mlp, losses, memory, runtime, second_order
-from .activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_code, activation_name
-from .config import Section, count
-from .errors import ConfigError
-from .initialisation import initial_weights
-from .kernels import mlp_array as K
-from .kernels import mlp_fused as FK
-from .part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
-from .routing import Routing, TileRouting, route, route_fused
-from .settings import NETWORK_KERNELS
-
-NETWORK_OTYPES = ["FullyFusedMLP", "CutlassMLP"]
-# tcnn's aliases (src/network.cu, select_network): "MLP" (its default otype) is CutlassMLP,
-# "MegakernelMLP" is FullyFusedMLP.
-NETWORK_ALIASES = {"MLP": "CutlassMLP", "MegakernelMLP": "FullyFusedMLP"}
-# tinn's per-sample kernels keep a layer's input vector in registers, unrolled at compile time, so
-# compile time and register pressure grow with the width; tcnn's CUTLASS GEMMs have no such bound, and neither
-# has a single network on the dense path (vendor GEMMs).
-MAX_CUTLASS_WIDTH = 256
-# Every key of a network config besides "otype" (`parse_network_config` rejects any other).
-NETWORK_OPTIONS = ("n_neurons", "n_hidden_layers", "activation", "output_activation")
-FULLY_FUSED_WIDTHS = (16, 32, 64, 128)
-MAX_NETWORKS = 1 << 20
-MIN_K_SLICE = 1024
-# torch's batched GEMM of float16/bfloat16 operands into float32 (CUDA; newer torch releases).
-_WIDENING_BMM = hasattr(torch.ops.aten.bmm, "dtype_out")
-
-
-def parse_network_config(config, path: str = "network") -> dict:
-    """tcnn's network keys with tcnn's defaults (src/network.cu): otype "MLP" (= CutlassMLP),
-    n_neurons 128, n_hidden_layers 5, activation ReLU, output_activation None."""
-    cfg = config if isinstance(config, Section) else Section(config, path)
-    otype = cfg.otype(NETWORK_OTYPES + list(NETWORK_ALIASES), "MLP")
-    cfg.expect_keys(("otype", *NETWORK_OPTIONS), repr(otype))
-    otype = NETWORK_ALIASES.get(otype, otype)
-    if otype == "FullyFusedMLP":
-        width = cfg.integer("n_neurons", 128, allowed=FULLY_FUSED_WIDTHS)
-    else:
-        width = cfg.integer("n_neurons", 128, lo=1)  # above MAX_CUTLASS_WIDTH: NetworkArray says where it runs
-    return {
-        "otype": otype,
-        "n_neurons": width,
-        "n_hidden_layers": cfg.integer("n_hidden_layers", 5, lo=0),
-        "activation": activation_code(cfg, "activation", "ReLU"),
-        "output_activation": activation_code(cfg, "output_activation", "None"),
-    }
-
-
-class Rows(NamedTuple):
-    """Rows [offset row, + rows) of a (?, K) operand, as storage coordinates: element (r, j) of the operand is
-    base's storage at offset + r * row_stride + j * k_stride. Lets `mm_long_k` read a layer's rows out of a
-    stacked buffer without a select or slice op per layer (each torch op costs host time)."""
-    base: torch.Tensor
-    offset: int
-    rows: int
-    row_stride: int
-    k_stride: int
-    k: int
-
-    @staticmethod
-    def of(t: torch.Tensor) -> "Rows":
-        """A 2-D tensor (any strides) as Rows."""
-        return Rows(t, t.storage_offset(), t.shape[0], t.stride(0), t.stride(1), t.shape[1])
-
-    @staticmethod
-    def transposed(t: torch.Tensor) -> "Rows":
-        """The rows of t^T for a 2-D (K, R) tensor t (any strides), without the transpose op."""
-        return Rows(t, t.storage_offset(), t.shape[1], t.stride(1), t.stride(0), t.shape[0])
-
-    @staticmethod
-    def stacked(t: torch.Tensor, index: int, rows: int | None = None) -> "Rows":
-        """The first `rows` rows (default all) of t[index] for a contiguous (n, R, K) t."""
-        _, r, k = t.shape
-        return Rows(t, t.storage_offset() + index * r * k, r if rows is None else rows, k, 1, k)
-
-    def matrix(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """The operand (columns [start, stop) of K) as a strided view: one op."""
-        stop = self.k if stop is None else stop
-        return self.base.as_strided((self.rows, stop - start), (self.row_stride, self.k_stride),
-                                    self.offset + start * self.k_stride)
-
-
-def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], out: torch.Tensor,
-              max_slices: int | None = None) -> None:
-    """Consecutive blocks of the contiguous `out` receive a_i @ b_i^T, for (M_i, K) and (N_i, K)
-    operands sharing K (the batch), K far larger than M_i and N_i (weight gradients). An operand is a 2-D
-    tensor or `Rows` of a larger buffer.
-
-    On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
-    a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
-    slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
-    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.network_precision`)
-    give slice products in out's precision where cuBLAS writes them so (a slice's sum of scaled float16 products
-    can pass float16's range), else in theirs; without slices (the CPU, short K), GEMMs in out's precision.
-    """
-    products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
-    k = products[0][0].k
-    if max_slices is None:
-        max_slices = runtime.settings().weight_gradient_slices if out.is_cuda else 1
-    slices = min(max_slices, k // MIN_K_SLICE)
-
-    def blocks():  # out's block of each product (built only when needed: views cost host time too)
-        off = out.storage_offset()
-        for a, b in products:
-            yield out.as_strided((a.rows, b.rows), (b.rows, 1), off)
-            off += a.rows * b.rows
-
-    def wide(t: torch.Tensor) -> torch.Tensor:
-        return t if t.dtype == out.dtype else t.to(out.dtype)
-
-    if slices < 2:
-        for (a, b), block in zip(products, blocks()):
-            torch.mm(wide(a.matrix()), wide(b.matrix()).t(), out=block)
-        return
-    step = k // slices
-    main = slices * step
-    total = sum(a.rows * b.rows for a, b in products)
-    narrow = products[0][0].base.dtype
-    widened = narrow != out.dtype and _WIDENING_BMM
-    partial = torch.empty(slices, total, dtype=out.dtype if widened else narrow, device=out.device)
-    off = 0
-    for a, b in products:
-        m, n = a.rows, b.rows
-        # Strided views, one op each: [s, m, j] = a[m, s*step + j] and [s, j, n] = b[n, s*step + j].
-        a_slices = a.base.as_strided((slices, m, step), (step * a.k_stride, a.row_stride, a.k_stride), a.offset)
-        b_slices = b.base.as_strided((slices, step, n), (step * b.k_stride, b.k_stride, b.row_stride), b.offset)
-        into = partial.as_strided((slices, m, n), (total, n, 1), off)
-        if widened:
-            torch.ops.aten.bmm.dtype_out(a_slices, b_slices, out.dtype, out=into)
-        else:
-            torch.bmm(a_slices, b_slices, out=into)
-        off += m * n
-    torch.sum(partial, 0, dtype=out.dtype, out=out.as_strided((total,), (1,)))
-    if main < k:
-        for (a, b), block in zip(products, blocks()):
-            block.addmm_(wide(a.matrix(main)), wide(b.matrix(main)).t())
+from .. import chunks, dense_graphs, dense_mlp, losses, memory, runtime, second_order
+from ..activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_name
+from ..config import count
+from ..errors import ConfigError
+from ..initialisation import initial_weights
+from ..kernels import mlp_array as K
+from ..kernels import mlp_fused as FK
+from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
+from ..routing import Routing, TileRouting, route, route_fused
+from .config import MAX_CUTLASS_WIDTH, MAX_NETWORKS, parse_network_config
+from . import selection, tensor_cores
+from .gemm import Rows, mm_long_k
 
 
 class NetworkArray(Part):
     """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b].
 
-    `kernels` picks the kernel family ("fused", "unfused" or "auto"; default: the settings'
-    `network_kernels`); the fused CUDA kernels also read their input feature-major, as a grid writes it.
+    `kernels` forces a path ("tensor_cores", "fused", "unfused", or "auto" for the selection rule; default: the
+    settings' `network_kernels`) and `precision` the precision of its products ("auto", "float32", "tf32",
+    "float16", "bfloat16"; default: `settings.network_precision`); `selection.choose_path` decides, and refuses a
+    combination that cannot run here. `path` and `precision` say what runs. The fused, dense and tensor-core
+    paths also read their input feature-major, as a grid writes it.
     """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
                  n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None,
-                 input_padding: tuple[int, float] | None = None, output_padding: int = 0):
+                 input_padding: tuple[int, float] | None = None, output_padding: int = 0,
+                 precision: str | None = None):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
         n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
         kernels = runtime.settings().network_kernels if kernels is None else kernels
-        if kernels not in NETWORK_KERNELS:
-            raise ConfigError(f"kernels={kernels!r} is not supported; allowed: {list(NETWORK_KERNELS)}")
         super().__init__(n_input_dims, n_output_dims, n_networks)
         # tcnn's padding: `n` constant input columns of `value` after the real ones (ones act as a bias).
         n_pad, pad_value = input_padding or (0, 0.0)
@@ -182,45 +58,38 @@ class NetworkArray(Part):
         self.keep_pre = bool(NEEDS_PRE_ACTIVATION & {self.hidden_act, self.output_act})
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
+        settings = runtime.settings()
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
         fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(self.kernel_inputs, self.width,
                                                                                   n_output_dims)
-        if kernels == "fused" and not fusable:
-            raise ConfigError(f"kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most "
-                              f"{FK.MAX_FEATURES} features; allowed here: 'unfused' or 'auto'")
-        # The fused weight gradients add a network's sample blocks with atomics; deterministic mode takes the
-        # unfused kernels, whose per-tile partials it sums in tile order.
-        deterministic = runtime.settings().deterministic
-        if kernels == "fused" and deterministic:
-            raise ConfigError("kernels='fused' sums weight gradients in no fixed order; with settings.deterministic "
-                              "allowed: 'unfused' or 'auto'")
-        # A single network as dense GEMMs (tinn/dense_mlp.py) where the settings say so, by default where they
-        # were measured faster (`dense_mlp.faster_than_kernels`) and in any precision below float32, which only the
-        # dense path computes (Taichi's kernels are float32). `kernels="unfused"` or "fused" keeps Taichi's
-        # kernels; deterministic mode too (a BLAS picks its own summation order).
-        dense = runtime.settings().dense_single_network
-        precision = runtime.settings().network_precision
-        if dense is None:
-            dense = precision != "float32" or dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)
-        self.dense = n_networks == 1 and kernels == "auto" and not deterministic and dense
-        self.precision = precision if self.dense else "float32"
-        self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision]
-        self.gradient_scale = dense_mlp.GRADIENT_SCALES[self.precision]
+        choice = selection.choose_path(
+            selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
+                                tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
+                                deterministic=settings.deterministic, dense_setting=settings.dense_single_network,
+                                vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)),
+            kernels, settings.network_precision if precision is None else precision,
+            precision_from_settings=precision is None)
+        self.path, self.precision = choice
+        self.dense = self.path == "dense"
+        self.fused = self.path == "fused"
+        self.tensor_cores = (tensor_cores.TensorCorePath(self.shape, n_networks, self.precision)
+                             if self.path == "tensor_cores" else None)
+        self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
+        self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0)
         # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
         # too, so that the whole step is torch's.
-        graphs = runtime.settings().dense_step_graphs
+        graphs = settings.dense_step_graphs
         replay = graphs or (graphs is None and runtime.arch() == "cuda")
         self._step_graphs = (dense_graphs.StepGraphs(self, any_size=bool(graphs))
                              if self.dense and replay and self._vendor_weight_gradients() else None)
-        self.fused = fusable and kernels != "unfused" and not deterministic and not self.dense
-        if self.width > MAX_CUTLASS_WIDTH and not self.dense:
+        if self.width > MAX_CUTLASS_WIDTH and self.path in ("fused", "unfused"):
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
                               f"{MAX_CUTLASS_WIDTH}: they hold a layer's inputs in registers, unrolled at compile time "
                               "(tcnn's CUTLASS GEMMs have no such limit). A single network runs any width as dense "
                               "GEMMs (n_networks=1, kernels='auto', settings.dense_single_network not False, not "
                               f"deterministic); allowed here: 1..{MAX_CUTLASS_WIDTH}")
-        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.fused or self.dense else (SAMPLE_MAJOR,)
+        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.path != "unfused" else (SAMPLE_MAJOR,)
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings(), n_networks) if self.fused else None)
@@ -276,7 +145,7 @@ class NetworkArray(Part):
         x_fm = x_layout == FEATURE_MAJOR
         x = self._padded(x, x_fm, self.input_padding[1])
         if x_fm and FEATURE_MAJOR not in self.input_layouts:
-            raise ValueError("feature-major inputs need the fused kernels or the dense path")
+            raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
         params = self.params.detach()
         self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if train and self._step_graphs is not None:
@@ -284,6 +153,11 @@ class NetworkArray(Part):
             if replayed is not None:
                 out, lease = replayed
                 return out, Context(x=x, ids=ids, params=params, lease=lease, x_fm=x_fm)
+        if self.tensor_cores is not None:
+            if not train:
+                return self.tensor_cores.inference(x, ids, params, x_fm), None
+            out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
+            return out, Context(x=x, ids=ids, params=params, saved=saved, x_fm=x_fm, lease=None)
         if not train:
             x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
             return self._inference(x_c, ids, params_c, x_fm), None
@@ -316,6 +190,9 @@ class NetworkArray(Part):
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        if self.tensor_cores is not None:
+            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
+            return self._unpadded(dx, ctx.x_fm), (dparams,)
         if ctx.lease is not None:
             replayed = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)
             if replayed is not None:

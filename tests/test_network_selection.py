@@ -1,0 +1,80 @@
+"""The MLP path selection rule (tinn/networks/selection.py): which path and precision each case gets, and the
+errors for combinations that cannot run, independent of the machine the suite runs on."""
+import pytest
+
+import tinn
+from tinn.errors import ConfigError
+from tinn.networks import NetworkArray
+from tinn.networks.selection import Candidate, Choice, choose_path
+
+
+def candidate(**kw):
+    base = dict(arch="cuda", n_networks=64, width=64, fusable=True, tensor_cores=None, deterministic=False,
+                dense_setting=None, vendor_faster=False)
+    base.update(kw)
+    return Candidate(**base)
+
+
+@pytest.mark.parametrize("kw,kernels,precision,expected", [
+    # arrays on CUDA: tensor cores in float16 by default, the fused kernels for exact float32
+    ({}, "auto", "auto", Choice("tensor_cores", "float16")),
+    ({}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
+    ({}, "auto", "tf32", Choice("tensor_cores", "tf32")),
+    ({}, "auto", "float32", Choice("fused", "float32")),
+    ({"fusable": False}, "auto", "float32", Choice("unfused", "float32")),
+    # no Triton: float32 on the fused kernels, whatever the default precision
+    ({"tensor_cores": "no triton"}, "auto", "auto", Choice("fused", "float32")),
+    # a single network keeps float32 unless asked; dense where measured faster or in half precision
+    ({"n_networks": 1}, "auto", "auto", Choice("fused", "float32")),
+    ({"n_networks": 1, "vendor_faster": True}, "auto", "auto", Choice("dense", "float32")),
+    ({"n_networks": 1}, "auto", "float16", Choice("dense", "float16")),
+    ({"n_networks": 1}, "auto", "tf32", Choice("tensor_cores", "tf32")),
+    ({"n_networks": 1, "dense_setting": False}, "auto", "float16", Choice("tensor_cores", "float16")),
+    # the CPU: dense for one network, unfused arrays, float32
+    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu", "n_networks": 1, "vendor_faster": True}, "auto",
+     "auto", Choice("dense", "float32")),
+    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu"}, "auto", "auto", Choice("unfused", "float32")),
+    # forced paths
+    ({}, "tensor_cores", "auto", Choice("tensor_cores", "float16")),
+    ({}, "fused", "auto", Choice("fused", "float32")),
+    ({}, "unfused", "auto", Choice("unfused", "float32")),
+    # deterministic: the unfused kernels' fixed-order sums
+    ({"deterministic": True}, "auto", "auto", Choice("unfused", "float32")),
+])
+def test_choices(kw, kernels, precision, expected):
+    assert choose_path(candidate(**kw), kernels, precision) == expected
+
+
+@pytest.mark.parametrize("kw,kernels,precision,words", [
+    ({"tensor_cores": "Triton is not importable"}, "tensor_cores", "auto", ["Triton is not importable", "allowed"]),
+    ({"fusable": False}, "fused", "auto", ["kernels='fused'", "allowed"]),
+    ({}, "fused", "float16", ["computes in float32", "'float32' or 'auto'"]),
+    ({"deterministic": True}, "tensor_cores", "auto", ["no fixed order", "'unfused' or 'auto'"]),
+    ({"deterministic": True}, "auto", "float16", ["no fixed order", "'float32' or 'auto'"]),
+    ({"arch": "cpu", "tensor_cores": "cpu"}, "auto", "bfloat16", ["needs the tensor-core", "'float32' or 'auto'"]),
+    ({}, "fast", "auto", ["kernels='fast'", "tensor_cores"]),
+    ({}, "auto", "half", ["precision='half'", "bfloat16"]),
+])
+def test_refusals_name_the_argument_and_the_allowed_values(kw, kernels, precision, words):
+    with pytest.raises(ConfigError) as info:
+        choose_path(candidate(**kw), kernels, precision)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_a_settings_precision_applies_where_it_can():
+    """The process-wide setting falls back to float32 where the path cannot take it; the argument is refused."""
+    cpu_array = candidate(arch="cpu", fusable=False, tensor_cores="cpu")
+    assert choose_path(cpu_array, "auto", "float16", precision_from_settings=True) == Choice("unfused", "float32")
+    with pytest.raises(ConfigError):
+        choose_path(cpu_array, "auto", "float16")
+
+
+def test_array_reports_its_path_and_refuses_an_impossible_precision():
+    net = NetworkArray(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
+    assert net.path in ("tensor_cores", "fused", "unfused") and net.precision in ("float32", "float16")
+    if tinn.runtime.arch() == "cpu":
+        assert (net.path, net.precision) == ("unfused", "float32")
+        with pytest.raises(ConfigError, match="precision='float16'"):
+            NetworkArray(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=4,
+                         precision="float16")

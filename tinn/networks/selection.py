@@ -1,0 +1,111 @@
+"""The one rule that decides how an MLP array's matrix products run, and in which precision.
+
+Paths:
+- "tensor_cores": Triton kernels on CUDA (`tinn/kernels/tensor_cores/`), float16/bfloat16/TF32 operands with
+  float32 accumulation; an array's forward, backward and weight gradients on the GPU's tensor cores.
+- "fused": Taichi's fused CUDA kernels (one launch for all layers, float32 SIMT).
+- "unfused": Taichi's per-layer kernels, any arch (the CPU's path for arrays; deterministic mode's).
+- "dense": a single network as vendor GEMMs (the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`).
+
+The rule follows measurements (docs/design-notes.md): on CUDA an array runs on the tensor cores in every
+precision but exact float32 (by default float16, tcnn's), exact float32 in the fused kernels; a single network
+computes in float32 unless told otherwise, on the dense path where that was measured faster; on the CPU the
+dense path for one network, the unfused kernels for arrays. An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import ConfigError
+
+PATHS = ("tensor_cores", "fused", "unfused", "dense")
+# `kernels=` values: a path, or "auto" for the rule below.
+KERNEL_CHOICES = ("auto", "tensor_cores", "fused", "unfused")
+# `precision=` values. "auto": float16 where the tensor cores run (tcnn's precision), float32 elsewhere.
+PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
+
+
+class Choice(NamedTuple):
+    path: str
+    precision: str   # "float32", "tf32", "float16" or "bfloat16": what the path computes its products in
+
+
+class Candidate(NamedTuple):
+    """What the rule needs to know of an array and its machine."""
+    arch: str                 # "cuda" or "cpu"
+    n_networks: int
+    width: int
+    fusable: bool             # Taichi's fused kernels take this shape and these activations
+    tensor_cores: str | None  # None where the tensor-core kernels take it, else why not
+    deterministic: bool
+    dense_setting: bool | None    # settings.dense_single_network
+    vendor_faster: bool       # dense_mlp.faster_than_kernels for this arch and shape
+
+
+class PrecisionUnavailable(ConfigError):
+    """A precision the chosen path cannot compute in."""
+
+
+def choose_path(c: Candidate, kernels: str, precision: str, precision_from_settings: bool = False) -> Choice:
+    """The path and precision of an array (see the module docstring); a ConfigError for a forced path or
+    precision that cannot run here, naming what is allowed. A precision that comes from the process's settings
+    (not the array's own argument) applies where it can: elsewhere the array computes in float32, and its
+    `precision` attribute says so."""
+    try:
+        return _choose(c, kernels, precision)
+    except PrecisionUnavailable:
+        if not precision_from_settings:
+            raise
+        return _choose(c, kernels, "float32")
+
+
+def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
+    if kernels not in KERNEL_CHOICES:
+        raise ConfigError(f"kernels={kernels!r} is not supported; allowed: {list(KERNEL_CHOICES)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not supported; allowed: {list(PRECISIONS)}")
+    reduced = precision not in ("auto", "float32")
+    if c.deterministic:
+        # Every path but the unfused kernels (and one network's BLAS) adds partial sums in no fixed order.
+        if kernels not in ("auto", "unfused"):
+            raise ConfigError(f"kernels={kernels!r} sums weight gradients in no fixed order; with "
+                              "settings.deterministic allowed: 'unfused' or 'auto'")
+        if reduced:
+            raise PrecisionUnavailable(f"precision={precision!r} runs on tensor cores or vendor GEMMs, whose sums "
+                                       "have no fixed order; with settings.deterministic allowed: 'float32' or 'auto'")
+        return Choice("unfused", "float32")
+    if kernels == "tensor_cores":
+        if c.tensor_cores is not None:
+            raise ConfigError(f"kernels='tensor_cores' cannot run here: {c.tensor_cores}; allowed here: "
+                              "'fused' (CUDA), 'unfused' or 'auto'")
+        return Choice("tensor_cores", "float16" if precision == "auto" else precision)
+    if kernels == "fused":
+        if not c.fusable:
+            raise ConfigError("kernels='fused' needs the CUDA arch, no Sine or SiLU activation and at most 128 "
+                              "features; allowed here: 'unfused' or 'auto'")
+        _float32_only("fused", precision)
+        return Choice("fused", "float32")
+    if kernels == "unfused":
+        _float32_only("unfused", precision)
+        return Choice("unfused", "float32")
+    # "auto". A single network keeps float32 unless asked (its dense path and the replayed step were tuned
+    # there); an array takes the tensor cores in float16, tcnn's precision, unless float32 is asked for.
+    if c.n_networks == 1:
+        wants_dense = c.dense_setting if c.dense_setting is not None else (c.vendor_faster or reduced)
+        if wants_dense and precision != "tf32":
+            return Choice("dense", "float32" if precision == "auto" else precision)
+        if precision == "auto":
+            precision = "float32"
+    if c.arch == "cuda" and c.tensor_cores is None and precision != "float32":
+        return Choice("tensor_cores", "float16" if precision == "auto" else precision)
+    if precision not in ("auto", "float32"):
+        raise PrecisionUnavailable(f"precision={precision!r} needs the tensor-core kernels (CUDA with Triton) or, for a single "
+                          f"network, the dense path; here: {c.tensor_cores or 'not a CUDA arch'}; allowed here: "
+                          "'float32' or 'auto'")
+    return Choice("fused" if c.fusable else "unfused", "float32")
+
+
+def _float32_only(path: str, precision: str) -> None:
+    if precision not in ("auto", "float32"):
+        raise PrecisionUnavailable(f"kernels={path!r} computes in float32; precision={precision!r} needs "
+                                   "kernels='tensor_cores' or 'auto'; allowed with this path: 'float32' or 'auto'")
