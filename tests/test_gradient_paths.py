@@ -11,11 +11,14 @@ import tinn
 import tinn.encodings
 import tinn.torch as tcnn
 from reference import mlp_array, rel_err
-from tinn.networks import NetworkArray
+from tinn.networks import NetworkArray, tensor_cores
 
 ON_CUDA = tinn.runtime.arch() == "cuda"
-# The kernel families a caller can ask for on this arch ("fused" exists on CUDA only).
-KERNELS = ["auto", "unfused"] + (["fused"] if ON_CUDA else [])
+# The paths a caller can ask for on this arch ("fused" exists on CUDA only; the tensor-core kernels on CUDA, and
+# on the CPU in Triton's interpreter). Every path computes in exact float32 here (`precision="float32"`), so each
+# is held to float64 at float32's accuracy; tests/test_network_precision.py covers the reduced precisions.
+TENSOR_CORES = tensor_cores.unavailable_reason("cuda", None) is None if not ON_CUDA else True
+KERNELS = ["auto", "unfused"] + (["fused"] if ON_CUDA else []) + (["tensor_cores"] if TENSOR_CORES else [])
 
 
 def dev():
@@ -43,7 +46,14 @@ def make(kernels, n_in, n_out, config, n_networks, seed=7, tcnn_layout=False):
         return tcnn.NetworkArray(n_in, n_out, config, n_networks=n_networks, seed=seed)
     if kernels == "fused" and (config.get("activation") in ("Sine", "SiLU") or max(n_in, n_out) > 128):
         pytest.skip("not a fused-kernel network")
-    return NetworkArray(n_in, n_out, config, n_networks=n_networks, seed=seed, kernels=kernels)
+    precision = "float32" if kernels in ("auto", "tensor_cores") else None
+    return NetworkArray(n_in, n_out, config, n_networks=n_networks, seed=seed, kernels=kernels, precision=precision)
+
+
+@pytest.fixture(autouse=True)
+def exact_float32(tuned):
+    """tcnn's facade takes the process's precision: exact float32 for these comparisons."""
+    tuned(network_precision="float32")
 
 
 CASES = {
