@@ -30,10 +30,11 @@ def candidate(**kw):
     ({"n_networks": 1}, "auto", "float16", Choice("dense", "float16")),
     ({"n_networks": 1}, "auto", "tf32", Choice("tensor_cores", "tf32")),
     ({"n_networks": 1, "dense_setting": False}, "auto", "float16", Choice("tensor_cores", "float16")),
-    # the CPU: dense for one network, unfused arrays, float32
+    # the CPU: dense for one network, batched GEMMs for arrays, float32
     ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu", "n_networks": 1, "vendor_faster": True}, "auto",
      "auto", Choice("dense", "float32")),
-    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu"}, "auto", "auto", Choice("unfused", "float32")),
+    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu"}, "auto", "auto", Choice("batched_gemm", "float32")),
+    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu"}, "batched_gemm", "auto", Choice("batched_gemm", "float32")),
     # forced paths
     ({}, "tensor_cores", "auto", Choice("tensor_cores", "float16")),
     ({}, "fused", "auto", Choice("fused", "float32")),
@@ -65,16 +66,16 @@ def test_refusals_name_the_argument_and_the_allowed_values(kw, kernels, precisio
 def test_a_settings_precision_applies_where_it_can():
     """The process-wide setting falls back to float32 where the path cannot take it; the argument is refused."""
     cpu_array = candidate(arch="cpu", fusable=False, tensor_cores="cpu")
-    assert choose_path(cpu_array, "auto", "float16", precision_from_settings=True) == Choice("unfused", "float32")
+    assert choose_path(cpu_array, "auto", "float16", precision_from_settings=True) == Choice("batched_gemm", "float32")
     with pytest.raises(ConfigError):
         choose_path(cpu_array, "auto", "float16")
 
 
 def test_array_reports_its_path_and_refuses_an_impossible_precision():
     net = NetworkArray(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=4)
-    assert net.path in ("tensor_cores", "fused", "unfused") and net.precision in ("float32", "float16")
+    assert net.path in ("tensor_cores", "fused", "batched_gemm") and net.precision in ("float32", "float16")
     if tinn.runtime.arch() == "cpu":
-        assert (net.path, net.precision) == ("unfused", "float32")
+        assert (net.path, net.precision) == ("batched_gemm", "float32")
         with pytest.raises(ConfigError, match="precision='float16'"):
             NetworkArray(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=4,
                          precision="float16")

@@ -1,7 +1,10 @@
 """Activation names (tcnn spelling) and their kernel codes."""
 from __future__ import annotations
 
+import torch
+
 from .config import Section
+from .kernels.activations import K_ACT
 
 # Codes are compile-time constants inside the kernels (see kernels/activations.py).
 ACTIVATIONS = {
@@ -28,3 +31,28 @@ def activation_code(cfg: Section, key: str, default: str) -> int:
 
 def activation_name(code: int) -> str:
     return next(k for k, v in ACTIVATIONS.items() if v == code)
+
+
+def _softplus(z):
+    return torch.nn.functional.softplus(z * K_ACT) / K_ACT
+
+
+def _squareplus(z):
+    s = z * K_ACT
+    return 0.5 * (s + torch.sqrt(s * s + 4.0)) / K_ACT
+
+
+# Each activation as out-of-place torch ops, differentiable by autograd: the paths that compute through torch
+# (second order, the CPU's batched GEMMs) share these; the kernels compute the same formulas.
+TORCH_ACTIVATIONS = {
+    ACTIVATIONS["None"]: lambda z: z,
+    ACTIVATIONS["ReLU"]: torch.relu,
+    ACTIVATIONS["LeakyReLU"]: lambda z: torch.where(z > 0, z, 0.01 * z),
+    ACTIVATIONS["Exponential"]: torch.exp,
+    ACTIVATIONS["Sine"]: torch.sin,
+    ACTIVATIONS["Sigmoid"]: torch.sigmoid,
+    ACTIVATIONS["Squareplus"]: _squareplus,
+    ACTIVATIONS["Softplus"]: _softplus,
+    ACTIVATIONS["Tanh"]: torch.tanh,
+    ACTIVATIONS["SiLU"]: torch.nn.functional.silu,
+}

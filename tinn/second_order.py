@@ -10,33 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .activations import ACTIVATIONS
-from .kernels.activations import K_ACT
+from .activations import TORCH_ACTIVATIONS
 
 GATHER_BUDGET_BYTES = 1 << 28  # gathered weights per chunk
-
-
-def _softplus(z):
-    return torch.nn.functional.softplus(z * K_ACT) / K_ACT
-
-
-def _squareplus(z):
-    s = z * K_ACT
-    return 0.5 * (s + torch.sqrt(s * s + 4.0)) / K_ACT
-
-
-TORCH_ACTIVATIONS = {
-    ACTIVATIONS["None"]: lambda z: z,
-    ACTIVATIONS["ReLU"]: torch.relu,
-    ACTIVATIONS["LeakyReLU"]: lambda z: torch.where(z > 0, z, 0.01 * z),
-    ACTIVATIONS["Exponential"]: torch.exp,
-    ACTIVATIONS["Sine"]: torch.sin,
-    ACTIVATIONS["Sigmoid"]: torch.sigmoid,
-    ACTIVATIONS["Squareplus"]: _squareplus,
-    ACTIVATIONS["Softplus"]: _softplus,
-    ACTIVATIONS["Tanh"]: torch.tanh,
-    ACTIVATIONS["SiLU"]: torch.nn.functional.silu,
-}
 
 
 def mlp_forward(x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, shape) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
 from ..routing import Routing, TileRouting, route, route_fused
 from .config import MAX_CUTLASS_WIDTH, MAX_NETWORKS, parse_network_config
 from . import selection, tensor_cores
+from .batched_gemm import BatchedGemmPath
 from .gemm import Rows, mm_long_k
 
 
@@ -75,6 +76,8 @@ class NetworkArray(Part):
         self.fused = self.path == "fused"
         self.tensor_cores = (tensor_cores.TensorCorePath(self.shape, n_networks, self.precision)
                              if self.path == "tensor_cores" else None)
+        self.batched = (BatchedGemmPath(self.shape, n_networks, self.kernel_outputs)
+                        if self.path == "batched_gemm" else None)
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
         self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0)
         # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
@@ -89,7 +92,8 @@ class NetworkArray(Part):
                               "(tcnn's CUTLASS GEMMs have no such limit). A single network runs any width as dense "
                               "GEMMs (n_networks=1, kernels='auto', settings.dense_single_network not False, not "
                               f"deterministic); allowed here: 1..{MAX_CUTLASS_WIDTH}")
-        self.input_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR) if self.path != "unfused" else (SAMPLE_MAJOR,)
+        self.input_layouts = ((SAMPLE_MAJOR,) if self.path in ("unfused", "batched_gemm")
+                              else (FEATURE_MAJOR, SAMPLE_MAJOR))
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings(), n_networks) if self.fused else None)
@@ -158,6 +162,15 @@ class NetworkArray(Part):
                 return self.tensor_cores.inference(x, ids, params, x_fm), None
             out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
             return out, Context(x=x, ids=ids, params=params, saved=saved, x_fm=x_fm, lease=None)
+        if self.batched is not None:  # None back: the padded batch would cost too much, Taichi's kernels run
+            if not train:
+                out = self.batched.inference(x, ids, params)
+                if out is not None:
+                    return out, None
+            else:
+                result = self.batched.forward_train(x, ids, params)
+                if result is not None:
+                    return result[0], Context(x=x, ids=ids, params=params, batched=result[1], x_fm=x_fm, lease=None)
         if not train:
             x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
             return self._inference(x_c, ids, params_c, x_fm), None
@@ -192,6 +205,9 @@ class NetworkArray(Part):
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
+            return self._unpadded(dx, ctx.x_fm), (dparams,)
+        if getattr(ctx, "batched", None) is not None:
+            dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
             return self._unpadded(dx, ctx.x_fm), (dparams,)
         if ctx.lease is not None:
             replayed = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)

@@ -6,6 +6,8 @@ Paths:
 - "fused": Taichi's fused CUDA kernels (one launch for all layers, float32 SIMT).
 - "unfused": Taichi's per-layer kernels, any arch (the CPU's path for arrays; deterministic mode's).
 - "dense": a single network as vendor GEMMs (the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`).
+- "batched_gemm": an array as torch batched GEMMs over samples grouped and padded per network (the CPU's BLAS;
+  `batched_gemm.py`), Taichi's unfused kernels for a call whose counts are too uneven.
 
 The rule follows measurements (docs/design-notes.md): on CUDA an array runs on the tensor cores in every
 precision but exact float32 (by default float16, tcnn's), exact float32 in the fused kernels; a single network
@@ -18,9 +20,9 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 
-PATHS = ("tensor_cores", "fused", "unfused", "dense")
+PATHS = ("tensor_cores", "fused", "unfused", "dense", "batched_gemm")
 # `kernels=` values: a path, or "auto" for the rule below.
-KERNEL_CHOICES = ("auto", "tensor_cores", "fused", "unfused")
+KERNEL_CHOICES = ("auto", "tensor_cores", "fused", "unfused", "batched_gemm")
 # `precision=` values. "auto": float16 where the tensor cores run (tcnn's precision), float32 elsewhere.
 PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
 
@@ -85,9 +87,9 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
                               "features; allowed here: 'unfused' or 'auto'")
         _float32_only("fused", precision)
         return Choice("fused", "float32")
-    if kernels == "unfused":
-        _float32_only("unfused", precision)
-        return Choice("unfused", "float32")
+    if kernels in ("unfused", "batched_gemm"):
+        _float32_only(kernels, precision)
+        return Choice(kernels, "float32")
     # "auto". A single network keeps float32 unless asked (its dense path and the replayed step were tuned
     # there); an array takes the tensor cores in float16, tcnn's precision, unless float32 is asked for.
     if c.n_networks == 1:
@@ -102,6 +104,8 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
         raise PrecisionUnavailable(f"precision={precision!r} needs the tensor-core kernels (CUDA with Triton) or, for a single "
                           f"network, the dense path; here: {c.tensor_cores or 'not a CUDA arch'}; allowed here: "
                           "'float32' or 'auto'")
+    if c.arch == "cpu" and c.n_networks > 1:
+        return Choice("batched_gemm", "float32")
     return Choice("fused" if c.fusable else "unfused", "float32")
 
 

@@ -1,0 +1,113 @@
+"""An array of networks as batched GEMMs through torch (the CPU's BLAS): the CPU's path for arrays.
+
+Taichi's CPU code for the per-sample kernels is scalar, while the BLAS behind `torch.bmm` uses the vector
+units. Samples are grouped by network into a zero-padded (N, M, features) batch, M the largest network's
+count, and every layer is one `bmm` over the N networks; the outputs go back to the caller's order. The
+backward is torch autograd over the same ops (weight gradients are bmm's too). Padding rows cost work
+(their dy is zero, so they add nothing to any gradient): where the padded batch would be more than
+`MAX_PADDING` times the real one (very uneven counts), the call returns None and the array runs Taichi's
+kernels instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..activations import TORCH_ACTIVATIONS
+from ..routing import sort_by_network
+
+MAX_PADDING = 4.0
+
+
+class Batch:
+    """Where each sample sits in the padded (N, M, .) batch: network and row, and the sorted order."""
+
+    def __init__(self, ids: torch.Tensor, n_networks: int):
+        order, counts = sort_by_network(ids, n_networks)
+        self.order = order.long()
+        self.rows = int(counts.max()) if counts.numel() else 0
+        starts = torch.cumsum(counts, 0) - counts
+        net = ids.long()[self.order]
+        self.slot = net * self.rows + (torch.arange(ids.shape[0], device=ids.device) - starts[net])
+        self.n_networks = n_networks
+
+    def padding(self, batch: int) -> float:
+        return self.n_networks * self.rows / max(batch, 1)
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, k) rows in the caller's order -> (N, M, k), zeros in the padding rows."""
+        padded = x.new_zeros(self.n_networks * self.rows, x.shape[1])
+        padded.index_copy_(0, self.slot, x[self.order])
+        return padded.view(self.n_networks, self.rows, x.shape[1])
+
+    def gather(self, y: torch.Tensor) -> torch.Tensor:
+        """(N, M, k) -> (batch, k) rows in the caller's order."""
+        flat = y.reshape(-1, y.shape[2]).index_select(0, self.slot)
+        out = torch.empty_like(flat)
+        out[self.order] = flat
+        return out
+
+
+def layer_weights(params: torch.Tensor, shape, n_rows_out: int) -> list[torch.Tensor]:
+    """(N, fan_out, fan_in) views of each layer's matrix (the last one's first n_rows_out rows: tcnn's
+    padded output rows are never computed)."""
+    dims = [shape.n_in] + [shape.width] * (shape.n_layers - 1)
+    off, out = 0, []
+    for l in range(shape.n_layers):
+        fan_in = dims[l]
+        fan_out = shape.width if l < shape.n_layers - 1 else n_rows_out
+        rows = fan_out if l < shape.n_layers - 1 else shape.n_out
+        out.append(params[:, off:off + fan_out * fan_in].view(params.shape[0], fan_out, fan_in)[:, :rows])
+        off += fan_out * fan_in
+    return out
+
+
+def mlp(h: torch.Tensor, weights: list[torch.Tensor], shape) -> torch.Tensor:
+    for l, w in enumerate(weights):
+        z = torch.bmm(h, w.transpose(1, 2))
+        h = TORCH_ACTIVATIONS[shape.output_act if l == len(weights) - 1 else shape.hidden_act](z)
+    return h
+
+
+class BatchedGemmPath:
+    """Forward, inference and backward of an array as batched GEMMs (see the module docstring)."""
+
+    def __init__(self, shape, n_networks: int, kernel_outputs: int):
+        self.shape, self.n_networks, self.kernel_outputs = shape, n_networks, kernel_outputs
+
+    def _batch(self, ids: torch.Tensor) -> Batch | None:
+        batch = Batch(ids, self.n_networks)
+        return batch if ids.shape[0] and batch.padding(ids.shape[0]) <= MAX_PADDING else None
+
+    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor) -> torch.Tensor | None:
+        batch = self._batch(ids)
+        if batch is None:
+            return None
+        with torch.no_grad():
+            return batch.gather(mlp(batch.scatter(x), layer_weights(params, self.shape, self.kernel_outputs),
+                                    self.shape))
+
+    def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor):
+        """(out, saved) or None where the padding would cost too much."""
+        batch = self._batch(ids)
+        if batch is None:
+            return None
+        with torch.enable_grad():
+            x_leaf = x.detach().requires_grad_()
+            p_leaf = params.detach().requires_grad_()
+            y = batch.gather(mlp(batch.scatter(x_leaf), layer_weights(p_leaf, self.shape, self.kernel_outputs),
+                                 self.shape))
+        return y.detach(), (y, x_leaf, p_leaf)
+
+    @staticmethod
+    def backward(saved, dy: torch.Tensor, want_dx: bool, want_params: bool):
+        """(dx or None, float32 dparams (N, P) or None); tcnn's padded output rows get zeros."""
+        y, x_leaf, p_leaf = saved
+        wanted = [t for t, want in ((x_leaf, want_dx), (p_leaf, want_params)) if want]
+        if not wanted:
+            return None, None
+        grads = iter(torch.autograd.grad(y, wanted, grad_outputs=dy, allow_unused=True))
+        dx = next(grads) if want_dx else None
+        dparams = next(grads) if want_params else None
+        if want_params and dparams is None:
+            dparams = torch.zeros_like(p_leaf)
+        return dx, dparams
