@@ -15,6 +15,7 @@ import numpy as np
 from . import render
 from .controller import ViewerController
 from .layout import Layout
+from .model import ViewModel
 from .offscreen import PngFrontend, write_png
 from .window import GGUIFrontend, ViewerUnavailable, ggui_support, has_display, vulkan_installed
 
@@ -53,12 +54,6 @@ def open_frontend(layout: Layout, headless: bool, backend: str | None = None, ti
         return PngFrontend(layout)
 
 
-def _ids_numpy(ids) -> np.ndarray:
-    if hasattr(ids, "detach"):
-        ids = ids.detach().cpu().numpy()
-    return np.asarray(ids).astype(np.int64)
-
-
 class Viewer:
     """Trains `source` (see `tinn.viewer.source`) while showing it; `run()` returns a summary dict."""
 
@@ -70,20 +65,9 @@ class Viewer:
         self.orbit_degrees_per_frame = float(orbit_degrees_per_frame)
         os.makedirs(out_dir, exist_ok=True)
         self.controller = ViewerController(source, out_dir)
-        self.reference = render.to_rgb(render.as_numpy(source.reference()))
-        ids = source.ownership() if hasattr(source, "ownership") else None
-        self.layout = Layout(self.reference.shape[:2], arrays=ids is not None, zoom=zoom)
-        ph, pw = self.layout.panel_hw
-        # Panels that never change are built once.
-        self._ref_small = render.resize_nearest(self.reference, ph, pw)
-        self._ref_panel = render.quantize(self._ref_small)
-        self._ids_small = None if ids is None else render.resize_nearest(_ids_numpy(ids), ph, pw)
-        self._own_panel = None if ids is None else render.ownership_image(self._ref_small, self._ids_small)
-        self._n_networks = None if ids is None else int(_ids_numpy(ids).max()) + 1
-        self._prediction = None
-        self._prediction_version = -1
-        self._orbit_view = None
-        self._orbit_key = None
+        self.model = ViewModel(source, self.controller)
+        self.reference = self.model.reference
+        self.layout = Layout(self.reference.shape[:2], arrays=self.model.arrays, zoom=zoom)
         self.frames: list[str] = []
         self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir)
 
@@ -93,60 +77,20 @@ class Viewer:
 
     # ---- frames -------------------------------------------------------------------------------
     def prediction(self) -> np.ndarray:
-        """The source's current render as float (H, W, 3); re-rendered only after the parameters changed.
-
-        This is the held-out view (the reference's): the error panel and PSNR always compare it.
-        """
-        c = self.controller
-        if self._prediction_version != c.version:
-            raw = self.source.render()
-            self._prediction = render.to_rgb(render.as_numpy(raw))
-            c.psnr = float(self.source.psnr(raw)) if c.can("psnr") else self._psnr(self._prediction)
-            self._prediction_version = c.version
-        return self._prediction
+        """The held-out view as float (H, W, 3), see `ViewModel.prediction`."""
+        return self.model.prediction()
 
     def shown(self) -> np.ndarray:
-        """What the prediction panel shows: the held-out view, or the orbit camera's once it moved away."""
-        c = self.controller
-        if not c.orbiting:
-            return self.prediction()
-        key = (c.version, c.camera_version)
-        if self._orbit_key != key:
-            self._orbit_view = render.to_rgb(render.as_numpy(self.source.render_from(c.orbit.c2w())))
-            self._orbit_key = key
-        return self._orbit_view
+        """What the prediction panel shows, see `ViewModel.shown`."""
+        return self.model.shown()
 
     def _psnr(self, prediction: np.ndarray) -> float:
-        mse = float(np.mean((np.clip(prediction, 0, 1) - self.reference) ** 2))
-        return float("inf") if mse == 0 else -10.0 * np.log10(mse)
+        return self.model.psnr_of(prediction)
 
     def build_frame(self) -> np.ndarray:
-        c = self.controller
-        c.flush()
-        ph, pw = self.layout.panel_hw
-        pred_small = render.resize_nearest(self.prediction(), ph, pw)
-        # Away from the held-out view there is no ground truth: the reference, error and PSNR stay on the
-        # held-out view (one more render per frame), the prediction panel shows the orbit camera.
-        shown_small = render.resize_nearest(self.shown(), ph, pw) if c.orbiting else pred_small
-        panels = {"prediction": render.quantize(shown_small), "reference": self._ref_panel,
-                  "error": render.error_image(pred_small, self._ref_small), "ownership": self._own_panel}
         curve = self.layout.panels["loss_curve"]
-        panels["loss_curve"] = render.loss_curve_image(c.loss_steps, c.losses, curve.h, curve.w)
-        psnr = "-" if c.psnr is None else f"{c.psnr:.2f} DB"
-        prediction_title = f"PREDICTION  STEP {c.step}" if not c.orbiting else \
-            f"STEP {c.step} AZ {c.orbit.azimuth:.0f} EL {c.orbit.elevation:.0f}"
-        titles = {"prediction": prediction_title, "reference": "REFERENCE",
-                  "error": f"ERROR X{render.ERROR_GAIN:g}  PSNR {psnr}",
-                  "loss_curve": "LOSS" + (f" {c.loss:.4g}" if c.loss is not None else "")}
-        if self._ids_small is not None:
-            titles["ownership"] = f"NETWORKS ({self._n_networks})"
-            if c.network_loss is not None:
-                image, caption = render.network_loss_image(c.network_loss.cpu().numpy(), self._ids_small)
-                panels["network_loss"] = image
-                titles["network_loss"] = f"LOSS/NETWORK {caption}"
-            else:
-                titles["network_loss"] = "LOSS/NETWORK"
-        status = c.status_lines() if self.frontend.text_status else None
+        panels, titles = self.model.panels(*self.layout.panel_hw, curve_hw=(curve.h, curve.w))
+        status = self.controller.status_lines() if self.frontend.text_status else None
         return render.compose(self.layout, panels, titles, status)
 
     def draw(self, save_to: str | None = None) -> np.ndarray:
