@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 
@@ -25,13 +26,18 @@ ORBIT_DEGREES_PER_FRAME = 15.0  # headless: once round the scene in 24 saved fra
 
 
 def open_frontend(layout: Layout, headless: bool, backend: str | None = None, title: str = "tinn viewer",
-                  log=print, out_dir: str = "."):
-    """GGUI if it can run here, else the PNG fallback, saying why in one line (never a stack trace)."""
+                  log=print, out_dir: str = ".", model: ViewModel | None = None, web: dict | None = None):
+    """GGUI if it can run here, else the PNG fallback, saying why in one line (never a stack trace);
+    backend="web" serves the page instead (`web`: WebFrontend's host, port, keep_open)."""
     backend = (backend or os.environ.get(BACKEND_ENV) or "auto").lower()
-    if backend not in ("auto", "ggui", "png"):
-        raise ValueError(f"viewer backend {backend!r}; allowed: auto, ggui, png")
+    if backend not in ("auto", "ggui", "png", "web"):
+        raise ValueError(f"viewer backend {backend!r}; allowed: auto, ggui, png, web")
     if backend == "png":
         return PngFrontend(layout)
+    if backend == "web":
+        from .web import WebFrontend
+
+        return WebFrontend(model, out_dir, title=title, log=log, **(web or {}))
     visible = not headless
     if visible and not has_display():
         # Checked up front: GLFW without a display ends the process instead of raising.
@@ -59,7 +65,7 @@ class Viewer:
 
     def __init__(self, source, out_dir: str = "out/viewer", headless: bool = False, frame_every: int | None = None,
                  backend: str | None = None, zoom: float | None = None, title: str = "tinn viewer", log=print,
-                 orbit_degrees_per_frame: float = ORBIT_DEGREES_PER_FRAME):
+                 orbit_degrees_per_frame: float = ORBIT_DEGREES_PER_FRAME, web: dict | None = None):
         self.source, self.out_dir, self.frame_every, self.log = source, out_dir, frame_every, log
         # Headless runs of sources with `render_from` turn the camera this much between saved frames.
         self.orbit_degrees_per_frame = float(orbit_degrees_per_frame)
@@ -69,7 +75,7 @@ class Viewer:
         self.reference = self.model.reference
         self.layout = Layout(self.reference.shape[:2], arrays=self.model.arrays, zoom=zoom)
         self.frames: list[str] = []
-        self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir)
+        self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir, self.model, web)
 
     @property
     def backend(self) -> str:
@@ -117,7 +123,9 @@ class Viewer:
         c = self.controller
         c.max_steps = steps
         try:
-            if self.frontend.visible:
+            if self.frontend.kind == "web":
+                self._run_web()
+            elif self.frontend.visible:
                 self._run_window()
             else:
                 if steps is None:
@@ -153,6 +161,31 @@ class Viewer:
                 self.draw()
             self.frontend.show()
 
+    def _run_web(self) -> None:
+        """Train and keep the page up to date; with keep_open the run pauses at the end instead of returning."""
+        c, web = self.controller, self.frontend
+        try:
+            while not c.quit_requested:
+                web.apply_commands()
+                # Train in short slices so that a camera that starts moving or a control is answered at once.
+                deadline, trained = time.perf_counter() + web.train_budget_s(), 0
+                while True:
+                    step_trained = c.advance(budget_s=FRAME_BUDGET_S)
+                    trained += step_trained
+                    if not step_trained or time.perf_counter() >= deadline or web.wants_update():
+                        break
+                if c.finished and not c.paused:
+                    if not web.keep_open:
+                        break
+                    c.pause()
+                    c.max_steps = None  # resuming trains on past the requested steps
+                    c.message = f"reached {c.step} steps; resume to go on, Ctrl+C to stop"
+                web.publish()
+                if trained == 0:
+                    time.sleep(0.02)  # paused: wait for the page without spinning
+        except KeyboardInterrupt:
+            self.log("tinn.viewer: interrupted; closing the page")
+
     def finish(self) -> dict:
         """Final loss-curve image and summary.json; closes the front end."""
         c = self.controller
@@ -162,6 +195,9 @@ class Viewer:
         summary = {"backend": self.backend, "steps": c.step, "final_loss": c.loss, "final_psnr": c.psnr,
                    "steps_per_second": c.steps_per_second, "frames": list(self.frames), "loss_curve": curve_path,
                    "history": {"step": list(c.loss_steps), "loss": list(c.losses)}}
+        if self.backend == "web":
+            summary.update(url=self.frontend.url, snapshots=list(self.frontend.snapshots),
+                           refused_messages=self.frontend.refused)
         with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         self.frontend.close()
@@ -178,4 +214,17 @@ def run_viewer(trainer, task, steps: int | None = None, batch: int = 1 << 13, ou
                     frame_every=frame_every, backend=backend, zoom=zoom, log=log)
     where = "a window" if viewer.frontend.visible else f"PNG frames in {out_dir}"
     log(f"tinn.viewer: {viewer.backend} backend, {task.n_networks} network(s), showing {where}")
+    return viewer.run(steps)
+
+
+def serve(source, port: int = 8080, host: str = "127.0.0.1", steps: int | None = None, out_dir: str = "out/viewer",
+          keep_open: bool = False, title: str = "tinn viewer", log=print) -> dict:
+    """Train `source` (see `tinn.viewer.source`) while serving a page that shows and steers it, at
+    http://host:port. Returns the summary once `steps` steps are done (or, with `keep_open` or no `steps`, when
+    interrupted). host: 127.0.0.1 by default; any other interface lets whoever reaches the port steer training.
+    """
+    viewer = Viewer(source, out_dir=out_dir, backend="web", title=title, log=log,
+                    web={"host": host, "port": port, "keep_open": keep_open or steps is None})
+    log(f"tinn.viewer: serving {viewer.frontend.url} (remote: ssh -L {viewer.frontend.port}:127.0.0.1:"
+        f"{viewer.frontend.port} <server>, then open http://127.0.0.1:{viewer.frontend.port})")
     return viewer.run(steps)
