@@ -225,6 +225,4 @@ def serve(source, port: int = 8080, host: str = "127.0.0.1", steps: int | None =
     """
     viewer = Viewer(source, out_dir=out_dir, backend="web", title=title, log=log,
                     web={"host": host, "port": port, "keep_open": keep_open or steps is None})
-    log(f"tinn.viewer: serving {viewer.frontend.url} (remote: ssh -L {viewer.frontend.port}:127.0.0.1:"
-        f"{viewer.frontend.port} <server>, then open http://127.0.0.1:{viewer.frontend.port})")
     return viewer.run(steps)

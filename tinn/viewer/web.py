@@ -161,6 +161,8 @@ class WebFrontend:
         self._panels_at = -math.inf
         self._panel_key = None
         self._build_page(title)
+        log(f"tinn.viewer: serving {self.url} (from another machine: ssh -L {self.port}:127.0.0.1:{self.port} "
+            f"<this server>, then open http://127.0.0.1:{self.port})")
         self.server.on_client_connect(self._on_connect)
         self.server.on_client_disconnect(self._on_disconnect)
 
