@@ -326,6 +326,10 @@ class WebFrontend:
                 self._panel_key, self._panels_at = key, now
             for cid, client in clients.items():
                 self._publish_view(cid, client)
+        elif time.perf_counter() - self._panels_at >= PANEL_PERIOD_S:
+            # Nobody watching: still read the losses back now and then, so they do not pile up on the device.
+            self.controller.flush()
+            self._panels_at = time.perf_counter()
         # Smoothed: one slow update (a first render compiles kernels) must not hold training back for long.
         self._overhead = 0.5 * self._overhead + 0.5 * (time.perf_counter() - start)
 
