@@ -1,6 +1,7 @@
 """The web viewer: camera maths against direct formulas, control checks, and the page in a real browser
 (headless Chromium driven by playwright) while a small image task trains on the CPU."""
 import asyncio
+import importlib.util
 import math
 import os
 import shutil
@@ -311,3 +312,38 @@ def test_page_in_a_browser_shows_and_steers_training(tmp_path):
     assert summary["backend"] == "web" and summary["steps"] == c.step > 0
     assert summary["refused_messages"] == web.refused >= 4 and summary["snapshots"] == web.snapshots
     assert all(b > a for a, b in zip(*results["curve_points"]))
+
+
+# ---- scene demos behind --viewer web -------------------------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("viser") is None, reason="the web viewer needs viser")
+def test_octree_demo_serves_the_page_and_its_level_of_detail_control_changes_renders(tmp_path, monkeypatch):
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "demos"))
+    import octree_lod
+
+    sources = []
+    init = octree_lod.OctreeSource.__init__
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        sources.append(self)
+
+    monkeypatch.setattr(octree_lod.OctreeSource, "__init__", keep)
+    s = octree_lod.run(["--small", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "3",
+                        "--pyramid-levels", "2", "--samples", "16", "--batch", "128", "--viewer", "web", "--port",
+                        "0", "--out", str(tmp_path)])
+    assert s["backend"] == "web" and s["steps"] == 3 and s["url"].startswith("http://127.0.0.1:")
+    source = sources[0]
+    t = source.test
+    c2w = t.c2w[source.view]
+    # The web cameras' render at the held-out size and focal is the orbit camera's.
+    assert torch.equal(source.render_camera(c2w, t.width, t.height, t.focal), source.render_from(c2w))
+    fine_nodes = source._frame()["first_node"].unique()
+    trained_rule = source.field.lod_resolution
+    c = ViewerController(source)
+    assert c.set_level_of_detail(-3.0)
+    coarse = source._frame()
+    assert coarse["first_node"].unique().numel() < fine_nodes.numel()  # coarser levels: fewer, larger nodes
+    assert source.field.lod_resolution == trained_rule  # the bias is for renders only: training's rule stays
+    assert not c.set_level_of_detail(3.5) and source.level_of_detail == -3.0

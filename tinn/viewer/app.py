@@ -185,6 +185,7 @@ class Viewer:
                     time.sleep(0.02)  # paused: wait for the page without spinning
         except KeyboardInterrupt:
             self.log("tinn.viewer: interrupted; closing the page")
+        self.model.prediction()  # the summary's PSNR is the last step's, watched or not
 
     def finish(self) -> dict:
         """Final loss-curve image and summary.json; closes the front end."""
@@ -206,13 +207,15 @@ class Viewer:
 
 def run_viewer(trainer, task, steps: int | None = None, batch: int = 1 << 13, out_dir: str = "out/viewer",
                headless: bool = False, frame_every: int | None = None, backend: str | None = None,
-               zoom: float | None = None, log=print) -> dict:
-    """Train an `ImageTask` with a `Trainer` in the viewer (the image demo's `--gui`)."""
+               zoom: float | None = None, log=print, web: dict | None = None) -> dict:
+    """Train an `ImageTask` with a `Trainer` in the viewer (`python -m tinn.viewer`); `web`: the web front end's
+    host, port and keep_open when backend="web"."""
     from .source import ImageTrainerSource
 
     viewer = Viewer(ImageTrainerSource(trainer, task, batch), out_dir=out_dir, headless=headless,
-                    frame_every=frame_every, backend=backend, zoom=zoom, log=log)
-    where = "a window" if viewer.frontend.visible else f"PNG frames in {out_dir}"
+                    frame_every=frame_every, backend=backend, zoom=zoom, log=log, web=web)
+    where = "a web page" if viewer.backend == "web" else "a window" if viewer.frontend.visible else \
+        f"PNG frames in {out_dir}"
     log(f"tinn.viewer: {viewer.backend} backend, {task.n_networks} network(s), showing {where}")
     return viewer.run(steps)
 
