@@ -276,7 +276,9 @@ def test_page_in_a_browser_shows_and_steers_training(tmp_path):
                 send_from_page(web, client_id, bad_camera, client._websock_connection)
                 for value in (1e9, float("nan"), -7.0):
                     send_from_page(web, client_id, _messages.GuiUpdateMessage(web.lr_slider._impl.uuid, {"value": value}))
+                send_from_page(web, client_id, _messages.ShareUrlRequest())  # a public tunnel: not served
                 wait_for(lambda: web.refused >= refused + 4, 10, "four refusals")
+                assert web.server._share_tunnel is None
                 assert c.learning_rate == lr and torch.equal(web.cameras[client_id].c2w, c2w)
                 assert web.lr_slider.value == 0.0  # set back on every page
                 assert c.paused and c.step == paused_at
@@ -347,3 +349,23 @@ def test_octree_demo_serves_the_page_and_its_level_of_detail_control_changes_ren
     assert coarse["first_node"].unique().numel() < fine_nodes.numel()  # coarser levels: fewer, larger nodes
     assert source.field.lod_resolution == trained_rule  # the bias is for renders only: training's rule stays
     assert not c.set_level_of_detail(3.5) and source.level_of_detail == -3.0
+
+
+def test_sources_without_per_network_loss_show_each_networks_held_out_error():
+    class Owned(LodSource):
+        def render(self):
+            image = np.full((4, 4, 3), 0.5)
+            image[:, 2:] = 0.2
+            return image
+
+        def ownership(self):
+            return np.array([[0, 0, 1, 1]] * 4)
+
+    from tinn.viewer.model import ViewModel
+
+    source = Owned()
+    model = ViewModel(source, ViewerController(source))
+    # Reference zeros; network 0 owns the pixels predicted 0.5, network 1 those predicted 0.2.
+    assert np.allclose(model.heldout_network_error(), [0.25, 0.04])
+    panels, titles = model.panels(4, 4)
+    assert panels["network_loss"] is not None and titles["network_loss"].startswith("HELD-OUT MSE/NETWORK")

@@ -91,6 +91,14 @@ class ViewModel:
             raw = render.resize_nearest(self.prediction(), height, width)
         return render.to_rgb(render.as_numpy(raw))
 
+    def heldout_network_error(self) -> np.ndarray:
+        """(n_networks,) mean squared error of the held-out view over the pixels each network owns (0: none)."""
+        err = np.mean((np.clip(self.prediction(), 0, 1) - self.reference) ** 2, axis=2).ravel()
+        ids = self.ids.ravel()
+        sums = np.bincount(ids, weights=err, minlength=self.n_networks)
+        counts = np.bincount(ids, minlength=self.n_networks)
+        return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+
     # ---- panels -----------------------------------------------------------------------------------
     def static_panels(self, ph: int, pw: int) -> dict:
         """Reference (float and uint8), network ids and ownership tint at panel size; built once per size."""
@@ -129,8 +137,10 @@ class ViewModel:
                 image, caption = render.network_loss_image(c.network_loss.cpu().numpy(), static["ids"])
                 panels["network_loss"] = image
                 titles["network_loss"] = f"LOSS/NETWORK {caption}"
-            else:
-                titles["network_loss"] = "LOSS/NETWORK"
+            else:  # scene sources train on rays, not per network: each network's error on the held-out view
+                image, caption = render.network_loss_image(self.heldout_network_error(), static["ids"])
+                panels["network_loss"] = image
+                titles["network_loss"] = f"HELD-OUT MSE/NETWORK {caption}"
         return panels, titles
 
 

@@ -11,7 +11,8 @@ shared by every browser.
 Safety: everything a page sends arrives in viser's threads and is only checked and queued there; the training
 thread applies it between steps. Camera values must be finite and in range, controls within their ranges, or
 they are counted as refused and change nothing. No message names a file: snapshots go to a folder the server
-picks. The server listens on 127.0.0.1 unless asked otherwise.
+picks. The server listens on 127.0.0.1 unless asked otherwise, and does not answer viser's share-link request
+(a public tunnel to this server).
 """
 from __future__ import annotations
 
@@ -149,6 +150,10 @@ class WebFrontend:
             log(f"tinn.viewer: WARNING: listening on {host}: anyone who can reach port {port} can watch and steer "
                 "this training run (pause it, change its learning rate, write snapshots)")
         self.server = viser.ViserServer(host=host, port=port, label=title, verbose=False)
+        # viser lets any page ask for a public share tunnel (share.viser.studio) to this server: that would open
+        # training to the internet from a click, so the request is not served.
+        from viser import _messages
+        self.server._websock_server.unregister_handler(_messages.ShareUrlRequest)
         self.host, self.port = host, self.server.get_port()
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
         self.commands: queue.Queue = queue.Queue()
@@ -171,7 +176,7 @@ class WebFrontend:
         from viser import uplot
 
         gui, c, m = self.server.gui, self.controller, self.model
-        gui.configure_theme(control_width="large", dark_mode=True, show_logo=False)
+        gui.configure_theme(control_width="large", dark_mode=True, show_logo=False, show_share_button=False)
         self.status = gui.add_markdown("starting")
         self.pause_button = gui.add_button("Pause")
         # Server-side assignments (a refused value set back) also call these: only a page's changes are queued.
