@@ -274,8 +274,9 @@ def test_page_in_a_browser_shows_and_steers_training(tmp_path):
                     far=100.0, image_height=500, image_width=500, look_at=(0.0, 0.0, 0.0),
                     up_direction=(0.0, 1.0, 0.0))
                 send_from_page(web, client_id, bad_camera, client._websock_connection)
+                slider = web.lr_slider._impl.uuid
                 for value in (1e9, float("nan"), -7.0):
-                    send_from_page(web, client_id, _messages.GuiUpdateMessage(web.lr_slider._impl.uuid, {"value": value}))
+                    send_from_page(web, client_id, _messages.GuiUpdateMessage(slider, {"value": value}))
                 send_from_page(web, client_id, _messages.ShareUrlRequest())  # a public tunnel: not served
                 wait_for(lambda: web.refused >= refused + 4, 10, "four refusals")
                 assert web.server._share_tunnel is None

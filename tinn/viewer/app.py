@@ -1,8 +1,9 @@
 """The viewer loop: train through the controller, build frames, hand them to a front end.
 
-One loop serves both modes. Headless (or without a display) it trains in chunks of
-`frame_every` steps and saves a PNG frame after each; with a window it trains for a
-short time budget per frame so the controls stay responsive.
+Headless (or without a display) it trains in chunks of `frame_every` steps and saves a PNG
+frame after each; with a window it trains for a short time budget per frame so the controls
+stay responsive; with the web page (`serve`) it trains between page updates, in slices short
+enough to answer a browser at once. All three show the panels of one `ViewModel`.
 """
 from __future__ import annotations
 
