@@ -243,7 +243,7 @@ class WebFrontend:
 
     def _on_connect(self, client) -> None:
         client.camera.on_update(self._on_camera)
-        self._home_camera(client)
+        self._queue("home", client.client_id)  # the home pose comes from the source: the training thread asks
 
     def _on_disconnect(self, client) -> None:
         with self.lock:
