@@ -4,6 +4,7 @@
     python demos/kilonerf.py --small                 # CPU-sized: 4^3 networks, 24 views at 32 px
     python demos/kilonerf.py --data nerf_synthetic/lego --res 100
     python demos/kilonerf.py --small --gui [--headless]   # the training viewer (phases shown live)
+    python demos/kilonerf.py --viewer web                 # the viewer as a page: http://127.0.0.1:8080
     torchrun --nproc_per_node 2 demos/kilonerf.py --shard [--small]   # cells sharded over 2 GPUs (gloo on CPUs)
 
 Phases: (1) a teacher (one hash grid + 64-wide MLP) learns the training images; (2) an occupancy
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 import tinn  # noqa: E402
 from tinn.distributed import start_script  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
+from tinn.viewer.cli import add_viewer_args, open_viewer, viewer_kind  # noqa: E402
 
 # Full size (the defaults) and --small; an explicit flag wins over both.
 FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 4096,
@@ -88,14 +90,13 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out/kilonerf", help="output directory for PNGs and summary.json")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gui", action="store_true", help="train in the interactive GGUI viewer")
-    p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
+    add_viewer_args(p)
     p.add_argument("--frame-every", type=int, default=None, help="viewer: save a frame every K steps")
     p.add_argument("--shard", action="store_true",
                    help="under torchrun: the cells' networks sharded over the ranks, the teacher replicated, "
                         "each rank training on its own rays (only rank 0 prints and writes --out)")
     args = p.parse_args(argv)
-    if args.shard and args.gui:
+    if args.shard and viewer_kind(args):
         p.error("--shard runs without the viewer")
     for key, value in (SMALL if args.small else FULL).items():
         if getattr(args, key, None) is None:
@@ -287,12 +288,14 @@ class KiloNeRFPipeline:
     def render_view(self, model, view: int = 0, occupancy="auto", early_stop=None):
         return self.render_pose(model, self.test.c2w[view], occupancy, early_stop)
 
-    def render_pose(self, model, c2w, occupancy="auto", early_stop=None):
-        """`model` seen from the camera-to-world pose `c2w` (4, 4) with the held-out views' size and focal."""
+    def render_pose(self, model, c2w, occupancy="auto", early_stop=None, width=None, height=None, focal=None):
+        """`model` seen from the camera-to-world pose `c2w` (4, 4), by default with the held-out views' size and
+        focal."""
         from tinn.scenes.rendering import render_image
 
         c2w = torch.as_tensor(c2w, dtype=torch.float32, device=self.test.c2w.device)
-        return render_image(model, c2w, self.test.width, self.test.height, self.test.focal,
+        t = self.test
+        return render_image(model, c2w, width or t.width, height or t.height, focal or t.focal,
                             n_samples=self.args.samples, background=self.test.background, occupancy=occupancy,
                             segments=self.args.render_segments,
                             early_stop=self.args.early_stop if early_stop is None else early_stop)
@@ -321,6 +324,10 @@ class KiloNeRFPipeline:
     def render_from(self, c2w) -> torch.Tensor:
         """The viewer's orbit camera: the current model from any pose."""
         return self.render_pose(self.current_model(), c2w).rgb
+
+    def render_camera(self, c2w, width, height, focal) -> torch.Tensor:
+        """The current model from any pose at any size (the web viewer's cameras)."""
+        return self.render_pose(self.current_model(), c2w, width=width, height=height, focal=focal).rgb
 
     def orbit_start(self):
         """The orbit starts at held-out view 0 (render()'s) and turns around the scene box's centre."""
@@ -458,11 +465,8 @@ def _run(args, arch: str) -> dict:
           f"teacher {args.teacher_steps}, distill {args.distill_steps}, finetune {args.finetune_steps} "
           f"(data {data_s:.1f} s)")
     viewer_summary = None
-    if args.gui:
-        from tinn.viewer import Viewer
-
-        viewer = Viewer(pipe, out_dir=args.out, headless=args.headless, frame_every=args.frame_every,
-                        title="tinn KiloNeRF")
+    if viewer_kind(args):
+        viewer = open_viewer(args, pipe, args.out, "tinn KiloNeRF", frame_every=args.frame_every)
         viewer_summary = viewer.run(pipe.n_steps)
     else:
         bar = ProgressBar(pipe.n_steps)

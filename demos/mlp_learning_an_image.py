@@ -3,6 +3,7 @@
     python demos/mlp_learning_an_image.py                      # embedded default image, one network
     python demos/mlp_learning_an_image.py --tiles 8            # array mode: 64 tiny networks, one per tile
     python demos/mlp_learning_an_image.py --image photo.png --config configs/config_hash.json
+    python demos/mlp_learning_an_image.py --tiles 4 --viewer web   # watch and steer it at http://127.0.0.1:8080
 
 Writes PNGs of the prediction at the chosen steps and prints step, loss, PSNR, steps/s.
 """
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import tinn  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
+from tinn.viewer.cli import add_viewer_args, open_viewer, viewer_kind  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(HERE, "..", "configs", "config.json")
@@ -36,8 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out/image", help="output directory for PNGs and summary.json")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--gui", action="store_true", help="train in the interactive GGUI viewer")
-    p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
+    add_viewer_args(p)
     return p.parse_args(argv)
 
 
@@ -56,12 +57,13 @@ def run(argv=None) -> dict:
     task = ImageTask(image, tiles=args.tiles, seed=args.seed)
     trainer = Trainer.from_config(config, 2, 3, n_networks=task.n_networks, seed=args.seed)
 
-    if args.gui:
-        from tinn.viewer import run_viewer
+    if viewer_kind(args):
+        from tinn.viewer import ImageTrainerSource
 
         # --log-every doubles as the frame interval (headless default: every steps/10).
-        summary = run_viewer(trainer, task, steps=steps, batch=batch, out_dir=args.out, headless=args.headless,
+        viewer = open_viewer(args, ImageTrainerSource(trainer, task, batch), args.out, "tinn image",
                              frame_every=args.log_every)
+        summary = viewer.run(steps)
         psnr = "-" if summary["final_psnr"] is None else f"{summary['final_psnr']:.2f}"
         print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {psnr} dB; "
               f"frames, loss_curve.png and summary.json in {args.out}")

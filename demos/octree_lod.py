@@ -4,6 +4,7 @@
     python demos/octree_lod.py --small               # CPU-sized run (the default without a GPU)
     python demos/octree_lod.py --data path/to/nerf_synthetic/lego --res 100
     python demos/octree_lod.py --small --gui --headless   # the training viewer, frames in --out
+    python demos/octree_lod.py --viewer web               # the viewer as a page: http://127.0.0.1:8080
     torchrun --nproc_per_node 2 demos/octree_lod.py --shard [--small]   # nodes sharded over 2 GPUs (gloo on CPUs)
 
 The octree is built over the scene's surface points (procedural scene) or its visual hull (--data);
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tinn  # noqa: E402
 from tinn.distributed import start_script  # noqa: E402
 from tinn.progress import ProgressBar  # noqa: E402
+from tinn.viewer.cli import add_viewer_args, open_viewer, viewer_kind  # noqa: E402
 from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
@@ -90,14 +92,13 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out/octree_lod", help="output folder (PNGs, summary.json)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gui", action="store_true", help="train in the interactive viewer")
-    p.add_argument("--headless", action="store_true", help="with --gui: no window, frames saved to --out")
+    add_viewer_args(p)
     p.add_argument("--full", action="store_true", help="full-size defaults even without a GPU")
     p.add_argument("--shard", action="store_true",
                    help="under torchrun: the nodes' networks sharded over the ranks, each rank training on its "
                         "own rays (only rank 0 prints and writes --out; parameter counts are rank 0's share)")
     args = p.parse_args(argv)
-    if args.shard and args.gui:
+    if args.shard and viewer_kind(args):
         p.error("--shard runs without the viewer")
     return args
 
@@ -207,18 +208,27 @@ def far_view(images, view: int, factor: float):
 class OctreeSource(TrainerControls):
     """Viewer source: trains the octree field, shows a held-out view and which node each pixel meets first."""
 
+    lod_range = (-3.0, 3.0)  # the viewer's level-of-detail control: octree levels finer (+) or coarser (-)
+
     def __init__(self, trainer, test, samples: int, view: int = 0):
         self.trainer, self.field, self.test, self.samples, self.view = trainer, trainer.field, test, samples, view
+        self.level_of_detail = 0.0
         frame = self._frame()
         self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
 
-    def _frame(self, c2w=None):
+    def _frame(self, c2w=None, width=None, height=None, focal=None):
         import torch
 
         t = self.test
         c2w = t.c2w[self.view] if c2w is None else torch.as_tensor(c2w, dtype=torch.float32, device=t.c2w.device)
-        return self.field.render_image(c2w, t.width, t.height, t.focal, self.samples,
-                                       background=t.background.float())
+        # The bias applies to renders only: a node's level goes up by one where the rule's root size doubles.
+        trained_rule = self.field.lod_resolution
+        self.field.lod_resolution = trained_rule * 2.0 ** -self.level_of_detail
+        try:
+            return self.field.render_image(c2w, width or t.width, height or t.height, focal or t.focal, self.samples,
+                                           background=t.background.float())
+        finally:
+            self.field.lod_resolution = trained_rule
 
     def train_step(self):
         return self.trainer.step()
@@ -235,6 +245,10 @@ class OctreeSource(TrainerControls):
     def render_from(self, c2w):
         """The viewer's orbit camera: the field from any pose (the level of detail follows the distance)."""
         return self._frame(c2w)["image"]
+
+    def render_camera(self, c2w, width, height, focal):
+        """The field from any pose at any size (the web viewer's cameras)."""
+        return self._frame(c2w, width, height, focal)["image"]
 
     def orbit_start(self):
         """The orbit starts at the held-out view render() shows and turns around the scene box's centre."""
@@ -294,11 +308,8 @@ def run(argv=None) -> dict:
           "per kernel)")
 
     os.makedirs(args.out, exist_ok=True)
-    if args.gui:
-        from tinn.viewer import Viewer
-
-        viewer = Viewer(OctreeSource(trainer, test, args.samples), out_dir=args.out, headless=args.headless,
-                        title="tinn octree LoD")
+    if viewer_kind(args):
+        viewer = open_viewer(args, OctreeSource(trainer, test, args.samples), args.out, "tinn octree LoD")
         summary = viewer.run(args.steps)
         print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {summary['final_psnr']}")
         return summary

@@ -1,4 +1,5 @@
 """python -m tinn.viewer --config configs/config.json [--image photo.png] [--tiles 8] [--headless --steps 300]
+python -m tinn.viewer --backend web [--port 8080]     # a page for any browser: http://127.0.0.1:8080
 
 Learns an image in the viewer. Without a display or Vulkan it says so in one line and
 runs headless, writing PNG frames, a loss-curve image and summary.json to --out.
@@ -25,8 +26,10 @@ def parse_args(argv=None):
     p.add_argument("--headless", action="store_true", help="no window: write PNG frames to --out")
     p.add_argument("--frame-every", type=int, default=None, help="save a frame every K steps (headless: steps/10)")
     p.add_argument("--out", default="out/viewer", help="directory for frames, checkpoints, loss curve, summary")
-    p.add_argument("--backend", choices=["auto", "ggui", "png"], default=None,
-                   help="png forces the numpy fallback (also TINN_VIEWER_BACKEND)")
+    p.add_argument("--backend", choices=["auto", "ggui", "png", "web"], default=None,
+                   help="png forces the numpy fallback, web serves a page at --host:--port (also TINN_VIEWER_BACKEND)")
+    p.add_argument("--host", default="127.0.0.1", help="web: interface to listen on")
+    p.add_argument("--port", type=int, default=8080, help="web: port")
     p.add_argument("--zoom", type=float, default=None, help="panel scale (default: fit)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--seed", type=int, default=1337)
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
     steps = args.steps or (1000 if on_gpu else 300)
     summary = run_viewer(trainer, task, steps=steps, batch=args.batch or (1 << 18 if on_gpu else 1 << 13),
                          out_dir=args.out, headless=args.headless, frame_every=args.frame_every,
-                         backend=args.backend, zoom=args.zoom)
+                         backend=args.backend, zoom=args.zoom, web={"host": args.host, "port": args.port})
     psnr = summary["final_psnr"]
     print(f"tinn.viewer: {summary['steps']} steps, loss {summary['final_loss']}, "
           f"PSNR {'-' if psnr is None else f'{psnr:.2f}'} dB; output in {args.out}")

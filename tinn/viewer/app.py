@@ -1,20 +1,23 @@
 """The viewer loop: train through the controller, build frames, hand them to a front end.
 
-One loop serves both modes. Headless (or without a display) it trains in chunks of
-`frame_every` steps and saves a PNG frame after each; with a window it trains for a
-short time budget per frame so the controls stay responsive.
+Headless (or without a display) it trains in chunks of `frame_every` steps and saves a PNG
+frame after each; with a window it trains for a short time budget per frame so the controls
+stay responsive; with the web page (`serve`) it trains between page updates, in slices short
+enough to answer a browser at once. All three show the panels of one `ViewModel`.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 
 from . import render
 from .controller import ViewerController
 from .layout import Layout
+from .model import ViewModel
 from .offscreen import PngFrontend, write_png
 from .window import GGUIFrontend, ViewerUnavailable, ggui_support, has_display, vulkan_installed
 
@@ -24,13 +27,18 @@ ORBIT_DEGREES_PER_FRAME = 15.0  # headless: once round the scene in 24 saved fra
 
 
 def open_frontend(layout: Layout, headless: bool, backend: str | None = None, title: str = "tinn viewer",
-                  log=print, out_dir: str = "."):
-    """GGUI if it can run here, else the PNG fallback, saying why in one line (never a stack trace)."""
+                  log=print, out_dir: str = ".", model: ViewModel | None = None, web: dict | None = None):
+    """GGUI if it can run here, else the PNG fallback, saying why in one line (never a stack trace);
+    backend="web" serves the page instead (`web`: WebFrontend's host, port, keep_open)."""
     backend = (backend or os.environ.get(BACKEND_ENV) or "auto").lower()
-    if backend not in ("auto", "ggui", "png"):
-        raise ValueError(f"viewer backend {backend!r}; allowed: auto, ggui, png")
+    if backend not in ("auto", "ggui", "png", "web"):
+        raise ValueError(f"viewer backend {backend!r}; allowed: auto, ggui, png, web")
     if backend == "png":
         return PngFrontend(layout)
+    if backend == "web":
+        from .web import WebFrontend
+
+        return WebFrontend(model, out_dir, title=title, log=log, **(web or {}))
     visible = not headless
     if visible and not has_display():
         # Checked up front: GLFW without a display ends the process instead of raising.
@@ -53,39 +61,22 @@ def open_frontend(layout: Layout, headless: bool, backend: str | None = None, ti
         return PngFrontend(layout)
 
 
-def _ids_numpy(ids) -> np.ndarray:
-    if hasattr(ids, "detach"):
-        ids = ids.detach().cpu().numpy()
-    return np.asarray(ids).astype(np.int64)
-
-
 class Viewer:
     """Trains `source` (see `tinn.viewer.source`) while showing it; `run()` returns a summary dict."""
 
     def __init__(self, source, out_dir: str = "out/viewer", headless: bool = False, frame_every: int | None = None,
                  backend: str | None = None, zoom: float | None = None, title: str = "tinn viewer", log=print,
-                 orbit_degrees_per_frame: float = ORBIT_DEGREES_PER_FRAME):
+                 orbit_degrees_per_frame: float = ORBIT_DEGREES_PER_FRAME, web: dict | None = None):
         self.source, self.out_dir, self.frame_every, self.log = source, out_dir, frame_every, log
         # Headless runs of sources with `render_from` turn the camera this much between saved frames.
         self.orbit_degrees_per_frame = float(orbit_degrees_per_frame)
         os.makedirs(out_dir, exist_ok=True)
         self.controller = ViewerController(source, out_dir)
-        self.reference = render.to_rgb(render.as_numpy(source.reference()))
-        ids = source.ownership() if hasattr(source, "ownership") else None
-        self.layout = Layout(self.reference.shape[:2], arrays=ids is not None, zoom=zoom)
-        ph, pw = self.layout.panel_hw
-        # Panels that never change are built once.
-        self._ref_small = render.resize_nearest(self.reference, ph, pw)
-        self._ref_panel = render.quantize(self._ref_small)
-        self._ids_small = None if ids is None else render.resize_nearest(_ids_numpy(ids), ph, pw)
-        self._own_panel = None if ids is None else render.ownership_image(self._ref_small, self._ids_small)
-        self._n_networks = None if ids is None else int(_ids_numpy(ids).max()) + 1
-        self._prediction = None
-        self._prediction_version = -1
-        self._orbit_view = None
-        self._orbit_key = None
+        self.model = ViewModel(source, self.controller)
+        self.reference = self.model.reference
+        self.layout = Layout(self.reference.shape[:2], arrays=self.model.arrays, zoom=zoom)
         self.frames: list[str] = []
-        self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir)
+        self.frontend = open_frontend(self.layout, headless, backend, title, log, out_dir, self.model, web)
 
     @property
     def backend(self) -> str:
@@ -93,60 +84,20 @@ class Viewer:
 
     # ---- frames -------------------------------------------------------------------------------
     def prediction(self) -> np.ndarray:
-        """The source's current render as float (H, W, 3); re-rendered only after the parameters changed.
-
-        This is the held-out view (the reference's): the error panel and PSNR always compare it.
-        """
-        c = self.controller
-        if self._prediction_version != c.version:
-            raw = self.source.render()
-            self._prediction = render.to_rgb(render.as_numpy(raw))
-            c.psnr = float(self.source.psnr(raw)) if c.can("psnr") else self._psnr(self._prediction)
-            self._prediction_version = c.version
-        return self._prediction
+        """The held-out view as float (H, W, 3), see `ViewModel.prediction`."""
+        return self.model.prediction()
 
     def shown(self) -> np.ndarray:
-        """What the prediction panel shows: the held-out view, or the orbit camera's once it moved away."""
-        c = self.controller
-        if not c.orbiting:
-            return self.prediction()
-        key = (c.version, c.camera_version)
-        if self._orbit_key != key:
-            self._orbit_view = render.to_rgb(render.as_numpy(self.source.render_from(c.orbit.c2w())))
-            self._orbit_key = key
-        return self._orbit_view
+        """What the prediction panel shows, see `ViewModel.shown`."""
+        return self.model.shown()
 
     def _psnr(self, prediction: np.ndarray) -> float:
-        mse = float(np.mean((np.clip(prediction, 0, 1) - self.reference) ** 2))
-        return float("inf") if mse == 0 else -10.0 * np.log10(mse)
+        return self.model.psnr_of(prediction)
 
     def build_frame(self) -> np.ndarray:
-        c = self.controller
-        c.flush()
-        ph, pw = self.layout.panel_hw
-        pred_small = render.resize_nearest(self.prediction(), ph, pw)
-        # Away from the held-out view there is no ground truth: the reference, error and PSNR stay on the
-        # held-out view (one more render per frame), the prediction panel shows the orbit camera.
-        shown_small = render.resize_nearest(self.shown(), ph, pw) if c.orbiting else pred_small
-        panels = {"prediction": render.quantize(shown_small), "reference": self._ref_panel,
-                  "error": render.error_image(pred_small, self._ref_small), "ownership": self._own_panel}
         curve = self.layout.panels["loss_curve"]
-        panels["loss_curve"] = render.loss_curve_image(c.loss_steps, c.losses, curve.h, curve.w)
-        psnr = "-" if c.psnr is None else f"{c.psnr:.2f} DB"
-        prediction_title = f"PREDICTION  STEP {c.step}" if not c.orbiting else \
-            f"STEP {c.step} AZ {c.orbit.azimuth:.0f} EL {c.orbit.elevation:.0f}"
-        titles = {"prediction": prediction_title, "reference": "REFERENCE",
-                  "error": f"ERROR X{render.ERROR_GAIN:g}  PSNR {psnr}",
-                  "loss_curve": "LOSS" + (f" {c.loss:.4g}" if c.loss is not None else "")}
-        if self._ids_small is not None:
-            titles["ownership"] = f"NETWORKS ({self._n_networks})"
-            if c.network_loss is not None:
-                image, caption = render.network_loss_image(c.network_loss.cpu().numpy(), self._ids_small)
-                panels["network_loss"] = image
-                titles["network_loss"] = f"LOSS/NETWORK {caption}"
-            else:
-                titles["network_loss"] = "LOSS/NETWORK"
-        status = c.status_lines() if self.frontend.text_status else None
+        panels, titles = self.model.panels(*self.layout.panel_hw, curve_hw=(curve.h, curve.w))
+        status = self.controller.status_lines() if self.frontend.text_status else None
         return render.compose(self.layout, panels, titles, status)
 
     def draw(self, save_to: str | None = None) -> np.ndarray:
@@ -173,7 +124,9 @@ class Viewer:
         c = self.controller
         c.max_steps = steps
         try:
-            if self.frontend.visible:
+            if self.frontend.kind == "web":
+                self._run_web()
+            elif self.frontend.visible:
                 self._run_window()
             else:
                 if steps is None:
@@ -209,6 +162,32 @@ class Viewer:
                 self.draw()
             self.frontend.show()
 
+    def _run_web(self) -> None:
+        """Train and keep the page up to date; with keep_open the run pauses at the end instead of returning."""
+        c, web = self.controller, self.frontend
+        try:
+            while not c.quit_requested:
+                web.apply_commands()
+                # Train in short slices so that a camera that starts moving or a control is answered at once.
+                deadline, trained = time.perf_counter() + web.train_budget_s(), 0
+                while True:
+                    step_trained = c.advance(budget_s=FRAME_BUDGET_S)
+                    trained += step_trained
+                    if not step_trained or time.perf_counter() >= deadline or web.wants_update():
+                        break
+                if c.finished and not c.paused:
+                    if not web.keep_open:
+                        break
+                    c.pause()
+                    c.max_steps = None  # resuming trains on past the requested steps
+                    c.message = f"reached {c.step} steps; resume to go on, Ctrl+C to stop"
+                web.publish()
+                if trained == 0:
+                    time.sleep(0.02)  # paused: wait for the page without spinning
+        except KeyboardInterrupt:
+            self.log("tinn.viewer: interrupted; closing the page")
+        self.model.prediction()  # the summary's PSNR is the last step's, watched or not
+
     def finish(self) -> dict:
         """Final loss-curve image and summary.json; closes the front end."""
         c = self.controller
@@ -218,6 +197,9 @@ class Viewer:
         summary = {"backend": self.backend, "steps": c.step, "final_loss": c.loss, "final_psnr": c.psnr,
                    "steps_per_second": c.steps_per_second, "frames": list(self.frames), "loss_curve": curve_path,
                    "history": {"step": list(c.loss_steps), "loss": list(c.losses)}}
+        if self.backend == "web":
+            summary.update(url=self.frontend.url, snapshots=list(self.frontend.snapshots),
+                           refused_messages=self.frontend.refused)
         with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         self.frontend.close()
@@ -226,12 +208,25 @@ class Viewer:
 
 def run_viewer(trainer, task, steps: int | None = None, batch: int = 1 << 13, out_dir: str = "out/viewer",
                headless: bool = False, frame_every: int | None = None, backend: str | None = None,
-               zoom: float | None = None, log=print) -> dict:
-    """Train an `ImageTask` with a `Trainer` in the viewer (the image demo's `--gui`)."""
+               zoom: float | None = None, log=print, web: dict | None = None) -> dict:
+    """Train an `ImageTask` with a `Trainer` in the viewer (`python -m tinn.viewer`); `web`: the web front end's
+    host, port and keep_open when backend="web"."""
     from .source import ImageTrainerSource
 
     viewer = Viewer(ImageTrainerSource(trainer, task, batch), out_dir=out_dir, headless=headless,
-                    frame_every=frame_every, backend=backend, zoom=zoom, log=log)
-    where = "a window" if viewer.frontend.visible else f"PNG frames in {out_dir}"
+                    frame_every=frame_every, backend=backend, zoom=zoom, log=log, web=web)
+    where = "a web page" if viewer.backend == "web" else "a window" if viewer.frontend.visible else \
+        f"PNG frames in {out_dir}"
     log(f"tinn.viewer: {viewer.backend} backend, {task.n_networks} network(s), showing {where}")
+    return viewer.run(steps)
+
+
+def serve(source, port: int = 8080, host: str = "127.0.0.1", steps: int | None = None, out_dir: str = "out/viewer",
+          keep_open: bool = False, title: str = "tinn viewer", log=print) -> dict:
+    """Train `source` (see `tinn.viewer.source`) while serving a page that shows and steers it, at
+    http://host:port. Returns the summary once `steps` steps are done (or, with `keep_open` or no `steps`, when
+    interrupted). host: 127.0.0.1 by default; any other interface lets whoever reaches the port steer training.
+    """
+    viewer = Viewer(source, out_dir=out_dir, backend="web", title=title, log=log,
+                    web={"host": host, "port": port, "keep_open": keep_open or steps is None})
     return viewer.run(steps)

@@ -15,8 +15,16 @@ from .orbit import OrbitCamera
 from .source import OPTIONAL
 
 LOG10_LR_RANGE = (-5.0, 0.0)  # the learning-rate slider works on log10(lr): rates span decades
+LR_SCALE_RANGE = (0.01, 10.0)  # the web page's learning-rate control: a factor on the rate the run started with
 NETWORK_LOSS_DECAY = 0.9  # per-network loss is averaged over steps: one batch gives each network few samples
 ORBIT_KEY_DEGREES = 10.0  # one press of an orbit key
+
+
+def _finite_in(value, lo: float, hi: float) -> bool:
+    """Whether `value` is a real number (not bool, not a string) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and lo <= value <= hi
 
 
 class ViewerController:
@@ -33,6 +41,8 @@ class ViewerController:
         self.loss: float | None = None
         self.psnr: float | None = None
         self.steps_per_second: float | None = None
+        self.psnr_steps: list[int] = []  # PSNR history: one point per held-out render
+        self.psnrs: list[float] = []
         self.network_loss: torch.Tensor | None = None
         self.message = ""
         self.screenshot_requests: list[str] = []
@@ -47,6 +57,7 @@ class ViewerController:
                 raise TypeError(f"{type(source).__name__} has render_from() but no orbit_start() -> (c2w, target)")
             c2w, target = source.orbit_start()
             self.orbit = OrbitCamera.from_c2w(c2w, target)
+        self.base_learning_rate = self.learning_rate  # what the learning-rate scale multiplies
 
     # ---- what the source offers -----------------------------------------------------------------
     def can(self, capability: str) -> bool:
@@ -98,6 +109,51 @@ class ViewerController:
         lo, hi = LOG10_LR_RANGE
         self.set_learning_rate(10.0 ** min(max(float(value), lo), hi))
 
+    @property
+    def learning_rate_scale(self) -> float | None:
+        lr, base = self.learning_rate, self.base_learning_rate
+        return None if lr is None or not base else lr / base
+
+    def set_learning_rate_scale(self, value) -> bool:
+        """The web page's control: learning rate = `value` x the starting rate. Out-of-range, non-finite or
+        non-numeric values are refused (False) and leave the rate as it was."""
+        if not self.can("learning_rate") or not self.base_learning_rate:
+            return False
+        lo, hi = LR_SCALE_RANGE
+        if not _finite_in(value, lo, hi):
+            self.message = f"refused learning-rate scale {value!r} (allowed {lo:g} .. {hi:g})"
+            return False
+        self.source.learning_rate = self.base_learning_rate * float(value)
+        self.message = f"lr scale {float(value):.3g}"
+        return True
+
+    @property
+    def level_of_detail(self) -> float | None:
+        return float(self.source.level_of_detail) if self.can("level_of_detail") else None
+
+    def set_level_of_detail(self, value) -> bool:
+        """Level-of-detail bias of scene renders (sources with `level_of_detail`, e.g. the octree): levels finer
+        (> 0) or coarser (< 0) than the footprint rule picks. Refused (False) outside `source.lod_range`."""
+        if not self.can("level_of_detail"):
+            return False
+        lo, hi = self.source.lod_range
+        if not _finite_in(value, lo, hi):
+            self.message = f"refused level of detail {value!r} (allowed {lo:g} .. {hi:g})"
+            return False
+        self.source.level_of_detail = float(value)
+        self.version += 1  # renders change: drop the cached ones
+        self.message = f"level of detail {float(value):+g}"
+        return True
+
+    def record_psnr(self, value: float) -> None:
+        """The held-out PSNR after a render at the current step (one curve point per step)."""
+        self.psnr = float(value)
+        if self.psnr_steps and self.psnr_steps[-1] == self.step:
+            self.psnrs[-1] = self.psnr
+        elif math.isfinite(self.psnr):
+            self.psnr_steps.append(self.step)
+            self.psnrs.append(self.psnr)
+
     def reset(self) -> None:
         """Initial parameters and optimizer state, step 0, fresh loss curve; the learning rate is kept."""
         self.source.reset()
@@ -105,6 +161,8 @@ class ViewerController:
         self.version += 1
         self.loss_steps.clear()
         self.losses.clear()
+        self.psnr_steps.clear()
+        self.psnrs.clear()
         self._pending.clear()
         self.loss = self.psnr = None
         self.network_loss = None

@@ -18,6 +18,11 @@ and, optionally (the viewer hides the matching panel or control when one is miss
                                  camera-to-world matrix in the scenes' convention (`tinn.render.camera_rays`);
                                  with it the viewer orbits the camera, and the source also needs
     orbit_start() -> (c2w, target) the pose render() shows and the point the orbit turns around
+    render_camera(c2w, width, height, focal) -> (height, width, C)
+                                 render_from at any size (the web viewer adapts the resolution)
+    render_points(xy) -> (N, C)  image sources: the prediction at points xy in [0,1]^2 (x right, y down);
+                                 the web viewer shows the image as a plane the browser's camera looks at
+    level_of_detail, lod_range   read/write float and its (low, high): a render-only level-of-detail bias
 
 Scene demos write their own source; `ImageTrainerSource` adapts `ImageTask` + `Trainer`.
 """
@@ -29,7 +34,8 @@ import torch
 
 from ..trainer import TrainerControls
 
-OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr", "render_from")
+OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr", "render_from",
+            "render_camera", "render_points", "level_of_detail")
 
 
 class ImageTrainerSource(TrainerControls):
@@ -71,3 +77,9 @@ class ImageTrainerSource(TrainerControls):
 
     def psnr(self, prediction) -> float:
         return self.task.psnr(prediction)
+
+    def render_points(self, xy: torch.Tensor) -> torch.Tensor:
+        """The model's prediction at image points `xy` (N, 2) in [0, 1]^2."""
+        with torch.no_grad():
+            local, ids = self.task.route(xy.to(self.task.device).float().contiguous())
+            return self.trainer.model(local, ids if self.arrays else None)
