@@ -628,3 +628,32 @@ def test_a_loop_tinn_cannot_unroll_is_refused_with_the_cause():
     with pytest.raises(ConfigError, match=r"'exp_loop_with_break' has a dynamic loop \(range\(4\)\) whose body "
                                           r"calls exp\(\).*reverse mode.*wrong gradients.*break"):
         AutodiffPart(exp_loop_with_break, 1, 1, 4)
+
+
+@ti.func
+def scaled_inputs(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
+    for k in ti.static(range(2)):
+        y[b, k] = p[net, k] * x[b, k]
+
+
+def test_autograd_adopts_the_parameter_gradient_from_the_first_backward():
+    """The tensor the backward kernel wrote IS params.grad, on the kernel's first call in the process too:
+    nothing (Taichi's compile context included) keeps a reference that would make autograd copy it."""
+    part = AutodiffPart(scaled_inputs, 2, 2, 2, n_networks=3)   # a new function: its kernels compile here
+    returned = []
+    backward = part.backward
+
+    def recording_backward(ctx, dy, **kw):
+        dx, grads = backward(ctx, dy, **kw)
+        returned.append(grads[0].data_ptr())
+        return dx, grads
+
+    part.backward = recording_backward
+    x = torch.rand(12, 2, device=DEV)
+    ids = torch.arange(12, dtype=torch.int32, device=DEV) % 3
+    for _ in range(2):
+        part.params.grad = None
+        part(x, ids).sum().backward()
+        assert part.params.grad.data_ptr() == returned[-1]
+        expected = torch.zeros(3, 2, device=DEV).index_add_(0, ids.long(), x)
+        torch.testing.assert_close(part.params.grad, expected)

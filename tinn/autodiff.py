@@ -56,6 +56,7 @@ from .config import count
 from .errors import ConfigError, InputError
 from .kernels import autodiff_source as source
 from .kernels.autodiff import loss_kernel, sample_kernel, tangent_kernel
+from .kernels.launch import compile_from_stand_ins
 from .losses import LossResult
 from .part import SAMPLE_MAJOR, Context, Part, SecondOrderError
 
@@ -113,6 +114,13 @@ class _Workspace:
         if t is None or tuple(t.shape) != tuple(shape) or t.device != device:
             t = self.buffers[name] = torch.empty(shape, dtype=torch.float32, device=device)
         return t
+
+
+def _launch(kernel, args):
+    # A new instance compiles from stand-ins: the compile context Taichi keeps would otherwise hold this
+    # call's gradient buffer, and autograd would copy it instead of adopting it (kernels/launch.py).
+    compile_from_stand_ins(kernel, args)
+    return kernel(*args)
 
 
 def _compile_guard(kind: str, func, signature: str, call):
@@ -270,7 +278,7 @@ class AutodiffPart(Part):
     def _call(self, kernel, x, ids, table, y, replicas: int, tangent=None):
         args = (x, ids, table, y, self.n_networks, replicas) if tangent is None else \
             (x, tangent, ids, table, y, self.n_networks, replicas)
-        _compile_guard("AutodiffPart", self.func, "func(x, p, b, net, y)", lambda: kernel(*args))
+        _compile_guard("AutodiffPart", self.func, "func(x, p, b, net, y)", lambda: _launch(kernel, args))
 
     def extra_repr(self) -> str:
         r = "auto" if self.gradient_replicas is None else self.gradient_replicas
@@ -320,7 +328,7 @@ class AutodiffLoss:
             return values, (torch.zeros_like(pred) if need_pred else None), \
                 (torch.zeros_like(target) if need_target else None)
         guard = lambda k, *a: _compile_guard("AutodiffLoss", self.func, "func(pred, target, b, d, l)",  # noqa: E731
-                                             lambda: k(*a))
+                                             lambda: _launch(k, a))
         kernel = self._kernels[pred.shape[1]]
         guard(kernel, pred, target, values)
         d_pred = torch.zeros_like(pred) if need_pred else None
