@@ -114,3 +114,26 @@ def test_autograd_users_get_unscaled_gradients_and_the_overflow_flag(tuned):
     net.params.grad = None
     (net(x, None).sum() * 1e4).backward()   # 1e4 x 128 passes float16's range
     assert not scaler.update() and scaler.value == 64.0 and scaler.skipped_steps == 1
+
+
+def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
+    """tcnn's PyTorch module (tinn.torch) in a loop of the user's own: `model.network.gradient_scaler.update()`
+    after each backward says whether to step; the step that overflowed is skipped, the grid's and network's
+    parameters stay finite, and the scale is halved."""
+    import tinn.torch as tcnn
+
+    tuned(network_precision="float16", gradient_scaling="dynamic")
+    enc = {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 8, "base_resolution": 4}
+    model = tcnn.NetworkWithInputEncoding(2, 1, enc, NET, seed=5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = model.network.gradient_scaler
+    x = torch.rand(128, 2, generator=torch.Generator().manual_seed(1)).to(DEV)
+    taken = []
+    for weight in (1.0, 1e5, 1.0):   # the middle step's output gradients pass float16's range at scale 128
+        optimizer.zero_grad()
+        (weight * (model(x).float() - 0.5).square().sum()).backward()
+        taken.append(scaler.update())
+        if taken[-1]:
+            optimizer.step()
+    assert taken == [True, False, True] and scaler.value == 64.0
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

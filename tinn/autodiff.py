@@ -32,6 +32,12 @@ loop and its line:
   dynamic loop from the source (literals, Python ints of the function's scope, `.shape[1]` of the arrays)
   and refuses what it cannot bound or what would overflow, with the fix. Quadrants' reverse mode takes
   `ti.static` loops only (without its experimental stack), which tinn says at construction.
+- **exp and tanh in dynamic loops:** Taichi 1.7.4's reverse mode takes their derivatives from their own
+  result, which it stores once per loop (the last iteration's): silently wrong gradients. tinn rewrites a
+  dynamic loop whose body calls exp, tanh or a helper function (which may hide one) as a `ti.static` loop
+  and compiles the rewritten function; a loop it cannot unroll (break, continue) is refused with that
+  cause. A part that keeps a dynamic loop or calls a helper is compared with finite differences along
+  random directions at construction (`verify_gradients`), and refused with the cause the source shows.
 
 **Buffers.** Taichi's torch interop takes a tensor's `.grad` as the kernel's gradient buffer; tinn hands
 it detached aliases whose `.grad` are its own buffers, kept per part and zeroed per call (the copy of
