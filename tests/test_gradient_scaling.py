@@ -137,3 +137,30 @@ def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
             optimizer.step()
     assert taken == [True, False, True] and scaler.value == 64.0
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="the tensor-core path runs on CUDA")
+def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tuned):
+    """An array of networks on the tensor cores in float16: its kernels take the scaler's host value, the
+    gradients arrive unscaled (against float32 within float16's accuracy) and an overflow is flagged."""
+    from tinn.networks import tensor_cores
+
+    if tensor_cores.unavailable_reason("cuda", None) is not None:
+        pytest.skip(tensor_cores.unavailable_reason("cuda", None))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(4096, 2, generator=gen).to(DEV)
+    ids = torch.randint(0, 8, (4096,), generator=gen, dtype=torch.int32).to(DEV)
+    grads = []
+    for precision in ("float32", "float16"):
+        tuned(network_precision=precision, network_kernels="tensor_cores", gradient_scaling="dynamic")
+        net = NetworkArray(2, 1, dict(NET, n_neurons=64), n_networks=8, seed=3)
+        assert net.tensor_cores is not None and net.precision == precision
+        (net(x, ids).float().square().mean()).backward()
+        grads.append(net.params.grad.clone())
+    scaler = net.gradient_scaler
+    assert scaler.update()
+    err = float((grads[1] - grads[0]).norm() / grads[0].norm())
+    assert err < 2e-2, err
+    net.params.grad = None
+    (net(x, ids).float().sum() * 1e5).backward()
+    assert not scaler.update() and scaler.value == 64.0
