@@ -20,6 +20,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | network_precision | "auto" | the precision of an MLP's matrix products: "float32" (exact), "tf32" (float32 operands rounded by the tensor cores), "float16" (tcnn's precision: half operands and activations, float32 accumulation, output gradients scaled before the cast) or "bfloat16"; "auto": float16 for arrays on the tensor cores, float32 for a single network and on the CPU. Parameters, optimizer state, outputs and input gradients stay float32. Applied where the chosen path computes in it (the tensor cores; a single network's dense path in float16/bfloat16), float32 elsewhere (`NetworkArray.precision` says which); a NetworkArray's own `precision=` argument is refused where it cannot apply |
+| gradient_scaling | "dynamic" | how a float16 network scales its gradients: "dynamic" (tinn/gradient_scaling.py: start at tcnn's 128, halve and skip the optimizer step whose gradients overflow, double after 2000 finite steps; `NetworkArray.gradient_scaler`, `Trainer.skipped_steps`) or "static" (tcnn's fixed 128, which large gradients can overflow into inf and NaN) |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -61,6 +62,7 @@ class Settings:
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     network_precision: str = "auto"
+    gradient_scaling: str = "dynamic"
     dense_step_graphs: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
@@ -86,6 +88,9 @@ class Settings:
         if self.network_precision not in NETWORK_PRECISIONS:
             raise ConfigError(f"settings.network_precision={self.network_precision!r} is not supported; "
                               f"allowed: {list(NETWORK_PRECISIONS)}")
+        if self.gradient_scaling not in ("dynamic", "static"):
+            raise ConfigError(f"settings.gradient_scaling={self.gradient_scaling!r} is not supported; "
+                              "allowed: ['dynamic', 'static']")
         for name in ("fused_tile", "fused_backward_tile"):
             value = getattr(self, name)
             if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):

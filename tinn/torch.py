@@ -55,6 +55,12 @@ Differences from tcnn
 * float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
   is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
   half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
+* float16 gradients are scaled dynamically (`settings.gradient_scaling`, tcnn's is a fixed 128): the
+  gradients autograd delivers are already unscaled; an overflow is flagged in the network's
+  `gradient_scaler`. A loop of your own calls `net.gradient_scaler.update()` after `backward()` (one host
+  read) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
+  `NetworkWithInputEncoding`, `model.network.gradient_scaler`). Without that call the scale stays at 128,
+  tcnn's behaviour. tinn's `Trainer` does it itself (`trainer.skipped_steps`).
 * `params` has shape `(n_networks, n_params_per_network)` (one row per network of an array; `(1, P)` for
   a single network) instead of tcnn's flat `(P,)`; `n_params()` is the total count, as in tcnn.
 * Parameter-free encodings (Identity, Frequency, ...) have `params = None` and no registered parameter
