@@ -3,6 +3,10 @@ import os
 import pytest
 
 os.environ.setdefault("TINN_ARCH", "cpu")
+if os.environ["TINN_ARCH"] == "cpu":
+    # Without a GPU, Triton's kernels (the tensor-core MLP path) run in its interpreter, at toy sizes; it reads
+    # this when a kernel is defined, so before anything imports them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
