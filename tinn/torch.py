@@ -76,7 +76,7 @@ import torch
 
 from . import models, networks, tcnn_layout
 from .config import Section
-from .encodings import ENCODINGS, create_encoding
+from .encodings import DEFAULT_ENCODING, ENCODINGS, create_encoding
 from .encodings import Encoding as _CoreEncoding
 from .errors import ConfigError
 from .part import Part
@@ -124,6 +124,13 @@ def _check_dtype(dtype) -> None:
 def _config_copy(config) -> dict:
     data = getattr(config, "data", config)  # a tinn.config.Section or a plain dict
     return copy.deepcopy(dict(data)) if data is not None else {}
+
+
+def _otype_of(encoding_config) -> str:
+    """The otype `create_encoding` builds for `encoding_config`, in canonical spelling: tcnn's OneBlob where a
+    config omits it, Identity for no config at all."""
+    config = encoding_config if encoding_config is not None else {"otype": "Identity"}
+    return Section(getattr(config, "data", config), "encoding").otype(list(ENCODINGS), DEFAULT_ENCODING)
 
 
 class _Adapter(type):
@@ -187,7 +194,7 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
             enc.dtype = dtype  # tcnn's output dtype; the computation stays float32
         enc.encoding_config = _config_copy(encoding_config)
         # The config's otype in canonical spelling (the class's names the family: "Grid" for a "HashGrid").
-        enc.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
+        enc.otype = _otype_of(encoding_config)
         enc.seed = seed
         return enc
 
@@ -206,6 +213,6 @@ class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
                          seed=seed, share_encoding=share_encoding, tcnn_padding=True)
         self.encoding_config = self.encoding.encoding_config = _config_copy(encoding_config)
         self.network_config = self.network.network_config = _config_copy(network_config)
-        self.encoding.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
+        self.encoding.otype = _otype_of(encoding_config)
         # One flat storage in tcnn's order behind both tables, so `params` is tcnn's flat vector.
         self.__dict__["_flat_params"] = tcnn_layout.bind_flat(self)
