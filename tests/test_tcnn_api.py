@@ -33,10 +33,26 @@ def test_tcnn_input_handling():
 def test_cpu_inputs_move_to_the_gpu_with_a_warning():
     if tinn.runtime.arch() != "cuda":
         pytest.skip("tinn runs on the CPU here")
+    from reference import mlp_array
+
     model = tcnn.Network(2, 3, NET)
+    x = torch.rand(10, 2)
     with pytest.warns(UserWarning, match="moved from the CPU"):
-        y = model(torch.rand(10, 2))
-    assert y.is_cuda
+        y = model(x)
+    assert y.device == dev()
+    # The numbers of the input moved by hand, and of a float64 reference.
+    assert torch.equal(y, model(x.to(dev())))
+    ids = torch.zeros(10, dtype=torch.int32, device=dev())
+    x64 = x.to(dev()).double().requires_grad_(True)
+    ref = mlp_array(model, model.params.detach().double(), x64, ids, "ReLU", "None")
+    torch.testing.assert_close(y.double(), ref, rtol=1e-3, atol=1e-5)
+    # The input gradient comes back to the CPU tensor.
+    xg = x.clone().requires_grad_(True)
+    with pytest.warns(UserWarning, match="moved from the CPU"):
+        model(xg).sum().backward()
+    ref.sum().backward()
+    assert xg.grad.device.type == "cpu"
+    torch.testing.assert_close(xg.grad.double(), x64.grad.cpu(), rtol=1e-3, atol=1e-5)
 
 
 def test_module_surface():
