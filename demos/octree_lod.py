@@ -205,12 +205,20 @@ def far_view(images, view: int, factor: float):
 
 
 class OctreeSource(TrainerControls):
-    """Viewer source: trains the octree field, shows a held-out view and which node each pixel meets first."""
+    """Viewer source: trains the octree field, shows a held-out view, which node each pixel meets first and
+    each node's error on that view."""
+
+    # The held-out view's per-node error is rendered anew after this many steps (the viewer asks every step
+    # and averages; a render per step would cost more than the step).
+    NODE_LOSS_EVERY = 10
 
     def __init__(self, trainer, test, samples: int, view: int = 0):
         self.trainer, self.field, self.test, self.samples, self.view = trainer, trainer.field, test, samples, view
         frame = self._frame()
         self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
+        self._steps = 0
+        self._node_loss = None
+        self._node_loss_step = None
 
     def _frame(self, c2w=None):
         import torch
@@ -221,7 +229,25 @@ class OctreeSource(TrainerControls):
                                        background=t.background.float())
 
     def train_step(self):
+        self._steps += 1
         return self.trainer.step()
+
+    def per_network_loss(self):
+        """Each node's mean squared error over the held-out view's pixels whose ray meets it first (0 for nodes
+        no pixel meets first), refreshed every NODE_LOSS_EVERY steps."""
+        import torch
+
+        if self._node_loss is None or self._steps - self._node_loss_step >= self.NODE_LOSS_EVERY:
+            frame = self._frame()
+            error = (frame["image"] - self.reference()).square().mean(dim=-1).reshape(-1)
+            first = frame["first_node"].reshape(-1).long()
+            met = first >= 0
+            n = self.field.n_nodes
+            total = torch.zeros(n, device=error.device).index_add_(0, first[met], error[met])
+            count = torch.zeros(n, device=error.device).index_add_(0, first[met], torch.ones_like(error[met]))
+            self._node_loss = total / count.clamp(min=1)
+            self._node_loss_step = self._steps
+        return self._node_loss
 
     def render(self):
         return self._frame()["image"]
@@ -300,7 +326,9 @@ def run(argv=None) -> dict:
         viewer = Viewer(OctreeSource(trainer, test, args.samples), out_dir=args.out, headless=args.headless,
                         title="tinn octree LoD")
         summary = viewer.run(args.steps)
-        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {summary['final_psnr']}")
+        psnr = summary["final_psnr"]
+        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR "
+              + ("-" if psnr is None else f"{psnr:.2f} dB"))
         return summary
 
     bar = ProgressBar(args.steps)
