@@ -79,8 +79,9 @@ def test_undeclared_layouts_are_refused_naming_the_argument(name):
     ids = torch.zeros(8, dtype=torch.int32, device=dev)
     for argument, allowed in (("x_layout", part.input_layouts), ("y_layout", part.output_layouts)):
         for wrong in ("anything", "sample-major", "", None):
+            allowed_text = ", ".join(map(repr, allowed))
             with pytest.raises(ConfigError, match=rf"{argument}={wrong!r} is not a layout this part .*"
-                                                  rf"not a layout at all.*allowed: \[{', '.join(map(repr, allowed))}\]"):
+                                                  rf"not a layout at all.*allowed: \[{allowed_text}\]"):
                 part.forward_ctx(x, ids, train=True, **{argument: wrong})
         for layout in LAYOUTS:
             if layout not in allowed:
