@@ -197,8 +197,6 @@ class AutodiffPart(Part):
 
     # ---- the contract --------------------------------------------------------------------------------
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        if x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR:
-            raise ValueError("autodiff parts read and write sample-major tensors")
         # Zeros: an output the function leaves unwritten reads 0, not uninitialised memory.
         y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
         if x.shape[0]:

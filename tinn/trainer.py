@@ -102,9 +102,9 @@ class Trainer(LearningRateOf):
                  track_per_network_loss: bool = False):
         self.model = model
         self.loss = loss if loss is not None and not isinstance(loss, (dict, Section)) else \
-            create_loss(loss or {"otype": "L2"})
+            create_loss({"otype": "L2"} if loss is None else loss)
         self.optimizer = optimizer if optimizer is not None and not isinstance(optimizer, (dict, Section)) else \
-            create_optimizer(optimizer or {"otype": "Adam"}, list(model.named_parameters()))
+            create_optimizer({"otype": "Adam"} if optimizer is None else optimizer, list(model.named_parameters()))
         self.config = config or {}
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
@@ -115,18 +115,20 @@ class Trainer(LearningRateOf):
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
                     seed: int = 1337, **kwargs) -> "Trainer":
-        """Build model, loss and optimizer from a tcnn config with `loss`/`optimizer`/`encoding`/`network`."""
+        """Build model, loss and optimizer from a tcnn config with `loss`/`optimizer`/`encoding`/`network`.
+
+        As tcnn's `create_from_config`, an absent section is an empty one and a section without `otype`
+        takes tcnn's default: RelativeL2 loss, OneBlob encoding, Adam optimizer (`network` is required)."""
         root = Section(config, "")
         root.expect_keys(TRAINER_OPTIONS, "a trainer config")
         model = NetworkWithInputEncoding(
             n_input_dims, n_output_dims,
-            root.section("encoding", required=False).data or {"otype": "Identity"},
+            root.section("encoding", required=False),
             root.section("network", required=True),
             n_networks=n_networks, seed=seed,
         )
-        loss = create_loss(root.section("loss", required=False).data or {"otype": "L2"})
-        optimizer = create_optimizer(root.section("optimizer", required=False).data or {"otype": "Adam"},
-                                     list(model.named_parameters()))
+        loss = create_loss(root.section("loss", required=False))
+        optimizer = create_optimizer(root.section("optimizer", required=False), list(model.named_parameters()))
         return cls(model, loss, optimizer, config=config, **kwargs)
 
     @property
