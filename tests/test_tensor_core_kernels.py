@@ -19,11 +19,15 @@ from tinn.networks import NetworkArray  # noqa: E402
 from tinn.routing import route_fused  # noqa: E402
 
 from reference import mlp_array_float64, rel_err  # noqa: E402
+from tensor_core_reference import emulated  # noqa: E402
 
 BM = 16
-# Relative error (norm) allowed against float64: float32 and TF32 (exact float32 under the interpreter; a
-# GPU's TF32 rounds operands to 10 mantissa bits), float16, bfloat16 (8 bits).
-TOL = {"float32": 1e-5, "tf32": 1e-5, "float16": 5e-3, "bfloat16": 4e-2}
+# Relative error (norm) allowed against the float64 model of the kernels' rounding (tensor_core_reference): the
+# kernels accumulate in float32 (TF32 is exact float32 under the interpreter). Against exact float64 the 16-bit
+# precisions differ by their rounding, which a ReLU network amplifies in dx and dparams (a pre-activation rounded
+# across zero flips a mask): only a loose bound there.
+TOL = {"float32": 1e-5, "tf32": 1e-5, "float16": 1e-4, "bfloat16": 1e-4}
+TOL_EXACT = {"float32": 1e-5, "tf32": 1e-5, "float16": 5e-2, "bfloat16": 1.5e-1}
 ACTS = list(ACTIVATIONS)
 
 
@@ -70,17 +74,17 @@ def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None"
         assert dx.shape == x_in.shape
         dx = dx.t()
     if check:
-        y64, dx64, dp64 = ref
-        tol = TOL[precision]
+        scale = tc.DEFAULT_GRADIENT_SCALES[precision] if gradient_scale is None else gradient_scale
+        model = emulated(net, x, net_ids, dy, hidden, output, tc.COMPUTE_DTYPES[precision], scale)
         assert out.dtype == torch.float32 and out.shape == (batch, n_out)
-        assert rel_err(out, y64) < tol
-        if want_dx:
-            assert dx.dtype == torch.float32 and rel_err(dx, dx64) < tol
-        else:
-            assert dx is None
+        for mine, exact, rounded, wanted in zip((out, dx, dparams), ref, model, (True, want_dx, want_params)):
+            if wanted:
+                assert mine.dtype == torch.float32 and mine.shape == exact.shape
+                assert rel_err(mine, rounded) < TOL[precision]
+                assert rel_err(mine, exact) < TOL_EXACT[precision]
+            else:
+                assert mine is None
         if want_params:
-            assert dparams.dtype == torch.float32 and dparams.shape == net.params.shape
-            assert rel_err(dparams, dp64) < tol
             empty = torch.bincount(net_ids.long(), minlength=n_networks) == 0
             assert torch.all(dparams[empty] == 0)
         else:
@@ -161,7 +165,7 @@ def test_float16_gradient_scale():
     _, dx1, dp1, (_, dx64, dp64), _, _ = run(gradient_scale=1.0, **common)
     _, dx2, dp2, _, _, _ = run(gradient_scale=65536.0, **common)
     assert rel_err(dp1, dp64) > 0.2 and rel_err(dx1, dx64) > 0.2
-    assert rel_err(dp2, dp64) < TOL["float16"] and rel_err(dx2, dx64) < TOL["float16"]
+    assert rel_err(dp2, dp64) < 1e-2 and rel_err(dx2, dx64) < 1e-2
 
 
 def test_want_dx_and_params():

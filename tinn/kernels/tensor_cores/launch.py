@@ -67,17 +67,34 @@ def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str) -> Packe
     return Packed(packed, g, precision, params.shape[1])
 
 
-def _num_warps(g: Geometry) -> int:
-    return 8 if max(g.k0, g.h, g.o) > 64 else 4
+class LaunchOptions(NamedTuple):
+    block_m: int      # samples a program multiplies at once
+    num_warps: int
+    num_stages: int   # Triton's software pipelining depth of the block loops (shared memory grows with it)
 
 
-def _common(shape: MLPShape, packed: Packed, n_real_in: int) -> dict:
-    g = packed.geometry
+def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None
+                   ) -> LaunchOptions:
+    """Block size, warps and pipelining depth of a shape: 128 samples a block on the GPU (fewer where float32
+    operands of 128-wide layers would pass the shared memory of a block), 16 under the CPU interpreter."""
+    widest = max(geometry.k0, geometry.h, geometry.o)
+    wide_operands = COMPUTE_DTYPES[precision] == torch.float32
+    if block_m is None:
+        block_m = default_block_m(device)
+        if wide_operands and widest > 64:
+            block_m = min(block_m, 64)
+    num_warps = 8 if widest > 64 else 4
+    num_stages = 1 if wide_operands and widest > 64 else 2
+    return LaunchOptions(block_m, num_warps, num_stages)
+
+
+def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
+    """The compile-time arguments (and launch options) both kernels share."""
     return dict(N_REAL_IN=n_real_in, N_IN=shape.n_in, N_OUT=shape.n_out, N_LAYERS=shape.n_layers,
                 K0=g.k0, H=max(g.h, 16), O=g.o, HIDDEN_ACT=shape.hidden_act, OUTPUT_ACT=shape.output_act,
-                CDT=_TRITON_DTYPES[packed.weights.dtype], IEEE=packed.precision == "float32",
-                UPCAST=_interpreting() and packed.precision == "bfloat16", INTERPRETED=_interpreting(),
-                num_warps=_num_warps(g))
+                CDT=_TRITON_DTYPES[COMPUTE_DTYPES[precision]], IEEE=precision == "float32",
+                INTERPRETED_BF16=_interpreting() and precision == "bfloat16", INTERPRETED=_interpreting(),
+                BM=options.block_m, num_warps=options.num_warps, num_stages=options.num_stages)
 
 
 def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
@@ -106,7 +123,7 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
     hidden = shape.n_layers - 1
     pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if save and hidden else None)
-    bm = block_m or default_block_m(dev)
+    options = launch_options(g, packed.precision, dev, block_m)
     n_tiles = tiles.tile_net.shape[0]
     if batch and n_tiles:
         s_sample, s_feature = _feature_strides(x, x_feature_major)
@@ -117,7 +134,7 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
             tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
             out, out.stride(0),
             pre_arg, pre.stride(0) if pre is not None else 0,
-            BM=bm, SAVE=pre is not None, **_common(shape, packed, n_real_in))
+            SAVE=pre is not None, **kernel_constants(shape, g, packed.precision, n_real_in, options))
     saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape) if save else None
     return out, saved
 
@@ -167,6 +184,6 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
         scale, 1.0 / scale,
-        WIDTH=shape.width, BM=block_m or default_block_m(dev), WANT_DX=want_dx, WANT_PARAMS=want_params,
-        **_common(shape, packed, n_real_in))
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params,
+        **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m)))
     return dx, dparams

@@ -90,11 +90,12 @@ def _dact(z, y, CODE: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+def _dot(a, b, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
     """a @ b accumulated in float32. IEEE: exact float32 products (else float32 operands run as TF32).
-    UPCAST: the operands go in as float32 (Triton's CPU interpreter multiplies bfloat16 bit patterns as
-    integers); a product of two 16-bit floats is exact in float32, so the result is the same."""
-    if UPCAST:
+    INTERPRETED_BF16 (bfloat16 under Triton's CPU interpreter, which multiplies bfloat16 bit patterns as
+    integers): the operands go in as float32; a product of two 16-bit floats is exact in float32, so the
+    result is the same."""
+    if INTERPRETED_BF16:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     if IEEE:
@@ -102,6 +103,17 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     else:
         r = tl.dot(a, b)
     return r
+
+
+@triton.jit
+def _to_compute(v, CDT: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
+    """float32 v in the compute dtype, rounded to nearest even. Triton's CPU interpreter truncates float32 to
+    bfloat16, so there the rounding is done on the bits first (finite values)."""
+    if INTERPRETED_BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(CDT)
 
 
 @triton.jit
@@ -130,7 +142,7 @@ def _forward_block(
     order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
-    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
 ):
     """The forward of the tile's samples t .. t + BM (masked at count)."""
     o_cols = tl.arange(0, O)
@@ -139,19 +151,20 @@ def _forward_block(
     rmask = rows < count
     pos = start + rows
     sidx = tl.load(order_ptr + pos, mask=rmask, other=0).to(tl.int64)
-    h = _load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0).to(CDT)
+    h = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
+                    CDT, INTERPRETED_BF16)
     if N_LAYERS > 1:
-        z = _dot(h, w_first, IEEE, UPCAST).to(CDT)
+        z = _to_compute(_dot(h, w_first, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16)
         if SAVE:
             tl.store(pre_ptr + pos[:, None] * H + h_cols[None, :], z, mask=rmask[:, None])
-        h = _act(z.to(tl.float32), HIDDEN_ACT).to(CDT)
+        h = _to_compute(_act(z.to(tl.float32), HIDDEN_ACT), CDT, INTERPRETED_BF16)
         for l in tl.static_range(1, N_LAYERS - 1):
             w = _load_weight(w_net, K0 * H + (l - 1) * H * H, H, H)
-            z = _dot(h, w, IEEE, UPCAST).to(CDT)
+            z = _to_compute(_dot(h, w, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16)
             if SAVE:
                 tl.store(pre_ptr + l * s_pre_layer + pos[:, None] * H + h_cols[None, :], z, mask=rmask[:, None])
-            h = _act(z.to(tl.float32), HIDDEN_ACT).to(CDT)
-    y = _act(_dot(h, w_last, IEEE, UPCAST), OUTPUT_ACT)
+            h = _to_compute(_act(z.to(tl.float32), HIDDEN_ACT), CDT, INTERPRETED_BF16)
+    y = _act(_dot(h, w_last, IEEE, INTERPRETED_BF16), OUTPUT_ACT)
     tl.store(out_ptr + sidx[:, None] * s_out_sample + o_cols[None, :], y,
              mask=rmask[:, None] & (o_cols < N_OUT)[None, :])
 
@@ -166,7 +179,7 @@ def forward_kernel(
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
-    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     """out[order[p]] for the tile's sorted positions p; with SAVE, pre[l, p] = layer l's pre-activation (hidden
@@ -193,14 +206,14 @@ def forward_kernel(
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           UPCAST)
+                           INTERPRETED_BF16)
             t += BM
     else:
         for t in range(0, count, BM):
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           UPCAST)
+                           INTERPRETED_BF16)
 
 
 @triton.jit
@@ -211,7 +224,7 @@ def _backward_block(
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
-    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
 ):
     """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
@@ -231,26 +244,26 @@ def _backward_block(
         z_in = tl.load(pre_ptr + (L - 1) * s_pre_layer + pos[:, None] * H + kin[None, :],
                        mask=rmask[:, None], other=0.0).to(tl.float32)
         y_in = _act(z_in, HIDDEN_ACT)
-    h_in = y_in.to(CDT)
+    h_in = _to_compute(y_in, CDT, INTERPRETED_BF16)
     if LAST:
         g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature,
                     mask=rmask[:, None] & (kout < N_OUT)[None, :], other=0.0).to(tl.float32) * scale
         if OUTPUT_ACT != 0:
-            z_out = _dot(h_in, w, IEEE, UPCAST)
+            z_out = _dot(h_in, w, IEEE, INTERPRETED_BF16)
             g = g * _dact(z_out, _act(z_out, OUTPUT_ACT), OUTPUT_ACT)
-        delta = g.to(CDT)
+        delta = _to_compute(g, CDT, INTERPRETED_BF16)
     else:
         delta = tl.load(delta_ptr + pos[:, None] * H + kout[None, :], mask=rmask[:, None], other=0.0)
     if WANT_PARAMS:
-        acc += _dot(tl.trans(h_in), delta, IEEE, UPCAST)
+        acc += _dot(tl.trans(h_in), delta, IEEE, INTERPRETED_BF16)
     if FIRST:
         if WANT_DX:
-            dx = _dot(delta, tl.trans(w), IEEE, UPCAST) * inv_scale
+            dx = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * inv_scale
             tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
                      mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
     else:
-        d_in = _dot(delta, tl.trans(w), IEEE, UPCAST) * _dact(z_in, y_in, HIDDEN_ACT)
-        tl.store(delta_ptr + pos[:, None] * H + kin[None, :], d_in.to(CDT), mask=rmask[:, None])
+        d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
+        tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16), mask=rmask[:, None])
     return acc
 
 
@@ -262,7 +275,7 @@ def _backward_layer(
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
-    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
@@ -285,7 +298,7 @@ def _backward_layer(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, UPCAST, WANT_DX, WANT_PARAMS)
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
             t += BM
     else:
         for t in range(0, count, BM):
@@ -293,7 +306,7 @@ def _backward_layer(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, UPCAST, WANT_DX, WANT_PARAMS)
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
     if WANT_PARAMS:
         kin = tl.arange(0, KIN)
         kout = tl.arange(0, KOUT)
@@ -317,7 +330,7 @@ def backward_kernel(
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
-    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
@@ -336,4 +349,4 @@ def backward_kernel(
             pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
             start, count, scale, inv_scale,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
-            BM, CDT, IEEE, UPCAST, WANT_DX, WANT_PARAMS, INTERPRETED)
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED)
