@@ -39,9 +39,14 @@ from tinn.networks import NetworkArray  # noqa: E402
 from tinn.routing import route_fused  # noqa: E402
 
 from reference import activation  # noqa: E402
+from tensor_core_reference import emulated  # noqa: E402
 
 PRECISIONS = ("float16", "bfloat16", "tf32", "float32")
-TOL = {"float32": 1e-5, "tf32": 1e-2, "float16": 1e-2, "bfloat16": 5e-2}
+# Relative errors (norm) allowed against the float64 model of the kernels' rounding (tests/tensor_core_reference.py;
+# TF32 is modelled as float32) and against exact float64, which the 16-bit precisions miss by their rounding
+# (amplified in dx and dparams where a ReLU mask flips).
+TOL = {"float32": 1e-5, "tf32": 1e-2, "float16": 5e-3, "bfloat16": 2e-2}
+TOL_EXACT = {"float32": 1e-5, "tf32": 1e-2, "float16": 5e-2, "bfloat16": 1.5e-1}
 ACTS = list(ACTIVATIONS)
 TILE, CHUNK = 128, 1024
 DEVICE = "cuda"
@@ -52,6 +57,8 @@ def reference(net, x, ids, dy, hidden: str, output: str):
     """(out, dx, dparams) in float64: each network's samples through its weights, torch autograd."""
     p = net.params.detach().double().requires_grad_()
     x64 = x.detach().double().requires_grad_()
+    if not x.shape[0]:
+        return x64.new_zeros(0, net.n_output_dims), torch.zeros_like(x64), torch.zeros_like(p)
     n_pad, value = net.input_padding
     h_all = torch.cat([x64, x64.new_full((x64.shape[0], n_pad), value)], 1) if n_pad else x64
     order = torch.argsort(ids.long(), stable=True)
@@ -77,7 +84,7 @@ def rel_err(a, b) -> float:
 
 
 def make_ids(kind: str, batch: int, n_networks: int, gen) -> torch.Tensor:
-    if kind == "even":
+    if kind == "even" or batch == 0:
         ids = torch.arange(batch) % n_networks
     else:  # ragged: uneven counts, every 7th network empty, shuffled
         weights = torch.rand(n_networks, generator=gen) ** 3 + 0.01
@@ -107,15 +114,17 @@ def check_case(tc, name, precision, *, n_in=32, n_out=16, width=64, hidden_layer
     inferred, _ = tc.forward(x_in, feature_major, tiles, packed, net.shape, input_padding=net.input_padding)
     dx, dparams = tc.backward(dy, saved, chunks, want_dx=want_dx, want_params=want_params,
                               gradient_scale=gradient_scale)
-    tol = TOL[precision]
-    errs = {"out": rel_err(out, y64)}
+    scale = tc.DEFAULT_GRADIENT_SCALES[precision] if gradient_scale is None else gradient_scale
+    model = emulated(net, x, net_ids, dy, hidden, output, tc.COMPUTE_DTYPES[precision], scale)
+    errs, exact = {"out": rel_err(out, model[0])}, {"out": rel_err(out, y64)}
     problems = [] if torch.equal(inferred, out) else ["inference != training forward"]
     if want_dx:
-        errs["dx"] = rel_err(dx.t() if feature_major else dx, dx64)
+        mine = dx.t() if feature_major else dx
+        errs["dx"], exact["dx"] = rel_err(mine, model[1]), rel_err(mine, dx64)
     elif dx is not None:
         problems.append("dx not None")
     if want_params:
-        errs["dparams"] = rel_err(dparams, dp64)
+        errs["dparams"], exact["dparams"] = rel_err(dparams, model[2]), rel_err(dparams, dp64)
         empty = torch.bincount(net_ids.long(), minlength=n_networks) == 0
         if not torch.all(dparams[empty] == 0):
             problems.append("empty networks' gradient not zero")
@@ -126,9 +135,12 @@ def check_case(tc, name, precision, *, n_in=32, n_out=16, width=64, hidden_layer
                 problems.append("padded output rows' gradient not zero")
     elif dparams is not None:
         problems.append("dparams not None")
-    problems += [f"{k} {v:.1e} > {tol:.0e}" for k, v in errs.items() if not v < tol]
-    return {"case": name, "precision": precision, **{k: v for k, v in errs.items()}, "ok": not problems,
-            "problems": problems}
+    if batch:
+        problems += [f"{k} {v:.1e} > {TOL[precision]:.0e}" for k, v in errs.items() if not v < TOL[precision]]
+        problems += [f"{k} {v:.1e} > {TOL_EXACT[precision]:.0e} (exact)" for k, v in exact.items()
+                     if not v < TOL_EXACT[precision]]
+    return {"case": name, "precision": precision, **errs, "exact": max(exact.values()) if batch else 0.0,
+            "ok": not problems, "problems": problems}
 
 
 def check_cases(quick: bool):
@@ -166,7 +178,9 @@ def check_cases(quick: bool):
 
 def run_checks(tc, quick: bool, batch: int | None = None):
     rows = []
-    print(f"{'case':40s} {'precision':9s} {'out':>9s} {'dx':>9s} {'dparams':>9s}  verdict", flush=True)
+    print("relative errors against the model of the kernels' rounding (out, dx, dparams) and the largest against "
+          "exact float64")
+    print(f"{'case':40s} {'precision':9s} {'out':>9s} {'dx':>9s} {'dparams':>9s} {'exact':>9s}  verdict", flush=True)
     for name, precision, kwargs in check_cases(quick):
         t0 = time.time()
         try:
@@ -181,13 +195,13 @@ def run_checks(tc, quick: bool, batch: int | None = None):
         rows.append(row)
         fmt = lambda k: f"{row[k]:9.1e}" if k in row else f"{'-':>9s}"  # noqa: E731
         verdict = "pass" if row["ok"] else "FAIL " + "; ".join(row["problems"])
-        print(f"{name:40s} {precision:9s} {fmt('out')} {fmt('dx')} {fmt('dparams')}  {verdict} "
+        print(f"{name:40s} {precision:9s} {fmt('out')} {fmt('dx')} {fmt('dparams')} {fmt('exact')}  {verdict} "
               f"({row['seconds']:.1f} s)", flush=True)
     # Without a scale the same tiny dy loses the float16 gradients (shows that the scale matters).
     try:
         row = check_case(tc, "tiny dy 1e-7, scale 1 (expect loss)", "float16", dy_scale=1e-7, gradient_scale=1.0,
                          **({} if batch is None else dict(batch=batch, n_networks=8)))
-        print(f"float16 tiny dy without scale: dparams rel err {row.get('dparams', float('nan')):.2e} "
+        print(f"float16 tiny dy without a gradient scale: largest error against exact float64 {row['exact']:.2e} "
               f"(with scale 65536: see above)")
     except Exception:
         traceback.print_exc()
