@@ -196,3 +196,21 @@ def test_supported_shapes_and_errors():
         tc.pack_weights(params, MLPShape(3, 16, 3, 2, 1, 0), "float64")
     with pytest.raises(ValueError, match="not supported"):
         tc.pack_weights(params, MLPShape(3, 129, 3, 2, 1, 0), "float16")
+
+
+def test_without_triton():
+    """Where Triton does not import, the package still imports (no Triton at import time) and says why."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "from tinn.kernels import tensor_cores as tc\n"
+            "from tinn.kernels.mlp_array import MLPShape\n"
+            "ok, why = tc.available()\n"
+            "assert not ok and 'triton' in why, why\n"
+            "assert tc.supported(MLPShape(3, 64, 3, 3, 1, 0))\n"
+            "print('fine')")
+    env = dict(os.environ, TINN_ARCH="cpu")
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and "fine" in done.stdout, done.stderr
