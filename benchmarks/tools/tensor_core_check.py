@@ -144,24 +144,22 @@ def check_case(tc, name, precision, *, n_in=32, n_out=16, width=64, hidden_layer
 
 
 def check_cases(quick: bool):
-    """(name, precision, kwargs) of every check."""
-    cases = []
-    for p in PRECISIONS:
-        cases.append(("32-64x2-16 relu ragged", p, {}))
-        cases.append(("32-128x2-16 relu ragged", p, dict(width=128)))
-        cases.append(("17-none-3 (no hidden) sine out", p, dict(n_in=17, n_out=3, hidden_layers=0, output="Sine")))
-        if not quick:
+    """(name, precision, kwargs) of every check; `quick`: the benchmark's shape in each precision and a few."""
+    cases = [("32-64x2-16 relu ragged", p, {}) for p in PRECISIONS]
+    if quick:
+        cases.append(("act Sine / out SiLU", "float16", dict(hidden="Sine", output="SiLU")))
+    else:
+        for p in PRECISIONS:
+            cases.append(("32-128x2-16 relu ragged", p, dict(width=128)))
+            cases.append(("17-none-3 (no hidden) sine out", p, dict(n_in=17, n_out=3, hidden_layers=0,
+                                                                     output="Sine")))
             cases.append(("32-64x2-16 feature-major", p, dict(feature_major=True)))
             cases.append(("29+3pad-64x2-3+13pad tcnn padding", p, dict(n_in=29, n_out=3, input_padding=(3, 1.0),
                                                                         output_padding=13, hidden="Sigmoid")))
-    act_precisions = ("float16",) if quick else ("float16", "tf32")
-    for p in act_precisions:
-        for i, a in enumerate(ACTS):
-            out = ACTS[(i + 3) % len(ACTS)]
-            if quick and a not in ("Sine", "SiLU", "Tanh"):
-                continue
-            cases.append((f"act {a} / out {out}", p, dict(hidden=a, output=out)))
-    if not quick:
+        for p in ("float16", "tf32"):
+            for i, a in enumerate(ACTS):
+                out = ACTS[(i + 3) % len(ACTS)]
+                cases.append((f"act {a} / out {out}", p, dict(hidden=a, output=out)))
         for w in (1, 7, 16, 24, 48):
             for p in ("float16", "tf32"):
                 cases.append((f"3-{w}x3-1 tanh", p, dict(n_in=3, n_out=1, width=w, hidden_layers=3, hidden="Tanh")))
@@ -368,8 +366,8 @@ def main():
     if not ok:
         sys.exit(why)
     import triton
-    result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__,
-              "quick": args.quick, "checks": [], "timings": []}
+    result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
+              "torch": torch.__version__, "triton": triton.__version__, "quick": args.quick, "checks": [], "timings": []}
     if args.part in ("all", "check"):
         result["checks"] = run_checks(tc, args.quick, batch=300 if args.interpret else None)
     if args.part in ("all", "bench"):

@@ -114,10 +114,10 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     """
     n_pad, pad_value = input_padding
     n_real_in = shape.n_in - n_pad
-    batch = x.shape[1] if x_feature_major else x.shape[0]
     if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
         raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
                          f"({'feature' if x_feature_major else 'sample'}-major)")
+    batch = x.shape[1] if x_feature_major else x.shape[0]
     g = packed.geometry
     dev = x.device
     out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
@@ -158,7 +158,8 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     if tuple(dy.shape) != (batch, shape.n_out):
         raise ValueError(f"dy has shape {tuple(dy.shape)}; expected {(batch, shape.n_out)}")
     dev = x.device
-    dx = torch.zeros(x.shape, device=dev, dtype=torch.float32) if want_dx else None
+    # Every sample's real input columns are written (the chunks cover the batch): no zero fill.
+    dx = (torch.empty if batch else torch.zeros)(x.shape, device=dev, dtype=torch.float32) if want_dx else None
     dparams = (torch.zeros(packed.weights.shape[0], packed.row_length, device=dev, dtype=torch.float32)
                if want_params else None)
     scale = float(DEFAULT_GRADIENT_SCALES[packed.precision] if gradient_scale is None else gradient_scale)

@@ -162,7 +162,8 @@ def _forward_block(
             w = _load_weight(w_net, K0 * H + (l - 1) * H * H, H, H)
             z = _to_compute(_dot(h, w, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16)
             if SAVE:
-                tl.store(pre_ptr + l * s_pre_layer + pos[:, None] * H + h_cols[None, :], z, mask=rmask[:, None])
+                tl.store(pre_ptr + l * s_pre_layer.to(tl.int64) + pos[:, None] * H + h_cols[None, :], z,
+                         mask=rmask[:, None])
             h = _to_compute(_act(z.to(tl.float32), HIDDEN_ACT), CDT, INTERPRETED_BF16)
     y = _act(_dot(h, w_last, IEEE, INTERPRETED_BF16), OUTPUT_ACT)
     tl.store(out_ptr + sidx[:, None] * s_out_sample + o_cols[None, :], y,
@@ -241,7 +242,7 @@ def _backward_block(
         z_in = _load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0)
         y_in = z_in
     else:
-        z_in = tl.load(pre_ptr + (L - 1) * s_pre_layer + pos[:, None] * H + kin[None, :],
+        z_in = tl.load(pre_ptr + (L - 1) * s_pre_layer.to(tl.int64) + pos[:, None] * H + kin[None, :],
                        mask=rmask[:, None], other=0.0).to(tl.float32)
         y_in = _act(z_in, HIDDEN_ACT)
     h_in = _to_compute(y_in, CDT, INTERPRETED_BF16)
@@ -263,7 +264,8 @@ def _backward_block(
                      mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
     else:
         d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
-        tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16), mask=rmask[:, None])
+        tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16),
+                 mask=rmask[:, None])
     return acc
 
 
