@@ -5,18 +5,26 @@ compilation (benchmarks/tools/tensor_core_check.py checks the same paths on a GP
 """
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before their module is imported
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+from tinn.activations import ACTIVATIONS
+from tinn.kernels.mlp_array import MLPShape
+from tinn.networks import NetworkArray
+from tinn.routing import route_fused
 
+# Triton reads TRITON_INTERPRET as it decorates kernels (its own library's too, on its import), so the whole
+# process runs Triton interpreted from here: only where no GPU would run Triton's compiled kernels.
+if torch.cuda.is_available():
+    pytest.skip("a GPU is present: these are the CPU interpreter's tests (on a GPU: "
+                "benchmarks/tools/tensor_core_check.py)", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
-
-from tinn.activations import ACTIVATIONS  # noqa: E402
 from tinn.kernels import tensor_cores as tc  # noqa: E402
-from tinn.kernels.mlp_array import MLPShape  # noqa: E402
-from tinn.networks import NetworkArray  # noqa: E402
-from tinn.routing import route_fused  # noqa: E402
+from tinn.kernels.tensor_cores import launch  # noqa: E402
+
+if not launch._interpreting():
+    pytest.skip("Triton was imported uninterpreted earlier in this process", allow_module_level=True)
 
 from reference import mlp_array_float64, rel_err  # noqa: E402
 from tensor_core_reference import emulated  # noqa: E402
@@ -210,7 +218,6 @@ def test_without_triton():
             "assert tc.supported(MLPShape(3, 64, 3, 3, 1, 0))\n"
             "print('fine')")
     env = dict(os.environ, TINN_ARCH="cpu")
-    env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and "fine" in done.stdout, done.stderr

@@ -1,7 +1,6 @@
 """Launchers of the tensor-core MLP kernels (tinn/kernels/tensor_cores/mlp.py): packing, forward, backward."""
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -19,7 +18,10 @@ _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bf
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether the kernels run under Triton's CPU interpreter: fixed when their module was imported (Triton
+    reads TRITON_INTERPRET as it decorates them)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(mlp.forward_kernel, InterpretedFunction)
 
 
 def default_block_m(device: torch.device) -> int:
