@@ -270,7 +270,7 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
 
     def add(method, precision, what, ms):
         rows.append({"config": label, "method": method, "precision": precision, "what": what, "ms": ms})
-        print(f"{label:18s} {method:14s} {precision:9s} {what:22s} {ms:9.3f} ms", flush=True)
+        print(f"{label:18s} {method:18s} {precision:9s} {what:22s} {ms:9.3f} ms", flush=True)
 
     route = lambda: route_fused(ids, n_networks, (TILE, CHUNK))  # noqa: E731
     add("tinn-tc", "-", "route (sort + tiles)", time_ms(route, reps))
@@ -344,14 +344,17 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
 
 
 def main():
+    global DEVICE, TILE, CHUNK
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a subset of about a minute")
     parser.add_argument("--part", choices=("all", "check", "bench"), default="all")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "tensor_core_check.json"))
+    parser.add_argument("--tile", type=int, default=TILE, help="samples per forward tile (a program)")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="samples per backward chunk (one atomic add each)")
     parser.add_argument("--interpret", action="store_true",
                         help="smoke-test the checks on the CPU under Triton's interpreter (tiny batches, no timings)")
     args = parser.parse_args()
-    global DEVICE, TILE, CHUNK
+    TILE, CHUNK = args.tile, args.chunk
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["TINN_ARCH"] = "cpu"
@@ -367,6 +370,7 @@ def main():
         sys.exit(why)
     import triton
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
+              "tile": TILE, "chunk": CHUNK,
               "torch": torch.__version__, "triton": triton.__version__, "quick": args.quick, "checks": [], "timings": []}
     if args.part in ("all", "check"):
         result["checks"] = run_checks(tc, args.quick, batch=300 if args.interpret else None)
@@ -376,7 +380,7 @@ def main():
         routings = ("even", "ragged")
         precisions = ("float16", "bfloat16") if args.quick else PRECISIONS
         reps = 5 if args.quick else 20
-        print(f"{'config':18s} {'method':14s} {'precision':9s} {'what':22s} {'median':>12s}")
+        print(f"{'config':18s} {'method':18s} {'precision':9s} {'what':22s} {'median':>12s}")
         for n, w in configs:
             for r in routings:
                 if args.quick and (n, r) == (64, "ragged"):
