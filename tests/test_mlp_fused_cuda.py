@@ -66,7 +66,7 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(batch)
     cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": activation, "output_activation": "Sigmoid"}
-    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1)
+    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1, kernels="fused")
     assert net.fused
     g = net.fused_geometry
     def fits(tile):  # width 128 does not: L1 either way
