@@ -56,11 +56,13 @@ def _check(shape: MLPShape, precision: str) -> None:
 
 
 @torch.no_grad()
-def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str) -> Packed:
+def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str, pad_output_to_hidden: bool = True
+                 ) -> Packed:
     """tinn's (N, P) float32 parameters as the kernels' packed weights: each layer transposed, zero-padded to its
-    blocks, in the precision's compute dtype (one zeros and one copy per layer)."""
+    blocks, in the precision's compute dtype (one zeros and one copy per layer). `pad_output_to_hidden`: the
+    last layer's output block at least as wide as the hidden one (geometry.py says why)."""
     _check(shape, precision)
-    g = Geometry.of(shape)
+    g = Geometry.of(shape, pad_output_to_hidden)
     n = params.shape[0]
     packed = torch.zeros(n, g.packed_size, dtype=COMPUTE_DTYPES[precision], device=params.device)
     for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks, g.packed_offsets):
@@ -85,7 +87,9 @@ def launch_options(geometry: Geometry, precision: str, device: torch.device, blo
         block_m = default_block_m(device)
         if wide_operands and widest > 64:
             block_m = min(block_m, 64)
-    num_warps = 8 if widest > 64 else 4
+    # Eight warps from 128-sample blocks: with four, a thread's share of the gathered rows' addresses and the
+    # blocks passes the register file (spills in ptxas's report for 64-wide layers).
+    num_warps = 8 if widest > 64 or block_m >= 128 else 4
     num_stages = 1 if wide_operands and widest > 64 else 2
     return LaunchOptions(block_m, num_warps, num_stages)
 
