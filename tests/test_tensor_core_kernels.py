@@ -132,6 +132,14 @@ def test_narrow_output_block(n_out, output):
     run(width=64, n_out=n_out, output=output, pad_output_to_hidden=False)
 
 
+def test_wide_offsets(monkeypatch):
+    """The int64 offsets that batches past int32's element offsets take (forced here by a tiny bound)."""
+    assert not launch._wide_offsets(70, ((5, 1), 16))
+    monkeypatch.setattr(launch, "_INT32_OFFSETS", 64)
+    assert launch._wide_offsets(70, ((5, 1), 16))
+    run(feature_major=True, hidden="SiLU")
+
+
 def test_tcnn_padding():
     """tcnn's constant input columns (appended by the kernels) and padded output rows (zero gradient)."""
     _, _, dparams, _, net, _ = run(n_in=5, n_out=3, input_padding=(3, 1.0), output_padding=13, hidden="Sigmoid")

@@ -88,7 +88,7 @@ def main():
         for precision in ("float16", "bfloat16", "tf32", "float32"):
             options = launch.launch_options(g, precision, torch.device("cuda"))
             base = launch.kernel_constants(shape, g, precision, shape.n_in, options)
-            base.update(INTERPRETED=False, INTERPRETED_BF16=False)
+            base.update(INTERPRETED=False, INTERPRETED_BF16=False, WIDE_OFFSETS=False)
             kernels = [("forward train", mlp.forward_kernel, dict(base, SAVE=True)),
                        ("forward infer", mlp.forward_kernel, dict(base, SAVE=False)),
                        ("backward", mlp.backward_kernel, dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True))]

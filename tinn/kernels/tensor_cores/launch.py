@@ -103,6 +103,16 @@ def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: in
                 BM=options.block_m, num_warps=options.num_warps, num_stages=options.num_stages)
 
 
+# Element offsets the kernels compute stay in int32 (fewer registers per gathered row) below this bound.
+_INT32_OFFSETS = 2**31 - 1
+
+
+def _wide_offsets(batch: int, *operands: tuple[tuple[int, int], int]) -> bool:
+    """Whether an offset into an operand can pass int32: each operand as ((sample stride, feature stride), the
+    block's feature count), offsets reaching the padded block's last feature of the last sample."""
+    return any((batch - 1) * abs(s) + (k - 1) * abs(f) >= _INT32_OFFSETS for (s, f), k in operands)
+
+
 def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
     """(stride between samples, stride between features) of a 2-D tensor in either layout."""
     return (x.stride(1), x.stride(0)) if feature_major else (x.stride(0), x.stride(1))
@@ -134,13 +144,14 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     if batch and n_tiles:
         s_sample, s_feature = _feature_strides(x, x_feature_major)
         pre_arg = pre if pre is not None else out
+        wide = _wide_offsets(batch, ((s_sample, s_feature), g.k0), ((out.stride(0), 1), g.o), ((g.h, 1), g.h))
         mlp.forward_kernel[(n_tiles,)](
             x, s_sample, s_feature, float(pad_value),
             packed.weights, packed.weights.stride(0),
             tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
             out, out.stride(0),
             pre_arg, pre.stride(0) if pre is not None else 0,
-            SAVE=pre is not None, **kernel_constants(shape, g, packed.precision, n_real_in, options))
+            SAVE=pre is not None, WIDE_OFFSETS=wide, **kernel_constants(shape, g, packed.precision, n_real_in, options))
     saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape) if save else None
     return out, saved
 
@@ -182,6 +193,7 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     s_x = _feature_strides(x, saved.x_feature_major)
     s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
     n_real_in = shape.n_in - saved.input_padding[0]
+    wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o), ((g.h, 1), g.h))
     mlp.backward_kernel[(n_chunks,)](
         x, *s_x, saved.input_padding[1],
         packed.weights, packed.weights.stride(0),
@@ -191,6 +203,6 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
         scale, 1.0 / scale,
-        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params,
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
         **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m)))
     return dx, dparams
