@@ -367,6 +367,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "tensor_core_check.json"))
     parser.add_argument("--tile", type=int, default=TILE, help="samples per forward tile (a program)")
     parser.add_argument("--chunk", type=int, default=CHUNK, help="samples per backward chunk (one atomic add each)")
+    parser.add_argument("--options", default=None, metavar="BM,WARPS,STAGES",
+                        help="launch options for every kernel instead of launch.launch_options' choice")
     parser.add_argument("--interpret", action="store_true",
                         help="smoke-test the checks on the CPU under Triton's interpreter (tiny batches, no timings)")
     args = parser.parse_args()
@@ -384,9 +386,13 @@ def main():
     ok, why = tc.available()
     if not ok:
         sys.exit(why)
+    if args.options:
+        from tinn.kernels.tensor_cores import launch
+        fixed = launch.LaunchOptions(*(int(v) for v in args.options.split(",")))
+        launch.launch_options = lambda *a, **k: fixed
     import triton
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
-              "tile": TILE, "chunk": CHUNK,
+              "tile": TILE, "chunk": CHUNK, "options": args.options,
               "torch": torch.__version__, "triton": triton.__version__, "quick": args.quick, "checks": [], "timings": []}
     if args.part in ("all", "check"):
         result["checks"] = run_checks(tc, args.quick, batch=300 if args.interpret else None)

@@ -79,19 +79,21 @@ class LaunchOptions(NamedTuple):
 
 def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None
                    ) -> LaunchOptions:
-    """Block size, warps and pipelining depth of a shape: 128 samples a block on the GPU (fewer where float32
-    operands of 128-wide layers would pass the shared memory of a block), 16 under the CPU interpreter."""
+    """Block size, warps and pipelining depth of a shape, chosen by the registers and spills that ptxas reports
+    for sm_90 (benchmarks/tools/tensor_core_compile.py): 128 samples a block for layers up to 64 wide, 64 for
+    128-wide ones (32 for exact float32, whose dots are FMA loops), eight warps; two pipeline stages for 16-bit
+    operands, one for float32 operands (with two, ptxas spills heavily). 16 samples under the CPU interpreter."""
     widest = max(geometry.k0, geometry.h, geometry.o)
-    wide_operands = COMPUTE_DTYPES[precision] == torch.float32
+    interpreted = default_block_m(device) < 128
     if block_m is None:
-        block_m = default_block_m(device)
-        if wide_operands and widest > 64:
-            block_m = min(block_m, 64)
-    # Eight warps from 128-sample blocks: with four, a thread's share of the gathered rows' addresses and the
-    # blocks passes the register file (spills in ptxas's report for 64-wide layers).
-    num_warps = 8 if widest > 64 or block_m >= 128 else 4
-    num_stages = 1 if wide_operands and widest > 64 else 2
-    return LaunchOptions(block_m, num_warps, num_stages)
+        if interpreted:
+            block_m = default_block_m(device)
+        elif precision == "float32":
+            block_m = 64 if widest <= 64 else 32
+        else:
+            block_m = 128 if widest <= 64 else 64
+    num_stages = 1 if COMPUTE_DTYPES[precision] == torch.float32 else 2
+    return LaunchOptions(block_m, 8, num_stages)
 
 
 def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
