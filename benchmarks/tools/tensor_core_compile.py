@@ -81,7 +81,7 @@ def main():
     shapes = [MLPShape(32, 64, 16, 3, 1, 0)]
     if not args.quick:
         shapes += [MLPShape(32, 128, 16, 3, 1, 0), MLPShape(3, 16, 1, 1, 0, 0), MLPShape(64, 128, 64, 4, 9, 4),
-                   MLPShape(256, 128, 256, 2, 8, 5)]
+                   MLPShape(128, 128, 128, 2, 8, 5), MLPShape(128, 128, 128, 1, 0, 0)]
     failures = 0
     for shape in shapes:
         g = Geometry.of(shape, pad_output_to_hidden=not args.narrow_output)

@@ -4,7 +4,7 @@ Functional API (nothing here imports Triton until a kernel is needed; `available
 
     available() -> (bool, reason)
     supported(shape: MLPShape) -> bool
-        any n_in and n_out in 1..256, hidden width 1..128, 0+ hidden layers, every activation code. Feature
+        any n_in and n_out in 1..128, hidden width 1..128, 0+ hidden layers, every activation code. Feature
         counts are padded to powers of two from 16 inside the kernels (Triton blocks).
     pack_weights(params, shape, precision, pad_output_to_hidden=True) -> Packed
         params: tinn's (N, P) float32 rows (layers row-major (fan_out, fan_in) back to back; P may include

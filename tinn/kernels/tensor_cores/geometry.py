@@ -15,7 +15,7 @@ from ..mlp_array import MLPShape, layer_shapes
 
 PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
 MAX_WIDTH = 128      # hidden width: a (BM, width) block and a (width, width) weight per program
-MAX_FEATURES = 256   # inputs and outputs: larger blocks would spill registers
+MAX_FEATURES = 128   # inputs and outputs: a forward keeps the first and last weight blocks in shared memory
 MIN_BLOCK = 16       # tl.dot's smallest dimension
 # Loss scale of float16's deltas (backward's default `gradient_scale`): keeps small gradients above
 # float16's subnormals; the kernels divide it out of the float32 results.
