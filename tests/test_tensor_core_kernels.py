@@ -59,7 +59,8 @@ def make_ids(kind, batch, n_networks, gen):
 
 def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None", n_networks=3, batch=70,
         precision="float32", ids="ragged", feature_major=False, input_padding=None, output_padding=0,
-        chunk=48, want_dx=True, want_params=True, dy_scale=1.0, gradient_scale=None, seed=0, check=True):
+        chunk=48, want_dx=True, want_params=True, dy_scale=1.0, gradient_scale=None, seed=0, check=True,
+        pad_output_to_hidden=True):
     """Forward (training and inference) and backward of a NetworkArray's parameters through the kernels; checks
     them against float64 and returns (out, dx, dparams, reference triple, net, ids)."""
     gen = torch.Generator().manual_seed(seed)
@@ -72,7 +73,7 @@ def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None"
     dy = torch.randn(batch, n_out, generator=gen) * dy_scale
     ref = mlp_array_float64(net, x, net_ids, dy, hidden, output)
     tiles, chunks = route_fused(net_ids, n_networks, (BM, chunk))
-    packed = tc.pack_weights(net.params.detach(), net.shape, precision)
+    packed = tc.pack_weights(net.params.detach(), net.shape, precision, pad_output_to_hidden)
     x_in = x.t().contiguous() if feature_major else x
     pad = net.input_padding
     out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM)
@@ -122,6 +123,21 @@ def test_depths(hidden_layers, output):
 @pytest.mark.parametrize("n_in,n_out", [(1, 16), (3, 3), (17, 1)])
 def test_input_and_output_counts(n_in, n_out):
     run(n_in=n_in, n_out=n_out, width=16)
+
+
+@pytest.mark.parametrize("n_out,output", [(3, "Tanh"), (16, "None")])
+def test_narrow_output_block(n_out, output):
+    """The last layer's block as wide as its outputs, not the hidden width (pack_weights' option)."""
+    assert tc.Geometry.of(MLPShape(5, 64, n_out, 3, 1, 0), pad_output_to_hidden=False).o == 16
+    run(width=64, n_out=n_out, output=output, pad_output_to_hidden=False)
+
+
+def test_wide_offsets(monkeypatch):
+    """The int64 offsets that batches past int32's element offsets take (forced here by a tiny bound)."""
+    assert not launch._wide_offsets(70, ((5, 1), 16))
+    monkeypatch.setattr(launch, "_INT32_OFFSETS", 64)
+    assert launch._wide_offsets(70, ((5, 1), 16))
+    run(feature_major=True, hidden="SiLU")
 
 
 def test_tcnn_padding():
@@ -197,8 +213,8 @@ def test_empty_batch():
 
 
 def test_supported_shapes_and_errors():
-    assert tc.supported(MLPShape(3, 128, 3, 3, 1, 0)) and tc.supported(MLPShape(200, 300, 3, 1, 0, 0))
-    assert not tc.supported(MLPShape(3, 129, 3, 3, 1, 0)) and not tc.supported(MLPShape(257, 16, 3, 2, 1, 0))
+    assert tc.supported(MLPShape(3, 128, 3, 3, 1, 0)) and tc.supported(MLPShape(128, 300, 3, 1, 0, 0))
+    assert not tc.supported(MLPShape(3, 129, 3, 3, 1, 0)) and not tc.supported(MLPShape(129, 16, 3, 2, 1, 0))
     params = torch.zeros(1, 3 * 16 + 16 * 3)
     with pytest.raises(ValueError, match="precision"):
         tc.pack_weights(params, MLPShape(3, 16, 3, 2, 1, 0), "float64")

@@ -5,11 +5,15 @@ shared memory beyond a block's limit before a run on the device.
 
 For each shape and precision it compiles the forward (training and inference) and the backward (dx and
 dparams) with the launchers' options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block
-against the limit (227 KiB on sm_90). Compiling takes seconds to tens of seconds per kernel.
+against the limit (227 KiB on sm_90), and the registers and spills that Triton's bundled ptxas reports.
+Compiling takes seconds to tens of seconds per kernel. --narrow-output: the last layer's block not padded to
+the hidden one (pack_weights(pad_output_to_hidden=False)).
 """
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -50,32 +54,51 @@ def compile_kernel(fn, constants: dict, precision: str, arch: int):
                           options=options)
 
 
+def ptxas_report(kernel, arch: int) -> str:
+    """Registers and spill bytes per thread of a compiled kernel, from ptxas -v on its PTX."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return "(no ptxas)"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    try:
+        done = subprocess.run([ptxas, "-v", "--gpu-name", f"sm_{arch}a" if arch == 90 else f"sm_{arch}", f.name,
+                               "-o", os.devnull], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    regs = [line.split("Used ")[1].split(" registers")[0] for line in done.stderr.splitlines() if "Used " in line]
+    spills = [line.split(",")[1].strip().split(" ")[0] for line in done.stderr.splitlines() if "spill stores" in line]
+    return f"regs {regs[0] if regs else '?':>3s} spill {spills[0] if spills else '?':>4s} B"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--quick", action="store_true", help="the benchmark's shape in every precision only")
+    parser.add_argument("--narrow-output", action="store_true", help="the last layer's block not padded to the hidden")
     args = parser.parse_args()
     limit = SHARED_LIMIT.get(args.arch, 232448)
     shapes = [MLPShape(32, 64, 16, 3, 1, 0)]
     if not args.quick:
         shapes += [MLPShape(32, 128, 16, 3, 1, 0), MLPShape(3, 16, 1, 1, 0, 0), MLPShape(64, 128, 64, 4, 9, 4),
-                   MLPShape(256, 128, 256, 2, 8, 5)]
+                   MLPShape(128, 128, 128, 2, 8, 5), MLPShape(128, 128, 128, 1, 0, 0)]
     failures = 0
     for shape in shapes:
-        g = Geometry.of(shape)
+        g = Geometry.of(shape, pad_output_to_hidden=not args.narrow_output)
         for precision in ("float16", "bfloat16", "tf32", "float32"):
             options = launch.launch_options(g, precision, torch.device("cuda"))
             base = launch.kernel_constants(shape, g, precision, shape.n_in, options)
-            base.update(INTERPRETED=False, INTERPRETED_BF16=False)
+            base.update(INTERPRETED=False, INTERPRETED_BF16=False, WIDE_OFFSETS=False)
             kernels = [("forward train", mlp.forward_kernel, dict(base, SAVE=True)),
                        ("forward infer", mlp.forward_kernel, dict(base, SAVE=False)),
                        ("backward", mlp.backward_kernel, dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True))]
             for label, fn, constants in kernels:
                 t0 = time.time()
                 try:
-                    shared = compile_kernel(fn, constants, precision, args.arch).metadata.shared
+                    kernel = compile_kernel(fn, constants, precision, args.arch)
+                    shared = kernel.metadata.shared
                     ok = shared <= limit
-                    note = f"shared {shared:7d} B{'' if ok else ' > limit'}"
+                    note = f"shared {shared:7d} B{'' if ok else ' > limit'} {ptxas_report(kernel, args.arch)}"
                 except Exception as e:  # a compile error: report it and go on with the others
                     ok, note = False, f"compile error: {type(e).__name__}: {str(e).splitlines()[-1][:150]}"
                 failures += not ok

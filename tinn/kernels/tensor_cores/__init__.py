@@ -4,13 +4,14 @@ Functional API (nothing here imports Triton until a kernel is needed; `available
 
     available() -> (bool, reason)
     supported(shape: MLPShape) -> bool
-        any n_in and n_out in 1..256, hidden width 1..128, 0+ hidden layers, every activation code. Feature
-        counts are padded to powers of two from 16 inside the kernels (Triton blocks), the last layer's outputs
-        to at least the hidden block.
-    pack_weights(params, shape, precision) -> Packed
+        any n_in and n_out in 1..128, hidden width 1..128, 0+ hidden layers, every activation code. Feature
+        counts are padded to powers of two from 16 inside the kernels (Triton blocks).
+    pack_weights(params, shape, precision, pad_output_to_hidden=True) -> Packed
         params: tinn's (N, P) float32 rows (layers row-major (fan_out, fan_in) back to back; P may include
         tcnn's padded output rows). Packed.weights: (N, packed size) in the compute dtype, each layer
-        transposed and zero-padded. Repack after every optimizer step.
+        transposed and zero-padded (1 + n_layers torch ops). Repack after every optimizer step.
+        pad_output_to_hidden: the last layer's block at least as wide as the hidden one (geometry.py: a
+        workaround of a GPU miscompilation seen in a prototype; False is narrower and faster where it holds).
     forward(x, x_feature_major, tiles, packed, shape, *, save=False, input_padding=(0, 0.0), block_m=None)
         -> (out, saved)
         x: (batch, n_real) or feature-major (n_real, batch), n_real = shape.n_in - input_padding[0] (the kernels
@@ -20,9 +21,16 @@ Functional API (nothing here imports Triton until a kernel is needed; `available
     backward(dy, saved, chunks=None, *, want_dx=True, want_params=True, gradient_scale=None, block_m=None)
         -> (dx or None, dparams or None)
         dx: float32 in x's layout; dparams: float32 (N, P) in tinn's layout, zero in tcnn's padded rows.
-        chunks: the backward's tiles (any size, same sort order; default the forward's). gradient_scale: dy's
-        multiplier before the cast to the compute dtype (default 128 for float16, else 1), divided out of the
-        float32 results.
+        chunks: the backward's tiles (any size, the same sort order as the forward's tiles, e.g. both from one
+        route_fused(ids, N, (tile, chunk)); default the forward's tiles). A chunk's weight gradients add up in
+        registers and reach dparams in one atomic add per layer. gradient_scale: dy's multiplier before the cast
+        to the compute dtype (default 128 for float16, else 1), divided out of the float32 results.
+    block_m: samples a program multiplies at once (launch.launch_options picks it: 128 or 64 on the GPU, 16
+        under the interpreter).
+
+Saved for the backward: each hidden layer's pre-activation in the compute dtype by sorted position,
+(hidden layers, batch, H); the backward recomputes activations from it (and the output layer's pre-activation
+from the last hidden activation), and keeps one (batch, H) scratch buffer of deltas.
 
 Precisions: "float32" (exact IEEE float32 products), "tf32" (float32 operands on TF32 tensor cores),
 "float16" and "bfloat16" (16-bit operands); products always accumulate in float32, activations in float32.

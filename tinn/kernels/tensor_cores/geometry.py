@@ -2,8 +2,10 @@
 
 Triton's block dimensions are powers of two and `tl.dot` needs every dimension at least 16, so each
 feature count is padded to the next power of two from 16 (zero weight rows and columns, masked loads
-and stores). The last layer's output block is padded to at least the hidden block: a chained dot whose
-last layer was narrower than the layer before it computed wrong numbers on the GPU.
+and stores). By default the last layer's output block is padded to at least the hidden block: a chained dot
+whose last layer was narrower than the layer before it computed wrong numbers on the GPU (Triton 3.6, H100)
+in a prototype. The padding multiplies the last layer's work and the registers of its output tile, so it is
+an option (`pad_output_to_hidden`) to be measured off again per Triton release.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..mlp_array import MLPShape, layer_shapes
 
 PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
 MAX_WIDTH = 128      # hidden width: a (BM, width) block and a (width, width) weight per program
-MAX_FEATURES = 256   # inputs and outputs: larger blocks would spill registers
+MAX_FEATURES = 128   # inputs and outputs: a forward keeps the first and last weight blocks in shared memory
 MIN_BLOCK = 16       # tl.dot's smallest dimension
 # Loss scale of float16's deltas (backward's default `gradient_scale`): keeps small gradients above
 # float16's subnormals; the kernels divide it out of the float32 results.
@@ -46,11 +48,11 @@ class Geometry(NamedTuple):
     param_offsets: tuple[int, ...]
 
     @staticmethod
-    def of(shape: MLPShape) -> "Geometry":
+    def of(shape: MLPShape, pad_output_to_hidden: bool = True) -> "Geometry":
         n_layers = shape.n_layers
         k0 = block(shape.n_in)
         h = block(shape.width) if n_layers > 1 else 0
-        o = max(block(shape.n_out), h)
+        o = max(block(shape.n_out), h) if pad_output_to_hidden else block(shape.n_out)
         dims = [k0] + [h] * (n_layers - 1) + [o]
         blocks = tuple((dims[l], dims[l + 1]) for l in range(n_layers))
         packed, off = [], 0

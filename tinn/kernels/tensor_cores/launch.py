@@ -56,11 +56,13 @@ def _check(shape: MLPShape, precision: str) -> None:
 
 
 @torch.no_grad()
-def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str) -> Packed:
+def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str, pad_output_to_hidden: bool = True
+                 ) -> Packed:
     """tinn's (N, P) float32 parameters as the kernels' packed weights: each layer transposed, zero-padded to its
-    blocks, in the precision's compute dtype (one zeros and one copy per layer)."""
+    blocks, in the precision's compute dtype (one zeros and one copy per layer). `pad_output_to_hidden`: the
+    last layer's output block at least as wide as the hidden one (geometry.py says why)."""
     _check(shape, precision)
-    g = Geometry.of(shape)
+    g = Geometry.of(shape, pad_output_to_hidden)
     n = params.shape[0]
     packed = torch.zeros(n, g.packed_size, dtype=COMPUTE_DTYPES[precision], device=params.device)
     for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks, g.packed_offsets):
@@ -77,17 +79,21 @@ class LaunchOptions(NamedTuple):
 
 def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None
                    ) -> LaunchOptions:
-    """Block size, warps and pipelining depth of a shape: 128 samples a block on the GPU (fewer where float32
-    operands of 128-wide layers would pass the shared memory of a block), 16 under the CPU interpreter."""
+    """Block size, warps and pipelining depth of a shape, chosen by the registers and spills that ptxas reports
+    for sm_90 (benchmarks/tools/tensor_core_compile.py): 128 samples a block for layers up to 64 wide, 64 for
+    128-wide ones (32 for exact float32, whose dots are FMA loops), eight warps; two pipeline stages for 16-bit
+    operands, one for float32 operands (with two, ptxas spills heavily). 16 samples under the CPU interpreter."""
     widest = max(geometry.k0, geometry.h, geometry.o)
-    wide_operands = COMPUTE_DTYPES[precision] == torch.float32
+    interpreted = default_block_m(device) < 128
     if block_m is None:
-        block_m = default_block_m(device)
-        if wide_operands and widest > 64:
-            block_m = min(block_m, 64)
-    num_warps = 8 if widest > 64 else 4
-    num_stages = 1 if wide_operands and widest > 64 else 2
-    return LaunchOptions(block_m, num_warps, num_stages)
+        if interpreted:
+            block_m = default_block_m(device)
+        elif precision == "float32":
+            block_m = 64 if widest <= 64 else 32
+        else:
+            block_m = 128 if widest <= 64 else 64
+    num_stages = 1 if COMPUTE_DTYPES[precision] == torch.float32 else 2
+    return LaunchOptions(block_m, 8, num_stages)
 
 
 def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
@@ -97,6 +103,16 @@ def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: in
                 CDT=_TRITON_DTYPES[COMPUTE_DTYPES[precision]], IEEE=precision == "float32",
                 INTERPRETED_BF16=_interpreting() and precision == "bfloat16", INTERPRETED=_interpreting(),
                 BM=options.block_m, num_warps=options.num_warps, num_stages=options.num_stages)
+
+
+# Element offsets the kernels compute stay in int32 (fewer registers per gathered row) below this bound.
+_INT32_OFFSETS = 2**31 - 1
+
+
+def _wide_offsets(batch: int, *operands: tuple[tuple[int, int], int]) -> bool:
+    """Whether an offset into an operand can pass int32: each operand as ((sample stride, feature stride), the
+    block's feature count), offsets reaching the padded block's last feature of the last sample."""
+    return any((batch - 1) * abs(s) + (k - 1) * abs(f) >= _INT32_OFFSETS for (s, f), k in operands)
 
 
 def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
@@ -130,13 +146,14 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     if batch and n_tiles:
         s_sample, s_feature = _feature_strides(x, x_feature_major)
         pre_arg = pre if pre is not None else out
+        wide = _wide_offsets(batch, ((s_sample, s_feature), g.k0), ((out.stride(0), 1), g.o), ((g.h, 1), g.h))
         mlp.forward_kernel[(n_tiles,)](
             x, s_sample, s_feature, float(pad_value),
             packed.weights, packed.weights.stride(0),
             tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
             out, out.stride(0),
             pre_arg, pre.stride(0) if pre is not None else 0,
-            SAVE=pre is not None, **kernel_constants(shape, g, packed.precision, n_real_in, options))
+            SAVE=pre is not None, WIDE_OFFSETS=wide, **kernel_constants(shape, g, packed.precision, n_real_in, options))
     saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape) if save else None
     return out, saved
 
@@ -178,6 +195,7 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     s_x = _feature_strides(x, saved.x_feature_major)
     s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
     n_real_in = shape.n_in - saved.input_padding[0]
+    wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o), ((g.h, 1), g.h))
     mlp.backward_kernel[(n_chunks,)](
         x, *s_x, saved.input_padding[1],
         packed.weights, packed.weights.stride(0),
@@ -187,6 +205,6 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
         scale, 1.0 / scale,
-        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params,
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
         **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m)))
     return dx, dparams

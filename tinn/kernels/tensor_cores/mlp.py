@@ -145,6 +145,7 @@ def _forward_block(
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr,
 ):
     """The forward of the tile's samples t .. t + BM (masked at count)."""
     o_cols = tl.arange(0, O)
@@ -152,7 +153,9 @@ def _forward_block(
     rows = t + tl.arange(0, BM)
     rmask = rows < count
     pos = start + rows
-    sidx = tl.load(order_ptr + pos, mask=rmask, other=0).to(tl.int64)
+    sidx = tl.load(order_ptr + pos, mask=rmask, other=0)
+    if WIDE_OFFSETS:
+        sidx = sidx.to(tl.int64)
     h = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
                     CDT, INTERPRETED_BF16)
     if N_LAYERS > 1:
@@ -183,7 +186,7 @@ def forward_kernel(
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """out[order[p]] for the tile's sorted positions p; with SAVE, pre[l, p] = layer l's pre-activation (hidden
     layers, in CDT). Hidden outputs are act(pre rounded to CDT), so a backward recomputing them from `pre` sees
@@ -193,7 +196,9 @@ def forward_kernel(
     if count == 0:
         return
     net = tl.load(tile_net_ptr + pid).to(tl.int64)
-    start = tl.load(tile_start_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid)
+    if WIDE_OFFSETS:
+        start = start.to(tl.int64)
     w_net = w_ptr + net * s_w_net
     if N_LAYERS == 1:
         w_last = _load_weight(w_net, 0, K0, O)
@@ -209,14 +214,14 @@ def forward_kernel(
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           INTERPRETED_BF16)
+                           INTERPRETED_BF16, WIDE_OFFSETS)
             t += BM
     else:
         for t in range(0, count, BM):
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           INTERPRETED_BF16)
+                           INTERPRETED_BF16, WIDE_OFFSETS)
 
 
 @triton.jit
@@ -228,7 +233,7 @@ def _backward_block(
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
     of layer L - 1 (stored over the ones it read) or, for layer 0, its dx."""
@@ -239,7 +244,9 @@ def _backward_block(
     rows = t + tl.arange(0, BM)
     rmask = rows < count
     pos = start + rows
-    sidx = tl.load(order_ptr + pos, mask=rmask, other=0).to(tl.int64)
+    sidx = tl.load(order_ptr + pos, mask=rmask, other=0)
+    if WIDE_OFFSETS:
+        sidx = sidx.to(tl.int64)
     if FIRST:
         z_in = _load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0)
         y_in = z_in
@@ -280,7 +287,7 @@ def _backward_layer(
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
     (into delta_ptr) or, for layer 0, dx."""
@@ -302,7 +309,7 @@ def _backward_layer(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
             t += BM
     else:
         for t in range(0, count, BM):
@@ -310,7 +317,7 @@ def _backward_layer(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
     if WANT_PARAMS:
         kin = tl.arange(0, KIN)
         kout = tl.arange(0, KOUT)
@@ -335,7 +342,7 @@ def backward_kernel(
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
     `scale` before it meets the compute dtype, and the float32 results by `inv_scale`."""
@@ -344,7 +351,9 @@ def backward_kernel(
     if count == 0:
         return
     net = tl.load(tile_net_ptr + pid).to(tl.int64)
-    start = tl.load(tile_start_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid)
+    if WIDE_OFFSETS:
+        start = start.to(tl.int64)
     w_net = w_ptr + net * s_w_net
     dp_net = dp_ptr + net * s_dp_net
     for i in tl.static_range(N_LAYERS):
@@ -353,4 +362,4 @@ def backward_kernel(
             pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
             start, count, scale, inv_scale,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
-            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED)
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS)
