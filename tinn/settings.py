@@ -8,7 +8,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 
 | field | default | what |
 | --- | --- | --- |
-| network_kernels | "auto" | an MLP array's path (`tinn/networks/selection.py`): "tensor_cores" (Triton kernels, CUDA), "fused" (Taichi, CUDA, one launch for all layers), "unfused", or "auto" (the selection rule) |
+| network_kernels | "auto" | an MLP array's path (`tinn/networks/selection.py`): "tensor_cores" (Triton kernels, CUDA), "fused" (Taichi, CUDA, one launch for all layers), "unfused", "batched_gemm" (torch bmm over samples grouped per network), or "auto" (the selection rule) |
 | fused_tile | 64 | samples per forward tile of the fused kernels (multiple of 16) |
 | fused_backward_tile | 0 | samples per backward-deltas tile; 0 = 32 up to 64 features, else `fused_tile` |
 | fused_unroll_forward | 1 | k steps per iteration of the forward GEMM loop |
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 ENV_VARIABLE = "TINN_SETTINGS"
-NETWORK_KERNELS = ("auto", "tensor_cores", "fused", "unfused")
+NETWORK_KERNELS = ("auto", "tensor_cores", "fused", "unfused", "batched_gemm")
 STAGED_WEIGHTS = ("auto", "none", "forward", "backward", "both")
 NETWORK_PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
 

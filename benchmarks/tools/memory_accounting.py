@@ -3,7 +3,7 @@
     python benchmarks/tools/memory_accounting.py            # the 4096 x 64 target case, 2^22 samples
     python benchmarks/tools/memory_accounting.py --networks 64 --width 128 --log2-samples 20
 
-Counted from the code (tinn/networks.py, tinn/losses.py, tinn/trainer.py, tinn/optimizers/adam.py):
+Counted from the code (tinn/networks/array.py, tinn/losses.py, tinn/trainer.py, tinn/optimizers/adam.py):
 the peak of `Trainer.training_step` is inside the backward, while the deltas, the forward's
 activations, the loss gradient and the fresh parameter gradient are alive together. The `elements`
 buffer of the loss and the routing's sort temporaries are freed before that point. `--before` gives

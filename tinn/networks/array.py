@@ -74,7 +74,7 @@ class NetworkArray(Part):
         self.path, self.precision = choice
         self.dense = self.path == "dense"
         self.fused = self.path == "fused"
-        self.tensor_cores = (tensor_cores.TensorCorePath(self.shape, n_networks, self.precision)
+        self.tensor_cores = (tensor_cores.TensorCorePath(self.shape, n_networks, self.precision, self.input_padding)
                              if self.path == "tensor_cores" else None)
         self.batched = (BatchedGemmPath(self.shape, n_networks, self.kernel_outputs)
                         if self.path == "batched_gemm" else None)
@@ -147,6 +147,13 @@ class NetworkArray(Part):
 
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         x_fm = x_layout == FEATURE_MAJOR
+        if self.tensor_cores is not None:  # (its kernels append tcnn's constant input columns themselves)
+            self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
+            params = self.params.detach()
+            if not train:
+                return self.tensor_cores.inference(x, ids, params, x_fm), None
+            out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
+            return out, Context(x=x, ids=ids, params=params, saved=saved, x_fm=x_fm, lease=None)
         x = self._padded(x, x_fm, self.input_padding[1])
         if x_fm and FEATURE_MAJOR not in self.input_layouts:
             raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
@@ -157,11 +164,6 @@ class NetworkArray(Part):
             if replayed is not None:
                 out, lease = replayed
                 return out, Context(x=x, ids=ids, params=params, lease=lease, x_fm=x_fm)
-        if self.tensor_cores is not None:
-            if not train:
-                return self.tensor_cores.inference(x, ids, params, x_fm), None
-            out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
-            return out, Context(x=x, ids=ids, params=params, saved=saved, x_fm=x_fm, lease=None)
         if self.batched is not None:  # None back: the padded batch would cost too much, Taichi's kernels run
             if not train:
                 out = self.batched.inference(x, ids, params)
@@ -192,6 +194,8 @@ class NetworkArray(Part):
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
         x = ctx.x.t() if ctx.x_fm else ctx.x
+        if x.shape[1] != self.kernel_inputs:  # the tensor-core path keeps the input without tcnn's columns
+            x = self._padded(x, False, self.input_padding[1])
         ddx = ddx.t() if ctx.x_fm else ddx
         ddx = self._padded(ddx, False, 0.0)
         d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
@@ -205,7 +209,7 @@ class NetworkArray(Part):
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
-            return self._unpadded(dx, ctx.x_fm), (dparams,)
+            return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
             return self._unpadded(dx, ctx.x_fm), (dparams,)

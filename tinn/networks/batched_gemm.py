@@ -105,7 +105,9 @@ class BatchedGemmPath:
         wanted = [t for t, want in ((x_leaf, want_dx), (p_leaf, want_params)) if want]
         if not wanted:
             return None, None
-        grads = iter(torch.autograd.grad(y, wanted, grad_outputs=dy, allow_unused=True))
+        # The graph is kept: the contract allows several backward passes through one forward (retain_graph,
+        # second order), and it is freed with the context that holds it.
+        grads = iter(torch.autograd.grad(y, wanted, grad_outputs=dy, allow_unused=True, retain_graph=True))
         dx = next(grads) if want_dx else None
         dparams = next(grads) if want_params else None
         if want_params and dparams is None:

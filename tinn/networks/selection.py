@@ -19,12 +19,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import ConfigError
+from ..settings import NETWORK_KERNELS, NETWORK_PRECISIONS
 
 PATHS = ("tensor_cores", "fused", "unfused", "dense", "batched_gemm")
-# `kernels=` values: a path, or "auto" for the rule below.
-KERNEL_CHOICES = ("auto", "tensor_cores", "fused", "unfused", "batched_gemm")
-# `precision=` values. "auto": float16 where the tensor cores run (tcnn's precision), float32 elsewhere.
-PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
+# `kernels=` values: a path, or "auto" for the rule below; `precision=` values ("auto": float16 where the tensor
+# cores run, tcnn's precision, float32 elsewhere). The settings' fields take the same values.
+KERNEL_CHOICES = NETWORK_KERNELS
+PRECISIONS = NETWORK_PRECISIONS
 
 
 class Choice(NamedTuple):

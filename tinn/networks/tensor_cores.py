@@ -1,18 +1,23 @@
 """The tensor-core path of an MLP array: Triton kernels on CUDA (`tinn/kernels/tensor_cores/`).
 
-Routing is the fused kernels' (one sort, tiles of one network's samples); the kernels read the array's
-float32 parameters through a per-call copy in the compute precision (padded to the tensor cores' shapes) and
+Routing is the fused kernels' (one sort; forward tiles of one network's samples, and longer chunks for the
+backward, whose programs add a chunk's weight gradients once). The kernels read the array's float32 parameters
+through a copy packed per call in the compute precision (transposed, padded to the tensor cores' shapes), and
 write float32 outputs, input gradients and weight gradients in tinn's layouts, so the rest of tinn (grids,
-losses, optimizers, checkpoints) sees the same tensors as on every other path.
+losses, optimizers, checkpoints) sees the same tensors as on every other path. tcnn's constant input columns
+are appended inside the kernels (no padded copy of the input).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from ..routing import route_fused
 
-# The precisions this path computes in, as the kernels name them.
-PRECISIONS = ("float16", "bfloat16", "tf32", "float32")
+# Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
+# batch still spreads over every SM.
+MIN_CHUNK, MAX_CHUNK = 256, 2048
 
 
 def _kernels():
@@ -20,46 +25,62 @@ def _kernels():
     return tensor_cores
 
 
+def interpreted() -> bool:
+    """Whether Triton runs its CPU interpreter (tests on machines without a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def unavailable_reason(arch: str, shape) -> str | None:
-    """None where the tensor-core kernels can run an array of this shape here, else why not (for messages)."""
-    if arch != "cuda":
+    """None where the tensor-core kernels can run an array of this shape here, else why not (for messages).
+    On the CPU they run only in Triton's interpreter (tests at toy sizes), and are never chosen by default."""
+    if arch != "cuda" and not interpreted():
         return "the tensor-core kernels need the CUDA arch"
-    try:
-        kernels = _kernels()
-    except ImportError as error:  # triton missing or broken: the other paths still run
-        return f"Triton is not importable ({error})"
-    reason = kernels.unavailable_reason() if hasattr(kernels, "unavailable_reason") else None
-    if reason:
+    kernels = _kernels()
+    ok, reason = kernels.available()
+    if not ok:
         return reason
-    if not kernels.supported(shape):
-        return f"the tensor-core kernels do not take this shape ({shape})"
+    if shape is not None and not kernels.supported(shape):
+        return (f"the tensor-core kernels take hidden widths up to {kernels.MAX_WIDTH} and at most "
+                f"{kernels.MAX_FEATURES} inputs or outputs")
     return None
+
+
+def chunk_size(batch: int, tile: int) -> int:
+    """Samples per backward chunk, a multiple of the forward's tile."""
+    want = min(MAX_CHUNK, max(MIN_CHUNK, batch // 1024))
+    return max(tile, want // tile * tile)
 
 
 class TensorCorePath:
     """Forward, inference and backward of one array on the tensor-core kernels."""
 
-    def __init__(self, shape, n_networks: int, precision: str):
+    def __init__(self, shape, n_networks: int, precision: str, input_padding: tuple[int, float]):
         self.shape, self.n_networks, self.precision = shape, n_networks, precision
+        self.input_padding = input_padding
         self.kernels = _kernels()
-        self.tile = self.kernels.TILE
 
-    def _tiles(self, ids: torch.Tensor):
-        return route_fused(ids, self.n_networks, (self.tile,))[0]
+    def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
+        tile = self.kernels.default_block_m(device)
+        sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
+        return route_fused(ids, self.n_networks, sizes)
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool) -> torch.Tensor:
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
-        out, _ = self.kernels.forward(x, x_fm, self._tiles(ids), packed, self.shape, precision=self.precision,
-                                      save=False)
+        (tiles,) = self._routing(ids, x.device, train=False)
+        out, _ = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=False,
+                                      input_padding=self.input_padding)
         return out
 
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool):
         """(out, saved): what the backward needs stays in `saved`."""
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
-        return self.kernels.forward(x, x_fm, self._tiles(ids), packed, self.shape, precision=self.precision,
-                                    save=True)
+        tiles, chunks = self._routing(ids, x.device, train=True)
+        out, saved = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=True,
+                                          input_padding=self.input_padding)
+        return out, (saved, chunks)
 
     def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool, gradient_scale: float):
         """(dx in x's layout or None, float32 dparams (N, P) or None)."""
-        return self.kernels.backward(dy, saved, want_dx=want_dx, want_params=want_params,
+        forward_saved, chunks = saved
+        return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,
                                      gradient_scale=gradient_scale)
