@@ -100,7 +100,11 @@ def load_config(path: str | os.PathLike) -> dict:
     """
     text_path = os.fspath(path)
     if not os.path.exists(text_path) and os.path.basename(text_path) == text_path:
-        text_path = shipped_config_path(text_path)
+        try:
+            text_path = shipped_config_path(text_path)
+        except ConfigError:
+            raise ConfigError(f"{text_path!r}: no such file here, and no shipped config of that name; shipped "
+                              f"configs: {', '.join(shipped_config_names())}") from None
     with open(text_path, "r", encoding="utf-8") as f:
         return loads(f.read(), source=str(path))
 
