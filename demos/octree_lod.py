@@ -206,7 +206,12 @@ def far_view(images, view: int, factor: float):
 
 
 class OctreeSource(TrainerControls):
-    """Viewer source: trains the octree field, shows a held-out view and which node each pixel meets first."""
+    """Viewer source: trains the octree field, shows a held-out view, which node each pixel meets first and
+    each node's error on that view."""
+
+    # The held-out view's per-node error is rendered anew after this many steps (the viewer asks every step
+    # and averages; a render per step would cost more than the step).
+    NODE_LOSS_EVERY = 10
 
     lod_range = (-3.0, 3.0)  # the viewer's level-of-detail control: octree levels finer (+) or coarser (-)
 
@@ -215,6 +220,9 @@ class OctreeSource(TrainerControls):
         self.level_of_detail = 0.0
         frame = self._frame()
         self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
+        self._steps = 0
+        self._node_loss = None
+        self._node_loss_step = None
 
     def _frame(self, c2w=None, width=None, height=None, focal=None):
         import torch
@@ -231,7 +239,25 @@ class OctreeSource(TrainerControls):
             self.field.lod_resolution = trained_rule
 
     def train_step(self):
+        self._steps += 1
         return self.trainer.step()
+
+    def per_network_loss(self):
+        """Each node's mean squared error over the held-out view's pixels whose ray meets it first (0 for nodes
+        no pixel meets first), refreshed every NODE_LOSS_EVERY steps."""
+        import torch
+
+        if self._node_loss is None or self._steps - self._node_loss_step >= self.NODE_LOSS_EVERY:
+            frame = self._frame()
+            error = (frame["image"] - self.reference()).square().mean(dim=-1).reshape(-1)
+            first = frame["first_node"].reshape(-1).long()
+            met = first >= 0
+            n = self.field.n_nodes
+            total = torch.zeros(n, device=error.device).index_add_(0, first[met], error[met])
+            count = torch.zeros(n, device=error.device).index_add_(0, first[met], torch.ones_like(error[met]))
+            self._node_loss = total / count.clamp(min=1)
+            self._node_loss_step = self._steps
+        return self._node_loss
 
     def render(self):
         return self._frame()["image"]
@@ -311,7 +337,9 @@ def run(argv=None) -> dict:
     if viewer_kind(args):
         viewer = open_viewer(args, OctreeSource(trainer, test, args.samples), args.out, "tinn octree LoD")
         summary = viewer.run(args.steps)
-        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR {summary['final_psnr']}")
+        psnr = summary["final_psnr"]
+        print(f"viewer ({summary['backend']}): {summary['steps']} steps, PSNR "
+              + ("-" if psnr is None else f"{psnr:.2f} dB"))
         return summary
 
     bar = ProgressBar(args.steps)

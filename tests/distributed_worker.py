@@ -217,12 +217,18 @@ def scenario_exit(rank, out):
 
 
 def scenario_stall(rank, out):
-    """Rank 1 stays alive but never calls forward: rank 0 must raise after the collective timeout."""
+    """Rank 1 stays alive but never calls forward, until rank 0 has recorded its outcome (at most
+    STALL_SECONDS): rank 0 can only get there by the collective timeout. Rank 1 records whether it saw that
+    while still alive."""
     import tinn.distributed as td
 
     model = td.ShardedPart(factory(), N_NETWORKS)
     if rank == 1:
-        time.sleep(float(os.environ["STALL_SECONDS"]))
+        done = os.path.join(out, "rank0.pt")
+        give_up = time.monotonic() + float(os.environ["STALL_SECONDS"])
+        while not os.path.exists(done) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        torch.save({"saw_rank0_finish_while_stalled": os.path.exists(done)}, os.path.join(out, "rank1.pt"))
         os._exit(0)
     _forward_expecting_failure(model, rank, out)
     os._exit(0)

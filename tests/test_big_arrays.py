@@ -333,3 +333,48 @@ def test_octree_scale_preset_runs_its_grid_table_in_chunks(tmp_path, tuned):
     assert one["grid_table_launches"] == 1 and many["grid_table_launches"] == (many["nodes"] + 1) // 2 > 1
     assert many["nodes"] == one["nodes"] > 1
     assert abs(many["psnr"] - one["psnr"]) < 0.05 and many["psnr"] > many["background_psnr"] + 3
+
+
+# ---- gradient buffers through autograd: adopted, never copied ----------------------------------------------
+def _backward_worker(n_networks: int) -> dict:
+    """tests/backward_memory_worker.py in a fresh process (its first backward is the one that differs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, os.path.join(here, "backward_memory_worker.py"), str(n_networks)],
+                          capture_output=True, text=True, timeout=900, env=dict(os.environ, TINN_ARCH="cpu"))
+    assert done.returncode == 0, f"worker exited with {done.returncode}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_two_tables_at_peak(n_networks: int) -> dict:
+    """Parameters and one gradient buffer at the peak: autograd adopts tinn's buffer on the first backward as
+    on later ones (a copy would be a third table)."""
+    base = _backward_worker(1)["peak_bytes"]   # interpreter, torch and Taichi without a table
+    run = _backward_worker(n_networks)
+    assert run["adopted"] == [True, True]
+    tables = (run["peak_bytes"] - base) / run["table_bytes"]
+    assert tables < 2.25, f"peak {run['peak_bytes']} bytes = base {base} + {tables:.2f} tables of {run['table_bytes']}"
+    return run
+
+
+def test_first_backward_adopts_the_gradient_buffer_and_peaks_at_two_tables():
+    if DEV.type != "cpu":
+        pytest.skip("peak resident memory is the CPU's measure")
+    _assert_two_tables_at_peak(14600)   # 2^26 parameters: 256 MiB per table
+
+
+@pytest.mark.slow
+def test_past_2_31_parameters_autograd_peaks_at_two_tables():
+    """2^31 + 4608 parameters (8 GiB a table) through autograd on the CPU: with a copy of the gradient on the
+    first backward the peak was three tables, and the process was killed on a 24 GiB machine."""
+    if DEV.type != "cpu":
+        pytest.skip("peak resident memory is the CPU's measure")
+    free = tinn.memory.free_bytes(DEV)
+    if free is not None and free < 20 << 30:
+        pytest.skip(f"needs 20 GiB free memory, {free >> 30} GiB available")
+    run = _assert_two_tables_at_peak(466034)
+    assert run["n_params"] > 1 << 31

@@ -216,9 +216,38 @@ def test_section_expect_keys_directly():
 
 
 def test_trainer_from_config_still_builds_and_trains():
+    """What the config says is built (grid, network, loss, optimizer), and one step trains it: the loss is the L2
+    formula on the model's output, the gradients are a float64 reference's, and Adam's first step moves each
+    weight by the learning rate against its gradient's sign."""
+    from reference import mlp_array
+    from test_encodings_grid import ref_grid
+
     trainer = Trainer.from_config(CONFIG, 2, 3, n_networks=2)
+    model = trainer.model
+    assert type(model.encoding).__name__ == "GridEncoding" and model.encoding.grid_type == "Hash"
+    assert (model.encoding.n_levels, model.encoding.n_features_per_level, model.encoding.n_networks) == (2, 2, 2)
+    assert (model.network.width, model.network.n_layers, model.network.n_networks) == (16, 2, 2)
+    assert trainer.loss.otype == "L2" and type(trainer.optimizer).__name__ == "Adam"
     dev = tinn.runtime.device()
-    x = torch.rand(64, 2, device=dev)
-    ids = torch.randint(0, 2, (64,), dtype=torch.int32, device=dev)
-    loss = trainer.training_step(x, torch.rand(64, 3, device=dev), ids)
-    assert torch.isfinite(loss)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 2, generator=gen).to(dev)
+    t = torch.rand(64, 3, generator=gen).to(dev)
+    ids = torch.randint(0, 2, (64,), dtype=torch.int32, generator=gen).to(dev)
+    before = [p.detach().clone() for p in model.tables()]
+    enc64, net64 = (p.double().requires_grad_(True) for p in before)
+    y64 = mlp_array(model.network, net64, ref_grid(model.encoding, x.double(), enc64, ids), ids, "ReLU", "None")
+    ref_loss = ((y64 - t.double()) ** 2).mean()
+    ref_loss.backward()
+
+    loss = trainer.training_step(x, t, ids)
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    for p, p0, ref, l2_reg in zip(model.tables(), before, (enc64.grad, net64.grad), (0.0, 1e-8)):
+        torch.testing.assert_close(p.grad.double(), ref, rtol=1e-3, atol=1e-4 * float(ref.abs().max()))
+        # tcnn's first Adam step (beta2 0.999, epsilon 1e-8, l2_reg on the network's weights only):
+        # lr * sqrt(1 - beta2) * g / (sqrt(1 - beta2) * |g| + epsilon), about lr * sign(g)
+        g = ref + l2_reg * p0.double()
+        root = (1 - 0.999) ** 0.5
+        moved = ref.abs() > 1e-3 * float(ref.abs().max())
+        assert moved.sum() > 10
+        expected = -1e-2 * root * g / (root * g.abs() + 1e-8)
+        torch.testing.assert_close((p.detach() - p0).double()[moved], expected[moved], rtol=2e-3, atol=1e-7)

@@ -240,17 +240,21 @@ def test_checkpoint_round_trip_gather_and_other_world_size(tmp_path):
 
 
 def test_rank_exit_raises_on_the_other_rank(tmp_path):
-    res = run_ranks("exit", tmp_path, TIMEOUT_S=20, timeout=120)
+    """The peer's exit is detected, not waited out: the collective timeout is far longer than the whole run may
+    take (run_ranks fails a run that hangs)."""
+    res = run_ranks("exit", tmp_path, TIMEOUT_S=3600, timeout=120)
     assert res[0]["result"].startswith("DistributedError: rank 0:"), res[0]
     assert "another rank exited" in res[0]["result"]
-    assert res[0]["seconds"] < 20 + 5
 
 
 @pytest.mark.slow
 def test_stalled_rank_times_out(tmp_path):
-    res = run_ranks("stall", tmp_path, TIMEOUT_S=3, STALL_SECONDS=15, timeout=120)
+    """A peer that stays alive without joining the collective: rank 0 raises (the timeout is its only way out),
+    and it does so while the peer is still stalled."""
+    res = run_ranks("stall", tmp_path, TIMEOUT_S=3, STALL_SECONDS=90, timeout=150)
     assert res[0]["result"].startswith("DistributedError: rank 0:"), res[0]
-    assert 2.5 < res[0]["seconds"] < 12
+    assert "within the timeout" in res[0]["result"]
+    assert res[1] == {"saw_rank0_finish_while_stalled": True, "returncode": 0}, res[1]
 
 
 def test_mismatched_config_is_a_clear_error(tmp_path):

@@ -222,6 +222,139 @@ def test_4d_hash_matches_reference_entries():
     assert y[:, 1].tolist() == (enc.layout.levels[1].offset + expected).tolist()
 
 
+# tcnn's other grid hashes, re-implemented on Python integers (exact uint32 / uint64 wraparound by masking)
+PCG_MULT, PCG_INC, M64 = 0x5851F42D4C957F2D, 3, (1 << 64) - 1
+
+
+def ref_pcg32_after(delta: int, seed: int = 1337) -> int:
+    """PCG32 (stream 1) seeded with `seed`, stepped `delta` times one by one is too slow for big jumps, so:
+    the LCG's affine map composed `delta` times by binary powering, then one XSH-RR output."""
+    state = ((((0 * PCG_MULT + PCG_INC) & M64) + seed) * PCG_MULT + PCG_INC) & M64
+    mult, plus = 1, 0                              # the map s -> mult * s + plus after `done` steps
+    step_mult, step_plus = PCG_MULT, PCG_INC       # the map of 2^k steps
+    while delta:
+        if delta & 1:
+            mult, plus = (mult * step_mult) & M64, (plus * step_mult + step_plus) & M64
+        step_mult, step_plus = (step_mult * step_mult) & M64, (step_plus * (step_mult + 1)) & M64
+        delta >>= 1
+    state = (mult * state + plus) & M64
+    xorshifted = (((state >> 18) ^ state) >> 27) & M32
+    rot = state >> 59
+    return ((xorshifted >> rot) | (xorshifted << ((32 - rot) & 31))) & M32
+
+
+def ref_hash(coords, hash_type: str) -> int:
+    d = len(coords)
+    if hash_type == "BaseConvert":
+        k = 0
+        for c in coords:
+            k = ((k + c) * 2531011) & M32
+        return k
+    if hash_type == "Rng":
+        step = 0
+        for i, c in enumerate(coords):
+            step ^= (c & M32) << (i * (64 // d))
+        return ref_pcg32_after(step & M64)
+    primes = {"Prime": (1958374283, 2654435761, 805459861, 3674653429),
+              "ReversedPrime": (2165219737, 1434869437, 2097192037, 3674653429),
+              "CoherentPrime": COHERENT}[hash_type]
+    h = 0
+    for c, p in zip(coords, primes):
+        h ^= (c * p) & M32
+    return h
+
+
+def test_pcg32_reference_matches_stepping_one_by_one():
+    """The jump-ahead reference against PCG32 stepped one step at a time (the generator's definition)."""
+    state = ((((0 * PCG_MULT + PCG_INC) & M64) + 1337) * PCG_MULT + PCG_INC) & M64
+    for delta in range(40):
+        xorshifted = (((state >> 18) ^ state) >> 27) & M32
+        rot = state >> 59
+        assert ref_pcg32_after(delta) == ((xorshifted >> rot) | (xorshifted << ((32 - rot) & 31))) & M32
+        state = (state * PCG_MULT + PCG_INC) & M64
+
+
+@pytest.mark.parametrize("hash_type", ["Rng", "BaseConvert", "Prime", "ReversedPrime"])
+@pytest.mark.parametrize("n_dims", [2, 3, 4])
+def test_hash_types_match_reference_entries(hash_type, n_dims):
+    """Each hash's table entries at known vertices of a hashed level (tables numbered by entry, Nearest
+    lookups read the entry back)."""
+    enc = GridEncoding(n_dims, n_levels=2, n_features_per_level=1, log2_hashmap_size=7, base_resolution=4,
+                       per_level_scale=4.0, interpolation="Nearest", hash=hash_type)
+    lv = enc.layout.levels[1]
+    assert enc.layout.level_is_hashed(1) and lv.size == 128
+    _entry_numbered(enc)
+    gen = np.random.default_rng(n_dims)
+    coords = gen.integers(0, lv.resolution, size=(32, n_dims))
+    coords[0] = lv.resolution - 1
+    y = enc(_at_vertex(coords.tolist(), lv.scale))
+    expected = [lv.offset + ref_hash([int(c) for c in row], hash_type) % lv.size for row in coords]
+    assert y[:, 1].tolist() == expected
+    # the hashes differ from each other (a kernel that ignored the hash type would pass the above only for one)
+    assert len({ref_hash([1, 2, 3, 4][:n_dims], h) % 128 for h in ("Rng", "BaseConvert", "Prime")}) > 1
+
+
+def test_hash_known_values():
+    # BaseConvert of (1, 2): ((0 + 1) * B + 2) * B with B = 2531011, mod 2^32
+    assert ref_hash([1, 2], "BaseConvert") == ((2531011 + 2) * 2531011) % (1 << 32)
+    # Rng of (0, 0): no jump, the generator's first number after seeding with 1337
+    assert ref_hash([0, 0], "Rng") == ref_pcg32_after(0) == 634364130
+
+
+def ref_pcg32_float(delta: int) -> np.float32:
+    """tcnn's next_float: the top 23 bits of the 32-bit number as a mantissa of [1, 2), minus 1."""
+    bits = np.array([(ref_pcg32_after(delta) >> 9) | 0x3F800000], dtype=np.uint32)
+    return bits.view(np.float32)[0] - np.float32(1.0)
+
+
+def ref_stochastic_table_gradient(enc, x, ids, dy):
+    """float64 table gradient of tcnn's stochastic interpolation: per level and sample, draw u (seed 1337,
+    jump sample + level * batch); along each dim the upper vertex where u < s; the whole dy goes there."""
+    x32 = x.cpu().numpy().astype(np.float32)
+    grad = np.zeros((enc.n_networks, enc.layout.n_params), dtype=np.float64)
+    f, batch = enc.n_features_per_level, x32.shape[0]
+    for level, lv in enumerate(enc.layout.levels):
+        p = x32 * np.float32(lv.scale) + np.float32(0.5)
+        cell = np.floor(p)
+        t = (p - cell).astype(np.float32)
+        s = t * t * (np.float32(3.0) - np.float32(2.0) * t) if enc.interpolation == "Smoothstep" else t
+        for b in range(batch):
+            u = ref_pcg32_float(b + level * batch)
+            corner = (cell[b] + (u < s[b])).astype(np.int64)
+            e = ref_entry(corner[None], lv.resolution, lv.size, enc.grid_type)[0]
+            cols = (lv.offset + e) * f + np.arange(f)
+            grad[int(ids[b]), cols] += dy[b, level * f:(level + 1) * f].double().cpu().numpy()
+    return torch.from_numpy(grad)
+
+
+@pytest.mark.parametrize("interpolation,n_networks", [("Linear", 1), ("Smoothstep", 3)])
+def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interpolation, n_networks):
+    """Features and the input gradient stay N-linear (float64 reference); the table gradient of each level and
+    sample goes whole to the corner tcnn's generator draws (float64 / numpy reference of the draw)."""
+    enc = create_encoding(3, {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 7,
+                              "base_resolution": 4, "per_level_scale": 2.0, "interpolation": interpolation,
+                              "stochastic_interpolation": True}, n_networks=n_networks)
+    assert enc.stochastic_interpolation
+    x, ids = inputs(enc, 150)
+    dy = torch.randn(150, enc.n_output_dims, generator=torch.Generator().manual_seed(3)).to(DEV)
+    xg = x.clone().requires_grad_(True)
+    y = enc(xg, ids if n_networks > 1 else None)
+    (y * dy).sum().backward()
+    xr = x.double().requires_grad_(True)
+    yr = ref_grid(enc, xr, enc.params.detach().double(), ids)
+    (yr * dy.double()).sum().backward()
+    assert_close(y, yr, what="features")
+    assert_close(xg.grad, xr.grad, rtol=1e-4, atol_frac=1e-4, what="dx")
+    expected = ref_stochastic_table_gradient(enc, x, ids, dy)
+    assert_close(enc.params.grad, expected.to(DEV), what="stochastic table gradient")
+    # Unlike the N-linear gradient: each sample's gradient sits on one entry per level and feature.
+    plain = create_encoding(3, {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 7,
+                                "base_resolution": 4, "per_level_scale": 2.0, "interpolation": interpolation},
+                            n_networks=n_networks)
+    assert not torch.allclose(enc.params.grad, plain.backward(plain.forward_ctx(x, ids, train=True)[1], dy,
+                                                              need_dx=False)[1][0])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Forward / backward / double backward against the reference
 # ---------------------------------------------------------------------------------------------------------
@@ -421,10 +554,11 @@ def test_memory_report_per_grid_and_total():
     ({"n_features_per_level": 3}, 3, r"encoding\.n_features_per_level=3 is not supported; allowed: \[1, 2, 4, 8\]"),
     ({"interpolation": "Cubic"}, 3, r"encoding\.interpolation='Cubic'.*Nearest.*Linear.*Smoothstep"),
     ({"type": "Sparse"}, 3, r"encoding\.type='Sparse'.*Hash.*Dense.*Tiled"),
-    ({"hash": "Rng"}, 3, r"encoding\.hash='Rng'.*CoherentPrime"),
+    ({"hash": "Murmur"}, 3, r"encoding\.hash='Murmur'.*CoherentPrime.*Rng.*BaseConvert"),
     ({"n_levels": 4, "n_features": 8}, 3, r"exclusive"),
     ({"n_levels": 0}, 3, r"encoding\.n_levels=0 is out of range"),
-    ({"stochastic_interpolation": True}, 3, r"stochastic_interpolation=true is not supported"),
+    ({"stochastic_interpolation": True, "table_dtype": "bfloat16"}, 3, r"stochastic_interpolation=true needs "
+                                                                       r"table_dtype='float32'"),
     ({"per_level_scale": 0}, 3, r"encoding\.per_level_scale"),
     ({}, 5, r"2, 3 or 4 input dims"),
     ({}, 1, r"2, 3 or 4 input dims"),

@@ -13,6 +13,8 @@ from tinn.scenes import formats
 from tinn.scenes import mesh as M
 from tinn.scenes.data import load_nerf_synthetic
 
+from conftest import missing_package
+
 BUNNY = "/usr/share/glmark2/models/bunny.obj"   # Debian package glmark2-data
 
 
@@ -103,7 +105,7 @@ def test_malformed_meshes_name_the_problem(tmp_path, name, text, match):
 @pytest.fixture(scope="module")
 def bunny_scene(tmp_path_factory):
     if not os.path.isfile(BUNNY):
-        pytest.skip(f"{BUNNY} missing (Debian package glmark2-data)")
+        missing_package(f"{BUNNY} missing (Debian package glmark2-data)")
     out = tmp_path_factory.mktemp("bunny")
     counts = M.write_nerf_synthetic(M.read_mesh(BUNNY), out, views=16, val_views=0, test_views=2, resolution=32)
     return out, counts
@@ -191,7 +193,7 @@ def test_kilonerf_trains_on_the_rendered_bunny(tmp_path):
     import sys
 
     if not os.path.isfile(BUNNY):
-        pytest.skip(f"{BUNNY} missing (Debian package glmark2-data)")
+        missing_package(f"{BUNNY} missing (Debian package glmark2-data)")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
     import kilonerf
 
@@ -281,7 +283,7 @@ def test_collada_polylists_node_transforms_and_colour(tmp_path):
 def test_the_textured_collada_duck_renders_its_texture():
     duck = "/usr/share/assimp/models/Collada/duck.dae"   # Debian package assimp-testmodels
     if not os.path.isfile(duck):
-        pytest.skip(f"{duck} missing (Debian package assimp-testmodels)")
+        missing_package(f"{duck} missing (Debian package assimp-testmodels)")
     m = M.read_mesh(duck)
     assert m.texture is not None and m.texture.shape == (512, 512, 3) and m.corner_uv.shape == (len(m.faces), 6)
     img = M.render_rgba(m.normalised(), M.sphere_cameras(8)[3], 64, 64, 32 / math.tan(0.5 * M.CAMERA_ANGLE_X)).cpu()

@@ -32,9 +32,11 @@ def test_no_cap_on_depth_and_the_width_limit_names_its_reason(tuned):
     wide = {"otype": "MLP", "n_neurons": MAX_CUTLASS_WIDTH + 1, "n_hidden_layers": 1}
     limit = r"network\.n_neurons=257 exceeds the limit of tinn's kernels, 256: .*registers.*allowed here: 1\.\.256"
     with pytest.raises(ConfigError, match=limit):
-        NetworkArray(3, 2, wide, n_networks=2)
+        NetworkArray(3, 2, wide, n_networks=2, kernels="unfused")
     with pytest.raises(ConfigError, match=limit):
         NetworkArray(3, 2, wide, kernels="unfused")
+    # An array's batched GEMMs (the CPU's default path) have no such limit.
+    assert NetworkArray(3, 2, wide, n_networks=2, kernels="batched_gemm").path == "batched_gemm"
     assert NetworkArray(3, 2, wide).dense
     tuned(dense_single_network=False)
     with pytest.raises(ConfigError, match=limit):

@@ -89,7 +89,7 @@ def test_where_the_precision_applies(precision, n_networks, kernels, dense_setti
 
 
 def test_a_bad_precision_names_the_field_and_the_allowed_values(tuned):
-    with pytest.raises(ConfigError, match=r"network_precision='half'.*allowed: \['float32', 'float16', 'bfloat16'\]"):
+    with pytest.raises(ConfigError, match=r"network_precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
         tuned(network_precision="half")
 
 

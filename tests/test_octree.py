@@ -1,6 +1,7 @@
 """Octree LoD scene: construction, level selection, lookup against a brute-force reference, and an end-to-end
 training run of the demo on a tiny procedural scene (CPU)."""
 import math
+import re
 
 import pytest
 import torch
@@ -506,7 +507,7 @@ def _write_nerf_synthetic(root, n_train, n_test, size):
         (root / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": angle, "frames": frames}))
 
 
-def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, monkeypatch):
+def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, monkeypatch, capsys):
     import os
     import sys
 
@@ -528,10 +529,37 @@ def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, mo
         return seen[-1][1]
 
     monkeypatch.setattr(octree_lod.OctreeSource, "render_from", spy)
+    # The loss/network panel: each node's error on the held-out view (float64 reference, node by node) ...
+    node_losses, per_network_loss = [], octree_lod.OctreeSource.per_network_loss
+
+    def loss_spy(source):
+        out = per_network_loss(source)
+        if source._node_loss_step == source._steps:  # freshly rendered at this step
+            frame = source._frame()
+            error = (frame["image"].double() - source.reference().double()).square().mean(-1).reshape(-1)
+            first = frame["first_node"].reshape(-1)
+            expected = torch.zeros(source.field.n_nodes, dtype=torch.float64, device=error.device)
+            for node in range(source.field.n_nodes):
+                if (first == node).any():
+                    expected[node] = error[first == node].mean()
+            node_losses.append((out.clone(), expected))
+        return out
+
+    monkeypatch.setattr(octree_lod.OctreeSource, "per_network_loss", loss_spy)
+    # ... painted into the frames.
+    from tinn.viewer import render as viewer_render
+    painted, network_loss_image = [], viewer_render.network_loss_image
+    monkeypatch.setattr(viewer_render, "network_loss_image",
+                        lambda losses, ids: painted.append(losses) or network_loss_image(losses, ids))
     v = octree_lod.run(["--small", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "3",
                         "--pyramid-levels", "2", "--samples", "16", "--batch", "128", "--gui", "--headless",
                         "--out", str(tmp_path / "gui")])
     assert v["steps"] == 3 and len(v["frames"]) == 4 and v["final_psnr"] is not None
+    assert re.search(rf"3 steps, PSNR {v['final_psnr']:.2f} dB$", capsys.readouterr().out, re.M)
+    assert node_losses and len(painted) == 3   # frames after steps 1..3 (the first frame is before any step)
+    for got, expected in node_losses:
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-7)
+        assert (got > 0).sum() > 1
     # Headless frames after the first orbit the scene at the held-out view's distance, 15 degrees apart.
     assert len(seen) == 3
     radius = seen[0][0][:3, 3].norm()

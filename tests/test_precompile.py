@@ -47,11 +47,45 @@ def test_a_second_process_compiles_nothing_new(tmp_path):
     assert _cached(tmp_path) == cached      # ... and every one loaded from the cache, none compiled
 
 
-def test_precompile_in_process_without_the_image_task():
+def test_precompile_in_process_without_the_image_task(monkeypatch):
+    """With image=False the image task is never built, and afterwards the same config's training step and
+    inference build no kernel instance the precompile did not (what the cache is filled for)."""
+    import torch
+
+    from tinn.precompile import recording
+    from tinn.tasks import image
+    from tinn.trainer import Trainer
+
+    def no_image_task(*args, **kwargs):
+        raise AssertionError("image=False built the image task")
+
+    monkeypatch.setattr(image, "ImageTask", no_image_task)
     config = {"encoding": {"otype": "Frequency", "n_frequencies": 2},
               "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
     built = precompile(config, 3, 2, n_networks=4, batch=128, image=False)
     assert isinstance(built, list) and all(name.startswith(("tinn.", "taichi.")) for name in built)
     with pytest.raises(ValueError, match="image=True needs 2 inputs, 3 outputs"):
         precompile(config, 3, 2, n_networks=4, batch=128)
-    assert tinn.runtime.arch() in ("cpu", "cuda")
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(9)
+    x, target = torch.rand(128, 3, generator=gen).to(dev), torch.rand(128, 2, generator=gen).to(dev)
+    ids = torch.randint(0, 4, (128,), generator=gen, dtype=torch.int32).to(dev)
+    with recording() as later:
+        trainer = Trainer.from_config(config, 3, 2, n_networks=4, seed=5)
+        float(trainer.training_step(x, target, ids))
+        with torch.no_grad():
+            trainer.model(x, ids)
+        tinn.runtime.sync()
+    assert later == [], f"kernels the precompile missed: {later}"
+    # ... and the recording sees a kernel instance built for the first time (so the empty list above means
+    # something).
+    from tinn.backend import ti
+
+    @ti.kernel
+    def fresh(out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+        out[0] = 1.0
+
+    with recording() as first_build:
+        fresh(torch.zeros(1, device=dev))
+    assert first_build == [f"{__name__}.fresh"]
+    assert precompile(config, 3, 2, n_networks=4, batch=128, image=False) == []  # nothing left to build

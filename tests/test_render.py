@@ -190,12 +190,22 @@ def test_composite_gradients_match_autograd(bg_kind):
 
 
 def test_composite_gradients_only_where_asked():
-    sigma, rgb, deltas, offsets, t, _ = make_rays(2)
-    s = sigma.clone().requires_grad_()
-    out = composite(s, rgb, deltas, offsets, background=torch.ones(3, device=DEV))
-    out.rgb.sum().backward()
-    assert s.grad is not None and s.grad.shape == sigma.shape
-    assert out.depth is None
+    """Each input asked for alone gets the float64 reference's gradient, the others none; without `t` there
+    is no depth."""
+    sigma, rgb, deltas, offsets, t, g = make_rays(2)
+    bg = torch.ones(3, device=DEV)
+    weights = torch.randn(len(offsets) - 1, 3, generator=g).to(DEV)
+    inputs = {"sigma": sigma, "rgb": rgb, "deltas": deltas}
+    for asked in inputs:
+        leaves = {k: v.clone().requires_grad_(k == asked) for k, v in inputs.items()}
+        out = composite(leaves["sigma"], leaves["rgb"], leaves["deltas"], offsets, background=bg)
+        assert out.depth is None
+        (out.rgb * weights).sum().backward()
+        ref = {k: v.double().requires_grad_(k == asked) for k, v in inputs.items()}
+        r_rgb = ref_composite(ref["sigma"], ref["rgb"], ref["deltas"], offsets, bg.double(), t.double())[0]
+        (r_rgb * weights.double()).sum().backward()
+        torch.testing.assert_close(leaves[asked].grad.double(), ref[asked].grad, rtol=1e-4, atol=1e-6)
+        assert all(leaves[k].grad is None for k in inputs if k != asked)
 
 
 def test_composite_background_as_numbers_equals_the_tensor():

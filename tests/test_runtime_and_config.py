@@ -5,10 +5,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import tinn
 from tinn.config import Section, load_config, loads
 from tinn.errors import ConfigError
+from tinn.models import NetworkWithInputEncoding
 from tinn.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,3 +129,40 @@ def test_section_accessors():
         s.number("flag")
     with pytest.raises(ConfigError, match=r"net\.missing is missing"):
         s.number("missing")
+
+
+_NETWORK = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+
+
+def _relative_l2(pred, target):
+    p, t = pred.double(), target.double()
+    return float(((p - t) ** 2 / (p ** 2 + 0.01)).mean())
+
+
+@pytest.mark.parametrize("config", [
+    {"network": _NETWORK},                                                   # sections absent
+    {"loss": {}, "encoding": {"n_bins": 4}, "optimizer": {}, "network": _NETWORK},   # present, no otype
+])
+def test_sections_without_otype_take_tcnns_defaults(config):
+    """tcnn's create_from_config: RelativeL2 loss, OneBlob encoding, Adam optimizer where `otype` is absent."""
+    trainer = Trainer.from_config(config, 2, 3)
+    assert type(trainer.model.encoding).__name__ == "OneBlobEncoding"
+    assert type(trainer.optimizer).__name__ == "Adam"
+    gen = torch.Generator().manual_seed(0)
+    pred, target = (torch.randn(64, 3, generator=gen).to(tinn.runtime.device()) for _ in range(2))
+    value = float(trainer.loss.evaluate(pred, target).value)
+    assert value == pytest.approx(_relative_l2(pred, target), rel=1e-5)
+    assert value != pytest.approx(float(((pred - target) ** 2).mean()), rel=1e-3)  # not L2
+
+
+def test_a_loss_dict_without_otype_is_relative_l2_and_no_loss_is_l2():
+    model = NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, _NETWORK)
+    assert Trainer(model, loss={}).loss.otype == "RelativeL2"
+    assert Trainer(model).loss.otype == "L2"  # tinn's own constructor default
+
+
+def test_tcnn_facade_names_the_encoding_it_built():
+    import tinn.torch as tcnn
+    assert tcnn.Encoding(2, {"n_bins": 4}).otype == "OneBlob"
+    assert tcnn.NetworkWithInputEncoding(2, 3, {}, _NETWORK).encoding.otype == "OneBlob"
+    assert tcnn.Encoding(2, None).otype == "Identity"

@@ -246,6 +246,30 @@ def test_config_mismatch_is_refused_unless_not_strict(tmp_path, section, key, va
     _assert_state(dst, _state(src))
 
 
+@pytest.mark.parametrize("encoding,problem", [
+    ({"otype": "Frequency", "n_frequencies": 2}, r"unexpected \['encoding\.params'\]"),
+    ({"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 4},
+     r"encoding\.params is \(2, \d+\) torch\.float32, model has \(2, \d+\)"),
+])
+def test_config_mismatch_says_when_shapes_differ_too(tmp_path, encoding, problem):
+    """Where the other config also changes a table's shape, the config error says so up front instead of
+    suggesting strict_config=False, which would then fail on the shapes."""
+    grid = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 4}
+    src = Trainer.from_config(dict(CONFIG, encoding=grid), 2, 2, n_networks=2)
+    path = tmp_path / "run.tinn"
+    src.save_checkpoint(path)
+    dst = Trainer.from_config(dict(CONFIG, encoding=encoding), 2, 2, n_networks=2, seed=3)
+    before = _state(dst)
+    pattern = (r"saved with another config: encoding\..*Its parameters differ in shape too \(.*" + problem
+               + r".*strict_config=False cannot load it")
+    with pytest.raises(CheckpointError, match=pattern) as e:
+        dst.load_checkpoint(path)
+    assert "Pass strict_config=False to load it anyway" not in str(e.value)
+    with pytest.raises(CheckpointError, match=problem):
+        dst.load_checkpoint(path, strict_config=False)
+    _assert_state(dst, before)
+
+
 def test_stale_temporary_files_are_removed(tmp_path):
     import subprocess
 

@@ -34,7 +34,10 @@ CONFIG = {
 }
 VULKAN, NO_VULKAN_REASON = vulkan_installed()
 GGUI, NO_GGUI_REASON = ggui_support()
-needs_vulkan = pytest.mark.skipif(not (VULKAN and GGUI), reason=f"GGUI needs Vulkan and Taichi: {NO_VULKAN_REASON or NO_GGUI_REASON}")
+# A backend without GGUI (Quadrants) skips these tests anywhere; a missing Vulkan (a system package) skips them
+# locally and fails them in CI (tests/conftest.py: missing_package).
+needs_vulkan = [pytest.mark.skipif(not GGUI, reason=f"GGUI needs Taichi: {NO_GGUI_REASON}"),
+                pytest.mark.needs_package(VULKAN, f"GGUI needs Vulkan: {NO_VULKAN_REASON}")]
 
 
 def make_source(size=48, tiles=2, batch=1024):
@@ -481,3 +484,21 @@ def test_controller_status_and_finish():
     assert c.loss_steps == [1, 2, 3] and c.steps_per_second > 0
     assert c.network_loss is None  # a single network has no per-network panel
     assert any(line.startswith("step 3 / 3") for line in c.status_lines())
+
+
+def test_a_run_clears_the_frames_of_an_earlier_run(tmp_path, monkeypatch):
+    """out_dir holds one run's frames: an earlier run's frames, loss curve and summary are deleted at the start,
+    other files (screenshots, the user's) stay."""
+    monkeypatch.setenv("TINN_VIEWER_BACKEND", "png")
+    for name in ("frame_000999.png", "loss_curve.png", "summary.json", "screenshot_000001_1.png", "notes.txt"):
+        (tmp_path / name).write_text("earlier")
+    logged = []
+    source, _, _ = make_source(size=16)
+    summary = Viewer(source, out_dir=str(tmp_path), headless=True, frame_every=2, log=logged.append).run(4)
+    frames = sorted(p.name for p in tmp_path.glob("frame_*.png"))
+    assert frames == sorted(os.path.basename(f) for f in summary["frames"]) == \
+        ["frame_000000.png", "frame_000002.png", "frame_000004.png"]
+    assert (tmp_path / "screenshot_000001_1.png").read_text() == "earlier"
+    assert (tmp_path / "notes.txt").read_text() == "earlier"
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 4
+    assert any("removed 3 frame/summary file(s) of an earlier run" in line for line in logged)

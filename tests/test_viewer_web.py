@@ -190,7 +190,7 @@ def send_from_page(frontend, client_id, message, connection=None):
     future.result(timeout=10)
 
 
-@pytest.mark.skipif(_browser_missing() is not None, reason=str(_browser_missing()))
+@pytest.mark.needs_package(_browser_missing() is None, str(_browser_missing()))
 def test_page_in_a_browser_shows_and_steers_training(tmp_path):
     from playwright.sync_api import sync_playwright
     from viser import _messages
@@ -320,7 +320,7 @@ def test_page_in_a_browser_shows_and_steers_training(tmp_path):
 
 
 # ---- scene demos behind --viewer web -------------------------------------------------------------------
-@pytest.mark.skipif(importlib.util.find_spec("viser") is None, reason="the web viewer needs viser")
+@pytest.mark.needs_package(importlib.util.find_spec("viser") is not None, "the web viewer needs viser")
 def test_octree_demo_serves_the_page_and_its_level_of_detail_control_changes_renders(tmp_path, monkeypatch):
     import sys
 

@@ -32,6 +32,12 @@ loop and its line:
   dynamic loop from the source (literals, Python ints of the function's scope, `.shape[1]` of the arrays)
   and refuses what it cannot bound or what would overflow, with the fix. Quadrants' reverse mode takes
   `ti.static` loops only (without its experimental stack), which tinn says at construction.
+- **exp and tanh in dynamic loops:** Taichi 1.7.4's reverse mode takes their derivatives from their own
+  result, which it stores once per loop (the last iteration's): silently wrong gradients. tinn rewrites a
+  dynamic loop whose body calls exp, tanh or a helper function (which may hide one) as a `ti.static` loop
+  and compiles the rewritten function; a loop it cannot unroll (break, continue) is refused with that
+  cause. A part that keeps a dynamic loop or calls a helper is compared with finite differences along
+  random directions at construction (`verify_gradients`), and refused with the cause the source shows.
 
 **Buffers.** Taichi's torch interop takes a tensor's `.grad` as the kernel's gradient buffer; tinn hands
 it detached aliases whose `.grad` are its own buffers, kept per part and zeroed per call (the copy of
@@ -56,6 +62,7 @@ from .config import count
 from .errors import ConfigError, InputError
 from .kernels import autodiff_source as source
 from .kernels.autodiff import loss_kernel, sample_kernel, tangent_kernel
+from .kernels.launch import compile_from_stand_ins
 from .losses import LossResult
 from .part import SAMPLE_MAJOR, Context, Part, SecondOrderError
 
@@ -82,10 +89,15 @@ def _stack_size() -> int:
     return int(ti.lang.impl.current_cfg().ad_stack_size)
 
 
-def _check_source(func, kind, expected, inputs, outputs, shapes):
+def _check_source(func, kind, expected, inputs, outputs, shapes) -> source.Checked:
     return source.check(func, kind=kind, expected=expected, inputs=inputs, outputs=outputs, shapes=shapes,
                         ad_stack_size=_stack_size(), static_loops_only=backend.name() == "quadrants",
-                        backend=backend.name())
+                        backend=backend.name(), unroll=True)
+
+
+def _checked_function(func, checked: source.Checked):
+    """The Taichi function to compile: `func` itself, or its rewrite where loops were unrolled."""
+    return source.compile_function(func, checked, ti) if checked.unrolled else func
 
 
 def _alias(t: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
@@ -108,6 +120,13 @@ class _Workspace:
         if t is None or tuple(t.shape) != tuple(shape) or t.device != device:
             t = self.buffers[name] = torch.empty(shape, dtype=torch.float32, device=device)
         return t
+
+
+def _launch(kernel, args):
+    # A new instance compiles from stand-ins: the compile context Taichi keeps would otherwise hold this
+    # call's gradient buffer, and autograd would copy it instead of adopting it (kernels/launch.py).
+    compile_from_stand_ins(kernel, args)
+    return kernel(*args)
 
 
 def _compile_guard(kind: str, func, signature: str, call):
@@ -136,9 +155,10 @@ class AutodiffPart(Part):
         self.n_params = count("n_params", n_params, lo=0)
         self.gradient_replicas = None if gradient_replicas is None else count("gradient_replicas",
                                                                               gradient_replicas)
-        _check_source(func, "AutodiffPart", PART_ARGUMENTS, ("x", "p"), ("y",),
-                      {"x": {1: self.n_input_dims}, "p": {1: max(self.n_params, 1)}, "y": {1: self.n_output_dims}})
-        self._kernel = sample_kernel(func)
+        self._checked = _check_source(func, "AutodiffPart", PART_ARGUMENTS, ("x", "p"), ("y",),
+                                      {"x": {1: self.n_input_dims}, "p": {1: max(self.n_params, 1)},
+                                       "y": {1: self.n_output_dims}})
+        self._kernel = sample_kernel(_checked_function(func, self._checked))
         self._tangent = None  # (kernel, source) of the second-order path, built on first use
         self._work = _Workspace()
         self.seed = seed
@@ -146,6 +166,10 @@ class AutodiffPart(Part):
         self.params = torch.nn.Parameter(torch.empty(n_networks, max(self.n_params, 1), device=runtime.device()))
         self.params.requires_grad_(self.n_params > 0)
         self.reset_parameters(seed)
+        if self._checked.dynamic_loops or self._checked.helper_calls:
+            # What the source check cannot vouch for (a dynamic loop kept as such, a helper function's body)
+            # is checked against finite differences once, before a wrong gradient can reach training.
+            verify_gradients(self)
 
     def n_params_per_network(self) -> int:
         return max(self.n_params, 1)
@@ -173,8 +197,6 @@ class AutodiffPart(Part):
 
     # ---- the contract --------------------------------------------------------------------------------
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        if x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR:
-            raise ValueError("autodiff parts read and write sample-major tensors")
         # Zeros: an output the function leaves unwritten reads 0, not uninitialised memory.
         y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
         if x.shape[0]:
@@ -249,7 +271,7 @@ class AutodiffPart(Part):
     def _tangent_kernel(self):
         if self._tangent is None:
             try:
-                tangent, text = source.tangent_function(self.func, ti)
+                tangent, text = source.tangent_function(self.func, ti, self._checked)
             except source.Unsupported as exc:
                 raise SecondOrderError(f"second derivatives through AutodiffPart {self.func.__name__!r} need its "
                                        f"forward-mode derivative, which tinn cannot derive: the function uses "
@@ -260,7 +282,7 @@ class AutodiffPart(Part):
     def _call(self, kernel, x, ids, table, y, replicas: int, tangent=None):
         args = (x, ids, table, y, self.n_networks, replicas) if tangent is None else \
             (x, tangent, ids, table, y, self.n_networks, replicas)
-        _compile_guard("AutodiffPart", self.func, "func(x, p, b, net, y)", lambda: kernel(*args))
+        _compile_guard("AutodiffPart", self.func, "func(x, p, b, net, y)", lambda: _launch(kernel, args))
 
     def extra_repr(self) -> str:
         r = "auto" if self.gradient_replicas is None else self.gradient_replicas
@@ -284,8 +306,8 @@ class AutodiffLoss:
         source.check(func, kind="AutodiffLoss", expected=LOSS_ARGUMENTS, inputs=("pred", "target"), outputs=("l",),
                      shapes={}, ad_stack_size=_stack_size(), static_loops_only=False, backend=backend.name(),
                      check_loops=False)
-        self._checked_dims: set[int] = set()
-        self._kernel = loss_kernel(func)
+        # One kernel per row width: loops over `.shape[1]` are bounded (and unrolled where needed) per width.
+        self._kernels: dict[int, object] = {}
         self._work = _Workspace()
 
     def _inputs(self, pred, target, data_pdf):
@@ -297,10 +319,10 @@ class AutodiffLoss:
         if target.shape[0] != pred.shape[0]:
             raise InputError(f"target has batch size {target.shape[0]}; expected {pred.shape[0]} to match pred")
         dims = pred.shape[1]
-        if dims not in self._checked_dims:
-            _check_source(self.func, "AutodiffLoss", LOSS_ARGUMENTS, ("pred", "target"), ("l",),
-                          {r: {1: dims} for r in ("pred", "target", "l")})
-            self._checked_dims.add(dims)
+        if dims not in self._kernels:
+            checked = _check_source(self.func, "AutodiffLoss", LOSS_ARGUMENTS, ("pred", "target"), ("l",),
+                                    {r: {1: dims} for r in ("pred", "target", "l")})
+            self._kernels[dims] = loss_kernel(_checked_function(self.func, checked))
         return pred, target
 
     def _run(self, pred, target, need_pred: bool, need_target: bool, scale: float):
@@ -310,15 +332,16 @@ class AutodiffLoss:
             return values, (torch.zeros_like(pred) if need_pred else None), \
                 (torch.zeros_like(target) if need_target else None)
         guard = lambda k, *a: _compile_guard("AutodiffLoss", self.func, "func(pred, target, b, d, l)",  # noqa: E731
-                                             lambda: k(*a))
-        guard(self._kernel, pred, target, values)
+                                             lambda: _launch(k, a))
+        kernel = self._kernels[pred.shape[1]]
+        guard(kernel, pred, target, values)
         d_pred = torch.zeros_like(pred) if need_pred else None
         d_target = torch.zeros_like(target) if need_target else None
         if need_pred or need_target:
             seed = self._work.get("seed", pred.shape, pred.device)
             seed.fill_(scale)  # consumed by the adjoint kernel, refilled per call
             with torch.no_grad():
-                guard(self._kernel.grad, _alias(pred, d_pred), _alias(target, d_target), _alias(seed, seed))
+                guard(kernel.grad, _alias(pred, d_pred), _alias(target, d_target), _alias(seed, seed))
         return values, d_pred, d_target
 
     def evaluate(self, pred: torch.Tensor, target: torch.Tensor, net_ids: torch.Tensor | None = None,
@@ -361,16 +384,72 @@ class _AutodiffLossFn(torch.autograd.Function):
                 None)
 
 
-def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol: float = 2e-2, seed: int = 0) -> None:
-    """Compare the part's generated gradients with central finite differences (float32 forward, float64
-    arithmetic on the differences) at random inputs; raise ConfigError naming the first derivative that
-    differs, which is how a function breaking Taichi's global data access rule in a way the source check
-    cannot see (through a helper function) shows."""
+def _mismatch_cause(part: AutodiffPart) -> str:
+    """What a gradient that differs from finite differences points to, from what the source shows."""
+    checked = part._checked
+    causes = []
+    if checked.dynamic_loops:
+        causes.append(f"Taichi's reverse mode of the dynamic loop at {', '.join(checked.dynamic_loops)} gets "
+                      "this derivative wrong (it takes a non-linear op's derivative from a result stored once, "
+                      "not per iteration, as it does for exp and tanh); write the loop as ti.static(range(...))")
+    if checked.helper_calls or not causes:
+        where = f" or a function it calls ({', '.join(checked.helper_calls)})" if checked.helper_calls else ""
+        causes.append(f"the function{where} may read its output y or write x or p (Taichi's global data access "
+                      "rule)")
+    return "; or ".join(causes)
+
+
+def _probe_inputs(part: AutodiffPart, batch: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     dev = runtime.device()
     x = (torch.rand(batch, part.n_input_dims, generator=gen) * 2 - 1).to(dev)
     ids = torch.randint(0, part.n_networks, (batch,), generator=gen, dtype=torch.int32).to(dev)
     w = torch.randn(batch, part.n_output_dims, generator=gen).to(dev)
+    return gen, x, ids, w
+
+
+def verify_gradients(part: AutodiffPart, batch: int = 8, directions: int = 3, seed: int = 0) -> None:
+    """Compare the part's generated gradient with central finite differences along a few random directions
+    of (x, p) (float32 forward as the part runs it, float64 sums); raise ConfigError with the cause the
+    source points to where they differ at two step sizes (a kink between the probes moves with the step,
+    a wrong gradient does not). Runs on a compact copy of the rows the probe samples use, so its cost is
+    a few launches whatever the table's size; AutodiffPart calls it at construction where the source check
+    cannot vouch for the function (a dynamic loop, a helper function)."""
+    gen, x, ids, w = _probe_inputs(part, batch, seed)
+    rows, inverse = torch.unique(ids, return_inverse=True)
+    table = part.params.detach()[rows.long()].contiguous()
+    local_ids = inverse.to(torch.int32).contiguous()
+
+    def value(xv, tv) -> float:
+        out = torch.zeros(batch, part.n_output_dims, device=x.device)
+        part._call(part._kernel, xv.contiguous(), local_ids, tv.contiguous(), out, 1)
+        return float((out.double() * w.double()).sum())
+
+    dx, dt, seed_dy = torch.zeros_like(x), torch.zeros_like(table), w.clone()
+    with torch.no_grad():
+        part._call(part._kernel.grad, _alias(x, dx), local_ids, _alias(table, dt), _alias(seed_dy, seed_dy), 1)
+    for _ in range(directions):
+        vx = torch.randn(x.shape, generator=gen).to(x.device)
+        vt = torch.randn(table.shape, generator=gen).to(x.device) * (1.0 if part.n_params else 0.0)
+        terms = torch.cat([(dx.double() * vx.double()).flatten(), (dt.double() * vt.double()).flatten()])
+        got, scale = float(terms.sum()), float(terms.abs().sum())
+        misses = []
+        for eps in (1e-3, 4e-3):
+            fd = (value(x + eps * vx, table + eps * vt) - value(x - eps * vx, table - eps * vt)) / (2 * eps)
+            misses.append(abs(got - fd) > 1e-2 * scale + 1e-3)
+        if all(misses):
+            raise ConfigError(f"AutodiffPart {getattr(part.func, '__name__', '?')}: its gradient along a random "
+                              f"direction is {got:.6g} but finite differences give {fd:.6g}: "
+                              f"{_mismatch_cause(part)}")
+
+
+def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol: float = 2e-2, seed: int = 0) -> None:
+    """Compare the part's generated gradients with central finite differences per coordinate (float32
+    forward, float64 arithmetic on the differences) at random inputs; raise ConfigError naming the first
+    derivative that differs and the cause the source points to (a dynamic loop Taichi's reverse mode gets
+    wrong, or the global data access rule broken where the source check cannot see it, in a helper)."""
+    _, x, ids, w = _probe_inputs(part, batch, seed)
+    dev = x.device
     y, ctx = part.forward_ctx(x, ids, train=True)
     dx, (dp,) = part.backward(ctx, w, need_dx=True)
 
@@ -394,8 +473,7 @@ def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol:
         got = float((dx if name == "x" else dp)[r, c])
         if abs(got - fd) > rtol * max(abs(fd), 1.0) + 1e-3:
             raise ConfigError(f"AutodiffPart {getattr(part.func, '__name__', '?')}: d/d{name}[{r}, {c}] is {got:.6g} "
-                              f"but finite differences give {fd:.6g}; the function may read its output y or "
-                              "write x or p (Taichi's global data access rule)")
+                              f"but finite differences give {fd:.6g}: {_mismatch_cause(part)}")
 
 
 # ---- built-in functions on this path (checked alternatives to hand-written kernels) ----------------------

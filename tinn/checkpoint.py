@@ -379,19 +379,27 @@ def _decode_v1(data: bytes, source: str):
 
 
 # ---- restoring into a model / trainer ---------------------------------------------------------
-def check_module_state(module: torch.nn.Module, state: dict[str, Any], source: str) -> None:
-    """Raise unless `state` has exactly the module's entries with its shapes and dtypes."""
+def module_state_mismatch(module: torch.nn.Module, state: dict[str, Any]) -> str | None:
+    """What keeps `state` from loading into `module` (entries missing or unexpected, another shape or
+    dtype), or None when it has exactly the module's entries with their shapes and dtypes."""
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        raise CheckpointError(f"{source}: parameters do not match the model (missing {missing}, unexpected {unexpected})")
+        return f"parameters do not match the model (missing {missing}, unexpected {unexpected})"
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{source}: {key} is {value!r}; the model has a tensor")
+            return f"{key} is {value!r}; the model has a tensor"
         if tuple(value.shape) != tuple(own[key].shape) or value.dtype != own[key].dtype:
-            raise CheckpointError(f"{source}: {key} is {tuple(value.shape)} {value.dtype}, model has "
-                                  f"{tuple(own[key].shape)} {own[key].dtype}")
+            return f"{key} is {tuple(value.shape)} {value.dtype}, model has {tuple(own[key].shape)} {own[key].dtype}"
+    return None
+
+
+def check_module_state(module: torch.nn.Module, state: dict[str, Any], source: str) -> None:
+    """Raise unless `state` has exactly the module's entries with its shapes and dtypes."""
+    problem = module_state_mismatch(module, state)
+    if problem is not None:
+        raise CheckpointError(f"{source}: {problem}")
 
 
 def load_module_state(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
@@ -466,8 +474,12 @@ def restore_trainer(trainer, path: str | os.PathLike, strict_config: bool = True
         diffs = config_differences(metadata.get("config", {}), trainer.config)
         if diffs:
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
-            raise CheckpointError(f"{source}: saved with another config: {'; '.join(diffs[:8])}{more}. "
-                                  "Pass strict_config=False to load it anyway")
+            # Say up front whether strict_config=False can help: not when the tables differ too.
+            problem = module_state_mismatch(trainer.model, sections["model"])
+            advice = ("Pass strict_config=False to load it anyway" if problem is None else
+                      f"Its parameters differ in shape too ({problem}), so strict_config=False cannot load it "
+                      "either: build the model with the checkpoint's config")
+            raise CheckpointError(f"{source}: saved with another config: {'; '.join(diffs[:8])}{more}. {advice}")
     check_module_state(trainer.model, sections["model"], source)
     try:
         trainer.optimizer.check_state_dict(sections["optimizer"])

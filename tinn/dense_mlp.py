@@ -134,15 +134,21 @@ def _weights(params: torch.Tensor, shape: MLPShape) -> list[torch.Tensor]:
     return mats
 
 
-def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, unscale: float = 1.0) -> None:
+def _is_one(scale) -> bool:
+    """Whether a gradient scale (a float, or a device tensor that a dynamic scaler updates) is the fixed 1:
+    a tensor never counts as one, so reading it costs no host sync."""
+    return not isinstance(scale, torch.Tensor) and scale == 1.0
+
+
+def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, unscale: float | torch.Tensor = 1.0) -> None:
     """out := (a @ b) / unscale; a float32 `out` of lower-precision operands gets the product converted first,
     so that small values are not lost in the narrow type."""
-    if a.dtype == out.dtype and unscale == 1.0:
+    if a.dtype == out.dtype and _is_one(unscale):
         torch.mm(a, b, out=out)
         return
     out.copy_(torch.mm(a, b))
-    if unscale != 1.0:
-        out.mul_(1.0 / unscale)
+    if not _is_one(unscale):
+        out.div_(unscale)
 
 
 def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor, pre: torch.Tensor,
@@ -179,16 +185,17 @@ def compute_operands(x: torch.Tensor, params: torch.Tensor, dtype: torch.dtype) 
 def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor,
                     pre: torch.Tensor, out: torch.Tensor, deltas: torch.Tensor, dout: torch.Tensor,
                     dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_fm: bool = False,
-                    gradient_scale: float = 1.0) -> None:
+                    gradient_scale: float | torch.Tensor = 1.0) -> None:
     """What `mlp_array.backward_deltas` writes for one network: dout[0] (n_out, batch) and deltas[l]
-    (width, batch), dL/dz of the output and of each hidden layer, times `gradient_scale`, in the dtype of
+    (width, batch), dL/dz of the output and of each hidden layer, times `gradient_scale` (a float, or the
+    0-d device tensor of a dynamic scaler, read where the GEMMs run), in the dtype of
     params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_fm, unscaled, float32."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     slope = derivative(pre[last, :shape.n_out].t() if keep_pre else None, out, shape.output_act)
     g = dout[0]
     grad = dy if slope is None else dy * slope
-    if gradient_scale == 1.0:
+    if _is_one(gradient_scale):
         g.copy_(grad.t())
     else:
         torch.mul(grad.t(), gradient_scale, out=g)

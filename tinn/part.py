@@ -17,7 +17,9 @@ Layouts: a (batch, dims) tensor is *sample-major*; its transpose, stored contigu
 is *feature-major*. A part lists the layouts it can read (`input_layouts`) and write
 (`output_layouts`), preferred first; a composition hands tensors over in a layout both sides take,
 with no transposes in between. `dx` is returned in the layout `x` came in, `dy` is read in the layout
-`y` went out.
+`y` went out. Every subclass's `forward_ctx` is wrapped (at class creation) by a check that `x_layout`
+and `y_layout` are among the layouts the instance declares, so a part never reads a tensor in a layout
+it does not handle.
 
 Users call a part like any torch module: `part(x, ids)` validates the inputs (shape, dtype, device,
 id range and finite values, in one device sync) and runs the contract under one generic
@@ -27,13 +29,14 @@ actually requested, never a silently wrong one). The Trainer drives the same met
 """
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import torch
 
 from . import checks, runtime
 from .config import count
-from .errors import TinnError
+from .errors import ConfigError, TinnError
 
 SAMPLE_MAJOR = "sample_major"
 FEATURE_MAJOR = "feature_major"
@@ -68,6 +71,28 @@ def common_layout(producer: "Part", consumer: "Part") -> str:
         if layout in consumer.input_layouts:
             return layout
     return SAMPLE_MAJOR
+
+
+def _layout_error(part: "Part", argument: str, layout, allowed: tuple[str, ...]) -> ConfigError:
+    what = "reads" if argument == "x_layout" else "writes"
+    known = "" if layout in LAYOUTS else f" (not a layout at all; layouts are {list(LAYOUTS)})"
+    return ConfigError(f"{type(part).__name__}.forward_ctx: {argument}={layout!r} is not a layout this part "
+                       f"{what}{known}; allowed: {list(allowed)}")
+
+
+def _checking_layouts(forward_ctx):
+    """`forward_ctx` behind a check of its layout arguments against the part's declared layouts (read from
+    the instance: some parts choose theirs when built). Two tuple lookups per call."""
+    @functools.wraps(forward_ctx)
+    def checked(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR, **extra):
+        if x_layout not in self.input_layouts:
+            raise _layout_error(self, "x_layout", x_layout, self.input_layouts)
+        if y_layout not in self.output_layouts:
+            raise _layout_error(self, "y_layout", y_layout, self.output_layouts)
+        return forward_ctx(self, x, ids, train=train, x_layout=x_layout, y_layout=y_layout, **extra)
+
+    checked.checks_layouts = True
+    return checked
 
 
 def _zeros_like_or_none(t):
@@ -113,6 +138,9 @@ class Part(torch.nn.Module):
         # the Trainer then trains it through torch autograd.
         if "forward" in cls.__dict__:
             cls.direct_training = False
+        own = cls.__dict__.get("forward_ctx")
+        if own is not None and not getattr(own, "checks_layouts", False):
+            cls.forward_ctx = _checking_layouts(own)
 
     # ---- the contract -------------------------------------------------------------------------------
     def tables(self) -> tuple[torch.Tensor | None, ...]:

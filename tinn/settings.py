@@ -6,6 +6,10 @@ overrides both. After `init` the record is frozen: kernels compiled later read t
 Per module, constructor arguments override it (`NetworkArray(..., kernels="unfused")`,
 `GridEncoding(..., feature_lanes=False)`).
 
+Every field is checked by its type and range however it is given (`Settings(...)`, `TINN_SETTINGS`,
+`tinn.init(settings=...)`): a wrong value raises ConfigError naming the field and what it allows. Only
+the environment's text is converted ("true", "off", "auto", "32"); Python values must have the field's type.
+
 | field | default | what |
 | --- | --- | --- |
 | network_kernels | "auto" | an MLP array's path (`tinn/networks/selection.py`): "tensor_cores" (Triton kernels, CUDA), "fused" (Taichi, CUDA, one launch for all layers), "unfused", "batched_gemm" (torch bmm over samples grouped per network), or "auto" (the selection rule) |
@@ -20,6 +24,7 @@ Per module, constructor arguments override it (`NetworkArray(..., kernels="unfus
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where measured faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | network_precision | "auto" | the precision of an MLP's matrix products: "float32" (exact), "tf32" (float32 operands rounded by the tensor cores), "float16" (tcnn's precision: half operands and activations, float32 accumulation, output gradients scaled before the cast) or "bfloat16"; "auto": float16 for arrays on the tensor cores, float32 for a single network and on the CPU. Parameters, optimizer state, outputs and input gradients stay float32. Applied where the chosen path computes in it (the tensor cores; a single network's dense path in float16/bfloat16), float32 elsewhere (`NetworkArray.precision` says which); a NetworkArray's own `precision=` argument is refused where it cannot apply |
+| gradient_scaling | "dynamic" | how a float16 network scales its gradients: "dynamic" (tinn/gradient_scaling.py: start at tcnn's 128, halve and skip the optimizer step whose gradients overflow, double after 2000 finite steps; `NetworkArray.gradient_scaler`, `Trainer.skipped_steps`) or "static" (tcnn's fixed 128, which large gradients can overflow into inf and NaN) |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -45,6 +50,7 @@ ENV_VARIABLE = "TINN_SETTINGS"
 NETWORK_KERNELS = ("auto", "tensor_cores", "fused", "unfused", "batched_gemm")
 STAGED_WEIGHTS = ("auto", "none", "forward", "backward", "both")
 NETWORK_PRECISIONS = ("auto", "float32", "tf32", "float16", "bfloat16")
+GRADIENT_SCALINGS = ("dynamic", "static")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Settings:
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     network_precision: str = "auto"
+    gradient_scaling: str = "dynamic"
     dense_step_graphs: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
@@ -77,53 +84,80 @@ class Settings:
     deterministic: bool = False
 
     def __post_init__(self):
-        if self.network_kernels not in NETWORK_KERNELS:
-            raise ConfigError(f"settings.network_kernels={self.network_kernels!r} is not supported; "
-                              f"allowed: {list(NETWORK_KERNELS)}")
-        if self.fused_staged_weights not in STAGED_WEIGHTS:
-            raise ConfigError(f"settings.fused_staged_weights={self.fused_staged_weights!r} is not supported; "
-                              f"allowed: {list(STAGED_WEIGHTS)}")
-        if self.network_precision not in NETWORK_PRECISIONS:
-            raise ConfigError(f"settings.network_precision={self.network_precision!r} is not supported; "
-                              f"allowed: {list(NETWORK_PRECISIONS)}")
-        for name in ("fused_tile", "fused_backward_tile"):
-            value = getattr(self, name)
-            if value % 16 or value < 0 or value > 128 or (name == "fused_tile" and value == 0):
-                raise ConfigError(f"settings.{name}={value} must be a multiple of 16 in [16, 128]"
-                                  + (" (or 0 for the default)" if name == "fused_backward_tile" else ""))
-        for name in ("fused_unroll_forward", "fused_unroll_backward", "fused_grad_step", "weight_gradient_slices",
-                     "collective_timeout_s"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 1")
-        if not 1 <= self.table_chunk_elements <= (1 << 31) - (1 << 24):
-            raise ConfigError(f"settings.table_chunk_elements={self.table_chunk_elements} must be in "
-                              "[1, 2^31 - 2^24]")
-        if not isinstance(self.deterministic, bool):
-            raise ConfigError(f"settings.deterministic={self.deterministic!r} must be true or false")
-        for name in ("fused_grad_chunk", "gpu_max_reg"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"settings.{name}={getattr(self, name)} must be >= 0")
+        for name, field in _FIELDS.items():
+            _check(name, field.type, getattr(self, name))
 
     def replace(self, **changes) -> "Settings":
-        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+        """A copy with `changes` (Python values of each field's type) applied and checked."""
+        for name in changes:
+            _known(name)
+        return dataclasses.replace(self, **changes)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
+# The allowed values of each text field and the range of each integer field; every field's type comes
+# from its annotation above, so a new field is checked by type without being listed here.
+_CHOICES = {
+    "network_kernels": NETWORK_KERNELS,
+    "fused_staged_weights": STAGED_WEIGHTS,
+    "network_precision": NETWORK_PRECISIONS,
+    "gradient_scaling": GRADIENT_SCALINGS,
+}
+_TILE_FIELDS = ("fused_tile", "fused_backward_tile")
+_INT_RANGES = {
+    "fused_unroll_forward": (1, None),
+    "fused_unroll_backward": (1, None),
+    "fused_grad_step": (1, None),
+    "fused_grad_chunk": (0, None),
+    "weight_gradient_slices": (1, None),
+    "gpu_max_reg": (0, None),
+    "collective_timeout_s": (1, None),
+    "table_chunk_elements": (1, (1 << 31) - (1 << 24)),
+}
+_INT_BOUND_TEXT = {(1 << 31) - (1 << 24): "2^31 - 2^24"}
 
-def _coerce(name: str, value):
-    """`value` (a Python value, or a string from the environment) as field `name`'s type."""
+
+def _known(name: str) -> None:
     if name not in _FIELDS:
         hint = difflib.get_close_matches(name, _FIELDS, n=1)
         raise ConfigError(f"unknown setting {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                           + f"; allowed: {sorted(_FIELDS)}")
+
+
+def _check(name: str, kind: str, value) -> None:
+    """Raise ConfigError naming `name` and what it allows unless `value` is of field type `kind` and in range."""
+    shown = f"settings.{name}={value!r}"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{shown} must be true or false (a bool)")
+    elif kind == "bool | None":
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{shown} must be true, false or None (None = automatic)")
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{shown} must be an integer, got {type(value).__name__}")
+        if name in _TILE_FIELDS:
+            low = 16 if name == "fused_tile" else 0
+            if value % 16 or not low <= value <= 128:
+                raise ConfigError(f"{shown} must be a multiple of 16 in [16, 128]"
+                                  + (" (or 0 for the default)" if low == 0 else ""))
+        low, high = _INT_RANGES.get(name, (None, None))
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in [{low}, {_INT_BOUND_TEXT.get(high, high)}]"
+            raise ConfigError(f"{shown} must be {bounds}")
+    elif kind == "str":
+        choices = _CHOICES[name]
+        if not isinstance(value, str) or value not in choices:
+            raise ConfigError(f"{shown} is not supported; allowed: {list(choices)}")
+    else:
+        raise AssertionError(f"settings.{name} has a type ({kind}) the checks do not know")
+
+
+def _from_text(name: str, value: str):
+    """`value`, a string from the environment, as field `name`'s type (checked later by `Settings`)."""
+    _known(name)
     kind = _FIELDS[name].type
-    if not isinstance(value, str):
-        if "bool" in kind and not isinstance(value, (bool, type(None))):
-            raise ConfigError(f"settings.{name}={value!r} must be true or false")
-        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"settings.{name}={value!r} must be an integer")
-        return value
     text = value.strip()
     if "bool" in kind:
         lowered = text.lower()
@@ -133,7 +167,8 @@ def _coerce(name: str, value):
             return True
         if lowered in ("0", "false", "off", "no"):
             return False
-        raise ConfigError(f"{ENV_VARIABLE}: {name}={text!r} must be true or false")
+        allowed = "true, false, none or auto" if "None" in kind else "true or false"
+        raise ConfigError(f"{ENV_VARIABLE}: {name}={text!r} must be {allowed}")
     if kind == "int":
         try:
             return int(text)
@@ -149,7 +184,7 @@ def parse(text: str) -> dict:
         name, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"{ENV_VARIABLE}: {item!r} is not of the form name=value")
-        out[name.strip()] = _coerce(name.strip(), value)
+        out[name.strip()] = _from_text(name.strip(), value)
     return out
 
 
@@ -168,7 +203,12 @@ def install(chosen: Settings) -> None:
 
 def build(environment: str | None, overrides: "Settings | dict | None") -> Settings:
     """The settings of a process: defaults, then the environment's, then the caller's."""
-    base = Settings().replace(**parse(environment)) if environment else Settings()
+    try:
+        base = Settings().replace(**parse(environment)) if environment else Settings()
+    except ConfigError as error:
+        if str(error).startswith(ENV_VARIABLE):
+            raise
+        raise ConfigError(f"{ENV_VARIABLE}: {error}") from None
     if overrides is None:
         return base
     if isinstance(overrides, Settings):

@@ -55,14 +55,25 @@ Differences from tcnn
 * float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
   is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
   half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
-* `params` has shape `(n_networks, n_params_per_network)` (one row per network of an array; `(1, P)` for
-  a single network) instead of tcnn's flat `(P,)`; `n_params()` is the total count, as in tcnn.
+* float16 gradients are scaled dynamically (`settings.gradient_scaling`, tcnn's is a fixed 128): the
+  gradients autograd delivers are already unscaled; an overflow is flagged in the network's
+  `gradient_scaler`. A loop of your own calls `net.gradient_scaler.update()` after `backward()` (one host
+  read) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
+  `NetworkWithInputEncoding`, `model.network.gradient_scaler`). Without that call the scale stays at 128,
+  tcnn's behaviour. tinn's `Trainer` does it itself (`trainer.skipped_steps`).
+* A single `NetworkWithInputEncoding`'s `params` is tcnn's flat `(P,)` parameter (network, then encoding)
+  and backward sets its `.grad`, as in tcnn; its parts' tables are views of the same storage and get their
+  own `.grad` too, which is why it is not among `parameters()` (an optimizer takes either one). A
+  `Network`'s `params` is its `(1, P)` table and an array's `(n_networks, n_params_per_network)`, one row
+  per network (an array of encodings + networks has no flat vector: `model.params` is then the one
+  table when only one part has one, else an AttributeError); `n_params()` is the total count, as in tcnn.
 * Parameter-free encodings (Identity, Frequency, ...) have `params = None` and no registered parameter
   (tcnn registers an empty tensor).
 * `NetworkWithInputEncoding` keeps its parts as the submodules `encoding` and `network`, each with its
   own `params` (state_dict keys `encoding.params`, `network.params`), so that per-part learning rates or
-  weight decay are plain torch parameter groups. `model.params` is the network's table when the encoding
-  has none (the common Frequency/OneBlob case) and an AttributeError otherwise.
+  weight decay are plain torch parameter groups.
+* Initial weights: tcnn's distributions with the padded matrices' fans (so tcnn's bounds), drawn from
+  torch's generator instead of pcg32: the same seed gives other numbers.
 * `type(tcnn.Encoding(n, {"otype": "HashGrid"}))` is tinn's `GridEncoding` (`isinstance(e, tcnn.Encoding)`
   holds); subclass the tinn classes (or `tcnn.Module`, tinn's `Part`) to extend them.
 * No batch-size granularity or padding: any batch size, including 0, works.
@@ -76,10 +87,10 @@ import torch
 
 from . import models, networks, tcnn_layout
 from .config import Section
-from .encodings import ENCODINGS, create_encoding
+from .encodings import DEFAULT_ENCODING, ENCODINGS, create_encoding
 from .encodings import Encoding as _CoreEncoding
 from .errors import ConfigError
-from .part import Part
+from .part import Part, _PartFunction, has_hooks
 from .runtime import stream_guard
 
 __all__ = ["Module", "Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "stream_guard",
@@ -124,6 +135,13 @@ def _check_dtype(dtype) -> None:
 def _config_copy(config) -> dict:
     data = getattr(config, "data", config)  # a tinn.config.Section or a plain dict
     return copy.deepcopy(dict(data)) if data is not None else {}
+
+
+def _otype_of(encoding_config) -> str:
+    """The otype `create_encoding` builds for `encoding_config`, in canonical spelling: tcnn's OneBlob where a
+    config omits it, Identity for no config at all."""
+    config = encoding_config if encoding_config is not None else {"otype": "Identity"}
+    return Section(getattr(config, "data", config), "encoding").otype(list(ENCODINGS), DEFAULT_ENCODING)
 
 
 class _Adapter(type):
@@ -187,7 +205,7 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
             enc.dtype = dtype  # tcnn's output dtype; the computation stays float32
         enc.encoding_config = _config_copy(encoding_config)
         # The config's otype in canonical spelling (the class's names the family: "Grid" for a "HashGrid").
-        enc.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
+        enc.otype = _otype_of(encoding_config)
         enc.seed = seed
         return enc
 
@@ -206,6 +224,41 @@ class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
                          seed=seed, share_encoding=share_encoding, tcnn_padding=True)
         self.encoding_config = self.encoding.encoding_config = _config_copy(encoding_config)
         self.network_config = self.network.network_config = _config_copy(network_config)
-        self.encoding.otype = Section(encoding_config or {"otype": "Identity"}, "encoding").otype(list(ENCODINGS))
-        # One flat storage in tcnn's order behind both tables, so `params` is tcnn's flat vector.
-        self.__dict__["_flat_params"] = tcnn_layout.bind_flat(self)
+        self.encoding.otype = _otype_of(encoding_config)
+        # One flat storage in tcnn's order behind both tables, so `params` is tcnn's flat vector: a parameter
+        # of its own (kept out of `parameters()`, which would otherwise step the same storage twice) whose
+        # `.grad` autograd sets next to the tables' (`run_checked`).
+        flat = tcnn_layout.bind_flat(self)
+        self.__dict__["_flat_params"] = None if flat is None else torch.nn.Parameter(flat)
+
+    def run_checked(self, x, ids):
+        """As tinn's, with the flat `params` in the graph too where it wants a gradient: its `.grad` is the
+        tables' gradients in tcnn's order (one copy of the parameters per backward)."""
+        flat = tcnn_layout.flat_view(self, self.__dict__.get("_flat_params"))
+        if flat is None or not (torch.is_grad_enabled() and flat.requires_grad) or \
+                has_hooks(self.encoding) or has_hooks(self.network):
+            return super().run_checked(x, ids)
+        with stream_guard():
+            return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.tables()))
+
+
+class _FlatGradient(torch.autograd.Function):
+    """The tables passed through unchanged, so the flat parameter they are views of gets their gradients
+    (concatenated in the order the tables lie in it, tcnn's layout) as its own `.grad`, while each table keeps
+    its own."""
+
+    @staticmethod
+    def forward(ctx, flat, *tables):
+        ctx.shapes = [t.shape for t in tables]
+        ctx.order = sorted(range(len(tables)), key=lambda k: tables[k].data_ptr())  # bind_flat covers flat
+        ctx.set_materialize_grads(False)
+        return tuple(t.view_as(t) for t in tables)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        flat_grad = None
+        if ctx.needs_input_grad[0] and any(g is not None for g in grads):
+            device = next(g.device for g in grads if g is not None)
+            flat_grad = torch.cat([(grads[k] if grads[k] is not None else
+                                    torch.zeros(ctx.shapes[k], device=device)).reshape(-1) for k in ctx.order])
+        return (flat_grad,) + grads

@@ -10,6 +10,10 @@ through torch autograd and gets the same gradients.
 rendering, distillation): `objective()` returns a scalar loss built with autograd. Learning-rate
 schedules live in the optimizer (`ExponentialDecay` and the other wrappers), not in the loops.
 `reset()` puts model and optimizer back to their initial state.
+
+Networks computing in float16 scale their gradients dynamically (tinn/gradient_scaling.py): after each
+backward the trainer asks their scalers whether the gradients were finite (one host read per step) and
+skips the optimizer step where they were not; `skipped_steps` counts those steps, `step` the steps taken.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import os
 
 import torch
 
-from . import checkpoint, checks, runtime
+from . import checkpoint, checks, gradient_scaling, runtime
 from .config import Section
 from .errors import InputError
 from .losses import Loss, LossResult, create_loss
@@ -37,6 +41,18 @@ def _observed(model: torch.nn.Module) -> bool:
     if any(has_hooks(m) for m in model.modules()):
         return True
     return any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+
+
+def _gradient_scalers(model: torch.nn.Module, fresh: bool = False) -> list:
+    """The dynamic gradient scalers of the model's float16 networks (fresh ones for a reset)."""
+    scalers = []
+    for m in model.modules():
+        scaler = getattr(m, "gradient_scaler", None)
+        if isinstance(scaler, gradient_scaling.GradientScaler):
+            if fresh:
+                scaler.reset()
+            scalers.append(scaler)
+    return scalers
 
 
 def _accumulate_grad(p: torch.Tensor, grad: torch.Tensor) -> None:
@@ -107,13 +123,15 @@ class Trainer(LearningRateOf):
                  track_per_network_loss: bool = False):
         self.model = model
         self.loss = loss if loss is not None and not isinstance(loss, (dict, Section)) else \
-            create_loss(loss or {"otype": "L2"})
+            create_loss({"otype": "L2"} if loss is None else loss)
         self.optimizer = optimizer if optimizer is not None and not isinstance(optimizer, (dict, Section)) else \
-            create_optimizer(optimizer or {"otype": "Adam"}, list(model.named_parameters()))
+            create_optimizer({"otype": "Adam"} if optimizer is None else optimizer, list(model.named_parameters()))
         self.config = config or {}
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
         self.step = 0
+        self.skipped_steps = 0
+        self.gradient_scalers = _gradient_scalers(model)
 
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
@@ -121,8 +139,10 @@ class Trainer(LearningRateOf):
         """Build model, loss and optimizer from a tcnn config.
 
         Args:
-            config: a dict with `network` and optionally `encoding`, `loss` (default L2) and
-                `optimizer` (default Adam), as `tinn.load_config` returns it.
+            config: a dict with `network` and optionally `encoding`, `loss` and `optimizer`, as
+                `tinn.load_config` returns it. As tcnn's `create_from_config`, an absent section is an
+                empty one and a section without `otype` takes tcnn's default: RelativeL2 loss, OneBlob
+                encoding, Adam optimizer.
             n_input_dims: input width of the model.
             n_output_dims: output width of the model.
             n_networks: how many networks of that shape (one encoding and one MLP each).
@@ -140,13 +160,12 @@ class Trainer(LearningRateOf):
         root.expect_keys(TRAINER_OPTIONS, "a trainer config")
         model = NetworkWithInputEncoding(
             n_input_dims, n_output_dims,
-            root.section("encoding", required=False).data or {"otype": "Identity"},
+            root.section("encoding", required=False),
             root.section("network", required=True),
             n_networks=n_networks, seed=seed,
         )
-        loss = create_loss(root.section("loss", required=False).data or {"otype": "L2"})
-        optimizer = create_optimizer(root.section("optimizer", required=False).data or {"otype": "Adam"},
-                                     list(model.named_parameters()))
+        loss = create_loss(root.section("loss", required=False))
+        optimizer = create_optimizer(root.section("optimizer", required=False), list(model.named_parameters()))
         return cls(model, loss, optimizer, config=config, **kwargs)
 
     @property
@@ -218,8 +237,7 @@ class Trainer(LearningRateOf):
                 with runtime.autograd_backward_here():
                     pred.backward(result.grad)
         if run_optimizer:
-            self.optimizer.step()
-            self.step += 1
+            self._optimizer_step()
         if track:
             self.per_network_loss = result.per_network
         return result.value
@@ -247,9 +265,25 @@ class Trainer(LearningRateOf):
             with runtime.autograd_backward_here():
                 loss.backward()
         if run_optimizer:
-            self.optimizer.step()
-            self.step += 1
+            self._optimizer_step()
         return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        """The optimizer's step, unless a float16 network's gradients overflowed (its scaler backs off)."""
+        if self.gradient_scalers and not gradient_scaling.step_finite(self.gradient_scalers):
+            self.skipped_steps += 1
+            return
+        self.optimizer.step()
+        self.step += 1
+
+    @property
+    def gradient_scale(self) -> float | None:
+        """The current gradient scale of the model's (first) float16 network, None without one."""
+        return self.gradient_scalers[0].value if self.gradient_scalers else None
+
+    def summary(self) -> dict:
+        """Steps taken, steps skipped for overflowing float16 gradients and the current gradient scale."""
+        return {"step": self.step, "skipped_steps": self.skipped_steps, "gradient_scale": self.gradient_scale}
 
     def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Evaluate without gradients, with the optimizer's inference weights.
@@ -280,6 +314,8 @@ class Trainer(LearningRateOf):
                     reset(seed) if isinstance(m, Part) and seed is not None else reset()
         self.optimizer = create_optimizer(self.optimizer.hyperparams(), list(self.model.named_parameters()))
         self.step = 0
+        self.skipped_steps = 0
+        self.gradient_scalers = _gradient_scalers(self.model, fresh=True)
         self.per_network_loss = None
 
     # ---- checkpoints ----------------------------------------------------------------------------

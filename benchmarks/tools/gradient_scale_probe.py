@@ -22,7 +22,8 @@ def main(argv=None) -> None:
         raise SystemExit(__doc__)
     dense_mlp.GRADIENT_SCALES["float16"] = float(argv[0])
     rest = argv[1:] or ["--quality-runs", "3", "--train-steps", "1000"]
-    image_paths.main(["--variant", "network_precision=float16", "--rounds", "1", "--steps", "20", *rest])
+    # A fixed scale: the dynamic scaling (the default for float16) would move it.
+    image_paths.main(["--variant", "network_precision=float16,gradient_scaling=static", "--rounds", "1", "--steps", "20", *rest])
 
 
 if __name__ == "__main__":

@@ -232,8 +232,6 @@ class ShardedPart(_Collective):
         return route
 
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        if x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR:
-            raise ValueError("ShardedPart reads and writes sample-major tensors")
         call = self._next_call()
         route = self._route(ids, [int(train), call], ["gradients enabled", "call number"], "the forward header")
         dev = runtime.device()

@@ -19,8 +19,8 @@ from ..kernels import deterministic as DK
 from ..kernels import grid_encoding as K
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, SecondOrderError, to_layout
 from .base import Encoding
-from .grid_layout import (GRID_TYPES, HASH_PRIMES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
-                          default_per_level_scale, grid_layout)
+from .grid_layout import (GRID_TYPES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
+                          default_per_level_scale, grid_layout, hash_code)
 
 _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense", "TiledGrid": "Tiled"}
 _INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
@@ -71,7 +71,7 @@ class GridEncoding(Encoding):
 
     otype = "Grid"
     output_layouts = (FEATURE_MAJOR, SAMPLE_MAJOR)
-    # tcnn's "stochastic_interpolation" and "fixed_point_pos": only false is supported.
+    # tcnn's "fixed_point_pos": only false is supported.
     OPTIONS = ("n_levels", "n_features", "n_grid_features", "n_features_per_level", "log2_hashmap_size",
                "base_resolution", "per_level_scale", "type", "interpolation", "hash", "stochastic_interpolation",
                "fixed_point_pos", "table_dtype")
@@ -80,7 +80,7 @@ class GridEncoding(Encoding):
                  log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float | None = None,
                  interpolation: str = "Linear", grid_type: str = "Hash", hash: str = "CoherentPrime",
                  n_networks: int = 1, seed: int = 1337, feature_lanes: bool | None = None,
-                 table_dtype: str = "float32"):
+                 table_dtype: str = "float32", stochastic_interpolation: bool = False):
         """Build `n_networks` grids of one shape (tcnn's `Grid`/`HashGrid`/`DenseGrid`/`TiledGrid` keys).
 
         Args:
@@ -104,6 +104,11 @@ class GridEncoding(Encoding):
                 tinn's Adam steps lazily with bfloat16 moments and stochastically rounded weights, so a
                 trained value costs 6 bytes instead of 20 (float32 table, dense gradient, Adam's two
                 moments and step count). No second derivatives; not inside a Composite.
+            stochastic_interpolation: tcnn's option: the table gradient of each (level, sample) goes
+                whole to one corner drawn with its interpolation weight (tcnn's generator, so the same
+                corners as tcnn's) instead of N-linearly to all; features and input gradients stay
+                N-linear. No fixed-order (`settings.deterministic`) or compact-table path, and no
+                gradient of the table gradient.
 
         Raises:
             ConfigError: a value outside the allowed ones (the message names the field and lists them).
@@ -122,6 +127,11 @@ class GridEncoding(Encoding):
         count("n_networks", n_networks)
         if table_dtype not in TABLE_DTYPES:
             raise ConfigError(f"table_dtype={table_dtype!r} is not supported; allowed: {list(TABLE_DTYPES)}")
+        if not isinstance(stochastic_interpolation, bool):
+            raise ConfigError(f"stochastic_interpolation={stochastic_interpolation!r} must be true or false")
+        if stochastic_interpolation and table_dtype != "float32":
+            raise ConfigError("stochastic_interpolation=true needs table_dtype='float32' (a compact table's "
+                              "gradient is summed in a fixed order over all corners); allowed: float32")
         if per_level_scale is None:
             per_level_scale = default_per_level_scale(grid_type, n_levels, base_resolution)
         layout = grid_layout(n_input_dims, n_levels, n_features_per_level, log2_hashmap_size, base_resolution,
@@ -138,6 +148,8 @@ class GridEncoding(Encoding):
         self.log2_hashmap_size, self.base_resolution = log2_hashmap_size, base_resolution
         self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
         self.grid_type, self.hash = grid_type, hash
+        self._hashing = hash_code(hash, n_input_dims)[0]  # the kernels' template argument `H`
+        self.stochastic_interpolation = stochastic_interpolation
         self.seed = seed
         self.table_dtype = TABLE_DTYPES[table_dtype]
         if feature_lanes is None:
@@ -180,13 +192,6 @@ class GridEncoding(Encoding):
         base = cfg.integer("base_resolution", 16, lo=1)
         scale = cfg.number("per_level_scale", default_per_level_scale(grid_type, n_levels, base), lo=0.0,
                            lo_open=True)
-        if cfg.has("stochastic_interpolation") and cfg.boolean("stochastic_interpolation"):
-            # tcnn then sends each sample's parameter gradient to a single corner picked by its own RNG
-            # (the forward and input gradients stay N-linear); tinn's grid backward kernels implement only
-            # the deterministic N-linear scatter.
-            raise ConfigError(f"{cfg.key('stochastic_interpolation')}=true is not supported: tinn's grid "
-                              "backward scatters every gradient N-linearly to all corners (tcnn's random "
-                              "single-corner scatter is not implemented); allowed: false")
         if cfg.has("fixed_point_pos") and cfg.boolean("fixed_point_pos"):
             # In tcnn the flag only changes its JIT-fused device code, which reads each input as the bits of
             # a 32-bit fixed-point coordinate; its ordinary kernels (and tinn's) read float positions.
@@ -206,6 +211,7 @@ class GridEncoding(Encoding):
             n_networks=n_networks,
             seed=seed,
             table_dtype=cfg.choice("table_dtype", tuple(TABLE_DTYPES), "float32"),
+            stochastic_interpolation=cfg.boolean("stochastic_interpolation", False),
         )
 
     def _kernel_table(self):
@@ -215,8 +221,8 @@ class GridEncoding(Encoding):
         for i, lv in enumerate(self.layout.levels):
             meta[i, :3] = (lv.offset, lv.resolution, lv.size)
             meta[i, 3] = np.array(lv.scale, dtype=np.float32).view(np.int32)
-        primes = np.array(HASH_PRIMES[self.hash][:self.n_input_dims], dtype=np.uint32)
-        meta[-1, :self.n_input_dims] = primes.view(np.int32)  # same bits; the kernel reads them as uint32
+        factors = hash_code(self.hash, self.n_input_dims)[1]
+        meta[-1, :self.n_input_dims] = np.array(factors, dtype=np.uint32).view(np.int32)  # read back as uint32
         return K.make_table(meta)
 
     def _shared_level_count(self) -> int:
@@ -233,6 +239,8 @@ class GridEncoding(Encoding):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("stochastic_interpolation", False)
+        self.__dict__.setdefault("_hashing", hash_code(self.hash, self.n_input_dims)[0])
         self._meta = self._kernel_table()
         self._shared_levels = self._shared_level_count()
 
@@ -317,6 +325,10 @@ class GridEncoding(Encoding):
         """The table gradient scatters w(x) * dy, so its derivative is a lookup into the incoming
         gradient: with respect to dy the plain lookup, with respect to x the lookup's input gradient."""
         self._refuse_second_order()
+        if self.stochastic_interpolation:
+            raise SecondOrderError(f"{type(self).__name__} with stochastic_interpolation=true has no derivative of "
+                                   "its table gradient (a random corner per sample); differentiate the input "
+                                   "gradient instead, or set stochastic_interpolation=false")
         (g_table,) = g_tables
         g_table = g_table.contiguous()
         d_dy = self.lookup(ctx.x, ctx.ids, g_table, 0, ctx.y_layout) if need_ddy else None
@@ -336,7 +348,7 @@ class GridEncoding(Encoding):
             cells, compact = _kernel_cells(table)
             for lo, hi, rows in _chunk_views(table):
                 K.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
-                               lo, compact)
+                               lo, compact, self._hashing)
         return to_layout(out_t, FEATURE_MAJOR, layout)
 
     def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
@@ -358,6 +370,11 @@ class GridEncoding(Encoding):
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
+        if want_params and self.stochastic_interpolation and interp != K.NEAREST:
+            self._launch_stochastic(x, net_ids, params, off, dy_t, dparams)
+            if not want_x:
+                return
+            want_params, dparams = False, _placeholder(x.device)  # dx alone: N-linear, as in tcnn
         if runtime.settings().deterministic:
             self._launch_backward_in_order(x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x)
             return
@@ -366,12 +383,23 @@ class GridEncoding(Encoding):
             self._launch_backward_chunk(x, net_ids, rows(params), off, dy_t, rows(dparams) if want_params else dparams,
                                         dx, want_params, want_x, f, interp, gtype, n_shared, lo)
 
+    def _launch_stochastic(self, x, net_ids, params, off, dy_t, dparams):
+        """The table gradient with tcnn's stochastic interpolation (one corner per level and sample)."""
+        if runtime.settings().deterministic:
+            raise ConfigError("stochastic_interpolation=true has no fixed-order table gradient (float atomics); "
+                              "allowed with settings.deterministic=False")
+        f, interp, gtype = self._codes()
+        for lo, hi, rows in _chunk_views(params):
+            K.grid_backward_stochastic(x, net_ids, off, self._meta, dy_t, rows(dparams), f, interp, gtype,
+                                       self.n_input_dims, lo, self._hashing)
+
     def _launch_backward_chunk(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
                                gtype, n_shared, lo):
         """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
         is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
         if want_params and not want_x and self.level_tasks:
-            K.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype, self.n_input_dims, lo)
+            K.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype, self.n_input_dims, lo,
+                                   self._hashing)
             return
         if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
@@ -379,20 +407,21 @@ class GridEncoding(Encoding):
             # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
             if runtime.arch() == "cuda":
                 K.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                       n_shared, self.n_input_dims, lo)
+                                       n_shared, self.n_input_dims, lo, self._hashing)
             else:
                 K.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                      self.n_input_dims, lo)
+                                      self.n_input_dims, lo, self._hashing)
             return
         first_level = 0
         if want_params and n_shared:
             # A single grid: coarse levels are summed per block in shared memory first.
             first_level = n_shared
             K.grid_backward_shared(x, off, self._meta, dy_t, dparams, f, interp, gtype, first_level,
-                                   self.n_input_dims)
+                                   self.n_input_dims, self._hashing)
         if first_level < self.n_levels or want_x:
             K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
-                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo)
+                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo,
+                            self._hashing)
 
     def _term_blocks(self, x, net_ids, params, off, dy_t, want_params, want_x):
         """The backward's terms (tinn/kernels/deterministic.py), in blocks of samples:
@@ -412,7 +441,8 @@ class GridEncoding(Encoding):
             xs, ids, dys = x[b0:b1], net_ids[b0:b1], dy_t[:, b0:b1].contiguous()
             for lo, hi, rows in _chunk_views(params):
                 DK.grid_backward_terms(xs, ids, rows(cells), off, self._meta, dys, keys, terms, dx_terms, f, interp,
-                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo, compact)
+                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo, compact,
+                                       self._hashing)
             yield b0, b1, keys, terms, dx_terms
 
     def _launch_backward_in_order(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x):
@@ -466,7 +496,7 @@ class GridEncoding(Encoding):
                 out_dy if out_dy is not None else ph, rows(out_params) if out_params is not None else ph,
                 out_x if out_x is not None else ph, f, interp, gtype,
                 int(out_dy is not None), int(out_params is not None), int(out_x is not None), self.n_input_dims,
-                lo)
+                lo, self._hashing)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + f", type={self.grid_type}, n_levels={self.n_levels}, "

@@ -15,7 +15,7 @@ import numpy as np
 
 GRID_TYPES = ("Hash", "Dense", "Tiled")
 INTERPOLATIONS = ("Nearest", "Linear", "Smoothstep")
-HASH_TYPES = ("CoherentPrime", "Prime", "ReversedPrime")
+HASH_TYPES = ("CoherentPrime", "Prime", "ReversedPrime", "Rng", "BaseConvert")
 
 # Spatial hash factors per hash type; dimension i uses factors[i] (tcnn's lcg hashes).
 HASH_PRIMES = {
@@ -23,6 +23,20 @@ HASH_PRIMES = {
     "Prime": (1958374283, 2654435761, 805459861, 3674653429, 2097192037, 1434869437, 2165219737),
     "ReversedPrime": (2165219737, 1434869437, 2097192037, 3674653429, 805459861, 2654435761, 1958374283),
 }
+# How the kernels combine a corner's coordinates: XOR of coordinate * factor (the prime hashes), the SUM of
+# coordinate * factor (BaseConvert: ((c0 * B + c1) * B + ...) * B with B = 2531011, unrolled into one factor
+# per dimension, B^(D - d) mod 2^32), or PCG32 jumped by the coordinates' bits (Rng).
+HASH_XOR, HASH_SUM, HASH_RNG = 0, 1, 2
+BASE_CONVERT_BASE = 2531011
+
+
+def hash_code(hash_type: str, n_dims: int) -> tuple[int, tuple[int, ...]]:
+    """(combination, per-dimension uint32 factors) of `hash_type` for `n_dims` coordinates."""
+    if hash_type == "Rng":
+        return HASH_RNG, (0,) * n_dims
+    if hash_type == "BaseConvert":
+        return HASH_SUM, tuple(pow(BASE_CONVERT_BASE, n_dims - d, 1 << 32) for d in range(n_dims))
+    return HASH_XOR, tuple(HASH_PRIMES[hash_type][:n_dims])
 
 # Largest resolution per dimension count whose dense stride res^D still fits in uint32.
 MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)

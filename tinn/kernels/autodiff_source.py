@@ -8,6 +8,12 @@ Two jobs, both on the function's Python source:
   holds crashes the process (segfault on the CPU). Both become a ConfigError that names the array or
   the loop, its line and the fix. Quadrants' reverse mode refuses dynamic loops inside a kernel's
   parallel loop unless its experimental adstack is on, so there any dynamic loop is named the same way.
+- Dynamic loops whose body calls exp or tanh (or a helper function tinn cannot read): Taichi 1.7.4's
+  reverse mode takes those functions' derivatives from their stored result, and inside a dynamic loop it
+  stores one result, the last iteration's, so every other iteration gets a wrong gradient without any
+  error. `check(..., unroll=True)` rewrites such loops (bounded, as every accepted dynamic loop is) as
+  `ti.static` loops and `compile_function` builds the rewritten function; where a loop cannot be unrolled
+  (break/continue) or the caller cannot take rewritten source, ConfigError names the loop and the cause.
 - `tangent_source(...)`: the function's forward-mode derivative, as new Taichi source (dual numbers by
   source transformation). Taichi 1.7.4 has no forward mode on ndarrays (it fails an IR assertion) and
   cannot nest its modes, so second derivatives come from Taichi's *reverse* mode applied to this tangent
@@ -16,14 +22,42 @@ Two jobs, both on the function's Python source:
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import itertools
 import linecache
 import math
 import numbers
 import textwrap
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+
+#: Taichi functions whose reverse mode (Taichi 1.7.4) multiplies the adjoint by the function's own stored
+#: result (d exp(u) = exp(u) du, d tanh(u) = (1 - tanh(u)^2) du). In a dynamic loop that result is kept once,
+#: not per iteration, so every iteration but the last gets a wrong derivative (docs/design-notes.md).
+RESULT_DERIVATIVE_FUNCS = frozenset({"exp", "tanh"})
+#: Calls whose reverse mode recomputes from the operands (per iteration correct in dynamic loops), or that
+#: have no derivative. Any other call (a helper @ti.func, a ti.math function) may hide one of the above.
+OPERAND_DERIVATIVE_FUNCS = frozenset({
+    "sin", "cos", "sqrt", "rsqrt", "log", "abs", "asin", "acos", "atan2", "pow", "max", "min", "select",
+    "floor", "ceil", "round", "cast", "i32", "i64", "f32", "f64", "float", "int", "range", "static", "sign",
+    "bit_cast", "ndrange", "len"})
+#: The name the rewritten source calls `ti.static` through (bound in the function's scope when compiled).
+STATIC_MODULE = "_tinn_taichi"
+
+
+@dataclass
+class Checked:
+    """What `check` found: argument names, the (possibly rewritten) function AST, the loops it unrolled and
+    the dynamic loops and helper calls that remain (where only a finite-difference check can vouch)."""
+    names: list[str]
+    node: ast.FunctionDef
+    path: str
+    first: int
+    unrolled: list[str] = field(default_factory=list)
+    dynamic_loops: list[str] = field(default_factory=list)
+    helper_calls: list[str] = field(default_factory=list)
 
 
 class Unsupported(Exception):
@@ -142,11 +176,13 @@ class _Evaluator:
 
 def check(func, *, kind: str, expected: tuple[str, ...], inputs: tuple[str, ...], outputs: tuple[str, ...],
           shapes: dict[str, dict[int, int]], ad_stack_size: int, static_loops_only: bool, backend: str,
-          check_loops: bool = True) -> list[str]:
-    """Check the function's source (see the module docstring); returns its argument names.
+          check_loops: bool = True, unroll: bool = False) -> Checked:
+    """Check the function's source (see the module docstring).
 
     `expected` names the arguments by role; `inputs` and `outputs` are roles among them; `shapes` gives
-    the known extents per role (`{"x": {1: n_in}}`) for loop bounds that read `.shape`.
+    the known extents per role (`{"x": {1: n_in}}`) for loop bounds that read `.shape`. With `unroll`,
+    dynamic loops Taichi's reverse mode gets wrong are rewritten as static loops in the returned AST
+    (build it with `compile_function`); without, they are refused.
     """
     name = getattr(func, "__name__", repr(func))
     node, path, first = parse(func, kind)
@@ -194,8 +230,39 @@ def check(func, *, kind: str, expected: tuple[str, ...], inputs: tuple[str, ...]
                     "per element (Taichi's global data access rule; reading it gives wrong gradients); keep the "
                     "value in a local variable")
 
+    result = Checked(names, node, path, first)
+    result.helper_calls = sorted({f"{_call_name(c)}() (line {where(c)})" for c in _calls(node.body)
+                                  if _call_name(c) not in OPERAND_DERIVATIVE_FUNCS | RESULT_DERIVATIVE_FUNCS})
+
+    def unroll_or_refuse(s: ast.For):
+        """A dynamic loop whose body calls exp/tanh or a helper: rewrite it as a static loop, or refuse."""
+        suspects = sorted({_call_name(c) for c in _calls(s.body)} - OPERAND_DERIVATIVE_FUNCS)
+        if not suspects:
+            return
+        what = ", ".join(f"{n}()" for n in suspects)
+        cause = (f"has a dynamic loop ({ast.unparse(s.iter)}) whose body calls {what}: Taichi's reverse mode of "
+                 "a dynamic loop takes the derivative of a non-linear op such as exp or tanh from one stored "
+                 "result, the last iteration's, and returns wrong gradients without an error")
+        bounds = _range_bounds(s.iter, ev)
+        if bounds is None:
+            return  # the loop check below refuses an unbounded loop
+        if not unroll:
+            if set(suspects) & RESULT_DERIVATIVE_FUNCS:
+                fail(s, f"{cause}; write it as ti.static(range(...))")
+            return
+        if not isinstance(s.target, ast.Name) or any(isinstance(n, (ast.Break, ast.Continue))
+                                                          for n in ast.walk(s)):
+            fail(s, f"{cause}; tinn unrolls such loops (ti.static) but cannot unroll one with break, continue "
+                    "or a tuple target: remove them or write the loop as ti.static(range(...)) yourself")
+        start, stop, step = bounds
+        s.iter = ast.parse(f"{STATIC_MODULE}.static(range({start}, {stop}, {step}))", mode="eval").body
+        ast.copy_location(s.iter, s)
+        result.unrolled.append(where(s))
+
     def loops(stmts, depth_iters: int, dynamic_lines: list):
         for s in stmts:
+            if isinstance(s, ast.For) and not _is_static_iter(s.iter):
+                unroll_or_refuse(s)
             if isinstance(s, ast.For):
                 if _is_static_iter(s.iter):
                     count = _static_count(s.iter, ev)
@@ -217,6 +284,7 @@ def check(func, *, kind: str, expected: tuple[str, ...], inputs: tuple[str, ...]
                                 "ti.static(range(...))")
                     total = depth_iters * count
                     lines = dynamic_lines + [where(s)]
+                    result.dynamic_loops.append(where(s))
                     if total > ad_stack_size:
                         fail(s, f"runs its dynamic loop {total} times per sample (loops at {', '.join(lines)}), "
                                 f"more than the autodiff stack holds (ad_stack_size={ad_stack_size}); past it "
@@ -233,7 +301,43 @@ def check(func, *, kind: str, expected: tuple[str, ...], inputs: tuple[str, ...]
 
     if check_loops:
         loops(node.body, 1, [])
-    return names
+    return result
+
+
+def _calls(stmts) -> list[ast.Call]:
+    return [n for s in stmts for n in ast.walk(s) if isinstance(n, ast.Call)]
+
+
+def _call_name(c: ast.Call) -> str:
+    f = c.func
+    return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ast.unparse(f))
+
+
+def _range_bounds(it: ast.expr, ev) -> tuple[int, int, int] | None:
+    """(start, stop, step) of a `range(...)` loop whose arguments the source fixes, else None."""
+    if not (isinstance(it, ast.Call) and getattr(it.func, "id", None) == "range"):
+        return None
+    vals = [ev(a) for a in it.args]
+    if not vals or any(v is None for v in vals):
+        return None
+    start, stop, step = (0, vals[0], 1) if len(vals) == 1 else (vals[0], vals[1], vals[2] if len(vals) > 2 else 1)
+    return None if step == 0 else (start, stop, step)
+
+
+def compile_function(func, checked: Checked, ti_module):
+    """The function `checked.node` describes (rewritten by `check(..., unroll=True)`) as a new Taichi
+    function in `func`'s scope."""
+    node = checked.node
+    fname = f"{node.name}__unrolled"
+    bare = copy.copy(node)
+    bare.name, bare.decorator_list = fname, []
+    src = ast.unparse(bare) + "\n"
+    filename = f"<tinn unrolled {node.name} ({checked.path}:{checked.first})>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    scope = _closure_values(func)
+    scope[STATIC_MODULE] = ti_module
+    exec(compile(src, filename, "exec", dont_inherit=True), scope)  # noqa: S102 - the user's function, loops unrolled
+    return ti_module.func(scope[fname])
 
 
 # ---- forward mode by source transformation ---------------------------------------------------------------
@@ -425,11 +529,12 @@ def _looks_integral(e: ast.expr, ints: set[str]) -> bool:
     return False
 
 
-def tangent_function(func, ti_module):
+def tangent_function(func, ti_module, checked: Checked | None = None):
     """`func(x, p, b, net, y)`'s forward-mode derivative as a new Taichi function
     `tangent(x, xt, p, b, net, yt)` writing yt[b, k] = sum_i dy[b, k]/dx[b, i] * xt[b, i] (p held fixed).
-    Raises Unsupported for constructs it does not know."""
-    node, path, first = parse(func, "AutodiffPart")
+    With `checked` the derivative is taken of its (loop-unrolled) AST. Raises Unsupported for constructs
+    it does not know."""
+    node, path, first = (checked.node, checked.path, checked.first) if checked else parse(func, "AutodiffPart")
     names = [a.arg for a in node.args.posonlyargs + node.args.args]
     if len(names) != 5:
         raise Unsupported("the function must take (x, p, b, net, y)")
@@ -444,5 +549,6 @@ def tangent_function(func, ti_module):
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     scope = _closure_values(func)
     scope["ti"] = ti_module
+    scope[STATIC_MODULE] = ti_module
     exec(compile(src, filename, "exec", dont_inherit=True), scope)  # noqa: S102 - source generated above from the user's function
     return ti_module.func(scope[fname]), src

@@ -55,7 +55,7 @@ def reduce_tiles_in_order(partial: f32_2d, tile_net: i32_1d, grad: f32_2d, net_l
 @ti.kernel
 def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.i32, meta: i32_2d,
                         dy_t: f32_2d, keys: i64_3d, terms: f32_3d, dx_terms: f32_3d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, want_params: ti.i32, want_x: ti.i32,
-                        D: ti.template(), net_lo: ti.i32, BF16: ti.template()):
+                        D: ti.template(), net_lo: ti.i32, BF16: ti.template(), H: ti.template()):
     """The grid backward's terms without summing them: for (level, sample) the table terms w_c * dy_f at
     keys[level, b, c * F + f] = row * row_length + column (rows of the whole table), and the input gradient
     dx_terms[level, b, k]. Samples of rows outside the chunk view `params` are left alone (keys stay -1)."""
@@ -67,13 +67,13 @@ def grid_backward_terms(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offs
             row = ti.cast(net_ids[b], ti.i64) * params.shape[1]
             if interp == NEAREST:
                 if want_params:
-                    e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    e = base + _entry(cell, 0, res, size, grid_type, meta, D, H) * F
                     for f in ti.static(range(F)):
                         keys[level, b, f] = row + e + f
                         terms[level, b, f] = dy_t[col + f, b]
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D, H)
                 if want_params:
                     for c in ti.static(range(1 << D)):
                         for f in ti.static(range(F)):

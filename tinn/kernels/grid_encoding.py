@@ -3,7 +3,8 @@
 Layout (see tinn/encodings/grid_layout.py): `params[net, param_offset + level_offset*F + entry*F + f]`.
 Per-level numbers come in as one small int32 table computed on the host, `meta` (n_levels + 1, 4):
 row l < n_levels = (entry_offset, resolution, n_entries, float32 bits of scale); the last row holds the
-hash primes. One table instead of three because every ndarray argument costs host time per launch,
+hash's per-dimension factors. How they combine (`H`, tinn/encodings/grid_layout.py: `hash_code`) is a
+template argument of every kernel. One table instead of three because every ndarray argument costs host time per launch,
 which matters for the small batches of many tiny networks.
 
 Threads run over (level, sample) with the level outermost, so neighbouring threads
@@ -34,6 +35,7 @@ come from neighbouring threads to neighbouring words and reach L2 as one request
 """
 from ..backend import ti
 
+from . import pcg32
 from .compact import bf16_value
 from .launch import fast_kernel
 from .rows import in_chunk
@@ -45,6 +47,7 @@ i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
 NEAREST, LINEAR, SMOOTHSTEP = 0, 1, 2
 HASH, DENSE, TILED = 0, 1, 2
+HASH_XOR, HASH_SUM, HASH_RNG = 0, 1, 2  # tinn/encodings/grid_layout.py: hash_code
 # Largest resolution per dimension count whose dense stride res^D fits in uint32.
 MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)
 
@@ -90,7 +93,30 @@ def _smooth(frac, interp, D: ti.template()):
 
 
 @ti.func
-def _entry(cell, corner, res, size, grid_type, meta: ti.template(), D: ti.template()):
+def _hash(cell, corner, meta: ti.template(), D: ti.template(), H: ti.template()):
+    """tcnn's grid hash `H` of a cell corner (uint32 wraparound): the XOR of coordinate * factor (the prime
+    hashes), their sum (BaseConvert), or PCG32 seeded 1337, jumped by the coordinates packed into 64 bits
+    (64 // D bits apart, XOR-ed) and read once (Rng). `H` is a template: the Rng's jump loop would triple
+    the compile time of every grid kernel that does not use it."""
+    last = meta.shape[0] - 1
+    h = ti.u32(0)
+    if ti.static(H == HASH_RNG):
+        step = ti.u64(0)
+        for d in ti.static(range(D)):
+            step ^= ti.cast(ti.cast(cell[d] + ((corner >> d) & 1), ti.u32), ti.u64) << ti.u64(d * (64 // D))
+        h = pcg32.uint_after(step)
+    else:
+        for d in ti.static(range(D)):
+            term = ti.cast(cell[d] + ((corner >> d) & 1), ti.u32) * ti.cast(meta[last, d], ti.u32)
+            if ti.static(H == HASH_SUM):
+                h += term
+            else:
+                h ^= term
+    return h
+
+
+@ti.func
+def _entry(cell, corner, res, size, grid_type, meta: ti.template(), D: ti.template(), H: ti.template()):
     """Table entry of a cell corner: dense index when it fits, spatial hash otherwise (uint32 wraparound)."""
     size_u = ti.cast(size, ti.u32)
     res_u = ti.cast(res, ti.u32)
@@ -103,10 +129,7 @@ def _entry(cell, corner, res, size, grid_type, meta: ti.template(), D: ti.templa
     else:
         stride = ti.u32(0xFFFFFFFF)
     if grid_type == HASH and size_u < stride:
-        h = ti.u32(0)
-        for d in ti.static(range(D)):
-            h ^= ti.cast(cell[d] + ((corner >> d) & 1), ti.u32) * ti.cast(meta[meta.shape[0] - 1, d], ti.u32)
-        index = h
+        index = _hash(cell, corner, meta, D, H)
     # Dense levels that fit are already in range; hashed tables are powers of two (tcnn's sizes), so a
     # mask replaces the 32-bit division that `%` costs on a GPU. Same result as `index % size` always.
     if index >= size_u:
@@ -154,12 +177,13 @@ def _level_at(x: ti.template(), b, level, meta: ti.template(), param_offset, F: 
 
 
 @ti.func
-def _corners(cell, s, res, size, base, grid_type, meta: ti.template(), F: ti.template(), D: ti.template()):
+def _corners(cell, s, res, size, base, grid_type, meta: ti.template(), F: ti.template(), D: ti.template(),
+             H: ti.template()):
     """Table column of each corner's first feature, and the corner's interpolation weight."""
     idx = ti.Vector([0] * (1 << D), dt=ti.i32)
     w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
     for c in ti.static(range(1 << D)):
-        idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D) * F
+        idx[c] = base + _entry(cell, c, res, size, grid_type, meta, D, H) * F
         w[c] = _weight(s, c, D)
     return idx, w
 
@@ -197,7 +221,7 @@ def _input_gradient(params: ti.template(), net, idx, s, ds, dy_t: ti.template(),
 @ti.kernel
 def grid_forward(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.i32, meta: i32_2d, out_t: f32_2d,
                  F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(), net_lo: ti.i32,
-                 BF16: ti.template()):
+                 BF16: ti.template(), H: ti.template()):
     """out_t[level * F + f, b] = features (feature-major), for the samples whose grid lies in the chunk view
     `params` (rows net_lo...; tinn/chunks.py); BF16: the table is compact (int16 bfloat16 bits)."""
     for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
@@ -206,14 +230,14 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.
             scale, res, size, base, cell, frac = _level_at(x, b, level, meta, param_offset, F, D)
             col = level * F
             if interp == NEAREST:
-                e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                e = base + _entry(cell, 0, res, size, grid_type, meta, D, H) * F
                 # A NaN coordinate gives NaN features, as torch ops would (the linear weights carry it anyway).
                 nan = ti.math.isnan(frac).any()
                 for f in ti.static(range(F)):
                     out_t[col + f, b] = ti.select(nan, ti.math.nan, table_value(params, net, e + f, BF16))
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D, H)
                 for f in ti.static(range(F)):
                     acc = 0.0
                     for c in ti.static(range(1 << D)):
@@ -225,7 +249,8 @@ def grid_forward(x: f32_2d, net_ids: i32_1d, params: table_2d, param_offset: ti.
 @ti.kernel
 def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                   dparams: f32_2d, dx: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32,
-                  want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template(), net_lo: ti.i32):
+                  want_params: ti.i32, want_x: ti.i32, first_level: ti.i32, D: ti.template(), net_lo: ti.i32,
+                  H: ti.template()):
     """Accumulate dL/dparams (+=, atomics) and dL/dx (+=, atomics over levels); both must start zeroed.
     dy_t is feature-major like the forward output. Levels below first_level are skipped (the shared-memory
     kernel took their parameter gradient); when want_x they are still visited for dx alone."""
@@ -239,14 +264,14 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
             if interp == NEAREST:
                 # Piecewise constant: no input gradient, one entry per feature receives dy.
                 if params_here:
-                    e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    e = base + _entry(cell, 0, res, size, grid_type, meta, D, H) * F
                     for f in ti.static(range(F)):
                         g = dy_t[col + f, b]
                         if g != 0.0:
                             ti.atomic_add(dparams[net, e + f], g)
             else:
                 s, ds, dds = _smooth(frac, interp, D)
-                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
+                idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D, H)
                 if params_here:
                     for f in ti.static(range(F)):
                         g = dy_t[col + f, b]
@@ -262,7 +287,7 @@ def grid_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i
 @ti.func
 def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_offset, meta: ti.template(),
                    dy_t: ti.template(), dparams: ti.template(), F: ti.template(), interp, grid_type,
-                   D: ti.template(), net_lo):
+                   D: ti.template(), net_lo, H: ti.template()):
     """Thread (level, t) of `grid_backward_lanes`: sample t // F, feature t % F."""
     b = t // F
     f = t % F
@@ -274,11 +299,11 @@ def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_off
         base = param_offset + meta[level, 0] * F + f
         cell, frac = _lattice(x, b, scale, D)
         if interp == NEAREST:
-            ti.atomic_add(dparams[net, base + _entry(cell, 0, res, size, grid_type, meta, D) * F], g)
+            ti.atomic_add(dparams[net, base + _entry(cell, 0, res, size, grid_type, meta, D, H) * F], g)
         else:
             s, ds, dds = _smooth(frac, interp, D)
             for c in ti.static(range(1 << D)):
-                e = base + _entry(cell, c, res, size, grid_type, meta, D) * F
+                e = base + _entry(cell, c, res, size, grid_type, meta, D, H) * F
                 ti.atomic_add(dparams[net, e], _weight(s, c, D) * g)
 
 
@@ -286,7 +311,7 @@ def _lane_gradient(level, t, x: ti.template(), net_ids: ti.template(), param_off
 @ti.kernel
 def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                         dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(),
-                        net_lo: ti.i32):
+                        net_lo: ti.i32, H: ti.template()):
     """dL/dparams (+=, atomics) of every level, one thread per (level, sample, feature). On CUDA
     `grid_backward_params` runs the same threads for the levels its shared-memory part leaves.
 
@@ -296,14 +321,14 @@ def grid_backward_lanes(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: 
     No input gradient here (`grid_backward` does both)."""
     ti.loop_config(block_dim=256)
     for level, t in ti.ndrange(meta.shape[0] - 1, x.shape[0] * F):
-        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo)
+        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo, H)
 
 
 @fast_kernel
 @ti.kernel
 def grid_backward_levels(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                          dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(),
-                         net_lo: ti.i32):
+                         net_lo: ti.i32, H: ti.template()):
     """dL/dparams (+=) of every level, one task per level walking all samples in order: for CPUs with no
     more threads than the grid has levels. Levels own disjoint table columns, so no two tasks write one
     word and the adds need no atomics (on the CPU a float atomic is a compare-and-swap loop). No input
@@ -319,19 +344,47 @@ def grid_backward_levels(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta:
             if in_chunk(net, dparams):
                 cell, frac = _lattice(x, b, scale, D)
                 if interp == NEAREST:
-                    e = base + _entry(cell, 0, res, size, grid_type, meta, D) * F
+                    e = base + _entry(cell, 0, res, size, grid_type, meta, D, H) * F
                     for f in ti.static(range(F)):
                         g = dy_t[col + f, b]
                         if g != 0.0:
                             dparams[net, e + f] = dparams[net, e + f] + g
                 else:
                     s, ds, dds = _smooth(frac, interp, D)
-                    idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D)
+                    idx, w = _corners(cell, s, res, size, base, grid_type, meta, F, D, H)
                     for f in ti.static(range(F)):
                         g = dy_t[col + f, b]
                         if g != 0.0:
                             for c in ti.static(range(1 << D)):
                                 dparams[net, idx[c] + f] = dparams[net, idx[c] + f] + w[c] * g
+
+
+@fast_kernel
+@ti.kernel
+def grid_backward_stochastic(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
+                             dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, D: ti.template(),
+                             net_lo: ti.i32, H: ti.template()):
+    """dL/dparams (+=, atomics) with tcnn's stochastic interpolation: each (level, sample) sends its whole
+    upstream gradient to one corner instead of spreading it N-linearly. The corner is picked by one draw u
+    in [0, 1) of tcnn's generator (seed 1337, jumped by sample + level * batch, uint32): along each dim
+    the upper vertex where u < s (the interpolation weight), so a corner is picked with its N-linear weight.
+    Not for Nearest interpolation (it already has a single corner)."""
+    n = ti.cast(x.shape[0], ti.u32)
+    for level, b in ti.ndrange(meta.shape[0] - 1, x.shape[0]):
+        net = net_ids[b] - net_lo
+        if in_chunk(net, dparams):
+            scale, res, size, base, cell, frac = _level_at(x, b, level, meta, param_offset, F, D)
+            s, ds, dds = _smooth(frac, interp, D)
+            u = pcg32.float_after(ti.cast(ti.cast(b, ti.u32) + ti.cast(level, ti.u32) * n, ti.u64))
+            corner = 0
+            for d in ti.static(range(D)):
+                if u < s[d]:
+                    corner |= 1 << d
+            e = base + _entry(cell, corner, res, size, grid_type, meta, D, H) * F
+            for f in ti.static(range(F)):
+                g = dy_t[level * F + f, b]
+                if g != 0.0:
+                    ti.atomic_add(dparams[net, e + f], g)
 
 
 SHARED_BLOCK = 256
@@ -349,7 +402,8 @@ def shared_levels(sizes: list[int], n_features: int) -> int:
 
 @ti.func
 def _shared_level_block(g, n_chunks, x: ti.template(), param_offset, meta: ti.template(), dy_t: ti.template(),
-                        dparams: ti.template(), F: ti.template(), interp, grid_type, D: ti.template()):
+                        dparams: ti.template(), F: ti.template(), interp, grid_type, D: ti.template(),
+                        H: ti.template()):
     """Thread g of `grid_backward_shared` (block g // SHARED_BLOCK)."""
     blk = g // SHARED_BLOCK
     tid = g % SHARED_BLOCK
@@ -370,7 +424,7 @@ def _shared_level_block(g, n_chunks, x: ti.template(), param_offset, meta: ti.te
         if b < x.shape[0]:
             cell, frac = _lattice(x, b, scale, D)
             if interp == NEAREST:
-                e = _entry(cell, 0, res, size, grid_type, meta, D) * F
+                e = _entry(cell, 0, res, size, grid_type, meta, D, H) * F
                 for f in ti.static(range(F)):
                     ti.atomic_add(sh[e + f], dy_t[col + f, b])
             else:
@@ -378,7 +432,7 @@ def _shared_level_block(g, n_chunks, x: ti.template(), param_offset, meta: ti.te
                 idx = ti.Vector([0] * (1 << D), dt=ti.i32)
                 w = ti.Vector([0.0] * (1 << D), dt=ti.f32)
                 for c in ti.static(range(1 << D)):
-                    idx[c] = _entry(cell, c, res, size, grid_type, meta, D) * F
+                    idx[c] = _entry(cell, c, res, size, grid_type, meta, D, H) * F
                     w[c] = _weight(s, c, D)
                 for f in ti.static(range(F)):
                     gv = dy_t[col + f, b]
@@ -398,7 +452,8 @@ def _shared_level_block(g, n_chunks, x: ti.template(), param_offset, meta: ti.te
 @fast_kernel
 @ti.kernel
 def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d, dparams: f32_2d,
-                         F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template()):
+                         F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_levels: ti.i32, D: ti.template(),
+                         H: ti.template()):
     """dL/dparams (+=) of levels [0, n_levels) of a single grid (dparams row 0), CUDA only.
 
     One block per (level, chunk of SHARED_CHUNK samples): scatter into a zeroed shared copy of the
@@ -407,31 +462,32 @@ def grid_backward_shared(x: f32_2d, param_offset: ti.i32, meta: i32_2d, dy_t: f3
     n_chunks = (x.shape[0] + SHARED_CHUNK - 1) // SHARED_CHUNK
     ti.loop_config(block_dim=SHARED_BLOCK)
     for g in range(n_levels * n_chunks * SHARED_BLOCK):
-        _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
+        _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, H)
 
 
 @fast_kernel(ir_passes=False)
 @ti.kernel
 def grid_backward_params(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta: i32_2d, dy_t: f32_2d,
                          dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_shared: ti.i32,
-                         D: ti.template(), net_lo: ti.i32):
+                         D: ti.template(), net_lo: ti.i32, H: ti.template()):
     """dL/dparams (+=) on CUDA in one launch: levels [0, n_shared) as `grid_backward_shared` (a single
     grid), the rest as `grid_backward_lanes`. One launch instead of two saves ~70 us of host time per
     step (Taichi's launch path allocates, copies and frees an argument buffer each time)."""
     n_chunks = (x.shape[0] + SHARED_CHUNK - 1) // SHARED_CHUNK
     ti.loop_config(block_dim=SHARED_BLOCK)
     for g in range(n_shared * n_chunks * SHARED_BLOCK):
-        _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D)
+        _shared_level_block(g, n_chunks, x, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, H)
     ti.loop_config(block_dim=256)
     for level, t in ti.ndrange((n_shared, meta.shape[0] - 1), x.shape[0] * F):
-        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo)
+        _lane_gradient(level, t, x, net_ids, param_offset, meta, dy_t, dparams, F, interp, grid_type, D, net_lo, H)
 
 
 @ti.kernel
 def grid_backward_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_offset: ti.i32, meta: i32_2d,
                            dy: f32_2d, gdx: f32_2d, g_dy: f32_2d, g_params: f32_2d, g_x: f32_2d,
                            n_features: ti.i32, interp: ti.i32, grid_type: ti.i32,
-                           want_dy: ti.i32, want_params: ti.i32, want_x: ti.i32, D: ti.template(), net_lo: ti.i32):
+                           want_dy: ti.i32, want_params: ti.i32, want_x: ti.i32, D: ti.template(), net_lo: ti.i32,
+                           H: ti.template()):
     """Second order: given gdx = dL/d(dx) where dx = J(x, params)^T dy, accumulate
     dL/ddy (= J gdx), dL/dparams and dL/dx (Hessian term). All outputs must start zeroed.
     The corner loop is dynamic here (rare path; keeps the compiled kernel small)."""
@@ -449,7 +505,7 @@ def grid_backward_backward(x: f32_2d, net_ids: i32_1d, params: f32_2d, param_off
                 gv[k] = gdx[b, k]
             gx = ti.Vector([0.0] * D, dt=ti.f32)
             for c in range(1 << D):
-                e = base + _entry(cell, c, res, size, grid_type, meta, D) * n_features
+                e = base + _entry(cell, c, res, size, grid_type, meta, D, H) * n_features
                 wv = ti.Vector([0.0] * D, dt=ti.f32)   # signed per-dimension factor and derivatives
                 dwv = ti.Vector([0.0] * D, dt=ti.f32)
                 ddwv = ti.Vector([0.0] * D, dt=ti.f32)

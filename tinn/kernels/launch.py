@@ -22,6 +22,14 @@ warning names what was missing. The setting `fast_launch=False` turns the lean p
 `fast_kernel(ir_passes=False)` also compiles a kernel's instances without the backend's own IR passes (see
 `_ir_passes` and settings.ir_optimization): the first call of an instance is where it compiles.
 
+The backend compiles an instance from the arguments of its first call and keeps them referenced for the
+life of the process (Taichi 1.7.4's compile context holds them in the AST generator the compiled kernel
+keeps). A gradient buffer a backward kernel wrote on its first call would then stay referenced, and torch
+autograd, which adopts a returned gradient as `.grad` only when nothing else holds it, copies it instead:
+a third table-sized buffer on the first backward. So every new instance compiles from stand-ins (one
+element per tensor, same dtype, rank and grad flag) before the real call: `compile_from_stand_ins`, also
+used for kernels outside this wrapper (tinn/autodiff.py).
+
 Tensors must be contiguous and on the backend's device (the wrapped kernels'
 callers ensure it; it is checked here, cheaply, because a wrong pointer would
 not fail loudly).
@@ -136,6 +144,55 @@ def internals():
         return None
     _internals["adapter"] = adapter
     return adapter
+
+
+_annotation_reader: dict = {}
+
+
+def _reader():
+    """The backend adapter used to read a kernel's annotations (no launch self-test needed for that)."""
+    if "adapter" not in _annotation_reader:
+        try:
+            _annotation_reader["adapter"] = (_Quadrants if backend.name() == "quadrants" else _Taichi)()
+        except LookupError:
+            _annotation_reader["adapter"] = None
+    return _annotation_reader["adapter"]
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    s = torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device)
+    return s.requires_grad_(True) if t.requires_grad else s
+
+
+def compile_from_stand_ins(kernel, args) -> None:
+    """Compile `kernel`'s instance for `args` (a `@ti.kernel`, its `.grad`, or a backend Kernel) from
+    stand-in tensors, so that the compile context, which the backend keeps, references those and not the
+    caller's buffers (see the module's notes). Does nothing where the annotations cannot be read; the
+    later real call then compiles as before."""
+    primal = getattr(kernel, "_primal", kernel)
+    adapter = _reader()
+    if adapter is None or not hasattr(primal, "ensure_compiled"):
+        return
+    try:
+        annotations = adapter.annotations(primal)
+    except LookupError:
+        return
+    if len(annotations) != len(args):
+        return
+    key, stand_ins = [], []
+    for anno, a in zip(annotations, args):
+        tensor = isinstance(anno, adapter.ndarray_type.NdarrayType) and isinstance(a, torch.Tensor)
+        key.append((a.dtype, a.dim(), a.device, a.requires_grad) if tensor else
+                   a if adapter.is_template(anno) else type(a))
+        stand_ins.append(_stand_in(a) if tensor else a)
+    seen = primal.__dict__.setdefault("_tinn_stand_in_keys", set())
+    try:
+        if tuple(key) in seen:
+            return
+    except TypeError:  # an unhashable template value: leave it to the real call
+        return
+    primal.ensure_compiled(*stand_ins)
+    seen.add(tuple(key))
 
 
 F2 = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -260,8 +317,9 @@ class FastKernel:
         return True
 
     def _standard(self, *args):
-        """The backend's own call: compiles a new instance, validates, launches."""
+        """The backend's own call: compiles a new instance (from stand-ins), validates, launches."""
         with _ir_passes(self.ir_passes):
+            compile_from_stand_ins(self.kernel, args)
             return self.kernel(*args)
 
     def __call__(self, *args):

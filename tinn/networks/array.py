@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import chunks, dense_graphs, dense_mlp, losses, memory, runtime, second_order
+from .. import chunks, dense_graphs, dense_mlp, gradient_scaling, losses, memory, runtime, second_order
 from ..activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_name
 from ..config import count
 from ..errors import ConfigError
@@ -96,7 +96,13 @@ class NetworkArray(Part):
         self.batched = (BatchedGemmPath(self.shape, n_networks, self.kernel_outputs)
                         if self.path == "batched_gemm" else None)
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
-        self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0)
+        # float16 scales its gradients dynamically unless settings.gradient_scaling says "static": the scale is
+        # then the scaler's device tensor, which the dense path and its replayed steps read, and its host value
+        # for kernels that take a float (gradient_scaling.py).
+        self.gradient_scaler = gradient_scaling.for_precision(self.precision, settings.gradient_scaling,
+                                                              runtime.device())
+        self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0) if self.gradient_scaler is None \
+            else self.gradient_scaler.scale
         # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
         # too, so that the whole step is torch's.
         graphs = settings.dense_step_graphs
@@ -225,7 +231,11 @@ class NetworkArray(Part):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
-            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
+            scaler = self.gradient_scaler
+            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads,
+                                                     self.gradient_scale if scaler is None else scaler.value)
+            if scaler is not None:  # unscaled by the kernels; any inf or NaN recorded for the step's skip decision
+                scaler.record_non_finite([dparams if need_grads else dx])
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
@@ -434,7 +444,9 @@ class NetworkArray(Part):
         mm_long_k([(Rows.stacked(dout, 0) if l == last else Rows.stacked(deltas, l),   # (fan_out, B)
                     x_rows if l == 0 else Rows.stacked(acts, l - 1, fan_in))         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
-        if self.gradient_scale != 1.0:  # the deltas carry the scale of the network's precision
+        if self.gradient_scaler is not None:  # unscaled, and any inf or NaN recorded for the step's skip decision
+            self.gradient_scaler.unscale_([dparams])
+        elif self.gradient_scale != 1.0:  # the deltas carry the scale of the network's precision
             dparams.mul_(1.0 / self.gradient_scale)
 
     def extra_repr(self) -> str:

@@ -7,6 +7,7 @@ enough to answer a browser at once. All three show the panels of one `ViewModel`
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -61,6 +62,18 @@ def open_frontend(layout: Layout, headless: bool, backend: str | None = None, ti
         return PngFrontend(layout)
 
 
+RUN_FILES = ("frame_*.png", "loss_curve.png", "summary.json")  # what a run writes into its out_dir
+
+
+def clear_earlier_run(out_dir: str) -> int:
+    """Delete the frames, loss curve and summary an earlier run left in `out_dir` (so the folder holds one
+    run's frames, not a mix); other files stay. Returns how many were deleted."""
+    stale = [path for pattern in RUN_FILES for path in glob.glob(os.path.join(glob.escape(out_dir), pattern))]
+    for path in stale:
+        os.remove(path)
+    return len(stale)
+
+
 class Viewer:
     """Trains `source` (see `tinn.viewer.source`) while showing it; `run()` returns a summary dict."""
 
@@ -71,6 +84,9 @@ class Viewer:
         # Headless runs of sources with `render_from` turn the camera this much between saved frames.
         self.orbit_degrees_per_frame = float(orbit_degrees_per_frame)
         os.makedirs(out_dir, exist_ok=True)
+        removed = clear_earlier_run(out_dir)
+        if removed:
+            log(f"tinn.viewer: removed {removed} frame/summary file(s) of an earlier run from {out_dir}")
         self.controller = ViewerController(source, out_dir)
         self.model = ViewModel(source, self.controller)
         self.reference = self.model.reference

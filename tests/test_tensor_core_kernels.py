@@ -1,0 +1,223 @@
+"""Tensor-core (Triton) MLP-array kernels under Triton's CPU interpreter, against the float64 reference.
+
+The interpreter runs the kernels' Python with numpy, so toy sizes and BM=16. It does not reproduce GPU
+compilation (benchmarks/tools/tensor_core_check.py checks the same paths on a GPU).
+"""
+import os
+
+import pytest
+import torch
+
+from tinn.activations import ACTIVATIONS
+from tinn.kernels.mlp_array import MLPShape
+from tinn.networks import NetworkArray
+from tinn.routing import route_fused
+
+# Triton reads TRITON_INTERPRET as it decorates kernels (its own library's too, on its import), so the whole
+# process runs Triton interpreted from here: only where no GPU would run Triton's compiled kernels.
+if torch.cuda.is_available():
+    pytest.skip("a GPU is present: these are the CPU interpreter's tests (on a GPU: "
+                "benchmarks/tools/tensor_core_check.py)", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+from tinn.kernels import tensor_cores as tc  # noqa: E402
+from tinn.kernels.tensor_cores import launch  # noqa: E402
+
+if not launch._interpreting():
+    pytest.skip("Triton was imported uninterpreted earlier in this process", allow_module_level=True)
+
+from reference import mlp_array_float64, rel_err  # noqa: E402
+from tensor_core_reference import emulated  # noqa: E402
+
+BM = 16
+# Relative error (norm) allowed against the float64 model of the kernels' rounding (tensor_core_reference): the
+# kernels accumulate in float32 (TF32 is exact float32 under the interpreter). Against exact float64 the 16-bit
+# precisions differ by their rounding, which a ReLU network amplifies in dx and dparams (a pre-activation rounded
+# across zero flips a mask): only a loose bound there.
+TOL = {"float32": 1e-5, "tf32": 1e-5, "float16": 1e-4, "bfloat16": 1e-4}
+TOL_EXACT = {"float32": 1e-5, "tf32": 1e-5, "float16": 5e-2, "bfloat16": 1.5e-1}
+ACTS = list(ACTIVATIONS)
+
+
+def test_kernels_run_interpreted():
+    from triton.runtime.interpreter import InterpretedFunction
+    from tinn.kernels.tensor_cores import mlp
+    assert isinstance(mlp.forward_kernel, InterpretedFunction) and isinstance(mlp.backward_kernel, InterpretedFunction)
+    assert tc.available() == (True, "")
+
+
+def make_ids(kind, batch, n_networks, gen):
+    if kind == "even":
+        return (torch.arange(batch) % n_networks).to(torch.int32)
+    if kind == "sorted":
+        return (torch.arange(batch) * n_networks // max(batch, 1)).to(torch.int32)
+    # ragged: uneven counts in shuffled order, network 1 empty
+    weights = torch.rand(n_networks, generator=gen) ** 2 + 0.05
+    weights[1 % n_networks] = 0.0
+    return torch.multinomial(weights, batch, replacement=True, generator=gen).to(torch.int32)
+
+
+def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None", n_networks=3, batch=70,
+        precision="float32", ids="ragged", feature_major=False, input_padding=None, output_padding=0,
+        chunk=48, want_dx=True, want_params=True, dy_scale=1.0, gradient_scale=None, seed=0, check=True):
+    """Forward (training and inference) and backward of a NetworkArray's parameters through the kernels; checks
+    them against float64 and returns (out, dx, dparams, reference triple, net, ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = {"otype": "CutlassMLP", "n_neurons": width, "n_hidden_layers": hidden_layers, "activation": hidden,
+           "output_activation": output}
+    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=seed, kernels="unfused",
+                       input_padding=input_padding, output_padding=output_padding)
+    x = torch.rand(batch, n_in, generator=gen) * 2 - 1
+    net_ids = make_ids(ids, batch, n_networks, gen)
+    dy = torch.randn(batch, n_out, generator=gen) * dy_scale
+    ref = mlp_array_float64(net, x, net_ids, dy, hidden, output)
+    tiles, chunks = route_fused(net_ids, n_networks, (BM, chunk))
+    packed = tc.pack_weights(net.params.detach(), net.shape, precision)
+    x_in = x.t().contiguous() if feature_major else x
+    pad = net.input_padding
+    out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM)
+    dx, dparams = tc.backward(dy, saved, chunks, want_dx=want_dx, want_params=want_params,
+                              gradient_scale=gradient_scale, block_m=BM)
+    if feature_major and dx is not None:
+        assert dx.shape == x_in.shape
+        dx = dx.t()
+    if check:
+        scale = tc.DEFAULT_GRADIENT_SCALES[precision] if gradient_scale is None else gradient_scale
+        model = emulated(net, x, net_ids, dy, hidden, output, tc.COMPUTE_DTYPES[precision], scale)
+        assert out.dtype == torch.float32 and out.shape == (batch, n_out)
+        for mine, exact, rounded, wanted in zip((out, dx, dparams), ref, model, (True, want_dx, want_params)):
+            if wanted:
+                assert mine.dtype == torch.float32 and mine.shape == exact.shape
+                assert rel_err(mine, rounded) < TOL[precision]
+                assert rel_err(mine, exact) < TOL_EXACT[precision]
+            else:
+                assert mine is None
+        if want_params:
+            empty = torch.bincount(net_ids.long(), minlength=n_networks) == 0
+            assert torch.all(dparams[empty] == 0)
+        else:
+            assert dparams is None
+        # Inference: the same kernel without saving, the same numbers.
+        inferred, none = tc.forward(x_in, feature_major, tiles, packed, net.shape, input_padding=pad, block_m=BM)
+        assert none is None and torch.equal(inferred, out)
+    return out, dx, dparams, ref, net, net_ids
+
+
+# Every activation as a hidden and as an output activation (paired so that each appears in both roles).
+@pytest.mark.parametrize("hidden,output", [(a, ACTS[(i + 3) % len(ACTS)]) for i, a in enumerate(ACTS)])
+def test_activations(hidden, output):
+    run(hidden=hidden, output=output, width=16)
+
+
+@pytest.mark.parametrize("width", [1, 7, 16, 24, 48, 64])
+def test_widths(width):
+    run(width=width, hidden_layers=1, hidden="Tanh")
+
+
+@pytest.mark.parametrize("hidden_layers,output", [(0, "None"), (0, "Sine"), (3, "Softplus")])
+def test_depths(hidden_layers, output):
+    run(hidden_layers=hidden_layers, output=output, width=16, hidden="SiLU")
+
+
+@pytest.mark.parametrize("n_in,n_out", [(1, 16), (3, 3), (17, 1)])
+def test_input_and_output_counts(n_in, n_out):
+    run(n_in=n_in, n_out=n_out, width=16)
+
+
+def test_tcnn_padding():
+    """tcnn's constant input columns (appended by the kernels) and padded output rows (zero gradient)."""
+    _, _, dparams, _, net, _ = run(n_in=5, n_out=3, input_padding=(3, 1.0), output_padding=13, hidden="Sigmoid")
+    fan_out, fan_in = net.layer_shapes()[-1]
+    assert fan_out == 16
+    last = dparams[:, -fan_out * fan_in:].view(-1, fan_out, fan_in)
+    assert torch.all(last[:, 3:] == 0) and torch.any(last[:, :3] != 0)
+
+
+@pytest.mark.parametrize("ids", ["even", "sorted", "ragged"])
+def test_routings(ids):
+    run(ids=ids, n_networks=4, batch=90)
+
+
+def test_feature_major():
+    run(feature_major=True, input_padding=(2, 0.5), hidden="LeakyReLU")
+
+
+@pytest.mark.parametrize("chunk", [BM, 4 * BM, 256])
+def test_chunk_sizes(chunk):
+    """The backward's chunks: one block each, several, or a whole network (any size in one sort order)."""
+    run(chunk=chunk, batch=150, n_networks=2)
+
+
+@pytest.mark.parametrize("precision", ["float32", "tf32", "float16", "bfloat16"])
+def test_precisions(precision):
+    run(precision=precision, hidden="Tanh", output="Sigmoid")
+
+
+def test_compute_dtype_input():
+    """x handed in the compute dtype (as an encoding in float16 writes it) works like float32 x."""
+    gen = torch.Generator().manual_seed(3)
+    net = NetworkArray(4, 2, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2,
+                       kernels="unfused")
+    x = (torch.rand(40, 4, generator=gen) - 0.5).half()
+    ids = make_ids("ragged", 40, 2, gen)
+    tiles, = route_fused(ids, 2, (BM,))
+    packed = tc.pack_weights(net.params.detach(), net.shape, "float16")
+    out_half, _ = tc.forward(x, False, tiles, packed, net.shape, block_m=BM)
+    out_float, _ = tc.forward(x.float(), False, tiles, packed, net.shape, block_m=BM)
+    assert torch.equal(out_half, out_float)
+
+
+def test_float16_gradient_scale():
+    """A tiny dy underflows in float16 without a scale; the scale keeps the gradients (and divides out)."""
+    common = dict(precision="float16", dy_scale=1e-7, hidden="Tanh", check=False)
+    _, dx1, dp1, (_, dx64, dp64), _, _ = run(gradient_scale=1.0, **common)
+    _, dx2, dp2, _, _, _ = run(gradient_scale=65536.0, **common)
+    assert rel_err(dp1, dp64) > 0.2 and rel_err(dx1, dx64) > 0.2
+    assert rel_err(dp2, dp64) < 1e-2 and rel_err(dx2, dx64) < 1e-2
+
+
+def test_want_dx_and_params():
+    """Each result alone equals its value from the combined backward."""
+    both = run(want_dx=True, want_params=True, check=False)
+    only_dx = run(want_dx=True, want_params=False)
+    only_params = run(want_dx=False, want_params=True)
+    assert torch.equal(only_dx[1], both[1]) and torch.equal(only_params[2], both[2])
+
+
+def test_empty_batch():
+    net = NetworkArray(3, 2, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2,
+                       kernels="unfused")
+    ids = torch.zeros(0, dtype=torch.int32)
+    tiles, = route_fused(ids, 2, (BM,))
+    packed = tc.pack_weights(net.params.detach(), net.shape, "float16")
+    out, saved = tc.forward(torch.zeros(0, 3), False, tiles, packed, net.shape, save=True, block_m=BM)
+    assert out.shape == (0, 2)
+    dx, dparams = tc.backward(torch.zeros(0, 2), saved, block_m=BM)
+    assert dx.shape == (0, 3) and torch.equal(dparams, torch.zeros_like(net.params))
+
+
+def test_supported_shapes_and_errors():
+    assert tc.supported(MLPShape(3, 128, 3, 3, 1, 0)) and tc.supported(MLPShape(200, 300, 3, 1, 0, 0))
+    assert not tc.supported(MLPShape(3, 129, 3, 3, 1, 0)) and not tc.supported(MLPShape(257, 16, 3, 2, 1, 0))
+    params = torch.zeros(1, 3 * 16 + 16 * 3)
+    with pytest.raises(ValueError, match="precision"):
+        tc.pack_weights(params, MLPShape(3, 16, 3, 2, 1, 0), "float64")
+    with pytest.raises(ValueError, match="not supported"):
+        tc.pack_weights(params, MLPShape(3, 129, 3, 2, 1, 0), "float16")
+
+
+def test_without_triton():
+    """Where Triton does not import, the package still imports (no Triton at import time) and says why."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "from tinn.kernels import tensor_cores as tc\n"
+            "from tinn.kernels.mlp_array import MLPShape\n"
+            "ok, why = tc.available()\n"
+            "assert not ok and 'triton' in why, why\n"
+            "assert tc.supported(MLPShape(3, 64, 3, 3, 1, 0))\n"
+            "print('fine')")
+    env = dict(os.environ, TINN_ARCH="cpu")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and "fine" in done.stdout, done.stderr

@@ -1,0 +1,192 @@
+"""Launchers of the tensor-core MLP kernels (tinn/kernels/tensor_cores/mlp.py): packing, forward, backward."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ...routing import TileRouting
+from ..mlp_array import MLPShape
+from . import mlp
+from .geometry import DEFAULT_GRADIENT_SCALES, PRECISIONS, Geometry, supported
+
+COMPUTE_DTYPES = {"float32": torch.float32, "tf32": torch.float32, "float16": torch.float16,
+                  "bfloat16": torch.bfloat16}
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _interpreting() -> bool:
+    """Whether the kernels run under Triton's CPU interpreter: fixed when their module was imported (Triton
+    reads TRITON_INTERPRET as it decorates them)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(mlp.forward_kernel, InterpretedFunction)
+
+
+def default_block_m(device: torch.device) -> int:
+    """Samples a program multiplies at once: 128 on the GPU; 16 under Triton's CPU interpreter (numpy)."""
+    return 128 if device.type == "cuda" and not _interpreting() else 16
+
+
+class Packed(NamedTuple):
+    """Weights packed for the kernels: (n_networks, geometry.packed_size) in the compute dtype."""
+    weights: torch.Tensor
+    geometry: Geometry
+    precision: str
+    row_length: int      # parameters per network in tinn's flat row (with tcnn's padded output rows)
+
+
+class Saved(NamedTuple):
+    """What a training forward keeps for `backward`."""
+    x: torch.Tensor
+    x_feature_major: bool
+    input_padding: tuple[int, float]
+    pre: torch.Tensor | None   # (hidden layers, batch, H) pre-activations by sorted position, compute dtype
+    tiles: TileRouting
+    packed: Packed
+    shape: MLPShape
+
+
+def _check(shape: MLPShape, precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not supported; allowed: {list(PRECISIONS)}")
+    if not supported(shape):
+        raise ValueError(f"shape {shape} is not supported by the tensor-core kernels (see geometry.supported)")
+
+
+@torch.no_grad()
+def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str) -> Packed:
+    """tinn's (N, P) float32 parameters as the kernels' packed weights: each layer transposed, zero-padded to its
+    blocks, in the precision's compute dtype (one zeros and one copy per layer)."""
+    _check(shape, precision)
+    g = Geometry.of(shape)
+    n = params.shape[0]
+    packed = torch.zeros(n, g.packed_size, dtype=COMPUTE_DTYPES[precision], device=params.device)
+    for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks, g.packed_offsets):
+        dst = packed[:, w_off:w_off + kin * kout].view(n, kin, kout)[:, :fan_in, :fan_out]
+        dst.copy_(params[:, p_off:p_off + fan_out * fan_in].view(n, fan_out, fan_in).transpose(1, 2))
+    return Packed(packed, g, precision, params.shape[1])
+
+
+class LaunchOptions(NamedTuple):
+    block_m: int      # samples a program multiplies at once
+    num_warps: int
+    num_stages: int   # Triton's software pipelining depth of the block loops (shared memory grows with it)
+
+
+def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None
+                   ) -> LaunchOptions:
+    """Block size, warps and pipelining depth of a shape: 128 samples a block on the GPU (fewer where float32
+    operands of 128-wide layers would pass the shared memory of a block), 16 under the CPU interpreter."""
+    widest = max(geometry.k0, geometry.h, geometry.o)
+    wide_operands = COMPUTE_DTYPES[precision] == torch.float32
+    if block_m is None:
+        block_m = default_block_m(device)
+        if wide_operands and widest > 64:
+            block_m = min(block_m, 64)
+    num_warps = 8 if widest > 64 else 4
+    num_stages = 1 if wide_operands and widest > 64 else 2
+    return LaunchOptions(block_m, num_warps, num_stages)
+
+
+def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
+    """The compile-time arguments (and launch options) both kernels share."""
+    return dict(N_REAL_IN=n_real_in, N_IN=shape.n_in, N_OUT=shape.n_out, N_LAYERS=shape.n_layers,
+                K0=g.k0, H=max(g.h, 16), O=g.o, HIDDEN_ACT=shape.hidden_act, OUTPUT_ACT=shape.output_act,
+                CDT=_TRITON_DTYPES[COMPUTE_DTYPES[precision]], IEEE=precision == "float32",
+                INTERPRETED_BF16=_interpreting() and precision == "bfloat16", INTERPRETED=_interpreting(),
+                BM=options.block_m, num_warps=options.num_warps, num_stages=options.num_stages)
+
+
+def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
+    """(stride between samples, stride between features) of a 2-D tensor in either layout."""
+    return (x.stride(1), x.stride(0)) if feature_major else (x.stride(0), x.stride(1))
+
+
+def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape, *,
+            save: bool = False, input_padding: tuple[int, float] = (0, 0.0), block_m: int | None = None
+            ) -> tuple[torch.Tensor, Saved | None]:
+    """(out, saved): out float32 (batch, n_out) in the caller's sample order; `saved` (with `save`) for backward.
+
+    x: (batch, n_real) sample-major or (n_real, batch) feature-major (`x_feature_major`), any float dtype, any
+    strides, n_real = shape.n_in - input_padding[0]: the kernels append tcnn's constant input columns
+    (input_padding = (count, value)) themselves. tiles: the sort order and tiles of any size of one network each
+    (tinn.routing.route_fused / route_bounded). shape: the computed shape (NetworkArray.shape, n_in with padding).
+    """
+    n_pad, pad_value = input_padding
+    n_real_in = shape.n_in - n_pad
+    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
+                         f"({'feature' if x_feature_major else 'sample'}-major)")
+    batch = x.shape[1] if x_feature_major else x.shape[0]
+    g = packed.geometry
+    dev = x.device
+    out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
+    hidden = shape.n_layers - 1
+    pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if save and hidden else None)
+    options = launch_options(g, packed.precision, dev, block_m)
+    n_tiles = tiles.tile_net.shape[0]
+    if batch and n_tiles:
+        s_sample, s_feature = _feature_strides(x, x_feature_major)
+        pre_arg = pre if pre is not None else out
+        mlp.forward_kernel[(n_tiles,)](
+            x, s_sample, s_feature, float(pad_value),
+            packed.weights, packed.weights.stride(0),
+            tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
+            out, out.stride(0),
+            pre_arg, pre.stride(0) if pre is not None else 0,
+            SAVE=pre is not None, **kernel_constants(shape, g, packed.precision, n_real_in, options))
+    saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape) if save else None
+    return out, saved
+
+
+def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
+             want_params: bool = True, gradient_scale: float | None = None, block_m: int | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
+
+    dx: float32 in x's layout and shape (the real input columns), or None without `want_dx`. dparams: float32
+    (n_networks, row length) in tinn's flat layout, zero in tcnn's padded output rows and for networks without
+    samples, or None without `want_params`. chunks: the backward's tiles (default: the forward's), any size, the
+    same sort order; a program accumulates a chunk's weight gradients in registers, so larger chunks mean fewer
+    atomic adds. gradient_scale (default 128 in float16, else 1): dy is multiplied by it before it is cast to
+    the compute dtype (float16's small gradients would underflow), and the float32 results divided by it.
+    """
+    shape, packed, g = saved.shape, saved.packed, saved.packed.geometry
+    chunks = saved.tiles if chunks is None else chunks
+    x = saved.x
+    batch = x.shape[1] if saved.x_feature_major else x.shape[0]
+    if tuple(dy.shape) != (batch, shape.n_out):
+        raise ValueError(f"dy has shape {tuple(dy.shape)}; expected {(batch, shape.n_out)}")
+    dev = x.device
+    # Every sample's real input columns are written (the chunks cover the batch): no zero fill.
+    dx = (torch.empty if batch else torch.zeros)(x.shape, device=dev, dtype=torch.float32) if want_dx else None
+    dparams = (torch.zeros(packed.weights.shape[0], packed.row_length, device=dev, dtype=torch.float32)
+               if want_params else None)
+    scale = float(DEFAULT_GRADIENT_SCALES[packed.precision] if gradient_scale is None else gradient_scale)
+    n_chunks = chunks.tile_net.shape[0]
+    if not batch or not n_chunks or not (want_dx or want_params):
+        return dx, dparams
+    hidden = shape.n_layers - 1
+    if hidden and saved.pre is None:
+        raise ValueError("backward needs a forward run with save=True")
+    deltas = torch.empty(batch, g.h, device=dev, dtype=packed.weights.dtype) if hidden else dy
+    pre = saved.pre if hidden else dy
+    dx_arg = dx if want_dx else dy
+    dp_arg = dparams if want_params else dy
+    s_x = _feature_strides(x, saved.x_feature_major)
+    s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
+    n_real_in = shape.n_in - saved.input_padding[0]
+    mlp.backward_kernel[(n_chunks,)](
+        x, *s_x, saved.input_padding[1],
+        packed.weights, packed.weights.stride(0),
+        chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
+        dy, dy.stride(0), dy.stride(1),
+        pre, pre.stride(0) if hidden else 0, deltas,
+        dx_arg, *s_dx,
+        dp_arg, dparams.stride(0) if want_params else 0,
+        scale, 1.0 / scale,
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params,
+        **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m)))
+    return dx, dparams

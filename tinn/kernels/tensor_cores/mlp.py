@@ -1,0 +1,354 @@
+"""Triton kernels of an MLP array on tensor cores: forward (inference or training) and backward.
+
+One program per tile of samples of one network (`TileRouting`: `tile_net`, `tile_start` into the sort order
+`order`, `tile_count`, 0 for a padding tile); a program walks its tile in blocks of BM samples, so tiles of any
+size work, and loads each weight block once per tile. Matrix products are `tl.dot` on operands of the compute
+dtype (float16, bfloat16, or float32 as TF32 or exact IEEE) with float32 accumulation; activations are computed
+in float32.
+
+Weights come packed (launch.pack_weights): layer l transposed, (fan_in block, fan_out block) row-major, zero
+outside the real (fan_in, fan_out), network n's layers back to back in row n. Hidden pre-activations saved by a
+training forward are indexed by sorted position: `pre[l, position, feature]`, H features a row.
+
+The backward runs one program per chunk (tiles of any size of the same sort order) and goes layer by layer,
+last first; for each layer it walks the chunk's blocks, accumulates the layer's weight gradient
+`tl.dot(trans(input), delta)` in float32 registers, and writes the next layer down's deltas into a scratch
+buffer (by sorted position, in place of the ones it read). Then one atomic add of the layer's accumulator into
+dparams. A barrier between layers makes one layer's delta stores visible to the block's threads that read them.
+"""
+import triton
+import triton.language as tl
+
+K_ACT = 10.0  # tcnn sharpens Squareplus and Softplus by this factor
+
+
+@triton.jit
+def _sigmoid(z):
+    return 1.0 / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _act(z, CODE: tl.constexpr):
+    """Activation `CODE` (tinn/activations.py) of float32 z; NaN stays NaN."""
+    y = z
+    if CODE == 1:
+        y = tl.where(z < 0.0, 0.0, z)
+    elif CODE == 2:
+        y = tl.where(z > 0.0, z, 0.01 * z)
+    elif CODE == 3:
+        y = tl.exp(z)
+    elif CODE == 4:
+        y = tl.sin(z)
+    elif CODE == 5:
+        y = _sigmoid(z)
+    elif CODE == 6:
+        s = z * K_ACT
+        y = 0.5 * (s + tl.sqrt(s * s + 4.0)) / K_ACT
+    elif CODE == 7:
+        s = z * K_ACT
+        # log(1 + e^s) without overflow for large s
+        y = (tl.where(s > 0.0, s, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(s)))) / K_ACT
+    elif CODE == 8:
+        # tanh from exp: odd series near 0, where 1 - e^{-2|z|} would cancel
+        a = tl.abs(z)
+        e = tl.exp(-2.0 * a)
+        t = (1.0 - e) / (1.0 + e)
+        z2 = z * z
+        series = a * (1.0 - z2 * (1.0 / 3.0 - z2 * (2.0 / 15.0)))
+        t = tl.where(a < 0.05, series, t)
+        y = tl.where(z < 0.0, -t, t)
+    elif CODE == 9:
+        y = z * _sigmoid(z)
+    return y
+
+
+@triton.jit
+def _dact(z, y, CODE: tl.constexpr):
+    """d act / d z from the output y (tcnn's formulas), from z for Sine and SiLU."""
+    d = tl.full(z.shape, 1.0, tl.float32)
+    if CODE == 1:
+        d = tl.where(y <= 0.0, 0.0, 1.0)
+    elif CODE == 2:
+        d = tl.where(y > 0.0, 1.0, 0.01)
+    elif CODE == 3:
+        d = y
+    elif CODE == 4:
+        d = tl.cos(z)
+    elif CODE == 5:
+        d = y * (1.0 - y)
+    elif CODE == 6:
+        s = y * K_ACT
+        d = s * s / (s * s + 1.0)
+    elif CODE == 7:
+        d = 1.0 - tl.exp(-y * K_ACT)
+    elif CODE == 8:
+        d = 1.0 - y * y
+    elif CODE == 9:
+        s = _sigmoid(z)
+        d = s + z * s * (1.0 - s)
+    return d
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
+    """a @ b accumulated in float32. IEEE: exact float32 products (else float32 operands run as TF32).
+    INTERPRETED_BF16 (bfloat16 under Triton's CPU interpreter, which multiplies bfloat16 bit patterns as
+    integers): the operands go in as float32; a product of two 16-bit floats is exact in float32, so the
+    result is the same."""
+    if INTERPRETED_BF16:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
+def _to_compute(v, CDT: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
+    """float32 v in the compute dtype, rounded to nearest even. Triton's CPU interpreter truncates float32 to
+    bfloat16, so there the rounding is done on the bits first (finite values)."""
+    if INTERPRETED_BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(CDT)
+
+
+@triton.jit
+def _load_input(x_ptr, sidx, rmask, s_sample, s_feature, pad_value,
+                N_REAL: tl.constexpr, N_IN: tl.constexpr, K: tl.constexpr):
+    """The block's inputs, (BM, K) float32: x's N_REAL columns, then N_IN - N_REAL columns of pad_value
+    (tcnn's input padding), zeros up to K."""
+    k = tl.arange(0, K)
+    v = tl.load(x_ptr + sidx[:, None] * s_sample + k[None, :] * s_feature,
+                mask=rmask[:, None] & (k < N_REAL)[None, :], other=0.0).to(tl.float32)
+    if N_IN > N_REAL:
+        v = tl.where(((k >= N_REAL) & (k < N_IN))[None, :], pad_value, v)
+    return v
+
+
+@triton.jit
+def _load_weight(w_ptr, OFFSET: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr):
+    i = tl.arange(0, KIN)
+    o = tl.arange(0, KOUT)
+    return tl.load(w_ptr + OFFSET + i[:, None] * KOUT + o[None, :])
+
+
+@triton.jit
+def _forward_block(
+    t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
+    order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
+    K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+):
+    """The forward of the tile's samples t .. t + BM (masked at count)."""
+    o_cols = tl.arange(0, O)
+    h_cols = tl.arange(0, H)
+    rows = t + tl.arange(0, BM)
+    rmask = rows < count
+    pos = start + rows
+    sidx = tl.load(order_ptr + pos, mask=rmask, other=0).to(tl.int64)
+    h = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
+                    CDT, INTERPRETED_BF16)
+    if N_LAYERS > 1:
+        z = _to_compute(_dot(h, w_first, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16)
+        if SAVE:
+            tl.store(pre_ptr + pos[:, None] * H + h_cols[None, :], z, mask=rmask[:, None])
+        h = _to_compute(_act(z.to(tl.float32), HIDDEN_ACT), CDT, INTERPRETED_BF16)
+        for l in tl.static_range(1, N_LAYERS - 1):
+            w = _load_weight(w_net, K0 * H + (l - 1) * H * H, H, H)
+            z = _to_compute(_dot(h, w, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16)
+            if SAVE:
+                tl.store(pre_ptr + l * s_pre_layer.to(tl.int64) + pos[:, None] * H + h_cols[None, :], z,
+                         mask=rmask[:, None])
+            h = _to_compute(_act(z.to(tl.float32), HIDDEN_ACT), CDT, INTERPRETED_BF16)
+    y = _act(_dot(h, w_last, IEEE, INTERPRETED_BF16), OUTPUT_ACT)
+    tl.store(out_ptr + sidx[:, None] * s_out_sample + o_cols[None, :], y,
+             mask=rmask[:, None] & (o_cols < N_OUT)[None, :])
+
+
+@triton.jit
+def forward_kernel(
+    x_ptr, s_x_sample, s_x_feature, pad_value,
+    w_ptr, s_w_net,
+    order_ptr, tile_net_ptr, tile_start_ptr, tile_count_ptr,
+    out_ptr, s_out_sample,
+    pre_ptr, s_pre_layer,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
+    K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """out[order[p]] for the tile's sorted positions p; with SAVE, pre[l, p] = layer l's pre-activation (hidden
+    layers, in CDT). Hidden outputs are act(pre rounded to CDT), so a backward recomputing them from `pre` sees
+    the forward's numbers."""
+    pid = tl.program_id(0)
+    count = tl.load(tile_count_ptr + pid)
+    if count == 0:
+        return
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid).to(tl.int64)
+    w_net = w_ptr + net * s_w_net
+    if N_LAYERS == 1:
+        w_last = _load_weight(w_net, 0, K0, O)
+        w_first = w_last
+    else:
+        w_first = _load_weight(w_net, 0, K0, H)
+        w_last = _load_weight(w_net, K0 * H + (N_LAYERS - 2) * H * H, H, O)
+    # Triton's CPU interpreter cannot take a loaded scalar as a range bound (numpy 2); it walks the blocks with a
+    # while loop, the GPU with a for loop (software-pipelined).
+    if INTERPRETED:
+        t = 0
+        while t < count:
+            _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
+                           order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
+                           N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
+                           INTERPRETED_BF16)
+            t += BM
+    else:
+        for t in range(0, count, BM):
+            _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
+                           order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
+                           N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
+                           INTERPRETED_BF16)
+
+
+@triton.jit
+def _backward_block(
+    acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+    pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
+    start, count, scale, inv_scale,
+    L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr,
+    N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
+):
+    """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
+    of layer L - 1 (stored over the ones it read) or, for layer 0, its dx."""
+    FIRST: tl.constexpr = L == 0
+    LAST: tl.constexpr = L == N_LAYERS - 1
+    kin = tl.arange(0, KIN)
+    kout = tl.arange(0, KOUT)
+    rows = t + tl.arange(0, BM)
+    rmask = rows < count
+    pos = start + rows
+    sidx = tl.load(order_ptr + pos, mask=rmask, other=0).to(tl.int64)
+    if FIRST:
+        z_in = _load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0)
+        y_in = z_in
+    else:
+        z_in = tl.load(pre_ptr + (L - 1) * s_pre_layer.to(tl.int64) + pos[:, None] * H + kin[None, :],
+                       mask=rmask[:, None], other=0.0).to(tl.float32)
+        y_in = _act(z_in, HIDDEN_ACT)
+    h_in = _to_compute(y_in, CDT, INTERPRETED_BF16)
+    if LAST:
+        g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature,
+                    mask=rmask[:, None] & (kout < N_OUT)[None, :], other=0.0).to(tl.float32) * scale
+        if OUTPUT_ACT != 0:
+            z_out = _dot(h_in, w, IEEE, INTERPRETED_BF16)
+            g = g * _dact(z_out, _act(z_out, OUTPUT_ACT), OUTPUT_ACT)
+        delta = _to_compute(g, CDT, INTERPRETED_BF16)
+    else:
+        delta = tl.load(delta_ptr + pos[:, None] * H + kout[None, :], mask=rmask[:, None], other=0.0)
+    if WANT_PARAMS:
+        acc += _dot(tl.trans(h_in), delta, IEEE, INTERPRETED_BF16)
+    if FIRST:
+        if WANT_DX:
+            dx = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * inv_scale
+            tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
+                     mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
+    else:
+        d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
+        tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16),
+                 mask=rmask[:, None])
+    return acc
+
+
+@triton.jit
+def _backward_layer(
+    x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
+    pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
+    start, count, scale, inv_scale,
+    L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
+    N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
+    (into delta_ptr) or, for layer 0, dx."""
+    FIRST: tl.constexpr = L == 0
+    LAST: tl.constexpr = L == N_LAYERS - 1
+    KIN: tl.constexpr = K0 if FIRST else H
+    KOUT: tl.constexpr = O if LAST else H
+    FAN_IN: tl.constexpr = N_IN if FIRST else WIDTH
+    FAN_OUT: tl.constexpr = N_OUT if LAST else WIDTH
+    W_OFFSET: tl.constexpr = 0 if FIRST else K0 * H + (L - 1) * H * H
+    P_OFFSET: tl.constexpr = 0 if FIRST else N_IN * WIDTH + (L - 1) * WIDTH * WIDTH
+    w = _load_weight(w_net, W_OFFSET, KIN, KOUT)
+    acc = tl.zeros((KIN, KOUT), dtype=tl.float32)
+    # (the interpreter's while loop: see forward_kernel)
+    if INTERPRETED:
+        t = 0
+        while t < count:
+            acc = _backward_block(
+                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+                pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
+                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
+            t += BM
+    else:
+        for t in range(0, count, BM):
+            acc = _backward_block(
+                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+                pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
+                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
+                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS)
+    if WANT_PARAMS:
+        kin = tl.arange(0, KIN)
+        kout = tl.arange(0, KOUT)
+        # acc[i, o] is dL/dW[o, i] (times the scale); W is row-major (fan_out, fan_in) in the parameter row.
+        tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
+                      mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :])
+    # The next layer down reads the deltas this one stored, from other threads of the block.
+    tl.debug_barrier()
+
+
+@triton.jit
+def backward_kernel(
+    x_ptr, s_x_sample, s_x_feature, pad_value,
+    w_ptr, s_w_net,
+    order_ptr, tile_net_ptr, tile_start_ptr, tile_count_ptr,
+    dy_ptr, s_dy_sample, s_dy_feature,
+    pre_ptr, s_pre_layer, delta_ptr,
+    dx_ptr, s_dx_sample, s_dx_feature,
+    dp_ptr, s_dp_net,
+    scale, inv_scale,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
+    N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
+    `scale` before it meets the compute dtype, and the float32 results by `inv_scale`."""
+    pid = tl.program_id(0)
+    count = tl.load(tile_count_ptr + pid)
+    if count == 0:
+        return
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid).to(tl.int64)
+    w_net = w_ptr + net * s_w_net
+    dp_net = dp_ptr + net * s_dp_net
+    for i in tl.static_range(N_LAYERS):
+        _backward_layer(
+            x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
+            pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
+            start, count, scale, inv_scale,
+            N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED)
