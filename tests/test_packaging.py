@@ -47,6 +47,11 @@ def test_wheel_has_distribution_name_configs_and_scripts(installed):
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(n for n in os.listdir(os.path.join(ROOT, "tinn", "configs")) if n.endswith(".json"))
     assert shipped and all(f"tinn/configs/{n}" in names for n in shipped), names
+    # Every module and config of the package (a folder without __init__.py would be left out).
+    sources = [os.path.relpath(os.path.join(folder, f), ROOT).replace(os.sep, "/")
+               for folder, dirs, files in os.walk(os.path.join(ROOT, "tinn")) if "__pycache__" not in folder
+               for f in files if f.endswith((".py", ".json"))]
+    assert sorted(set(sources) - set(names)) == []
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     for script in SCRIPTS:
