@@ -1,5 +1,6 @@
 """Configs shipped in the package load by name from any directory; a file of that name here comes first."""
 import json
+import re
 import os
 
 import pytest
@@ -37,3 +38,21 @@ def test_an_unknown_name_lists_the_shipped_configs(tmp_path, monkeypatch):
         load_config("confg.json")
     with pytest.raises(FileNotFoundError):  # a path with a directory is a path, never a shipped name
         load_config(os.path.join("configs", "config.json"))
+
+
+def test_nothing_refers_to_the_old_root_configs_folder():
+    # The configs moved into the package (tinn/configs); a path to ./configs would fail only when run.
+    stale = re.compile(r"(?<![\w/.-])configs/|(?:ROOT|HERE|here|\"\.\.\"), \"configs\"")
+    found = []
+    for folder in ("demos", "benchmarks", "tests", "tinn", "docs", ".ci"):
+        for base, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = [d for d in dirs if d not in ("results", "__pycache__")]
+            for name in files:
+                path = os.path.join(base, name)
+                if name.endswith((".py", ".sh", ".md")) and path != os.path.abspath(__file__):
+                    with open(path, encoding="utf-8") as f:
+                        found += [f"{os.path.relpath(path, ROOT)}:{i}" for i, line in enumerate(f, 1)
+                                  if stale.search(line)]
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        found += [f"README.md:{i}" for i, line in enumerate(f, 1) if stale.search(line)]
+    assert found == []
