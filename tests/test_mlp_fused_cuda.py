@@ -8,6 +8,14 @@ from tinn.networks import NetworkArray
 
 from reference import mlp_array, mlp_array_float64, rel_err
 
+
+@pytest.fixture(autouse=True)
+def float32_networks(tuned):
+    """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here (on CUDA
+    the default is the tensor cores' float16)."""
+    tuned(network_precision="float32")
+
+
 pytestmark = pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="fused kernels run on CUDA only")
 TOL = 1e-4
 slow = pytest.mark.slow  # widths 32 and up: each shape's kernels take tens of seconds to compile
@@ -58,7 +66,7 @@ def check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_gra
     dev = tinn.runtime.device()
     gen = torch.Generator().manual_seed(batch)
     cfg = {"n_neurons": width, "n_hidden_layers": depth, "activation": activation, "output_activation": "Sigmoid"}
-    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1)
+    net = NetworkArray(n_in, n_out, cfg, n_networks=n_networks, seed=1, kernels="fused")
     assert net.fused
     g = net.fused_geometry
     def fits(tile):  # width 128 does not: L1 either way

@@ -68,24 +68,27 @@ def test_feature_major_inputs_in_lower_precision(precision, tuned):
     assert rel_err(y_fm, y) < bound and rel_err(dx_fm.t(), dx) < bound and rel_err(dp_fm, dp) < bound
 
 
-@pytest.mark.parametrize("precision,n_networks,kernels,dense_setting,deterministic,expected", [
-    ("float16", 1, "auto", None, False, "float16"),
-    ("bfloat16", 1, "auto", None, False, "bfloat16"),
-    ("float16", 1, "auto", True, False, "float16"),
-    ("float16", 4, "auto", None, False, "float32"),        # arrays: Taichi's float32 kernels
-    ("float16", 1, "unfused", None, False, "float32"),     # Taichi's kernels asked for
-    ("float16", 1, "auto", False, False, "float32"),       # the dense path ruled out
-    ("float16", 1, "auto", None, True, "float32"),         # deterministic: Taichi's kernels
-    ("float32", 1, "auto", True, False, "float32"),
+# expected: (path, precision) on the CPU and on CUDA (where the tensor-core kernels run).
+@pytest.mark.parametrize("precision,n_networks,kernels,dense_setting,deterministic,cpu,cuda", [
+    ("float16", 1, "auto", None, False, ("dense", "float16"), ("dense", "float16")),
+    ("bfloat16", 1, "auto", None, False, ("dense", "bfloat16"), ("dense", "bfloat16")),
+    ("float16", 1, "auto", True, False, ("dense", "float16"), ("dense", "float16")),
+    # arrays: the tensor cores on CUDA; the CPU's batched GEMMs compute in float32
+    ("float16", 4, "auto", None, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
+    ("float16", 1, "unfused", None, False, ("unfused", "float32"), ("unfused", "float32")),  # Taichi's, asked for
+    # the dense path ruled out: the tensor cores where they run
+    ("float16", 1, "auto", False, False, ("unfused", "float32"), ("tensor_cores", "float16")),
+    ("float16", 1, "auto", None, True, ("unfused", "float32"), ("unfused", "float32")),  # deterministic
+    ("float32", 1, "auto", True, False, ("dense", "float32"), ("dense", "float32")),
+    ("float32", 4, "auto", None, False, ("batched_gemm", "float32"), ("fused", "float32")),
 ])
-def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, expected, tuned):
+def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, cpu, cuda, tuned):
     tuned(network_precision=precision, dense_single_network=dense_setting, deterministic=deterministic)
     net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=n_networks, kernels=kernels)
-    assert net.precision == expected
-    assert net.dense == (expected != "float32" or (n_networks == 1 and kernels == "auto" and not deterministic
-                                                   and (dense_setting or (dense_setting is None
-                                                                          and tinn.runtime.arch() == "cpu"))))
-    assert (f"precision={expected}" in repr(net)) == (expected != "float32")
+    expected = cuda if tinn.runtime.arch() == "cuda" else cpu
+    assert (net.path, net.precision) == expected
+    assert net.dense == (net.path == "dense")
+    assert (f"precision={net.precision}" in repr(net)) == (net.precision != "float32")
 
 
 def test_a_bad_precision_names_the_field_and_the_allowed_values(tuned):

@@ -14,6 +14,14 @@ from tinn.networks import NetworkArray
 from tinn.part import FEATURE_MAJOR, SAMPLE_MAJOR, Part, common_layout
 from tinn.trainer import Trainer
 
+
+@pytest.fixture(autouse=True)
+def float32_networks(tuned):
+    """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here (on CUDA
+    the default is the tensor cores' float16)."""
+    tuned(network_precision="float32")
+
+
 GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
         "base_resolution": 4, "per_level_scale": 2.0}
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU"}

@@ -10,6 +10,14 @@ from test_encodings_grid import ref_grid
 from tinn.models import NetworkWithInputEncoding
 from tinn.networks import NetworkArray
 
+
+@pytest.fixture(autouse=True)
+def float32_networks(tuned):
+    """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here (on CUDA
+    the default is the tensor cores' float16)."""
+    tuned(network_precision="float32")
+
+
 GRID = {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 8,
         "base_resolution": 4, "per_level_scale": 2.0}
 

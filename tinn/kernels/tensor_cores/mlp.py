@@ -19,7 +19,9 @@ dparams. A barrier between layers makes one layer's delta stores visible to the 
 import triton
 import triton.language as tl
 
-K_ACT = 10.0  # tcnn sharpens Squareplus and Softplus by this factor
+# tcnn sharpens Squareplus and Softplus by this factor (a constexpr: compiled kernels read only those globals;
+# the interpreter reads any, so only a GPU run catches a plain float here).
+K_ACT = tl.constexpr(10.0)
 
 
 @triton.jit
