@@ -158,7 +158,7 @@ def summarise(result: dict) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(ROOT, "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(ROOT, "tinn", "configs", "config_hash.json"))
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--steps", type=int, default=10, help="N: the step whose end is reported as 'step N'")
     p.add_argument("--batch", type=int, default=None, help="samples per step (default: the demo's, 2^18 GPU / 2^13 CPU)")

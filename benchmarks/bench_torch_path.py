@@ -11,7 +11,7 @@ Both train the same model (same config, seed, batches) on learning-an-image data
 
     python benchmarks/bench_torch_path.py                           # GPU: batch 2^16, 2^18; CPU: 2^12, 2^14
     python benchmarks/bench_torch_path.py --log2-batch 16,18 --networks 1,64 --json out.json
-    python benchmarks/bench_torch_path.py --config configs/config_hash.json
+    python benchmarks/bench_torch_path.py --config tinn/configs/config_hash.json
 
 Times are medians over `--reps` timed blocks of `--steps` steps each, with a device sync around every
 block (not inside it). The sync-costing input checks (NaN scan, net-id range) are off for both paths by
@@ -37,7 +37,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(ROOT, "configs", "config.json"))
+    p.add_argument("--config", default=os.path.join(ROOT, "tinn", "configs", "config.json"))
     p.add_argument("--log2-batch", default=None, help="comma-separated log2 batch sizes (default: 16,18 GPU / 12,14 CPU)")
     p.add_argument("--networks", default="1", help="comma-separated network counts (tiles of the image: 1, 4, 16, 64, ...)")
     p.add_argument("--steps", type=int, default=None, help="steps per timed block (default: 20 GPU / 3 CPU)")

@@ -31,7 +31,7 @@ if [ "$part" = kernels ]; then
   TAIL=4 run step_timeline 90 python3 benchmarks/tools/step_timeline.py   # GPU- or host-bound, per process
   TAIL=6 run bench_target 200 python3 benchmarks/bench_mlp_array.py --networks 4096 --log2-samples 22 \
     --routing even,sorted,ragged --unfused --json "$OUT/bench_target.json"
-  run demo_hash 120 python3 demos/mlp_learning_an_image.py --config configs/config_hash.json --steps 1000 \
+  run demo_hash 120 python3 demos/mlp_learning_an_image.py --config tinn/configs/config_hash.json --steps 1000 \
     --batch 262144 --out "$OUT/demo_hash"
 fi
 if [ "$part" = grid ]; then

@@ -1,6 +1,6 @@
 """Where the time of one image-learning training step goes (tcnn's mlp_learning_an_image setup).
 
-    python benchmarks/profile_image.py [--config configs/config_hash.json] [--log2-batch 18] [--steps 200]
+    python benchmarks/profile_image.py [--config tinn/configs/config_hash.json] [--log2-batch 18] [--steps 200]
 
 Prints the steady-state milliseconds per step (wall clock, with and without the input checks' sync) and a
 table of GPU kernels (Taichi and torch alike, from torch.profiler's CUDA trace)
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(HERE, "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--json", default=None)

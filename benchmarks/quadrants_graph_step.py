@@ -81,7 +81,7 @@ def quantiles(v):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--graph", choices=["off", "multi", "all"], default="off")
-    p.add_argument("--config", default=os.path.join(HERE, "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)

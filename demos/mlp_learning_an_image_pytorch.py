@@ -7,7 +7,7 @@ networks, the extra `net_ids` argument; this port also runs the backward on the 
 in torch exactly like tcnn's sample, and `torch.optim.Adam` updates the parameters in place.
 
     python demos/mlp_learning_an_image_pytorch.py                        # embedded default image
-    python demos/mlp_learning_an_image_pytorch.py --image photo.jpg --config configs/config_hash.json
+    python demos/mlp_learning_an_image_pytorch.py --image photo.jpg --config tinn/configs/config_hash.json
     python demos/mlp_learning_an_image_pytorch.py --tiles 8              # 64 networks, one per tile (net_ids)
     python demos/mlp_learning_an_image_pytorch.py --sequential           # Sequential(Encoding, Network)
 
@@ -30,7 +30,7 @@ import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402  (was: import tinycudann as tcnn)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_CONFIG = os.path.join(HERE, "..", "configs", "config.json")
+DEFAULT_CONFIG = os.path.join(HERE, "..", "tinn", "configs", "config.json")
 
 
 def parse_args(argv=None):

@@ -560,7 +560,7 @@ def test_nesting_from_json_file_matches_composed_reference(device):
     from tinn.optimizers.adam import Adam
     from tinn.optimizers.wrappers import EMA, ExponentialDecay
 
-    cfg = tinn.load_config("configs/optimizer_ema_decay_adam.json")
+    cfg = tinn.load_config("tinn/configs/optimizer_ema_decay_adam.json")
     named, w0, grad_fn = _single(device, seed=24)
     opt = create_optimizer(cfg, named)
     assert isinstance(opt, EMA) and isinstance(opt.nested, ExponentialDecay) and isinstance(opt.nested.nested, Adam)
@@ -587,7 +587,7 @@ def test_nesting_from_json_file_matches_composed_reference(device):
 def test_composite_routes_groups_to_their_optimizers(device):
     import tinn
 
-    cfg = tinn.load_config("configs/optimizer_composite.json")
+    cfg = tinn.load_config("tinn/configs/optimizer_composite.json")
     named = make_params(device, seed=26)
     opt = create_optimizer(cfg, named)
     assert [type(c).__name__ for c in opt.nested] == ["Adam", "Lookahead"]

@@ -11,7 +11,7 @@ import tinn
 from tinn.precompile import precompile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "config_hash.json")
+CONFIG = os.path.join(ROOT, "tinn", "configs", "config_hash.json")
 
 
 def _cached(path):

@@ -87,9 +87,9 @@ def test_invalid_json_reports_line():
 
 
 def test_shipped_configs_load_and_build():
-    for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+    for name in sorted(os.listdir(os.path.join(ROOT, "tinn", "configs"))):
         if name.startswith("config") and name.endswith(".json"):  # full tcnn-style configs
-            cfg = load_config(os.path.join(ROOT, "configs", name))
+            cfg = load_config(os.path.join(ROOT, "tinn", "configs", name))
             assert {"loss", "optimizer", "encoding", "network"} <= set(cfg), name
             trainer = Trainer.from_config(cfg, 2, 3, n_networks=2)
             assert trainer.model.network.n_networks == 2
@@ -106,7 +106,7 @@ def test_shipped_configs_load_and_build():
     ("optimizer", {"learning_rate": -1}, r"optimizer\.learning_rate"),
 ])
 def test_config_errors_name_the_key(section, patch, message):
-    cfg = load_config(os.path.join(ROOT, "configs", "config.json"))
+    cfg = load_config(os.path.join(ROOT, "tinn", "configs", "config.json"))
     cfg[section] = dict(cfg[section], **patch)
     with pytest.raises(ConfigError, match=message):
         Trainer.from_config(cfg, 2, 3)

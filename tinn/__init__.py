@@ -1,4 +1,9 @@
-"""tinn: train and query thousands of tiny neural networks at once, with Taichi kernels."""
+"""tinn: train and query thousands of tiny neural networks at once, with Taichi kernels.
+
+The supported names are those in `__all__`; the subpackages (`tinn.encodings`, `tinn.networks`,
+`tinn.optimizers`, `tinn.autodiff`, `tinn.distributed`, `tinn.scenes`, `tinn.viewer`, `tinn.torch`, ...)
+are reachable as attributes after `import tinn` and list their own supported names in `__all__`.
+"""
 from . import backend, checks, runtime, tcnn_layout
 from .config import load_config
 from .errors import CheckpointError, ConfigError, DeviceMemoryError, InputError, NotInitializedError, TinnError
@@ -21,15 +26,35 @@ _LAZY = {
 }
 
 
+# Submodules reachable as `tinn.<name>` after `import tinn` (imported on first use, for the same reason).
+_LAZY_MODULES = ("autodiff", "checkpoint", "distributed", "encodings", "losses", "models", "networks", "optimizers",
+                 "part", "precompile", "render", "scenes", "tasks", "torch", "trainer", "viewer")
+
+__all__ = [
+    # set-up and configs
+    "init", "load_config", "Settings", "__version__",
+    # errors
+    "TinnError", "ConfigError", "InputError", "CheckpointError", "DeviceMemoryError", "NotInitializedError",
+    # models, training
+    "NetworkWithInputEncoding", "NetworkArray", "Network", "Encoding", "create_encoding", "create_loss",
+    "create_optimizer", "Trainer",
+    # the part contract and parts written in Taichi
+    "Part", "Context", "SecondOrderError", "SAMPLE_MAJOR", "FEATURE_MAJOR", "AutodiffPart", "AutodiffLoss",
+]
+
+
 def __getattr__(attr: str):
+    import importlib
+
+    if attr in _LAZY_MODULES:
+        return importlib.import_module(f".{attr}", __name__)  # the import binds it in this namespace too
     module = _LAZY.get(attr)
     if module is None:
         raise AttributeError(f"module 'tinn' has no attribute {attr!r}")
-    import importlib
     value = getattr(importlib.import_module(f".{module}", __name__), attr)
     globals()[attr] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))

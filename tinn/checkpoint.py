@@ -154,7 +154,18 @@ def save(path: str | os.PathLike, sections: dict[str, dict[str, Any]], metadata:
     """Atomically write `sections` ({"model": state_dict, "optimizer": state_dict, ...}) and `metadata`.
 
     The bytes go to a temporary file beside the target, are fsynced, then renamed over it: a crash
-    leaves either the old checkpoint or the new one, never a mix."""
+    leaves either the old checkpoint or the new one, never a mix.
+
+    Args:
+        path: the checkpoint file.
+        sections: {section name: state dict}; values are tensors, numbers, strings, or lists and dicts
+            of them.
+        metadata: JSON data stored beside the tensors (the trainer stores its config).
+
+    Raises:
+        CheckpointError: an entry of a type or dtype a checkpoint cannot hold, or metadata that is not JSON.
+        OSError: the file cannot be written.
+    """
     data = encode(sections, metadata)
     path = os.fspath(path)
     remove_stale_temps(path)
@@ -185,9 +196,18 @@ def save(path: str | os.PathLike, sections: dict[str, dict[str, Any]], metadata:
 
 # ---- reading -----------------------------------------------------------------------------------
 def load(path: str | os.PathLike) -> tuple[dict[str, dict[str, Any]], dict]:
-    """Read a checkpoint: ({section: state_dict}, metadata). Tensors come back on the CPU.
+    """Read a checkpoint. Tensors come back on the CPU.
 
-    Any malformed file raises CheckpointError naming the problem."""
+    Args:
+        path: a file written by `save` (or in the first, .npz-based format).
+
+    Returns:
+        ({section: state dict}, metadata).
+
+    Raises:
+        CheckpointError: the file cannot be read, is a pickle, is truncated or corrupted (checksum), or is
+            not a tinn checkpoint; the message names the problem.
+    """
     source = os.fspath(path)
     try:
         with open(source, "rb") as f:
@@ -428,7 +448,19 @@ def restore_trainer(trainer, path: str | os.PathLike, strict_config: bool = True
     every parameter and optimizer state entry against the live ones (names, shapes, dtypes, optimizer
     types), and, with `strict_config`, the config it was saved with against `trainer.config` (a config
     of the same shapes but e.g. another activation would load silently wrong weights). Only then is
-    anything copied, so after any CheckpointError the trainer is exactly as before. Returns the metadata.
+    anything copied, so after any CheckpointError the trainer is exactly as before.
+
+    Args:
+        trainer: a `tinn.Trainer` (or an object with `model`, `optimizer`, `step` and `config`).
+        path: the checkpoint file.
+        strict_config: compare the saved config with `trainer.config` first.
+
+    Returns:
+        The checkpoint's metadata.
+
+    Raises:
+        CheckpointError: an unreadable or corrupt file, missing or unexpected sections, another config
+            (when strict), or parameters and optimizer state that do not match the trainer's.
     """
     source = os.fspath(path)
     remove_stale_temps(source)

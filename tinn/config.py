@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.resources
 import json
 import math
 import numbers
@@ -61,9 +62,50 @@ def loads(text: str, source: str = "<string>") -> dict:
     return data
 
 
+def shipped_config_names() -> list[str]:
+    """File names of the configs that ship inside the package (`tinn/configs/*.json`)."""
+    folder = importlib.resources.files(__package__).joinpath("configs")
+    return sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".json"))
+
+
+def shipped_config_path(name: str) -> str:
+    """Path of a config that ships inside the package, by file name ("config_hash.json"; ".json" optional).
+
+    Raises:
+        ConfigError: no shipped config has that name (the message lists those that exist).
+    """
+    file_name = name if name.endswith(".json") else name + ".json"
+    names = shipped_config_names()
+    if file_name not in names:
+        raise ConfigError(f"no shipped config named {name!r}; shipped configs: {', '.join(names)}")
+    # The package is installed as plain files (no zip import), so the resource is a real path.
+    return str(importlib.resources.files(__package__).joinpath("configs", file_name))
+
+
 def load_config(path: str | os.PathLike) -> dict:
-    """Load a tcnn JSON config file (comments allowed) as a dict."""
-    with open(path, "r", encoding="utf-8") as f:
+    """Load a tcnn-style JSON config (comments allowed) as a dict.
+
+    Args:
+        path: a JSON file, or the bare name of a config shipped with tinn ("config.json",
+            "config_hash"; see `shipped_config_names()`), used when no file of that name exists
+            here, so that an installed tinn finds its own configs from any directory.
+
+    Returns:
+        The parsed config: a dict with the tcnn sections (`loss`, `optimizer`, `encoding`, `network`).
+
+    Raises:
+        ConfigError: the file is not valid JSON, its top level is not an object, or a bare name
+            matches no file and no shipped config.
+        OSError: the file exists but cannot be read.
+    """
+    text_path = os.fspath(path)
+    if not os.path.exists(text_path) and os.path.basename(text_path) == text_path:
+        try:
+            text_path = shipped_config_path(text_path)
+        except ConfigError:
+            raise ConfigError(f"{text_path!r}: no such file here, and no shipped config of that name; shipped "
+                              f"configs: {', '.join(shipped_config_names())}") from None
+    with open(text_path, "r", encoding="utf-8") as f:
         return loads(f.read(), source=str(path))
 
 

@@ -38,11 +38,35 @@ def tcnn_input_padding(encoding) -> tuple[int, float]:
 
 
 class NetworkWithInputEncoding(Part):
+    """An encoding followed by an MLP, N of them side by side: `model(x, net_ids)` runs sample b through
+    encoding and network `net_ids[b]` (tcnn's `NetworkWithInputEncoding`, as an array).
+
+    Args:
+        n_input_dims: input width.
+        n_output_dims: output width.
+        encoding_config: a tcnn-style `encoding` config (`{"otype": "HashGrid", ...}`), None for the
+            identity, or a `Part` built by the caller (e.g. a `tinn.autodiff.AutodiffPart`).
+        network_config: a tcnn-style `network` config (`{"otype": "FullyFusedMLP", "n_neurons": 64, ...}`).
+        n_networks: how many encoding + network pairs.
+        seed: initialisation seed (the network uses seed + 1).
+        share_encoding: one encoding for all networks instead of one each.
+        kernels: force the network's path ("fused", "unfused", ...; see `NetworkArray`).
+        tcnn_padding: pad the network's input as tcnn does (see `tcnn_input_padding`), so the same
+            parameters give tcnn's function.
+
+    Raises:
+        ConfigError: a bad config value (the message names the key path and the allowed values), or an
+            encoding part whose input width or network count does not match.
+
+    Example:
+        >>> model = NetworkWithInputEncoding(2, 3, {"otype": "Frequency", "n_frequencies": 8},
+        ...                                  {"otype": "FullyFusedMLP", "n_neurons": 64}, n_networks=16)
+        >>> y = model(x, net_ids)          # (batch, 3), differentiable by torch autograd
+    """
+
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
                  kernels: str | None = None, tcnn_padding: bool = False):
-        """`tcnn_padding`: the network input is the encoding's output padded as tcnn pads it (see
-        `tcnn_input_padding`), so the same parameters give tcnn's function."""
         super().__init__(n_input_dims, n_output_dims, n_networks)
         if isinstance(encoding_config, Part):  # a part built by the caller (e.g. a tinn.autodiff part)
             enc = encoding_config

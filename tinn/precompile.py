@@ -1,8 +1,8 @@
 """Compile ahead of time the kernels that a config's training step and inference use.
 
-    python -m tinn.precompile --config configs/config_hash.json --arch cuda       # the image demo's kernels
-    python -m tinn.precompile --config my.json --inputs 3 --outputs 4 --networks 64 --no-image
-    python -m tinn.precompile --config my.json --cache-dir /opt/ticache            # a cache directory of its own
+    tinn-precompile --config config_hash.json --arch cuda                 # the image demo's kernels
+    tinn-precompile --config my.json --inputs 3 --outputs 4 --networks 64 --no-image
+    tinn-precompile --config my.json --cache-dir /opt/ticache              # a cache directory of its own
 
 Taichi compiles each kernel instance (a kernel with its template arguments) at its first launch and keeps
 the result in its offline cache on disk (`~/.cache/taichi/ticache`, or `ti.init(offline_cache_file_path=...)`
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 
 import torch
@@ -114,11 +113,11 @@ def precompile(config: dict | str, n_input_dims: int = 2, n_output_dims: int = 3
 
 
 def main(argv=None) -> list[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    p = argparse.ArgumentParser(prog="python -m tinn.precompile", description=__doc__,
+    p = argparse.ArgumentParser(prog="tinn-precompile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(here, "..", "configs", "config_hash.json"),
-                   help="tcnn-style JSON config (default: configs/config_hash.json)")
+    p.add_argument("--config", default="config_hash.json",
+                   help="tcnn-style JSON config: a path, or the name of one shipped in tinn/configs "
+                        "(default: config_hash.json)")
     p.add_argument("--arch", default=None, help="cpu, cuda or auto (default: TINN_ARCH or auto)")
     p.add_argument("--inputs", type=int, default=2, help="input dims (default 2, the image demo)")
     p.add_argument("--outputs", type=int, default=3, help="output dims (default 3)")
@@ -143,5 +142,11 @@ def main(argv=None) -> list[str]:
     return built
 
 
-if __name__ == "__main__":
+def cli() -> int:
+    """The `tinn-precompile` console script: `main` with an exit status instead of the kernel list."""
     main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -34,12 +34,26 @@ def _resolve(arch: str) -> str:
 
 def init(arch: str | None = None, *, backend: str | None = None, settings: Settings | dict | None = None,
          debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
-    """Initialise Taichi once. Returns the arch in use ('cpu' or 'cuda').
+    """Initialise the kernel backend once, before building models.
 
-    `backend` picks the kernel language, 'taichi', 'quadrants' or 'auto' (see tinn.backend);
-    `settings` overrides the tuning defaults (see tinn/settings.py). A second call with the same
-    (or no) arch and no settings is a no-op; asking for another arch or other settings after
-    initialisation is an error, because compiled kernels and Taichi state cannot change.
+    A second call with the same (or no) arch and no settings is a no-op; asking for another arch or
+    other settings after initialisation is an error, because compiled kernels and Taichi state cannot
+    change.
+
+    Args:
+        arch: "cpu", "cuda" or "auto" (a GPU if present); None: `TINN_ARCH`, else "auto".
+        backend: the kernel language, "taichi", "quadrants" or "auto" (see `tinn.backend`).
+        settings: a `Settings` or a dict of fields overriding the tuning defaults (and `TINN_SETTINGS`).
+        debug: Taichi's debug mode (bounds checks in kernels; slow).
+        offline_cache: keep compiled kernels on disk for later processes.
+        **kwargs: passed to `ti.init` (e.g. `offline_cache_file_path`).
+
+    Returns:
+        The arch in use, "cpu" or "cuda".
+
+    Raises:
+        ConfigError: an unknown arch or backend, a bad settings field, or another arch or other settings
+            than those of an earlier call.
     """
     ti = _backend.load(backend)
     wanted = _resolve(arch or os.environ.get("TINN_ARCH", "auto"))

@@ -96,6 +96,27 @@ class LearningRateOf:
 
 
 class Trainer(LearningRateOf):
+    """A model, its loss and its optimizer, trained one step at a time (tcnn's `Trainer`).
+
+    Build one from a tcnn-style config with `Trainer.from_config`, or around your own model. Each
+    `training_step` runs forward, loss, backward and one optimizer step, and returns the loss
+    without waiting for the device; `learning_rate` reads and sets the optimizer's.
+
+    Args:
+        model: a torch module taking `(inputs, net_ids)`: a tinn part (`NetworkWithInputEncoding`,
+            `NetworkArray`, ...), which trains without autograd bookkeeping, or any other module.
+        loss: a tinn `Loss`, a tcnn-style loss config, or any callable `loss(pred, target)` returning
+            a scalar; default L2.
+        optimizer: a tinn optimizer or a tcnn-style optimizer config; default Adam over the model's
+            parameters.
+        config: the config the trainer was built from; saved in checkpoints and compared on load.
+        track_per_network_loss: keep each network's mean loss of the last step in `per_network_loss`.
+
+    Example:
+        >>> trainer = Trainer.from_config(tinn.load_config("config.json"), 2, 3, n_networks=4)
+        >>> loss = trainer.training_step(x, target, net_ids)
+    """
+
     learning_rate_owner = "optimizer"
 
     def __init__(self, model: torch.nn.Module, loss=None, optimizer=None, config: dict | None = None,
@@ -115,10 +136,26 @@ class Trainer(LearningRateOf):
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
                     seed: int = 1337, **kwargs) -> "Trainer":
-        """Build model, loss and optimizer from a tcnn config with `loss`/`optimizer`/`encoding`/`network`.
+        """Build model, loss and optimizer from a tcnn config.
 
-        As tcnn's `create_from_config`, an absent section is an empty one and a section without `otype`
-        takes tcnn's default: RelativeL2 loss, OneBlob encoding, Adam optimizer (`network` is required)."""
+        Args:
+            config: a dict with `network` and optionally `encoding`, `loss` and `optimizer`, as
+                `tinn.load_config` returns it. As tcnn's `create_from_config`, an absent section is an
+                empty one and a section without `otype` takes tcnn's default: RelativeL2 loss, OneBlob
+                encoding, Adam optimizer.
+            n_input_dims: input width of the model.
+            n_output_dims: output width of the model.
+            n_networks: how many networks of that shape (one encoding and one MLP each).
+            seed: initialisation seed.
+            **kwargs: passed to the constructor (e.g. `track_per_network_loss=True`).
+
+        Returns:
+            The trainer, its model a `NetworkWithInputEncoding`.
+
+        Raises:
+            ConfigError: a missing `network`, an unknown top-level key, or a bad value in a section
+                (the message names the key path and the allowed values).
+        """
         root = Section(config, "")
         root.expect_keys(TRAINER_OPTIONS, "a trainer config")
         model = NetworkWithInputEncoding(
@@ -133,6 +170,7 @@ class Trainer(LearningRateOf):
 
     @property
     def n_networks(self) -> int:
+        """How many networks the model holds (1 for a model without `n_networks`)."""
         return getattr(self.model, "n_networks", 1)
 
     def _inputs(self, inputs, targets, net_ids):
@@ -156,7 +194,22 @@ class Trainer(LearningRateOf):
     # ---- steps ------------------------------------------------------------------------------------
     def training_step(self, inputs: torch.Tensor, targets: torch.Tensor, net_ids: torch.Tensor | None = None,
                       run_optimizer: bool = True) -> torch.Tensor:
-        """One regression step; returns the loss as a 0-d tensor (the caller decides when to sync)."""
+        """One regression step: forward, loss, backward and (unless `run_optimizer=False`) an optimizer step.
+
+        Args:
+            inputs: (batch, n_input_dims) float tensor on the device.
+            targets: (batch, n_output_dims) float tensor.
+            net_ids: (batch,) int tensor, each sample's network in [0, n_networks); None for one network.
+            run_optimizer: False leaves the gradients in the parameters' `.grad` and takes no step.
+
+        Returns:
+            The loss as a 0-d tensor; reading it (`float(loss)`) waits for the device, so the caller
+            decides when to sync.
+
+        Raises:
+            InputError: wrong shapes or dtypes, mismatched batches, ids out of range, or non-finite
+                inputs (unless `tinn.checks.disabled()`).
+        """
         x, t, ids = self._inputs(inputs, targets, net_ids)
         self.optimizer.zero_grad()
         track = self.track_per_network_loss
@@ -190,7 +243,18 @@ class Trainer(LearningRateOf):
         return result.value
 
     def optimize(self, objective=None, run_optimizer: bool = True) -> torch.Tensor:
-        """One step on `objective()` (default: the trainer's `loss`), a scalar loss built with autograd."""
+        """One step on `objective()`, a scalar loss built with autograd (rendering, distillation).
+
+        Args:
+            objective: a callable returning a 0-d loss tensor; default the trainer's `loss`.
+            run_optimizer: False leaves the gradients in `.grad` and takes no step.
+
+        Returns:
+            The loss, detached.
+
+        Raises:
+            InputError: the objective did not return a 0-d tensor.
+        """
         objective = self.loss if objective is None else objective
         self.optimizer.zero_grad()
         with runtime.stream_guard():
@@ -222,7 +286,16 @@ class Trainer(LearningRateOf):
         return {"step": self.step, "skipped_steps": self.skipped_steps, "gradient_scale": self.gradient_scale}
 
     def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Evaluate with the optimizer's inference weights (EMA / Average / Lookahead averages, else live)."""
+        """Evaluate without gradients, with the optimizer's inference weights.
+
+        Args:
+            inputs: (batch, n_input_dims) float tensor.
+            net_ids: (batch,) int tensor of network ids; None for one network.
+
+        Returns:
+            (batch, n_output_dims) predictions, made with the EMA / Average / Lookahead averages when the
+            optimizer keeps them, else with the live weights.
+        """
         with torch.no_grad(), self.optimizer.swap_in_inference_params():
             return self.model(inputs, net_ids)
 
@@ -247,12 +320,29 @@ class Trainer(LearningRateOf):
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write model, optimizer state, step count and config to `path`, atomically (see `tinn.checkpoint`).
+
+        Raises:
+            CheckpointError: a state entry that a checkpoint cannot hold.
+            OSError: the file cannot be written (an older checkpoint at `path` stays intact).
+        """
         checkpoint.save(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                "trainer": {"step": self.step}}, metadata={"config": self.config})
 
     def load_checkpoint(self, path: str | os.PathLike, strict_config: bool = True) -> dict:
-        """Restore model, optimizer and step, all or nothing (see `checkpoint.restore_trainer`); a checkpoint
-        saved with another config is refused unless `strict_config=False`. Returns its metadata."""
+        """Restore model, optimizer and step from `path`, all or nothing (see `checkpoint.restore_trainer`).
+
+        Args:
+            path: a file written by `save_checkpoint`.
+            strict_config: refuse a checkpoint saved with another config (False: load it if the shapes fit).
+
+        Returns:
+            The checkpoint's metadata (its `config` among them).
+
+        Raises:
+            CheckpointError: a missing, corrupt or incompatible file, a different config (when strict) or
+                different shapes; the trainer is left as it was.
+        """
         return checkpoint.restore_trainer(self, path, strict_config=strict_config)
 
 

@@ -10,7 +10,7 @@ their launch, so there only the no-op column is a host figure.
 Paths: the native Trainer step; tcnn's sample loop through `tinn.torch` (module call, loss,
 `zero_grad`, `backward`, `torch.optim.Adam` step) in parts: forward only, with loss and backward, whole.
 
-    python benchmarks/tools/host_overhead.py [--arch cpu|cuda] [--log2-batch 16] [--config configs/config_hash.json]
+    python benchmarks/tools/host_overhead.py [--arch cpu|cuda] [--log2-batch 16] [--config tinn/configs/config_hash.json]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from common import host_ms_per_step, print_table, write_json  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="cpu")
-    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--log2-batch", type=int, default=None, help="default: 16 on a GPU, 8 on the CPU")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--reps", type=int, default=5)

@@ -37,7 +37,7 @@ wrap(opt_base.Optimizer, "zero_grad")
 sections.wrap_launches()
 
 task = ImageTask(default_image(256))
-trainer = trainer_mod.Trainer.from_config(tinn.load_config("configs/config_hash.json"), 2, 3)
+trainer = trainer_mod.Trainer.from_config(tinn.load_config("tinn/configs/config_hash.json"), 2, 3)
 tinn.checks.set_enabled(False)
 batch = 1 << int(os.environ.get("LOG2_BATCH", 18))
 for _ in range(10):

@@ -72,7 +72,7 @@ class Variant:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--width", type=int, default=0, help="the network's width instead of the config's")
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=100, help="steps per timed block")

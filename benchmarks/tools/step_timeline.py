@@ -24,7 +24,7 @@ def main(steps=400, log2_batch=18):
     from tinn.trainer import Trainer
     here = os.path.dirname(os.path.abspath(__file__))
     task = ImageTask(default_image(256))
-    trainer = Trainer.from_config(tinn.load_config(os.path.join(here, "..", "..", "configs", "config_hash.json")), 2, 3)
+    trainer = Trainer.from_config(tinn.load_config(os.path.join(here, "..", "..", "tinn", "configs", "config_hash.json")), 2, 3)
     batch = 1 << log2_batch
     tinn.checks.set_enabled(False)
     for _ in range(20):

@@ -46,7 +46,7 @@ def timeline(step, steps: int) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--out", default=None, help="directory for the profiler tables and JSON")

@@ -60,7 +60,7 @@ def per_step(fn, steps: int, sync) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default=None)
-    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(HERE, "..", "..", "tinn", "configs", "config_hash.json"))
     p.add_argument("--log2-batch", type=int, default=18)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import tinn  # noqa: E402
 
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "config.json")
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tinn", "configs", "config.json")
 
 
 class HeadlessClient:

@@ -12,6 +12,7 @@ from ..config import Section
 from ..errors import ConfigError
 from ..part import Context, SecondOrderError, run
 from .base import Encoding
+from .registry import create_encoding
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
 # Keys of each nested encoding's config that the composite reads (tcnn's), besides the encoding's own.
@@ -65,8 +66,6 @@ class CompositeEncoding(Encoding):
 
     @classmethod
     def from_config(cls, n_input_dims: int, cfg: Section, n_networks: int = 1, seed: int = 1337):
-        from . import create_encoding  # the factory imports this module
-
         items = cfg.data.get("nested")
         if not isinstance(items, list) or not items:
             raise ConfigError(f"{cfg.key('nested')} must be a non-empty JSON array of encodings")

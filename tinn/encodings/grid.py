@@ -81,20 +81,38 @@ class GridEncoding(Encoding):
                  interpolation: str = "Linear", grid_type: str = "Hash", hash: str = "CoherentPrime",
                  n_networks: int = 1, seed: int = 1337, feature_lanes: bool | None = None,
                  table_dtype: str = "float32", stochastic_interpolation: bool = False):
-        """`feature_lanes`: one thread per (level, sample, feature) for the table gradient instead of per
-        (level, sample). It pays on a GPU, whose memory system serves a warp's neighbouring words as one
-        request; a CPU thread only repeats the hashing. None: the settings' choice (by default CUDA only).
+        """Build `n_networks` grids of one shape (tcnn's `Grid`/`HashGrid`/`DenseGrid`/`TiledGrid` keys).
 
-        `table_dtype`: "float32", or "bfloat16" for a compact table: 2 bytes per value, and a sparse
-        gradient (a coalesced `torch.sparse_coo_tensor` of the entries a batch touched) that tinn's Adam
-        steps lazily with bfloat16 moments and stochastically rounded weights, so a trained value costs
-        6 bytes instead of 20 (float32 table, dense gradient, Adam's two moments and step count). No second
-        derivatives; not inside a Composite.
+        Args:
+            n_input_dims: 2, 3 or 4.
+            n_levels: resolution levels (tcnn's default 16).
+            n_features_per_level: 1, 2, 4 or 8.
+            log2_hashmap_size: log2 of the entries per level of a hashed table (at most 30).
+            base_resolution: the coarsest level's resolution.
+            per_level_scale: resolution growth per level; None: tcnn's default for the grid type.
+            interpolation: "Nearest", "Linear" or "Smoothstep".
+            grid_type: "Hash", "Dense" or "Tiled".
+            hash: the hash function of hashed levels (tcnn's names; "CoherentPrime" by default).
+            n_networks: how many independent grids; sample b looks up grid `net_ids[b]`.
+            seed: initialisation seed (tables start uniform in +-1e-4, as tcnn's).
+            feature_lanes: one thread per (level, sample, feature) for the table gradient instead of
+                per (level, sample). It pays on a GPU, whose memory system serves a warp's neighbouring
+                words as one request; a CPU thread only repeats the hashing. None: the settings' choice
+                (by default CUDA only).
+            table_dtype: "float32", or "bfloat16" for a compact table: 2 bytes per value, and a sparse
+                gradient (a coalesced `torch.sparse_coo_tensor` of the entries a batch touched) that
+                tinn's Adam steps lazily with bfloat16 moments and stochastically rounded weights, so a
+                trained value costs 6 bytes instead of 20 (float32 table, dense gradient, Adam's two
+                moments and step count). No second derivatives; not inside a Composite.
+            stochastic_interpolation: tcnn's option: the table gradient of each (level, sample) goes
+                whole to one corner drawn with its interpolation weight (tcnn's generator, so the same
+                corners as tcnn's) instead of N-linearly to all; features and input gradients stay
+                N-linear. No fixed-order (`settings.deterministic`) or compact-table path, and no
+                gradient of the table gradient.
 
-        `stochastic_interpolation` (tcnn's option): the table gradient of each (level, sample) goes whole to
-        one corner drawn with its interpolation weight (tcnn's generator, so the same corners as tcnn's)
-        instead of N-linearly to all; features and input gradients stay N-linear. No fixed-order
-        (`settings.deterministic`) or compact-table path, and no gradient of the table gradient."""
+        Raises:
+            ConfigError: a value outside the allowed ones (the message names the field and lists them).
+        """
         if count("n_input_dims", n_input_dims) not in (2, 3, 4):
             raise ConfigError(f"grid encodings take 2, 3 or 4 input dims, got n_input_dims={n_input_dims}")
         if count("n_features_per_level", n_features_per_level) not in (1, 2, 4, 8):

@@ -17,7 +17,7 @@ import torch
 from ..backend import ti
 from .grid_encoding import NEAREST, table_2d, _corners, _entry, _input_gradient, _level_at, _smooth
 from .launch import fast_kernel
-from .mlp_array import in_chunk
+from .rows import in_chunk
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)

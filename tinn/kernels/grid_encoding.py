@@ -38,7 +38,7 @@ from ..backend import ti
 from . import pcg32
 from .compact import bf16_value
 from .launch import fast_kernel
-from .mlp_array import in_chunk
+from .rows import in_chunk
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 table_2d = ti.types.ndarray(ndim=2)  # float32, or int16 holding bfloat16 bits (a compact table)

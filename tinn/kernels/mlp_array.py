@@ -19,7 +19,9 @@ from ..backend import ti
 
 from .. import chunks, runtime
 from . import activations as act
+from .deterministic import reduce_tiles_in_order
 from .launch import fast_kernel
+from .rows import in_chunk
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
@@ -48,12 +50,6 @@ def computed_params(shape: MLPShape) -> int:
     """Parameters per network that the kernels compute with: a parameter row may be longer (tcnn's padded
     output rows trail it), and those trailing entries get a zero gradient."""
     return sum(o * i for o, i in layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers))
-
-
-@ti.func
-def in_chunk(net, table: ti.template()):
-    """Whether row `net` (already shifted by the chunk's first row) lies in this launch's chunk view."""
-    return net >= 0 and net < table.shape[0]
 
 
 @ti.func
@@ -270,7 +266,6 @@ def run_weight_gradients(x, routing, shape: MLPShape, *, acts, deltas, dout, dpa
 
     The partials are (tiles, P): when they or `dparams` pass the chunk limit, tiles go in groups (tiles
     are sorted by network) and each group is reduced into the gradient chunks its networks fall in."""
-    from .deterministic import reduce_tiles_in_order  # (it builds on this module's helpers)
     reduce = reduce_tiles_in_order if runtime.settings().deterministic else reduce_tiles
     n_params = dparams.shape[1]
     spans = chunks.row_spans(dparams.shape[0], n_params, "the network gradients")

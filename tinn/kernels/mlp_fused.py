@@ -43,7 +43,8 @@ from ..settings import current as tuning
 from . import activations as act
 from . import losses
 from .launch import fast_kernel
-from .mlp_array import MLPShape, in_chunk, layer_shapes
+from .mlp_array import MLPShape, layer_shapes
+from .rows import in_chunk
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)

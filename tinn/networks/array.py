@@ -32,6 +32,23 @@ class NetworkArray(Part):
     "float16", "bfloat16"; default: `settings.network_precision`); `selection.choose_path` decides, and refuses a
     combination that cannot run here. `path` and `precision` say what runs. The fused, dense and tensor-core
     paths also read their input feature-major, as a grid writes it.
+
+    Args:
+        n_input_dims: input width of every network.
+        n_output_dims: output width of every network.
+        network_config: a tcnn-style `network` config (`otype`, `n_neurons`, `n_hidden_layers`,
+            `activation`, `output_activation`); None for tcnn's defaults.
+        n_networks: how many networks; sample b runs through network `net_ids[b]`.
+        seed: initialisation seed (tcnn's uniform +-sqrt(6 / (fan_in + fan_out))).
+        tile_size: samples per tile of the unfused kernels; None for the arch's default.
+        kernels: force a path (see above); None for the settings' choice.
+        input_padding: (n, value): n constant input columns after the real ones, as tcnn pads.
+        output_padding: tcnn's padded output rows, kept in the parameter layout but never computed.
+        precision: the precision of the products (see above); None for the settings' choice.
+
+    Raises:
+        ConfigError: a bad config value, or a path or precision that cannot run here (the message names
+            the field and the allowed values).
     """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,

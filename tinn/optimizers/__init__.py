@@ -11,28 +11,8 @@ to Adam, like tcnn.
 """
 from __future__ import annotations
 
-from .. import runtime
-from ..config import Section, expect_options
 from .base import Optimizer, is_matrix_param
-
-# otype -> class taking (named_params, Section). Filled below, and by `register_optimizer`.
-OPTIMIZERS: dict[str, type] = {}
-DEFAULT_OPTIMIZER = "Adam"
-
-
-def register_optimizer(otype: str, cls: type) -> None:
-    if getattr(cls, "OPTIONS", None) is None:
-        raise TypeError(f"{cls.__name__} must declare OPTIONS, the config keys it reads")
-    OPTIMIZERS[otype] = cls
-
-
-def create_optimizer(config: dict | Section | None, named_params, path: str = "optimizer") -> Optimizer:
-    """Build an optimizer over `named_params` (an iterable of (name, nn.Parameter)) from a tcnn config."""
-    runtime.ensure_init()
-    cfg = config if isinstance(config, Section) else Section(config if config is not None else {}, path)
-    otype = cfg.otype(list(OPTIMIZERS), default=DEFAULT_OPTIMIZER)
-    expect_options(cfg, OPTIMIZERS[otype], otype)
-    return OPTIMIZERS[otype](list(named_params), cfg)
+from .registry import DEFAULT_OPTIMIZER, OPTIMIZERS, create_optimizer, register_optimizer
 
 
 def _register_builtins() -> None:

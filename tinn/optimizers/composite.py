@@ -23,6 +23,7 @@ import torch
 from ..config import Section
 from ..errors import ConfigError
 from .base import Optimizer
+from .registry import create_optimizer
 
 
 def _matches(name: str, selector: str) -> bool:
@@ -36,8 +37,6 @@ class Composite(Optimizer):
     SELECTOR_KEYS = ("params", "n_params_to_optimize")
 
     def __init__(self, named_params, cfg: Section):
-        from . import create_optimizer
-
         super().__init__(named_params, cfg.path)
         entries = cfg.data.get("nested")
         if not isinstance(entries, list) or not entries:

@@ -15,6 +15,7 @@ from .. import chunks
 from ..config import Section
 from ..kernels import optimizers as K
 from .base import Optimizer, as_rows
+from .registry import create_optimizer
 
 
 class Wrapper(Optimizer):
@@ -23,8 +24,6 @@ class Wrapper(Optimizer):
     OPTIONS: tuple = ("nested",)
 
     def __init__(self, named_params, cfg: Section):
-        from . import create_optimizer  # the package factory; imported late to avoid a cycle
-
         super().__init__(named_params, cfg.path)
         self.nested = create_optimizer(cfg.section("nested", required=False), self.named_params)
         self.children = [("nested.", self.nested)]

@@ -1,5 +1,5 @@
-"""python -m tinn.viewer --config configs/config.json [--image photo.png] [--tiles 8] [--headless --steps 300]
-python -m tinn.viewer --backend web [--port 8080]     # a page for any browser: http://127.0.0.1:8080
+"""tinn-viewer (or python -m tinn.viewer) --config config_hash.json [--image photo.png] [--tiles 8] [--headless --steps 300]
+tinn-viewer --backend web [--port 8080]            # a page for any browser: http://127.0.0.1:8080
 
 Learns an image in the viewer. Without a display or Vulkan it says so in one line and
 runs headless, writing PNG frames, a loss-curve image and summary.json to --out.
@@ -7,16 +7,17 @@ runs headless, writing PNG frames, a loss-curve image and summary.json to --out.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "config.json")
+# A bare name is one of the configs shipped in tinn/configs (tinn.load_config finds it from any directory).
+DEFAULT_CONFIG = "config.json"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tinn.viewer", description=__doc__,
+    p = argparse.ArgumentParser(prog="tinn-viewer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="tcnn-style JSON config")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="tcnn-style JSON config: a path, or the name of a shipped one "
+                                                          "(config.json, config_hash.json, config_oneblob.json)")
     p.add_argument("--image", default=None, help="image file (default: embedded procedural image)")
     p.add_argument("--size", type=int, default=256, help="side of the embedded default image")
     p.add_argument("--tiles", type=int, default=1, help="array mode: tiles per side, one network per tile")
