@@ -91,7 +91,7 @@ def test_errors_name_the_allowed_values():
     with pytest.raises(tinn.ConfigError, match=r"fused_loss=1 must be true, false or None"):
         tinn.Settings(fused_loss=1)
     with pytest.raises(tinn.ConfigError,
-                       match=r"network_precision='half'.*allowed: \['float32', 'float16', 'bfloat16'\]"):
+                       match=r"network_precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
         tinn.Settings(network_precision="half")
     with pytest.raises(tinn.ConfigError, match=r"TINN_SETTINGS: fast_launch='none' must be true or false"):
         settings.parse("fast_launch=none")
