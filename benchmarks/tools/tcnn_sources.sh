@@ -8,9 +8,10 @@
 # Each argument is a git directory (bare or not) holding the pinned commit below; the defaults are the
 # mirrors under /work/.mirror. Only what the sample's build reads is kept: tiny-cuda-nn's library,
 # sample and header-only dependencies; CUTLASS's headers (include/, tools/util/include/) and the
-# CMakeLists.txt whose presence tiny-cuda-nn's CMakeLists checks; {fmt}'s library sources and CMake
-# helpers; CMakeRC's single CMake module. Documentation, tests, examples, images and Python bindings
-# are left out. The archive's COMMITS file names the commit of each part.
+# CMakeLists.txt whose presence tiny-cuda-nn's CMakeLists checks; {fmt}'s library sources, CMake
+# helpers and the two text files its CMakeLists lists among the library's sources; CMakeRC's single
+# CMake module. Documentation, tests, examples, images and Python bindings are left out. The archive's
+# COMMITS file names the commit of each part.
 set -euo pipefail
 
 TCNN_COMMIT=6ee3546bda615f51abe684ce9edefeb414689135
@@ -67,7 +68,7 @@ export_paths "$tcnn_git" "$TCNN_COMMIT" "$top" \
 export_paths "$cutlass_git" "$CUTLASS_COMMIT" "$top/dependencies/cutlass" \
     CMakeLists.txt LICENSE.txt include tools/util/include
 export_paths "$fmt_git" "$FMT_COMMIT" "$top/dependencies/fmt" \
-    CMakeLists.txt LICENSE.rst include src support/cmake
+    CMakeLists.txt LICENSE.rst README.rst ChangeLog.rst include src support/cmake
 export_paths "$cmrc_git" "$CMRC_COMMIT" "$top/dependencies/cmrc" \
     CMakeRC.cmake LICENSE.txt
 
