@@ -75,6 +75,8 @@ def test_command_lines():
     assert tcnn_native.configure_command("/tmp/t/tiny-cuda-nn", "/tmp/t/build", "90") == [
         "cmake", "-S", "/tmp/t/tiny-cuda-nn", "-B", "/tmp/t/build", "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DTCNN_CUDA_ARCHITECTURES=90", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5", "-DTCNN_BUILD_BENCHMARK=OFF"]
+    assert tcnn_native.configure_command("s", "b", "90", "/usr/local/cuda/bin/nvcc")[-1] == \
+        "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
     assert tcnn_native.build_command("/tmp/t/build") == ["cmake", "--build", "/tmp/t/build", "--target",
                                                          "mlp_learning_an_image"]
     assert tcnn_native.build_command("/tmp/t/build", 8)[-2:] == ["-j", "8"]
@@ -129,3 +131,20 @@ def test_tinn_side_runs_on_a_written_default_image(tmp_path):
     ms = tcnn_native.tinn_timings(config, image, log2_batch=8, block=2, blocks=1, with_torch=True)
     assert set(ms) == {"tinn Trainer", "tinn Trainer + batch", "tinn.torch loop", "_device"}
     assert all(v > 0 for k, v in ms.items() if k != "_device")
+
+
+def test_run_sample_reads_a_programs_output_in_a_scratch_folder(tmp_path):
+    # A stand-in for the built sample: checks it gets the four arguments (argc 5, which keeps the real one
+    # from writing an image per progress line), writes the reference image into its working folder as the
+    # real one does, and prints the real one's lines.
+    fake = tmp_path / "mlp_learning_an_image"
+    fake.write_text("#!/bin/sh\n[ $# -eq 4 ] || { echo \"Uncaught exception: got $# arguments\"; exit 0; }\n"
+                    "touch reference.jpg\ncat <<'END'\n" + SAMPLE_OUTPUT + "END\n")
+    fake.chmod(0o755)
+    result = tcnn_native.run_sample(str(fake), "img.png", "config.json", 3001, 1000, 60)
+    assert result["ms_per_step"] == pytest.approx(1.0)
+    assert result["timed_steps"] == 2000 and result["jit_fusion"]
+    assert result["command"][3] == "3001"
+    assert not os.path.exists("reference.jpg")
+    with pytest.raises(ToolError, match="missing or not executable"):
+        tcnn_native.run_sample(str(tmp_path / "absent"), "img.png", "config.json", 3001, 1000, 60)

@@ -119,11 +119,20 @@ def check_sample_output(text: str, returncode: int) -> None:
 # Commands
 
 
-def configure_command(source_dir: str, build_dir: str, cuda_arch: str) -> list[str]:
+def configure_command(source_dir: str, build_dir: str, cuda_arch: str, nvcc: str | None = None) -> list[str]:
     """CMake's configure step for the sample alone (no benchmarks), Release, Ninja."""
-    return ["cmake", "-S", source_dir, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            f"-DTCNN_CUDA_ARCHITECTURES={cuda_arch}", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
-            "-DTCNN_BUILD_BENCHMARK=OFF"]
+    cmd = ["cmake", "-S", source_dir, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+           f"-DTCNN_CUDA_ARCHITECTURES={cuda_arch}", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
+           "-DTCNN_BUILD_BENCHMARK=OFF"]
+    return cmd + ([f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else [])
+
+
+def find_nvcc() -> str:
+    """CUDA's compiler: $CUDACXX, else nvcc on PATH, else the usual install folder."""
+    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ToolError("CUDA's nvcc not found ($CUDACXX, PATH, /usr/local/cuda/bin); the build needs it")
 
 
 def build_command(build_dir: str, jobs: int | None = None) -> list[str]:
@@ -196,13 +205,21 @@ def run_logged(cmd: list[str], log_path: str, timeout: float, what: str, cwd: st
 
 def build(archive: str, build_dir: str, cuda_arch: str, jobs: int | None, timeout: float) -> str:
     """Unpack, configure (unless `build_dir` already holds a configured build) and build; the binary."""
-    for tool in ("cmake", "ninja", "nvcc"):
+    for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
-            raise ToolError(f"{tool!r} is not on PATH; the build needs cmake, ninja and CUDA's nvcc")
-    source = unpack(archive, os.path.dirname(os.path.abspath(build_dir)))
+            raise ToolError(f"{tool!r} is not on PATH; the build needs cmake and ninja")
+    nvcc = find_nvcc()
+    parent = os.path.dirname(os.path.abspath(build_dir))
+    stamp = os.path.join(parent, SOURCE_DIR_NAME, "COMMITS")
+    before = open(stamp).read() if os.path.exists(stamp) else None
+    source = unpack(archive, parent)
+    if before != open(stamp).read():
+        # Unpacked files carry the archive's fixed old times, so Ninja would take objects built from other
+        # commits as up to date: a new source tree gets a new build.
+        shutil.rmtree(build_dir, ignore_errors=True)
     os.makedirs(build_dir, exist_ok=True)
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
-        run_logged(configure_command(source, build_dir, cuda_arch), os.path.join(build_dir, "configure.log"),
+        run_logged(configure_command(source, build_dir, cuda_arch, nvcc), os.path.join(build_dir, "configure.log"),
                    min(timeout, 300), "configure")
     run_logged(build_command(build_dir, jobs), os.path.join(build_dir, "build.log"), timeout, "build")
     return sample_binary(build_dir)
