@@ -148,3 +148,10 @@ def test_run_sample_reads_a_programs_output_in_a_scratch_folder(tmp_path):
     assert not os.path.exists("reference.jpg")
     with pytest.raises(ToolError, match="missing or not executable"):
         tcnn_native.run_sample(str(tmp_path / "absent"), "img.png", "config.json", 3001, 1000, 60)
+
+
+def test_a_step_count_without_a_window_after_warmup_is_refused_before_any_work():
+    with pytest.raises(SystemExit, match=r"--steps 2000: .*use --steps 2001"):
+        tcnn_native.main(["--steps", "2000"])
+    with pytest.raises(SystemExit, match=r"use --steps 3001"):
+        tcnn_native.main(["--steps", "3000", "--warmup", "2000"])
