@@ -77,6 +77,8 @@ def test_command_lines():
         "-DTCNN_CUDA_ARCHITECTURES=90", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5", "-DTCNN_BUILD_BENCHMARK=OFF"]
     assert tcnn_native.configure_command("s", "b", "90", "/usr/local/cuda/bin/nvcc")[-1] == \
         "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+    assert tcnn_native.configure_command("s", "b", "90", None, ["-DTCNN_BUILD_WITH_RTC=OFF"])[-2:] == [
+        "-DTCNN_BUILD_BENCHMARK=OFF", "-DTCNN_BUILD_WITH_RTC=OFF"]
     assert tcnn_native.build_command("/tmp/t/build") == ["cmake", "--build", "/tmp/t/build", "--target",
                                                          "mlp_learning_an_image"]
     assert tcnn_native.build_command("/tmp/t/build", 8)[-2:] == ["-j", "8"]

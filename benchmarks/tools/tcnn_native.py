@@ -119,12 +119,13 @@ def check_sample_output(text: str, returncode: int) -> None:
 # Commands
 
 
-def configure_command(source_dir: str, build_dir: str, cuda_arch: str, nvcc: str | None = None) -> list[str]:
-    """CMake's configure step for the sample alone (no benchmarks), Release, Ninja."""
+def configure_command(source_dir: str, build_dir: str, cuda_arch: str, nvcc: str | None = None,
+                      extra: list[str] | tuple = ()) -> list[str]:
+    """CMake's configure step for the sample alone (no benchmarks), Release, Ninja; `extra` last."""
     cmd = ["cmake", "-S", source_dir, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
            f"-DTCNN_CUDA_ARCHITECTURES={cuda_arch}", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
            "-DTCNN_BUILD_BENCHMARK=OFF"]
-    return cmd + ([f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else [])
+    return cmd + ([f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else []) + list(extra)
 
 
 def find_nvcc() -> str:
@@ -203,8 +204,10 @@ def run_logged(cmd: list[str], log_path: str, timeout: float, what: str, cwd: st
     return text
 
 
-def build(archive: str, build_dir: str, cuda_arch: str, jobs: int | None, timeout: float) -> str:
-    """Unpack, configure (unless `build_dir` already holds a configured build) and build; the binary."""
+def build(archive: str, build_dir: str, cuda_arch: str, jobs: int | None, timeout: float,
+          cmake_args: list[str] | tuple = ()) -> str:
+    """Unpack, configure and build; the binary. An earlier build in `build_dir` is reused: configuring
+    again takes seconds (and applies changed options), Ninja recompiles only what changed."""
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
             raise ToolError(f"{tool!r} is not on PATH; the build needs cmake and ninja")
@@ -218,9 +221,8 @@ def build(archive: str, build_dir: str, cuda_arch: str, jobs: int | None, timeou
         # commits as up to date: a new source tree gets a new build.
         shutil.rmtree(build_dir, ignore_errors=True)
     os.makedirs(build_dir, exist_ok=True)
-    if not os.path.exists(os.path.join(build_dir, "build.ninja")):
-        run_logged(configure_command(source, build_dir, cuda_arch, nvcc), os.path.join(build_dir, "configure.log"),
-                   min(timeout, 300), "configure")
+    run_logged(configure_command(source, build_dir, cuda_arch, nvcc, cmake_args),
+               os.path.join(build_dir, "configure.log"), min(timeout, 300), "configure")
     run_logged(build_command(build_dir, jobs), os.path.join(build_dir, "build.log"), timeout, "build")
     return sample_binary(build_dir)
 
@@ -326,6 +328,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-build", action="store_true", help="use the binary already in --build-dir")
     p.add_argument("--cuda-arch", default=None, help="CUDA architecture to build for (default: this GPU's)")
     p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: Ninja's)")
+    p.add_argument("--cmake-arg", action="append", default=[],
+                   help="extra configure option, e.g. -DTCNN_BUILD_WITH_RTC=OFF where CUDA's nvrtc.h is missing")
     p.add_argument("--build-timeout", type=float, default=480)
     p.add_argument("--run-timeout", type=float, default=300)
     p.add_argument("--block", type=int, default=100, help="tinn: steps per timed block (one sync each)")
@@ -351,7 +355,7 @@ def main(argv=None) -> dict:
         if args.skip_build:
             binary = sample_binary(args.build_dir)
         else:
-            binary = build(args.archive, args.build_dir, cuda_arch, args.jobs, args.build_timeout)
+            binary = build(args.archive, args.build_dir, cuda_arch, args.jobs, args.build_timeout, args.cmake_arg)
         with tempfile.TemporaryDirectory() as scratch:
             image = args.image or write_default_image(os.path.join(scratch, "tinn_default.png"))
             native = run_sample(binary, image, args.config, args.steps, args.warmup, args.run_timeout)
