@@ -1,17 +1,17 @@
 """tiny-cuda-nn's native image sample next to tinn's image step: same config, batch 2^18, same GPU, one run.
 
     python benchmarks/tools/tcnn_native.py [--steps 3001] [--image PATH] [--config configs/config_hash.json]
-        [--build-dir /tmp/tcnn-build] [--skip-build] [--json out/tcnn_native.json]
+        [--build-dir out/tcnn-native/build] [--skip-build] [--json out/tcnn_native.json]
 
-1. Unpacks .tcnn/tcnn-src.tar.xz (made by benchmarks/tools/tcnn_sources.sh) to /tmp and builds tcnn's
-   `mlp_learning_an_image` with CMake and Ninja for this GPU's architecture; a build folder left by an
-   earlier run is reused (CMake rebuilds only what changed).
+1. Unpacks .tcnn/tcnn-src.tar.xz (made by benchmarks/tools/tcnn_sources.sh) next to the build folder and
+   builds tcnn's `mlp_learning_an_image` with CMake and Ninja for this GPU's architecture; a build folder
+   left by an earlier run is reused (Ninja recompiles only what changed).
 2. Runs the sample on the image (tinn's embedded default image, written to a PNG, unless --image) with the
    config. The sample trains at batch 2^18 (fixed in its source) and prints `Step#i: loss=... time=T[µs]`
    at steps 0, 10, 100, 1000, 2000, ...; T is the wall time since the previous line, covering the steps in
    between (each one's batch generation, two small kernels, included), with the loss read back, a device
-   sync, every 100 steps. ms/step is the timed steps after warm-up (JIT compilation happens in the first
-   steps) divided into their time.
+   sync, every 100 steps. ms/step: the time of the windows that start at --warmup or later over their
+   steps (the first steps include the runtime compilation of its fused kernels).
 3. Times tinn's image step for the same config and batch in this process: the `tinn.Trainer` step on
    fixed batches, the same with a fresh batch sampled each step (as the sample does), and the `tinn.torch`
    loop of tcnn's PyTorch sample; each in blocks of 100 steps with one sync per block, the sample's cadence.
@@ -324,7 +324,9 @@ def parse_args(argv=None):
     p.add_argument("--image", default=None, help="image file (default: tinn's embedded image, 256x256)")
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "config_hash.json"))
     p.add_argument("--archive", default=ARCHIVE)
-    p.add_argument("--build-dir", default="/tmp/tcnn-native/build")
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "out", "tcnn-native", "build"),
+                   help="the build folder; the sources are unpacked next to it (out/ is git-ignored, and a "
+                        "machine that keeps ignored files between runs keeps the build)")
     p.add_argument("--skip-build", action="store_true", help="use the binary already in --build-dir")
     p.add_argument("--cuda-arch", default=None, help="CUDA architecture to build for (default: this GPU's)")
     p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: Ninja's)")
