@@ -55,7 +55,9 @@ trap 'rm -rf "$stage"' EXIT
 top="$stage/tiny-cuda-nn"
 mkdir -p "$top/dependencies/cutlass" "$top/dependencies/fmt" "$top/dependencies/cmrc"
 
-# git dir, commit, destination, paths...
+# git dir, commit, destination, paths... A mirror that lacks some large blobs (images) makes git archive
+# print "invalid object" for them even when they lie outside the paths asked for; it still exports those
+# paths completely and exits with 0, and any other failure stops this script (pipefail).
 export_paths() {
     local git_dir=$1 commit=$2 dest=$3
     shift 3
