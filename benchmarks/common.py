@@ -19,8 +19,9 @@ def sync() -> None:
 
 
 def mlp_path(network) -> str:
-    """Which code runs a NetworkArray: "fused" or "unfused" Taichi kernels, or "dense" GEMMs."""
-    return "dense" if network.dense else ("fused" if network.fused else "unfused")
+    """Which code runs a NetworkArray (`NetworkArray.path`: "tensor_cores", "fused", "unfused", "dense",
+    "batched_gemm")."""
+    return network.path
 
 
 @contextlib.contextmanager

@@ -16,13 +16,14 @@ def candidate(**kw):
 
 
 @pytest.mark.parametrize("kw,kernels,precision,expected", [
-    # arrays on CUDA: tensor cores in float16 by default, the fused kernels for exact float32
-    ({}, "auto", "auto", Choice("tensor_cores", "float16")),
+    # arrays on CUDA: float32 by default on the fused kernels, the tensor cores in every reduced precision
+    ({}, "auto", "auto", Choice("fused", "float32")),
+    ({}, "auto", "float16", Choice("tensor_cores", "float16")),
     ({}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
     ({}, "auto", "tf32", Choice("tensor_cores", "tf32")),
     ({}, "auto", "float32", Choice("fused", "float32")),
     ({"fusable": False}, "auto", "float32", Choice("unfused", "float32")),
-    # no Triton: float32 on the fused kernels, whatever the default precision
+    # no Triton: float32 on the fused kernels
     ({"tensor_cores": "no triton"}, "auto", "auto", Choice("fused", "float32")),
     # a single network keeps float32 unless asked; dense where measured faster or in half precision
     ({"n_networks": 1}, "auto", "auto", Choice("fused", "float32")),

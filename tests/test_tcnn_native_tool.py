@@ -16,7 +16,7 @@ from tcnn_native import ToolError  # noqa: E402
 
 # What the sample prints for `mlp_learning_an_image img.png config.json 3001 result.jpg`: steps 0, 10, 100,
 # then every 1000 (the last step, 3000, is a multiple of 1000).
-SAMPLE_OUTPUT = """Loading custom json config 'configs/config_hash.json'.
+SAMPLE_OUTPUT = """Loading custom json config 'tinn/configs/config_hash.json'.
 JIT fusion is enabled.
 Beginning optimization with 3001 training steps.
 Step#0: loss=1.25931 time=1834511[\u00b5s]
@@ -84,8 +84,8 @@ def test_command_lines():
     assert tcnn_native.build_command("/tmp/t/build", 8)[-2:] == ["-j", "8"]
     binary = tcnn_native.sample_binary("/tmp/t/build")
     assert binary == "/tmp/t/build/mlp_learning_an_image"
-    cmd = tcnn_native.sample_command(binary, "img.png", "configs/config_hash.json", 3001, "/w/result.jpg")
-    assert cmd == [binary, os.path.abspath("img.png"), os.path.abspath("configs/config_hash.json"), "3001",
+    cmd = tcnn_native.sample_command(binary, "img.png", "tinn/configs/config_hash.json", 3001, "/w/result.jpg")
+    assert cmd == [binary, os.path.abspath("img.png"), os.path.abspath("tinn/configs/config_hash.json"), "3001",
                    "/w/result.jpg"]
 
 
@@ -129,7 +129,7 @@ def test_tinn_side_runs_on_a_written_default_image(tmp_path):
     image = tcnn_native.write_default_image(str(tmp_path / "default.png"))
     import imageio.v3 as iio
     assert iio.imread(image).shape == (256, 256, 3)
-    config = os.path.join(HERE, "..", "configs", "config_hash.json")
+    config = os.path.join(HERE, "..", "tinn", "configs", "config_hash.json")
     ms = tcnn_native.tinn_timings(config, image, log2_batch=8, block=2, blocks=1, with_torch=True)
     assert set(ms) == {"tinn Trainer", "tinn Trainer + batch", "tinn.torch loop", "_device"}
     assert all(v > 0 for k, v in ms.items() if k != "_device")

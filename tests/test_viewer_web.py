@@ -74,7 +74,7 @@ def test_image_plane_at_the_home_distance_shows_the_image_pixel_for_pixel():
     focal = 0.5 * n / math.tan(fov / 2)
     c2w = torch.eye(4)
     c2w[2, 3] = focal / n  # the image, one unit high, fills the view exactly
-    shown = image_plane(task.lookup, (n, n), c2w, n, n, focal)
+    shown = image_plane(lambda xy: task.lookup(xy.to(task.image.device)), (n, n), c2w, n, n, focal)
     assert torch.allclose(shown, task.image.float().cpu(), atol=1e-4)
     # The source's render_points at the same camera: the held-out render, pixel for pixel.
     source, trainer, _ = make_source(size=n, tiles=2)

@@ -1,6 +1,6 @@
 """tiny-cuda-nn's native image sample next to tinn's image step: same config, batch 2^18, same GPU, one run.
 
-    python benchmarks/tools/tcnn_native.py [--steps 3001] [--image PATH] [--config configs/config_hash.json]
+    python benchmarks/tools/tcnn_native.py [--steps 3001] [--image PATH] [--config tinn/configs/config_hash.json]
         [--build-dir out/tcnn-native/build] [--skip-build] [--json out/tcnn_native.json]
 
 1. Unpacks .tcnn/tcnn-src.tar.xz (made by benchmarks/tools/tcnn_sources.sh) next to the build folder and
@@ -322,7 +322,7 @@ def parse_args(argv=None):
                    help="the sample's training steps; its last timed window ends at the last multiple of 1000 below")
     p.add_argument("--warmup", type=int, default=1000, help="sample windows starting before this step are not counted")
     p.add_argument("--image", default=None, help="image file (default: tinn's embedded image, 256x256)")
-    p.add_argument("--config", default=os.path.join(ROOT, "configs", "config_hash.json"))
+    p.add_argument("--config", default=os.path.join(ROOT, "tinn", "configs", "config_hash.json"))
     p.add_argument("--archive", default=ARCHIVE)
     p.add_argument("--build-dir", default=os.path.join(ROOT, "out", "tcnn-native", "build"),
                    help="the build folder; the sources are unpacked next to it (out/ is git-ignored, and a "

@@ -9,10 +9,10 @@ Paths:
 - "batched_gemm": an array as torch batched GEMMs over samples grouped and padded per network (the CPU's BLAS;
   `batched_gemm.py`), Taichi's unfused kernels for a call whose counts are too uneven.
 
-The rule follows measurements (docs/design-notes.md): on CUDA an array runs on the tensor cores in every
-precision but exact float32 (by default float16, tcnn's), exact float32 in the fused kernels; a single network
-computes in float32 unless told otherwise, on the dense path where that was measured faster; on the CPU the
-dense path for one network, the unfused kernels for arrays. An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
+The rule follows measurements (docs/design-notes.md): the default precision is float32 (exact, as every
+earlier release computed); on CUDA an array runs on the tensor cores in every reduced precision (float16,
+bfloat16, TF32) and in the fused kernels in float32; a single network takes the dense path where that was
+measured faster or in half precision; on the CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from ..errors import ConfigError
 from ..settings import NETWORK_KERNELS, NETWORK_PRECISIONS
 
 PATHS = ("tensor_cores", "fused", "unfused", "dense", "batched_gemm")
-# `kernels=` values: a path, or "auto" for the rule below; `precision=` values ("auto": float16 where the tensor
-# cores run, tcnn's precision, float32 elsewhere). The settings' fields take the same values.
+# `kernels=` values: a path, or "auto" for the rule below; `precision=` values ("auto": float32, or float16 where
+# the tensor cores were asked for by name). The settings' fields take the same values.
 KERNEL_CHOICES = NETWORK_KERNELS
 PRECISIONS = NETWORK_PRECISIONS
 
@@ -91,16 +91,17 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if kernels in ("unfused", "batched_gemm"):
         _float32_only(kernels, precision)
         return Choice(kernels, "float32")
-    # "auto". A single network keeps float32 unless asked (its dense path and the replayed step were tuned
-    # there); an array takes the tensor cores in float16, tcnn's precision, unless float32 is asked for.
+    # "auto": float32 unless a reduced precision is asked for (a different function's numbers are not a default
+    # to change silently); in float16, bfloat16 or TF32 an array takes the tensor cores, a single network its
+    # dense GEMMs where they run that precision.
+    if precision == "auto":
+        precision = "float32"
     if c.n_networks == 1:
         wants_dense = c.dense_setting if c.dense_setting is not None else (c.vendor_faster or reduced)
         if wants_dense and precision != "tf32":
-            return Choice("dense", "float32" if precision == "auto" else precision)
-        if precision == "auto":
-            precision = "float32"
+            return Choice("dense", precision)
     if c.arch == "cuda" and c.tensor_cores is None and precision != "float32":
-        return Choice("tensor_cores", "float16" if precision == "auto" else precision)
+        return Choice("tensor_cores", precision)
     if precision not in ("auto", "float32"):
         raise PrecisionUnavailable(f"precision={precision!r} needs the tensor-core kernels (CUDA with Triton) or, for a single "
                           f"network, the dense path; here: {c.tensor_cores or 'not a CUDA arch'}; allowed here: "
