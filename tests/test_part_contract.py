@@ -17,8 +17,8 @@ from tinn.trainer import Trainer
 
 @pytest.fixture(autouse=True)
 def float32_networks(tuned):
-    """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here (on CUDA
-    the default is the tensor cores' float16)."""
+    """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
+    precision the process's settings name (TINN_SETTINGS)."""
     tuned(network_precision="float32")
 
 
