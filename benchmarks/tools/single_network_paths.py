@@ -73,6 +73,7 @@ def main(argv=None) -> None:
         width, act, hidden = spec.split(":")
         width, hidden = int(width), int(hidden)
         config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-3},
+                  "encoding": {"otype": "Identity"},  # (a config without one gets tcnn's OneBlob)
                   "network": {"otype": "CutlassMLP", "n_neurons": width, "n_hidden_layers": hidden,
                               "activation": act, "output_activation": "None"}}
         tinn_paths = {}  # label -> (settings, trainer)
