@@ -14,8 +14,8 @@ from ..activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_name
 from ..config import count
 from ..errors import ConfigError
 from ..initialisation import initial_weights
-from ..kernels import mlp_array as K
-from ..kernels import mlp_fused as FK
+from ..kernels import mlp_array
+from ..kernels import mlp_fused
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, Part
 from ..routing import Routing, TileRouting, route, route_fused
 from .config import MAX_CUTLASS_WIDTH, MAX_NETWORKS, parse_network_config
@@ -79,7 +79,7 @@ class NetworkArray(Part):
         settings = runtime.settings()
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
-        fusable = runtime.arch() == "cuda" and not self.keep_pre and FK.supported(self.kernel_inputs, self.width,
+        fusable = runtime.arch() == "cuda" and not self.keep_pre and mlp_fused.supported(self.kernel_inputs, self.width,
                                                                                   n_output_dims)
         choice = selection.choose_path(
             selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
@@ -118,7 +118,7 @@ class NetworkArray(Part):
         self.input_layouts = ((SAMPLE_MAJOR,) if self.path in ("unfused", "batched_gemm")
                               else (FEATURE_MAJOR, SAMPLE_MAJOR))
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
-        self.fused_geometry = (FK.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
+        self.fused_geometry = (mlp_fused.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
                                            runtime.settings(), n_networks) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
@@ -132,7 +132,7 @@ class NetworkArray(Part):
     # ---- shapes -------------------------------------------------------------------------------
     def layer_shapes(self) -> list[tuple[int, int]]:
         """(fan_out, fan_in) of each weight matrix."""
-        return K.layer_shapes(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers)
+        return mlp_array.layer_shapes(self.kernel_inputs, self.width, self.kernel_outputs, self.n_layers)
 
     def n_params_per_network(self) -> int:
         return sum(o * i for o, i in self.layer_shapes())
@@ -264,7 +264,7 @@ class NetworkArray(Part):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         y, target = losses.checked_pair(kind, y, target)
         tiles = ctx.routing[1]
-        parts = torch.zeros(tiles.tile_net.shape[0] * FK.WARPS, device=y.device)
+        parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
         dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
                                      need_grads, ctx.x_fm, loss=(kind, target, parts))
         return self._unpadded(dx, ctx.x_fm), (dparams,), parts.sum() / y.numel()
@@ -285,10 +285,10 @@ class NetworkArray(Part):
         chunks.check_batch("NetworkArray", batch, per_sample, buffer)
 
     @property
-    def shape(self) -> K.MLPShape:
+    def shape(self) -> mlp_array.MLPShape:
         """The compile-time shape the kernels take: the computed outputs, without tcnn's padded rows (the
         parameter offsets they use do not depend on the last matrix's row count)."""
-        return K.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
+        return mlp_array.MLPShape(self.kernel_inputs, self.width, self.n_output_dims, self.n_layers, self.hidden_act,
                           self.output_act)
 
     def scratch_shapes(self, batch: int, keep_all: bool = True) -> dict[str, tuple[int, ...]]:
@@ -314,7 +314,7 @@ class NetworkArray(Part):
             dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                               keep_pre=self.keep_pre, x_fm=x_fm)
         elif batch:
-            K.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
+            mlp_array.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
         return out, acts, pre
 
@@ -323,7 +323,7 @@ class NetworkArray(Part):
         (one sort for all; the backward reuses the forward's tiles when both have one size)."""
         g = self.fused_geometry
         separate_backward = train and g.backward_tile != g.tile
-        sizes = (g.tile,) + ((FK.grad_chunk(ids.shape[0]),) if train else ()) + \
+        sizes = (g.tile,) + ((mlp_fused.grad_chunk(ids.shape[0]),) if train else ()) + \
             ((g.backward_tile,) if separate_backward else ())
         if self.n_networks > 1:
             tiles = route_fused(ids, self.n_networks, sizes)
@@ -343,7 +343,7 @@ class NetworkArray(Part):
                            device=x.device)
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
-            FK.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
+            mlp_fused.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
                            keep_all=keep_all, x_fm=x_fm, frequencies=frequencies, pad=self.input_padding[1])
         return out, acts, (tiles if keep_all else None)
 
@@ -400,24 +400,24 @@ class NetworkArray(Part):
         dout = torch.empty(shapes["dout"], device=dev, dtype=self.compute_dtype)
         if self.fused:
             grad_chunks, tiles = routing
-            FK.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
+            mlp_fused.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
                                    deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
                                       dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_fm=x_feature_major,
                                       gradient_scale=self.gradient_scale)
         else:
-            K.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
+            mlp_array.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
                                   deltas=deltas, dout=dout, dx=dx, keep_pre=self.keep_pre, want_dx=want_dx)
         if not want_params:
             pass
         elif gemm:
             self._gemm_weight_gradients(x, x_feature_major, acts, deltas, dout, dparams)
         elif self.fused:
-            FK.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas, dout=dout,
-                                    dparams=dparams, x_fm=x_feature_major)
+            mlp_fused.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas,
+                                           dout=dout, dparams=dparams, x_fm=x_feature_major)
         else:
-            K.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
+            mlp_array.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
 
     def _vendor_weight_gradients(self) -> bool:

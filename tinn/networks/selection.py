@@ -12,7 +12,8 @@ Paths:
 The rule follows measurements (docs/design-notes.md): the default precision is float32 (exact, as every
 earlier release computed); on CUDA an array runs on the tensor cores in every reduced precision (float16,
 bfloat16, TF32) and in the fused kernels in float32; a single network takes the dense path where that was
-measured faster or in half precision; on the CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
+measured faster or in half precision; on the CPU the dense path for one network, batched GEMMs for arrays.
+An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
 """
 from __future__ import annotations
 
@@ -103,9 +104,9 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if c.arch == "cuda" and c.tensor_cores is None and precision != "float32":
         return Choice("tensor_cores", precision)
     if precision not in ("auto", "float32"):
-        raise PrecisionUnavailable(f"precision={precision!r} needs the tensor-core kernels (CUDA with Triton) or, for a single "
-                          f"network, the dense path; here: {c.tensor_cores or 'not a CUDA arch'}; allowed here: "
-                          "'float32' or 'auto'")
+        raise PrecisionUnavailable(f"precision={precision!r} needs the tensor-core kernels (CUDA with Triton) or, "
+                                   f"for a single network, the dense path; here: {c.tensor_cores or 'not a CUDA arch'}"
+                                   "; allowed here: 'float32' or 'auto'")
     if c.arch == "cpu" and c.n_networks > 1:
         return Choice("batched_gemm", "float32")
     return Choice("fused" if c.fusable else "unfused", "float32")
