@@ -8,11 +8,7 @@ Per case and mode: median step time, peak memory, and whether three fresh runs o
 seed gave bit-identical losses and parameters. Prints a table and writes JSON.
 """
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
@@ -26,7 +22,7 @@ N_NETWORKS = 64
 
 
 def main(argv=None):
-    from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
+    from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
     from tinn import settings
     from tinn.models import NetworkWithInputEncoding
     from tinn.networks import NetworkArray

@@ -14,17 +14,13 @@ implementations give the same features. tinn is timed with its sync-costing inpu
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
-from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json  # noqa: E402
+from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json  # noqa: E402
 from tinn.encodings import GridEncoding  # noqa: E402
 from tinn.encodings.grid_layout import HASH_PRIMES  # noqa: E402
 

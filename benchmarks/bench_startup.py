@@ -123,7 +123,7 @@ def child(args) -> None:
 
 # ---- parent -----------------------------------------------------------------------------------------------
 def run_child(args, cache_dir: str, label: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", args.config, "--steps", str(args.steps),
+    cmd = [sys.executable, "-m", "benchmarks.bench_startup", "--child", "--config", args.config, "--steps", str(args.steps),
            "--size", str(args.size), "--tiles", str(args.tiles), "--cache-dir", cache_dir]
     if args.arch:
         cmd += ["--arch", args.arch]
@@ -185,8 +185,7 @@ def main(argv=None) -> None:
     r0 = results[0]
     print(f"start-up, {os.path.basename(args.config)}, arch {r0['arch']} ({r0['backend']}), batch {r0['batch']}, "
           f"N = {args.steps}; seconds since process start")
-    sys.path.insert(0, HERE)
-    from common import print_table  # noqa: E402  (imports tinn and torch: only after the children ran)
+    from benchmarks.common import print_table  # noqa: E402  (imports tinn and torch: only after the children ran)
 
     print_table(rows, [("run", "run", "s")] + [(ph, ph, ".2f") for ph in PHASES] +
                 [("kernels_step1", "kernels (1st step)", "d"), ("kernels", "kernels (all)", "d"),

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402
-from common import print_table, time_fn, write_json  # noqa: E402
+from benchmarks.common import print_table, time_fn, write_json  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

@@ -13,11 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 
 def main(argv=None) -> dict:
@@ -29,8 +24,9 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="out/octree_render")
     args = p.parse_args(argv)
 
-    import kilonerf
-    import octree_lod
+    from benchmarks.loading import load_file
+    kilonerf = load_file("demos/kilonerf.py")
+    octree_lod = load_file("demos/octree_lod.py")
     import torch
 
     common = (["--small"] if args.small else []) + (["--data", args.data] if args.data else []) \

@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step  # noqa: E402
+from benchmarks.common import host_ms_per_step  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

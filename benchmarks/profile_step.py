@@ -8,12 +8,9 @@ per call of each kernel, per case.
 import argparse
 import json
 from importlib import import_module
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
 from tinn.backend import ti  # noqa: E402
 

@@ -29,9 +29,8 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step, write_json  # noqa: E402
+from benchmarks.common import host_ms_per_step, write_json  # noqa: E402
 
 GRAPHED: list = []
 

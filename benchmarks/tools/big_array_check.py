@@ -22,8 +22,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
@@ -115,7 +113,7 @@ def check_case(name, make, n, n_in, n_out, batch, steps):
 
 def chunking_cost(reps: int):
     """The 4096 x 64 target training step, one launch per kernel against the table in 4 chunks."""
-    from common import time_fn
+    from benchmarks.common import time_fn
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
     cfg = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2}

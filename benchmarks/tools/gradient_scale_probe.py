@@ -6,14 +6,10 @@
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 from tinn import dense_mlp  # noqa: E402
 
-import image_paths  # noqa: E402
+from benchmarks.tools import image_paths  # noqa: E402
 
 
 def main(argv=None) -> None:

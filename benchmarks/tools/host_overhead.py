@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402
-from bench_torch_path import torch_adam  # noqa: E402
-from common import host_ms_per_step, print_table, write_json  # noqa: E402
+from benchmarks.bench_torch_path import torch_adam  # noqa: E402
+from benchmarks.common import host_ms_per_step, print_table, write_json  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -18,17 +18,14 @@ import collections
 import contextlib
 import os
 import statistics
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
-from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
+from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
                     settings_installed, sync, write_json)
 
 

@@ -7,14 +7,12 @@ is timed with a device sync around it (median and best of 20), with the input ch
 the keys `tinn.routing.sort_keys` picks and once with the int32 ids as they come; then torch.profiler's
 CUDA kernels of five calls, so the forward kernel and the sort can be told from the host's share.
 """
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 
 

@@ -24,12 +24,11 @@ import time
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import tinn  # noqa: E402
-import kilonerf as demo  # noqa: E402
+from benchmarks.loading import load_file  # noqa: E402
+
+demo = load_file("demos/kilonerf.py")
 
 VARIANT = re.compile(r"^f(\d+)w(\d+)h(\d+)(?:g(\d+))?$")
 FINETUNE_KEYS = {"lr": float, "final": float, "rays": int, "steps": int,

@@ -7,15 +7,11 @@ kernels start). `results/cpu/routing_cost.log` was measured when `route_bounded`
     python benchmarks/tools/routing_cost.py [--arch cpu|cuda]
 """
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step  # noqa: E402
+from benchmarks.common import host_ms_per_step  # noqa: E402
 
 
 def per_size(routing, ids, n, sizes):

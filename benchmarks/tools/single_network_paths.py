@@ -20,16 +20,12 @@ import argparse
 import collections
 import os
 import statistics
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
                     settings_installed, write_json)
 
 N_IN, N_OUT = 32, 16

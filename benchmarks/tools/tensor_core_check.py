@@ -28,8 +28,6 @@ import time
 import traceback
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
 
@@ -38,8 +36,10 @@ from tinn.activations import ACTIVATIONS  # noqa: E402
 from tinn.networks import NetworkArray  # noqa: E402
 from tinn.routing import route_fused  # noqa: E402
 
-from reference import activation  # noqa: E402
-from tensor_core_reference import emulated  # noqa: E402
+from benchmarks.loading import load_file  # noqa: E402
+
+activation = load_file("tests/reference.py").activation
+emulated = load_file("tests/tensor_core_reference.py").emulated
 
 PRECISIONS = ("float16", "bfloat16", "tf32", "float32")
 # Relative errors (norm) allowed against the float64 model of the kernels' rounding (tests/tensor_core_reference.py;

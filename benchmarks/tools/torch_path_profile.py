@@ -19,11 +19,9 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
-from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
+from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
 
 
 def timeline(step, steps: int) -> dict:

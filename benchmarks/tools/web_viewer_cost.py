@@ -16,11 +16,9 @@ import asyncio
 import json
 import math
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import tinn  # noqa: E402
 
