@@ -360,7 +360,7 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
     return rows
 
 
-def main():
+def main(argv=None):
     global DEVICE, TILE, CHUNK
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a subset of about a minute")
@@ -372,7 +372,7 @@ def main():
                         help="launch options for every kernel instead of launch.launch_options' choice")
     parser.add_argument("--interpret", action="store_true",
                         help="smoke-test the checks on the CPU under Triton's interpreter (tiny batches, no timings)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     TILE, CHUNK = args.tile, args.chunk
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
