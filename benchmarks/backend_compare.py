@@ -1,6 +1,6 @@
 """Taichi against Quadrants, side by side, each part in its own process (a process holds one backend).
 
-    python benchmarks/backend_compare.py --out out/backends [--parts tests,bench,image,graph]
+    python -m benchmarks.backend_compare --out out/backends [--parts tests,bench,image,graph]
                                          [--backends taichi,quadrants] [--fast-launch both]
 
 Parts, per backend:

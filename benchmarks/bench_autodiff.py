@@ -1,6 +1,6 @@
 """What Taichi's reverse mode costs against tinn's hand-written backward passes, for the same functions.
 
-    python benchmarks/bench_autodiff.py [--log2-samples 20] [--json out.json]
+    python -m benchmarks.bench_autodiff [--log2-samples 20] [--json out.json]
 
 Cases (forward + backward of one batch, the gradients a training step needs):
 - Frequency encoding (3 inputs, 6 octaves, sin and cos: 36 outputs): input gradient only; tinn's

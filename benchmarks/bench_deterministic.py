@@ -1,6 +1,6 @@
 """What `Settings.deterministic` costs, and whether each mode repeats itself, for the same training steps.
 
-    python benchmarks/bench_deterministic.py [--log2-samples 20] [--json out.json]
+    python -m benchmarks.bench_deterministic [--log2-samples 20] [--json out.json]
 
 Cases (one `Trainer.training_step`, L2 loss, Adam): an MLP array (64 networks, 64 wide, 32 in, 16 out, 2 hidden
 layers) and 64 networks of a hash grid (16 levels, 2^15 entries) feeding an MLP, both with ragged routing.

@@ -8,8 +8,8 @@ and prints samples/s (plus the implied backward-only rate), checking first that 
 implementations give the same features. tinn is timed with its sync-costing input checks
 (net_ids range scan) switched off, as `NetworkWithInputEncoding` does after validating once.
 
-    python benchmarks/bench_grid.py --device cuda --json grid.json
-    python benchmarks/bench_grid.py --device cpu            # small sizes, runs in seconds
+    python -m benchmarks.bench_grid --device cuda --json grid.json
+    python -m benchmarks.bench_grid --device cpu            # small sizes, runs in seconds
 """
 from __future__ import annotations
 

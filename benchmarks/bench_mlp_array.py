@@ -13,9 +13,9 @@ ways: a sync around each step (median), and pipelined, steps issued back to back
 as a training loop runs (the median of three such blocks' means, and the blocks' spread); the host's
 lead-in of a step counts in the first only.
 
-    python benchmarks/bench_mlp_array.py                       # GPU sizes if CUDA, tiny sizes on CPU
-    python benchmarks/bench_mlp_array.py --suite               # N in 1..16384 x widths 16..128, even + ragged
-    python benchmarks/bench_mlp_array.py --networks 1,64,4096 --log2-samples 20,22 --json out.json
+    python -m benchmarks.bench_mlp_array                       # GPU sizes if CUDA, tiny sizes on CPU
+    python -m benchmarks.bench_mlp_array --suite               # N in 1..16384 x widths 16..128, even + ragged
+    python -m benchmarks.bench_mlp_array --networks 1,64,4096 --log2-samples 20,22 --json out.json
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Start-up time of the image demo: seconds from process start to each phase, cold and warm kernel cache.
 
-    python benchmarks/bench_startup.py                                   # CPU or CUDA (auto), config_hash.json
-    python benchmarks/bench_startup.py --arch cuda --json out.json
-    python benchmarks/bench_startup.py --runs cold,warm,warm --cache-dir /tmp/ticache
+    python -m benchmarks.bench_startup                                   # CPU or CUDA (auto), config_hash.json
+    python -m benchmarks.bench_startup --arch cuda --json out.json
+    python -m benchmarks.bench_startup --runs cold,warm,warm --cache-dir /tmp/ticache
 
 Each run is a fresh Python process that does what demos/mlp_learning_an_image.py does before and during
 its first steps: import torch, tinn and the kernel language, tinn.init, build the image task and the

@@ -1,8 +1,8 @@
 """Frame time of the octree LoD renderer against KiloNeRF's, same resolution and samples per ray, one process.
 
-    python benchmarks/octree_render.py                        # full-size demos on a GPU (minutes)
-    python benchmarks/octree_render.py --small --res 100 --samples 128   # CPU-sized training, 100 px frames
-    python benchmarks/octree_render.py --data nerf_synthetic/lego --res 200
+    python -m benchmarks.octree_render                        # full-size demos on a GPU (minutes)
+    python -m benchmarks.octree_render --small --res 100 --samples 128   # CPU-sized training, 100 px frames
+    python -m benchmarks.octree_render --data nerf_synthetic/lego --res 200
 
 Trains both demos (`demos/kilonerf.py`, `demos/octree_lod.py`) with the same images size and samples per
 ray, then prints their render times: KiloNeRF with its occupancy grid; the octree with its per-depth

@@ -1,6 +1,6 @@
 """Where the time of one image-learning training step goes (tcnn's mlp_learning_an_image setup).
 
-    python benchmarks/profile_image.py [--config tinn/configs/config_hash.json] [--log2-batch 18] [--steps 200]
+    python -m benchmarks.profile_image [--config tinn/configs/config_hash.json] [--log2-batch 18] [--steps 200]
 
 Prints the steady-state milliseconds per step (wall clock, with and without the input checks' sync) and a
 table of GPU kernels (Taichi and torch alike, from torch.profiler's CUDA trace)

@@ -1,6 +1,6 @@
 """Per-kernel time of one MLP-array training step (Taichi's kernel profiler).
 
-    python benchmarks/profile_step.py [NETWORKS=1,4096] [LOG2_SAMPLES=22] [WIDTHS=64] [--json FILE] [--steps 5]
+    python -m benchmarks.profile_step [NETWORKS=1,4096] [LOG2_SAMPLES=22] [WIDTHS=64] [--json FILE] [--steps 5]
 
 Even routing, 32 inputs, 16 outputs, 2 hidden layers, L2 loss, Adam. `--json` writes the mean milliseconds
 per call of each kernel, per case.

@@ -1,6 +1,6 @@
 """Arrays past 2^31 parameters on one GPU: train them, compare with a finer chunking, time the chunking.
 
-    python benchmarks/tools/big_array_check.py --json out/big_array_check.json
+    python -m benchmarks.tools.big_array_check --json out/big_array_check.json
 
 Cases (each trained a few Adam steps on fixed random data, then freed):
 - grids: 170 3D hash grids of tcnn's usual size (16 levels, 2^19 entries, 2 features, base resolution 16,

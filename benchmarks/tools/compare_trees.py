@@ -1,7 +1,7 @@
 """Before/after on one machine: the target MLP-array case and the image step, measured alternately in two
 checkouts of tinn (separate processes, so each tree compiles and imports its own kernels).
 
-    python benchmarks/tools/compare_trees.py OLD_TREE NEW_TREE [--rounds 2] [--widths 64,128] [--json out.json]
+    python -m benchmarks.tools.compare_trees OLD_TREE NEW_TREE [--rounds 2] [--widths 64,128] [--json out.json]
 
 A tree may carry settings for its processes, `TREE@name=value,name=value` (what `TINN_SETTINGS` takes):
 `. .@fused_staged_weights=none` compares one setting in one checkout.

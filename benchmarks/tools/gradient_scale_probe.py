@@ -1,7 +1,7 @@
 """The image step's PSNR with float16's gradient scale changed (tcnn's and tinn's is 128): `image_paths.py` with
 `settings.network_precision=float16` after `dense_mlp.GRADIENT_SCALES["float16"]` is set, next to float32.
 
-    python benchmarks/tools/gradient_scale_probe.py SCALE [--quality-runs 3] [--train-steps 1000]
+    python -m benchmarks.tools.gradient_scale_probe SCALE [--quality-runs 3] [--train-steps 1000]
 """
 import os
 import sys

@@ -10,7 +10,7 @@ their launch, so there only the no-op column is a host figure.
 Paths: the native Trainer step; tcnn's sample loop through `tinn.torch` (module call, loss,
 `zero_grad`, `backward`, `torch.optim.Adam` step) in parts: forward only, with loss and backward, whole.
 
-    python benchmarks/tools/host_overhead.py [--arch cpu|cuda] [--log2-batch 16] [--config tinn/configs/config_hash.json]
+    python -m benchmarks.tools.host_overhead [--arch cpu|cuda] [--log2-batch 16] [--config tinn/configs/config_hash.json]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ sample: torch's relative L2, `torch.optim.Adam`, backward on the calling thread)
 kernels (torch.profiler) and the PSNR while training from the same seed on the same batches
 (`--quality-runs` runs each: float atomics make runs differ).
 
-    python benchmarks/tools/image_paths.py --variant "dense_single_network=true" \
+    python -m benchmarks.tools.image_paths --variant "dense_single_network=true" \
         --variant "dense_single_network=true,tf32=true" [--log2-batch 18] [--train-steps 1000] [--json F]
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ student per `--variants` entry against that same teacher and occupancy grid, and
 PSNR, PSNR on training views (fit against generalisation), the squared error split between edge pixels
 (a large colour gradient in the truth: silhouettes and facet borders) and flat ones, and the frame time.
 
-    python benchmarks/tools/kilonerf_students.py --data /tmp/bunny --res 800 --samples 256 \
+    python -m benchmarks.tools.kilonerf_students --data /tmp/bunny --res 800 --samples 256 \
         --teacher-steps 6000 --batch-rays 8192 --distill-steps 5000 --finetune-steps 6000 \
         --variants f6w32h2,f8w32h2,f6w64h2 --json out.json
 

@@ -4,7 +4,7 @@ An out-of-bounds access in one shape must not corrupt another's result, so each 
 `compute-sanitizer --tool memcheck`, which names the kernel that reads or writes out of bounds). Prints a table
 (shape, path, relative errors of y / dx / dparams, sanitizer errors) and writes JSON.
 
-    python benchmarks/tools/mlp_shape_sweep.py --kernels fused unfused --sanitize -j 12 --out out/sweep.json
+    python -m benchmarks.tools.mlp_shape_sweep --kernels fused unfused --sanitize -j 12 --out out/sweep.json
 """
 import argparse
 import concurrent.futures as cf

@@ -1,6 +1,6 @@
 """The CUDA buffers alive at the peak of one MLP-array training step, tinn against the torch bmm baseline.
 
-    python benchmarks/tools/peak_live.py --networks 64 --width 128 --log2-samples 22
+    python -m benchmarks.tools.peak_live --networks 64 --width 128 --log2-samples 22
 
 Replays torch's allocator trace (`torch.cuda.memory._record_memory_history`) of one steady-state step
 (after two warm-up steps) and prints, at the moment the allocated bytes peak, every live block with the

@@ -4,7 +4,7 @@ one) and top-level torch ops (each op is a kernel launch on a GPU, paid by the h
 kernels start). `results/cpu/routing_cost.log` was measured when `route_bounded` had code of its own
 (93 ops for the three sizes); it is now a one-size call of the same code.
 
-    python benchmarks/tools/routing_cost.py [--arch cpu|cuda]
+    python -m benchmarks.tools.routing_cost [--arch cpu|cuda]
 """
 import argparse
 

@@ -1,6 +1,6 @@
 """Fused-kernel tunings side by side on one GPU: per-kernel times of MLP training steps and the image step.
 
-    python benchmarks/tools/settings_ab.py --out DIR --settings "default;fused_backward_tile=64;..." \
+    python -m benchmarks.tools.settings_ab --out DIR --settings "default;fused_backward_tile=64;..." \
         [--step-cases 4096:22:64,128] [--image] [--jobs 4]
 
 Each entry of --settings is a TINN_SETTINGS value ("default" for none). Every variant compiles its own

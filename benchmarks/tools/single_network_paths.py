@@ -1,7 +1,7 @@
 """A single network that the fused kernels do not take (more than 128 features, Sine, SiLU): Taichi's unfused
 kernels against the dense GEMMs (`settings.dense_single_network`), next to the same MLP in plain torch.
 
-    python benchmarks/tools/single_network_paths.py [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
+    python -m benchmarks.tools.single_network_paths [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
         [--log2-batch 18] [--precisions float16,bfloat16] [--json FILE]
 
 Per shape (WIDTH:ACTIVATION:HIDDEN_LAYERS; 32 inputs, 16 outputs, L2 loss, Adam, input checks off) and path,

@@ -1,9 +1,9 @@
 """Tensor-core (Triton) MLP-array kernels on a GPU: correctness of every path against float64, and timings
 against torch's batched GEMMs.
 
-    python3 benchmarks/tools/tensor_core_check.py --quick        (about a minute)
-    python3 benchmarks/tools/tensor_core_check.py                (checks and timings in full)
-    python3 benchmarks/tools/tensor_core_check.py --part check   (or --part bench: one half only)
+    python3 -m benchmarks.tools.tensor_core_check --quick        (about a minute)
+    python3 -m benchmarks.tools.tensor_core_check                (checks and timings in full)
+    python3 -m benchmarks.tools.tensor_core_check --part check   (or --part bench: one half only)
 
 Checks: out, dx and dparams of tinn/kernels/tensor_cores against a float64 reference (per network, torch
 autograd) for every precision, every activation (hidden and output), widths 1..128, no hidden layer, odd

@@ -8,7 +8,7 @@ For scale it also times autograd alone: a backward through one torch op, and thr
 `torch.autograd.set_multithreading_enabled(False)` (the backward on the calling thread). Whole steps (both paths) are also timed under `--variant` settings,
 in alternating rounds in the same process.
 
-    python benchmarks/tools/torch_path_sections.py [--log2-batch 18] [--steps 200] [--variant name=value] [--json FILE]
+    python -m benchmarks.tools.torch_path_sections [--log2-batch 18] [--steps 200] [--variant name=value] [--json FILE]
 """
 from __future__ import annotations
 
