@@ -152,3 +152,24 @@ def test_a_suite_registered_ahead_of_its_module_says_so(monkeypatch, capsys):
 def test_standard_argv_is_the_convention_new_modules_follow():
     options = harness.options_for(SUITES["tcnn"], quick=True, arch="cuda", json_path="r.json")
     assert standard_argv(options) == ["--json", os.path.abspath("r.json"), "--quick", "--arch", "cuda"]
+
+
+def test_results_index_accounts_for_every_kept_file():
+    """benchmarks/results/README.md has a line per kept folder or file family, with its file count and the pages
+    citing it: every file falls under one line, and the counts are right."""
+    import fnmatch
+    import re
+    results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "results")
+    files = sorted(os.path.relpath(os.path.join(d, n), results).replace(os.sep, "/")
+                   for d, _, names in os.walk(results) for n in names if n != "README.md")
+    with open(os.path.join(results, "README.md")) as f:
+        rows = re.findall(r"^\| `([^`]+)` \| (\d+) \| .* \| (.+) \|$", f.read(), flags=re.M)
+    covered = []
+    for shown, count, cited_by in rows:
+        patterns = [p.strip().strip("`") for p in shown.split(",")]
+        hits = [f for f in files if any(f.startswith(p) if p.endswith("/") else fnmatch.fnmatchcase(f, p)
+                                        for p in patterns)]
+        assert len(hits) == int(count), shown
+        assert "](../../" in cited_by, shown
+        covered += hits
+    assert sorted(covered) == files
