@@ -18,6 +18,7 @@
 # name the archive first:  ARCHIVE=$OUT/speed.tgz OUT=/tmp/speed bash benchmarks/gpu_suite.sh speed
 # Logs and JSON land in $OUT; each step prints its last lines.
 set -uo pipefail
+cd "$(dirname "$0")/.."  # the modules run with -m from the repository root
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
