@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import tinn  # noqa: E402
 from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
 from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
-                    settings_installed, sync, write_json)
+                               settings_installed, sync, write_json)
 
 
 def split_variant(text: str) -> tuple[dict, bool]:

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import tinn  # noqa: E402
 from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
-                    settings_installed, write_json)
+                               settings_installed, write_json)
 
 N_IN, N_OUT = 32, 16
 TORCH_ACT = {"ReLU": torch.nn.ReLU, "Sine": None, "SiLU": torch.nn.SiLU, "Tanh": torch.nn.Tanh,
