@@ -1,6 +1,6 @@
 """Taichi against Quadrants, side by side, each part in its own process (a process holds one backend).
 
-    python benchmarks/backend_compare.py --out out/backends [--parts tests,bench,image,graph]
+    python -m benchmarks.backend_compare --out out/backends [--parts tests,bench,image,graph]
                                          [--backends taichi,quadrants] [--fast-launch both]
 
 Parts, per backend:
@@ -83,7 +83,7 @@ def part_tests(backend, env, out, res):
 def part_bench(backend, env, out, res, fast):
     path = os.path.join(out, f"{backend}_bench{'' if fast else '_std'}.json")
     rc, s, _ = run(f"{backend}_bench{'' if fast else '_std'}",
-                   [sys.executable, "benchmarks/bench_mlp_array.py", "--networks", "4096", "--log2-samples", "22",
+                   [sys.executable, "-m", "benchmarks.bench_mlp_array", "--networks", "4096", "--log2-samples", "22",
                     "--widths", "64", "--routing", "even", "--no-vmap", "--json", path, *(SMOKE["bench"] if smoke else [])],
                    env, out, 400)
     data = load_json(path)
@@ -96,7 +96,7 @@ def part_bench(backend, env, out, res, fast):
 def part_image(backend, env, out, res, fast):
     path = os.path.join(out, f"{backend}_image{'' if fast else '_std'}.json")
     rc, s, _ = run(f"{backend}_image{'' if fast else '_std'}",
-                   [sys.executable, "benchmarks/profile_image.py", "--steps", "200", "--json", path,
+                   [sys.executable, "-m", "benchmarks.profile_image", "--steps", "200", "--json", path,
                     *(SMOKE["image"] if smoke else [])], env, out, 300)
     data = load_json(path) or {}
     kernels = data.get("kernels") or []
@@ -111,7 +111,7 @@ def part_graph(backend, env, out, res):
     res["graph"] = {}
     for mode in ("off", "multi", "all"):
         path = os.path.join(out, f"{backend}_graph_{mode}.json")
-        rc, s, _ = run(f"{backend}_graph_{mode}", [sys.executable, "benchmarks/quadrants_graph_step.py", "--graph", mode,
+        rc, s, _ = run(f"{backend}_graph_{mode}", [sys.executable, "-m", "benchmarks.quadrants_graph_step", "--graph", mode,
                                                    "--json", path, *(SMOKE["graph"] if smoke else [])],
                        env, out, 240)
         data = load_json(path) or {}

@@ -1,6 +1,6 @@
 """What Taichi's reverse mode costs against tinn's hand-written backward passes, for the same functions.
 
-    python benchmarks/bench_autodiff.py [--log2-samples 20] [--json out.json]
+    python -m benchmarks.bench_autodiff [--log2-samples 20] [--json out.json]
 
 Cases (forward + backward of one batch, the gradients a training step needs):
 - Frequency encoding (3 inputs, 6 octaves, sin and cos: 36 outputs): input gradient only; tinn's
@@ -14,11 +14,7 @@ Cases (forward + backward of one batch, the gradients a training step needs):
 Prints a table and writes JSON: milliseconds and peak memory per path, and their ratio.
 """
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
@@ -39,7 +35,7 @@ def linear(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
 
 
 def main(argv=None):
-    from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
+    from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
     from tinn.autodiff import AutodiffPart, create_loss, frequency_encoding, replicas_for
     from tinn.encodings import create_encoding
     from tinn.networks import NetworkArray

@@ -1,6 +1,6 @@
 """What `Settings.deterministic` costs, and whether each mode repeats itself, for the same training steps.
 
-    python benchmarks/bench_deterministic.py [--log2-samples 20] [--json out.json]
+    python -m benchmarks.bench_deterministic [--log2-samples 20] [--json out.json]
 
 Cases (one `Trainer.training_step`, L2 loss, Adam): an MLP array (64 networks, 64 wide, 32 in, 16 out, 2 hidden
 layers) and 64 networks of a hash grid (16 levels, 2^15 entries) feeding an MLP, both with ragged routing.
@@ -8,11 +8,7 @@ Per case and mode: median step time, peak memory, and whether three fresh runs o
 seed gave bit-identical losses and parameters. Prints a table and writes JSON.
 """
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
@@ -26,7 +22,7 @@ N_NETWORKS = 64
 
 
 def main(argv=None):
-    from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
+    from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
     from tinn import settings
     from tinn.models import NetworkWithInputEncoding
     from tinn.networks import NetworkArray

@@ -8,23 +8,19 @@ and prints samples/s (plus the implied backward-only rate), checking first that 
 implementations give the same features. tinn is timed with its sync-costing input checks
 (net_ids range scan) switched off, as `NetworkWithInputEncoding` does after validating once.
 
-    python benchmarks/bench_grid.py --device cuda --json grid.json
-    python benchmarks/bench_grid.py --device cpu            # small sizes, runs in seconds
+    python -m benchmarks.bench_grid --device cuda --json grid.json
+    python -m benchmarks.bench_grid --device cpu            # small sizes, runs in seconds
 """
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
-from common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json  # noqa: E402
+from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json  # noqa: E402
 from tinn.encodings import GridEncoding  # noqa: E402
 from tinn.encodings.grid_layout import HASH_PRIMES  # noqa: E402
 

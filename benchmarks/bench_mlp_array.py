@@ -13,25 +13,23 @@ ways: a sync around each step (median), and pipelined, steps issued back to back
 as a training loop runs (the median of three such blocks' means, and the blocks' spread); the host's
 lead-in of a step counts in the first only.
 
-    python benchmarks/bench_mlp_array.py                       # GPU sizes if CUDA, tiny sizes on CPU
-    python benchmarks/bench_mlp_array.py --suite               # N in 1..16384 x widths 16..128, even + ragged
-    python benchmarks/bench_mlp_array.py --networks 1,64,4096 --log2-samples 20,22 --json out.json
+    python -m benchmarks.bench_mlp_array                       # GPU sizes if CUDA, tiny sizes on CPU
+    python -m benchmarks.bench_mlp_array --suite               # N in 1..16384 x widths 16..128, even + ragged
+    python -m benchmarks.bench_mlp_array --networks 1,64,4096 --log2-samples 20,22 --json out.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
-from common import peak_memory_mib, peak_memory_reset, print_table, record_pipelined, time_fn, write_json  # noqa: E402
+from benchmarks.loading import ROOT  # noqa: E402
+from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, record_pipelined, time_fn, write_json  # noqa: E402
 
 
 def make_ids(batch: int, n: int, routing: str, device) -> torch.Tensor:
@@ -242,8 +240,8 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
 
 def run_isolated(case: dict, arch: str | None) -> dict:
     """`bench_case(**case)` in a fresh Python process; its row."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)] + (["--arch", arch] if arch else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = [sys.executable, "-m", "benchmarks.bench_mlp_array", "--case", json.dumps(case)] + (["--arch", arch] if arch else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     for line in out.stdout.splitlines():
         if line.startswith("CASE "):
             return json.loads(line[5:])

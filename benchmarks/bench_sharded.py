@@ -1,7 +1,7 @@
 """Sharded network arrays over GPUs: strong scaling, weak scaling, and a model larger than one GPU.
 
-    torchrun --nproc_per_node 2 benchmarks/bench_sharded.py --out benchmarks/results/h200x2/sharded.json
-    TINN_ARCH=cpu torchrun --nproc_per_node 2 benchmarks/bench_sharded.py --tiny --out /tmp/sharded.json  # CPU check
+    torchrun --nproc_per_node 2 -m benchmarks.bench_sharded --out benchmarks/results/h200x2/sharded.json
+    TINN_ARCH=cpu torchrun --nproc_per_node 2 -m benchmarks.bench_sharded --tiny --out /tmp/sharded.json  # CPU check
 
 One process per GPU; `tinn.distributed.init()` pins each rank to its GPU (LOCAL_RANK) before Taichi starts.
 
@@ -24,10 +24,8 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Start-up time of the image demo: seconds from process start to each phase, cold and warm kernel cache.
 
-    python benchmarks/bench_startup.py                                   # CPU or CUDA (auto), config_hash.json
-    python benchmarks/bench_startup.py --arch cuda --json out.json
-    python benchmarks/bench_startup.py --runs cold,warm,warm --cache-dir /tmp/ticache
+    python -m benchmarks.bench_startup                                   # CPU or CUDA (auto), config_hash.json
+    python -m benchmarks.bench_startup --arch cuda --json out.json
+    python -m benchmarks.bench_startup --runs cold,warm,warm --cache-dir /tmp/ticache
 
 Each run is a fresh Python process that does what demos/mlp_learning_an_image.py does before and during
 its first steps: import torch, tinn and the kernel language, tinn.init, build the image task and the
@@ -123,7 +123,7 @@ def child(args) -> None:
 
 # ---- parent -----------------------------------------------------------------------------------------------
 def run_child(args, cache_dir: str, label: str) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", args.config, "--steps", str(args.steps),
+    cmd = [sys.executable, "-m", "benchmarks.bench_startup", "--child", "--config", args.config, "--steps", str(args.steps),
            "--size", str(args.size), "--tiles", str(args.tiles), "--cache-dir", cache_dir]
     if args.arch:
         cmd += ["--arch", args.arch]
@@ -185,8 +185,7 @@ def main(argv=None) -> None:
     r0 = results[0]
     print(f"start-up, {os.path.basename(args.config)}, arch {r0['arch']} ({r0['backend']}), batch {r0['batch']}, "
           f"N = {args.steps}; seconds since process start")
-    sys.path.insert(0, HERE)
-    from common import print_table  # noqa: E402  (imports tinn and torch: only after the children ran)
+    from benchmarks.common import print_table  # noqa: E402  (imports tinn and torch: only after the children ran)
 
     print_table(rows, [("run", "run", "s")] + [(ph, ph, ".2f") for ph in PHASES] +
                 [("kernels_step1", "kernels (1st step)", "d"), ("kernels", "kernels (all)", "d"),

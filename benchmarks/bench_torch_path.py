@@ -9,9 +9,9 @@ Both train the same model (same config, seed, batches) on learning-an-image data
 * pt+loss:   the PyTorch path with tinn's differentiable loss (`tinn.create_loss(...)(pred, target)`)
              instead of the torch formula: separates the loss's share of the overhead from the optimizer's.
 
-    python benchmarks/bench_torch_path.py                           # GPU: batch 2^16, 2^18; CPU: 2^12, 2^14
-    python benchmarks/bench_torch_path.py --log2-batch 16,18 --networks 1,64 --json out.json
-    python benchmarks/bench_torch_path.py --config tinn/configs/config_hash.json
+    python -m benchmarks.bench_torch_path                           # GPU: batch 2^16, 2^18; CPU: 2^12, 2^14
+    python -m benchmarks.bench_torch_path --log2-batch 16,18 --networks 1,64 --json out.json
+    python -m benchmarks.bench_torch_path --config tinn/configs/config_hash.json
 
 Times are medians over `--reps` timed blocks of `--steps` steps each, with a device sync around every
 block (not inside it). The sync-costing input checks (NaN scan, net-id range) are off for both paths by
@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402
-from common import print_table, time_fn, write_json  # noqa: E402
+from benchmarks.common import print_table, time_fn, write_json  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

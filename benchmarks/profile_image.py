@@ -1,6 +1,6 @@
 """Where the time of one image-learning training step goes (tcnn's mlp_learning_an_image setup).
 
-    python benchmarks/profile_image.py [--config tinn/configs/config_hash.json] [--log2-batch 18] [--steps 200]
+    python -m benchmarks.profile_image [--config tinn/configs/config_hash.json] [--log2-batch 18] [--steps 200]
 
 Prints the steady-state milliseconds per step (wall clock, with and without the input checks' sync) and a
 table of GPU kernels (Taichi and torch alike, from torch.profiler's CUDA trace)
@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step  # noqa: E402
+from benchmarks.common import host_ms_per_step  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

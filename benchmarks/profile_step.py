@@ -1,6 +1,6 @@
 """Per-kernel time of one MLP-array training step (Taichi's kernel profiler).
 
-    python benchmarks/profile_step.py [NETWORKS=1,4096] [LOG2_SAMPLES=22] [WIDTHS=64] [--json FILE] [--steps 5]
+    python -m benchmarks.profile_step [NETWORKS=1,4096] [LOG2_SAMPLES=22] [WIDTHS=64] [--json FILE] [--steps 5]
 
 Even routing, 32 inputs, 16 outputs, 2 hidden layers, L2 loss, Adam. `--json` writes the mean milliseconds
 per call of each kernel, per case.
@@ -8,12 +8,9 @@ per call of each kernel, per case.
 import argparse
 import json
 from importlib import import_module
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
 from tinn.backend import ti  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Quadrants' CUDA graphs on the image-learning step (config_hash.json, batch 2^18, checks off).
 
-    python benchmarks/quadrants_graph_step.py --graph off|multi|all [--steps 300] [--json out.json]
+    python -m benchmarks.quadrants_graph_step --graph off|multi|all [--steps 300] [--json out.json]
 
 Quadrants captures the top-level loops of a kernel declared `@kernel(graph=True)` into one CUDA graph
 on its first launch and replays it afterwards (new arguments are patched in, no re-capture); a graph
@@ -29,9 +29,8 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step, write_json  # noqa: E402
+from benchmarks.common import host_ms_per_step, write_json  # noqa: E402
 
 GRAPHED: list = []
 

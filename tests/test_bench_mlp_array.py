@@ -1,11 +1,8 @@
 """benchmarks/bench_mlp_array.py at toy size: both timings of every training step, and ratios made from them."""
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-import bench_mlp_array  # noqa: E402
+from benchmarks import bench_mlp_array
 
 
 def test_a_case_reports_synced_and_pipelined_steps():

@@ -2,16 +2,10 @@
 they report is the one the settings choose, and the paths' results agree, so the H100 tables come from a tool
 that compares what it says it compares."""
 import json
-import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "benchmarks", "tools"))
-sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
-import image_paths  # noqa: E402
-import single_network_paths  # noqa: E402
+import tinn
 
-import tinn  # noqa: E402
+from benchmarks.tools import image_paths, single_network_paths
 
 
 def test_single_network_paths_compare_the_kernels_dense_gemms_and_torch(tmp_path, tuned):
@@ -51,7 +45,7 @@ def test_image_paths_train_each_variant_from_the_same_start(tmp_path, tuned):
 
 
 def test_gradient_scale_probe_trains_float16_with_the_scale_it_was_given(tuned, monkeypatch, capsys):
-    import gradient_scale_probe
+    from benchmarks.tools import gradient_scale_probe
     from tinn import dense_mlp
 
     tuned()

@@ -1,9 +1,6 @@
 """benchmarks/tools/sass_loops.py: loops and their instruction mix read off a cuobjdump listing."""
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "tools"))
-import sass_loops  # noqa: E402
+from benchmarks.tools import sass_loops
 
 LISTING = """
         code for sm_90

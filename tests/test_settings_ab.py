@@ -1,13 +1,10 @@
 """benchmarks/tools/settings_ab.py: variant names, kernel-profiler task names summed per kernel, and a
 whole run of two variants on this machine's backend."""
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "tools"))
-import settings_ab  # noqa: E402
+from benchmarks.tools import settings_ab
 
 
 def test_tags_name_variants_as_file_names():

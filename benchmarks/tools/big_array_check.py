@@ -1,6 +1,6 @@
 """Arrays past 2^31 parameters on one GPU: train them, compare with a finer chunking, time the chunking.
 
-    python benchmarks/tools/big_array_check.py --json out/big_array_check.json
+    python -m benchmarks.tools.big_array_check --json out/big_array_check.json
 
 Cases (each trained a few Adam steps on fixed random data, then freed):
 - grids: 170 3D hash grids of tcnn's usual size (16 levels, 2^19 entries, 2 features, base resolution 16,
@@ -22,8 +22,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
@@ -115,7 +113,7 @@ def check_case(name, make, n, n_in, n_out, batch, steps):
 
 def chunking_cost(reps: int):
     """The 4096 x 64 target training step, one launch per kernel against the table in 4 chunks."""
-    from common import time_fn
+    from benchmarks.common import time_fn
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
     cfg = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2}

@@ -1,7 +1,7 @@
 """Before/after on one machine: the target MLP-array case and the image step, measured alternately in two
 checkouts of tinn (separate processes, so each tree compiles and imports its own kernels).
 
-    python benchmarks/tools/compare_trees.py OLD_TREE NEW_TREE [--rounds 2] [--widths 64,128] [--json out.json]
+    python -m benchmarks.tools.compare_trees OLD_TREE NEW_TREE [--rounds 2] [--widths 64,128] [--json out.json]
 
 A tree may carry settings for its processes, `TREE@name=value,name=value` (what `TINN_SETTINGS` takes):
 `. .@fused_staged_weights=none` compares one setting in one checkout.
@@ -29,10 +29,10 @@ def run_tree(spec: str, out_dir: str, tag: str, widths: str = "64") -> dict:
         env["TINN_SETTINGS"] = settings
     bench_json = os.path.join(out_dir, f"bench_{tag}.json")
     image_json = os.path.join(out_dir, f"image_{tag}.json")
-    subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "bench_mlp_array.py"), "--networks", "4096",
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_mlp_array", "--networks", "4096",
                     "--log2-samples", "22", "--routing", "even,ragged", "--widths", widths, "--skip-torch",
                     "--no-vmap", "--json", bench_json], cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([sys.executable, os.path.join(tree, "benchmarks", "profile_image.py"), "--steps", "300",
+    subprocess.run([sys.executable, "-m", "benchmarks.profile_image", "--steps", "300",
                     "--json", image_json], cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     with open(bench_json) as f:
         rows = json.load(f)["rows"]

@@ -1,19 +1,15 @@
 """The image step's PSNR with float16's gradient scale changed (tcnn's and tinn's is 128): `image_paths.py` with
 `settings.network_precision=float16` after `dense_mlp.GRADIENT_SCALES["float16"]` is set, next to float32.
 
-    python benchmarks/tools/gradient_scale_probe.py SCALE [--quality-runs 3] [--train-steps 1000]
+    python -m benchmarks.tools.gradient_scale_probe SCALE [--quality-runs 3] [--train-steps 1000]
 """
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 from tinn import dense_mlp  # noqa: E402
 
-import image_paths  # noqa: E402
+from benchmarks.tools import image_paths  # noqa: E402
 
 
 def main(argv=None) -> None:

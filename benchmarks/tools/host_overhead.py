@@ -10,23 +10,20 @@ their launch, so there only the no-op column is a host figure.
 Paths: the native Trainer step; tcnn's sample loop through `tinn.torch` (module call, loss,
 `zero_grad`, `backward`, `torch.optim.Adam` step) in parts: forward only, with loss and backward, whole.
 
-    python benchmarks/tools/host_overhead.py [--arch cpu|cuda] [--log2-batch 16] [--config tinn/configs/config_hash.json]
+    python -m benchmarks.tools.host_overhead [--arch cpu|cuda] [--log2-batch 16] [--config tinn/configs/config_hash.json]
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
 import tinn.torch as tcnn  # noqa: E402
-from bench_torch_path import torch_adam  # noqa: E402
-from common import host_ms_per_step, print_table, write_json  # noqa: E402
+from benchmarks.bench_torch_path import torch_adam  # noqa: E402
+from benchmarks.common import host_ms_per_step, print_table, write_json  # noqa: E402
 
 
 def parse_args(argv=None):

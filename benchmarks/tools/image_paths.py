@@ -8,7 +8,7 @@ sample: torch's relative L2, `torch.optim.Adam`, backward on the calling thread)
 kernels (torch.profiler) and the PSNR while training from the same seed on the same batches
 (`--quality-runs` runs each: float atomics make runs differ).
 
-    python benchmarks/tools/image_paths.py --variant "dense_single_network=true" \
+    python -m benchmarks.tools.image_paths --variant "dense_single_network=true" \
         --variant "dense_single_network=true,tf32=true" [--log2-batch 18] [--train-steps 1000] [--json F]
 """
 from __future__ import annotations
@@ -18,18 +18,15 @@ import collections
 import contextlib
 import os
 import statistics
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
-from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
-                    settings_installed, sync, write_json)
+from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
+from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+                               settings_installed, sync, write_json)
 
 
 def split_variant(text: str) -> tuple[dict, bool]:

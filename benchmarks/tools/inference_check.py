@@ -1,20 +1,18 @@
 """Wall time of `NetworkArray.inference` per call, with the routing sort's keys narrowed or int32.
 
-    python benchmarks/tools/inference_check.py        (CUDA)
+    python -m benchmarks.tools.inference_check        (CUDA)
 
 2^22 samples, even routing, 32 in, 16 out, 2 hidden layers; cases 4096 x 64, 64 x 64, 4096 x 128. Each call
 is timed with a device sync around it (median and best of 20), with the input checks on and off, once with
 the keys `tinn.routing.sort_keys` picks and once with the int32 ids as they come; then torch.profiler's
 CUDA kernels of five calls, so the forward kernel and the sort can be told from the host's share.
 """
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 
 

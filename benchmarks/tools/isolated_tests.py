@@ -4,7 +4,7 @@ A CUDA kernel's illegal address poisons the process that launched it, so one fai
 worker fails every later test of that worker; here each test's result is its own. Prints one line per test that
 did not pass (with its last error line) and a summary line; full logs go to --logs.
 
-    python benchmarks/tools/isolated_tests.py -j 12 --logs out/tests tests/test_gradient_paths.py -k fused
+    python -m benchmarks.tools.isolated_tests -j 12 --logs out/tests tests/test_gradient_paths.py -k fused
 """
 import argparse
 import concurrent.futures as cf

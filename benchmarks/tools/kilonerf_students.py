@@ -5,7 +5,7 @@ student per `--variants` entry against that same teacher and occupancy grid, and
 PSNR, PSNR on training views (fit against generalisation), the squared error split between edge pixels
 (a large colour gradient in the truth: silhouettes and facet borders) and flat ones, and the frame time.
 
-    python benchmarks/tools/kilonerf_students.py --data /tmp/bunny --res 800 --samples 256 \
+    python -m benchmarks.tools.kilonerf_students --data /tmp/bunny --res 800 --samples 256 \
         --teacher-steps 6000 --batch-rays 8192 --distill-steps 5000 --finetune-steps 6000 \
         --variants f6w32h2,f8w32h2,f6w64h2 --json out.json
 
@@ -24,12 +24,11 @@ import time
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "demos"))
 
 import tinn  # noqa: E402
-import kilonerf as demo  # noqa: E402
+from benchmarks.loading import load_file  # noqa: E402
+
+demo = load_file("demos/kilonerf.py")
 
 VARIANT = re.compile(r"^f(\d+)w(\d+)h(\d+)(?:g(\d+))?$")
 FINETUNE_KEYS = {"lr": float, "final": float, "rays": int, "steps": int,

@@ -1,12 +1,9 @@
 """Host cost of one Taichi launch by argument count, next to a few torch ops (same process), to see
 where the image step's host time goes on a given machine. Prints us per call."""
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 from tinn.backend import ti  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Where a fused MLP-array training step's memory goes, buffer by buffer, at its peak.
 
-    python benchmarks/tools/memory_accounting.py            # the 4096 x 64 target case, 2^22 samples
-    python benchmarks/tools/memory_accounting.py --networks 64 --width 128 --log2-samples 20
+    python -m benchmarks.tools.memory_accounting            # the 4096 x 64 target case, 2^22 samples
+    python -m benchmarks.tools.memory_accounting --networks 64 --width 128 --log2-samples 20
 
 Counted from the code (tinn/networks/array.py, tinn/losses.py, tinn/trainer.py, tinn/optimizers/adam.py):
 the peak of `Trainer.training_step` is inside the backward, while the deltas, the forward's

@@ -4,7 +4,7 @@ An out-of-bounds access in one shape must not corrupt another's result, so each 
 `compute-sanitizer --tool memcheck`, which names the kernel that reads or writes out of bounds). Prints a table
 (shape, path, relative errors of y / dx / dparams, sanitizer errors) and writes JSON.
 
-    python benchmarks/tools/mlp_shape_sweep.py --kernels fused unfused --sanitize -j 12 --out out/sweep.json
+    python -m benchmarks.tools.mlp_shape_sweep --kernels fused unfused --sanitize -j 12 --out out/sweep.json
 """
 import argparse
 import concurrent.futures as cf
@@ -14,6 +14,8 @@ import os
 import random
 import subprocess
 import sys
+
+from benchmarks.loading import ROOT
 
 ACTS = ["ReLU", "Tanh", "Sigmoid", "Softplus", "None"]
 
@@ -32,8 +34,9 @@ def check(spec, kernels):
     import torch
     import tinn
     tinn.init()
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-    from reference import mlp_array, rel_err
+    from benchmarks.loading import load_file
+    reference = load_file("tests/reference.py")
+    mlp_array, rel_err = reference.mlp_array, reference.rel_err
     from tinn.networks import NetworkArray
     n_in, width, n_out, hidden, n_nets, act, out_act = spec
     otype = "FullyFusedMLP" if width in (16, 32, 64, 128) else "CutlassMLP"
@@ -76,10 +79,10 @@ def main():
     jobs = [(s, k) for s in shapes() for k in a.kernels]
 
     def run(job):
-        cmd = [sys.executable, __file__, "--one", json.dumps(job)]
+        cmd = [sys.executable, "-m", "benchmarks.tools.mlp_shape_sweep", "--one", json.dumps(job)]
         if a.sanitize:
             cmd = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "5"] + cmd
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         text = proc.stdout + proc.stderr
         res = next((json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")), None)
         san = [line for line in text.splitlines() if "Invalid" in line or "ERROR SUMMARY" in line]

@@ -1,12 +1,10 @@
 """A few iterations of the target case (4096 networks x 64 wide, 2^22 samples, even routing) for
 Nsight Compute: forward-only calls, then training steps, so `ncu --kernel-name` can pick the fused
-forward, the backward deltas and the weight gradients. Usage: `ncu --kernel-name regex:forward --launch-count 1 python3 benchmarks/tools/ncu_target.py`."""
-import os
+forward, the backward deltas and the weight gradients. Usage: `ncu --kernel-name regex:forward --launch-count 1 python3 -m benchmarks.tools.ncu_target`."""
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 
 tinn.init()

@@ -1,6 +1,6 @@
 """The CUDA buffers alive at the peak of one MLP-array training step, tinn against the torch bmm baseline.
 
-    python benchmarks/tools/peak_live.py --networks 64 --width 128 --log2-samples 22
+    python -m benchmarks.tools.peak_live --networks 64 --width 128 --log2-samples 22
 
 Replays torch's allocator trace (`torch.cuda.memory._record_memory_history`) of one steady-state step
 (after two warm-up steps) and prints, at the moment the allocated bytes peak, every live block with the
@@ -11,13 +11,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import tinn  # noqa: E402
 
@@ -83,7 +79,7 @@ def live_at_peak(step, label: str) -> None:
 
 def earlier_case(n: int, width: int, batch: int, routing: str, dev) -> None:
     """A benchmark case run to completion (inference, training steps), its objects dropped on return."""
-    from bench_mlp_array import make_ids
+    from benchmarks.bench_mlp_array import make_ids
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
@@ -114,7 +110,7 @@ def main(argv=None) -> None:
                         "before the measured step")
     args = p.parse_args(argv)
     tinn.init("cuda")
-    from bench_mlp_array import TorchBmmArray, make_ids
+    from benchmarks.bench_mlp_array import TorchBmmArray, make_ids
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 

@@ -12,8 +12,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sass_loops  # noqa: E402
+from benchmarks.tools import sass_loops  # noqa: E402
 
 out_dir = sys.argv[1]
 width = int(sys.argv[2]) if len(sys.argv) > 2 else 64

@@ -4,18 +4,14 @@ one) and top-level torch ops (each op is a kernel launch on a GPU, paid by the h
 kernels start). `results/cpu/routing_cost.log` was measured when `route_bounded` had code of its own
 (93 ops for the three sizes); it is now a one-size call of the same code.
 
-    python benchmarks/tools/routing_cost.py [--arch cpu|cuda]
+    python -m benchmarks.tools.routing_cost [--arch cpu|cuda]
 """
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tinn  # noqa: E402
-from common import host_ms_per_step  # noqa: E402
+from benchmarks.common import host_ms_per_step  # noqa: E402
 
 
 def per_size(routing, ids, n, sizes):

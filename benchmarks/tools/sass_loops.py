@@ -5,7 +5,7 @@ instructions one iteration issues and what share are FFMA: the multiply-adds a G
 The rest are loads and the integer arithmetic that forms their addresses, which is where Taichi's code
 generation spends the issue slots (docs/design-notes.md).
 
-    python benchmarks/tools/sass_loops.py kernels.sass [FUNCTION_PREFIX ...]
+    python -m benchmarks.tools.sass_loops kernels.sass [FUNCTION_PREFIX ...]
 """
 from __future__ import annotations
 

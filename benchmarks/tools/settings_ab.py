@@ -1,6 +1,6 @@
 """Fused-kernel tunings side by side on one GPU: per-kernel times of MLP training steps and the image step.
 
-    python benchmarks/tools/settings_ab.py --out DIR --settings "default;fused_backward_tile=64;..." \
+    python -m benchmarks.tools.settings_ab --out DIR --settings "default;fused_backward_tile=64;..." \
         [--step-cases 4096:22:64,128] [--image] [--jobs 4]
 
 Each entry of --settings is a TINN_SETTINGS value ("default" for none). Every variant compiles its own
@@ -20,8 +20,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.dirname(HERE)
+from benchmarks.loading import ROOT
+
 TASK = re.compile(r"^(?P<kernel>.+?)_c\d+_\d+_kernel_\d+_(?P<kind>\w+)$")
 
 
@@ -33,20 +33,20 @@ def run(cmd: list[str], setting: str, log: str, timeout: float) -> int:
     env = dict(os.environ, TINN_SETTINGS="" if setting == "default" else setting)
     with open(log, "w") as f:
         try:
-            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT).returncode
         except subprocess.TimeoutExpired:
             return 124
 
 
 def step_command(case: str, steps: int, json_path: str | None, toy: bool) -> list[str]:
     networks, log2, widths = case.split(":")
-    cmd = [sys.executable, os.path.join(BENCH, "profile_step.py"), networks, "12" if toy else log2, widths,
+    cmd = [sys.executable, "-m", "benchmarks.profile_step", networks, "12" if toy else log2, widths,
            "--steps", "1" if toy else str(steps)]
     return cmd + (["--json", json_path] if json_path else [])
 
 
 def image_command(json_path: str | None, toy: bool) -> list[str]:
-    cmd = [sys.executable, os.path.join(BENCH, "profile_image.py")]
+    cmd = [sys.executable, "-m", "benchmarks.profile_image"]
     cmd += ["--log2-batch", "12", "--steps", "2"] if toy else []
     return cmd + (["--json", json_path] if json_path else [])
 

@@ -1,7 +1,7 @@
 """A single network that the fused kernels do not take (more than 128 features, Sine, SiLU): Taichi's unfused
 kernels against the dense GEMMs (`settings.dense_single_network`), next to the same MLP in plain torch.
 
-    python benchmarks/tools/single_network_paths.py [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
+    python -m benchmarks.tools.single_network_paths [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
         [--log2-batch 18] [--precisions float16,bfloat16] [--json FILE]
 
 Per shape (WIDTH:ACTIVATION:HIDDEN_LAYERS; 32 inputs, 16 outputs, L2 loss, Adam, input checks off) and path,
@@ -20,17 +20,13 @@ import argparse
 import collections
 import os
 import statistics
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
-                    settings_installed, write_json)
+from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
+                               settings_installed, write_json)
 
 N_IN, N_OUT = 32, 16
 TORCH_ACT = {"ReLU": torch.nn.ReLU, "Sine": None, "SiLU": torch.nn.SiLU, "Tanh": torch.nn.Tanh,

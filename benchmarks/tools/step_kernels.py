@@ -1,6 +1,6 @@
 """Every GPU kernel of an MLP-array training step, Taichi's and torch's alike, and what the routing sort costs.
 
-    python benchmarks/tools/step_kernels.py [--cases 4096:64,64:64] [--log2-samples 22] [--json FILE]
+    python -m benchmarks.tools.step_kernels [--cases 4096:64,64:64] [--log2-samples 22] [--json FILE]
 
 Per case (NETWORKS:WIDTH; 32 in, 16 out, 2 hidden layers, even routing, L2 loss, Adam, input checks off):
 the wall time per step, the GPU time per kernel from torch.profiler's CUDA trace (so the time outside the
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 
 

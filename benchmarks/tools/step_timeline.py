@@ -8,7 +8,6 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tinn  # noqa: E402
 
 

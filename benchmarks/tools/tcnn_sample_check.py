@@ -1,6 +1,6 @@
 """Runs tiny-cuda-nn's own `samples/mlp_learning_an_image_pytorch.py` on tinn, changing only its import.
 
-    python benchmarks/tools/tcnn_sample_check.py TCNN_ROOT [--steps 1000] [--json out.json]
+    python -m benchmarks.tools.tcnn_sample_check TCNN_ROOT [--steps 1000] [--json out.json]
 
 TCNN_ROOT is a checkout of tiny-cuda-nn (its samples/, scripts/ and data/ folders; tinn does not ship
 them). A copy of the sample with `import tinycudann as tcnn` replaced by `import tinn.torch as tcnn` (the

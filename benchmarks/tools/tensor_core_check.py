@@ -1,9 +1,9 @@
 """Tensor-core (Triton) MLP-array kernels on a GPU: correctness of every path against float64, and timings
 against torch's batched GEMMs.
 
-    python3 benchmarks/tools/tensor_core_check.py --quick        (about a minute)
-    python3 benchmarks/tools/tensor_core_check.py                (checks and timings in full)
-    python3 benchmarks/tools/tensor_core_check.py --part check   (or --part bench: one half only)
+    python3 -m benchmarks.tools.tensor_core_check --quick        (about a minute)
+    python3 -m benchmarks.tools.tensor_core_check                (checks and timings in full)
+    python3 -m benchmarks.tools.tensor_core_check --part check   (or --part bench: one half only)
 
 Checks: out, dx and dparams of tinn/kernels/tensor_cores against a float64 reference (per network, torch
 autograd) for every precision, every activation (hidden and output), widths 1..128, no hidden layer, odd
@@ -28,8 +28,6 @@ import time
 import traceback
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
 
@@ -38,8 +36,10 @@ from tinn.activations import ACTIVATIONS  # noqa: E402
 from tinn.networks import NetworkArray  # noqa: E402
 from tinn.routing import route_fused  # noqa: E402
 
-from reference import activation  # noqa: E402
-from tensor_core_reference import emulated  # noqa: E402
+from benchmarks.loading import load_file  # noqa: E402
+
+activation = load_file("tests/reference.py").activation
+emulated = load_file("tests/tensor_core_reference.py").emulated
 
 PRECISIONS = ("float16", "bfloat16", "tf32", "float32")
 # Relative errors (norm) allowed against the float64 model of the kernels' rounding (tests/tensor_core_reference.py;
@@ -360,7 +360,7 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
     return rows
 
 
-def main():
+def main(argv=None):
     global DEVICE, TILE, CHUNK
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a subset of about a minute")
@@ -372,7 +372,7 @@ def main():
                         help="launch options for every kernel instead of launch.launch_options' choice")
     parser.add_argument("--interpret", action="store_true",
                         help="smoke-test the checks on the CPU under Triton's interpreter (tiny batches, no timings)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     TILE, CHUNK = args.tile, args.chunk
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"

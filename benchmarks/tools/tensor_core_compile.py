@@ -1,7 +1,7 @@
 """Compile the tensor-core MLP kernels for a GPU target without a GPU: catches Triton compile errors and
 shared memory beyond a block's limit before a run on the device.
 
-    python benchmarks/tools/tensor_core_compile.py [--arch 90] [--quick]
+    python -m benchmarks.tools.tensor_core_compile [--arch 90] [--quick]
 
 For each shape and precision it compiles the forward (training and inference) and the backward (dx and
 dparams) with the launchers' options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block
@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

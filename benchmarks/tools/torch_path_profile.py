@@ -5,7 +5,7 @@ default). For each path it reports, per step: wall time over a synced block, hos
 issues a step, no sync inside the block), GPU time (CUDA events between consecutive steps), and then a
 torch.profiler table of a few steps by device time (Taichi's kernels appear under their own names).
 
-    python benchmarks/tools/torch_path_profile.py [--log2-batch 18] [--steps 50] [--out DIR]
+    python -m benchmarks.tools.torch_path_profile [--log2-batch 18] [--steps 50] [--out DIR]
 """
 from __future__ import annotations
 
@@ -19,11 +19,9 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import tinn  # noqa: E402
-from bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
+from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
 
 
 def timeline(step, steps: int) -> dict:

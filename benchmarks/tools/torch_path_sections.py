@@ -8,7 +8,7 @@ For scale it also times autograd alone: a backward through one torch op, and thr
 `torch.autograd.set_multithreading_enabled(False)` (the backward on the calling thread). Whole steps (both paths) are also timed under `--variant` settings,
 in alternating rounds in the same process.
 
-    python benchmarks/tools/torch_path_sections.py [--log2-batch 18] [--steps 200] [--variant name=value] [--json FILE]
+    python -m benchmarks.tools.torch_path_sections [--log2-batch 18] [--steps 200] [--variant name=value] [--json FILE]
 """
 from __future__ import annotations
 
@@ -18,18 +18,15 @@ import dataclasses
 import json
 import os
 import statistics
-import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 import tinn  # noqa: E402
-from bench_torch_path import ImageSteps, on_calling_thread, relative_l2, torch_adam  # noqa: E402
-from common import Sections, settings_installed  # noqa: E402
+from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, relative_l2, torch_adam  # noqa: E402
+from benchmarks.common import Sections, settings_installed  # noqa: E402
 
 
 class _Nothing(torch.autograd.Function):

@@ -1,9 +1,9 @@
 """What the web viewer costs training: steps/s of the image demo's training with no viewer, with the page served
 and nobody connected, and with one connected headless client (its camera at rest, then moving).
 
-    python benchmarks/tools/web_viewer_cost.py                       # GPU-sized image task (2^18 samples/step)
-    python benchmarks/tools/web_viewer_cost.py --tiles 8 --seconds 20
-    python benchmarks/tools/web_viewer_cost.py --arch cpu --batch 8192 --size 128 --seconds 5   # a quick look
+    python -m benchmarks.tools.web_viewer_cost                       # GPU-sized image task (2^18 samples/step)
+    python -m benchmarks.tools.web_viewer_cost --tiles 8 --seconds 20
+    python -m benchmarks.tools.web_viewer_cost --arch cpu --batch 8192 --size 128 --seconds 5   # a quick look
 
 The client speaks viser's websocket protocol from Python (no browser needed): it sends a camera message the way
 the page does and reads everything the server sends, as a browser tab would. Prints one JSON object; the issue's
@@ -16,11 +16,9 @@ import asyncio
 import json
 import math
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import tinn  # noqa: E402
 
