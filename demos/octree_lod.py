@@ -73,6 +73,19 @@ def parse_args(argv=None):
     p.add_argument("--lod-resolution", type=float, default=None,
                    help="grid cells per node edge for the level-of-detail rule (default: the finest grid level's)")
     p.add_argument("--per-level-scale", type=float, default=None, help="grid resolution growth per level (2)")
+    p.add_argument("--param-budget", default=None,
+                   help="parameters of the whole node array: a number, 'teacher' (the single-grid teacher's table at "
+                        "this resolution: the same parameter memory) or 'none' (the fixed grid options); sizes each "
+                        "node's table and, with --leaf-resolution, its levels (default: 'teacher' for --data/--mesh)")
+    p.add_argument("--leaf-resolution", default=None,
+                   help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
+                        "nodes' cells as wide as the closest view's footprint; default)")
+    p.add_argument("--oversample", type=float, default=2.0,
+                   help="with --param-budget: each node's finest grid level is this many times finer than the level "
+                        "rule's cells (as a single grid's finest level is finer than a pixel)")
+    p.add_argument("--min-leaf-resolution", type=float, default=16.0,
+                   help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
+                        "fewer level-rule cells than this from the capture (0: --max-depth alone)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
                         "against 20); default float32, bfloat16 with --scale")
@@ -156,18 +169,56 @@ def build_field(args, train, points):
     from tinn.scenes.octree import Octree
     from tinn.scenes.octree_field import OctreeField
 
+    from tinn.scenes.octree import cube_around
+    from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+
     dev = tinn.runtime.device()
+    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
+               "n_neurons": args.neurons, "n_hidden_layers": 1}
+    budget = param_budget(args, train)
+    if budget is not None and args.min_leaf_resolution > 0:
+        # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
+        edge = cube_around(train.box_min.float(), train.box_max.float())[1]
+        args.max_depth = min(args.max_depth, capture_depth(edge, closest_footprint(train), args.min_leaf_resolution))
     tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
                         args.min_points)
+    if budget is not None:
+        leaf = args.leaf_resolution or "auto"
+        rule = leaf_resolution(tree, closest_footprint(train)) if leaf == "auto" else float(leaf)
+        encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network,
+                                   n_features=args.grid_features, table_dtype=args.table_dtype)
+        args.grid_levels, args.log2_hashmap = encoding["n_levels"], encoding["log2_hashmap_size"]
+        args.lod_resolution = args.lod_resolution or rule
+        field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
+        return _sharded(args, field, tree, encoding, network)
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.
                 "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
-    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
-               "n_neurons": args.neurons, "n_hidden_layers": 1}
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
+    return _sharded(args, field, tree, encoding, network)
+
+
+def param_budget(args, train):
+    """The node array's parameter budget from --param-budget (None: the fixed grid options)."""
+    from tinn.scenes.octree_budget import single_grid_params
+
+    value = args.param_budget or ("teacher" if args.data and not (args.scale or args.small) else "none")
+    if value == "none":
+        return None
+    if value == "teacher":
+        # The KiloNeRF demo's full-size teacher: 16 levels of 2^19 entries, 2 features, resolutions 16 .. 4 x res.
+        return single_grid_params(max(4 * train.width, 16))
+    try:
+        return int(float(value))
+    except ValueError:
+        raise SystemExit(f"--param-budget {value!r}: allowed: a number of parameters, 'teacher' or 'none'")
+
+
+def _sharded(args, field, tree, encoding, network):
+    """With --shard, the field's node array spread over the ranks."""
     if args.shard:
         import tinn.distributed as td
         from tinn.models import NetworkWithInputEncoding
