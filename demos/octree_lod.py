@@ -94,6 +94,11 @@ def parse_args(argv=None):
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
     p.add_argument("--far-sweep", default="2,4,8,16,32",
                    help="comma list of distance factors whose share of touched parameters is reported")
+    p.add_argument("--lod-factors", default="1,2,4,8",
+                   help="level-of-detail curve: the held-out view pulled back by each factor, its render compared with "
+                        "the area-filtered truth at that distance (procedural scene or --mesh; empty: none)")
+    p.add_argument("--lod-supersample", type=int, default=4,
+                   help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
     p.add_argument("--occupancy-res", type=int, default=None,
                    help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
@@ -247,6 +252,22 @@ def scaled_log2_hashmap(args, n_nodes: int) -> int:
         if budget is not None and (6 if compact else 20) * n_nodes * layout.n_params <= budget:
             best = log2
     return best
+
+
+def lod_truth(args, test):
+    """The scene's area-filtered truth from any camera (`tinn.scenes.lod_eval`): the procedural scene or the
+    --mesh; None for a scene folder (its images are all there is)."""
+    from tinn.scenes import lod_eval
+
+    if args.mesh:
+        from tinn.scenes.mesh import read_mesh
+
+        return lod_eval.mesh_truth(read_mesh(args.mesh), test.background.float(), supersample=args.lod_supersample)
+    if args.data:
+        return None
+    from tinn.scenes.procedural import ProceduralScene
+
+    return lod_eval.procedural_truth(ProceduralScene(), test.background.float(), supersample=args.lod_supersample)
 
 
 def far_view(images, view: int, factor: float):
@@ -412,6 +433,16 @@ def run(argv=None) -> dict:
                                        background=test.background.float(), **render)
         far_sweep[f"{factor:g}"] = field.touched_report(frame_out["touched"])["fraction_touched"]
 
+    # Every level against what a viewer at its distance should see: the truth area-filtered at that distance.
+    curve = []
+    truth = lod_truth(args, test)
+    factors = [float(v) for v in args.lod_factors.split(",") if v.strip()]
+    if truth is not None and factors:
+        from tinn.scenes.lod_eval import lod_curve
+
+        curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples, factors,
+                          background=test.background.float(), **render)
+
     _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
     _save(os.path.join(args.out, "test_reference.png"), test.images[0])
     if coarse is not full:
@@ -439,7 +470,7 @@ def run(argv=None) -> dict:
         "render_seconds_one_run": frame["skipping_one_run"],
         "render": render,
         "fraction_touched_mean": full["fraction_touched"],
-        "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep,
+        "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep, "lod_curve": curve,
         "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
                             for v, r in enumerate(full["reports"])],
     }
@@ -465,6 +496,12 @@ def run(argv=None) -> dict:
     if far_sweep:
         print("parameters touched by a camera pulled back by " +
               ", ".join(f"x{k}: {100 * v:.1f}%" for k, v in far_sweep.items()))
+    if curve:
+        from tinn.scenes.lod_eval import format_curve
+
+        print(f"level of detail, held-out view 0 pulled back (truth area-filtered {args.lod_supersample}^2 per pixel, "
+              "PSNR on the object's window):")
+        print(format_curve(curve))
     print(f"PNGs and summary.json in {args.out}")
     return summary
 

@@ -160,3 +160,55 @@ def test_pulled_back_camera_and_central_window():
         lod_eval.pulled_back(c2w, 0.0)
     with pytest.raises(InputError, match="supersample"):
         lod_eval.area_filtered(lambda w, h, f: torch.zeros(h, w, 3), 2, 2, 1.0, 0)
+
+
+# ---- seams: blending across node faces makes the field continuous ---------------------------------------------
+
+def octant_field(blend_margin: float) -> OctreeField:
+    corners = torch.tensor([[x, y, z] for x in (-0.5, 0.5) for y in (-0.5, 0.5) for z in (-0.5, 0.5)])
+    tree = Octree.build(corners, torch.full((3,), -1.0), torch.full((3,), 1.0), 1, 0)
+    enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 8,
+           "base_resolution": 2, "per_level_scale": 2.0}
+    field = OctreeField(tree, enc, NETWORK, lod_resolution=4.0, seed=3, blend_margin=blend_margin)
+    with torch.no_grad():  # a grid table far from zero, so two nodes' fields differ clearly
+        for p in field.model.parameters():
+            p.uniform_(-1.0, 1.0)
+    return field
+
+
+def field_at(field: OctreeField, points: torch.Tensor):
+    ids = field.select_nodes(points, torch.zeros(points.shape[0]))
+    return field.query(points, ids), ids
+
+
+def test_blended_field_is_continuous_across_a_node_face_and_unblended_one_jumps():
+    yz = torch.tensor([[0.3, 0.45], [0.7, 0.2], [0.45, 0.55]])             # off the other faces' bands
+    eps = 1e-4
+    left = torch.cat([torch.full((3, 1), -eps), yz], 1)
+    right = torch.cat([torch.full((3, 1), eps), yz], 1)
+    for margin, continuous in ((0.0, False), (0.1, True)):
+        field = octant_field(margin)
+        (sl, cl), il = field_at(field, left)
+        (sr, cr), ir = field_at(field, right)
+        assert (il != ir).all()                                               # two nodes meet at x = 0
+        jump = float((sl - sr).abs().max() / sl.abs().max()) + float((cl - cr).abs().max())
+        assert (jump < 1e-2) == continuous, (margin, jump)
+
+
+def test_blend_weights_inside_the_band_and_own_node_outside():
+    field = octant_field(0.2)
+    # x = -0.05: local x = 0.95 in the node [-1, 0], 0.05 from its face (a quarter of the band): own weight
+    # 1/2 + 0.05 / 0.4 = 0.625 on that axis, the node across the face the rest; y and z are outside every band.
+    p = torch.tensor([[-0.05, 0.5, 0.5]])
+    (sigma, rgb), ids = field_at(field, p)
+    across = field.octree.lookup(torch.tensor([[0.05, 0.5, 0.5]]), 1)
+    own_s, own_c = field._query_local(field.octree.local_coords(p, ids).clamp(0, 1), ids)
+    other_s, other_c = field._query_local(field.octree.local_coords(p, across).clamp(0, 1), across)
+    torch.testing.assert_close(sigma, 0.625 * own_s + 0.375 * other_s)
+    torch.testing.assert_close(rgb, 0.625 * own_c + 0.375 * other_c)
+    centre = torch.tensor([[-0.5, 0.5, 0.5]])
+    (sigma, rgb), ids = field_at(field, centre)
+    own_s, own_c = field._query_local(field.octree.local_coords(centre, ids), ids)
+    torch.testing.assert_close(sigma, own_s)
+    with pytest.raises(ConfigError, match="blend_margin"):
+        octant_field(0.5)
