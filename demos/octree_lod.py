@@ -40,11 +40,12 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
 # sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
-# Its level-of-detail rule counts 4 cells per node edge (not the finest level's 2048, which would make the
-# root fine enough for every pixel of a 128-pixel view), so the views' footprints spread samples over all depths.
-SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=600, batch=2048, grid_levels=16,
-             grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=(2048 / 16) ** (1 / 15),
-             table_dtype="bfloat16", lod_resolution=4.0)
+# The capture feeds the deepest nodes: 384-pixel views (a depth-5 node then spans about 12 footprints of the
+# closest view), and the level rule is set from that footprint (`lod_from_capture`), so the full-resolution
+# views train the deepest nodes and each pyramid level one depth above.
+SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, batch=4096, res=384,
+             pyramid_levels=6, grid_levels=16, grid_features=2, log2_hashmap=None, base_resolution=16,
+             per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True)
 
 
 def parse_args(argv=None):
@@ -80,6 +81,12 @@ def parse_args(argv=None):
     p.add_argument("--leaf-resolution", default=None,
                    help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
                         "nodes' cells as wide as the closest view's footprint; default)")
+    p.add_argument("--blend-margin", type=float, default=0.0,
+                   help="band inside each node face (in node edges) where samples blend with the node across it, so "
+                        "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate of the node array")
+    p.add_argument("--final-lr-factor", type=float, default=1.0,
+                   help="the learning rate decays exponentially to lr times this over --steps (1: constant)")
     p.add_argument("--oversample", type=float, default=2.0,
                    help="with --param-budget: each node's finest grid level is this many times finer than the level "
                         "rule's cells (as a single grid's finest level is finer than a pixel)")
@@ -97,6 +104,8 @@ def parse_args(argv=None):
     p.add_argument("--lod-factors", default="1,2,4,8",
                    help="level-of-detail curve: the held-out view pulled back by each factor, its render compared with "
                         "the area-filtered truth at that distance (procedural scene or --mesh; empty: none)")
+    p.add_argument("--truth-mesh", default=None,
+                   help="level-of-detail curve for a --data folder written by tinn.scenes.mesh: the mesh it came from")
     p.add_argument("--lod-supersample", type=int, default=4,
                    help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
     p.add_argument("--occupancy-res", type=int, default=None,
@@ -194,7 +203,10 @@ def build_field(args, train, points):
                                    n_features=args.grid_features, table_dtype=args.table_dtype)
         args.grid_levels, args.log2_hashmap = encoding["n_levels"], encoding["log2_hashmap_size"]
         args.lod_resolution = args.lod_resolution or rule
-        field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
+        # One pyramid level per octree level: coarser images would only train the root again.
+        args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
+        field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
+                            blend_margin=args.blend_margin)
         return _sharded(args, field, tree, encoding, network)
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
@@ -202,7 +214,10 @@ def build_field(args, train, points):
                 "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
-    field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
+    if getattr(args, "lod_from_capture", None) and args.lod_resolution is None:
+        args.lod_resolution = leaf_resolution(tree, closest_footprint(train))
+    field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
+                        blend_margin=args.blend_margin)
     return _sharded(args, field, tree, encoding, network)
 
 
@@ -259,10 +274,10 @@ def lod_truth(args, test):
     --mesh; None for a scene folder (its images are all there is)."""
     from tinn.scenes import lod_eval
 
-    if args.mesh:
+    if args.mesh or args.truth_mesh:
         from tinn.scenes.mesh import read_mesh
 
-        return lod_eval.mesh_truth(read_mesh(args.mesh), test.background.float(), supersample=args.lod_supersample)
+        return lod_eval.mesh_truth(read_mesh(args.truth_mesh or args.mesh), test.background.float(), supersample=args.lod_supersample)
     if args.data:
         return None
     from tinn.scenes.procedural import ProceduralScene
@@ -367,8 +382,14 @@ def run(argv=None) -> dict:
     train, test = train.to(dev), test.to(dev)
     field = build_field(args, train, points)
     tree = field.octree
+    from tinn.scenes.octree_training import DEFAULT_OPTIMIZER
+    from tinn.scenes.photometric import decaying_adam
+
+    adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
+    optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
+                              **adam)
     trainer = OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                            batch_rays=args.batch, seed=args.batch_seed)
+                            batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer)
     print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
           f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
           f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")

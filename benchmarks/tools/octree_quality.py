@@ -48,11 +48,13 @@ def parse_args(argv=None):
     p.add_argument("--time-factor", type=float, default=1.0,
                    help="the octree trains for the teacher's time times this")
     p.add_argument("--octree-lr", type=float, default=1e-2)
-    p.add_argument("--octree-final-lr", type=float, default=0.03, help="learning rate decays to lr times this")
+    p.add_argument("--octree-final-lr", type=float, default=1.0,
+                   help="the learning rate decays exponentially to lr times this (1: constant, as the demo)")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
     p.add_argument("--max-depth", type=int, default=4, help="octree depth limit")
     p.add_argument("--min-leaf-resolution", type=float, default=16.0)
     p.add_argument("--oversample", type=float, default=2.0)
+    p.add_argument("--blend-margin", type=float, default=0.0, help="blend across node faces (0: off)")
     p.add_argument("--neurons", dest="octree_neurons", type=int, default=32)
     p.add_argument("--octree-hidden", type=int, default=1)
     p.add_argument("--pyramid-levels", type=int, default=4)
@@ -82,7 +84,8 @@ def octree_for(args, train, budget: int):
                "n_neurons": args.octree_neurons, "n_hidden_layers": args.octree_hidden}
     rule = leaf_resolution(tree, footprint)
     encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network)
-    return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3)
+    return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3,
+                       blend_margin=args.blend_margin)
 
 
 def train_octree(args, field, train, seconds: float):
@@ -90,7 +93,7 @@ def train_octree(args, field, train, seconds: float):
     from tinn.scenes.octree_training import OctreeTrainer
     from tinn.scenes.photometric import decaying_adam
 
-    levels = args.pyramid_levels
+    levels = min(args.pyramid_levels, field.octree.deepest + 1)  # one pyramid level per octree level
     while levels > 1 and train.width % 2 ** (levels - 1):
         levels -= 1
     batch = args.octree_batch or args.batch_rays
