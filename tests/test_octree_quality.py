@@ -176,6 +176,7 @@ def octant_field(blend_margin: float) -> OctreeField:
     return field
 
 
+@torch.no_grad()
 def field_at(field: OctreeField, points: torch.Tensor):
     ids = field.select_nodes(points, torch.zeros(points.shape[0]))
     return field.query(points, ids), ids
