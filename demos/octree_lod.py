@@ -277,7 +277,8 @@ def lod_truth(args, test):
     if args.mesh or args.truth_mesh:
         from tinn.scenes.mesh import read_mesh
 
-        return lod_eval.mesh_truth(read_mesh(args.truth_mesh or args.mesh), test.background.float(), supersample=args.lod_supersample)
+        return lod_eval.mesh_truth(read_mesh(args.truth_mesh or args.mesh), test.background.float(),
+                                   supersample=args.lod_supersample)
     if args.data:
         return None
     from tinn.scenes.procedural import ProceduralScene
@@ -491,7 +492,8 @@ def run(argv=None) -> dict:
         "render_seconds_one_run": frame["skipping_one_run"],
         "render": render,
         "fraction_touched_mean": full["fraction_touched"],
-        "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep, "lod_curve": curve,
+        "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep,
+        "lod_curve": curve,
         "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
                             for v, r in enumerate(full["reports"])],
     }

@@ -1,8 +1,6 @@
 """The octree's capacity rule (tinn/scenes/octree_budget.py) and the level-of-detail evaluation against an
 area-filtered ground truth (tinn/scenes/lod_eval.py)."""
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -10,7 +8,6 @@ import torch
 
 import tinn
 from tinn.errors import ConfigError, InputError
-from tinn.render import pixel_radius
 from tinn.scenes import lod_eval
 from tinn.scenes import mesh as M
 from tinn.scenes.data import PosedImages

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -148,9 +147,10 @@ def run_mesh(args, name: str, path: str) -> dict:
     field = octree_for(args, train, teacher_params)
     octree_params = field.n_params()
     enc = field.encoding_config
+    finest = enc["base_resolution"] * enc["per_level_scale"] ** (enc["n_levels"] - 1)
     print(f"[{name}] octree: {field.n_nodes} nodes {field.octree.nodes_per_level()}, grid {enc['n_levels']} levels "
-          f"x 2^{enc['log2_hashmap_size']} up to {enc['base_resolution'] * enc['per_level_scale'] ** (enc['n_levels'] - 1):.0f}"
-          f" cells per node edge, {octree_params} params (teacher {teacher_params})")
+          f"x 2^{enc['log2_hashmap_size']} up to {finest:.0f} cells per node edge, {octree_params} params "
+          f"(teacher {teacher_params})")
     timing = train_octree(args, field, train, teacher_s * args.time_factor)
     t1 = time.perf_counter()
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
@@ -170,9 +170,10 @@ def run_mesh(args, name: str, path: str) -> dict:
             "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
                         "param_bytes": kilo["param_bytes_teacher"],
                         "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]},
-            "kilonerf": {"psnr": kilo["psnr_student"], "seconds": sum(kilo["time_s"][k] for k in
-                                                                      ("teacher", "occupancy", "distill", "finetune")),
-                         "param_bytes": kilo["param_bytes_student"], "frame_ms": kilo["render_ms_per_frame"]["student"]},
+            "kilonerf": {"psnr": kilo["psnr_student"],
+                         "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
+                         "param_bytes": kilo["param_bytes_student"],
+                         "frame_ms": kilo["render_ms_per_frame"]["student"]},
             "octree": {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
                        "occupancy_seconds": occupancy_s, "params": octree_params,
                        "param_bytes": field.memory_bytes(), "frame_ms": 1e3 * frame_s, "nodes": field.n_nodes,

@@ -12,8 +12,8 @@ than that, as a single grid's finest level goes finer than a pixel. `closest_foo
 footprint radius of a training view's sample in the scene box at full resolution (its farthest in-box point),
 so every sample of every full-resolution view selects the deepest level. `capture_depth` is the deepest depth
 whose nodes still get `min_leaf_resolution` cells from that rule: deeper nodes would each see a few pixels, and
-only cost nodes (seams, per-node rays) without holding detail the capture has. `budget_encoding` turns that resolution and a parameter budget
-for the whole array into one node's hash-grid config: levels from `base_resolution` up to the leaf resolution
+only cost nodes (seams, per-node rays) without holding detail the capture has. `budget_encoding` turns that
+resolution and a parameter budget for the whole array into one node's hash-grid config: levels from `base_resolution` up to the leaf resolution
 (growth at most `max_level_scale` per level), and the largest table that keeps every node's grid and MLP within
 the budget.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from ..errors import ConfigError, InputError
 from ..render import pixel_radius
