@@ -14,6 +14,9 @@ mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and
     python benchmarks/tools/octree_quality.py --res 800 --views 100 --samples 256 --teacher-steps 3000 \
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
+Octree variants after one teacher: --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma lists (one
+octree per combination, each trained for the teacher's time).
+
 Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and
 assimp-testmodels).
 """
@@ -47,13 +50,15 @@ def parse_args(argv=None):
     p.add_argument("--time-factor", type=float, default=1.0,
                    help="the octree trains for the teacher's time times this")
     p.add_argument("--octree-lr", type=float, default=1e-2)
-    p.add_argument("--octree-final-lr", type=float, default=1.0,
-                   help="the learning rate decays exponentially to lr times this (1: constant, as the demo)")
+    p.add_argument("--octree-final-lr", default="1",
+                   help="the learning rate decays exponentially to lr times this (1: constant, as the demo); a comma "
+                        "list trains one octree per value (and per --blend-margin)")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
     p.add_argument("--max-depth", type=int, default=4, help="octree depth limit")
     p.add_argument("--min-leaf-resolution", type=float, default=16.0)
     p.add_argument("--oversample", type=float, default=2.0)
-    p.add_argument("--blend-margin", type=float, default=0.0, help="blend across node faces (0: off)")
+    p.add_argument("--blend-margin", default="0",
+                   help="blend across node faces (0: off); a comma list trains one octree per value")
     p.add_argument("--neurons", dest="octree_neurons", type=int, default=32)
     p.add_argument("--octree-hidden", type=int, default=1)
     p.add_argument("--pyramid-levels", type=int, default=4)
@@ -61,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--lod-supersample", type=int, default=4)
     p.add_argument("--json", default=None, help="JSON path (default: --out/octree_quality.json)")
     ours, rest = p.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        p.print_help()  # this tool's options; the KiloNeRF demo's follow
+        print()
     args = demo.parse_args(rest)
     for k, v in vars(ours).items():
         setattr(args, k, v)
@@ -124,10 +132,6 @@ def train_octree(args, field, train, seconds: float):
 
 def run_mesh(args, name: str, path: str) -> dict:
     import kilonerf as demo
-    from tinn.scenes.lod_eval import format_curve, lod_curve, mesh_truth
-    from tinn.scenes.mesh import read_mesh
-    from tinn.scenes.octree_training import evaluate
-    from tinn.scenes.rendering import seconds_per_frame
 
     run_args = argparse.Namespace(**vars(args))
     run_args.mesh, run_args.data = path, None
@@ -144,13 +148,42 @@ def run_mesh(args, name: str, path: str) -> dict:
     teacher_s = kilo["time_s"]["teacher"]
     del pipe
 
+    octrees = []
+    for margin in _floats(args.blend_margin):
+        for final in _floats(args.octree_final_lr):
+            variant = argparse.Namespace(**vars(args))
+            variant.blend_margin, variant.octree_final_lr = margin, final
+            octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
+    return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
+            "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
+                        "param_bytes": kilo["param_bytes_teacher"],
+                        "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]},
+            "kilonerf": {"psnr": kilo["psnr_student"],
+                         "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
+                         "param_bytes": kilo["param_bytes_student"],
+                         "frame_ms": kilo["render_ms_per_frame"]["student"]},
+            "octree": octrees}
+
+
+def _floats(text) -> list[float]:
+    return [float(v) for v in str(text).split(",") if v.strip()]
+
+
+def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: float) -> dict:
+    """One octree variant: built within the teacher's parameters, trained for the teacher's time (x time-factor),
+    evaluated at full resolution and along the level-of-detail curve."""
+    from tinn.scenes.lod_eval import format_curve, lod_curve, mesh_truth
+    from tinn.scenes.mesh import read_mesh
+    from tinn.scenes.octree_training import evaluate
+    from tinn.scenes.rendering import seconds_per_frame
+
     field = octree_for(args, train, teacher_params)
     octree_params = field.n_params()
     enc = field.encoding_config
     finest = enc["base_resolution"] * enc["per_level_scale"] ** (enc["n_levels"] - 1)
-    print(f"[{name}] octree: {field.n_nodes} nodes {field.octree.nodes_per_level()}, grid {enc['n_levels']} levels "
-          f"x 2^{enc['log2_hashmap_size']} up to {finest:.0f} cells per node edge, {octree_params} params "
-          f"(teacher {teacher_params})")
+    print(f"[{name}] octree (blend margin {args.blend_margin:g}, rate to {args.octree_final_lr:g}x): {field.n_nodes} "
+          f"nodes {field.octree.nodes_per_level()}, grid {enc['n_levels']} levels x 2^{enc['log2_hashmap_size']} up to "
+          f"{finest:.0f} cells per node edge, {octree_params} params (teacher {teacher_params})")
     timing = train_octree(args, field, train, teacher_s * args.time_factor)
     t1 = time.perf_counter()
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
@@ -161,38 +194,33 @@ def run_mesh(args, name: str, path: str) -> dict:
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)
     truth = mesh_truth(read_mesh(path), test.background.float(), supersample=args.lod_supersample)
-    factors = [float(v) for v in args.lod_factors.split(",") if v.strip()]
-    curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples, factors,
-                      background=test.background.float(), **render)
-    print(f"[{name}] level of detail (held-out view 0 pulled back; truth area-filtered {args.lod_supersample}^2):")
+    curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
+                      _floats(args.lod_factors), background=test.background.float(), **render)
+    print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail (held-out view 0 pulled back; truth "
+          f"area-filtered {args.lod_supersample}^2):")
     print(format_curve(curve))
-    return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
-            "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
-                        "param_bytes": kilo["param_bytes_teacher"],
-                        "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]},
-            "kilonerf": {"psnr": kilo["psnr_student"],
-                         "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
-                         "param_bytes": kilo["param_bytes_student"],
-                         "frame_ms": kilo["render_ms_per_frame"]["student"]},
-            "octree": {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
-                       "occupancy_seconds": occupancy_s, "params": octree_params,
-                       "param_bytes": field.memory_bytes(), "frame_ms": 1e3 * frame_s, "nodes": field.n_nodes,
-                       "nodes_per_level": field.octree.nodes_per_level(), "encoding": enc,
-                       "lod_resolution": field.lod_resolution, "pyramid_levels": timing["pyramid_levels"],
-                       "fraction_touched": near["fraction_touched"], "lod_curve": curve}}
+    return {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
+            "blend_margin": args.blend_margin, "final_lr_factor": args.octree_final_lr,
+            "occupancy_seconds": occupancy_s, "params": octree_params,
+            "param_bytes": field.memory_bytes(), "frame_ms": 1e3 * frame_s, "nodes": field.n_nodes,
+            "nodes_per_level": field.octree.nodes_per_level(), "encoding": enc,
+            "lod_resolution": field.lod_resolution, "pyramid_levels": timing["pyramid_levels"],
+            "fraction_touched": near["fraction_touched"], "lod_curve": curve}
 
 
 def print_table(results: dict) -> None:
-    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree finest dB (s, MiB, ms/frame) | gap to teacher "
-          "| LoD curve: factor level dB touched |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: blend, rate to | octree finest dB "
+          "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
-        t, k, o = r["teacher"], r["kilonerf"], r["octree"]
-        curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['psnr']:.2f} {100 * c['fraction_touched']:.0f}%"
-                          for c in o["lod_curve"])
-        print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
-              f"| {k['psnr']:.2f} ({k['seconds']:.1f}) | {o['psnr']:.2f} ({o['seconds']:.1f}, "
-              f"{o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) | {o['psnr'] - t['psnr']:+.2f} | {curve} |")
+        t, k = r["teacher"], r["kilonerf"]
+        for o in r["octree"]:
+            curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['psnr']:.2f} {100 * c['fraction_touched']:.0f}%"
+                              for c in o["lod_curve"])
+            print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
+                  f"| {k['psnr']:.2f} ({k['seconds']:.1f}) | {o['blend_margin']:g}, {o['final_lr_factor']:g}x "
+                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
+                  f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
 
 
 def main(argv=None) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 
-
 from ..errors import ConfigError, InputError
 from ..render import pixel_radius
 
