@@ -90,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--oversample", type=float, default=2.0,
                    help="with --param-budget: each node's finest grid level is this many times finer than the level "
                         "rule's cells (as a single grid's finest level is finer than a pixel)")
-    p.add_argument("--min-leaf-resolution", type=float, default=16.0,
+    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
                    help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
                         "fewer level-rule cells than this from the capture (0: --max-depth alone)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],

@@ -55,7 +55,8 @@ def parse_args(argv=None):
                         "list trains one octree per value (and per --blend-margin)")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
     p.add_argument("--max-depth", type=int, default=4, help="octree depth limit")
-    p.add_argument("--min-leaf-resolution", type=float, default=16.0)
+    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
+                   help="the tree stops at the depth whose nodes span fewer footprints of the closest view")
     p.add_argument("--oversample", type=float, default=2.0)
     p.add_argument("--blend-margin", default="0",
                    help="blend across node faces (0: off); a comma list trains one octree per value")

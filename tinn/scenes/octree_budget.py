@@ -50,7 +50,7 @@ def leaf_resolution(tree, footprint: float) -> float:
     return tree.edge / (footprint * 2 ** tree.deepest) * (1.0 - 1e-6)
 
 
-def capture_depth(edge: float, footprint: float, min_leaf_resolution: float = 16.0, limit: int = 16) -> int:
+def capture_depth(edge: float, footprint: float, min_leaf_resolution: float = 32.0, limit: int = 16) -> int:
     """The deepest octree depth (0..limit) at which `leaf_resolution` is still >= min_leaf_resolution."""
     if not (math.isfinite(footprint) and footprint > 0 and min_leaf_resolution > 0):
         raise InputError(f"footprint={footprint!r} and min_leaf_resolution={min_leaf_resolution!r} must be > 0")
