@@ -14,8 +14,8 @@ mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and
     python benchmarks/tools/octree_quality.py --res 800 --views 100 --samples 256 --teacher-steps 3000 \
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
-Octree variants after one teacher: --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma lists (one
-octree per combination, each trained for the teacher's time).
+Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma
+lists (one octree per combination, each trained for the teacher's time).
 
 Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and
 assimp-testmodels).
@@ -54,7 +54,7 @@ def parse_args(argv=None):
                    help="the learning rate decays exponentially to lr times this (1: constant, as the demo); a comma "
                         "list trains one octree per value (and per --blend-margin)")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
-    p.add_argument("--max-depth", type=int, default=4, help="octree depth limit")
+    p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=32.0,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view")
     p.add_argument("--oversample", type=float, default=2.0)
@@ -150,11 +150,12 @@ def run_mesh(args, name: str, path: str) -> dict:
     del pipe
 
     octrees = []
-    for margin in _floats(args.blend_margin):
-        for final in _floats(args.octree_final_lr):
-            variant = argparse.Namespace(**vars(args))
-            variant.blend_margin, variant.octree_final_lr = margin, final
-            octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
+    for depth in _floats(args.max_depth):
+        for margin in _floats(args.blend_margin):
+            for final in _floats(args.octree_final_lr):
+                variant = argparse.Namespace(**vars(args))
+                variant.max_depth, variant.blend_margin, variant.octree_final_lr = int(depth), margin, final
+                octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
     return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
             "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
                         "param_bytes": kilo["param_bytes_teacher"],
@@ -210,7 +211,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
 
 
 def print_table(results: dict) -> None:
-    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: blend, rate to | octree finest dB "
+    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, blend, rate to | octree finest dB "
           "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
@@ -219,7 +220,8 @@ def print_table(results: dict) -> None:
             curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['psnr']:.2f} {100 * c['fraction_touched']:.0f}%"
                               for c in o["lod_curve"])
             print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
-                  f"| {k['psnr']:.2f} ({k['seconds']:.1f}) | {o['blend_margin']:g}, {o['final_lr_factor']:g}x "
+                  f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
+                  f"| {o['nodes']}, {o['blend_margin']:g}, {o['final_lr_factor']:g}x "
                   f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
                   f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
 
