@@ -180,11 +180,9 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.octree import Octree
-    from tinn.scenes.octree_field import OctreeField
-
-    from tinn.scenes.octree import cube_around
+    from tinn.scenes.octree import Octree, cube_around
     from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+    from tinn.scenes.octree_field import OctreeField
 
     dev = tinn.runtime.device()
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
