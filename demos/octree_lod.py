@@ -40,11 +40,12 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
 # sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
-# Its level-of-detail rule counts 4 cells per node edge (not the finest level's 2048, which would make the
-# root fine enough for every pixel of a 128-pixel view), so the views' footprints spread samples over all depths.
-SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=600, batch=2048, grid_levels=16,
-             grid_features=2, log2_hashmap=None, base_resolution=16, per_level_scale=(2048 / 16) ** (1 / 15),
-             table_dtype="bfloat16", lod_resolution=4.0)
+# The capture feeds the deepest nodes: 384-pixel views (a depth-5 node then spans about 12 footprints of the
+# closest view), and the level rule is set from that footprint (`lod_from_capture`), so the full-resolution
+# views train the deepest nodes and each pyramid level one depth above.
+SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, batch=4096, res=384,
+             pyramid_levels=6, grid_levels=16, grid_features=2, log2_hashmap=None, base_resolution=16,
+             per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True)
 
 
 def parse_args(argv=None):
@@ -73,6 +74,25 @@ def parse_args(argv=None):
     p.add_argument("--lod-resolution", type=float, default=None,
                    help="grid cells per node edge for the level-of-detail rule (default: the finest grid level's)")
     p.add_argument("--per-level-scale", type=float, default=None, help="grid resolution growth per level (2)")
+    p.add_argument("--param-budget", default=None,
+                   help="parameters of the whole node array: a number, 'teacher' (the single-grid teacher's table at "
+                        "this resolution: the same parameter memory) or 'none' (the fixed grid options); sizes each "
+                        "node's table and, with --leaf-resolution, its levels (default: 'teacher' for --data/--mesh)")
+    p.add_argument("--leaf-resolution", default=None,
+                   help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
+                        "nodes' cells as wide as the closest view's footprint; default)")
+    p.add_argument("--blend-margin", type=float, default=0.0,
+                   help="band inside each node face (in node edges) where samples blend with the node across it, so "
+                        "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate of the node array")
+    p.add_argument("--final-lr-factor", type=float, default=1.0,
+                   help="the learning rate decays exponentially to lr times this over --steps (1: constant)")
+    p.add_argument("--oversample", type=float, default=2.0,
+                   help="with --param-budget: each node's finest grid level is this many times finer than the level "
+                        "rule's cells (as a single grid's finest level is finer than a pixel)")
+    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
+                   help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
+                        "fewer level-rule cells than this from the capture (0: --max-depth alone)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
                         "against 20); default float32, bfloat16 with --scale")
@@ -81,6 +101,13 @@ def parse_args(argv=None):
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
     p.add_argument("--far-sweep", default="2,4,8,16,32",
                    help="comma list of distance factors whose share of touched parameters is reported")
+    p.add_argument("--lod-factors", default="1,2,4,8",
+                   help="level-of-detail curve: the held-out view pulled back by each factor, its render compared with "
+                        "the area-filtered truth at that distance (procedural scene or --mesh; empty: none)")
+    p.add_argument("--truth-mesh", default=None,
+                   help="level-of-detail curve for a --data folder written by tinn.scenes.mesh: the mesh it came from")
+    p.add_argument("--lod-supersample", type=int, default=4,
+                   help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
     p.add_argument("--occupancy-res", type=int, default=None,
                    help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
@@ -153,21 +180,63 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.octree import Octree
+    from tinn.scenes.octree import Octree, cube_around
+    from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
     from tinn.scenes.octree_field import OctreeField
 
     dev = tinn.runtime.device()
+    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
+               "n_neurons": args.neurons, "n_hidden_layers": 1}
+    budget = param_budget(args, train)
+    if budget is not None and args.min_leaf_resolution > 0:
+        # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
+        edge = cube_around(train.box_min.float(), train.box_max.float())[1]
+        args.max_depth = min(args.max_depth, capture_depth(edge, closest_footprint(train), args.min_leaf_resolution))
     tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
                         args.min_points)
+    if budget is not None:
+        leaf = args.leaf_resolution or "auto"
+        rule = leaf_resolution(tree, closest_footprint(train)) if leaf == "auto" else float(leaf)
+        encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network,
+                                   n_features=args.grid_features, table_dtype=args.table_dtype)
+        args.grid_levels, args.log2_hashmap = encoding["n_levels"], encoding["log2_hashmap_size"]
+        args.lod_resolution = args.lod_resolution or rule
+        # One pyramid level per octree level: coarser images would only train the root again.
+        args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
+        field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
+                            blend_margin=args.blend_margin)
+        return _sharded(args, field, tree, encoding, network)
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.
                 "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
-    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
-               "n_neurons": args.neurons, "n_hidden_layers": 1}
-    field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1)
+    if getattr(args, "lod_from_capture", None) and args.lod_resolution is None:
+        args.lod_resolution = leaf_resolution(tree, closest_footprint(train))
+    field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
+                        blend_margin=args.blend_margin)
+    return _sharded(args, field, tree, encoding, network)
+
+
+def param_budget(args, train):
+    """The node array's parameter budget from --param-budget (None: the fixed grid options)."""
+    from tinn.scenes.octree_budget import single_grid_params
+
+    value = args.param_budget or ("teacher" if args.data and not (args.scale or args.small) else "none")
+    if value == "none":
+        return None
+    if value == "teacher":
+        # The KiloNeRF demo's full-size teacher: 16 levels of 2^19 entries, 2 features, resolutions 16 .. 4 x res.
+        return single_grid_params(max(4 * train.width, 16))
+    try:
+        return int(float(value))
+    except ValueError:
+        raise SystemExit(f"--param-budget {value!r}: allowed: a number of parameters, 'teacher' or 'none'")
+
+
+def _sharded(args, field, tree, encoding, network):
+    """With --shard, the field's node array spread over the ranks."""
     if args.shard:
         import tinn.distributed as td
         from tinn.models import NetworkWithInputEncoding
@@ -196,6 +265,23 @@ def scaled_log2_hashmap(args, n_nodes: int) -> int:
         if budget is not None and (6 if compact else 20) * n_nodes * layout.n_params <= budget:
             best = log2
     return best
+
+
+def lod_truth(args, test):
+    """The scene's area-filtered truth from any camera (`tinn.scenes.lod_eval`): the procedural scene or the
+    --mesh; None for a scene folder (its images are all there is)."""
+    from tinn.scenes import lod_eval
+
+    if args.mesh or args.truth_mesh:
+        from tinn.scenes.mesh import read_mesh
+
+        return lod_eval.mesh_truth(read_mesh(args.truth_mesh or args.mesh), test.background.float(),
+                                   supersample=args.lod_supersample)
+    if args.data:
+        return None
+    from tinn.scenes.procedural import ProceduralScene
+
+    return lod_eval.procedural_truth(ProceduralScene(), test.background.float(), supersample=args.lod_supersample)
 
 
 def far_view(images, view: int, factor: float):
@@ -321,8 +407,14 @@ def run(argv=None) -> dict:
     train, test = train.to(dev), test.to(dev)
     field = build_field(args, train, points)
     tree = field.octree
+    from tinn.scenes.octree_training import DEFAULT_OPTIMIZER
+    from tinn.scenes.photometric import decaying_adam
+
+    adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
+    optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
+                              **adam)
     trainer = OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                            batch_rays=args.batch, seed=args.batch_seed)
+                            batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer)
     print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
           f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
           f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")
@@ -389,6 +481,16 @@ def run(argv=None) -> dict:
                                        background=test.background.float(), **render)
         far_sweep[f"{factor:g}"] = field.touched_report(frame_out["touched"])["fraction_touched"]
 
+    # Every level against what a viewer at its distance should see: the truth area-filtered at that distance.
+    curve = []
+    truth = lod_truth(args, test)
+    factors = [float(v) for v in args.lod_factors.split(",") if v.strip()]
+    if truth is not None and factors:
+        from tinn.scenes.lod_eval import lod_curve
+
+        curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples, factors,
+                          background=test.background.float(), **render)
+
     _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
     _save(os.path.join(args.out, "test_reference.png"), test.images[0])
     if coarse is not full:
@@ -417,6 +519,7 @@ def run(argv=None) -> dict:
         "render": render,
         "fraction_touched_mean": full["fraction_touched"],
         "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep,
+        "lod_curve": curve,
         "held_out_frames": [{"view": v, "nodes_touched": r["nodes_touched"], "fraction_touched": r["fraction_touched"]}
                             for v, r in enumerate(full["reports"])],
     }
@@ -442,6 +545,12 @@ def run(argv=None) -> dict:
     if far_sweep:
         print("parameters touched by a camera pulled back by " +
               ", ".join(f"x{k}: {100 * v:.1f}%" for k, v in far_sweep.items()))
+    if curve:
+        from tinn.scenes.lod_eval import format_curve
+
+        print(f"level of detail, held-out view 0 pulled back (truth area-filtered {args.lod_supersample}^2 per pixel, "
+              "PSNR on the object's window):")
+        print(format_curve(curve))
     print(f"PNGs and summary.json in {args.out}")
     return summary
 

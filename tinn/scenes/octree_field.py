@@ -70,7 +70,7 @@ class OctreeField(torch.nn.Module):
     """
 
     def __init__(self, octree: Octree, encoding_config: dict | None = None, network_config: dict | None = None,
-                 lod_resolution: float | None = None, seed: int = 1337):
+                 lod_resolution: float | None = None, seed: int = 1337, blend_margin: float = 0.0):
         super().__init__()
         if not isinstance(octree, Octree):
             raise InputError(f"octree must be an Octree, got {type(octree).__name__}")
@@ -82,6 +82,9 @@ class OctreeField(torch.nn.Module):
         if not (isinstance(lod_resolution, (int, float)) and math.isfinite(lod_resolution) and lod_resolution > 0):
             raise ConfigError(f"lod_resolution={lod_resolution!r} must be a number > 0")
         self.lod_resolution = float(lod_resolution)
+        if not (isinstance(blend_margin, (int, float)) and 0.0 <= blend_margin < 0.5):
+            raise ConfigError(f"blend_margin={blend_margin!r} must be a number in [0, 0.5)")
+        self.blend_margin = float(blend_margin)
         self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
                                               n_networks=octree.n_nodes, seed=seed)
         self.occupancy: LevelOccupancy | OccupancyGrid | None = None  # skipping in render_image (build_occupancy)
@@ -111,11 +114,59 @@ class OctreeField(torch.nn.Module):
 
     def query(self, points: torch.Tensor, node_ids: torch.Tensor):
         """(sigma (M,), rgb (M, 3)) of points evaluated by their nodes' networks (ids must all be >= 0)."""
-        return self._query_local(self.octree.local_coords(points, node_ids).clamp(0.0, 1.0), node_ids)
+        return self._query_nodes(self.octree.local_coords(points, node_ids).clamp(0.0, 1.0), node_ids)
 
     def _query_local(self, local: torch.Tensor, node_ids: torch.Tensor):
         raw = self.model(local.contiguous(), node_ids)
         return density_activation(raw[:, 0] + DENSITY_BIAS), torch.sigmoid(raw[:, 1:4])
+
+    def _query_nodes(self, local: torch.Tensor, node_ids: torch.Tensor):
+        """(sigma, rgb) of samples given in their node's local coordinates, blended across node faces when
+        `blend_margin` > 0.
+
+        Each node is its own network, so without blending the field jumps at every node border (a seam where two
+        fits of the same pixels disagree). Within `blend_margin` of a face, the sample also takes the node across
+        that face (the node of the same depth there, or the leaf above it; none where space is pruned): per axis
+        the own node weighs 1/2 + d / (2 margin) at distance d from the face, the neighbour the rest, and the
+        weights of up to 8 nodes are the products over the axes (renormalised over the nodes that exist). At the
+        face both sides weigh 1/2, so the field is continuous across it. Neighbours are evaluated at the same
+        point, their local coordinates clamped to their cube."""
+        m = self.blend_margin
+        if m <= 0.0 or node_ids.numel() == 0:
+            return self._query_local(local, node_ids)
+        tree = self.octree
+        k = tree.kernel_tables
+        ids = node_ids.long()
+        half = k.half_size[ids][:, None]
+        points = k.center[ids] + (2.0 * local - 1.0) * half
+        low, high = local < m, local > 1.0 - m
+        side = high.to(torch.int64) - low.to(torch.int64)                  # (M, 3): face the sample is near
+        dist = torch.where(low, local, 1.0 - local)
+        own = torch.where(side != 0, 0.5 + dist / (2.0 * m), torch.ones_like(local))   # own node's weight per axis
+        band = torch.nonzero((side != 0).any(dim=1)).squeeze(1)
+        rows, nodes, weights = [torch.arange(ids.shape[0], device=ids.device)], [ids], [own.prod(dim=1)]
+        depth = k.depth[ids[band]]
+        for subset in range(1, 8):
+            axes = torch.tensor([(subset >> a) & 1 for a in range(3)], dtype=torch.bool, device=ids.device)
+            s = side[band]
+            take = (s[:, axes] != 0).all(dim=1)
+            if not bool(take.any()):
+                continue
+            b = band[take]
+            shift = (s[take] * axes.to(torch.int64)).to(points.dtype) * (2.0 * half[b])
+            neighbour = tree.lookup((points[b] + shift).contiguous(), depth[take]).long()
+            w = torch.where(axes, 1.0 - own[b], own[b]).prod(dim=1)
+            keep = neighbour >= 0
+            rows.append(b[keep]), nodes.append(neighbour[keep]), weights.append(w[keep])
+        rows, nodes, weights = torch.cat(rows), torch.cat(nodes), torch.cat(weights)
+        local_n = ((points[rows] - k.center[nodes]) / (2.0 * k.half_size[nodes][:, None]) + 0.5).clamp(0.0, 1.0)
+        sigma_n, rgb_n = self._query_local(local_n, nodes.to(torch.int32))
+        total = torch.zeros(ids.shape[0], device=ids.device).index_add_(0, rows, weights)
+        w = weights / total[rows]
+        sigma = torch.zeros(ids.shape[0], device=ids.device, dtype=sigma_n.dtype).index_add(0, rows, w * sigma_n)
+        rgb = torch.zeros(ids.shape[0], 3, device=ids.device, dtype=rgb_n.dtype).index_add(0, rows,
+                                                                                          w[:, None] * rgb_n)
+        return sigma, rgb
 
     def build_occupancy(self, resolution: int, n_samples: int, alpha_threshold: float = 0.01, n_jitter: int = 4,
                         dilate: int = 1) -> LevelOccupancy:
@@ -173,7 +224,7 @@ class OctreeField(torch.nn.Module):
         sample_index, ray_offsets = pack(node >= 0)
         node_ids = node.reshape(-1)[sample_index]
         with checks.disabled():  # ids come from the octree: in range by construction
-            sigma, rgb = self._query_local(local[sample_index], node_ids)
+            sigma, rgb = self._query_nodes(local[sample_index], node_ids)
         return sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), node_ids, ray_offsets
 
     def _ray_radius(self, pixel_radius, n_rays: int, dev) -> torch.Tensor:
@@ -243,7 +294,7 @@ class OctreeField(torch.nn.Module):
                                                                    a, b, n_samples, occupancy, trans, early_stop)
                     touched += torch.bincount(node_ids, minlength=self.n_nodes)
                     if node_ids.numel():
-                        sigma, rgb = self._query_local(local, node_ids)
+                        sigma, rgb = self._query_nodes(local, node_ids)
                     else:
                         sigma, rgb = torch.zeros(0, device=dev), torch.zeros(0, 3, device=dev)
                     out = composite(sigma, rgb, deltas, offsets)  # black: the background goes behind every run

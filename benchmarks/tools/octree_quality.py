@@ -1,0 +1,255 @@
+"""The octree LoD scene against the single-grid teacher and the KiloNeRF student, mesh by mesh.
+
+For each mesh: render its views (train and held out) at --res; run the KiloNeRF pipeline of `demos/kilonerf.py`
+(teacher, occupancy, distillation, fine-tuning; its options apply) and take the teacher's and the student's
+held-out PSNR and times; then train an octree field with the teacher's parameter count as its budget
+(`tinn.scenes.octree_budget`: the tree as deep as the capture feeds, each node's grid as fine as the closest
+view's footprint asks) for the teacher's training time times --time-factor, and report its held-out PSNR
+(full resolution: the finest level), its frame time, and its level-of-detail curve: the held-out view
+pulled back by each --lod-factors entry, rendered by the coarser nodes the rule picks and compared with the
+mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and writes JSON.
+
+    python benchmarks/tools/octree_quality.py --res 64 --views 40 --teacher-steps 200 --distill-steps 100 \
+        --finetune-steps 100 --samples 64          # CPU-sized
+    python benchmarks/tools/octree_quality.py --res 800 --views 100 --samples 256 --teacher-steps 3000 \
+        --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
+
+Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma
+lists (one octree per combination, each trained for the teacher's time).
+
+Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and
+assimp-testmodels).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "demos"))
+
+import tinn  # noqa: E402
+
+MESHES = {"bunny": "/usr/share/glmark2/models/bunny.obj",
+          "duck": "/usr/share/assimp/models/Collada/duck.dae",
+          "wuson": "/usr/share/assimp/models/OBJ/WusonOBJ.obj"}
+
+
+def parse_args(argv=None):
+    import kilonerf as demo
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                add_help=False)
+    p.add_argument("--meshes", default="bunny,duck,wuson")
+    p.add_argument("--time-factor", type=float, default=1.0,
+                   help="the octree trains for the teacher's time times this")
+    p.add_argument("--octree-lr", type=float, default=1e-2)
+    p.add_argument("--octree-final-lr", default="1",
+                   help="the learning rate decays exponentially to lr times this (1: constant, as the demo); a comma "
+                        "list trains one octree per value (and per --blend-margin)")
+    p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
+    p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
+    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
+                   help="the tree stops at the depth whose nodes span fewer footprints of the closest view")
+    p.add_argument("--oversample", type=float, default=2.0)
+    p.add_argument("--blend-margin", default="0",
+                   help="blend across node faces (0: off); a comma list trains one octree per value")
+    p.add_argument("--neurons", dest="octree_neurons", type=int, default=32)
+    p.add_argument("--octree-hidden", type=int, default=1)
+    p.add_argument("--pyramid-levels", type=int, default=4)
+    p.add_argument("--lod-factors", default="1,2,4,8")
+    p.add_argument("--lod-supersample", type=int, default=4)
+    p.add_argument("--json", default=None, help="JSON path (default: --out/octree_quality.json)")
+    ours, rest = p.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        p.print_help()  # this tool's options; the KiloNeRF demo's follow
+        print()
+    args = demo.parse_args(rest)
+    for k, v in vars(ours).items():
+        setattr(args, k, v)
+    return args
+
+
+def octree_for(args, train, budget: int):
+    """The budgeted octree field over the training views' visual hull."""
+    from tinn.scenes.octree import Octree, cube_around
+    from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+    from tinn.scenes.octree_field import OctreeField
+    from tinn.scenes.octree_training import foreground_points
+
+    footprint = closest_footprint(train)
+    edge = cube_around(train.box_min.float(), train.box_max.float())[1]
+    depth = min(args.max_depth, capture_depth(edge, footprint, args.min_leaf_resolution))
+    points = foreground_points(train, resolution=min(2 ** (depth + 3), 256))
+    tree = Octree.build(points.float(), train.box_min, train.box_max, depth, 8)
+    network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
+               "n_neurons": args.octree_neurons, "n_hidden_layers": args.octree_hidden}
+    rule = leaf_resolution(tree, footprint)
+    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network)
+    return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3,
+                       blend_margin=args.blend_margin)
+
+
+def train_octree(args, field, train, seconds: float):
+    """Train for about `seconds`: a short probe times a step, the rest runs a decaying schedule sized to fit."""
+    from tinn.scenes.octree_training import OctreeTrainer
+    from tinn.scenes.photometric import decaying_adam
+
+    levels = min(args.pyramid_levels, field.octree.deepest + 1)  # one pyramid level per octree level
+    while levels > 1 and train.width % 2 ** (levels - 1):
+        levels -= 1
+    batch = args.octree_batch or args.batch_rays
+
+    def trainer(total):
+        return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.samples, batch_rays=batch,
+                             optimizer_config=decaying_adam(args.octree_lr, total, args.octree_final_lr,
+                                                            l2_reg=1e-6), seed=args.seed)
+
+    probe = trainer(None)
+    for _ in range(3):  # warm-up: compiles
+        probe.step()
+    tinn.runtime.sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        probe.step()
+    tinn.runtime.sync()
+    per_step = (time.perf_counter() - t0) / 5
+    steps = max(10, int(seconds / per_step) - 8)
+    main = trainer(steps)
+    tinn.runtime.sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        main.step()
+    tinn.runtime.sync()
+    return {"steps": steps + 8, "seconds": time.perf_counter() - t0 + 8 * per_step, "pyramid_levels": levels,
+            "batch_rays": batch}
+
+
+def run_mesh(args, name: str, path: str) -> dict:
+    import kilonerf as demo
+
+    run_args = argparse.Namespace(**vars(args))
+    run_args.mesh, run_args.data = path, None
+    run_args.out = os.path.join(args.out, name)
+    os.makedirs(run_args.out, exist_ok=True)
+    t0 = time.perf_counter()
+    train, test = demo.load_data(run_args)
+    print(f"[{name}] {len(train)} views at {train.width}x{train.height} ({time.perf_counter() - t0:.1f} s)")
+    pipe = demo.KiloNeRFPipeline(run_args, train, test)
+    while pipe.phase != "done":
+        print(f"[{name}] {pipe.run_phase()} done")
+    kilo = demo.report(pipe, run_args.out, timing_repeats=5 if tinn.runtime.arch() == "cuda" else 1)
+    teacher_params = sum(p.numel() for p in pipe.teacher.parameters())
+    teacher_s = kilo["time_s"]["teacher"]
+    del pipe
+
+    octrees = []
+    for depth in _floats(args.max_depth):
+        for margin in _floats(args.blend_margin):
+            for final in _floats(args.octree_final_lr):
+                variant = argparse.Namespace(**vars(args))
+                variant.max_depth, variant.blend_margin, variant.octree_final_lr = int(depth), margin, final
+                octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
+    return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
+            "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
+                        "param_bytes": kilo["param_bytes_teacher"],
+                        "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]},
+            "kilonerf": {"psnr": kilo["psnr_student"],
+                         "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
+                         "param_bytes": kilo["param_bytes_student"],
+                         "frame_ms": kilo["render_ms_per_frame"]["student"]},
+            "octree": octrees}
+
+
+def _floats(text) -> list[float]:
+    return [float(v) for v in str(text).split(",") if v.strip()]
+
+
+def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: float) -> dict:
+    """One octree variant: built within the teacher's parameters, trained for the teacher's time (x time-factor),
+    evaluated at full resolution and along the level-of-detail curve."""
+    from tinn.scenes.lod_eval import format_curve, lod_curve, mesh_truth
+    from tinn.scenes.mesh import read_mesh
+    from tinn.scenes.octree_training import evaluate
+    from tinn.scenes.rendering import seconds_per_frame
+
+    field = octree_for(args, train, teacher_params)
+    octree_params = field.n_params()
+    enc = field.encoding_config
+    finest = enc["base_resolution"] * enc["per_level_scale"] ** (enc["n_levels"] - 1)
+    print(f"[{name}] octree (blend margin {args.blend_margin:g}, rate to {args.octree_final_lr:g}x): {field.n_nodes} "
+          f"nodes {field.octree.nodes_per_level()}, grid {enc['n_levels']} levels x 2^{enc['log2_hashmap_size']} up to "
+          f"{finest:.0f} cells per node edge, {octree_params} params (teacher {teacher_params})")
+    timing = train_octree(args, field, train, teacher_s * args.time_factor)
+    t1 = time.perf_counter()
+    field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
+    occupancy_s = time.perf_counter() - t1
+    render = {"segments": args.render_segments, "early_stop": args.early_stop}
+    near = evaluate(field, test, args.samples, **render)
+    frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
+                                                           args.samples, background=test.background.float(),
+                                                           **render), 5 if tinn.runtime.arch() == "cuda" else 1)
+    truth = mesh_truth(read_mesh(path), test.background.float(), supersample=args.lod_supersample)
+    curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
+                      _floats(args.lod_factors), background=test.background.float(), **render)
+    print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail (held-out view 0 pulled back; truth "
+          f"area-filtered {args.lod_supersample}^2):")
+    print(format_curve(curve))
+    return {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
+            "blend_margin": args.blend_margin, "final_lr_factor": args.octree_final_lr,
+            "occupancy_seconds": occupancy_s, "params": octree_params,
+            "param_bytes": field.memory_bytes(), "frame_ms": 1e3 * frame_s, "nodes": field.n_nodes,
+            "nodes_per_level": field.octree.nodes_per_level(), "encoding": enc,
+            "lod_resolution": field.lod_resolution, "pyramid_levels": timing["pyramid_levels"],
+            "fraction_touched": near["fraction_touched"], "lod_curve": curve}
+
+
+def print_table(results: dict) -> None:
+    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, blend, rate to | octree finest dB "
+          "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        t, k = r["teacher"], r["kilonerf"]
+        for o in r["octree"]:
+            curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['psnr']:.2f} {100 * c['fraction_touched']:.0f}%"
+                              for c in o["lod_curve"])
+            print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
+                  f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
+                  f"| {o['nodes']}, {o['blend_margin']:g}, {o['final_lr_factor']:g}x "
+                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
+                  f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
+
+
+def main(argv=None) -> dict:
+    from tinn.distributed import start_script
+
+    args = parse_args(argv)
+    args.shard = False
+    start_script(args)  # tinn.init, and the batch seed
+    if tinn.runtime.arch() == "cpu":
+        torch.set_num_threads(1)  # Taichi's CPU kernels bring their own threads (see demos/kilonerf.py)
+    os.makedirs(args.out, exist_ok=True)
+    results = {}
+    for item in args.meshes.split(","):
+        item = item.strip()
+        path = MESHES.get(item, item)
+        name = item if item in MESHES else os.path.splitext(os.path.basename(item))[0]
+        if not os.path.exists(path):
+            raise SystemExit(f"mesh {path!r} not found (apt-get install glmark2-data assimp-testmodels)")
+        results[name] = run_mesh(args, name, path)
+        with open(args.json or os.path.join(args.out, "octree_quality.json"), "w") as f:
+            json.dump({"arch": tinn.runtime.arch(), "argv": sys.argv[1:] if argv is None else argv,
+                       "results": results}, f, indent=1)
+    print_table(results)
+    print(f"JSON: {args.json or os.path.join(args.out, 'octree_quality.json')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The octree's capacity rule (tinn/scenes/octree_budget.py) and the level-of-detail evaluation against an
+area-filtered ground truth (tinn/scenes/lod_eval.py)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import tinn
+from tinn.errors import ConfigError, InputError
+from tinn.scenes import lod_eval
+from tinn.scenes import mesh as M
+from tinn.scenes.data import PosedImages
+from tinn.scenes.octree import Octree
+from tinn.scenes.octree_budget import (budget_encoding, capture_depth, closest_footprint, grid_levels_for,
+                                       leaf_resolution, node_params)
+from tinn.scenes.octree_field import OctreeField, finest_grid_resolution
+
+NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 16,
+           "n_hidden_layers": 1}
+
+
+@pytest.fixture(autouse=True)
+def _cpu():
+    tinn.init(arch="cpu")
+
+
+def views(focal: float, distance: float = 4.0, width: int = 8) -> PosedImages:
+    """Two posed (blank) views at `distance` from the origin looking at it; only their geometry matters here."""
+    c2w = torch.stack([torch.as_tensor(M.look_at(p), dtype=torch.float32)
+                       for p in ([0.0, -distance, 0.5], [distance * 1.5, 0.0, 0.0])])
+    return PosedImages(images=torch.zeros(2, width, width, 3), c2w=c2w, focal=focal, width=width, height=width,
+                       near=1.0, far=8.0, box_min=torch.full((3,), -1.5), box_max=torch.full((3,), 1.5),
+                       background=torch.ones(3))
+
+
+def sphere_tree(depth: int) -> Octree:
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(4000, 3, generator=g)
+    p = p / p.norm(dim=1, keepdim=True)
+    return Octree.build(p, torch.full((3,), -1.5), torch.full((3,), 1.5), depth, 4)
+
+
+# ---- capacity: the deepest nodes get cells as wide as the closest view's footprint ----------------------------
+
+def test_closest_footprint_is_the_nearest_views_farthest_in_box_sample():
+    v = views(focal=100.0)
+    half_diagonal = math.sqrt(3 * 1.5 ** 2)
+    expected = (math.sqrt(4.0 ** 2 + 0.5 ** 2) + half_diagonal) * 0.5 / 100.0
+    assert closest_footprint(v) == pytest.approx(expected, rel=1e-6)
+
+
+def test_budget_gives_the_deepest_nodes_cells_of_the_footprint_and_fits_the_budget():
+    tree = sphere_tree(3)
+    v = views(focal=1111.0)                        # an 800-pixel view's focal
+    footprint = closest_footprint(v)
+    rule = leaf_resolution(tree, footprint)
+    assert tree.edge / (rule * 2 ** tree.deepest) == pytest.approx(footprint, rel=2e-6)
+    budget = 40_000 * tree.n_nodes
+    enc = budget_encoding(tree.n_nodes, budget, 2 * rule, NETWORK)
+    # The grid reaches the finest resolution asked for, growing by at most 2 per level.
+    assert finest_grid_resolution(enc) == pytest.approx(2 * rule, rel=1e-6)
+    assert enc["per_level_scale"] <= 2.0 and grid_levels_for(2 * rule)[0] == enc["n_levels"]
+    # The largest table within the budget: the next size up would pass it.
+    assert tree.n_nodes * node_params(enc, NETWORK) <= budget
+    bigger = dict(enc, log2_hashmap_size=enc["log2_hashmap_size"] + 1)
+    assert tree.n_nodes * node_params(bigger, NETWORK) > budget
+    # node_params counts what the field allocates.
+    field = OctreeField(tree, dict(enc, log2_hashmap_size=10), NETWORK, lod_resolution=rule)
+    assert field.n_params() == tree.n_nodes * node_params(dict(enc, log2_hashmap_size=10), NETWORK)
+    # Every full-resolution sample of the closest view, up to its farthest in-box point, selects the deepest
+    # nodes; a sample with 1.5 times that footprint selects the depth above.
+    surface = tree.points[:64]
+    radius = torch.full((64,), footprint)
+    assert (tree.depth[field.select_nodes(surface, radius).long()] == tree.deepest).all()
+    assert (tree.depth[field.select_nodes(surface, 1.5 * radius).long()] == tree.deepest - 1).all()
+
+
+def test_the_old_fixed_grid_left_the_deepest_nodes_coarser_than_an_800_pixel_footprint():
+    # The demo's fixed node grid (3 levels, resolutions 2..8) at depth 4: cells of edge / 128, while an 800-pixel
+    # view's footprint asks for about edge / 1000; the budget rule gives the cells the footprint's width.
+    tree = sphere_tree(4)
+    footprint = closest_footprint(views(focal=1111.0))
+    fixed_cell = tree.edge / (8 * 2 ** tree.deepest)
+    assert fixed_cell > 5 * footprint
+    enc = budget_encoding(tree.n_nodes, 20_000_000, 2 * leaf_resolution(tree, footprint), NETWORK)
+    assert tree.edge / (finest_grid_resolution(enc) * 2 ** tree.deepest) == pytest.approx(footprint / 2, rel=3e-6)
+
+
+def test_capture_depth_stops_where_nodes_would_get_too_few_cells():
+    edge, footprint = 3.0, 3.0 / 1000            # 1000 footprints across the root
+    assert capture_depth(edge, footprint, 16.0) == 5       # 1000 / 32 = 31 >= 16, 1000 / 64 = 15.6 < 16
+    assert capture_depth(edge, footprint, 1000.0) == 0
+    assert capture_depth(edge, footprint, 16.0, limit=3) == 3
+
+
+def test_budget_bad_input():
+    with pytest.raises(ConfigError, match="param_budget"):
+        budget_encoding(100, 10, 32.0, NETWORK)
+    with pytest.raises(ConfigError, match="n_nodes"):
+        budget_encoding(0, 10 ** 6, 32.0, NETWORK)
+    with pytest.raises(InputError, match="footprint"):
+        leaf_resolution(sphere_tree(1), 0.0)
+
+
+# ---- level-of-detail evaluation: the truth is the area average of each pixel ----------------------------------
+
+def test_area_filter_of_a_ramp_and_a_checkerboard_equals_their_analytic_pixel_averages():
+    width, height, s = 6, 4, 4
+
+    def ramp(w, h, focal):                       # f = x at each fine pixel centre, in coarse-pixel units
+        x = (torch.arange(w, dtype=torch.float64) + 0.5) / s
+        return x.expand(h, w)[..., None].float()
+
+    out = lod_eval.area_filtered(ramp, width, height, 10.0, s)
+    # A linear function's average over a pixel is its value at the pixel centre.
+    expected = (torch.arange(width) + 0.5).float().expand(height, width)[..., None]
+    torch.testing.assert_close(out, expected)
+
+    def checker(w, h, focal):                    # period of one fine pixel: every coarse pixel averages to 1/2
+        i = torch.arange(h)[:, None] + torch.arange(w)[None, :]
+        return (i % 2).float()[..., None]
+
+    torch.testing.assert_close(lod_eval.area_filtered(checker, width, height, 10.0, s),
+                               torch.full((height, width, 1), 0.5))
+
+
+def test_mesh_truth_is_the_covered_area_of_each_pixel():
+    # A square of half-side 1 at distance 3: its right edge projects to focal / 3 pixels from the centre. Put it a
+    # quarter pixel into a pixel: that pixel's truth is a quarter of the square's colour, three quarters background.
+    res, focal = 16, 3 * (3 + 0.25)
+    v = np.array([[-1, -1, 0], [1, -1, 0], [1, 1, 0], [-1, 1, 0]], np.float32)
+    f = np.array([[0, 1, 2], [0, 2, 3]], np.int32)
+    colour = np.array([0.2, 0.6, 1.0], np.float32)
+    mesh = M.Mesh(v, f, np.tile(colour, (2, 3)))
+    background = torch.tensor([1.0, 1.0, 1.0])
+    truth = lod_eval.mesh_truth(mesh, background, supersample=4, ambient=1.0)
+    c2w = torch.eye(4)
+    c2w[2, 3] = 3.0
+    image = truth(c2w, res, res, focal).cpu()
+    row = res // 2
+    torch.testing.assert_close(image[row, res // 2 + 2], torch.from_numpy(colour))   # inside
+    torch.testing.assert_close(image[row, res // 2 + 3], 0.25 * torch.from_numpy(colour) + 0.75 * background)
+    torch.testing.assert_close(image[row, res // 2 + 4], background)
+
+
+def test_pulled_back_camera_and_central_window():
+    c2w = torch.as_tensor(M.look_at([0.0, -4.0, 1.0]), dtype=torch.float32)
+    far = lod_eval.pulled_back(c2w, 4.0, torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(far[:3, 3], torch.tensor([0.0, -16.0, 1.0]))
+    torch.testing.assert_close(far[:3, :3], c2w[:3, :3])
+    image = torch.arange(64.0).view(8, 8, 1)
+    window = lod_eval.central_window(image, 4.0)
+    assert window.shape == (2, 2, 1) and window[0, 0, 0] == 3 * 8 + 3
+    assert lod_eval.window_psnr(image, image + 0.1, 4.0) == pytest.approx(20.0, abs=1e-4)
+    with pytest.raises(InputError, match="factor"):
+        lod_eval.pulled_back(c2w, 0.0)
+    with pytest.raises(InputError, match="supersample"):
+        lod_eval.area_filtered(lambda w, h, f: torch.zeros(h, w, 3), 2, 2, 1.0, 0)
+
+
+# ---- seams: blending across node faces makes the field continuous ---------------------------------------------
+
+def octant_field(blend_margin: float) -> OctreeField:
+    corners = torch.tensor([[x, y, z] for x in (-0.5, 0.5) for y in (-0.5, 0.5) for z in (-0.5, 0.5)])
+    tree = Octree.build(corners, torch.full((3,), -1.0), torch.full((3,), 1.0), 1, 0)
+    enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 8,
+           "base_resolution": 2, "per_level_scale": 2.0}
+    field = OctreeField(tree, enc, NETWORK, lod_resolution=4.0, seed=3, blend_margin=blend_margin)
+    with torch.no_grad():  # a grid table far from zero, so two nodes' fields differ clearly
+        for p in field.model.parameters():
+            p.uniform_(-1.0, 1.0)
+    return field
+
+
+@torch.no_grad()
+def field_at(field: OctreeField, points: torch.Tensor):
+    ids = field.select_nodes(points, torch.zeros(points.shape[0]))
+    return field.query(points, ids), ids
+
+
+def test_blended_field_is_continuous_across_a_node_face_and_unblended_one_jumps():
+    yz = torch.tensor([[0.3, 0.45], [0.7, 0.2], [0.45, 0.55]])             # off the other faces' bands
+    eps = 1e-4
+    left = torch.cat([torch.full((3, 1), -eps), yz], 1)
+    right = torch.cat([torch.full((3, 1), eps), yz], 1)
+    for margin, continuous in ((0.0, False), (0.1, True)):
+        field = octant_field(margin)
+        (sl, cl), il = field_at(field, left)
+        (sr, cr), ir = field_at(field, right)
+        assert (il != ir).all()                                               # two nodes meet at x = 0
+        jump = float((sl - sr).abs().max() / sl.abs().max()) + float((cl - cr).abs().max())
+        assert (jump < 1e-2) == continuous, (margin, jump)
+
+
+def test_blend_weights_inside_the_band_and_own_node_outside():
+    field = octant_field(0.2)
+    # x = -0.05: local x = 0.95 in the node [-1, 0], 0.05 from its face (a quarter of the band): own weight
+    # 1/2 + 0.05 / 0.4 = 0.625 on that axis, the node across the face the rest; y and z are outside every band.
+    p = torch.tensor([[-0.05, 0.5, 0.5]])
+    (sigma, rgb), ids = field_at(field, p)
+    across = field.octree.lookup(torch.tensor([[0.05, 0.5, 0.5]]), 1)
+    own_s, own_c = field._query_local(field.octree.local_coords(p, ids).clamp(0, 1), ids)
+    other_s, other_c = field._query_local(field.octree.local_coords(p, across).clamp(0, 1), across)
+    torch.testing.assert_close(sigma, 0.625 * own_s + 0.375 * other_s)
+    torch.testing.assert_close(rgb, 0.625 * own_c + 0.375 * other_c)
+    centre = torch.tensor([[-0.5, 0.5, 0.5]])
+    (sigma, rgb), ids = field_at(field, centre)
+    own_s, own_c = field._query_local(field.octree.local_coords(centre, ids), ids)
+    torch.testing.assert_close(sigma, own_s)
+    with pytest.raises(ConfigError, match="blend_margin"):
+        octant_field(0.5)

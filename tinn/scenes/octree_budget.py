@@ -1,0 +1,126 @@
+"""How much grid an octree node gets: its finest resolution from the capture, its table size from a budget.
+
+A node at depth d covers edge / 2^d of the root. The level-of-detail rule sends a sample of footprint radius r
+to the deepest node whose grid cells are at least r wide, so the deepest nodes are only worth their place when
+their finest grid cells are about as wide as the footprints of the closest views: otherwise the closest views
+either ask for detail no node holds (the tree is too shallow or the node grids too coarse) or never reach the
+deepest nodes (their grids finer than any pixel).
+
+`leaf_resolution(tree, footprint)` is the level rule's cells per node edge that make the deepest nodes' cells
+as wide as the footprint radius (the field's `lod_resolution`); a node's grid goes `oversample` times finer
+than that, as a single grid's finest level goes finer than a pixel. `closest_footprint(images)` is the largest
+footprint radius of a training view's sample in the scene box at full resolution (its farthest in-box point),
+so every sample of every full-resolution view selects the deepest level. `capture_depth` is the deepest depth
+whose nodes still get `min_leaf_resolution` cells from that rule: deeper nodes would each see a few pixels, and
+only cost nodes (seams, per-node rays) without holding detail the capture has. `budget_encoding` turns that
+resolution and a parameter budget for the whole array into one node's hash-grid config: levels from `base_resolution` up to the leaf resolution
+(growth at most `max_level_scale` per level), and the largest table that keeps every node's grid and MLP within
+the budget.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError, InputError
+from ..render import pixel_radius
+
+MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP = 8, 19
+
+
+def closest_footprint(images) -> float:
+    """Footprint radius (scene units) of the farthest in-box sample of the closest full-resolution view.
+
+    Each view's largest in-box distance is bounded by its distance to the box centre plus half the box
+    diagonal; the footprint there is that distance times the pixel cone's radius. The minimum over views is
+    taken: the view that asks for the finest detail."""
+    if len(images) == 0:
+        raise InputError("images holds no view")
+    centre = (images.box_min + images.box_max).float() / 2
+    half_diagonal = float((images.box_max - images.box_min).float().norm()) / 2
+    distance = (images.c2w[:, :3, 3].float() - centre.to(images.c2w.device)).norm(dim=1)
+    return (float(distance.min()) + half_diagonal) * pixel_radius(images.focal)
+
+
+def leaf_resolution(tree, footprint: float) -> float:
+    """Cells per node edge that make the deepest nodes' cells `footprint` wide (the level rule's resolution)."""
+    if not (isinstance(footprint, (int, float)) and math.isfinite(footprint) and footprint > 0):
+        raise InputError(f"footprint={footprint!r} must be a finite number > 0")
+    # A hair under the exact quotient: the footprint itself must select the deepest level after the rule's
+    # own rounding (root_size = edge / resolution, then r * 2^deepest <= root_size).
+    return tree.edge / (footprint * 2 ** tree.deepest) * (1.0 - 1e-6)
+
+
+def capture_depth(edge: float, footprint: float, min_leaf_resolution: float = 32.0, limit: int = 16) -> int:
+    """The deepest octree depth (0..limit) at which `leaf_resolution` is still >= min_leaf_resolution."""
+    if not (math.isfinite(footprint) and footprint > 0 and min_leaf_resolution > 0):
+        raise InputError(f"footprint={footprint!r} and min_leaf_resolution={min_leaf_resolution!r} must be > 0")
+    ratio = edge / (footprint * min_leaf_resolution)
+    return 0 if ratio < 2 else min(limit, int(math.floor(math.log2(ratio) + 1e-9)))
+
+
+def grid_levels_for(finest: float, base_resolution: int = 2, max_level_scale: float = 2.0) -> tuple[int, float]:
+    """(n_levels, per_level_scale) of a grid from `base_resolution` to `finest`, growing by at most
+    `max_level_scale` per level."""
+    if not (math.isfinite(finest) and finest > 0):
+        raise ConfigError(f"finest resolution {finest!r} must be a finite number > 0")
+    if not max_level_scale > 1.0:
+        raise ConfigError(f"max_level_scale={max_level_scale!r} must be > 1")
+    if finest <= base_resolution:
+        return 1, 2.0
+    n_levels = 1 + math.ceil(math.log(finest / base_resolution) / math.log(max_level_scale) - 1e-9)
+    return n_levels, (finest / base_resolution) ** (1.0 / (n_levels - 1))
+
+
+def node_params(encoding: dict, network: dict) -> int:
+    """Parameters of one node: its grid table plus its MLP."""
+    from ..encodings.grid_layout import grid_layout
+    from ..models import NetworkWithInputEncoding
+
+    layout = grid_layout(3, encoding["n_levels"], encoding["n_features_per_level"], encoding["log2_hashmap_size"],
+                         encoding["base_resolution"], encoding["per_level_scale"], "Hash")
+    grid = layout.n_params
+    # The MLP does not depend on the table size: count it once on the smallest table.
+    tiny = dict(encoding, log2_hashmap_size=MIN_LOG2_HASHMAP)
+    tiny_layout = grid_layout(3, tiny["n_levels"], tiny["n_features_per_level"], MIN_LOG2_HASHMAP,
+                              tiny["base_resolution"], tiny["per_level_scale"], "Hash")
+    model = NetworkWithInputEncoding(3, 4, tiny, network, n_networks=1)
+    mlp = sum(p.numel() for p in model.parameters()) - tiny_layout.n_params
+    return grid + mlp
+
+
+def budget_encoding(n_nodes: int, param_budget: int, finest_resolution: float, network: dict,
+                    n_features: int = 2, base_resolution: int = 2, max_level_scale: float = 2.0,
+                    table_dtype: str = "float32") -> dict:
+    """One node's HashGrid config for an array of `n_nodes` nodes within `param_budget` parameters in all.
+
+    Levels run from `base_resolution` to `finest_resolution` (`grid_levels_for`); the table is the largest
+    2^k entries per level (k in 8..19) with n_nodes * `node_params` <= param_budget. A budget too small for
+    the smallest table is an error naming the least budget that fits."""
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 1:
+        raise ConfigError(f"n_nodes={n_nodes!r} must be an integer >= 1")
+    if isinstance(param_budget, bool) or not isinstance(param_budget, int) or param_budget < 1:
+        raise ConfigError(f"param_budget={param_budget!r} must be an integer >= 1")
+    n_levels, scale = grid_levels_for(finest_resolution, base_resolution, max_level_scale)
+    best = None
+    for log2 in range(MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP + 1):
+        encoding = {"otype": "HashGrid", "n_levels": n_levels, "n_features_per_level": n_features,
+                    "log2_hashmap_size": log2, "base_resolution": base_resolution, "per_level_scale": scale,
+                    "table_dtype": table_dtype}
+        if n_nodes * node_params(encoding, network) > param_budget:
+            break
+        best = encoding
+    if best is None:
+        least = n_nodes * node_params(dict(encoding, log2_hashmap_size=MIN_LOG2_HASHMAP), network)
+        raise ConfigError(f"param_budget={param_budget} cannot hold {n_nodes} nodes of {n_levels} grid levels; "
+                          f"allowed: >= {least}")
+    return best
+
+
+def single_grid_params(finest_resolution: int, n_levels: int = 16, log2_hashmap_size: int = 19,
+                       base_resolution: int = 16, n_features: int = 2) -> int:
+    """Grid parameters of one hash grid over the whole box (the single-grid teacher's table)."""
+    from ..encodings.grid_layout import grid_layout
+
+    scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
+    return grid_layout(3, n_levels, n_features, log2_hashmap_size, base_resolution, scale, "Hash").n_params
+
