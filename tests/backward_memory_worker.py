@@ -15,6 +15,7 @@ import resource
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the tests' shared helpers (reference.py)
 
 import torch  # noqa: E402
 
@@ -25,18 +26,11 @@ NETWORK = {"otype": "CutlassMLP", "n_neurons": 64, "n_hidden_layers": 2, "activa
 def main(n_networks: int) -> dict:
     import tinn
     from tinn.networks import NetworkArray
+    from reference import record_gradient_pointers
 
     tinn.init("cpu")
     net = NetworkArray(4, 4, NETWORK, n_networks=n_networks, kernels="unfused")
-    returned = []
-    backward = net.backward
-
-    def recording_backward(ctx, dy, **kw):
-        dx, grads = backward(ctx, dy, **kw)
-        returned.append(grads[0].data_ptr())
-        return dx, grads
-
-    net.backward = recording_backward
+    returned = record_gradient_pointers(net)
     gen = torch.Generator().manual_seed(0)
     adopted = []
     for step in range(2):

@@ -63,3 +63,18 @@ def forward_backward(net, x: torch.Tensor, dy: torch.Tensor):
     y = net(x, None)
     y.backward(dy)
     return y.detach(), x.grad, net.params.grad.clone()
+
+
+def record_gradient_pointers(part) -> list:
+    """Wraps `part.backward` so that each call appends the data pointer of the first table gradient it returned
+    (the buffer autograd should adopt as `.grad`); returns that list."""
+    returned = []
+    backward = part.backward
+
+    def recording_backward(ctx, dy, **kw):
+        dx, grads = backward(ctx, dy, **kw)
+        returned.append(grads[0].data_ptr())
+        return dx, grads
+
+    part.backward = recording_backward
+    return returned

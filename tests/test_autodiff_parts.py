@@ -11,6 +11,7 @@ from tinn.errors import ConfigError, InputError
 from tinn.models import NetworkWithInputEncoding
 from tinn.part import SecondOrderError
 from tinn.trainer import Trainer
+from reference import record_gradient_pointers
 
 DEV = tinn.runtime.device()
 
@@ -640,15 +641,7 @@ def test_autograd_adopts_the_parameter_gradient_from_the_first_backward():
     """The tensor the backward kernel wrote IS params.grad, on the kernel's first call in the process too:
     nothing (Taichi's compile context included) keeps a reference that would make autograd copy it."""
     part = AutodiffPart(scaled_inputs, 2, 2, 2, n_networks=3)   # a new function: its kernels compile here
-    returned = []
-    backward = part.backward
-
-    def recording_backward(ctx, dy, **kw):
-        dx, grads = backward(ctx, dy, **kw)
-        returned.append(grads[0].data_ptr())
-        return dx, grads
-
-    part.backward = recording_backward
+    returned = record_gradient_pointers(part)
     x = torch.rand(12, 2, device=DEV)
     ids = torch.arange(12, dtype=torch.int32, device=DEV) % 3
     for _ in range(2):

@@ -10,9 +10,8 @@ import tarfile
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "benchmarks", "tools"))
-import tcnn_native  # noqa: E402
-from tcnn_native import ToolError  # noqa: E402
+from benchmarks.tools import tcnn_native  # noqa: E402
+from benchmarks.tools.tcnn_native import ToolError  # noqa: E402
 
 # What the sample prints for `mlp_learning_an_image img.png config.json 3001 result.jpg`: steps 0, 10, 100,
 # then every 1000 (the last step, 3000, is a multiple of 1000).

@@ -9,9 +9,9 @@ view's footprint asks) for the teacher's training time times --time-factor, and 
 pulled back by each --lod-factors entry, rendered by the coarser nodes the rule picks and compared with the
 mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and writes JSON.
 
-    python benchmarks/tools/octree_quality.py --res 64 --views 40 --teacher-steps 200 --distill-steps 100 \
+    python -m benchmarks.tools.octree_quality --res 64 --views 40 --teacher-steps 200 --distill-steps 100 \
         --finetune-steps 100 --samples 64          # CPU-sized
-    python benchmarks/tools/octree_quality.py --res 800 --views 100 --samples 256 --teacher-steps 3000 \
+    python -m benchmarks.tools.octree_quality --res 800 --views 100 --samples 256 --teacher-steps 3000 \
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
 Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma
@@ -30,11 +30,10 @@ import time
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "demos"))
+import tinn
+from benchmarks.loading import load_file
 
-import tinn  # noqa: E402
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 MESHES = {"bunny": "/usr/share/glmark2/models/bunny.obj",
           "duck": "/usr/share/assimp/models/Collada/duck.dae",
@@ -42,7 +41,7 @@ MESHES = {"bunny": "/usr/share/glmark2/models/bunny.obj",
 
 
 def parse_args(argv=None):
-    import kilonerf as demo
+    demo = load_file("demos/kilonerf.py")
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 add_help=False)
@@ -132,7 +131,7 @@ def train_octree(args, field, train, seconds: float):
 
 
 def run_mesh(args, name: str, path: str) -> dict:
-    import kilonerf as demo
+    demo = load_file("demos/kilonerf.py")
 
     run_args = argparse.Namespace(**vars(args))
     run_args.mesh, run_args.data = path, None

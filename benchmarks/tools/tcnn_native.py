@@ -1,6 +1,6 @@
 """tiny-cuda-nn's native image sample next to tinn's image step: same config, batch 2^18, same GPU, one run.
 
-    python benchmarks/tools/tcnn_native.py [--steps 3001] [--image PATH] [--config tinn/configs/config_hash.json]
+    python -m benchmarks.tools.tcnn_native [--steps 3001] [--image PATH] [--config tinn/configs/config_hash.json]
         [--build-dir out/tcnn-native/build] [--skip-build] [--json out/tcnn_native.json]
 
 1. Unpacks .tcnn/tcnn-src.tar.xz (made by benchmarks/tools/tcnn_sources.sh) next to the build folder and
@@ -256,13 +256,11 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
                  with_torch: bool) -> dict:
     """ms per step of tinn's image step at this batch: Trainer on fixed batches, Trainer with a batch sampled
     per step, and (if `with_torch`) the tinn.torch loop of tcnn's PyTorch sample."""
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import torch
 
     import tinn
-    from bench_torch_path import ImageSteps, on_calling_thread, torch_adam
-    from common import pipelined_ms, sync
+    from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
+    from benchmarks.common import pipelined_ms, sync
     from tinn.tasks.image import ImageTask, load_image
 
     config = tinn.load_config(config_path)
@@ -347,10 +345,8 @@ def main(argv=None) -> dict:
     if not any(w["first"] >= args.warmup for w in timing_windows([{"step": i, "us": 0} for i in printed])):
         raise SystemExit(f"--steps {args.steps}: the sample prints at steps {printed[-4:]}, no timed window "
                          f"starts at --warmup {args.warmup} or later; use --steps {max(args.warmup, 1000) + 1001}")
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import tinn
-    from common import print_table, write_json
+    from benchmarks.common import print_table, write_json
 
     try:
         cuda_arch = args.cuda_arch or cuda_arch_of_device()
