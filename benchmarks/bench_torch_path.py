@@ -20,6 +20,7 @@ default, as in a trusted training loop; `--sync-checks` turns them on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 import torch
@@ -168,15 +169,17 @@ def main(argv=None) -> dict:
     steps = args.steps or (20 if on_gpu else 3)
     reps = args.reps or (5 if on_gpu else 3)
     config = tinn.load_config(args.config)
-    tinn.checks.set_enabled(args.sync_checks)
     device = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     print(f"tinn {tinn.__version__} on {arch} ({device}), config {os.path.basename(args.config)}, "
           f"{steps} steps x {reps} reps per point, sync checks {'on' if args.sync_checks else 'off'}")
     rows = []
-    for n in networks:
-        for lg in log2s:
-            rows.append(bench_one(config, 1 << lg, n, steps, reps))
-            rows[-1]["log2_batch"] = lg
+    # The checks' switch is process-wide: restored afterwards, so a caller in the same process (the harness, a
+    # test) keeps its own.
+    with contextlib.nullcontext() if args.sync_checks else tinn.checks.disabled():
+        for n in networks:
+            for lg in log2s:
+                rows.append(bench_one(config, 1 << lg, n, steps, reps))
+                rows[-1]["log2_batch"] = lg
     print_table(rows, [("n_networks", "nets", "d"), ("log2_batch", "log2 batch", "d"),
                        ("native_ms", "native ms/step", ".3f"), ("pytorch_ms", "pytorch ms/step", ".3f"),
                        ("overhead_ms", "overhead ms", "+.3f"), ("overhead_pct", "overhead %", "+.1f"),

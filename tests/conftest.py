@@ -60,3 +60,15 @@ def tuned():
 
     yield install
     settings.install(original)
+
+
+@pytest.fixture(autouse=True)
+def sync_checks_left_on():
+    """The input checks' switch is process-wide: a test (or the tool it runs) that leaves it off would let every
+    later test in the process skip the checks (out-of-range ids then reach the kernels). Fail that test, and
+    switch the checks back on for the next."""
+    yield
+    if not tinn.checks.sync_checks_enabled():
+        tinn.checks.set_enabled(True)
+        pytest.fail("the test left tinn's input checks disabled (tinn.checks.set_enabled(False) without restoring)",
+                    pytrace=False)
