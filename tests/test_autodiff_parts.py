@@ -637,6 +637,9 @@ def scaled_inputs(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
         y[b, k] = p[net, k] * x[b, k]
 
 
+@pytest.mark.skipif(tinn.backend.name() != "taichi",
+                    reason="Taichi only: Quadrants' first launch keeps its arguments too, and its kernels cannot be "
+                           "compiled from stand-ins before one (docs/design-notes.md)")
 def test_autograd_adopts_the_parameter_gradient_from_the_first_backward():
     """The tensor the backward kernel wrote IS params.grad, on the kernel's first call in the process too:
     nothing (Taichi's compile context included) keeps a reference that would make autograd copy it."""
