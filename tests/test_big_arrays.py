@@ -378,3 +378,14 @@ def test_past_2_31_parameters_autograd_peaks_at_two_tables():
         pytest.skip(f"needs 20 GiB free memory, {free >> 30} GiB available")
     run = _assert_two_tables_at_peak(466034)
     assert run["n_params"] > 1 << 31
+
+
+def test_table_fits_counts_the_first_backward_copy_where_the_backend_makes_one(monkeypatch):
+    """On Quadrants autograd copies a part's gradient on its first backward: the check counts a third table."""
+    from tinn import memory
+    seen = []
+    monkeypatch.setattr(memory, "check_fits", lambda what, needs, device, note="": seen.append(needs))
+    for copies, expected in ((False, 2), (True, 3)):
+        monkeypatch.setattr(memory, "first_backward_copies", lambda copies=copies: copies)
+        memory.table_fits("t", 10, 100, torch.device("cpu"))
+        assert sum(seen[-1].values()) == expected * 4 * 10 * 100

@@ -50,5 +50,14 @@ def table_fits(what: str, n_rows: int, row_elements: int, device: torch.device, 
                    note=f" (Adam's state would add another {4 * elements / GIB:.2f} GiB)")
         return
     table = 4 * elements
-    check_fits(what, {"parameters": table, "gradients": table}, device,
-               note=f" (Adam's state would add another {3 * table / GIB:.2f} GiB)")
+    needs = {"parameters": table, "gradients": table}
+    if first_backward_copies():
+        needs["first backward's gradient copy"] = table
+    check_fits(what, needs, device, note=f" (Adam's state would add another {3 * table / GIB:.2f} GiB)")
+
+
+def first_backward_copies() -> bool:
+    """Whether torch autograd copies a part's gradient on its kernels' first backward: on Quadrants, whose first
+    launch keeps its arguments (on Taichi kernels compile from stand-ins first; docs/design-notes.md)."""
+    from . import backend
+    return backend.is_loaded() and backend.name() == "quadrants"
