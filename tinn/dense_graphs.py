@@ -1,7 +1,7 @@
 """A dense single network's training step replayed from fixed buffers: two CUDA graphs, forward and backward.
 
 The dense path (`tinn/dense_mlp.py`) issues about twenty torch ops a step: conversions, GEMMs, activations, the
-split-K weight gradients. Where a step's GPU work is short (the image step: 0.8 ms in float16) their host time
+split-K weight gradients. Where a step's GPU work is short (the image step in float16) their host time
 is the bound. A CUDA graph replays the same ops from one launch, but only on fixed buffers, so each batch shape
 gets its own set: inputs are copied in (in the network's precision: the copy is the conversion the eager path
 makes anyway), the output and the gradients are copied out (callers may keep them across steps), and the

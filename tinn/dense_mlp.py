@@ -27,9 +27,9 @@ NONE, RELU, LEAKY_RELU, EXPONENTIAL, SINE, SIGMOID, SQUAREPLUS, SOFTPLUS, TANH, 
 
 def faster_than_kernels(arch: str, fusable: bool, width: int) -> bool:
     """Whether a single network runs faster here than in Taichi's kernels (measurements in docs/design-notes.md):
-    on the CPU always; on CUDA where the fused kernels do not take the network (the unfused kernels took 1.4-9x
-    as long), and above 64 features, where cuBLAS's GEMMs beat the fused kernels (a step's GPU time 1.1-2.7x
-    shorter from 80 features on; at 64 and below the GPU times tie and the fused kernels issue fewer launches)."""
+    on the CPU always; on CUDA where the fused kernels do not take the network (the unfused kernels are slower
+    there), and above 64 features, where cuBLAS's GEMMs beat the fused kernels (at 64 and below the GPU times
+    tie and the fused kernels issue fewer launches)."""
     return arch == "cpu" or not fusable or width > 64
 
 

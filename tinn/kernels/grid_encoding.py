@@ -471,8 +471,8 @@ def grid_backward_params(x: f32_2d, net_ids: i32_1d, param_offset: ti.i32, meta:
                          dparams: f32_2d, F: ti.template(), interp: ti.i32, grid_type: ti.i32, n_shared: ti.i32,
                          D: ti.template(), net_lo: ti.i32, H: ti.template()):
     """dL/dparams (+=) on CUDA in one launch: levels [0, n_shared) as `grid_backward_shared` (a single
-    grid), the rest as `grid_backward_lanes`. One launch instead of two saves ~70 us of host time per
-    step (Taichi's launch path allocates, copies and frees an argument buffer each time)."""
+    grid), the rest as `grid_backward_lanes`. One launch instead of two saves a launch's host time per step
+    (Taichi's launch path allocates, copies and frees an argument buffer each time; docs/design-notes.md)."""
     n_chunks = (x.shape[0] + SHARED_CHUNK - 1) // SHARED_CHUNK
     ti.loop_config(block_dim=SHARED_BLOCK)
     for g in range(n_shared * n_chunks * SHARED_BLOCK):

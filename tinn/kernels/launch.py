@@ -1,7 +1,7 @@
 """A leaner launch path for the hot kernels, on Taichi 1.7.4 and on Quadrants.
 
-Taichi 1.7.4 spends ~40 us of Python per launch plus ~13 us per torch-tensor
-argument on the CI-class CPU: it re-derives the template instance key
+Taichi 1.7.4 spends tens of microseconds of Python per launch and more per torch-tensor
+argument (docs/design-notes.md has the numbers): it re-derives the template instance key
 from every argument and re-validates every tensor through generic code. The
 image-learning step launches several kernels with dozens of tensors, so that alone
 can cost more host time than the GPU work (docs/design-notes.md). Quadrants caches launch
