@@ -79,8 +79,8 @@ class NetworkArray(Part):
         settings = runtime.settings()
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
-        fusable = runtime.arch() == "cuda" and not self.keep_pre and mlp_fused.supported(self.kernel_inputs, self.width,
-                                                                                  n_output_dims)
+        fusable = (runtime.arch() == "cuda" and not self.keep_pre
+                   and mlp_fused.supported(self.kernel_inputs, self.width, n_output_dims))
         choice = selection.choose_path(
             selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
                                 tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
@@ -93,7 +93,7 @@ class NetworkArray(Part):
         self.fused = self.path == "fused"
         self.tensor_cores = (tensor_cores.TensorCorePath(self.shape, n_networks, self.precision, self.input_padding)
                              if self.path == "tensor_cores" else None)
-        self.batched = (BatchedGemmPath(self.shape, n_networks, self.kernel_outputs)
+        self.batched = (BatchedGemmPath(self.shape, n_networks)
                         if self.path == "batched_gemm" else None)
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
         # float16 scales its gradients dynamically unless settings.gradient_scaling says "static": the scale is
@@ -170,9 +170,9 @@ class NetworkArray(Part):
 
     def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         x_fm = x_layout == FEATURE_MAJOR
+        params = self.params.detach()
+        self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if self.tensor_cores is not None:  # (its kernels append tcnn's constant input columns themselves)
-            self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
-            params = self.params.detach()
             if not train:
                 return self.tensor_cores.inference(x, ids, params, x_fm), None
             out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
@@ -180,8 +180,6 @@ class NetworkArray(Part):
         x = self._padded(x, x_fm, self.input_padding[1])
         if x_fm and FEATURE_MAJOR not in self.input_layouts:
             raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
-        params = self.params.detach()
-        self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
         if train and self._step_graphs is not None:
             replayed = self._step_graphs.forward(x, params, x_fm)
             if replayed is not None:

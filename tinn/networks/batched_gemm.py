@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..activations import TORCH_ACTIVATIONS
+from ..kernels.mlp_array import layer_shapes
 from ..routing import sort_by_network
 
 MAX_PADDING = 4.0
@@ -23,11 +24,13 @@ class Batch:
 
     def __init__(self, ids: torch.Tensor, n_networks: int):
         order, counts = sort_by_network(ids, n_networks)
-        self.order = order.long()
+        order = order.long()
         self.rows = int(counts.max()) if counts.numel() else 0
         starts = torch.cumsum(counts, 0) - counts
-        net = ids.long()[self.order]
-        self.slot = net * self.rows + (torch.arange(ids.shape[0], device=ids.device) - starts[net])
+        net = ids.long()[order]
+        # Each sample's row of the flattened (N * M) batch, in the caller's order.
+        self.slot = torch.empty_like(order)
+        self.slot[order] = net * self.rows + (torch.arange(ids.shape[0], device=ids.device) - starts[net])
         self.n_networks = n_networks
 
     def padding(self, batch: int) -> float:
@@ -36,27 +39,20 @@ class Batch:
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, k) rows in the caller's order -> (N, M, k), zeros in the padding rows."""
         padded = x.new_zeros(self.n_networks * self.rows, x.shape[1])
-        padded.index_copy_(0, self.slot, x[self.order])
+        padded.index_copy_(0, self.slot, x)
         return padded.view(self.n_networks, self.rows, x.shape[1])
 
     def gather(self, y: torch.Tensor) -> torch.Tensor:
         """(N, M, k) -> (batch, k) rows in the caller's order."""
-        flat = y.reshape(-1, y.shape[2]).index_select(0, self.slot)
-        out = torch.empty_like(flat)
-        out[self.order] = flat
-        return out
+        return y.reshape(-1, y.shape[2]).index_select(0, self.slot)
 
 
-def layer_weights(params: torch.Tensor, shape, n_rows_out: int) -> list[torch.Tensor]:
-    """(N, fan_out, fan_in) views of each layer's matrix (the last one's first n_rows_out rows: tcnn's
-    padded output rows are never computed)."""
-    dims = [shape.n_in] + [shape.width] * (shape.n_layers - 1)
+def layer_weights(params: torch.Tensor, shape) -> list[torch.Tensor]:
+    """(N, fan_out, fan_in) views of each layer's matrix; the last one's computed rows only (tcnn's padded
+    output rows trail them in its block, so no offset changes)."""
     off, out = 0, []
-    for l in range(shape.n_layers):
-        fan_in = dims[l]
-        fan_out = shape.width if l < shape.n_layers - 1 else n_rows_out
-        rows = fan_out if l < shape.n_layers - 1 else shape.n_out
-        out.append(params[:, off:off + fan_out * fan_in].view(params.shape[0], fan_out, fan_in)[:, :rows])
+    for fan_out, fan_in in layer_shapes(shape.n_in, shape.width, shape.n_out, shape.n_layers):
+        out.append(params[:, off:off + fan_out * fan_in].view(params.shape[0], fan_out, fan_in))
         off += fan_out * fan_in
     return out
 
@@ -71,8 +67,8 @@ def mlp(h: torch.Tensor, weights: list[torch.Tensor], shape) -> torch.Tensor:
 class BatchedGemmPath:
     """Forward, inference and backward of an array as batched GEMMs (see the module docstring)."""
 
-    def __init__(self, shape, n_networks: int, kernel_outputs: int):
-        self.shape, self.n_networks, self.kernel_outputs = shape, n_networks, kernel_outputs
+    def __init__(self, shape, n_networks: int):
+        self.shape, self.n_networks = shape, n_networks
 
     def _batch(self, ids: torch.Tensor) -> Batch | None:
         batch = Batch(ids, self.n_networks)
@@ -83,7 +79,7 @@ class BatchedGemmPath:
         if batch is None:
             return None
         with torch.no_grad():
-            return batch.gather(mlp(batch.scatter(x), layer_weights(params, self.shape, self.kernel_outputs),
+            return batch.gather(mlp(batch.scatter(x), layer_weights(params, self.shape),
                                     self.shape))
 
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor):
@@ -94,7 +90,7 @@ class BatchedGemmPath:
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_()
             p_leaf = params.detach().requires_grad_()
-            y = batch.gather(mlp(batch.scatter(x_leaf), layer_weights(p_leaf, self.shape, self.kernel_outputs),
+            y = batch.gather(mlp(batch.scatter(x_leaf), layer_weights(p_leaf, self.shape),
                                  self.shape))
         return y.detach(), (y, x_leaf, p_leaf)
 
