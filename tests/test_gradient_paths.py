@@ -17,8 +17,9 @@ ON_CUDA = tinn.runtime.arch() == "cuda"
 # The paths a caller can ask for on this arch ("fused" exists on CUDA only; the tensor-core kernels on CUDA, and
 # on the CPU in Triton's interpreter). Every path computes in exact float32 here (`precision="float32"`), so each
 # is held to float64 at float32's accuracy; tests/test_network_precision.py covers the reduced precisions.
-TENSOR_CORES = tensor_cores.unavailable_reason("cuda", None) is None if not ON_CUDA else True
-KERNELS = ["auto", "unfused", "batched_gemm"] + (["fused"] if ON_CUDA else []) + (["tensor_cores"] if TENSOR_CORES else [])
+TENSOR_CORES = tensor_cores.unavailable_reason(tinn.runtime.arch(), None) is None
+KERNELS = (["auto", "unfused", "batched_gemm"] + (["fused"] if ON_CUDA else [])
+           + (["tensor_cores"] if TENSOR_CORES else []))
 
 
 def dev():
