@@ -90,10 +90,9 @@ def test_web_viewer_quick_measures_every_condition_of_every_task(out_dir):
         for key in ("no_viewer", "served_no_client", "resting_client", "moving_client"):
             assert positive(task[key]), (name, key)
         for key in ("resting_client", "moving_client"):
-            assert task[f"{key}_frames_received"] >= 1, (name, key)
-            # What the page rendered reached the client: give or take the last frame, still on its way at the end,
-            # and the frame a client gets on connecting (viser replays the scene's state, the background included).
-            assert abs(task[f"{key}_frames_received"] - task[f"{key}_frames_sent"]) <= 1, (name, key)
+            # What the page rendered reached the client (viser may drop a frame that a newer one replaced before
+            # it went out).
+            assert 1 <= task[f"{key}_frames_received"] <= task[f"{key}_frames_sent"], (name, key)
         assert task["refused_messages"] == 0, name
         assert task["resting_client_vs_no_viewer"] == pytest.approx(task["resting_client"] / task["no_viewer"],
                                                                     rel=0.05)

@@ -96,18 +96,22 @@ def scene_cameras(source, degrees_per_move: float = 3.0):
 
 def frames_in(raw: bytes) -> int:
     """Background images (the renders) in one message window of viser's wire format: two little-endian lengths
-    (msgpack, zstd-compressed msgpack), the compressed msgpack {"messages": [...]}, then binary buffers."""
+    (msgpack, zstd-compressed msgpack), the compressed msgpack {"messages": [...]}, then binary buffers. The empty
+    background every client gets on connecting is not a frame."""
     import msgspec
     import zstandard
 
     size, compressed = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
     inner = zstandard.ZstdDecompressor().decompress(raw[16:16 + compressed], max_output_size=size)
-    return sum(m.get("type") == "BackgroundImageMessage" for m in msgspec.msgpack.decode(inner)["messages"])
+    return sum(m.get("type") == "BackgroundImageMessage" and m.get("rgb_data") is not None
+               for m in msgspec.msgpack.decode(inner)["messages"])
 
 
 class HeadlessClient:
     """A websocket client in its own thread: one camera message (or one every `move_every_s`, the next of
     `camera(k)`), all frames read."""
+
+    DRAIN_S = 0.3  # on stopping: silence from the server this long ends the reading
 
     def __init__(self, url: str, camera, width: int = 1280, height: int = 720, move_every_s: float | None = None):
         self.url, self.camera, self.width, self.height, self.move_every_s = url.replace("http", "ws", 1), camera, \
@@ -143,15 +147,18 @@ class HeadlessClient:
             k = 0
             await ws.send(self.camera_message(k))
             last_move = time.perf_counter()
-            while not self.stop.is_set():
+            while True:
+                stopping = self.stop.is_set()
                 try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=0.05)
+                    # Once asked to stop, what is still on its way is read until the server falls silent.
+                    raw = await asyncio.wait_for(ws.recv(), timeout=self.DRAIN_S if stopping else 0.05)
                     self.bytes_received += len(raw)
                     self.messages += 1
                     self.frames += frames_in(raw)
                 except asyncio.TimeoutError:
-                    pass
-                if self.move_every_s and time.perf_counter() - last_move >= self.move_every_s:
+                    if stopping:
+                        break
+                if not stopping and self.move_every_s and time.perf_counter() - last_move >= self.move_every_s:
                     k += 1
                     await ws.send(self.camera_message(k))
                     last_move = time.perf_counter()
