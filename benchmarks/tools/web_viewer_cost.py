@@ -81,8 +81,7 @@ def scene_cameras(source, degrees_per_move: float = 3.0):
     from tinn.viewer.orbit import OrbitCamera
 
     start, target = source.orbit_start()
-    test = getattr(source, "test")
-    fov = 2.0 * math.atan(0.5 * test.height / float(test.focal))
+    fov = 2.0 * math.atan(0.5 * source.test.height / float(source.test.focal))  # the held-out views' own
     look_at = tuple(float(v) for v in torch.as_tensor(target).cpu().reshape(3))
 
     def camera(k: int) -> dict:
