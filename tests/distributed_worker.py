@@ -85,6 +85,69 @@ def scenario_equal(rank, out):
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
+# The pipelined / uneven / empty-bucket scenario: (name, ShardedPart keywords). UNEVEN gives rank 0 two
+# networks (the first and the last) and rank 1 four.
+UNEVEN = [0, 1, 1, 1, 1, 0]
+PIPELINE_CASES = {"chunks1": {}, "chunks3": {"chunks": 3}, "triton2": {"chunks": 2, "exchange_kernels": "triton"},
+                  "uneven3": {"chunks": 3, "assignment": UNEVEN}}
+
+
+def pipeline_batches(rank: int, owned0: list[int]):
+    """(name, batch) of the pipeline scenario: a plain batch, and one whose samples all go to rank 0's networks
+    (rank 1 receives nothing) with rank 1's batch 2 samples long (some of its chunks are empty)."""
+    plain = batch(rank, 0)
+    x, ids, t, w = batch(rank, 1, size=BATCH if rank == 0 else 2)
+    ids = torch.tensor(owned0, dtype=torch.int32)[ids.long() % len(owned0)]
+    return {"plain": plain, "to_rank0": (x, ids, t, w)}
+
+
+def scenario_pipeline(rank, out):
+    """Chunked (pipelined) exchanges, the Triton bucketing kernels (Triton's interpreter), uneven ownership and a
+    rank that receives nothing, each through autograd (outputs, dx, every table's gradient); the contract's
+    dx announcement; the phase profile of trainer steps; a Replicated part's all-reduced gradients."""
+    import tinn.distributed as td
+    from tinn.distributed import buckets as B
+    from tinn.distributed.profile import PhaseTimer
+    from tinn.errors import ConfigError
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    res = {}
+    for shared in (False, True):
+        for name, kw in PIPELINE_CASES.items():
+            model = td.ShardedPart(factory(shared), N_NETWORKS, config={"case": name, "shared": shared}, **kw)
+            tag = f"{'shared' if shared else 'sharded'}/{name}"
+            res[f"{tag}/owned"] = model.owned
+            res[f"{tag}/triton"] = B.use_triton(model.exchange_kernels, torch.device("cpu"), N_NETWORKS)
+            for case, (x, ids, _, w) in pipeline_batches(rank, model.ownership.owned(0)).items():
+                res[f"{tag}/{case}"] = autograd_pass(model, x, ids, w)
+    model = td.ShardedPart(factory(), N_NETWORKS, chunks=2)
+    x, ids, t, w = batch(rank, 5)
+    y, ctx = model.forward_ctx(x, ids, train=True)
+    try:
+        model.backward(ctx, w, need_dx=True)
+        res["unannounced"] = "no error"
+    except ConfigError as e:
+        res["unannounced"] = str(e)
+    y, ctx = model.forward_ctx(x, ids, train=True, need_dx=True)  # the ranks are still in step
+    dx, grads = model.backward(ctx, w, need_dx=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    res["announced"] = {"y": y, "dx": dx, "grads": {names[id(t)]: g for t, g in zip(model.tables(), grads)}}
+    res["announced_autograd"] = autograd_pass(model, x, ids, w)
+    timer = PhaseTimer(cuda=False)
+    model.profiler = timer
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    timer.start()
+    for step in range(2):
+        trainer.training_step(x, t, ids)
+    timer.mark("other")
+    res["profile"] = timer.collect(2)
+    res["profile_marks"] = [phase for phase, _, _ in timer._marks]
+    rep = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
+    res["replicated"] = autograd_pass(rep, x, ids, w)
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_compact(rank, out):
     """Compact (bfloat16) grid tables owned per network: trained sharded; replicated, refused."""
     import tinn.distributed as td
