@@ -92,19 +92,29 @@ PIPELINE_CASES = {"chunks1": {}, "chunks3": {"chunks": 3}, "triton2": {"chunks":
                   "uneven3": {"chunks": 3, "assignment": UNEVEN}}
 
 
-def pipeline_batches(rank: int, owned0: list[int]):
+def pipeline_batches(rank: int, owned0: list[int], device="cpu"):
     """(name, batch) of the pipeline scenario: a plain batch, and one whose samples all go to rank 0's networks
     (rank 1 receives nothing) with rank 1's batch 2 samples long (some of its chunks are empty)."""
     plain = batch(rank, 0)
     x, ids, t, w = batch(rank, 1, size=BATCH if rank == 0 else 2)
     ids = torch.tensor(owned0, dtype=torch.int32)[ids.long() % len(owned0)]
-    return {"plain": plain, "to_rank0": (x, ids, t, w)}
+    return {name: tuple(v.to(device) for v in b) for name, b in (("plain", plain), ("to_rank0", (x, ids, t, w)))}
+
+
+def _on_host(value):
+    """Results as CPU tensors (the test process compares them wherever its own tinn runs)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    return value
 
 
 def scenario_pipeline(rank, out):
     """Chunked (pipelined) exchanges, the Triton bucketing kernels (Triton's interpreter), uneven ownership and a
     rank that receives nothing, each through autograd (outputs, dx, every table's gradient); the contract's
     dx announcement; the phase profile of trainer steps; a Replicated part's all-reduced gradients."""
+    import tinn
     import tinn.distributed as td
     from tinn.distributed import buckets as B
     from tinn.distributed.profile import PhaseTimer
@@ -113,16 +123,17 @@ def scenario_pipeline(rank, out):
     from tinn.trainer import Trainer
 
     res = {}
+    dev = tinn.runtime.device()
     for shared in (False, True):
         for name, kw in PIPELINE_CASES.items():
             model = td.ShardedPart(factory(shared), N_NETWORKS, config={"case": name, "shared": shared}, **kw)
             tag = f"{'shared' if shared else 'sharded'}/{name}"
             res[f"{tag}/owned"] = model.owned
-            res[f"{tag}/triton"] = B.use_triton(model.exchange_kernels, torch.device("cpu"), N_NETWORKS)
-            for case, (x, ids, _, w) in pipeline_batches(rank, model.ownership.owned(0)).items():
+            res[f"{tag}/triton"] = B.use_triton(model.exchange_kernels, dev, N_NETWORKS)
+            for case, (x, ids, _, w) in pipeline_batches(rank, model.ownership.owned(0), dev).items():
                 res[f"{tag}/{case}"] = autograd_pass(model, x, ids, w)
     model = td.ShardedPart(factory(), N_NETWORKS, chunks=2)
-    x, ids, t, w = batch(rank, 5)
+    x, ids, t, w = (v.to(dev) for v in batch(rank, 5))
     y, ctx = model.forward_ctx(x, ids, train=True)
     try:
         model.backward(ctx, w, need_dx=True)
@@ -134,7 +145,7 @@ def scenario_pipeline(rank, out):
     names = {id(p): n for n, p in model.named_parameters()}
     res["announced"] = {"y": y, "dx": dx, "grads": {names[id(t)]: g for t, g in zip(model.tables(), grads)}}
     res["announced_autograd"] = autograd_pass(model, x, ids, w)
-    timer = PhaseTimer(cuda=False)
+    timer = PhaseTimer(cuda=dev.type == "cuda")
     model.profiler = timer
     trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
     timer.start()
@@ -145,6 +156,41 @@ def scenario_pipeline(rank, out):
     res["profile_marks"] = [phase for phase, _, _ in timer._marks]
     rep = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
     res["replicated"] = autograd_pass(rep, x, ids, w)
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_syncs(rank, out):
+    """Host synchronisations of a sharded step on CUDA (torch's sync debug mode): the forward's header is the
+    only one; the backward has none, chunked or not."""
+    import warnings
+
+    import tinn
+    import tinn.distributed as td
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    res = {}
+    for chunks in (1, 2):
+        model = td.ShardedPart(factory(True), N_NETWORKS, chunks=chunks)
+        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+        x, ids, t, w = (v.to(dev) for v in batch(rank, 0, size=4096))
+        trainer.training_step(x, t, ids)  # compiles (compiling may sync)
+        torch.cuda.synchronize()
+        with tinn.checks.disabled(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                y, ctx = model.forward_ctx(x, ids, train=True)
+                forward = len(caught)
+                torch.cuda.set_sync_debug_mode("error")
+                model.backward(ctx, w, need_dx=False)
+                torch.cuda.set_sync_debug_mode("warn")
+                before = len(caught)
+                trainer.training_step(x, t, ids)
+                step = len(caught) - before
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        res[chunks] = {"forward": forward, "step": step, "messages": [str(c.message)[:200] for c in caught]}
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -354,8 +400,10 @@ def main():
     import tinn
     import tinn.distributed as td
 
-    td.init("cpu", timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
-    torch.set_num_threads(1)
+    arch = os.environ.get("TINN_ARCH", "cpu")
+    td.init(arch, timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
+    if arch == "cpu":
+        torch.set_num_threads(1)
     rank = td.rank()
     try:
         globals()[f"scenario_{scenario}"](rank, out)
@@ -364,7 +412,7 @@ def main():
             f.write(traceback.format_exc())
         os._exit(1)
     td.shutdown()
-    assert tinn.runtime.arch() == "cpu"
+    assert tinn.runtime.arch() == arch
 
 
 if __name__ == "__main__":

@@ -137,14 +137,15 @@ def test_forward_gradients_and_steps_equal_unsharded(equal_run, shared):
 
 def _check_against_reference(got: dict, full, batches, r: int, owned, shared: bool, what: str):
     """One rank's autograd results (y, dx, gradients) against the unsharded array on every rank's batch."""
-    y, dx, grads = _reference_autograd(full, batches, 1.0 / WORLD)
+    dev = tinn.runtime.device()
+    y, dx, grads = _reference_autograd(full, [tuple(v.to(dev) for v in b) for b in batches], 1.0 / WORLD)
     start = sum(b[0].shape[0] for b in batches[:r])
     sl = slice(start, start + batches[r][0].shape[0])
-    torch.testing.assert_close(got["y"], y[sl], rtol=1e-5, atol=1e-6, msg=what)
-    torch.testing.assert_close(got["dx"], dx[sl] * WORLD, rtol=1e-4, atol=1e-6, msg=what)
+    torch.testing.assert_close(got["y"], y[sl].cpu(), rtol=1e-5, atol=1e-6, msg=what)
+    torch.testing.assert_close(got["dx"], dx[sl].cpu() * WORLD, rtol=1e-4, atol=1e-6, msg=what)
     for n, g in grads.items():
-        torch.testing.assert_close(got["grads"][f"local.{n}"], _rows(n, g, owned, shared), rtol=1e-4, atol=1e-7,
-                                   msg=f"{what} {n}")
+        torch.testing.assert_close(got["grads"][f"local.{n}"], _rows(n, g, owned, shared).cpu(), rtol=1e-4,
+                                   atol=1e-7, msg=f"{what} {n}")
 
 
 @pytest.fixture(scope="module")
@@ -153,17 +154,12 @@ def pipeline_run(tmp_path_factory):
     return run_ranks("pipeline", tmp_path_factory.mktemp("pipeline"), TRITON_INTERPRET=1)
 
 
-@cpu_reference
-@pytest.mark.parametrize("shared", [False, True])
-def test_chunked_uneven_and_empty_exchanges_equal_unsharded(pipeline_run, shared):
-    """Every exchange path (chunks of 1, 3 and 2 with the Triton kernels, uneven ownership) gives the unsharded
-    array's outputs, input gradients and table gradients (replicated ones all-reduced), also when every sample
-    goes to rank 0 and rank 1 receives nothing while its own 2-sample batch leaves chunks empty."""
+def _check_pipeline(runs, shared: bool, triton_cases):
     tag = "shared" if shared else "sharded"
     full = _full(shared)
     for name in W.PIPELINE_CASES:
-        owned = [res[f"{tag}/{name}/owned"] for res in pipeline_run]
-        assert [res[f"{tag}/{name}/triton"] for res in pipeline_run] == [name == "triton2"] * WORLD
+        owned = [res[f"{tag}/{name}/owned"] for res in runs]
+        assert [res[f"{tag}/{name}/triton"] for res in runs] == [name in triton_cases] * WORLD
         assert sorted(owned[0] + owned[1]) == list(range(W.N_NETWORKS))
         if name == "uneven3":
             assert owned == [[0, 5], [1, 2, 3, 4]]
@@ -172,15 +168,48 @@ def test_chunked_uneven_and_empty_exchanges_equal_unsharded(pipeline_run, shared
             if case == "to_rank0":
                 assert all(bool(torch.isin(b[1], torch.tensor(owned[0])).all()) for b in batches)
                 assert batches[1][0].shape[0] == 2
-            for r, res in enumerate(pipeline_run):
+            for r, res in enumerate(runs):
                 _check_against_reference(res[f"{tag}/{name}/{case}"], full, batches, r, owned[r], shared,
                                          f"{name} {case} rank {r}")
     # Chunked and unchunked: the same numbers (the local kernels see the same samples, in other groupings).
-    for r, res in enumerate(pipeline_run):
+    for r, res in enumerate(runs):
         a, b = res[f"{tag}/chunks1/plain"], res[f"{tag}/chunks3/plain"]
         torch.testing.assert_close(a["y"], b["y"], rtol=1e-6, atol=1e-7)
         for n in a["grads"]:
             torch.testing.assert_close(a["grads"][n], b["grads"][n], rtol=1e-5, atol=1e-8)
+
+
+@cpu_reference
+@pytest.mark.parametrize("shared", [False, True])
+def test_chunked_uneven_and_empty_exchanges_equal_unsharded(pipeline_run, shared):
+    """Every exchange path (chunks of 1, 3 and 2 with the Triton kernels, uneven ownership) gives the unsharded
+    array's outputs, input gradients and table gradients (replicated ones all-reduced), also when every sample
+    goes to rank 0 and rank 1 receives nothing while its own 2-sample batch leaves chunks empty."""
+    _check_pipeline(pipeline_run, shared, triton_cases={"triton2"})
+
+
+two_gpus = pytest.mark.skipif(tinn.runtime.arch() != "cuda" or torch.cuda.device_count() < 2
+                              or not torch.distributed.is_nccl_available(),
+                              reason="needs tinn on CUDA, two GPUs and NCCL")
+
+
+@two_gpus
+@pytest.mark.parametrize("shared", [False, True])
+def test_exchanges_on_two_gpus_equal_unsharded(tmp_path, shared):
+    """The same scenario over NCCL, one GPU per rank: the Triton bucketing kernels (every case on CUDA), the
+    asynchronous all_to_alls and all-reduces against the unsharded array on this process's GPU."""
+    runs = run_ranks("pipeline", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_pipeline(runs, shared, triton_cases=set(W.PIPELINE_CASES))
+
+
+@pytest.mark.skipif(tinn.runtime.arch() != "cuda" or not torch.distributed.is_nccl_available(),
+                    reason="host syncs only exist on a GPU (NCCL)")
+def test_sharded_step_syncs_the_host_once(tmp_path):
+    """torch's sync debug mode over a one-rank NCCL group: the forward's header is the step's one host
+    synchronisation; the backward has none (it raised on any), chunked or not."""
+    res = run_ranks("syncs", tmp_path, world=1, TINN_ARCH="cuda", TRITON_INTERPRET=0)[0]
+    for chunks in (1, 2):
+        assert res[chunks]["forward"] == 1 and res[chunks]["step"] == 1, res[chunks]["messages"]
 
 
 @cpu_reference

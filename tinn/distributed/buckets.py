@@ -105,9 +105,12 @@ def _bucket_torch(x, ids, owner_table, local_table, world, chunks):
     n, d = x.shape
     key = _keys_torch(ids, owner_table, world, chunks)
     n_keys = world * chunks
-    narrow = torch.uint8 if n_keys <= 255 else torch.int32  # a radix sort: one pass per key byte
-    _, perm = torch.sort(key.to(narrow), stable=True)
-    counts = torch.bincount(key, minlength=n_keys).view(chunks, world)
+    narrow = torch.uint8 if n_keys < 255 else torch.int32  # a radix sort: one pass per key byte (and n_keys fits)
+    sorted_keys, perm = torch.sort(key.to(narrow), stable=True)
+    # Counts from the sorted keys (a binary search per bucket boundary): bincount on CUDA reads the largest key
+    # back to the host to size its output, a synchronisation.
+    bounds = torch.searchsorted(sorted_keys, torch.arange(n_keys + 1, device=x.device, dtype=narrow))
+    counts = (bounds[1:] - bounds[:-1]).view(chunks, world)
     dest = torch.empty_like(perm)
     dest.scatter_(0, perm, torch.arange(n, device=x.device, dtype=perm.dtype))
     send = torch.empty(n, d + 1, device=x.device)
