@@ -178,16 +178,20 @@ def scenario_syncs(rank, out):
         torch.cuda.synchronize()
         with tinn.checks.disabled(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+
+            def syncs():
+                return sum("synchroniz" in str(c.message) for c in caught)
+
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 y, ctx = model.forward_ctx(x, ids, train=True)
-                forward = len(caught)
+                forward = syncs()
                 torch.cuda.set_sync_debug_mode("error")
                 model.backward(ctx, w, need_dx=False)
                 torch.cuda.set_sync_debug_mode("warn")
-                before = len(caught)
+                before = syncs()
                 trainer.training_step(x, t, ids)
-                step = len(caught) - before
+                step = syncs() - before
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         res[chunks] = {"forward": forward, "step": step, "messages": [str(c.message)[:200] for c in caught]}

@@ -68,8 +68,12 @@ def use_triton(kernels: str, device: torch.device, n_keys: int = 1) -> bool:
     return device.type == "cuda"
 
 
-def _block(device: torch.device) -> int:
-    return _BLOCK if device.type == "cuda" else 16  # the interpreter is numpy: small blocks, quick tests
+def _block(device: torch.device, dims_block: int) -> int:
+    """Samples per program: up to _BLOCK, fewer for wide rows (a tile of BLOCK x dims values lives in
+    registers); 16 under Triton's interpreter (numpy: small blocks, quick tests)."""
+    if device.type != "cuda":
+        return 16
+    return max(64, min(_BLOCK, 8192 // dims_block))
 
 
 def _dims_block(d: int) -> int:
@@ -125,7 +129,8 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
     n, d = x.shape
     dev = x.device
     n_keys = world * chunks
-    block = _block(dev)
+    dims_block = _dims_block(d)
+    block = _block(dev, dims_block)
     blocks = (n + block - 1) // block
     block_counts = torch.empty(blocks, n_keys, dtype=torch.int32, device=dev)
     ids = ids.contiguous()
@@ -139,7 +144,7 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
     dest = torch.empty(n, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
     K.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send, dest, perm, n, chunks,
-                             world, d, K=n_keys, BLOCK=block, DP=_dims_block(d))
+                             world, d, K=n_keys, BLOCK=block, DP=dims_block)
     return Packing(send, perm, dest, totals.view(chunks, world))
 
 
@@ -153,7 +158,7 @@ def unpack(received: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor,
 
         x = torch.empty(n, d, device=dev)
         ids = torch.empty(n, dtype=torch.int32, device=dev)
-        block = _block(dev)
+        block = _block(dev, _dims_block(d))
         K.unpack_kernel[((n + block - 1) // block,)](received, x, ids, n, d, BLOCK=block, DP=_dims_block(d))
         return x, ids
     return received[:, :d].contiguous(), received[:, d].contiguous().view(torch.int32)
@@ -168,7 +173,7 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kern
         from . import bucket_kernels as K
 
         out = torch.empty(n, d, device=dev)
-        block = _block(dev)
+        block = _block(dev, _dims_block(d))
         K.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale), BLOCK=block,
                                                      DP=_dims_block(d))
         return out
