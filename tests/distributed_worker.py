@@ -352,13 +352,20 @@ def scenario_mismatch(rank, out):
     import tinn.distributed as td
     from tinn.errors import ConfigError
 
+    def build(**kw):
+        try:
+            td.ShardedPart(**kw)
+            return "no error"
+        except ConfigError as e:
+            return f"ConfigError: {e}"
+
     network = dict(NETWORK, n_neurons=32) if rank == 1 else NETWORK
-    try:
-        td.ShardedPart(factory(network=network), N_NETWORKS)
-        result = "no error"
-    except ConfigError as e:
-        result = f"ConfigError: {e}"
-    torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
+    res = {"result": build(part_factory=factory(network=network), n_networks=N_NETWORKS)}
+    # Chunk counts shape every header: ranks with different ones are refused at construction too.
+    res["chunks"] = build(part_factory=factory(), n_networks=N_NETWORKS, chunks=1 + rank)
+    res["bad_chunks"] = build(part_factory=factory(), n_networks=N_NETWORKS, chunks=0)
+    res["bad_kernels"] = build(part_factory=factory(), n_networks=N_NETWORKS, exchange_kernels="cub")
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
 def scenario_disagree(rank, out):
