@@ -14,7 +14,7 @@ One command measures one GPU and all of them: the one-GPU runs happen on rank 0 
    target >= 0.93.
    Models (--models): "grid", each network a hash grid + a 64-wide MLP (3 in, 4 out); "mlp", an MLP-only
    array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions): "float32" (tinn's default
-   path) and "float16" (the tensor-core kernels). --chunks: the sharded part's pipelining.
+   path) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded part's pipelining.
    Each sharded run is then profiled (--profile-steps steps): per step, the time the compute stream spent
    in the exchange, the local part's compute, the all-reduce of replicated tables, idle (the header's
    host round trip) and other (loss, optimizer), from CUDA events (tinn/distributed/profile.py).
@@ -60,7 +60,10 @@ def parse_args():
     p.add_argument("--models", default="grid,mlp", help="scaling models, comma-separated: grid, mlp")
     p.add_argument("--precisions", default="float32,float16",
                    help="network precisions, comma-separated: float32 (default path), float16 (tensor cores)")
-    p.add_argument("--chunks", default="1", help="ShardedPart chunks to run, comma-separated (pipelining)")
+    p.add_argument("--chunks", default="1,4",
+                   help="ShardedPart chunks (pipelining) of the MLP-only runs, comma-separated")
+    p.add_argument("--grid-chunks", default="1",
+                   help="chunks of the hash-grid runs (each extra chunk adds a pass over the grid's gradient)")
     p.add_argument("--exchange-kernels", default="auto", choices=("auto", "triton", "torch"))
     p.add_argument("--profile-steps", type=int, default=5, help="profiled steps per sharded run (0: none)")
     p.add_argument("--big-gib", type=float, default=None,
@@ -75,7 +78,8 @@ def parse_args():
         args.profile_steps = min(args.profile_steps, 2)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    args.chunks = {"mlp": [int(c) for c in args.chunks.split(",") if c.strip()],
+                   "grid": [int(c) for c in args.grid_chunks.split(",") if c.strip()]}
     bad = [m for m in args.models if m not in ("grid", "mlp")] + \
         [q for q in args.precisions if q not in ("float32", "float16")]
     if bad:
@@ -380,7 +384,7 @@ def main():
     t1_cache = {}
     for kind in args.models:
         for precision in args.precisions:
-            for chunks in args.chunks:
+            for chunks in args.chunks[kind]:
                 s = scaling(args, kind, grid, precision, chunks, t1_cache)
                 result["scaling"].append(s)
                 log(f"  {kind} {precision} chunks={chunks}: 1 GPU {s['single_gpu_step_ms']:.2f} ms, strong "
