@@ -1,6 +1,6 @@
 """Sample routing between ranks: each sample travels to the rank that owns its network and back.
 
-A forward bucketes the caller's samples by (chunk, owner) on the device (tinn/distributed/buckets.py),
+A forward buckets the caller's samples by (chunk, owner) on the device (tinn/distributed/buckets.py),
 then exchanges a small header: every rank sends every rank its sample count per chunk, the flags and a
 call number (one all_to_all_single of int64). Reading it is the step's one host synchronisation: the
 owner's local part sizes its buffers and kernel launches by the count it receives, and torch's
