@@ -608,6 +608,26 @@ def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
         PyramidRays(views, 0)
 
 
+def test_finest_share_gives_the_full_resolution_its_fraction_of_every_batch():
+    from tinn.errors import ConfigError
+    from tinn.render import pixel_radius
+    from tinn.scenes.octree_training import PyramidRays
+    from tinn.scenes.procedural import ProceduralScene, render_views
+
+    views = render_views(ProceduralScene(), 2, 8, 8, seed=2, n_samples=32)
+    rays = PyramidRays(views, 3, finest_share=0.8)
+    # 80% full resolution; the other 20% split 2:1 between the half and the quarter resolution (rounded down,
+    # the remainder to the full resolution).
+    assert rays.level_counts(1000) == [801, 133, 66]
+    _, _, _, radius = rays.sample(1000, torch.Generator(device=DEV).manual_seed(1))
+    assert int((radius == pixel_radius(views.focal)).sum()) == 801
+    assert PyramidRays(views, 1, finest_share=0.8).level_counts(10) == [10]   # one level takes the whole batch
+    assert PyramidRays(views, 3, finest_share=1.0).level_counts(10) == [8, 1, 1]   # every level keeps a ray
+    for bad in (0.0, 1.5, "half"):
+        with pytest.raises(ConfigError, match="finest_share"):
+            PyramidRays(views, 3, finest_share=bad)
+
+
 def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
     field = blob_field(3)
     c2w = _look_at_origin(2.6)

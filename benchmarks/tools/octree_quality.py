@@ -14,8 +14,9 @@ mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and
     python -m benchmarks.tools.octree_quality --res 800 --views 100 --samples 256 --teacher-steps 3000 \
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
-Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1 and --octree-final-lr 1,0.1 take comma
-lists (one octree per combination, each trained for the teacher's time).
+Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1, --octree-final-lr 1,0.1,
+--finest-share 0.53,0.8, --grid-base 2,8, --level-scale 2,1.5, --octree-samples and --oversample take comma lists
+(one octree per combination, each trained for the teacher's time).
 
 Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and
 assimp-testmodels).
@@ -23,6 +24,7 @@ assimp-testmodels).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -56,7 +58,17 @@ def parse_args(argv=None):
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=32.0,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view")
-    p.add_argument("--oversample", type=float, default=2.0)
+    p.add_argument("--oversample", default="2", help="node grids go this much finer than the level rule's cells "
+                   "(comma list: one octree per value)")
+    p.add_argument("--finest-share", default="default",
+                   help="share of each octree batch from the full-resolution images (the finest nodes); 'default': "
+                        "the trainer's; a comma list trains one octree per value")
+    p.add_argument("--grid-base", default="default", help="node grids' coarsest resolution ('default': the budget "
+                   "rule's; comma list)")
+    p.add_argument("--level-scale", default="default", help="node grids' largest growth per level ('default': the "
+                   "budget rule's; comma list)")
+    p.add_argument("--octree-samples", default="default", help="samples per ray of the octree trainer ('default': "
+                   "--samples; comma list)")
     p.add_argument("--blend-margin", default="0",
                    help="blend across node faces (0: off); a comma list trains one octree per value")
     p.add_argument("--neurons", dest="octree_neurons", type=int, default=32)
@@ -90,7 +102,12 @@ def octree_for(args, train, budget: int):
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.octree_neurons, "n_hidden_layers": args.octree_hidden}
     rule = leaf_resolution(tree, footprint)
-    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network)
+    options = {}
+    if args.grid_base is not None:
+        options["base_resolution"] = int(args.grid_base)
+    if args.level_scale is not None:
+        options["max_level_scale"] = args.level_scale
+    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network, **options)
     return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3,
                        blend_margin=args.blend_margin)
 
@@ -106,9 +123,11 @@ def train_octree(args, field, train, seconds: float):
     batch = args.octree_batch or args.batch_rays
 
     def trainer(total):
-        return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.samples, batch_rays=batch,
-                             optimizer_config=decaying_adam(args.octree_lr, total, args.octree_final_lr,
-                                                            l2_reg=1e-6), seed=args.seed)
+        options = {} if args.finest_share is None else {"finest_share": args.finest_share}
+        return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.octree_samples or args.samples,
+                             batch_rays=batch, optimizer_config=decaying_adam(args.octree_lr, total,
+                                                                              args.octree_final_lr, l2_reg=1e-6),
+                             seed=args.seed, **options)
 
     probe = trainer(None)
     for _ in range(3):  # warm-up: compiles
@@ -149,12 +168,15 @@ def run_mesh(args, name: str, path: str) -> dict:
     del pipe
 
     octrees = []
-    for depth in _floats(args.max_depth):
-        for margin in _floats(args.blend_margin):
-            for final in _floats(args.octree_final_lr):
-                variant = argparse.Namespace(**vars(args))
-                variant.max_depth, variant.blend_margin, variant.octree_final_lr = int(depth), margin, final
-                octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
+    lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS}
+    for combination in itertools.product(*lists.values()):
+        variant = argparse.Namespace(**vars(args))
+        for key, value in zip(lists, combination):
+            setattr(variant, key, value)
+        variant.max_depth = int(variant.max_depth)
+        if variant.octree_samples is not None:
+            variant.octree_samples = int(variant.octree_samples)
+        octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
     return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
             "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
                         "param_bytes": kilo["param_bytes_teacher"],
@@ -166,8 +188,17 @@ def run_mesh(args, name: str, path: str) -> dict:
             "octree": octrees}
 
 
+VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
+                "octree_samples", "oversample")
+
+
 def _floats(text) -> list[float]:
     return [float(v) for v in str(text).split(",") if v.strip()]
+
+
+def _values(text) -> list:
+    """A comma list of numbers; 'default' stands for None (the library's own default)."""
+    return [None if v.strip() == "default" else float(v) for v in str(text).split(",") if v.strip()]
 
 
 def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: float) -> dict:
@@ -182,7 +213,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     octree_params = field.n_params()
     enc = field.encoding_config
     finest = enc["base_resolution"] * enc["per_level_scale"] ** (enc["n_levels"] - 1)
-    print(f"[{name}] octree (blend margin {args.blend_margin:g}, rate to {args.octree_final_lr:g}x): {field.n_nodes} "
+    print(f"[{name}] octree ({_variant_label(args)}): {field.n_nodes} "
           f"nodes {field.octree.nodes_per_level()}, grid {enc['n_levels']} levels x 2^{enc['log2_hashmap_size']} up to "
           f"{finest:.0f} cells per node edge, {octree_params} params (teacher {teacher_params})")
     timing = train_octree(args, field, train, teacher_s * args.time_factor)
@@ -202,6 +233,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     print(format_curve(curve))
     return {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
             "blend_margin": args.blend_margin, "final_lr_factor": args.octree_final_lr,
+            "variant": {key: getattr(args, key) for key in VARIANT_KEYS}, "label": _variant_label(args),
             "occupancy_seconds": occupancy_s, "params": octree_params,
             "param_bytes": field.memory_bytes(), "frame_ms": 1e3 * frame_s, "nodes": field.n_nodes,
             "nodes_per_level": field.octree.nodes_per_level(), "encoding": enc,
@@ -209,8 +241,13 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
             "fraction_touched": near["fraction_touched"], "lod_curve": curve}
 
 
+def _variant_label(args) -> str:
+    return ", ".join(f"{key.replace('_', '-')} {getattr(args, key):g}" for key in VARIANT_KEYS
+                     if getattr(args, key) is not None)
+
+
 def print_table(results: dict) -> None:
-    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, blend, rate to | octree finest dB "
+    print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, variant | octree finest dB "
           "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
@@ -220,7 +257,7 @@ def print_table(results: dict) -> None:
                               for c in o["lod_curve"])
             print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
                   f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
-                  f"| {o['nodes']}, {o['blend_margin']:g}, {o['final_lr_factor']:g}x "
+                  f"| {o['nodes']}, {o['label']} "
                   f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
                   f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
 

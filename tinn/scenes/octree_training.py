@@ -1,9 +1,11 @@
 """Training an `OctreeField` from posed images through image pyramids, and evaluating it.
 
 Pyramid level k is the image set downscaled by 2^k: its pixels have 2^k times wider footprints, so its
-samples select nodes about k levels coarser. Every batch draws rays from every pyramid level (level k a
-share proportional to 2^-k), so every octree level gets trained (coarse nodes learn the low-pass scene the
-coarse images show).
+samples select nodes about k levels coarser. Every batch draws rays from every pyramid level, so every octree
+level gets trained (coarse nodes learn the low-pass scene the coarse images show). The full resolution gets
+`finest_share` of each batch and the coarser levels split the rest (level k a share proportional to 2^-k): the
+rays of one pyramid level train only the nodes of one octree depth, so the share is the fraction of the steps
+the finest nodes see.
 The loss is photometric L2 through `tinn.render.composite`; torch autograd carries it into the node array.
 """
 from __future__ import annotations
@@ -42,7 +44,10 @@ def image_pyramid(images, n_levels: int) -> list:
 class PyramidRays:
     """Every ray of every pyramid level (origins, directions, target colours, pixel radius), on the device."""
 
-    def __init__(self, images, n_levels: int):
+    def __init__(self, images, n_levels: int, finest_share: float | None = None):
+        if finest_share is not None and not (isinstance(finest_share, (int, float)) and 0.0 < finest_share <= 1.0):
+            raise ConfigError(f"finest_share={finest_share!r} must be a number in (0, 1] (or None: 2^-k shares)")
+        self.finest_share = finest_share
         self.levels = image_pyramid(images, n_levels)
         dev = runtime.device()
         parts = [level.to(dev).rays() for level in self.levels]
@@ -63,12 +68,16 @@ class PyramidRays:
         return len(self.levels)
 
     def level_counts(self, n_rays: int) -> list[int]:
-        """Rays per pyramid level in a batch of n_rays: level k gets a share proportional to 2^-k (the full
-        resolution, with the most pixels and the finest detail, about half), and every level at least one."""
+        """Rays per pyramid level in a batch of n_rays: the full resolution `finest_share` of them (None: a
+        share proportional to 2^-k for every level k, about half for the full resolution), the coarser levels
+        the rest in shares proportional to 2^-k, and every level at least one."""
         if n_rays < self.n_levels:
             raise ConfigError(f"batch of {n_rays} rays cannot cover {self.n_levels} pyramid levels; "
                               f"allowed: >= {self.n_levels}")
         weights = [2.0 ** -k for k in range(self.n_levels)]
+        if self.finest_share is not None and self.n_levels > 1:
+            rest = sum(weights[1:])
+            weights = [self.finest_share] + [(1.0 - self.finest_share) * w / rest for w in weights[1:]]
         counts = [max(1, int(n_rays * w / sum(weights))) for w in weights]
         counts[0] += n_rays - sum(counts)
         return counts
@@ -97,12 +106,12 @@ class OctreeTrainer(SceneTrainer):
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
                  batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
-                 random_background: bool = True):
+                 random_background: bool = True, finest_share: float | None = None):
         for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
         self.field, self.n_samples, self.batch_rays = field, n_samples, batch_rays
-        self.rays = PyramidRays(images, pyramid_levels)
+        self.rays = PyramidRays(images, pyramid_levels, finest_share)
         self.background = images.background.to(runtime.device()).float()
         # Images with alpha train on a random background per ray, as PhotometricTrainer does.
         self.random_background = bool(random_background) and self.rays.alpha is not None
