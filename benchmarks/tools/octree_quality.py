@@ -50,6 +50,12 @@ def parse_args(argv=None):
     p.add_argument("--meshes", default="bunny,duck,wuson")
     p.add_argument("--time-factor", type=float, default=1.0,
                    help="the octree trains for the teacher's time times this")
+    p.add_argument("--octree-steps", type=int, default=None,
+                   help="train every octree for this many steps instead of the teacher's time (a shared machine's "
+                        "load makes equal times unequal work)")
+    p.add_argument("--reuse-baselines", default=None,
+                   help="an earlier run's JSON: take the teacher and KiloNeRF results (and the teacher's parameter "
+                        "budget and time) from it instead of training them again")
     p.add_argument("--octree-lr", type=float, default=1e-2)
     p.add_argument("--octree-final-lr", default="1",
                    help="the learning rate decays exponentially to lr times this (1: constant, as the demo); a comma "
@@ -129,23 +135,28 @@ def train_octree(args, field, train, seconds: float):
                                                                               args.octree_final_lr, l2_reg=1e-6),
                              seed=args.seed, **options)
 
-    probe = trainer(None)
-    for _ in range(3):  # warm-up: compiles
-        probe.step()
-    tinn.runtime.sync()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        probe.step()
-    tinn.runtime.sync()
-    per_step = (time.perf_counter() - t0) / 5
-    steps = max(10, int(seconds / per_step) - 8)
+    probe_steps = 0 if args.octree_steps else 8
+    if args.octree_steps:
+        steps, per_step = args.octree_steps, 0.0
+    else:
+        probe = trainer(None)
+        for _ in range(3):  # warm-up: compiles
+            probe.step()
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            probe.step()
+        tinn.runtime.sync()
+        per_step = (time.perf_counter() - t0) / 5
+        steps = max(10, int(seconds / per_step) - 8)
     main = trainer(steps)
     tinn.runtime.sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         main.step()
     tinn.runtime.sync()
-    return {"steps": steps + 8, "seconds": time.perf_counter() - t0 + 8 * per_step, "pyramid_levels": levels,
+    return {"steps": steps + probe_steps, "seconds": time.perf_counter() - t0 + probe_steps * per_step,
+            "pyramid_levels": levels,
             "batch_rays": batch}
 
 
@@ -159,13 +170,24 @@ def run_mesh(args, name: str, path: str) -> dict:
     t0 = time.perf_counter()
     train, test = demo.load_data(run_args)
     print(f"[{name}] {len(train)} views at {train.width}x{train.height} ({time.perf_counter() - t0:.1f} s)")
-    pipe = demo.KiloNeRFPipeline(run_args, train, test)
-    while pipe.phase != "done":
-        print(f"[{name}] {pipe.run_phase()} done")
-    kilo = demo.report(pipe, run_args.out, timing_repeats=5 if tinn.runtime.arch() == "cuda" else 1)
-    teacher_params = sum(p.numel() for p in pipe.teacher.parameters())
-    teacher_s = kilo["time_s"]["teacher"]
-    del pipe
+    reused = _reused_baselines(args, name, train)
+    if reused is None:
+        pipe = demo.KiloNeRFPipeline(run_args, train, test)
+        while pipe.phase != "done":
+            print(f"[{name}] {pipe.run_phase()} done")
+        kilo = demo.report(pipe, run_args.out, timing_repeats=5 if tinn.runtime.arch() == "cuda" else 1)
+        teacher_params = sum(p.numel() for p in pipe.teacher.parameters())
+        del pipe
+        teacher = {"psnr": kilo["psnr_teacher"], "seconds": kilo["time_s"]["teacher"], "params": teacher_params,
+                   "param_bytes": kilo["param_bytes_teacher"],
+                   "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]}
+        kilonerf = {"psnr": kilo["psnr_student"],
+                    "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
+                    "param_bytes": kilo["param_bytes_student"], "frame_ms": kilo["render_ms_per_frame"]["student"]}
+    else:
+        teacher, kilonerf = reused
+        print(f"[{name}] teacher and KiloNeRF from {args.reuse_baselines}: teacher {teacher['psnr']:.2f} dB")
+    teacher_params, teacher_s = teacher["params"], teacher["seconds"]
 
     octrees = []
     lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS}
@@ -178,14 +200,23 @@ def run_mesh(args, name: str, path: str) -> dict:
             variant.octree_samples = int(variant.octree_samples)
         octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
     return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
-            "teacher": {"psnr": kilo["psnr_teacher"], "seconds": teacher_s, "params": teacher_params,
-                        "param_bytes": kilo["param_bytes_teacher"],
-                        "frame_ms": kilo["render_ms_per_frame"]["teacher_skipping"]},
-            "kilonerf": {"psnr": kilo["psnr_student"],
-                         "seconds": sum(kilo["time_s"][k] for k in ("teacher", "occupancy", "distill", "finetune")),
-                         "param_bytes": kilo["param_bytes_student"],
-                         "frame_ms": kilo["render_ms_per_frame"]["student"]},
-            "octree": octrees}
+            "teacher": teacher, "kilonerf": kilonerf, "octree": octrees}
+
+
+def _reused_baselines(args, name: str, train):
+    """(teacher, kilonerf) records of this mesh from --reuse-baselines (an earlier run's JSON at the same
+    resolution and views), or None when not asked for."""
+    if not args.reuse_baselines:
+        return None
+    with open(args.reuse_baselines) as f:
+        earlier = json.load(f)["results"]
+    if name not in earlier:
+        raise SystemExit(f"--reuse-baselines {args.reuse_baselines}: no result for {name!r} (has {sorted(earlier)})")
+    record = earlier[name]
+    if (record["res"], record["views"]) != (train.width, len(train)):
+        raise SystemExit(f"--reuse-baselines {args.reuse_baselines}: {name} was run at {record['res']} px with "
+                         f"{record['views']} views, this run has {train.width} px and {len(train)} views")
+    return record["teacher"], record["kilonerf"]
 
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
