@@ -85,14 +85,17 @@ def parse_args(argv=None):
                    help="band inside each node face (in node edges) where samples blend with the node across it, so "
                         "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate of the node array")
+    p.add_argument("--finest-share", type=float, default=None,
+                   help="share of each batch from the full-resolution images, the only rays that train the deepest "
+                        "nodes (default: the trainer's, 0.8); the coarser pyramid levels split the rest")
     p.add_argument("--final-lr-factor", type=float, default=1.0,
                    help="the learning rate decays exponentially to lr times this over --steps (1: constant)")
     p.add_argument("--oversample", type=float, default=2.0,
                    help="with --param-budget: each node's finest grid level is this many times finer than the level "
                         "rule's cells (as a single grid's finest level is finer than a pixel)")
-    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
+    p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
-                        "fewer level-rule cells than this from the capture (0: --max-depth alone)")
+                        "fewer level-rule cells than this from the capture (0: --max-depth alone; default 64)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
                         "against 20); default float32, bfloat16 with --scale")
@@ -181,13 +184,16 @@ def load_scene(args):
 
 def build_field(args, train, points):
     from tinn.scenes.octree import Octree, cube_around
-    from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+    from tinn.scenes.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
+                                           closest_footprint, leaf_resolution)
     from tinn.scenes.octree_field import OctreeField
 
     dev = tinn.runtime.device()
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.neurons, "n_hidden_layers": 1}
     budget = param_budget(args, train)
+    if args.min_leaf_resolution is None:
+        args.min_leaf_resolution = DEFAULT_MIN_LEAF_RESOLUTION
     if budget is not None and args.min_leaf_resolution > 0:
         # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
         edge = cube_around(train.box_min.float(), train.box_max.float())[1]
@@ -228,8 +234,9 @@ def build_trainer(args, field, train):
     adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
     optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
                               **adam)
+    share = {} if args.finest_share is None else {"finest_share": args.finest_share}
     return OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer)
+                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer, **share)
 
 
 def param_budget(args, train):

@@ -628,6 +628,19 @@ def test_finest_share_gives_the_full_resolution_its_fraction_of_every_batch():
             PyramidRays(views, 3, finest_share=bad)
 
 
+def test_octree_trainer_gives_the_finest_nodes_most_of_every_batch_by_default():
+    from tinn.scenes.octree_training import OctreeTrainer
+    from tinn.scenes.procedural import ProceduralScene, render_views
+
+    field = blob_field(2)
+    views = render_views(ProceduralScene(), 2, 8, 8, seed=2, n_samples=32)
+    trainer = OctreeTrainer(field, views, pyramid_levels=3, n_samples=8, batch_rays=100)
+    counts = trainer.rays.level_counts(trainer.batch_rays)
+    assert counts[0] >= 80 and sum(counts) == 100 and min(counts) >= 1
+    halving = OctreeTrainer(field, views, pyramid_levels=3, n_samples=8, batch_rays=70, finest_share=None)
+    assert halving.rays.level_counts(70) == [40, 20, 10]
+
+
 def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
     field = blob_field(3)
     c2w = _look_at_origin(2.6)

@@ -12,8 +12,8 @@ from tinn.scenes import lod_eval
 from tinn.scenes import mesh as M
 from tinn.scenes.data import PosedImages
 from tinn.scenes.octree import Octree
-from tinn.scenes.octree_budget import (budget_encoding, capture_depth, closest_footprint, grid_levels_for,
-                                       leaf_resolution, node_params)
+from tinn.scenes.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
+                                       closest_footprint, grid_levels_for, leaf_resolution, node_params)
 from tinn.scenes.octree_field import OctreeField, finest_grid_resolution
 
 NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 16,
@@ -93,6 +93,25 @@ def test_capture_depth_stops_where_nodes_would_get_too_few_cells():
     assert capture_depth(edge, footprint, 16.0) == 5       # 1000 / 32 = 31 >= 16, 1000 / 64 = 15.6 < 16
     assert capture_depth(edge, footprint, 1000.0) == 0
     assert capture_depth(edge, footprint, 16.0, limit=3) == 3
+
+
+def test_an_800_pixel_capture_stops_the_tree_at_depth_3_with_four_times_the_table_of_depth_4():
+    # The synthetic views' geometry is the mesh captures' (about 1000 footprints across the root at 800 pixels).
+    v = views(focal=1111.0)
+    footprint = closest_footprint(v)
+    edge = 2 * 1.5
+    depth = capture_depth(edge, footprint)
+    assert depth == 3 and capture_depth(edge, footprint, 32.0) == 4
+    assert edge / (footprint * 2 ** depth) >= DEFAULT_MIN_LEAF_RESOLUTION > edge / (footprint * 2 ** (depth + 1))
+    # Within the teacher's budget (16 levels x 2^19) the bunny's depth-3 tree (132 nodes) gets 2^13 entries per
+    # level, its depth-4 tree (627 nodes) 2^11.
+    network = dict(NETWORK, n_neurons=32)
+    teacher = 12_427_792
+    deep = budget_encoding(627, teacher, 2 * edge / (footprint * 16), network)
+    shallow = budget_encoding(132, teacher, 2 * edge / (footprint * 8), network)
+    assert (deep["log2_hashmap_size"], shallow["log2_hashmap_size"]) == (11, 13)
+    assert shallow["n_levels"] == deep["n_levels"] + 1       # twice the cells per node edge: one level more
+    assert 132 * node_params(shallow, network) <= teacher
 
 
 def test_budget_bad_input():

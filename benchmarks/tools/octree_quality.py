@@ -68,7 +68,8 @@ def parse_args(argv=None):
                    "(comma list: one octree per value)")
     p.add_argument("--finest-share", default="default",
                    help="share of each octree batch from the full-resolution images (the finest nodes); 'default': "
-                        "the trainer's; a comma list trains one octree per value")
+                        "the trainer's; 0: shares halving per pyramid level (8/15 with 4 levels); a comma list "
+                        "trains one octree per value")
     p.add_argument("--grid-base", default="default", help="node grids' coarsest resolution ('default': the budget "
                    "rule's; comma list)")
     p.add_argument("--level-scale", default="default", help="node grids' largest growth per level ('default': the "
@@ -129,7 +130,7 @@ def train_octree(args, field, train, seconds: float):
     batch = args.octree_batch or args.batch_rays
 
     def trainer(total):
-        options = {} if args.finest_share is None else {"finest_share": args.finest_share}
+        options = {} if args.finest_share is None else {"finest_share": args.finest_share or None}
         return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.octree_samples or args.samples,
                              batch_rays=batch, optimizer_config=decaying_adam(args.octree_lr, total,
                                                                               args.octree_final_lr, l2_reg=1e-6),

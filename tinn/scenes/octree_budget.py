@@ -11,8 +11,9 @@ as wide as the footprint radius (the field's `lod_resolution`); a node's grid go
 than that, as a single grid's finest level goes finer than a pixel. `closest_footprint(images)` is the largest
 footprint radius of a training view's sample in the scene box at full resolution (its farthest in-box point),
 so every sample of every full-resolution view selects the deepest level. `capture_depth` is the deepest depth
-whose nodes still get `min_leaf_resolution` cells from that rule: deeper nodes would each see a few pixels, and
-only cost nodes (seams, per-node rays) without holding detail the capture has. `budget_encoding` turns that
+whose nodes still get `min_leaf_resolution` cells from that rule (`DEFAULT_MIN_LEAF_RESOLUTION`): deeper nodes
+would each be fit to fewer rays and share the budget with more nodes, and cost seams, for detail the shallower
+nodes' grids already hold. `budget_encoding` turns that
 resolution and a parameter budget for the whole array into one node's hash-grid config: levels from `base_resolution` up to the leaf resolution
 (growth at most `max_level_scale` per level), and the largest table that keeps every node's grid and MLP within
 the budget.
@@ -25,6 +26,10 @@ from ..errors import ConfigError, InputError
 from ..render import pixel_radius
 
 MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP = 8, 19
+# The tree stops where nodes would span fewer footprints of the closest view than this: every node is fit only
+# to the rays that reach it, so within one parameter budget and step count fewer, larger nodes fit better than
+# more, finer ones until a node spans this many footprints (docs/design-notes.md, octree quality).
+DEFAULT_MIN_LEAF_RESOLUTION = 64.0
 
 
 def closest_footprint(images) -> float:
@@ -50,7 +55,8 @@ def leaf_resolution(tree, footprint: float) -> float:
     return tree.edge / (footprint * 2 ** tree.deepest) * (1.0 - 1e-6)
 
 
-def capture_depth(edge: float, footprint: float, min_leaf_resolution: float = 32.0, limit: int = 16) -> int:
+def capture_depth(edge: float, footprint: float, min_leaf_resolution: float = DEFAULT_MIN_LEAF_RESOLUTION,
+                  limit: int = 16) -> int:
     """The deepest octree depth (0..limit) at which `leaf_resolution` is still >= min_leaf_resolution."""
     if not (math.isfinite(footprint) and footprint > 0 and min_leaf_resolution > 0):
         raise InputError(f"footprint={footprint!r} and min_leaf_resolution={min_leaf_resolution!r} must be > 0")

@@ -23,6 +23,10 @@ from ..tasks.image import psnr
 from .photometric import SceneTrainer
 from .octree_field import OctreeField, photometric_loss
 
+# The full resolution's share of an OctreeTrainer batch: its rays are the only ones that train the finest
+# nodes, which draw the closest views (docs/design-notes.md, octree quality).
+DEFAULT_FINEST_SHARE = 0.8
+
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
                      "l2_reg": 1e-6}
 
@@ -102,11 +106,12 @@ class PyramidRays:
 
 
 class OctreeTrainer(SceneTrainer):
-    """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels."""
+    """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels.
+    `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k)."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
                  batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
-                 random_background: bool = True, finest_share: float | None = None):
+                 random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE):
         for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
