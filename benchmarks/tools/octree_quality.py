@@ -62,8 +62,9 @@ def parse_args(argv=None):
                         "list trains one octree per value (and per --blend-margin)")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
-    p.add_argument("--min-leaf-resolution", type=float, default=32.0,
-                   help="the tree stops at the depth whose nodes span fewer footprints of the closest view")
+    p.add_argument("--min-leaf-resolution", type=float, default=None,
+                   help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
+                        "tinn.scenes.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 64)")
     p.add_argument("--oversample", default="2", help="node grids go this much finer than the level rule's cells "
                    "(comma list: one octree per value)")
     p.add_argument("--finest-share", default="default",
@@ -103,7 +104,8 @@ def octree_for(args, train, budget: int):
 
     footprint = closest_footprint(train)
     edge = cube_around(train.box_min.float(), train.box_max.float())[1]
-    depth = min(args.max_depth, capture_depth(edge, footprint, args.min_leaf_resolution))
+    minimum = {} if args.min_leaf_resolution is None else {"min_leaf_resolution": args.min_leaf_resolution}
+    depth = min(args.max_depth, capture_depth(edge, footprint, **minimum))
     points = foreground_points(train, resolution=min(2 ** (depth + 3), 256))
     tree = Octree.build(points.float(), train.box_min, train.box_max, depth, 8)
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
