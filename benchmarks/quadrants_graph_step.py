@@ -124,7 +124,7 @@ def main(argv=None):
 
     result = {
         "backend": f"{tinn.backend.name()} {tinn.backend.version()}", "arch": arch, "graph": args.graph,
-        "fast_launch": tinn.runtime.settings().fast_launch, "log2_batch": args.log2_batch,
+        "fast_launch": tinn.runtime.tuning().fast_launch, "log2_batch": args.log2_batch,
         "steps": args.steps, "warmup_s": warmup_s, "wall_ms_per_step": wall_ms, "host_only_ms_per_step": host_only,
         "host_ms_per_step": quantiles([(host[i + 1] - host[i]) * 1e3 for i in range(args.steps)]),
         "loss_first": float(loss0), "loss_last": float(loss), "graph_kernels": GRAPHED,

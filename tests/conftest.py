@@ -50,10 +50,10 @@ def device():
 
 @pytest.fixture
 def tuned():
-    """`tuned(name=value, ...)` installs settings changed from the process's own for the rest of one test
-    (what `TINN_SETTINGS` does for a whole process); restored afterwards."""
+    """`tuned(name=value, ...)` installs settings and tuning (fields of either record) changed from the
+    process's own for the rest of one test (what `TINN_SETTINGS` does for a whole process); restored afterwards."""
     from tinn import settings
-    original = settings.current()
+    original = settings.installed()
 
     def install(**changes):
         settings.install(original.replace(**changes))

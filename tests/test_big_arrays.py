@@ -17,6 +17,7 @@ from tinn.errors import ConfigError, DeviceMemoryError, InputError
 from tinn.models import NetworkWithInputEncoding
 from tinn.networks import NetworkArray
 from tinn.optimizers import create_optimizer
+from tinn.settings import Tuning
 from tinn.trainer import Trainer
 
 NET = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU",
@@ -42,12 +43,12 @@ def test_row_spans_cover_the_table_within_the_limit(tuned):
     p = GridEncoding(3, n_levels=16, log2_hashmap_size=19, n_networks=1).n_params_per_network()
     assert 149 * p <= chunks.LOOP_LIMIT < 150 * p
     assert chunks.row_spans(149, p) == ((0, 149),) and chunks.row_spans(150, p) == ((0, 149), (149, 150))
-    tuned(table_chunk_elements=tinn.Settings().table_chunk_elements)
+    tuned(table_chunk_elements=Tuning().table_chunk_elements)
     assert chunks.row_spans(151, p) == ((0, 75), (75, 150), (150, 151))   # the default: 2^30 per launch
     with pytest.raises(ConfigError, match=r"one row of the grid table holds 2147483648 elements"):
         chunks.row_spans(2, 1 << 31, "the grid table")
     with pytest.raises(ConfigError, match=r"table_chunk_elements=0 must be in \[1, 2\^31 - 2\^24\]"):
-        tinn.Settings(table_chunk_elements=0)
+        Tuning(table_chunk_elements=0)
 
 
 @pytest.mark.parametrize("acts", [("ReLU", "None"), ("SiLU", "Sigmoid")], ids=["relu", "silu-keeps-pre"])
@@ -116,7 +117,7 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
 
 @pytest.mark.parametrize("lanes", [True, False], ids=["feature-lanes", "sample-threads"])
 def test_grid_chunks_equal_one_launch_and_reference(lanes, tuned):
-    tuned(grid_feature_lanes=lanes)
+    tuned(feature_lanes=lanes)
     enc = make(3, N, n_levels=4, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4,
                per_level_scale=1.7)
     x = inputs(enc, 200)[0].to(DEV)

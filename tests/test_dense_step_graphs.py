@@ -18,9 +18,9 @@ CONFIG = {"n_neurons": 32, "n_hidden_layers": 2, "activation": "ReLU", "output_a
 
 def pair(tuned, precision="float32", config=CONFIG, **kw):
     """Two networks with the same weights: the replayed one and the eager one."""
-    tuned(network_precision=precision, dense_single_network=True, dense_step_graphs=True)
+    tuned(precision=precision, dense_single_network=True, dense_step_graphs=True)
     replayed = NetworkArray(6, 3, config, seed=4, **kw)
-    tuned(network_precision=precision, dense_single_network=True, dense_step_graphs=False)
+    tuned(precision=precision, dense_single_network=True, dense_step_graphs=False)
     eager = NetworkArray(6, 3, config, seed=4, **kw)
     assert replayed._step_graphs is not None and eager._step_graphs is None
     return replayed, eager
@@ -153,7 +153,7 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
               "loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2}}
     runs = []
     for graphs in (True, False):
-        tuned(dense_single_network=True, dense_step_graphs=graphs, network_precision="float16")
+        tuned(dense_single_network=True, dense_step_graphs=graphs, precision="float16")
         trainer = Trainer.from_config(config, 2, 3, seed=3)
         gen = torch.Generator().manual_seed(6)
         losses = []

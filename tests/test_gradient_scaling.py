@@ -50,7 +50,7 @@ def test_scale_grows_and_backs_off_by_the_rule():
 def test_only_float16_networks_get_a_dynamic_scaler(tuned):
     for precision, static, expected in [("float16", False, True), ("float16", True, False),
                                         ("bfloat16", False, False), ("float32", False, False)]:
-        tuned(network_precision=precision, gradient_scaling="static" if static else "dynamic")
+        tuned(precision=precision, gradient_scaling="static" if static else "dynamic")
         net = NetworkArray(3, 2, NET, seed=1)
         assert (net.gradient_scaler is not None) == expected, (precision, static)
         if expected:
@@ -66,7 +66,7 @@ def _summed_loss(pred, target):
 
 
 def _train(precision, scaling, tuned, steps=60):
-    tuned(network_precision=precision, gradient_scaling=scaling)
+    tuned(precision=precision, gradient_scaling=scaling)
     net = NetworkArray(2, 1, NET, seed=3)
     trainer = Trainer(net, _summed_loss, {"otype": "Adam", "learning_rate": 1e-2})
     gen = torch.Generator().manual_seed(2)
@@ -99,7 +99,7 @@ def test_float16_training_overflows_with_the_static_scale_and_recovers_with_the_
 def test_autograd_users_get_unscaled_gradients_and_the_overflow_flag(tuned):
     """Through torch autograd (the tcnn facade's path): gradients arrive unscaled; an overflow is flagged in
     the scaler, whose `update()` tells the caller to skip the step and backs the scale off."""
-    tuned(network_precision="float16", gradient_scaling="dynamic")
+    tuned(precision="float16", gradient_scaling="dynamic")
     net = NetworkArray(2, 1, NET, seed=3)
     scaler = net.gradient_scaler
     x = torch.rand(64, 2, device=DEV)
@@ -107,7 +107,7 @@ def test_autograd_users_get_unscaled_gradients_and_the_overflow_flag(tuned):
     (y.sum() * 1e-3).backward()
     small = net.params.grad.clone()
     assert scaler.update() and bool(torch.isfinite(small).all())
-    tuned(network_precision="float32")
+    tuned(precision="float32")
     reference = NetworkArray(2, 1, NET, seed=3)
     (reference(x, None).sum() * 1e-3).backward()
     torch.testing.assert_close(small, reference.params.grad, rtol=2e-2, atol=2e-2 * float(small.abs().max()))
@@ -122,7 +122,7 @@ def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
     parameters stay finite, and the scale is halved."""
     import tinn.torch as tcnn
 
-    tuned(network_precision="float16", gradient_scaling="dynamic")
+    tuned(precision="float16", gradient_scaling="dynamic")
     enc = {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 8, "base_resolution": 4}
     model = tcnn.NetworkWithInputEncoding(2, 1, enc, NET, seed=5)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -152,7 +152,7 @@ def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tune
     ids = torch.randint(0, 8, (4096,), generator=gen, dtype=torch.int32).to(DEV)
     grads = []
     for precision in ("float32", "float16"):
-        tuned(network_precision=precision, network_kernels="tensor_cores", gradient_scaling="dynamic")
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
         net = NetworkArray(2, 1, dict(NET, n_neurons=64), n_networks=8, seed=3)
         assert net.tensor_cores is not None and net.precision == precision
         (net(x, ids).float().square().mean()).backward()

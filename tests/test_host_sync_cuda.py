@@ -78,7 +78,7 @@ def test_replayed_dense_network_step_does_not_sync(precision, tuned):
     """A hash grid into a 128-wide network: the dense path, its steps replayed as CUDA graphs once captured (the
     capture itself synchronises, once per batch shape). float16 with its static scale: dynamic scaling reads its
     overflow flag on the host once a step, by design (tinn/gradient_scaling.py), to skip an overflowing step."""
-    tuned(network_precision=precision, gradient_scaling="static")
+    tuned(precision=precision, gradient_scaling="static")
     config = dict(HASH_CONFIG, network=dict(HASH_CONFIG["network"], n_neurons=128))
     trainer = Trainer.from_config(config, 2, 3)
     x, y, _ = batch(2, 3, 1, 4096, seed=1)

@@ -13,7 +13,7 @@ from reference import mlp_array, mlp_array_float64, rel_err
 def float32_networks(tuned):
     """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
     precision the process's settings name (TINN_SETTINGS)."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 pytestmark = pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="fused kernels run on CUDA only")
@@ -49,7 +49,7 @@ def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks
 ])
 def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, n_networks, batch, routing,
                                                       input_grad, tuned):
-    """The GEMMs' other weight path (settings.fused_staged_weights="none"): weights read from global memory."""
+    """The GEMMs' other weight path (tuning.fused_staged_weights="none"): weights read from global memory."""
     tuned(fused_staged_weights="none")
     check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False)
 

@@ -19,7 +19,7 @@ from tinn.trainer import Trainer
 def float32_networks(tuned):
     """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
     precision the process's settings name (TINN_SETTINGS)."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
@@ -161,7 +161,7 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
 
 
 def test_which_networks_fuse_the_loss(tuned):
-    """settings.fused_loss: None = arrays of several networks on the fused kernels whose input gradient is not
+    """tuning.fused_loss: None = arrays of several networks on the fused kernels whose input gradient is not
     needed (measured faster there, H100; slower on the image step: one network, its grid needing the input
     gradient); True / False force it where the fused kernels run."""
     one, many = make("network", 1), make("network", 4)

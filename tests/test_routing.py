@@ -5,6 +5,7 @@ import torch
 import tinn
 from tinn import routing
 from tinn.routing import route, route_bounded
+from tinn.settings import Tuning
 
 DEV = tinn.runtime.device()
 
@@ -123,9 +124,9 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
 ])
 def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
     from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings())
+    g = FK.geometry(n_in, width, n_out, 3, Tuning())
     assert (g.tile, g.backward_tile) == (tile, backward_tile)
-    assert FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_backward_tile=48)).backward_tile == 48
+    assert FK.geometry(n_in, width, n_out, 3, Tuning(fused_backward_tile=48)).backward_tile == 48
 
 
 @pytest.mark.parametrize("n_in,width,n_out,staged", [
@@ -136,24 +137,24 @@ def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
 ])
 def test_staged_weights_fit_in_shared_memory(n_in, width, n_out, staged):
     from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights="both"))
+    g = FK.geometry(n_in, width, n_out, 3, Tuning(fused_staged_weights="both"))
     for tile, kc in ((g.tile, g.weight_rows), (g.backward_tile, g.backward_weight_rows)):
         assert kc == (g.features if staged else 0)
         # the kernels' shared array: activations, then every row of the widest matrix with an odd stride
         assert g.features * (tile + 1) + kc * (g.features + 1) <= FK.SHARED_FLOATS
     if not staged:
         return
-    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s), n_networks=64)
+    by_setting = {s: FK.geometry(n_in, width, n_out, 3, Tuning(fused_staged_weights=s), n_networks=64)
                   for s in ("none", "forward", "backward", "both", "auto")}
     assert [(b.weight_rows > 0, b.backward_weight_rows > 0) for b in by_setting.values()] == [
         (False, False), (True, False), (False, True), (True, True), (False, True)]
-    assert tinn.Settings().fused_staged_weights == "auto"
+    assert Tuning().fused_staged_weights == "auto"
     # measured on the H100: the forward is faster staged with one network (the image step), through L1 with 4096
     for n_networks, forward_staged in ((1, True), (2, False), (4096, False)):
-        g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(), n_networks=n_networks)
+        g = FK.geometry(n_in, width, n_out, 3, Tuning(), n_networks=n_networks)
         assert (g.weight_rows > 0, g.backward_weight_rows > 0) == (forward_staged, True)
     with pytest.raises(tinn.ConfigError, match="fused_staged_weights.*allowed"):
-        tinn.Settings(fused_staged_weights="yes")
+        Tuning(fused_staged_weights="yes")
     assert FK.weight_stride(64) == 65 and FK.weight_stride(3) == 3
 
 

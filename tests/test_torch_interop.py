@@ -307,7 +307,7 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
     log = {}
     for name in ("forward", "backward_deltas", "reduce_tiles"):
         _record(monkeypatch, K, name, log)
-    tuned(network_kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
+    tuned(kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
     net = tcnn.NetworkArray(32, 16, NET, n_networks=3, seed=1)  # 32 in, 16 out: aligned, tcnn pads nothing
     x = rand(512, 32, seed=1, lo=-1, hi=1).requires_grad_()
     ids = rand_ids(512, 3)

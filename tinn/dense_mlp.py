@@ -8,7 +8,7 @@ functions here fill the very buffers of the unfused kernels (`tinn/kernels/mlp_a
 layouts: activations, pre-activations and deltas feature-major by sorted position, which for one network
 is the sample index; so the weight gradients (`NetworkArray._gemm_weight_gradients`) and everything
 else read them unchanged. Activations compute `tinn/kernels/activations.py`'s functions, with torch's own
-op where torch has one (one pass each). In `settings.network_precision` float16 or bfloat16 the GEMMs, the
+op where torch has one (one pass each). In `settings.precision` float16 or bfloat16 the GEMMs, the
 activations and those buffers are in that type (tensor cores; float32 accumulation), the output and the
 input's gradient float32.
 """
@@ -116,7 +116,7 @@ def backprop_(g: torch.Tensor, z: torch.Tensor | None, y: torch.Tensor, code: in
     return g.mul_(derivative(z, y, code))
 
 
-# torch dtypes of `settings.network_precision`, and the factor the output gradients are scaled by before they
+# torch dtypes of `settings.precision`, and the factor the output gradients are scaled by before they
 # are rounded to that dtype: tcnn's default loss scale for half precision (float16 has 5 exponent bits, so
 # gradients that are small, as a mean over a large batch makes them, would round to zero); bfloat16 has
 # float32's exponent range and needs none.

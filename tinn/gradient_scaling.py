@@ -1,4 +1,4 @@
-"""Dynamic gradient scaling for networks that compute in float16 (`settings.network_precision`).
+"""Dynamic gradient scaling for networks that compute in float16 (`settings.precision`).
 
 A float16 network multiplies its output gradient by a scale before rounding it to float16, so that small
 gradients (a mean over a large batch) do not round to zero, and divides the weight and input gradients by

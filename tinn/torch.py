@@ -53,7 +53,7 @@ Guarantees
 Differences from tcnn
 ---------------------
 * float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
-  is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
+  is 1. A single network computes in float32 too unless `settings.precision` says "float16" (tcnn's
   half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
 * float16 gradients are scaled dynamically (`settings.gradient_scaling`, tcnn's is a fixed 128): the
   gradients autograd delivers are already unscaled; an overflow is flagged in the network's

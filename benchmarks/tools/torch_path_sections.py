@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import os
 import statistics
@@ -99,10 +98,10 @@ def main(argv=None) -> None:
             {"section": "autograd: backward through one torch op, on the calling thread", "us": plain_here}]
     # Whole steps under the process's settings and under each --variant, in alternating rounds (a host's
     # speed drifts within a process too), medians of the rounds.
-    base = tinn.settings.current()
+    base = tinn.settings.installed()
     variants = {"": base}
     for text in args.variant:
-        variants[text] = dataclasses.replace(base, **tinn.settings.parse(text))
+        variants[text] = base.replace(**tinn.settings.parse(text))
     timings = collections.defaultdict(list)
     for _ in range(args.rounds):
         for label, chosen in variants.items():

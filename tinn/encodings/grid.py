@@ -153,11 +153,11 @@ class GridEncoding(Encoding):
         self.seed = seed
         self.table_dtype = TABLE_DTYPES[table_dtype]
         if feature_lanes is None:
-            feature_lanes = runtime.settings().grid_feature_lanes
+            feature_lanes = runtime.tuning().feature_lanes
         self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
         # The CPU's table gradient: one task per level, no atomics (`grid_backward_levels`), where that
         # leaves no thread idle.
-        level_tasks = runtime.settings().grid_level_tasks
+        level_tasks = runtime.tuning().level_tasks
         self.level_tasks = runtime.arch() == "cpu" and (runtime.cpu_threads() <= n_levels if level_tasks is None
                                                         else bool(level_tasks))
 

@@ -38,8 +38,8 @@ from ..backend import ti
 
 from .. import chunks
 from .basic_encodings import frequency_feature
-from ..settings import Settings
-from ..settings import current as tuning
+from ..settings import Tuning
+from ..settings import current_tuning as tuning
 from . import activations as act
 from . import losses
 from .launch import fast_kernel
@@ -57,7 +57,7 @@ LANES_O = BLOCK // LANES_S
 WARPS = BLOCK // 32
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
-# The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's settings, read when a
+# The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's Tuning record, read when a
 # kernel compiles; docs/design-notes.md has what each choice measured.
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
 # The weight-gradient prefetch holds a step's samples in registers, this many per thread at most (what 64
@@ -100,7 +100,7 @@ def staged_weight_rows(f: int, tile: int) -> int:
 
 
 def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
-    """(forward, backward_deltas): which kernels stage weights under settings.fused_staged_weights.
+    """(forward, backward_deltas): which kernels stage weights under tuning.fused_staged_weights.
 
     "auto" stages the deltas kernel's always and the forward's for a single network only. Staging
     reads a layer's whole matrix before the tile's first multiply-add: with one network those reads
@@ -111,14 +111,14 @@ def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
     return setting in ("forward", "both"), setting in ("backward", "both")
 
 
-def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings, n_networks: int = 1) -> Geometry:
+def geometry(n_in: int, width: int, n_out: int, n_layers: int, chosen: Tuning, n_networks: int = 1) -> Geometry:
     """Tile geometry of a network shape (and array size), fixed at construction. Smaller tiles mean smaller
     register blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
-    cap = settings.fused_tile
+    cap = chosen.fused_tile
     forward = min(_largest_tile(1, f), cap)
-    backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
-    stage_forward, stage_backward = staged_kernels(settings.fused_staged_weights, n_networks)
+    backward = min(_largest_tile(1, f), cap, chosen.fused_backward_tile or (32 if f <= 64 else cap))
+    stage_forward, stage_backward = staged_kernels(chosen.fused_staged_weights, n_networks)
     return Geometry(forward, f, backward,
                     staged_weight_rows(f, forward) if stage_forward else 0,
                     staged_weight_rows(f, backward) if stage_backward else 0)
@@ -136,7 +136,7 @@ def _prefetch_registers(f: int, step: int) -> int:
 
 
 def grad_step(f: int) -> int:
-    """Samples per weight-gradient step for networks of `f` features: settings.fused_grad_step, halved (down to
+    """Samples per weight-gradient step for networks of `f` features: tuning.fused_grad_step, halved (down to
     8) while the prefetch of a step would not fit its registers."""
     step = tuning().fused_grad_step
     while tuning().fused_grad_prefetch and step > 8 and _prefetch_registers(f, step) > GRAD_PREFETCH_REGISTERS:

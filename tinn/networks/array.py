@@ -28,8 +28,8 @@ class NetworkArray(Part):
     """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b].
 
     `kernels` forces a path ("tensor_cores", "fused", "unfused", or "auto" for the selection rule; default: the
-    settings' `network_kernels`) and `precision` the precision of its products ("auto", "float32", "tf32",
-    "float16", "bfloat16"; default: `settings.network_precision`); `selection.choose_path` decides, and refuses a
+    settings' `kernels`) and `precision` the precision of its products ("auto", "float32", "tf32",
+    "float16", "bfloat16"; default: `settings.precision`); `selection.choose_path` decides, and refuses a
     combination that cannot run here. `path` and `precision` say what runs. The fused, dense and tensor-core
     paths also read their input feature-major, as a grid writes it.
 
@@ -59,7 +59,7 @@ class NetworkArray(Part):
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
         n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
-        kernels = runtime.settings().network_kernels if kernels is None else kernels
+        kernels = runtime.settings().kernels if kernels is None else kernels
         super().__init__(n_input_dims, n_output_dims, n_networks)
         # tcnn's padding: `n` constant input columns of `value` after the real ones (ones act as a bias).
         n_pad, pad_value = input_padding or (0, 0.0)
@@ -76,7 +76,7 @@ class NetworkArray(Part):
         self.keep_pre = bool(NEEDS_PRE_ACTIVATION & {self.hidden_act, self.output_act})
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
-        settings = runtime.settings()
+        settings, tuning = runtime.settings(), runtime.tuning()
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
         fusable = (runtime.arch() == "cuda" and not self.keep_pre
@@ -84,9 +84,9 @@ class NetworkArray(Part):
         choice = selection.choose_path(
             selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
                                 tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
-                                deterministic=settings.deterministic, dense_setting=settings.dense_single_network,
+                                deterministic=settings.deterministic, dense_setting=tuning.dense_single_network,
                                 vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)),
-            kernels, settings.network_precision if precision is None else precision,
+            kernels, settings.precision if precision is None else precision,
             precision_from_settings=precision is None)
         self.path, self.precision = choice
         self.dense = self.path == "dense"
@@ -105,7 +105,7 @@ class NetworkArray(Part):
             else self.gradient_scaler.scale
         # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
         # too, so that the whole step is torch's.
-        graphs = settings.dense_step_graphs
+        graphs = tuning.dense_step_graphs
         replay = graphs or (graphs is None and runtime.arch() == "cuda")
         self._step_graphs = (dense_graphs.StepGraphs(self, any_size=bool(graphs))
                              if self.dense and replay and self._vendor_weight_gradients() else None)
@@ -113,13 +113,13 @@ class NetworkArray(Part):
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
                               f"{MAX_CUTLASS_WIDTH}: they hold a layer's inputs in registers, unrolled at compile time "
                               "(tcnn's CUTLASS GEMMs have no such limit). A single network runs any width as dense "
-                              "GEMMs (n_networks=1, kernels='auto', settings.dense_single_network not False, not "
+                              "GEMMs (n_networks=1, kernels='auto', tuning.dense_single_network not False, not "
                               f"deterministic); allowed here: 1..{MAX_CUTLASS_WIDTH}")
         self.input_layouts = ((SAMPLE_MAJOR,) if self.path in ("unfused", "batched_gemm")
                               else (FEATURE_MAJOR, SAMPLE_MAJOR))
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (mlp_fused.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
-                                           runtime.settings(), n_networks) if self.fused else None)
+                                           tuning, n_networks) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
@@ -251,7 +251,7 @@ class NetworkArray(Part):
         return self._unpadded(dx, ctx.x_fm), (dparams,)
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
-        setting = runtime.settings().fused_loss
+        setting = runtime.tuning().fused_loss
         return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
@@ -421,7 +421,7 @@ class NetworkArray(Part):
     def _vendor_weight_gradients(self) -> bool:
         """Whether the weight gradients are vendor GEMMs (`_gemm_weight_gradients`): a single network, where the
         settings say so. They read the scratch buffers through torch and need no routing."""
-        return self.n_networks == 1 and runtime.settings().vendor_weight_gradients
+        return self.n_networks == 1 and runtime.tuning().vendor_weight_gradients
 
     def _gemm_weight_gradients(self, x, x_feature_major, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.

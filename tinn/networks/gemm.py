@@ -55,14 +55,14 @@ def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], o
     On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
     a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
     slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
-    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.network_precision`)
+    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.precision`)
     give slice products in out's precision where cuBLAS writes them so (a slice's sum of scaled float16 products
     can pass float16's range), else in theirs; without slices (the CPU, short K), GEMMs in out's precision.
     """
     products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
     k = products[0][0].k
     if max_slices is None:
-        max_slices = runtime.settings().weight_gradient_slices if out.is_cuda else 1
+        max_slices = runtime.tuning().weight_gradient_slices if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
 
     def blocks():  # out's block of each product (built only when needed: views cost host time too)

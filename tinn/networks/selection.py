@@ -13,7 +13,7 @@ The rule follows measurements (docs/design-notes.md): the default precision is f
 earlier release computed); on CUDA an array runs on the tensor cores in every reduced precision (float16,
 bfloat16, TF32) and in the fused kernels in float32; a single network takes the dense path where that was
 measured faster or in half precision; on the CPU the dense path for one network, batched GEMMs for arrays.
-An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
+An explicit `kernels=` (or `settings.kernels`) forces a path and is refused where it cannot run.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Candidate(NamedTuple):
     fusable: bool             # Taichi's fused kernels take this shape and these activations
     tensor_cores: str | None  # None where the tensor-core kernels take it, else why not
     deterministic: bool
-    dense_setting: bool | None    # settings.dense_single_network
+    dense_setting: bool | None    # tuning.dense_single_network
     vendor_faster: bool       # dense_mlp.faster_than_kernels for this arch and shape
 
 
