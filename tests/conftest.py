@@ -69,6 +69,6 @@ def sync_checks_left_on():
     switch the checks back on for the next."""
     yield
     if not tinn.checks.sync_checks_enabled():
-        tinn.checks.set_enabled(True)
-        pytest.fail("the test left tinn's input checks disabled (tinn.checks.set_enabled(False) without restoring)",
+        tinn.checks._enabled["sync_checks"] = True
+        pytest.fail("the test left tinn's input checks disabled (a tinn.checks.disabled() block never closed)",
                     pytrace=False)

@@ -89,29 +89,29 @@ def test_mlp_array_chunks_equal_one_launch_and_reference(acts, tuned):
 def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     """The fused CUDA kernels do not compile on the CPU; their launchers are checked by recording what
     each launch receives: the chunk view of the table and the chunk's first row."""
-    from tinn.kernels import mlp_fused as FK
+    from tinn.kernels import mlp_fused
     from tinn.kernels.mlp_array import MLPShape
     from tinn.routing import route_fused
 
     calls = {}
     for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -5), ("weight_gradients", 8, -1)):
-        monkeypatch.setattr(FK, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
+        monkeypatch.setattr(mlp_fused, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
             (a[s].data_ptr(), a[s].shape[0], a[l])))(name, slot, lo_slot))
     params = torch.zeros(7, 100, device=DEV)
     tuned(table_chunk_elements=250)
     ids = ragged_ids(64, 7)
     tiles = route_fused(ids, 7, (64,))[0]
-    shape, geom = MLPShape(4, 16, 4, 2, 0, 0), FK.Geometry(64, 16, 32)
+    shape, geom = MLPShape(4, 16, 4, 2, 0, 0), mlp_fused.Geometry(64, 16, 32)
     b = torch.empty(1, 1, device=DEV)
-    FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
-    FK.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
-                           x_fm=False)
-    FK.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params, x_fm=False)
+    mlp_fused.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_feature_major=False)
+    mlp_fused.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
+                           x_feature_major=False)
+    mlp_fused.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params, x_feature_major=False)
     expect = [(params[lo].data_ptr(), hi - lo, lo) for lo, hi in ((0, 2), (2, 4), (4, 6), (6, 7))]
     assert calls == {"forward": expect, "backward_deltas": expect, "weight_gradients": expect}
     calls.clear()
     tuned(table_chunk_elements=700)
-    FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
+    mlp_fused.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_feature_major=False)
     assert calls["forward"] == [(params.data_ptr(), 7, 0)]  # one chunk: the table itself, no view
 
 
@@ -276,13 +276,13 @@ def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 640} elements "
                                          r"of activations and deltas \(5, 128, batch\), more than a kernel can index "
                                          rf"\(2\^31 - 2\^24\); split it into batches of at most {batch - 1} samples"):
-        net.forward_ctx(x, ids, train=True)
-    net.forward_ctx(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
+        net.forward_with_context(x, ids, train=True)
+    net.forward_with_context(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
     enc = GridEncoding(2, n_levels=128, n_features_per_level=8, log2_hashmap_size=2, base_resolution=2,
                        per_level_scale=1.0)
     batch = chunks.LOOP_LIMIT // 1024 + 1
     with pytest.raises(InputError, match=rf"GridEncoding: a batch of {batch} samples .* at most {batch - 1} samples"):
-        enc.forward_ctx(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
+        enc.forward_with_context(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
                         train=False)
 
 

@@ -35,9 +35,9 @@ def captured(net, x):
 def step(net, x, dy, layout):
     ids = torch.zeros(x.shape[0], dtype=torch.int32, device=DEV)
     xin = x.t().contiguous() if layout == FEATURE_MAJOR else x
-    y, ctx = net.forward_ctx(xin, ids, train=True, x_layout=layout)
+    y, ctx = net.forward_with_context(xin, ids, train=True, x_layout=layout)
     dx, (dp,) = net.backward(ctx, dy, need_dx=True)
-    replayed = getattr(ctx, "lease", None) is not None
+    replayed = getattr(ctx, "held_buffers", None) is not None
     del ctx
     return y, (dx.t() if layout == FEATURE_MAJOR else dx), dp, replayed
 
@@ -65,7 +65,7 @@ def test_replayed_steps_match_the_eager_path(precision, layout, tuned):
 
 
 def test_a_second_forward_before_the_backward_runs_eagerly(tuned):
-    """Two forwards, then one backward through both: the second could not take the leased buffers."""
+    """Two forwards, then one backward through both: the second could not take the held buffers."""
     replayed, eager = pair(tuned)
     gen = torch.Generator().manual_seed(2)
     x1, x2 = ((torch.rand(500, 6, generator=gen) * 2 - 1).to(DEV) for _ in range(2))
@@ -167,7 +167,7 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
 
 
 def test_a_loop_that_keeps_the_last_loss_alive_replays_every_step(tuned):
-    """tcnn's sample loop: `loss` of step k lives until step k+1 has run its forward. The lease ends with the
+    """tcnn's sample loop: `loss` of step k lives until step k+1 has run its forward. The hold ends with the
     backward, so each step still replays."""
     replayed, _ = pair(tuned)
     x = (torch.rand(256, 6, generator=torch.Generator().manual_seed(7)) * 2 - 1).to(DEV)

@@ -351,7 +351,7 @@ def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interp
     plain = create_encoding(3, {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 7,
                                 "base_resolution": 4, "per_level_scale": 2.0, "interpolation": interpolation},
                             n_networks=n_networks)
-    assert not torch.allclose(enc.params.grad, plain.backward(plain.forward_ctx(x, ids, train=True)[1], dy,
+    assert not torch.allclose(enc.params.grad, plain.backward(plain.forward_with_context(x, ids, train=True)[1], dy,
                                                               need_dx=False)[1][0])
 
 

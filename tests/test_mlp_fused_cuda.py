@@ -114,7 +114,7 @@ def test_feature_major_inputs_match_row_major(n_networks, batch):
     results = []
     for fm in (False, True):
         xin = x.t().contiguous() if fm else x
-        out, ctx = net.forward_ctx(xin, ids, train=True, x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
+        out, ctx = net.forward_with_context(xin, ids, train=True, x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
         dx, (dparams,) = net.backward(ctx, dy, need_dx=True)
         results.append((out, dx.t() if fm else dx, dparams))
     (out0, dx0, dp0), (out1, dx1, dp1) = results
@@ -171,9 +171,9 @@ def test_loss_inside_the_deltas_kernel_matches_float64(otype, tuned):
     t = (torch.rand(batch, dims, generator=gen) + (0.1 if positive else -0.5)).to(dev)
     loss = Loss(otype)
 
-    y, ctx = net.forward_ctx(x, ids, train=True)
+    y, ctx = net.forward_with_context(x, ids, train=True)
     dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = net.forward_ctx(x, ids, train=True)
+    y2, ctx2 = net.forward_with_context(x, ids, train=True)
     result = loss.evaluate(y2, t)
     dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
     assert abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))

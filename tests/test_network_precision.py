@@ -59,8 +59,8 @@ def test_feature_major_inputs_in_lower_precision(precision, tuned):
     dy = torch.randn(400, 3, generator=gen).to(DEV)
     net = NetworkArray(6, 3, {"n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"}, seed=2)
     ids = torch.zeros(400, dtype=torch.int32, device=DEV)
-    y, ctx = net.forward_ctx(x, ids, train=True)
-    y_fm, ctx_fm = net.forward_ctx(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
+    y, ctx = net.forward_with_context(x, ids, train=True)
+    y_fm, ctx_fm = net.forward_with_context(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
     dx, (dp,) = net.backward(ctx, dy, need_dx=True)
     dx_fm, (dp_fm,) = net.backward(ctx_fm, dy, need_dx=True)
     assert dx_fm.shape == (6, 400) and dx_fm.dtype == torch.float32

@@ -100,7 +100,7 @@ def _float64_reference(model, x, ids, t):
     from test_encodings_grid import ref_grid
 
     x64 = x.double().requires_grad_(True)
-    tables = [tb.detach().double().requires_grad_(True) for tb in model.tables()]
+    tables = [tb.detach().double().requires_grad_(True) for tb in model.parameter_tables()]
     net = getattr(model, "network", model)
     if net is model:
         h = x64
@@ -121,9 +121,9 @@ def test_backward_from_loss_matches_a_float64_reference(kind):
     ids = ids.int()
     loss = tinn.losses.create_loss({"otype": "RelativeL2"})
     ref_value, ref_dx, ref_grads = _float64_reference(model, x, ids, t)
-    y, ctx = model.forward_ctx(x, ids, train=True)
+    y, ctx = model.forward_with_context(x, ids, train=True)
     dx, grads, value = model.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = model.forward_ctx(x, ids, train=True)
+    y2, ctx2 = model.forward_with_context(x, ids, train=True)
     result = loss.evaluate(y2, t)
     dx2, grads2 = model.backward(ctx2, result.grad, need_dx=True)
     for got_value, got_dx, got_grads in ((value, dx, grads), (result.value, dx2, grads2)):
@@ -349,8 +349,8 @@ def test_grid_writes_both_layouts_and_reads_gradients_in_them():
     grid = create_encoding(2, GRID, n_networks=3)
     x = torch.rand(50, 2, device=tinn.runtime.device())
     ids = torch.randint(0, 3, (50,), dtype=torch.int32, device=x.device)
-    y_sm, ctx_sm = grid.forward_ctx(x, ids, train=True, y_layout=SAMPLE_MAJOR)
-    y_fm, ctx_fm = grid.forward_ctx(x, ids, train=True, y_layout=FEATURE_MAJOR)
+    y_sm, ctx_sm = grid.forward_with_context(x, ids, train=True, y_layout=SAMPLE_MAJOR)
+    y_fm, ctx_fm = grid.forward_with_context(x, ids, train=True, y_layout=FEATURE_MAJOR)
     assert torch.equal(y_sm, y_fm.t())
     dy = torch.randn_like(y_sm)
     dx1, (g1,) = grid.backward(ctx_sm, dy, need_dx=True)

@@ -1,7 +1,7 @@
 """Input validation shared by every module: shapes, dtypes, devices, network ids.
 
 Checks that need a device-to-host sync (NaN scans, id range) can be switched off
-for hot loops with `tinn.checks.set_enabled(False)` once a pipeline is trusted.
+for hot loops with `with tinn.checks.disabled():` once a pipeline is trusted.
 """
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ from .errors import InputError
 _enabled = {"sync_checks": True}
 
 
-def set_enabled(flag: bool) -> None:
-    """Enable/disable the checks that cost a device sync (id range, NaN scan)."""
-    _enabled["sync_checks"] = bool(flag)
-
-
 @contextlib.contextmanager
-def disabled():
+def disabled(off: bool = True):
+    """Inside the block, the checks that cost a device sync (id range, NaN scan) are skipped (with `off`
+    False they run, so that one loop can time both); the previous state is restored after it."""
     old = _enabled["sync_checks"]
-    _enabled["sync_checks"] = False
+    _enabled["sync_checks"] = not off
     try:
         yield
     finally:

@@ -239,7 +239,7 @@ class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
                 has_hooks(self.encoding) or has_hooks(self.network):
             return super().run_checked(x, ids)
         with stream_guard():
-            return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.tables()))
+            return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.parameter_tables()))
 
 
 class _FlatGradient(torch.autograd.Function):

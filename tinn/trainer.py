@@ -2,7 +2,7 @@
 
 `training_step(inputs, targets, net_ids)` runs forward, the loss (which yields dLoss/dprediction
 itself), the backward and one optimizer step. On a model that follows the part contract
-(tinn/part.py) it calls the contract's `forward_ctx` and `backward` directly, with no autograd
+(tinn/part.py) it calls the contract's `forward_with_context` and `backward` directly, with no autograd
 bookkeeping; any other torch module, a part with hooks or a subclass with its own forward goes
 through torch autograd and gets the same gradients.
 
@@ -187,7 +187,7 @@ class Trainer(LearningRateOf):
         model = self.model
         if not isinstance(model, Part) or not model.direct_training or batch == 0:
             return False
-        if not any(t is not None and t.requires_grad for t in model.tables()):
+        if not any(t is not None and t.requires_grad for t in model.parameter_tables()):
             return False
         return not _observed(model)
 
@@ -217,7 +217,7 @@ class Trainer(LearningRateOf):
         with checks.disabled(), runtime.stream_guard():  # inputs validated above
             if self._uses_contract(x.shape[0]):
                 model = self.model
-                pred, ctx = model.forward_ctx(x, ids, train=True)
+                pred, ctx = model.forward_with_context(x, ids, train=True)
                 if isinstance(self.loss, Loss) and not track and model.fuses_loss():
                     # The model's backward takes the loss itself: the fused MLP computes its gradient where
                     # its kernel first reads the outputs (Part.backward_from_loss).
@@ -228,7 +228,7 @@ class Trainer(LearningRateOf):
                     result = _loss_result(self.loss, pred, t, **kwargs)
                     del pred  # its memory is reused by the backward where the model's context does not keep it
                     _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
-                for table, grad in zip(model.tables(), grads):
+                for table, grad in zip(model.parameter_tables(), grads):
                     if table is not None and table.requires_grad and grad is not None:
                         _accumulate_grad(table, grad)
             else:

@@ -42,9 +42,9 @@ def _replicated_by_default(part: Part) -> set[int]:
     out = set()
     for m in part.modules():
         if isinstance(m, Replicated):
-            out |= {id(t) for t in m.tables() if t is not None}
+            out |= {id(t) for t in m.parameter_tables() if t is not None}
         elif getattr(m, "share_encoding", False) and hasattr(m, "encoding"):
-            out |= {id(t) for t in m.encoding.tables() if t is not None}
+            out |= {id(t) for t in m.encoding.parameter_tables() if t is not None}
     return out
 
 
@@ -99,7 +99,7 @@ class _Collective(Part):
 class _CollectiveFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, part, x, ids, *tables):
-        y, pctx = part.forward_ctx(x.detach(), ids, train=True)
+        y, pctx = part.forward_with_context(x.detach(), ids, train=True)
         ctx.part, ctx.pctx = part, pctx
         ctx.x_shape = x.shape
         ctx.set_materialize_grads(False)
@@ -167,18 +167,18 @@ class ShardedPart(_Collective):
             raise ConfigError(f"replicated names {unknown} are not parameters of the local part; allowed: "
                               f"{sorted(names.values())}")
         shared_ids = _replicated_by_default(local) | {id(p) for p in local.parameters() if names[id(p)] in replicated}
-        self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.tables())
-        for t, shared in zip(local.tables(), self._replicated):
+        self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.parameter_tables())
+        for t, shared in zip(local.parameter_tables(), self._replicated):
             if shared and t.dtype == torch.bfloat16:
                 # Its gradient is sparse, and each rank's entries differ: no all-reduce sums them.
                 raise ConfigError(f"table {names.get(id(t), '?')} is compact (bfloat16) and replicated over the "
                                   "ranks; a replicated table must be float32 (table_dtype='float32'), or owned "
                                   "per network (share_encoding=False)")
-        for t, shared in zip(local.tables(), self._replicated):
+        for t, shared in zip(local.parameter_tables(), self._replicated):
             if t is not None and not shared and (t.dim() < 1 or t.shape[0] != len(owned)):
                 raise ConfigError(f"table {names.get(id(t), '?')} of shape {tuple(t.shape)} is neither per network "
                                   f"({len(owned)} rows here) nor replicated; name it in replicated=")
-        self.sharded_names = sorted(names[id(t)] for t, s in zip(local.tables(), self._replicated)
+        self.sharded_names = sorted(names[id(t)] for t, s in zip(local.parameter_tables(), self._replicated)
                                     if t is not None and not s and id(t) in names)
         if init == "global":
             _install_global_init(local, n_networks, owned, shared_ids)
@@ -209,11 +209,11 @@ class ShardedPart(_Collective):
                               "every rank must build the same model (config, n_networks, world size)")
 
     # ---- contract --------------------------------------------------------------------------------
-    def tables(self):
-        return self.local.tables()
+    def parameter_tables(self):
+        return self.local.parameter_tables()
 
-    def check_tables(self) -> None:
-        self.local.check_tables()
+    def check_parameter_tables(self) -> None:
+        self.local.check_parameter_tables()
 
     def n_params_per_network(self) -> int:
         return self.local.n_params_per_network()
@@ -231,13 +231,13 @@ class ShardedPart(_Collective):
         route = X.Route(order, counts.tolist(), received[:, 0].tolist())
         return route
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         call = self._next_call()
         route = self._route(ids, [int(train), call], ["gradients enabled", "call number"], "the forward header")
         dev = runtime.device()
         x_here, ids_here = X.to_owners(x, self._local_ids[ids.long()], route, self.collective_device, dev, self.group)
         if route.n_local:
-            y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
+            y_here, lctx = self.local.forward_with_context(x_here, ids_here, train=train)
         else:  # no sample for this rank's networks this time
             y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
         y = X.back_to_callers(y_here, route, self.collective_device, dev, self.group, "the forward exchange of outputs")
@@ -260,7 +260,7 @@ class ShardedPart(_Collective):
             # gradient tables (every parameter): gradients are linear in dy. dx is each caller's own and
             # gets the factor back.
             dy_here = dy_here * (1.0 / self.world_size)
-        tables = self.local.tables()
+        tables = self.local.parameter_tables()
         if route.n_local:
             dx_here, grads = self.local.backward(ctx.local, dy_here, need_dx=any_dx, need_grads=any_grads)
         else:
@@ -304,11 +304,11 @@ class Replicated(_Collective):
         self.uses_ids = part.uses_ids
         self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
 
-    def tables(self):
-        return self.inner.tables()
+    def parameter_tables(self):
+        return self.inner.parameter_tables()
 
-    def check_tables(self) -> None:
-        self.inner.check_tables()
+    def check_parameter_tables(self) -> None:
+        self.inner.check_parameter_tables()
 
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
@@ -316,11 +316,11 @@ class Replicated(_Collective):
     def n_params_per_network(self) -> int:
         return self.inner.n_params_per_network()
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        return self.inner.forward_ctx(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        return self.inner.forward_with_context(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        tables = self.inner.tables()
+        tables = self.inner.parameter_tables()
         if dy.shape[0]:
             dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
         else:

@@ -342,11 +342,11 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
+    TS: ti.template(), F: ti.template(), x_feature_major: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
     net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
-    x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
+    x_feature_major: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
     many octaves, then the input padding `pad`) is the network's input (see `load_rows`). KC > 0: weights
     staged in shared memory, KC rows at a time (see tile_gemm)."""
     TSP = ti.static(TS + 1)
@@ -366,7 +366,7 @@ def forward(
         # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
         if count > 0 and in_chunk(net, params):
             start = tile_start[t]
-            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
+            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_feature_major, freq, pad)
             if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
                 ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
@@ -400,12 +400,12 @@ def backward_deltas(
     params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(), x_fm: ti.template(), KC: ti.template(), net_lo: ti.i32,
+    F: ti.template(), x_feature_major: ti.template(), KC: ti.template(), net_lo: ti.i32,
     target: f32_2d, loss_parts: f32_1d, inv_n: ti.f32, LOSS: ti.template(),
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
-    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC as in the forward.
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_feature_major). KC as in the forward.
 
     LOSS >= 0 (a loss id of kernels/losses.py): dy is not read; the output's gradient is that loss's of `out`
     against `target`, divided by the element count (inv_n = 1 / (batch * n_out)), and each warp writes the sum
@@ -494,7 +494,7 @@ def backward_deltas(
                     if ti.static(KC == 0 or l == lowest):
                         ti.simt.block.sync()
             if ti.static(want_dx):
-                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
+                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_feature_major)
                 ti.simt.block.sync()
 
 
@@ -583,7 +583,7 @@ def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
     acts: f32_3d, deltas: f32_3d, dout: f32_3d, dparams: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(), F: ti.template(),
-    x_fm: ti.template(), net_lo: ti.i32,
+    x_feature_major: ti.template(), net_lo: ti.i32,
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
@@ -627,13 +627,13 @@ def weight_gradients(
                         # (declared out here: a static if's branch is a scope of its own)
                         hv = ti.Vector.zero(ti.f32, (KS * (n_in if ti.static(l == 0) else fan_in) + BLOCK - 1) // BLOCK)
                         if ti.static(l == 0):
-                            hv = fetch_rows(x, order, first, ti.min(KS, total), tid, n_in, KS, x_fm)
+                            hv = fetch_rows(x, order, first, ti.min(KS, total), tid, n_in, KS, x_feature_major)
                         else:
                             hv = fetch_features(acts, l - 1, 0, fan_in, first, ti.min(KS, total), tid, KS)
                         for step in range(n_steps):
                             store_features(sh, GB, dv, rows, tid, KS, KSP)
                             if ti.static(l == 0):
-                                store_rows(sh, HB, hv, tid, n_in, KS, KSP, x_fm)
+                                store_rows(sh, HB, hv, tid, n_in, KS, KSP, x_feature_major)
                             else:
                                 store_features(sh, HB, hv, fan_in, tid, KS, KSP)
                             ti.simt.block.sync()
@@ -642,7 +642,7 @@ def weight_gradients(
                                 count = ti.min(KS, total - (step + 1) * KS)
                                 dv = fetch_features(dsrc, dl, row0, rows, start, count, tid, KS)
                                 if ti.static(l == 0):
-                                    hv = fetch_rows(x, order, start, count, tid, n_in, KS, x_fm)
+                                    hv = fetch_rows(x, order, start, count, tid, n_in, KS, x_feature_major)
                                 else:
                                     hv = fetch_features(acts, l - 1, 0, fan_in, start, count, tid, KS)
                             accumulate_step(acc, sh, GB, HB, lane_o, lane_i, RW, CW, KS, KSP)
@@ -653,7 +653,7 @@ def weight_gradients(
                             count = ti.min(KS, total - step * KS)
                             load_features(sh, GB, dsrc, dl, row0, rows, start, count, tid, KS, KSP)
                             if ti.static(l == 0):
-                                load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_fm)
+                                load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_feature_major)
                             else:
                                 load_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                             ti.simt.block.sync()
@@ -671,17 +671,17 @@ def weight_gradients(
 # `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
 # Every launcher runs once per row chunk of the table it indexes (tinn/chunks.py); each launch walks all
 # tiles and skips those of networks outside its chunk.
-def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool,
+def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_feature_major: bool,
                 frequencies: int = 0, pad: float = 0.0):
     """`frequencies` > 0: x holds raw positions, encoded by the Frequency encoding inside the kernel."""
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, frequencies, geometry.weight_rows, pad, lo)
+                keep_all, geometry.tile, geometry.features, x_feature_major, frequencies, geometry.weight_rows, pad, lo)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
-                        want_dx: bool, x_fm: bool, loss=None):
+                        want_dx: bool, x_feature_major: bool, loss=None):
     """`loss` = (loss id, target, loss_parts): the output's gradient from that loss (dy unused), its per-warp sums
     into loss_parts, zeros of WARPS floats per tile (see backward_deltas)."""
     kind, target, parts = loss if loss is not None else (-1, out, out[0, :1])
@@ -689,13 +689,13 @@ def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, 
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
-                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm,
+                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_feature_major,
                         geometry.backward_weight_rows, lo, target, parts, inv_n, kind)
 
 
 def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
-                         x_fm: bool):
+                         x_feature_major: bool):
     for lo, hi in chunks.row_spans(dparams.shape[0], dparams.shape[1], "the network gradients"):
         weight_gradients(x, chunk_tiles.order, chunk_tiles.tile_net, chunk_tiles.tile_start, chunk_tiles.tile_count,
                          acts, deltas, dout, dparams if hi - lo == dparams.shape[0] else dparams[lo:hi],
-                         shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_fm, lo)
+                         shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_feature_major, lo)

@@ -64,18 +64,18 @@ class TensorCorePath:
         sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
         return route_fused(ids, self.n_networks, sizes)
 
-    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool) -> torch.Tensor:
+    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool) -> torch.Tensor:
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         (tiles,) = self._routing(ids, x.device, train=False)
-        out, _ = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=False,
+        out, _ = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=False,
                                       input_padding=self.input_padding)
         return out
 
-    def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool):
+    def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
         """(out, saved): what the backward needs stays in `saved`."""
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         tiles, chunks = self._routing(ids, x.device, train=True)
-        out, saved = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=True,
+        out, saved = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=True,
                                           input_padding=self.input_padding)
         return out, (saved, chunks)
 

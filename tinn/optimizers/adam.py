@@ -27,7 +27,7 @@ import torch
 from .. import chunks
 from ..config import Section
 from ..kernels import compact as KC
-from ..kernels import optimizers as K
+from ..kernels import optimizers as optimizer_kernels
 from .base import LeafOptimizer, is_matrix_param
 
 F32_MAX = 3.4028234663852886e38
@@ -87,12 +87,12 @@ class Adam(LeafOptimizer):
         todo = [self._operands(*update) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            K.adam_step_pair(*todo[0], *todo[1], *hyper)
+            optimizer_kernels.adam_step_pair(*todo[0], *todo[1], *hyper)
             return
         for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
             w = operands[0]
             per_element = operands[4] is not self._no_steps
-            chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
+            chunks.launch_by_rows(optimizer_kernels.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
                                   sliced=range(6) if per_element else (0, 1, 2, 3, 5))
 
     def _update_sparse(self, name, w, g, lr_scale) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import optimizers as K
+from ..kernels import optimizers as optimizer_kernels
 from .base import LeafOptimizer, layer_shapes
 
 
@@ -43,7 +43,7 @@ class Novograd(LeafOptimizer):
         args = (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.seg_start[name], lr_scale,
                 self.learning_rate, 0.0 if first else self.beta1, 0.0 if first else self.beta2, self.epsilon,
                 self.relative_decay, self.absolute_decay)
-        chunks.launch_by_rows(K.novograd_step, w.shape[0], w.shape[1], args, sliced=(0, 1, 2, 3, 5))
+        chunks.launch_by_rows(optimizer_kernels.novograd_step, w.shape[0], w.shape[1], args, sliced=(0, 1, 2, 3, 5))
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate,

@@ -13,7 +13,7 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import optimizers as K
+from ..kernels import optimizers as optimizer_kernels
 from .base import Optimizer, as_rows
 from .registry import create_optimizer
 
@@ -96,7 +96,7 @@ class EMA(Wrapper):
         new = 1.0 / (1.0 - self.decay ** t)
         for name, p in self.named_params:
             if p.numel():
-                self._launch(K.ema_step, name, (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
+                self._launch(optimizer_kernels.ema_step, name, (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
                              (self.decay, old, new))
 
     def inference_params(self, name: str) -> torch.Tensor:
@@ -125,7 +125,7 @@ class Average(Wrapper):
         slot = self.nested.step_count % self.n_samples
         for name, p in self.named_params:
             if p.numel():
-                self._launch(K.average_step, name, (self.nested.inference_params(name).detach(),
+                self._launch(optimizer_kernels.average_step, name, (self.nested.inference_params(name).detach(),
                                                     self.state[f"samples.{name}"][slot], self.state[f"average.{name}"]),
                              (1.0 / self.n_samples,))
 
@@ -162,7 +162,7 @@ class Lookahead(Wrapper):
         if self.nested.step_count % self.n_steps == 0:
             for name, p in self.named_params:
                 if p.numel():
-                    self._launch(K.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]), (self.alpha,))
+                    self._launch(optimizer_kernels.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]), (self.alpha,))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -239,7 +239,7 @@ class Batched(Wrapper):
                     pool.zero_()
                 continue
             if p.numel():
-                self._launch(K.accumulate_grad, name, (pool, g), (int(first), 1.0 / k))
+                self._launch(optimizer_kernels.accumulate_grad, name, (pool, g), (int(first), 1.0 / k))
             self.scalars[f"seen.{name}"] = True
         self.scalars["step_count"] += 1
         if self.scalars["step_count"] % k == 0:

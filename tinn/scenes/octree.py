@@ -253,11 +253,11 @@ class Octree:
             raise InputError(f"levels is on {levels.device} but the octree is on {self.device}")
         out = torch.empty(n, dtype=torch.int32, device=self.device)
         if n:
-            from ..kernels import octree as K
+            from ..kernels import octree as octree_kernels
 
             k = self.kernel_tables
             levels = levels.long().clamp(-1, MAX_DEPTH + 1).to(torch.int32).contiguous()
-            K.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth, self.deepest,
+            octree_kernels.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth, self.deepest,
                      out)
         return out
 

@@ -203,7 +203,7 @@ class OctreeField(torch.nn.Module):
         space, an empty voxel of `occupancy`), and local coordinates (R * S, 3) (rows of assigned samples only).
 
         Sample (r, s) is origins[r] + t[r, s] directions[r] with footprint radius t[r, s] * radius[r]."""
-        from ..kernels import octree as K
+        from ..kernels import octree as octree_kernels
 
         n_rays, n_samples = t.shape
         dev = t.device
@@ -212,7 +212,7 @@ class OctreeField(torch.nn.Module):
         if node.numel():
             k = self.octree.kernel_tables
             occupied, occ_res, grids = self._occupancy_args(occupancy)
-            K.assign_samples(origins.contiguous(), directions.contiguous(), t.contiguous(), deltas.contiguous(),
+            octree_kernels.assign_samples(origins.contiguous(), directions.contiguous(), t.contiguous(), deltas.contiguous(),
                              radius.contiguous(), k.children, k.split, k.depth, k.center, k.half_size,
                              k.geometry(occupancy), self.lod_root_size, self.octree.max_depth, self.octree.deepest,
                              occupied, occ_res, grids, node, local)
@@ -311,7 +311,7 @@ class OctreeField(torch.nn.Module):
         """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node (none for rays whose
         transmittance `trans` is at most early_stop > 0): node ids, local coordinates, bin lengths and ray
         offsets (len(rays) + 1, int32)."""
-        from ..kernels import octree as K
+        from ..kernels import octree as octree_kernels
 
         dev = origins.device
         k = self.octree.kernel_tables
@@ -325,14 +325,14 @@ class OctreeField(torch.nn.Module):
         offsets = torch.zeros(rays.shape[0] + 1, dtype=torch.int32, device=dev)
         if rays.shape[0]:
             counts = torch.empty(rays.shape[0], dtype=torch.int32, device=dev)
-            K.march_count(*head, geo, *tail, counts)
+            octree_kernels.march_count(*head, geo, *tail, counts)
             torch.cumsum(counts, 0, out=offsets[1:])
         m = int(offsets[-1])
         node_ids = torch.empty(m, dtype=torch.int32, device=dev)
         local = torch.empty(m, 3, device=dev)
         deltas = torch.empty(m, device=dev)
         if m:
-            K.march_emit(*head, k.center, k.half_size, geo, *tail, offsets, node_ids, local, deltas)
+            octree_kernels.march_emit(*head, k.center, k.half_size, geo, *tail, offsets, node_ids, local, deltas)
         return node_ids, local, deltas, offsets
 
     def touched_report(self, touched: torch.Tensor) -> dict:
