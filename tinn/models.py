@@ -39,7 +39,10 @@ def tcnn_input_padding(encoding) -> tuple[int, float]:
 
 class NetworkWithInputEncoding(Part):
     """An encoding followed by an MLP, N of them side by side: `model(x, net_ids)` runs sample b through
-    encoding and network `net_ids[b]` (tcnn's `NetworkWithInputEncoding`, as an array).
+    encoding and network `net_ids[b]`. tcnn's `NetworkWithInputEncoding` as an array, but its network's input
+    and output are not padded unless `tcnn_padding=True`: without it the same config has fewer parameters and
+    computes another function than tcnn's, whose padded variant is `tinn.torch.TcnnNetworkWithInputEncoding`
+    (tcnn's name `tinn.torch.NetworkWithInputEncoding`).
 
     Args:
         n_input_dims: input width.
