@@ -165,7 +165,7 @@ class SlabField(torch.nn.Module):
         return out
 
     def forward(self, points):
-        from tinn.scenes.fields import activate
+        from tinn.scenes.fields.radiance import activate
 
         inside = ((points >= self.box_min) & (points <= self.box_max)).all(1)
         sigma, rgb = activate(self.raw(points))
@@ -175,8 +175,9 @@ class SlabField(torch.nn.Module):
 def big_field(args) -> dict:
     import tinn
     from tinn.encodings import create_encoding
-    from tinn.scenes.procedural import ProceduralScene, render_views
-    from tinn.scenes.rendering import psnr, render_image
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+    from tinn.render import render_image
+    from tinn.tasks.image import psnr
     from tinn.trainer import Trainer
 
     world, rank = td.world_size(), td.rank()

@@ -262,7 +262,7 @@ def test_trainer_reset_restores_the_start():
 
 def test_optimize_with_decay_schedule():
     """Trainer.optimize steps an objective; the scenes' exponential decay is the optimizer's wrapper."""
-    from tinn.scenes.photometric import decaying_adam
+    from tinn.scenes.training.photometric import decaying_adam
     net = NetworkArray(2, 1, NET, seed=3)
     x = torch.rand(64, 2, device=tinn.runtime.device())
     trainer = Trainer(net, None, decaying_adam(0.1, total_steps=4, final_lr_factor=0.01))

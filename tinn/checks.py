@@ -41,6 +41,18 @@ def check_device(name: str, t: torch.Tensor) -> None:
         )
 
 
+def check_points(name: str, points) -> torch.Tensor:
+    """(M, 3) float32 points on tinn's device."""
+    if not isinstance(points, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of shape (M, 3), got {type(points).__name__}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise InputError(f"{name} must have shape (M, 3), got {tuple(points.shape)}")
+    if points.dtype != torch.float32:
+        raise InputError(f"{name} has dtype {points.dtype}; allowed: torch.float32 (convert with .float())")
+    check_device(name, points)
+    return points
+
+
 def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False) -> torch.Tensor:
     """A (batch, n_dims) float32 tensor on tinn's device, contiguous (copied only if it was not)."""
     if not isinstance(t, torch.Tensor):

@@ -27,14 +27,14 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..errors import ConfigError, InputError
-from ..models import NetworkWithInputEncoding
-from ..render import camera_rays, composite, frame_runs, pack, pixel_radius, ray_box, stratified_t
-from .octree import Octree, levels_for_radius
-from .occupancy import OccupancyGrid
-from .octree_occupancy import LevelOccupancy
-from .fields import density_activation
+from ... import checks
+from ...errors import ConfigError, InputError
+from ...models import NetworkWithInputEncoding
+from ...render import camera_rays, composite, frame_runs, pack, pixel_radius, ray_box, stratified_t
+from ..acceleration.octree import Octree, levels_for_radius
+from ..acceleration.occupancy import OccupancyGrid
+from ..acceleration.octree_occupancy import LevelOccupancy
+from .radiance import density_activation
 
 DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12,
                     "base_resolution": 2, "per_level_scale": 2.0}
@@ -203,7 +203,7 @@ class OctreeField(torch.nn.Module):
         space, an empty voxel of `occupancy`), and local coordinates (R * S, 3) (rows of assigned samples only).
 
         Sample (r, s) is origins[r] + t[r, s] directions[r] with footprint radius t[r, s] * radius[r]."""
-        from ..kernels import octree as octree_kernels
+        from ...kernels import octree as octree_kernels
 
         n_rays, n_samples = t.shape
         dev = t.device
@@ -311,7 +311,7 @@ class OctreeField(torch.nn.Module):
         """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node (none for rays whose
         transmittance `trans` is at most early_stop > 0): node ids, local coordinates, bin lengths and ray
         offsets (len(rays) + 1, int32)."""
-        from ..kernels import octree as octree_kernels
+        from ...kernels import octree as octree_kernels
 
         dev = origins.device
         k = self.octree.kernel_tables

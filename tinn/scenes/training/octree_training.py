@@ -13,13 +13,13 @@ import time
 
 import torch
 
-from .. import checks, runtime
-from ..errors import ConfigError, InputError
-from ..trainer import Trainer
-from ..render import pixel_radius
-from ..tasks.image import psnr
+from ... import checks, runtime
+from ...errors import ConfigError, InputError
+from ...trainer import Trainer
+from ...render import pixel_radius
+from ...tasks.image import psnr
 from .photometric import SceneTrainer
-from .octree_field import OctreeField, photometric_loss
+from ..fields.octree_field import OctreeField, photometric_loss
 
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
                      "l2_reg": 1e-6}
