@@ -291,7 +291,7 @@ def main():
     import tinn
     import tinn.distributed as td
 
-    td.init("cpu", timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
+    td.init("cpu", collective_timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
     torch.set_num_threads(1)
     rank = td.rank()
     try:
