@@ -237,23 +237,23 @@ def parse(text: str) -> dict:
     return out
 
 
-class Chosen(NamedTuple):
+class SettingsAndTuning(NamedTuple):
     """The two records in force for a process."""
 
     settings: Settings
     tuning: Tuning
 
-    def replace(self, **changes) -> "Chosen":
+    def replace(self, **changes) -> "SettingsAndTuning":
         """A copy with `changes`, fields of either record by name, applied and checked."""
         for name in changes:
             if name not in _FIELDS:
                 _unknown(name, Settings)
         mine = {k: v for k, v in changes.items() if _FIELDS[k][0] is Settings}
         theirs = {k: v for k, v in changes.items() if _FIELDS[k][0] is Tuning}
-        return Chosen(self.settings.replace(**mine), self.tuning.replace(**theirs))
+        return SettingsAndTuning(self.settings.replace(**mine), self.tuning.replace(**theirs))
 
 
-_current = [Chosen(Settings(), Tuning())]
+_current = [SettingsAndTuning(Settings(), Tuning())]
 
 
 def current() -> Settings:
@@ -266,12 +266,12 @@ def current_tuning() -> Tuning:
     return _current[0].tuning
 
 
-def installed() -> Chosen:
+def installed() -> SettingsAndTuning:
     """Both records in force (what `install` takes back)."""
     return _current[0]
 
 
-def install(chosen: Chosen) -> None:
+def install(chosen: SettingsAndTuning) -> None:
     _current[0] = chosen
 
 
@@ -286,14 +286,14 @@ def _overridden(base, overrides, record: type, argument: str):
 
 
 def build(environment: str | None, settings: "Settings | dict | None" = None,
-          tuning: "Tuning | dict | None" = None) -> Chosen:
+          tuning: "Tuning | dict | None" = None) -> SettingsAndTuning:
     """The records of a process: defaults, then the environment's, then the caller's."""
     try:
-        base = Chosen(Settings(), Tuning()).replace(**parse(environment)) if environment else \
-            Chosen(Settings(), Tuning())
+        defaults = SettingsAndTuning(Settings(), Tuning())
+        base = defaults.replace(**parse(environment)) if environment else defaults
     except ConfigError as error:
         if str(error).startswith(ENV_VARIABLE):
             raise
         raise ConfigError(f"{ENV_VARIABLE}: {error}") from None
-    return Chosen(_overridden(base.settings, settings, Settings, "settings"),
-                  _overridden(base.tuning, tuning, Tuning, "tuning"))
+    return SettingsAndTuning(_overridden(base.settings, settings, Settings, "settings"),
+                             _overridden(base.tuning, tuning, Tuning, "tuning"))

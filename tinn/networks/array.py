@@ -197,9 +197,9 @@ class NetworkArray(Part):
         if not train:
             x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
             return self._inference(x_c, ids, params_c, x_feature_major), None
-        return self._eager_forward_ctx(x, ids, params, x_feature_major)
+        return self._eager_forward_with_context(x, ids, params, x_feature_major)
 
-    def _eager_forward_ctx(self, x, ids, params, x_feature_major):
+    def _eager_forward_with_context(self, x, ids, params, x_feature_major):
         """The training forward on buffers of its own: (output, context)."""
         # The GEMMs' operands in the network's precision (x and params themselves in float32).
         x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
@@ -244,7 +244,7 @@ class NetworkArray(Part):
                 dx, dparams = replayed
                 return self._unpadded(dx, ctx.x_feature_major), (dparams,)
             # A second backward through this forward, whose buffers a later forward has taken: recompute it.
-            ctx = self._eager_forward_ctx(ctx.x, ctx.ids, ctx.params, ctx.x_feature_major)[1]
+            ctx = self._eager_forward_with_context(ctx.x, ctx.ids, ctx.params, ctx.x_feature_major)[1]
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_feature_major)
