@@ -105,7 +105,8 @@ def parse_args(argv=None):
                    help="level-of-detail curve: the held-out view pulled back by each factor, its render compared with "
                         "the area-filtered truth at that distance (procedural scene or --mesh; empty: none)")
     p.add_argument("--truth-mesh", default=None,
-                   help="level-of-detail curve for a --data folder written by tinn.scenes.data.mesh: the mesh it came from")
+                   help="level-of-detail curve for a --data folder written by tinn.scenes.data.mesh: the mesh it "
+                        "came from")
     p.add_argument("--lod-supersample", type=int, default=4,
                    help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
     p.add_argument("--occupancy-res", type=int, default=None,
@@ -181,7 +182,8 @@ def load_scene(args):
 
 def build_field(args, train, points):
     from tinn.scenes.acceleration.octree import Octree, cube_around
-    from tinn.scenes.acceleration.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+    from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint,
+                                                        leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
 
     dev = tinn.runtime.device()

@@ -105,8 +105,9 @@ def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     b = torch.empty(1, 1, device=DEV)
     mlp_fused.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_feature_major=False)
     mlp_fused.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
-                           x_feature_major=False)
-    mlp_fused.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params, x_feature_major=False)
+                                  x_feature_major=False)
+    mlp_fused.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params,
+                                   x_feature_major=False)
     expect = [(params[lo].data_ptr(), hi - lo, lo) for lo, hi in ((0, 2), (2, 4), (4, 6), (6, 7))]
     assert calls == {"forward": expect, "backward_deltas": expect, "weight_gradients": expect}
     calls.clear()
@@ -283,7 +284,7 @@ def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     batch = chunks.LOOP_LIMIT // 1024 + 1
     with pytest.raises(InputError, match=rf"GridEncoding: a batch of {batch} samples .* at most {batch - 1} samples"):
         enc.forward_with_context(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
-                        train=False)
+                                 train=False)
 
 
 def test_dense_single_network_batches_pass_the_kernels_index_limit(monkeypatch, tuned):

@@ -129,6 +129,7 @@ def test_user_pages_use_no_internals(page):
     used = sorted({name for block in python_blocks(text) for name in internal_uses(block)})
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for code in re.findall(r"`([^`\n]+)`", prose):
-        used += [name for ref in re.findall(r"\btinn(?:\.[A-Za-z_]\w*)+", code) for name in internal_uses(f"import tinn\n{ref}")]
+        for ref in re.findall(r"\btinn(?:\.[A-Za-z_]\w*)+", code):
+            used += internal_uses(f"import tinn\n{ref}")
     used += [m for m in re.findall(r"python -m (tinn[\w.]*)", text) if m not in PUBLIC_MODULES]
     assert not used, f"{page} uses tinn's internals: {used}"

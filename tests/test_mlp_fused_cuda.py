@@ -114,7 +114,8 @@ def test_feature_major_inputs_match_row_major(n_networks, batch):
     results = []
     for fm in (False, True):
         xin = x.t().contiguous() if fm else x
-        out, ctx = net.forward_with_context(xin, ids, train=True, x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
+        out, ctx = net.forward_with_context(xin, ids, train=True,
+                                            x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
         dx, (dparams,) = net.backward(ctx, dy, need_dx=True)
         results.append((out, dx.t() if fm else dx, dparams))
     (out0, dx0, dp0), (out1, dx1, dp1) = results

@@ -94,7 +94,8 @@ def test_where_the_precision_applies(precision, n_networks, kernels, dense_setti
 
 
 def test_a_bad_precision_names_the_field_and_the_allowed_values(tuned):
-    with pytest.raises(ConfigError, match=r"precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
         tuned(precision="half")
 
 

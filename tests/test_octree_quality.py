@@ -13,7 +13,7 @@ from tinn.scenes.data import mesh as M
 from tinn.scenes.data import PosedImages
 from tinn.scenes.acceleration.octree import Octree
 from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint, grid_levels_for,
-                                       leaf_resolution, node_params)
+                                                    leaf_resolution, node_params)
 from tinn.scenes.fields.octree_field import OctreeField, finest_grid_resolution
 
 NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 16,

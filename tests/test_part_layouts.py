@@ -52,11 +52,13 @@ def _subclasses(cls):
 
 
 def test_every_part_class_checks_its_layouts():
-    """The check sits in the base class: every subclass's forward_with_context (tinn's, and any defined later) is wrapped."""
+    """The check sits in the base class: every subclass's forward_with_context (tinn's, and any defined later) is
+    wrapped."""
     classes = set(_subclasses(Part))
     assert len(classes) > 15
     for cls in classes:
-        if cls.forward_with_context is Part.forward_with_context:  # abstract (tcnn.Encoding's adapter builds other classes)
+        # abstract (tcnn.Encoding's adapter builds other classes)
+        if cls.forward_with_context is Part.forward_with_context:
             continue
         assert getattr(cls.forward_with_context, "checks_layouts", False), cls.__qualname__
 
@@ -67,7 +69,8 @@ def test_every_part_class_checks_its_layouts():
     late = Late(2, 2)
     x = torch.zeros(3, 2, device=tinn.runtime.device())
     assert late.forward_with_context(x, None, train=False)[0] is x
-    with pytest.raises(ConfigError, match=r"Late\.forward_with_context: x_layout='feature_major'.*allowed: \['sample_major'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"Late\.forward_with_context: x_layout='feature_major'.*allowed: \['sample_major'\]"):
         late.forward_with_context(x, None, train=False, x_layout=FEATURE_MAJOR)
 
 
@@ -87,7 +90,7 @@ def test_undeclared_layouts_are_refused_naming_the_argument(name):
             if layout not in allowed:
                 with pytest.raises(ConfigError, match=rf"{argument}='{layout}' is not a layout this part"):
                     part.forward_with_context(x if layout == SAMPLE_MAJOR else x.t().contiguous(), ids, train=True,
-                                     **{argument: layout})
+                                              **{argument: layout})
     # The declared layouts run and agree with each other.
     reference, _ = part.forward_with_context(x, ids, train=False)
     for x_layout in part.input_layouts:

@@ -107,7 +107,8 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    # (..., TS, F, x_feature_major, freq, KC, pad, net_lo) and (..., TS, F, x_feature_major, KC, net_lo, target, loss_parts, inv_n, LOSS):
+    # (..., TS, F, x_feature_major, freq, KC, pad, net_lo) and
+    # (..., TS, F, x_feature_major, KC, net_lo, target, loss_parts, inv_n, LOSS):
     # tile sizes and staged weight rows; dy given (no loss inside the deltas kernel)
     assert int(fwd_counts.max()) == 64 and seen["forward"][-7] == 64 and seen["forward"][-3] == 16
     assert int(deltas_counts.max()) == 32 and seen["deltas"][-9] == 32 and seen["deltas"][-6] == 8

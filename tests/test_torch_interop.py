@@ -319,7 +319,8 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
     assert f[3] == net.params.data_ptr() and f[6] == y.data_ptr()
     written = {}
     for name, slot in (("backward_deltas", 9), ("reduce_tiles", 2)):  # keep the buffers the kernels write
-        monkeypatch.setattr(mlp_array_kernels, name, (lambda k, n, i: lambda *a: (written.__setitem__(n, a[i]), k(*a))[1])(
+        monkeypatch.setattr(mlp_array_kernels, name,
+                            (lambda k, n, i: lambda *a: (written.__setitem__(n, a[i]), k(*a))[1])(
             getattr(mlp_array_kernels, name), name, slot))
     y.backward(torch.ones_like(y))
     # backward_deltas(dy, ..., dx, ...) wrote dL/dx, reduce_tiles(partial, tile_net, grad) dL/dparams, and

@@ -61,7 +61,8 @@ class _ShapeBuffers:
 
     def __init__(self, net, batch: int, x_feature_major: bool):
         dev, dtype, f32 = net.params.device, net.compute_dtype, torch.float32
-        self.net, self.x_feature_major = net, x_feature_major  # a weak proxy (StepGraphs'): the network holds these buffers
+        # net: a weak proxy (StepGraphs'): the network holds these buffers.
+        self.net, self.x_feature_major = net, x_feature_major
         self.x = torch.empty((net.kernel_inputs, batch) if x_feature_major else (batch, net.kernel_inputs), device=dev,
                              dtype=dtype)
         self.params = torch.empty(net.params.shape, device=dev, dtype=dtype)
@@ -86,7 +87,8 @@ class _ShapeBuffers:
         net = self.net
         dense_mlp.backward_deltas(self.dy, self.params, net.shape, acts=self.acts, pre=self.pre, out=self.out,
                                   deltas=self.deltas, dout=self.dout, dx=self.dx, keep_pre=net.keep_pre,
-                                  want_dx=want_dx, x_feature_major=self.x_feature_major, gradient_scale=net.gradient_scale)
+                                  want_dx=want_dx, x_feature_major=self.x_feature_major,
+                                  gradient_scale=net.gradient_scale)
         if want_params:
             net._gemm_weight_gradients(self.x, self.x_feature_major, self.acts, self.deltas, self.dout, self.dparams)
 
@@ -149,9 +151,11 @@ class StepGraphs:
         buffers = self.shapes[key] = _ShapeBuffers(self.net, batch, x_feature_major)
         return buffers
 
-    def forward(self, x: torch.Tensor, params: torch.Tensor, x_feature_major: bool) -> tuple[torch.Tensor, HeldBuffers] | None:
-        """The training forward from this shape's buffers: (a copy of the output, its hold on the buffers), or None where the
-        eager path must run (first sight of the shape, too large, or its buffers held by another forward)."""
+    def forward(self, x: torch.Tensor, params: torch.Tensor,
+                x_feature_major: bool) -> tuple[torch.Tensor, HeldBuffers] | None:
+        """The training forward from this shape's buffers: (a copy of the output, its hold on the buffers), or None
+        where the eager path must run (first sight of the shape, too large, or its buffers held by another
+        forward)."""
         batch = x.shape[1] if x_feature_major else x.shape[0]
         buffers = self._buffers_for(batch, x_feature_major)
         if buffers is None or buffers.held:

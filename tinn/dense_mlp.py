@@ -189,7 +189,8 @@ def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, 
     """What `mlp_array.backward_deltas` writes for one network: dout[0] (n_out, batch) and deltas[l]
     (width, batch), dL/dz of the output and of each hidden layer, times `gradient_scale` (a float, or the
     0-d device tensor of a dynamic scaler, read where the GEMMs run), in the dtype of
-    params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_feature_major, unscaled, float32."""
+    params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_feature_major, unscaled,
+    float32."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     slope = derivative(pre[last, :shape.n_out].t() if keep_pre else None, out, shape.output_act)

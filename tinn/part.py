@@ -149,7 +149,7 @@ class Part(torch.nn.Module):
         return (params,) if isinstance(params, torch.Tensor) else ()
 
     def forward_with_context(self, x: torch.Tensor, ids: torch.Tensor, *, train: bool, x_layout: str = SAMPLE_MAJOR,
-                    y_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor, Context]:
+                             y_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor, Context]:
         raise NotImplementedError
 
     def backward(self, ctx: Context, dy: torch.Tensor, *, need_dx: bool, need_grads: bool = True,

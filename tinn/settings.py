@@ -204,8 +204,8 @@ def _from_text(name: str, value: str):
     """`value`, a string from the environment, as field `name`'s type (checked later by its record)."""
     if name not in _FIELDS:
         hint = difflib.get_close_matches(name, list(_FIELDS), n=1)
-        raise ConfigError(f"{ENV_VARIABLE}: unknown setting {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                          + f"; allowed: {sorted(_FIELDS)}")
+        raise ConfigError(f"{ENV_VARIABLE}: unknown setting {name!r}"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; allowed: {sorted(_FIELDS)}")
     kind = _FIELDS[name][1].type
     text = value.strip()
     if "bool" in kind:

@@ -19,9 +19,9 @@ so the same name would name two functions: these are `TcnnNetworkArray`, `TcnnNe
 `TcnnNetworkWithInputEncoding` (subclasses of `tinn.NetworkArray` and `tinn.NetworkWithInputEncoding` by their
 constructors only), and tcnn's names `NetworkArray`, `Network` and `NetworkWithInputEncoding` are aliases of
 them here, in `tinn.torch` alone, so that a tcnn script changes only its import. `tcnn.Encoding(...)` builds
-the tinn encoding of the config's otype (encodings are not padded, in tcnn either). Every module is a `torch.nn.Module` following tinn's part contract
-(tinn/part.py), so gradients reach the parameters *and* the inputs, tinn parts compose with any torch
-code and train with any `torch.optim` optimizer.
+the tinn encoding of the config's otype (encodings are not padded, in tcnn either). Every module is a
+`torch.nn.Module` following tinn's part contract (tinn/part.py), so gradients reach the parameters *and* the
+inputs, tinn parts compose with any torch code and train with any `torch.optim` optimizer.
 
 Guarantees
 ----------

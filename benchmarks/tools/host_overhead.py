@@ -96,7 +96,8 @@ def main(argv=None) -> dict:
             row["launch_us"] = row["host_us"] - row["no_kernels_us"]
             rows.append(row)
         print(f"host time per step, {arch}, {os.path.basename(args.config)}, batch 2^{batch.bit_length() - 1}"
-              + ("" if arch == "cuda" else " (CPU: kernels run inside their launches, so only the no-op column is host time)"))
+              + ("" if arch == "cuda"
+                 else " (CPU: kernels run inside their launches, so only the no-op column is host time)"))
         print_table(rows, [("path", "path", "s"), ("host_us", "as is us", ".1f"),
                            ("no_kernels_us", "kernels no-op us", ".1f"), ("launches", "launches", ".0f"),
                            ("launch_us", "launch share us", ".1f")])

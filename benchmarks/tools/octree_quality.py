@@ -3,8 +3,8 @@
 For each mesh: render its views (train and held out) at --res; run the KiloNeRF pipeline of `demos/kilonerf.py`
 (teacher, occupancy, distillation, fine-tuning; its options apply) and take the teacher's and the student's
 held-out PSNR and times; then train an octree field with the teacher's parameter count as its budget
-(`tinn.scenes.acceleration.octree_budget`: the tree as deep as the capture feeds, each node's grid as fine as the closest
-view's footprint asks) for the teacher's training time times --time-factor, and report its held-out PSNR
+(`tinn.scenes.acceleration.octree_budget`: the tree as deep as the capture feeds, each node's grid as fine as
+the closest view's footprint asks) for the teacher's training time times --time-factor, and report its held-out PSNR
 (full resolution: the finest level), its frame time, and its level-of-detail curve: the held-out view
 pulled back by each --lod-factors entry, rendered by the coarser nodes the rule picks and compared with the
 mesh area-filtered at that distance (`tinn.scenes.training.lod_eval`). Prints a table and writes JSON.
@@ -78,7 +78,8 @@ def parse_args(argv=None):
 def octree_for(args, train, budget: int):
     """The budgeted octree field over the training views' visual hull."""
     from tinn.scenes.acceleration.octree import Octree, cube_around
-    from tinn.scenes.acceleration.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
+    from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint,
+                                                        leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
     from tinn.scenes.training.octree_training import foreground_points
 

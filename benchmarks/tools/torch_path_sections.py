@@ -113,7 +113,8 @@ def main(argv=None) -> None:
                             fn()
                         timings[(path, label)].append(per_step(fn, args.steps, sync))
         for (path, label), values in timings.items():
-            rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)", "us": statistics.median(values)})
+            rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)",
+                         "us": statistics.median(values)})
 
         sections.wrap(part.Part, "forward", "Part.forward (module call)")
         sections.wrap(part._PartFunction, "forward", "_PartFunction.forward")

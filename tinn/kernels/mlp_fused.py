@@ -342,8 +342,8 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_feature_major: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
-    net_lo: ti.i32,
+    TS: ti.template(), F: ti.template(), x_feature_major: ti.template(), freq: ti.template(), KC: ti.template(),
+    pad: ti.f32, net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
     x_feature_major: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
@@ -405,7 +405,8 @@ def backward_deltas(
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
-    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_feature_major). KC as in the forward.
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_feature_major). KC as in the
+    forward.
 
     LOSS >= 0 (a loss id of kernels/losses.py): dy is not read; the output's gradient is that loss's of `out`
     against `target`, divided by the element count (inv_n = 1 / (batch * n_out)), and each warp writes the sum
@@ -671,8 +672,8 @@ def weight_gradients(
 # `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
 # Every launcher runs once per row chunk of the table it indexes (tinn/chunks.py); each launch walks all
 # tiles and skips those of networks outside its chunk.
-def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_feature_major: bool,
-                frequencies: int = 0, pad: float = 0.0):
+def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool,
+                x_feature_major: bool, frequencies: int = 0, pad: float = 0.0):
     """`frequencies` > 0: x holds raw positions, encoded by the Frequency encoding inside the kernel."""
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,

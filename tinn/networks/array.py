@@ -176,7 +176,8 @@ class NetworkArray(Part):
             if not train:
                 return self.tensor_cores.inference(x, ids, params, x_feature_major), None
             out, saved = self.tensor_cores.forward_train(x, ids, params, x_feature_major)
-            return out, Context(x=x, ids=ids, params=params, saved=saved, x_feature_major=x_feature_major, held_buffers=None)
+            return out, Context(x=x, ids=ids, params=params, saved=saved, x_feature_major=x_feature_major,
+                                held_buffers=None)
         x = self._padded(x, x_feature_major, self.input_padding[1])
         if x_feature_major and FEATURE_MAJOR not in self.input_layouts:
             raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
@@ -184,7 +185,8 @@ class NetworkArray(Part):
             replayed = self._step_graphs.forward(x, params, x_feature_major)
             if replayed is not None:
                 out, held_buffers = replayed
-                return out, Context(x=x, ids=ids, params=params, held_buffers=held_buffers, x_feature_major=x_feature_major)
+                return out, Context(x=x, ids=ids, params=params, held_buffers=held_buffers,
+                                    x_feature_major=x_feature_major)
         if self.batched is not None:  # None back: the padded batch would cost too much, Taichi's kernels run
             if not train:
                 out = self.batched.inference(x, ids, params)
@@ -193,7 +195,8 @@ class NetworkArray(Part):
             else:
                 result = self.batched.forward_train(x, ids, params)
                 if result is not None:
-                    return result[0], Context(x=x, ids=ids, params=params, batched=result[1], x_feature_major=x_feature_major, held_buffers=None)
+                    return result[0], Context(x=x, ids=ids, params=params, batched=result[1],
+                                              x_feature_major=x_feature_major, held_buffers=None)
         if not train:
             x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
             return self._inference(x_c, ids, params_c, x_feature_major), None
@@ -247,7 +250,8 @@ class NetworkArray(Part):
             ctx = self._eager_forward_with_context(ctx.x, ctx.ids, ctx.params, ctx.x_feature_major)[1]
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
-                                     dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_feature_major)
+                                     dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads,
+                                     ctx.x_feature_major)
         return self._unpadded(dx, ctx.x_feature_major), (dparams,)
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
@@ -342,7 +346,8 @@ class NetworkArray(Part):
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
             mlp_fused.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
-                           keep_all=keep_all, x_feature_major=x_feature_major, frequencies=frequencies, pad=self.input_padding[1])
+                                  keep_all=keep_all, x_feature_major=x_feature_major, frequencies=frequencies,
+                                  pad=self.input_padding[1])
         return out, acts, (tiles if keep_all else None)
 
     def fuses_frequency_inputs(self, n_raw_dims: int, n_frequencies: int) -> bool:
@@ -368,7 +373,8 @@ class NetworkArray(Part):
         """Forward keeping what the backward needs. `x_feature_major` (fused and dense paths): x is (n_in, batch),
         as a grid encoding writes it, and `_backward` then returns dx the same way."""
         if self.fused:
-            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_feature_major=x_feature_major)
+            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True,
+                                                            x_feature_major=x_feature_major)
             return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
         # The dense path needs no routing (one network, samples in order) unless Taichi's kernel computes its
         # weight gradients; the routing's tile count would cost a host sync.
@@ -399,7 +405,8 @@ class NetworkArray(Part):
         if self.fused:
             grad_chunks, tiles = routing
             mlp_fused.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
-                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_feature_major=x_feature_major, loss=loss)
+                                          deltas=deltas, dout=dout, dx=dx, want_dx=want_dx,
+                                          x_feature_major=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
                                       dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_feature_major=x_feature_major,

@@ -64,7 +64,8 @@ class TensorCorePath:
         sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
         return route_fused(ids, self.n_networks, sizes)
 
-    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool) -> torch.Tensor:
+    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor,
+                  x_feature_major: bool) -> torch.Tensor:
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         (tiles,) = self._routing(ids, x.device, train=False)
         out, _ = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=False,

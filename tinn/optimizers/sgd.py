@@ -16,7 +16,8 @@ class SGD(LeafOptimizer):
         self.l2_reg = cfg.number("l2_reg", 1e-8, lo=0.0)
 
     def _update(self, name, w, g, lr_scale):
-        chunks.launch_by_rows(optimizer_kernels.sgd_step, w.shape[0], w.shape[1], (w, g, lr_scale, self.learning_rate, self.l2_reg),
+        chunks.launch_by_rows(optimizer_kernels.sgd_step, w.shape[0], w.shape[1],
+                              (w, g, lr_scale, self.learning_rate, self.l2_reg),
                               sliced=range(3))
 
     def hyperparams(self) -> dict:

@@ -97,7 +97,8 @@ class Shampoo(LeafOptimizer):
         rows, cols = w.shape
         # Every kernel here works row by row (network by network): tables past the chunk limit run in
         # row chunks (tinn/chunks.py), sized by the largest per-row block a kernel indexes.
-        chunks.launch_by_rows(optimizer_kernels.shampoo_moments, rows, cols, (w, g, st[f"m1.{name}"], st[f"m2.{name}"], u, self.l2_reg,
+        chunks.launch_by_rows(optimizer_kernels.shampoo_moments, rows, cols,
+                              (w, g, st[f"m1.{name}"], st[f"m2.{name}"], u, self.l2_reg,
                                                              a1, b1, a2, b2, self.epsilon), sliced=range(5))
         lr = self.learning_rate
         if not self.shapes[name]:
@@ -110,7 +111,8 @@ class Shampoo(LeafOptimizer):
         for l, (a, b) in enumerate(self.shapes[name]):
             L, R = st[f"L{l}.{name}"], st[f"R{l}.{name}"]
             per_row = max(cols, a * a, b * b)
-            chunks.launch_by_rows(optimizer_kernels.shampoo_gram, rows, per_row, (stat_src, off, a, b, L, R, a3, b3), sliced=(0, 4, 5))
+            chunks.launch_by_rows(optimizer_kernels.shampoo_gram, rows, per_row, (stat_src, off, a, b, L, R, a3, b3),
+                                  sliced=(0, 4, 5))
             if due:
                 st[f"Lroot{l}.{name}"].copy_(inverse_fourth_root(L, self.identity))
                 st[f"Rroot{l}.{name}"].copy_(inverse_fourth_root(R, self.identity))

@@ -96,7 +96,8 @@ class EMA(Wrapper):
         new = 1.0 / (1.0 - self.decay ** t)
         for name, p in self.named_params:
             if p.numel():
-                self._launch(optimizer_kernels.ema_step, name, (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
+                self._launch(optimizer_kernels.ema_step, name,
+                             (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
                              (self.decay, old, new))
 
     def inference_params(self, name: str) -> torch.Tensor:
@@ -125,9 +126,9 @@ class Average(Wrapper):
         slot = self.nested.step_count % self.n_samples
         for name, p in self.named_params:
             if p.numel():
-                self._launch(optimizer_kernels.average_step, name, (self.nested.inference_params(name).detach(),
-                                                    self.state[f"samples.{name}"][slot], self.state[f"average.{name}"]),
-                             (1.0 / self.n_samples,))
+                self._launch(optimizer_kernels.average_step, name,
+                             (self.nested.inference_params(name).detach(), self.state[f"samples.{name}"][slot],
+                              self.state[f"average.{name}"]), (1.0 / self.n_samples,))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -162,7 +163,8 @@ class Lookahead(Wrapper):
         if self.nested.step_count % self.n_steps == 0:
             for name, p in self.named_params:
                 if p.numel():
-                    self._launch(optimizer_kernels.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]), (self.alpha,))
+                    self._launch(optimizer_kernels.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]),
+                                 (self.alpha,))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)

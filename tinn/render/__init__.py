@@ -7,6 +7,6 @@ from .fields import RenderedImage, RenderedRays, render_image, render_rays, seco
 from .rays import camera_rays, pixel_radius, ray_box
 from .sampling import frame_runs, march, pack, stratified_t
 
-__all__ = ["octree", "camera_rays", "pixel_radius", "ray_box", "stratified_t", "pack", "march", "frame_runs", "composite",
-           "composite_dense", "Composited", "render_rays", "render_image", "RenderedRays", "RenderedImage", "timed",
-           "seconds_per_frame"]
+__all__ = ["octree", "camera_rays", "pixel_radius", "ray_box", "stratified_t", "pack", "march", "frame_runs",
+           "composite", "composite_dense", "Composited", "render_rays", "render_image", "RenderedRays", "RenderedImage",
+           "timed", "seconds_per_frame"]

@@ -120,9 +120,9 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_ra
 def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                  background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
                  early_stop: float = 1e-4, segments: int = 2) -> dict:
-    """Render one view of the octree field. Returns image (H, W, 3), first_node (H, W) (the node met first along each pixel's ray,
-    -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated (samples the
-    networks evaluated).
+    """Render one view of the octree field. Returns image (H, W, 3), first_node (H, W) (the node met first along
+    each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
+    (samples the networks evaluated).
 
     The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
     emit: only samples that have a node, nothing of size rays x samples). occupancy: "auto" (the field's
@@ -183,8 +183,8 @@ def _march(field, origins, directions, t_near, t_far, radius, rays, first_bin, e
     geo = k.geometry(occupancy)
     cutoff = float(early_stop) if early_stop > 0 else -1.0
     head = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
-            radius.contiguous(), trans.contiguous(), cutoff, rays.contiguous(), int(first_bin), int(end_bin), int(n_samples), k.children,
-            k.split, k.depth)
+            radius.contiguous(), trans.contiguous(), cutoff, rays.contiguous(), int(first_bin), int(end_bin),
+            int(n_samples), k.children, k.split, k.depth)
     tail = (field.lod_root_size, field.octree.max_depth, field.octree.deepest, occupied, occ_res, grids)
     offsets = torch.zeros(rays.shape[0] + 1, dtype=torch.int32, device=dev)
     if rays.shape[0]:

@@ -257,8 +257,8 @@ class Octree:
 
             k = self.kernel_tables
             levels = levels.long().clamp(-1, MAX_DEPTH + 1).to(torch.int32).contiguous()
-            octree_kernels.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth, self.deepest,
-                     out)
+            octree_kernels.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth,
+                                  self.deepest, out)
         return out
 
 

@@ -7,5 +7,5 @@ from .mesh import read_mesh, scene_from_mesh
 from .posed_images import PosedImages, load_nerf_synthetic
 from .procedural import ProceduralScene, render_views, surface_points
 
-__all__ = ["mesh", "PosedImages", "load_nerf_synthetic", "load_scene", "read_mesh", "scene_from_mesh", "ProceduralScene",
-           "render_views", "surface_points"]
+__all__ = ["mesh", "PosedImages", "load_nerf_synthetic", "load_scene", "read_mesh", "scene_from_mesh",
+           "ProceduralScene", "render_views", "surface_points"]

@@ -568,7 +568,7 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     else:
         normal_arg = torch.zeros(1, 9, device=dev)
     raster.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), to_light,
-            int(headlight), normal_arg, int(smooth), big)
+                 int(headlight), normal_arg, int(smooth), big)
     img = big.reshape(height, s, width, s, 4).mean(dim=(1, 3))
     # Colour weighted by coverage: straight (not premultiplied) alpha, as PNGs store it.
     alpha = img[..., 3:]

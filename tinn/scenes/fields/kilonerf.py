@@ -15,8 +15,9 @@ hidden ReLU layers and 4 outputs: sigma = exp(min(raw, 15)) (`training.density_a
 rgb = sigmoid. No view dependence: the scenes here are diffuse.
 
 Training (see `demos/kilonerf.py`): a `HashGridField` teacher learns the images, an `OccupancyGrid`
-is filled from its density, `Distiller` (tinn/scenes/training/distillation.py) fits every cell to the teacher at random points of occupied
-space, then `PhotometricTrainer` fine-tunes the student through the compositor with empty space skipped.
+is filled from its density, `Distiller` (tinn/scenes/training/distillation.py) fits every cell to the teacher
+at random points of occupied space, then `PhotometricTrainer` fine-tunes the student through the compositor with
+empty space skipped.
 """
 from __future__ import annotations
 
