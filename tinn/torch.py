@@ -51,9 +51,9 @@ Guarantees
 * Host-bound loops. tcnn's sample loop at its batch size spends more time issuing work than the GPU spends
   on it. torch hands every CUDA backward to its own device thread and waits for it;
   `torch.autograd.set_multithreading_enabled(False)`, once in the training thread, keeps it on the calling
-  thread (same results); on the H100 machines it cut the loop's host time by up to 30%, by nothing on one of
-  them (README, Performance).
-  tinn leaves that switch to you; its own `Trainer` sets it around the backward passes it starts.
+  thread (same results) and saves that hand-over's host time (docs/performance.md has what it saved).
+  tinn leaves that switch to you; its own `Trainer` sets it around the backward passes it starts
+  (`settings.autograd_calling_thread`).
 
 Differences from tcnn
 ---------------------
