@@ -26,7 +26,7 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import compact as KC
+from ..kernels import compact as compact_kernels
 from ..kernels import optimizers as optimizer_kernels
 from .base import LeafOptimizer, is_matrix_param
 
@@ -107,8 +107,8 @@ class Adam(LeafOptimizer):
         bits = w.view(torch.int16)
         seed = zlib.crc32(name.encode())  # stochastic rounding: a stream of its own per tensor
         for lo, hi in chunks.row_spans(w.shape[0], w.shape[1], f"the table {name!r}"):
-            KC.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr, l2_reg, step,
-                                seed, *self._hyper())
+            compact_kernels.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr,
+                                             l2_reg, step, seed, *self._hyper())
 
     def _rate_and_l2(self, name) -> tuple[float, float]:
         """Learning rate and L2 term of a tensor: tcnn's for matrix params, the non-matrix ones otherwise."""
