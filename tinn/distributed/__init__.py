@@ -18,6 +18,7 @@ Kernel modules are imported only when a sharded part is built, so `init()` can s
 from .checkpoint import gather_model, gather_state, load_checkpoint, read_manifest, reshard_state, save_checkpoint
 from .ownership import Ownership
 from .process import init, rank, shutdown, start_script, world_size
+from .profile import PhaseTimer
 
 
 def __getattr__(attr):
@@ -28,4 +29,5 @@ def __getattr__(attr):
 
 
 __all__ = ["init", "shutdown", "rank", "world_size", "Ownership", "ShardedPart", "Replicated", "ids_of_rank",
-           "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state", "read_manifest"]
+           "PhaseTimer", "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state",
+           "read_manifest"]
