@@ -85,7 +85,7 @@ def test_float16_training_overflows_with_the_static_scale_and_recovers_with_the_
     _, reference = _train("float32", "dynamic", tuned)
     scaler = trainer.model.gradient_scaler
     assert trainer.skipped_steps >= 1 and trainer.skipped_steps == scaler.skipped_steps
-    assert trainer.step + trainer.skipped_steps == 60
+    assert trainer.step == 60 and trainer.optimizer.step_count + trainer.skipped_steps == 60
     assert trainer.summary() == {"step": trainer.step, "skipped_steps": trainer.skipped_steps,
                                  "gradient_scale": scaler.value}
     assert scaler.value == 128.0 * 0.5 ** trainer.skipped_steps   # no growth within 60 steps
@@ -164,3 +164,125 @@ def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tune
     net.params.grad = None
     (net(x, ids).float().sum() * 1e5).backward()
     assert not scaler.update() and scaler.value == 64.0
+
+
+# ---- the skip decided on the device ---------------------------------------------------------------------
+class _WeightedL2:
+    """A summed L2 loss times `weight`: 1e5 takes the output gradients past float16's range at scale 128."""
+
+    def __init__(self):
+        self.weight = 1.0
+
+    def __call__(self, pred, target):
+        return self.weight * ((pred - target) ** 2).sum()
+
+
+def _f16_trainer(tuned, optimizer, seed=3):
+    tuned(network_precision="float16", gradient_scaling="dynamic")
+    net = NetworkArray(2, 1, NET, seed=seed)
+    assert net.precision == "float16" and net.gradient_scaler is not None
+    return Trainer(net, _WeightedL2(), optimizer)
+
+
+def _batch(i):
+    gen = torch.Generator().manual_seed(10 + i)
+    x = torch.rand(128, 2, generator=gen)
+    return x.to(DEV), (torch.sin(3 * x[:, :1]) * 0.5).to(DEV)
+
+
+def _snapshot(trainer):
+    return trainer.model.params.detach().clone(), trainer.optimizer.state_dict()
+
+
+def _assert_same_state(a, b):
+    (params_a, state_a), (params_b, state_b) = a, b
+    assert torch.equal(params_a, params_b)
+    assert set(state_a) == set(state_b)
+    for key, value in state_a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, state_b[key]), key
+        else:
+            assert value == state_b[key], key
+
+
+SKIP_OPTIMIZERS = [{"otype": "Adam", "learning_rate": 1e-2}, {"otype": "SGD", "learning_rate": 1e-3},
+                   {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Adam", "learning_rate": 1e-2}}]
+
+
+@pytest.mark.parametrize("optimizer", SKIP_OPTIMIZERS, ids=[o["otype"] for o in SKIP_OPTIMIZERS])
+def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
+    """Steps good, overflowing, good: the overflowing one leaves parameters and optimizer state bit-identical
+    (moments and step counts too) and halves the scale, and the run then equals one that never took it (given
+    the same scale), as torch's GradScaler with a fused optimizer."""
+    trainer = _f16_trainer(tuned, optimizer)
+    assert trainer.optimizer.skips_on_device == (optimizer["otype"] != "EMA")   # EMA reads the flag on the host
+    trainer.training_step(*_batch(0))
+    before = _snapshot(trainer)
+    trainer.loss.weight = 1e5
+    trainer.training_step(*_batch(1))
+    assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0 and trainer.step == 2
+    _assert_same_state(_snapshot(trainer), before)
+    trainer.loss.weight = 1.0
+    trainer.training_step(*_batch(2))
+    assert trainer.optimizer.step_count == 2
+
+    reference = _f16_trainer(tuned, optimizer)
+    reference.training_step(*_batch(0))
+    reference.model.gradient_scaler.load_state_dict({"value": 64.0, "finite_in_a_row": 0, "skipped_steps": 1})
+    reference.training_step(*_batch(2))
+    _assert_same_state(_snapshot(trainer), _snapshot(reference))
+
+
+def test_the_scale_grows_after_growth_interval_finite_trainer_steps(tuned):
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-3})
+    trainer.model.gradient_scaler.growth_interval = 2
+    for i in range(5):
+        trainer.training_step(*_batch(i))
+    assert trainer.gradient_scale == 128.0 * 4 and trainer.skipped_steps == 0
+    assert trainer.model.gradient_scaler.finite_in_a_row == 1
+
+
+def test_a_float16_trainer_step_reads_nothing_back_from_the_device(tuned, monkeypatch):
+    """The step's skip decision stays on the device: no tensor is read on the host during the step (on a GPU
+    such a read is a sync; tests/test_host_sync_cuda.py checks that with torch's sync debug mode)."""
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2})
+    batches = [_batch(i) for i in range(3)]
+    trainer.training_step(*batches[0])   # first-call set-up outside the guarded steps
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was read on the host during a training step")
+
+    with tinn.checks.disabled():
+        with monkeypatch.context() as patch:
+            for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+                patch.setattr(torch.Tensor, name, refuse)
+            trainer.loss.weight = 1e5
+            trainer.training_step(*batches[1])   # overflows: skipped on the device
+            trainer.loss.weight = 1.0
+            trainer.training_step(*batches[2])
+    assert trainer.step == 3 and trainer.skipped_steps == 1 and trainer.optimizer.step_count == 2
+
+
+def test_a_checkpoint_mid_run_keeps_the_scaling_state(tuned, tmp_path):
+    """Saved after a skipped step, loaded into a fresh trainer: the scale, growth count and skip count come back
+    bit-exact, and both runs continue identically."""
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2})
+    trainer.model.gradient_scaler.growth_interval = 3
+    for i, weight in enumerate([1.0, 1e5, 1.0, 1.0]):
+        trainer.loss.weight = weight
+        trainer.training_step(*_batch(i))
+    path = tmp_path / "run.tinn"
+    trainer.save_checkpoint(path)
+    restored = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2}, seed=9)
+    restored.model.gradient_scaler.growth_interval = 3
+    restored.load_checkpoint(path)
+    for t in (trainer, restored):
+        assert t.step == 4 and t.skipped_steps == 1 and t.gradient_scale == 64.0
+        assert t.model.gradient_scaler.finite_in_a_row == 2
+    for i in range(4, 7):   # the scale grows at the first of these
+        for t in (trainer, restored):
+            t.training_step(*_batch(i))
+    assert trainer.gradient_scale == restored.gradient_scale == 128.0
+    _assert_same_state(_snapshot(trainer), _snapshot(restored))
+    for key, value in trainer.gradient_scaling_state().items():
+        assert torch.equal(value, restored.gradient_scaling_state()[key]), key

@@ -2,6 +2,8 @@
 array (rows = 1 for a plain tensor), so `lr_scale[row]` gives per-network learning rates.
 
 All updates are elementwise and in place; state tensors have the parameter's (rows, cols) shape.
+Kernels of optimizers that skip on the device (`Optimizer.skips_on_device`) take `skip`, a (1,) int32 flag
+(a gradient scaler's verdict, tinn/gradient_scaling.py): where it is 1 they change nothing.
 Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 from ..backend import ti
@@ -23,10 +25,11 @@ def _weight_decay(rel: ti.f32, absolute: ti.f32, w: ti.f32) -> ti.f32:
 
 @fast_kernel
 @ti.kernel
-def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32):
+def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr: ti.f32, l2_reg: ti.f32):
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        wv = w[r, c]
-        w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
+        if skip[0] == 0:
+            wv = w[r, c]
+            w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
 
 
 @ti.func
@@ -51,13 +54,14 @@ def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, 
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay,
-                  abs_decay, clip, grad_clip, lower, upper):
+                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
+                  skip: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper):
     grad = g[r, c]
-    if skip_zero == 0 or grad != 0.0:
-        # A tensor whose elements are never skipped shares one step count (step_now, kept on the host);
-        # skipping gives every element its own.
-        t = step_now
+    if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
+        # A tensor whose elements are never skipped shares one step count: step_now, the steps asked of it
+        # (kept on the host), less `pending`, those of them skipped on the device and not yet settled by the
+        # host (LeafOptimizer.settle). Skipping zero gradients gives every element its own count.
+        t = step_now - pending[0]
         if step_now == 0:
             t = steps[r, c] + 1
             steps[r, c] = t
@@ -71,33 +75,34 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
-              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
+              beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
     l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
     gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
     moments, hence the per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
-                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, beta1, beta2,
+                      epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
 def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d,
-                   v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32,
-                   step_now2: ti.i32, beta1: ti.f32,
+                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d, w2: f32_2d,
+                   g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32,
+                   skip_zero2: ti.i32, step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d, beta1: ti.f32,
                    beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
-                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
-    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, beta1, beta2,
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, beta1, beta2,
                       epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, pending2, skip2,
+                      beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel

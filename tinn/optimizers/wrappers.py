@@ -28,8 +28,8 @@ class Wrapper(Optimizer):
         self.nested = create_optimizer(cfg.section("nested", required=False), self.named_params)
         self.children = [("nested.", self.nested)]
 
-    def _apply(self, grads) -> None:
-        self.nested._apply(grads)
+    def _apply(self, grads, skip=None) -> None:
+        self.nested._apply(grads, skip)
 
     def _get_lr(self) -> float:
         return self.nested.learning_rate
@@ -89,7 +89,7 @@ class EMA(Wrapper):
         for name, _ in self.named_params:
             self._new_copy("ema", name)
 
-    def _apply(self, grads) -> None:
+    def _apply(self, grads, skip=None) -> None:
         self.nested._apply(grads)
         t = self.nested.step_count
         old = 1.0 - self.decay ** (t - 1)
@@ -120,7 +120,7 @@ class Average(Wrapper):
             self.state[f"samples.{name}"] = torch.zeros((self.n_samples,) + tuple(p.shape), dtype=torch.float32,
                                                         device=p.device)
 
-    def _apply(self, grads) -> None:
+    def _apply(self, grads, skip=None) -> None:
         self.nested._apply(grads)
         slot = self.nested.step_count % self.n_samples
         for name, p in self.named_params:
@@ -152,7 +152,7 @@ class Lookahead(Wrapper):
         for name, _ in self.named_params:
             self._new_copy("slow", name)
 
-    def _apply(self, grads) -> None:
+    def _apply(self, grads, skip=None) -> None:
         if self.nested.step_count == 0:
             for name, p in self.named_params:
                 self.state[f"slow.{name}"].copy_(p.detach())
@@ -188,7 +188,7 @@ class ExponentialDecay(Wrapper):
         self.scalars["base_learning_rate"] = float(self.nested.learning_rate)
         self.scalars["learning_rate_factor"] = 1.0
 
-    def _apply(self, grads) -> None:
+    def _apply(self, grads, skip=None) -> None:
         t = self.nested.step_count
         if t == 0:
             self.scalars["learning_rate_factor"] = 1.0
@@ -226,7 +226,7 @@ class Batched(Wrapper):
     def step_count(self) -> int:
         return int(self.scalars["step_count"])
 
-    def _apply(self, grads) -> None:
+    def _apply(self, grads, skip=None) -> None:
         k = self.batch_size_multiplier
         first = self.scalars["step_count"] % k == 0
         for name, p in self.named_params:
