@@ -452,8 +452,8 @@ def _trainer_state(state: dict, source: str) -> tuple[int, dict | None]:
         if head == "gradient_scaler" and index.isdigit() and name:
             scalers.setdefault(int(index), {})[name] = value
         elif key != "skipped_steps":
-            raise CheckpointError(f"{source}: unexpected trainer entry {key!r}; allowed: 'step', 'skipped_steps', "
-                                  "'gradient_scaler.<i>.<key>'")
+            raise CheckpointError(f"{source}: the trainer section has keys {sorted(state)}; allowed: 'step', "
+                                  "'skipped_steps', 'gradient_scaler.<i>.<key>'")
     skipped = rest.get("skipped_steps")
     if not (isinstance(skipped, torch.Tensor) and skipped.dtype == torch.int32 and skipped.numel() == 1):
         raise CheckpointError(f"{source}: trainer skipped_steps is {skipped!r}; expected one int32 value")
