@@ -12,6 +12,7 @@ from tinn.networks import NetworkArray
 from tinn.trainer import Trainer
 
 DEV = tinn.runtime.device()
+pytestmark = pytest.mark.default_precision
 NET = {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "Tanh",
        "output_activation": "None"}
 
@@ -140,8 +141,8 @@ def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
 
 
 @pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="the tensor-core path runs on CUDA")
-def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tuned):
-    """An array of networks on the tensor cores in float16: its kernels take the scaler's host value, the
+def test_the_tensor_core_path_reads_the_scale_on_the_device_and_flags_overflow(tuned):
+    """An array of networks on the tensor cores in float16: its kernels read the scaler's device tensor, the
     gradients arrive unscaled (against float32 within float16's accuracy) and an overflow is flagged."""
     from tinn.networks import tensor_cores
 
