@@ -206,8 +206,17 @@ def _assert_same_state(a, b):
             assert value == state_b[key], key
 
 
-SKIP_OPTIMIZERS = [{"otype": "Adam", "learning_rate": 1e-2}, {"otype": "SGD", "learning_rate": 1e-3},
-                   {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Adam", "learning_rate": 1e-2}}]
+ADAM = {"otype": "Adam", "learning_rate": 1e-2}
+SKIP_OPTIMIZERS = [ADAM, {"otype": "SGD", "learning_rate": 1e-3}, {"otype": "Novograd", "learning_rate": 1e-2},
+                   {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Lookahead", "alpha": 0.5, "n_steps": 2,
+                                                             "nested": ADAM}},
+                   {"otype": "Average", "n_samples": 2, "nested": ADAM},
+                   {"otype": "Composite", "nested": [dict(ADAM, params="params")]},
+                   # these two read the flag on the host
+                   {"otype": "ExponentialDecay", "decay_start": 1, "decay_interval": 1, "decay_base": 0.5,
+                    "nested": ADAM},
+                   {"otype": "Batched", "batch_size_multiplier": 2, "nested": ADAM}]
+ON_HOST = ("ExponentialDecay", "Batched")
 
 
 @pytest.mark.parametrize("optimizer", SKIP_OPTIMIZERS, ids=[o["otype"] for o in SKIP_OPTIMIZERS])
@@ -216,7 +225,7 @@ def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
     (moments and step counts too) and halves the scale, and the run then equals one that never took it (given
     the same scale), as torch's GradScaler with a fused optimizer."""
     trainer = _f16_trainer(tuned, optimizer)
-    assert trainer.optimizer.skips_on_device == (optimizer["otype"] != "EMA")   # EMA reads the flag on the host
+    assert trainer.optimizer.skips_on_device == (optimizer["otype"] not in ON_HOST)
     trainer.training_step(*_batch(0))
     before = _snapshot(trainer)
     trainer.loss.weight = 1e5
@@ -224,13 +233,15 @@ def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
     assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0 and trainer.step == 2
     _assert_same_state(_snapshot(trainer), before)
     trainer.loss.weight = 1.0
-    trainer.training_step(*_batch(2))
-    assert trainer.optimizer.step_count == 2
+    for i in (2, 3):
+        trainer.training_step(*_batch(i))
+    assert trainer.optimizer.step_count == 3
 
     reference = _f16_trainer(tuned, optimizer)
     reference.training_step(*_batch(0))
     reference.model.gradient_scaler.load_state_dict({"value": 64.0, "finite_in_a_row": 0, "skipped_steps": 1})
-    reference.training_step(*_batch(2))
+    for i in (2, 3):
+        reference.training_step(*_batch(i))
     _assert_same_state(_snapshot(trainer), _snapshot(reference))
 
 

@@ -3,7 +3,9 @@ array (rows = 1 for a plain tensor), so `lr_scale[row]` gives per-network learni
 
 All updates are elementwise and in place; state tensors have the parameter's (rows, cols) shape.
 Kernels of optimizers that skip on the device (`Optimizer.skips_on_device`) take `skip`, a (1,) int32 flag
-(a gradient scaler's verdict, tinn/gradient_scaling.py): where it is 1 they change nothing.
+(a gradient scaler's verdict, tinn/gradient_scaling.py): where it is 1 they change nothing. Where a step count
+enters the update, they take it as `step_now`, the steps asked of the host, less `pending[0]`, those of them
+skipped on the device that the host has not settled yet (tinn/optimizers/base.py): the steps taken.
 Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 from ..backend import ti
@@ -108,21 +110,27 @@ def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr
 @fast_kernel
 @ti.kernel
 def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d, lr_scale: f32_1d,
+                  skip: i32_1d, pending: i32_1d, step_now: ti.i32,
                   lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
     """Novograd: one second moment per (network row, layer segment) from the layer's squared gradient
-    norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics)."""
+    norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics). The first
+    step taken starts the moments at their exact values (beta1 = beta2 = 0, as tcnn)."""
     for r, s in ti.ndrange(v.shape[0], v.shape[1]):
-        sq = 0.0
-        for c in range(seg_start[s], seg_start[s + 1]):
-            sq += g[r, c] * g[r, c]
-        vv = beta2 * v[r, s] + (1.0 - beta2) * sq
-        v[r, s] = vv
-        lr_r = lr * lr_scale[r]
-        inv = 1.0 / (ti.sqrt(vv) + epsilon)
-        for c in range(seg_start[s], seg_start[s + 1]):
-            mv = beta1 * m[r, c] + (1.0 - beta1) * g[r, c] * inv
-            m[r, c] = mv
-            w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
+        if skip[0] == 0:
+            first = step_now - pending[0] == 1
+            b1 = ti.select(first, 0.0, beta1)
+            b2 = ti.select(first, 0.0, beta2)
+            sq = 0.0
+            for c in range(seg_start[s], seg_start[s + 1]):
+                sq += g[r, c] * g[r, c]
+            vv = b2 * v[r, s] + (1.0 - b2) * sq
+            v[r, s] = vv
+            lr_r = lr * lr_scale[r]
+            inv = 1.0 / (ti.sqrt(vv) + epsilon)
+            for c in range(seg_start[s], seg_start[s + 1]):
+                mv = b1 * m[r, c] + (1.0 - b1) * g[r, c] * inv
+                m[r, c] = mv
+                w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
 
 
 @ti.kernel
@@ -197,30 +205,43 @@ def direction_step(w: f32_2d, u: f32_2d, lr_scale: f32_1d, lr: ti.f32, rel_decay
 
 @fast_kernel
 @ti.kernel
-def ema_step(w: f32_2d, ema: f32_2d, decay: ti.f32, debias_old: ti.f32, debias_new: ti.f32):
-    """Bias-corrected exponential moving average of the weights (equals w after the first step)."""
+def ema_step(w: f32_2d, ema: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, decay: ti.f64):
+    """Bias-corrected exponential moving average of the weights (equals w after the first step), after the
+    nested optimizer's step number t (taken): debiased by 1 - decay^(t-1) and 1 / (1 - decay^t), in float64."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        ema[r, c] = (ema[r, c] * decay * debias_old + w[r, c] * (1.0 - decay)) * debias_new
+        if skip[0] == 0:
+            t = ti.cast(step_now - pending[0], ti.f64)
+            debias_old = ti.cast(1.0 - ti.pow(decay, t - 1.0), ti.f32)
+            debias_new = ti.cast(1.0 / (1.0 - ti.pow(decay, t)), ti.f32)
+            ema[r, c] = (ema[r, c] * ti.cast(decay, ti.f32) * debias_old
+                         + w[r, c] * ti.cast(1.0 - decay, ti.f32)) * debias_new
 
 
 @fast_kernel
 @ti.kernel
-def average_step(w: f32_2d, oldest: f32_2d, avg: f32_2d, inv_n: ti.f32):
-    """Sliding-window mean over the last n samples: avg += (w - oldest) / n; the slot takes w."""
+def average_step(w: f32_2d, samples: f32_3d, avg: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32,
+                 inv_n: ti.f32):
+    """Sliding-window mean over the last n samples (`samples`: (n, rows, cols)): avg += (w - oldest) / n, where
+    the oldest is slot t mod n after the nested optimizer's step number t (taken); the slot takes w."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        wv = w[r, c]
-        avg[r, c] = avg[r, c] + (wv - oldest[r, c]) * inv_n
-        oldest[r, c] = wv
+        if skip[0] == 0:
+            slot = (step_now - pending[0]) % samples.shape[0]
+            wv = w[r, c]
+            avg[r, c] = avg[r, c] + (wv - samples[slot, r, c]) * inv_n
+            samples[slot, r, c] = wv
 
 
 @fast_kernel
 @ti.kernel
-def lookahead_step(w: f32_2d, slow: f32_2d, alpha: ti.f32):
-    """slow <- slow + alpha (fast - slow); the fast weights restart from it."""
+def lookahead_step(w: f32_2d, slow: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, n_steps: ti.i32,
+                   alpha: ti.f32):
+    """slow <- slow + alpha (fast - slow); the fast weights restart from it. Only after the nested optimizer's
+    step number t (taken) with t mod n_steps = 0."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        nw = slow[r, c] * (1.0 - alpha) + w[r, c] * alpha
-        w[r, c] = nw
-        slow[r, c] = nw
+        if skip[0] == 0 and (step_now - pending[0]) % n_steps == 0:
+            nw = slow[r, c] * (1.0 - alpha) + w[r, c] * alpha
+            w[r, c] = nw
+            slow[r, c] = nw
 
 
 @ti.kernel

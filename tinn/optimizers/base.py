@@ -176,6 +176,11 @@ class Optimizer:
         for _, child in self.children:
             child.settle()
 
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        """(steps asked of the host count behind `step_count`, the (1,) int32 device count of those skipped and
+        not yet settled): the steps taken are their difference, known on the device without a host read."""
+        raise NotImplementedError
+
     def zero_grad(self) -> None:
         for _, p in self.named_params:
             p.grad = None
@@ -216,6 +221,11 @@ class Optimizer:
         which return their averaged (slow) weights, as tcnn's `custom_weights`."""
         self._check_name(name)
         return self.params[name]
+
+    def _inference_params_now(self, name: str) -> torch.Tensor:
+        """`inference_params` without a host read, for a step in progress (the wrappers that average override
+        it or step on the host)."""
+        return self.inference_params(name)
 
     @contextlib.contextmanager
     def swap_in_inference_params(self):
@@ -377,6 +387,9 @@ class LeafOptimizer(Optimizer):
             self._pending_masks[keys] = mask
         self._pending.addcmul_(mask, skip)
         self._unsettled = True
+
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return int(self.scalars["step_count"]), self.pending("step_count", device)
 
     def pending(self, key: str, device) -> torch.Tensor:
         """The (1,) device count of `key`'s steps skipped since the host last settled (zeros before any skip

@@ -118,6 +118,9 @@ class Composite(Optimizer):
     def step_count(self) -> int:
         return self.nested[0].step_count
 
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return self.nested[0].device_step_count(device)
+
     def _get_lr(self) -> float:
         return float(self.scalars["learning_rate_scale"])
 
