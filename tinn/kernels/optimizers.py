@@ -5,7 +5,9 @@ All updates are elementwise and in place; state tensors have the parameter's (ro
 Kernels of optimizers that skip on the device (`Optimizer.skips_on_device`) take `skip`, a (1,) int32 flag
 (a gradient scaler's verdict, tinn/gradient_scaling.py): where it is 1 they change nothing. Where a step count
 enters the update, they take it as `step_now`, the steps asked of the host, less `pending[0]`, those of them
-skipped on the device that the host has not settled yet (tinn/optimizers/base.py): the steps taken.
+skipped on the device that the host has not settled yet (tinn/optimizers/base.py): the steps taken. Their
+learning rate is `lr * lr_factor[0]`: the host's rate times one, or one times a rate a schedule computed on the
+device (ExponentialDecay's, `decayed_rate`).
 Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 from ..backend import ti
@@ -13,6 +15,7 @@ from ..backend import ti
 from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+f64_1d = ti.types.ndarray(dtype=ti.f64, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -27,11 +30,11 @@ def _weight_decay(rel: ti.f32, absolute: ti.f32, w: ti.f32) -> ti.f32:
 
 @fast_kernel
 @ti.kernel
-def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr: ti.f32, l2_reg: ti.f32):
+def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr_factor: f32_1d, lr: ti.f32, l2_reg: ti.f32):
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
         if skip[0] == 0:
             wv = w[r, c]
-            w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
+            w[r, c] = wv - lr * lr_factor[0] * lr_scale[r] * (g[r, c] + l2_reg * wv)
 
 
 @ti.func
@@ -57,7 +60,8 @@ def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
                   lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
-                  skip: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper):
+                  skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                  grad_clip, lower, upper):
     grad = g[r, c]
     if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
         # A tensor whose elements are never skipped shares one step count: step_now, the steps asked of it
@@ -67,8 +71,8 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
         if step_now == 0:
             t = steps[r, c] + 1
             steps[r, c] = t
-        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_scale[r], l2_reg, beta1, beta2,
-                                 epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_factor[0] * lr_scale[r], l2_reg, beta1,
+                                 beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
         m[r, c] = mv
         v[r, c] = vv
         w[r, c] = nw
@@ -78,39 +82,42 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
               lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
-              beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              lr_factor: f32_1d, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
     l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
     gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
     moments, hence the per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, beta1, beta2,
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
+                      beta1, beta2,
                       epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
 def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d, w2: f32_2d,
-                   g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32,
-                   skip_zero2: ti.i32, step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d, beta1: ti.f32,
+                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
+                   lr_factor: f32_1d, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d,
+                   lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32, step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d,
+                   lr_factor2: f32_1d, beta1: ti.f32,
                    beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, beta1, beta2,
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
+                      beta1, beta2,
                       epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
     for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
         _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, pending2, skip2,
-                      beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+                      lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
 def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d, lr_scale: f32_1d,
-                  skip: i32_1d, pending: i32_1d, step_now: ti.i32,
+                  skip: i32_1d, pending: i32_1d, step_now: ti.i32, lr_factor: f32_1d,
                   lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
     """Novograd: one second moment per (network row, layer segment) from the layer's squared gradient
     norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics). The first
@@ -125,7 +132,7 @@ def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d,
                 sq += g[r, c] * g[r, c]
             vv = b2 * v[r, s] + (1.0 - b2) * sq
             v[r, s] = vv
-            lr_r = lr * lr_scale[r]
+            lr_r = lr * lr_factor[0] * lr_scale[r]
             inv = 1.0 / (ti.sqrt(vv) + epsilon)
             for c in range(seg_start[s], seg_start[s + 1]):
                 mv = b1 * m[r, c] + (1.0 - b1) * g[r, c] * inv
@@ -251,3 +258,21 @@ def accumulate_grad(pool: f32_2d, g: f32_2d, first: ti.i32, inv_n: ti.f32):
         if first == 0:
             prev = pool[r, c]
         pool[r, c] = prev + g[r, c] * inv_n
+
+
+@ti.kernel
+def decayed_rate(factor: f64_1d, rate: f32_1d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, start: ti.i32,
+                 interval: ti.i32, end: ti.i32, base: ti.f64, base_rate: ti.f64):
+    """ExponentialDecay's learning rate for the nested step about to run, its count t taken so far being
+    step_now - pending[0]: the factor restarts at 1 for t = 0 and takes `base` at every t in the schedule
+    (float64, as the host computes it); `rate` = base_rate x factor, rounded to float32 once. A skipped step
+    leaves the factor."""
+    if skip[0] == 0:
+        t = step_now - pending[0]
+        f = factor[0]
+        if t == 0:
+            f = 1.0
+        if start <= t and t <= end and (t - start) % interval == 0:
+            f *= base
+        factor[0] = f
+    rate[0] = ti.cast(base_rate * factor[0], ti.f32)

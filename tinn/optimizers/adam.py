@@ -113,7 +113,8 @@ class Adam(LeafOptimizer):
         if not self._optimized(name) or not g._nnz():
             return
         step = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
-        lr, l2_reg = self._rate_and_l2(name)
+        share, l2_reg = self._rate_and_l2(name)
+        lr = self.learning_rate * share
         indices, values = g.indices(), g.values().contiguous().view(torch.int16)
         rows, cols = indices[0].contiguous(), indices[1].contiguous()
         m, v = self.state[f"m.{name}"].view(torch.int16), self.state[f"v.{name}"].view(torch.int16)
@@ -124,25 +125,27 @@ class Adam(LeafOptimizer):
                                 seed, *self._hyper())
 
     def _rate_and_l2(self, name) -> tuple[float, float]:
-        """Learning rate and L2 term of a tensor: tcnn's for matrix params, the non-matrix ones otherwise."""
+        """A tensor's share of the learning rate and its L2 term: tcnn's for matrix params, the non-matrix ones
+        otherwise."""
         if self.is_matrix[name]:
-            return self.learning_rate, self.l2_reg
-        return self.learning_rate * self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg
+            return 1.0, self.l2_reg
+        return self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
 
     def _operands(self, name, w, g, lr_scale, skip) -> tuple:
         """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero, step_now,
-        pending, skip); the step of a tensor with one step count is already counted (`_counted`)."""
-        lr, l2_reg = self._rate_and_l2(name)
+        pending, skip, lr_factor); the step of a tensor with one step count is already counted (`_counted`)."""
+        share, l2_reg = self._rate_and_l2(name)
+        lr, lr_factor = self.rate_operands(share, w.device)
         if self._skips(name):
             steps, step_now, pending = self.state[f"steps.{name}"], 0, self.pending("step_count", w.device)
         else:
             steps, step_now = self._no_steps, self.scalars[f"steps.{name}"]
             pending = self.pending(f"steps.{name}", w.device)
         return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], steps, lr_scale, lr, l2_reg,
-                int(self._skips(name)), step_now, pending, no_skip(w.device) if skip is None else skip)
+                int(self._skips(name)), step_now, pending, no_skip(w.device) if skip is None else skip, lr_factor)
 
     def _hyper(self) -> tuple:
         """The arguments both Adam kernels share, in their order (beta1 ... upper)."""

@@ -325,6 +325,9 @@ class LeafOptimizer(Optimizer):
         self._pending_keys: dict[str, int] = {"step_count": 0}
         self._pending_masks: dict[tuple[str, ...], torch.Tensor] = {}
         self._unsettled = False
+        # A (1,) float32 learning rate on the device, set by a schedule that computes it there
+        # (ExponentialDecay on the device): the kernels then take it in place of `learning_rate`.
+        self.device_learning_rate: torch.Tensor | None = None
         self.scalars["learning_rate"] = cfg.number("learning_rate", default_lr, lo=0.0)
         self.rows = {name: rows_of(p) for name, p in self.named_params}
         for name, p in self.named_params:
@@ -391,6 +394,13 @@ class LeafOptimizer(Optimizer):
     def device_step_count(self, device) -> tuple[int, torch.Tensor]:
         return int(self.scalars["step_count"]), self.pending("step_count", device)
 
+    def rate_operands(self, share: float, device) -> tuple[float, torch.Tensor]:
+        """(host rate, (1,) device factor) whose product is the kernels' learning rate, `share` x the optimizer's:
+        `learning_rate * share` times one, or `share` times the `device_learning_rate`."""
+        if self.device_learning_rate is None:
+            return self.learning_rate * share, unit_factor(device)
+        return share, self.device_learning_rate
+
     def pending(self, key: str, device) -> torch.Tensor:
         """The (1,) device count of `key`'s steps skipped since the host last settled (zeros before any skip
         flag), for kernels that compute with the count taken."""
@@ -451,6 +461,16 @@ class LeafOptimizer(Optimizer):
 
 
 _NO_SKIPS: dict[torch.device, torch.Tensor] = {}
+_UNIT_FACTORS: dict[torch.device, torch.Tensor] = {}
+
+
+def unit_factor(device) -> torch.Tensor:
+    """A (1,) float32 one on `device`: the learning-rate factor of kernels whose rate comes from the host."""
+    device = torch.device(device)
+    one = _UNIT_FACTORS.get(device)
+    if one is None:
+        one = _UNIT_FACTORS[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return one
 
 
 def no_skip(device) -> torch.Tensor:

@@ -42,9 +42,10 @@ class Novograd(LeafOptimizer):
     def _update(self, name, w, g, lr_scale, skip=None):
         # The kernel tells the first step taken from the device count (a skipped first step is not one).
         step_now, pending = self.device_step_count(w.device)
+        lr, lr_factor = self.rate_operands(1.0, w.device)
         args = (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.seg_start[name], lr_scale,
-                no_skip(w.device) if skip is None else skip, pending, step_now,
-                self.learning_rate, self.beta1, self.beta2, self.epsilon, self.relative_decay, self.absolute_decay)
+                no_skip(w.device) if skip is None else skip, pending, step_now, lr_factor,
+                lr, self.beta1, self.beta2, self.epsilon, self.relative_decay, self.absolute_decay)
         chunks.launch_by_rows(K.novograd_step, w.shape[0], w.shape[1], args, sliced=(0, 1, 2, 3, 5))
 
     def hyperparams(self) -> dict:

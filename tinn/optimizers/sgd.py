@@ -18,8 +18,9 @@ class SGD(LeafOptimizer):
 
     def _update(self, name, w, g, lr_scale, skip=None):
         skip = no_skip(w.device) if skip is None else skip
+        lr, lr_factor = self.rate_operands(1.0, w.device)
         chunks.launch_by_rows(K.sgd_step, w.shape[0], w.shape[1],
-                              (w, g, lr_scale, skip, self.learning_rate, self.l2_reg), sliced=range(3))
+                              (w, g, lr_scale, skip, lr_factor, lr, self.l2_reg), sliced=range(3))
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate, "l2_reg": self.l2_reg}

@@ -9,8 +9,9 @@ Lookahead's slow weights, as in tcnn.
 
 A step skipped on the device (`step(skip=flag)`) changes nothing here either: EMA, Average and Lookahead
 skip it in their kernels and take the nested step count they depend on from the device
-(`Optimizer.device_step_count`); ExponentialDecay and Batched decide on the host what the nested step is
-(its learning rate, whether there is one), so they read the flag on the host.
+(`Optimizer.device_step_count`); ExponentialDecay computes the nested learning rate on the device then
+(around a leaf optimizer that skips on the device). Batched decides on the host whether there is a nested
+step at all, so it reads the flag on the host.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 from .. import chunks
 from ..config import Section
 from ..kernels import optimizers as K
-from .base import Optimizer, as_rows, no_skip
+from .base import LeafOptimizer, Optimizer, as_rows, no_skip
 from .registry import create_optimizer
 
 
@@ -236,11 +237,17 @@ class ExponentialDecay(Wrapper):
     """Piecewise-constant decay of the nested learning rate: before nested step t (counting from 0),
     if decay_start <= t <= decay_end and (t - decay_start) % decay_interval == 0, the factor is
     multiplied by decay_base. `learning_rate` is the current (decayed) rate; setting it rescales
-    the base so that the current rate becomes the new value (tcnn semantics)."""
+    the base so that the current rate becomes the new value (tcnn semantics).
+
+    With a device skip flag (`step(skip=...)`) the count t of nested steps taken is known on the device only:
+    the factor then lives in a float64 device tensor, `decayed_rate` updates it there (unless the step is
+    skipped) and writes the nested rate, which the nested kernels read (`device_learning_rate`); the host's
+    `learning_rate_factor` catches up when the host asks (`settle`)."""
 
     otype = "ExponentialDecay"
     OPTIONS = ("nested", "decay_base", "decay_start", "decay_interval", "decay_end")
     COMPACT = True  # it only rescales the nested learning rate; the nested optimizer checks its own
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -250,8 +257,22 @@ class ExponentialDecay(Wrapper):
         self.decay_end = cfg.integer("decay_end", 10000000, lo=0)
         self.scalars["base_learning_rate"] = float(self.nested.learning_rate)
         self.scalars["learning_rate_factor"] = 1.0
+        # On the device (see the class notes): the factor (float64), the nested rate (float32), and whether
+        # the host's factor lags behind.
+        self._factor: torch.Tensor | None = None
+        self._rate: torch.Tensor | None = None
+        self._unsettled = False
+
+    @property
+    def skips_on_device(self) -> bool:
+        # the nested kernels must take their rate from the device: a leaf optimizer's
+        return isinstance(self.nested, LeafOptimizer) and self.nested.skips_on_device
 
     def _apply(self, grads, skip=None) -> None:
+        if skip is not None:
+            self._apply_on_device(grads, skip)
+            return
+        self._leave_device()
         t = self.nested.step_count
         if t == 0:
             self.scalars["learning_rate_factor"] = 1.0
@@ -260,13 +281,50 @@ class ExponentialDecay(Wrapper):
         self.nested.learning_rate = self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
         self.nested._apply(grads)
 
+    def _apply_on_device(self, grads, skip: torch.Tensor) -> None:
+        device = skip.device
+        if self._factor is None:   # the host's factor, filled in (no read back)
+            self._factor = torch.full((1,), self.scalars["learning_rate_factor"], dtype=torch.float64, device=device)
+            self._rate = torch.empty(1, dtype=torch.float32, device=device)
+        step_now, pending = self.nested.device_step_count(device)
+        K.decayed_rate(self._factor, self._rate, skip, pending, step_now, self.decay_start, self.decay_interval,
+                       min(self.decay_end, 2 ** 31 - 1), self.decay_base, self.scalars["base_learning_rate"])
+        self.nested.device_learning_rate = self._rate
+        self._unsettled = True
+        self.nested._apply(grads, skip)
+
+    def settle(self) -> None:
+        super().settle()
+        if self._unsettled:
+            self.scalars["learning_rate_factor"] = float(self._factor.item())
+            self.nested.learning_rate = self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
+            self._unsettled = False
+
+    def _leave_device(self) -> None:
+        """Back to the host's factor (after steps with a device flag)."""
+        if self._factor is not None:
+            self.settle()
+            self._factor = self._rate = None
+            self.nested.device_learning_rate = None
+
+    def _after_restore(self) -> None:
+        self._factor = self._rate = None
+        self._unsettled = False
+        self.nested.device_learning_rate = None
+
     def _get_lr(self) -> float:
+        self.settle()
         return self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
 
     def _set_lr(self, value: float) -> None:
+        self.settle()
         factor = self.scalars["learning_rate_factor"]
         self.scalars["base_learning_rate"] = value / factor if factor > 0 else value
         self.nested.learning_rate = value
+
+    def hyperparams(self) -> dict:
+        self.settle()
+        return super().hyperparams()
 
 
 class Batched(Wrapper):
