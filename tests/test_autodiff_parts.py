@@ -532,9 +532,10 @@ def test_exp_in_a_dynamic_loop_gets_the_right_gradient():
     part(x, torch.zeros(1, dtype=torch.int32, device=DEV)).sum().backward()
     p = torch.tensor([0.7, -1.2], dtype=torch.float64)
     expected_dx = float((p * torch.exp(p * 0.5)).sum())
-    torch.testing.assert_close(x.grad.double().flatten(), torch.tensor([expected_dx], dtype=torch.float64),
+    torch.testing.assert_close(x.grad.double().flatten().cpu(), torch.tensor([expected_dx], dtype=torch.float64),
                                rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(part.params.grad.double().flatten(), 0.5 * torch.exp(p * 0.5), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part.params.grad.double().flatten().cpu(), 0.5 * torch.exp(p * 0.5), rtol=1e-5,
+                               atol=1e-6)
     check_function(part)
 
 

@@ -13,6 +13,9 @@ from benchmarks import harness
 from benchmarks.suites import SUITES, Suite, standard_argv
 
 NO_CUDA = not torch.cuda.is_available()
+# Suites that run in this process on the CPU: a test process already initialised on CUDA cannot switch.
+in_process_on_the_cpu = pytest.mark.skipif(os.environ.get("TINN_ARCH", "cpu") != "cpu",
+                                           reason="runs the suite in this process with --arch cpu; CPU suite only")
 
 
 @pytest.fixture
@@ -43,6 +46,7 @@ def test_list_names_every_suite_on_one_line(capsys):
     assert set(SUITES) == expected
 
 
+@in_process_on_the_cpu
 def test_arrays_quick_times_tinn_and_torch(out_dir):
     result = run_quick("arrays", out_dir)
     assert result["arch"] == "cpu" and [r["networks"] for r in result["rows"]] == [1, 4]
@@ -51,6 +55,7 @@ def test_arrays_quick_times_tinn_and_torch(out_dir):
         assert positive(row["tinn_fwd_ms"], row["tinn_train_ms"], row["torch_train_ms"], row["train_speedup"])
 
 
+@in_process_on_the_cpu
 def test_grid_quick_checks_agreement_and_times_both(out_dir, tmp_path):
     path = tmp_path / "elsewhere" / "grid.json"
     assert cli.main(["run", "grid", "--quick", "--arch", "cpu", "--json", str(path)]) == 0
@@ -64,6 +69,7 @@ def test_grid_quick_checks_agreement_and_times_both(out_dir, tmp_path):
         assert r["max_abs_diff"] < 1e-5 and positive(r["fwd_samples_per_s"], r["fwd_bwd_samples_per_s"])
 
 
+@in_process_on_the_cpu
 def test_image_quick_trains_the_same_model_both_ways(out_dir):
     result = run_quick("image", out_dir)
     (row,) = result["rows"]
@@ -80,6 +86,7 @@ def test_startup_quick_reports_every_phase_in_order(out_dir):
     assert phases == sorted(phases) and positive(*phases)
 
 
+@in_process_on_the_cpu
 def test_web_viewer_quick_measures_every_condition(out_dir):
     result = run_quick("web_viewer", out_dir)
     for key in ("no_viewer", "served_no_client", "resting_client", "moving_client"):

@@ -163,7 +163,10 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
         runs.append((losses, trainer.model.network._step_graphs))
     (replayed, graphs), (eager, _) = runs
     assert graphs is not None and graphs.shapes  # the steps did replay
-    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(replayed, eager)), (replayed, eager)
+    # The same kernels either way; on CUDA the grid's table gradient adds with float atomics, whose order
+    # differs run to run, so losses agree to float32 rounding compounded over the steps, not bit for bit.
+    tolerance = 1e-5 if DEV.type == "cpu" else 1e-4
+    assert all(abs(a - b) <= tolerance * abs(b) for a, b in zip(replayed, eager)), (replayed, eager)
 
 
 def test_a_loop_that_keeps_the_last_loss_alive_replays_every_step(tuned):

@@ -20,9 +20,10 @@ NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": 
            "n_hidden_layers": 1}
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    tinn.init(arch="cpu")
+# The seam tests index a field with CPU tensors directly (its private local query included); the budget and
+# evaluation tests are device-free and run on any arch.
+cpu_tensors = pytest.mark.skipif(tinn.runtime.device().type != "cpu",
+                                 reason="indexes the field with CPU tensors; runs in the CPU suite")
 
 
 def views(focal: float, distance: float = 4.0, width: int = 8) -> PosedImages:
@@ -179,6 +180,7 @@ def field_at(field: OctreeField, points: torch.Tensor):
     return field.query(points, ids), ids
 
 
+@cpu_tensors
 def test_blended_field_is_continuous_across_a_node_face_and_unblended_one_jumps():
     yz = torch.tensor([[0.3, 0.45], [0.7, 0.2], [0.45, 0.55]])             # off the other faces' bands
     eps = 1e-4
@@ -193,6 +195,7 @@ def test_blended_field_is_continuous_across_a_node_face_and_unblended_one_jumps(
         assert (jump < 1e-2) == continuous, (margin, jump)
 
 
+@cpu_tensors
 def test_blend_weights_inside_the_band_and_own_node_outside():
     field = octant_field(0.2)
     # x = -0.05: local x = 0.95 in the node [-1, 0], 0.05 from its face (a quarter of the band): own weight
