@@ -348,3 +348,24 @@ def test_a_device_flag_steps_exactly_as_the_host_decides(config):
             assert torch.equal(a, b)
         _assert_same_state(([], host.state_dict()), ([], device.state_dict()))
     assert device.step_count == host.step_count == 4
+
+
+def test_checkpoints_move_between_precisions(tuned, tmp_path):
+    """A checkpoint keeps no precision: one saved in float16 (with its scaling state) loads into a float32 trainer,
+    which has nothing to scale, and one saved in float32 loads into a float16 trainer, whose scaler starts
+    afresh."""
+    f16 = _f16_trainer(tuned, ADAM)
+    f16.loss.weight = 1e5
+    f16.training_step(*_batch(0))
+    assert f16.skipped_steps == 1 and f16.gradient_scale == 64.0
+    f16.save_checkpoint(tmp_path / "f16.tinn")
+    tuned(network_precision="float32")
+    f32 = Trainer(NetworkArray(2, 1, NET, seed=8), _WeightedL2(), ADAM)
+    f32.load_checkpoint(tmp_path / "f16.tinn")
+    assert f32.step == 1 and f32.skipped_steps == 0 and f32.gradient_scale is None
+    assert torch.equal(f32.model.params, f16.model.params)
+    f32.training_step(*_batch(1))
+    f32.save_checkpoint(tmp_path / "f32.tinn")
+    f16.load_checkpoint(tmp_path / "f32.tinn")
+    assert f16.step == 2 and f16.skipped_steps == 0 and f16.gradient_scale == 128.0
+    assert torch.equal(f16.model.params, f32.model.params)

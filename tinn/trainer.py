@@ -284,9 +284,11 @@ class Trainer(LearningRateOf):
         if not self.gradient_scalers:
             self.optimizer.step()
             return
-        skip = gradient_scaling.skip_flag(self.gradient_scalers, out=self._skip_flag)
-        self._skipped.add_(skip)
-        self.optimizer.step(skip=skip)
+        # The flag's torch ops and the optimizer's Taichi kernels that read it, in one stream order.
+        with runtime.stream_guard():
+            skip = gradient_scaling.skip_flag(self.gradient_scalers, out=self._skip_flag)
+            self._skipped.add_(skip)
+            self.optimizer.step(skip=skip)
 
     @property
     def skipped_steps(self) -> int:
