@@ -371,3 +371,34 @@ def test_checkpoints_move_between_precisions(tuned, tmp_path):
     f16.load_checkpoint(tmp_path / "f32.tinn")
     assert f16.step == 2 and f16.skipped_steps == 0 and f16.gradient_scale == 128.0
     assert torch.equal(f16.model.params, f32.model.params)
+
+
+def test_a_float16_array_on_the_tensor_cores_skips_an_overflow(tuned):
+    """An array on the tensor-core kernels (Triton's interpreter on the CPU, at a toy size) in float16: its
+    backward reads the scaler's device scale, its gradients match float32's within float16's accuracy, and a
+    step whose gradients overflow leaves parameters and Adam's state bit-identical while the scale halves."""
+    net_config = dict(NET, n_neurons=16, n_hidden_layers=1)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.rand(48, 2, generator=gen).to(DEV)
+    y = torch.rand(48, 1, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (48,), generator=gen, dtype=torch.int32).to(DEV)
+    grads = {}
+    for precision in ("float32", "float16"):
+        tuned(network_precision=precision, network_kernels="tensor_cores", gradient_scaling="dynamic")
+        net = NetworkArray(2, 1, net_config, n_networks=3, seed=4)
+        assert net.tensor_cores is not None and net.precision == precision
+        trainer = Trainer(net, _WeightedL2(), ADAM)
+        trainer.training_step(x, y, ids, run_optimizer=False)
+        grads[precision] = net.params.grad.clone()
+    err = float((grads["float16"] - grads["float32"]).norm() / grads["float32"].norm())
+    assert err < 2e-2, err
+    assert trainer.gradient_scale == 128.0 and trainer.model.gradient_scaler.finite_in_a_row == 0
+    trainer.training_step(x, y, ids)
+    before = _snapshot(trainer)
+    trainer.loss.weight = 1e6
+    trainer.training_step(x, y, ids)
+    assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0
+    _assert_same_state(_snapshot(trainer), before)
+    trainer.loss.weight = 1.0
+    trainer.training_step(x, y, ids)
+    assert not torch.equal(trainer.model.params, before[0]) and trainer.optimizer.step_count == 2
