@@ -324,6 +324,7 @@ class LeafOptimizer(Optimizer):
         self._pending: torch.Tensor | None = None
         self._pending_keys: dict[str, int] = {"step_count": 0}
         self._pending_masks: dict[tuple[str, ...], torch.Tensor] = {}
+        self._pending_views: dict[str, torch.Tensor] = {}   # (1,) views of `_pending`, one per key, made once
         self._unsettled = False
         # A (1,) float32 learning rate on the device, set by a schedule that computes it there
         # (ExponentialDecay on the device): the kernels then take it in place of `learning_rate`.
@@ -404,10 +405,13 @@ class LeafOptimizer(Optimizer):
     def pending(self, key: str, device) -> torch.Tensor:
         """The (1,) device count of `key`'s steps skipped since the host last settled (zeros before any skip
         flag), for kernels that compute with the count taken."""
-        if self._pending is None:
-            self._pending = torch.zeros(len(self._pending_keys), dtype=torch.int32, device=device)
-        i = self._pending_keys[key]
-        return self._pending[i:i + 1]
+        view = self._pending_views.get(key)
+        if view is None:
+            if self._pending is None:
+                self._pending = torch.zeros(len(self._pending_keys), dtype=torch.int32, device=device)
+            i = self._pending_keys[key]
+            view = self._pending_views[key] = self._pending[i:i + 1]
+        return view
 
     def settle(self) -> None:
         if not self._unsettled:
@@ -464,18 +468,18 @@ _NO_SKIPS: dict[torch.device, torch.Tensor] = {}
 _UNIT_FACTORS: dict[torch.device, torch.Tensor] = {}
 
 
-def unit_factor(device) -> torch.Tensor:
-    """A (1,) float32 one on `device`: the learning-rate factor of kernels whose rate comes from the host."""
-    device = torch.device(device)
+def unit_factor(device: torch.device) -> torch.Tensor:
+    """A (1,) float32 one on `device` (a tensor's own): the learning-rate factor of kernels whose rate comes
+    from the host."""
     one = _UNIT_FACTORS.get(device)
     if one is None:
         one = _UNIT_FACTORS[device] = torch.ones(1, dtype=torch.float32, device=device)
     return one
 
 
-def no_skip(device) -> torch.Tensor:
-    """A (1,) int32 zero flag on `device`: the `skip` argument of kernels whose step is not to be skipped."""
-    device = torch.device(device)
+def no_skip(device: torch.device) -> torch.Tensor:
+    """A (1,) int32 zero on `device` (a tensor's own): the `skip` argument of kernels whose step is not to be
+    skipped, and the pending count of optimizers that skip on the host."""
     flag = _NO_SKIPS.get(device)
     if flag is None:
         flag = _NO_SKIPS[device] = torch.zeros(1, dtype=torch.int32, device=device)
