@@ -1,22 +1,30 @@
-"""Sharded network arrays over GPUs: strong scaling, weak scaling, and a model larger than one GPU.
+"""Sharded network arrays over GPUs: strong scaling, weak scaling, a per-step profile, and a model larger than
+one GPU.
 
-    torchrun --nproc_per_node 2 -m benchmarks.bench_sharded --out benchmarks/results/h200x2/sharded.json
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 -m benchmarks.bench_sharded --out sharded.json
     TINN_ARCH=cpu torchrun --nproc_per_node 2 -m benchmarks.bench_sharded --tiny --out /tmp/sharded.json  # CPU check
 
 One process per GPU; `tinn.distributed.init()` pins each rank to its GPU (LOCAL_RANK) before Taichi starts.
+One command measures one GPU and all of them: the one-GPU runs happen on rank 0 while the others wait.
 
-1. Strong scaling: one model (N networks, each a hash grid + MLP) trained with a global batch B. Rank 0 alone
-   runs the unsharded array on B samples (the other ranks wait), then the sharded array runs on every rank
-   with B / world samples each. Ratio = time(1 GPU) / time(world GPUs); target >= 1.8 on 2 GPUs.
+1. Strong scaling: one model (N networks) trained with a global batch B. Rank 0 alone runs the unsharded array
+   on B samples (the other ranks wait), then the sharded array runs on every rank with B / world samples each.
+   Ratio = time(1 GPU) / time(world GPUs); target >= 1.85 on 2 GPUs.
 2. Weak scaling: world x N networks, B samples per rank. Per-GPU throughput relative to the 1-GPU run;
-   target >= 0.9.
+   target >= 0.93.
+   Models (--models): "grid", each network a hash grid + a 64-wide MLP (3 in, 4 out); "mlp", an MLP-only
+   array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions): "float32" (tinn's default
+   path) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded part's pipelining.
+   Each sharded run is then profiled (--profile-steps steps): per step, the time the compute stream spent
+   in the exchange, the local part's compute, the all-reduce of replicated tables, idle (the header's
+   host round trip) and other (loss, optimizer), from CUDA events (tinn/distributed/profile.py).
 3. A field too big for one GPU: a KiloNeRF-style grid of cells over the procedural scene, every cell a
    tcnn-sized hash grid (16 levels x 2 features, 2^19 entries) + MLP; the cells are split into several arrays
    (z slabs), each a ShardedPart, so that every table stays below 2^31 floats. Trained on the analytic
    scene's density and colour at random points (the KiloNeRF distillation loss), then held-out views are
    rendered through the sharded field and compared with ground-truth renders (PSNR).
 
-Prints a table and writes JSON (rank 0).
+Prints a table last and writes JSON (rank 0).
 """
 from __future__ import annotations
 
@@ -36,6 +44,8 @@ SCALING_GRID = {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "
                 "base_resolution": 4, "per_level_scale": 1.5}
 MLP = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2, "activation": "ReLU",
        "output_activation": "None"}
+MLP_ONLY = {"n_inputs": 32, "n_outputs": 16, "network": MLP}  # the MLP-only array: 32 in, 2 x 64 hidden, 16 out
+STRONG_TARGET, WEAK_TARGET = 1.85, 0.93
 TCNN_GRID = {"otype": "HashGrid", "n_levels": 16, "n_features_per_level": 2, "log2_hashmap_size": 19,
              "base_resolution": 16, "per_level_scale": 1.447}
 
@@ -45,8 +55,17 @@ def parse_args():
     p.add_argument("--out", required=True, help="JSON results path (written by rank 0)")
     p.add_argument("--tiny", action="store_true", help="CPU-sized check of the script (gloo)")
     p.add_argument("--networks", type=int, default=4096, help="N of the scaling runs")
-    p.add_argument("--batch", type=int, default=1 << 20, help="B: global batch of the strong-scaling run")
+    p.add_argument("--batch", type=int, default=1 << 22, help="B: global batch of the strong-scaling run")
     p.add_argument("--reps", type=int, default=20, help="timed steps per scaling run")
+    p.add_argument("--models", default="grid,mlp", help="scaling models, comma-separated: grid, mlp")
+    p.add_argument("--precisions", default="float32,float16",
+                   help="network precisions, comma-separated: float32 (default path), float16 (tensor cores)")
+    p.add_argument("--chunks", default="1,4",
+                   help="ShardedPart chunks (pipelining) of the MLP-only runs, comma-separated")
+    p.add_argument("--grid-chunks", default="1",
+                   help="chunks of the hash-grid runs (each extra chunk adds a pass over the grid's gradient)")
+    p.add_argument("--exchange-kernels", default="auto", choices=("auto", "triton", "torch"))
+    p.add_argument("--profile-steps", type=int, default=5, help="profiled steps per sharded run (0: none)")
     p.add_argument("--big-gib", type=float, default=None,
                    help="training state (params, grads, Adam) of the big field in GiB (default: 1.1x one GPU)")
     p.add_argument("--big-steps", type=int, default=400)
@@ -56,6 +75,15 @@ def parse_args():
     args = p.parse_args()
     if args.tiny:
         args.networks, args.batch, args.reps, args.big_steps, args.big_batch, args.res = 16, 1 << 11, 3, 30, 4096, 16
+        args.profile_steps = min(args.profile_steps, 2)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    args.chunks = {"mlp": [int(c) for c in args.chunks.split(",") if c.strip()],
+                   "grid": [int(c) for c in args.grid_chunks.split(",") if c.strip()]}
+    bad = [m for m in args.models if m not in ("grid", "mlp")] + \
+        [q for q in args.precisions if q not in ("float32", "float16")]
+    if bad:
+        p.error(f"unknown models/precisions {bad}; allowed: models grid, mlp; precisions float32, float16")
     return args
 
 
@@ -75,21 +103,45 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-def scaling_model(grid):
+def scaling_model(kind: str, grid, precision: str):
+    """part_factory(n) of a scaling model and its (input, output) widths. float32 keeps the default path;
+    float16 puts the MLPs on the tensor cores (NetworkArray precision="float16")."""
     from tinn.models import NetworkWithInputEncoding
+    from tinn.networks import NetworkArray
 
-    return lambda n: NetworkWithInputEncoding(3, 4, grid, MLP, n_networks=n, seed=5)
+    # float16 names the tensor-core kernels too: on the GPU that is what float16 chooses anyway, and under
+    # Triton's CPU interpreter (the --tiny check) it is the only way to run them.
+    chosen = {} if precision == "float32" else {"precision": precision, "kernels": "tensor_cores"}
+    if kind == "mlp":
+        def build(n):
+            return NetworkArray(MLP_ONLY["n_inputs"], MLP_ONLY["n_outputs"], MLP_ONLY["network"], n_networks=n,
+                                seed=5, **chosen)
+        return build, (MLP_ONLY["n_inputs"], MLP_ONLY["n_outputs"])
+
+    def build(n):
+        model = NetworkWithInputEncoding(3, 4, grid, MLP, n_networks=n, seed=5)
+        if chosen:  # the same composition with its MLPs on the tensor cores
+            model.network = NetworkArray(model.encoding.n_output_dims, 4, MLP, n_networks=n, seed=6, **chosen)
+        return model
+    return build, (3, 4)
 
 
-def time_steps(trainer, batch: int, n_networks: int, reps: int, seed: int) -> float:
+def _batch(batch: int, dims, n_networks: int, seed: int):
     import tinn
-    from tinn import checks
 
     dev = tinn.runtime.device()
     g = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.rand(batch, 3, device=dev, generator=g)
+    x = torch.rand(batch, dims[0], device=dev, generator=g)
     ids = torch.randint(0, n_networks, (batch,), device=dev, dtype=torch.int32, generator=g)
-    target = torch.rand(batch, 4, device=dev, generator=g)
+    target = torch.rand(batch, dims[1], device=dev, generator=g)
+    return x, target, ids
+
+
+def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int) -> float:
+    import tinn
+    from tinn import checks
+
+    x, target, ids = _batch(batch, dims, n_networks, seed)
     with checks.disabled():
         for _ in range(3):  # compile, warm caches
             trainer.training_step(x, target, ids)
@@ -101,39 +153,89 @@ def time_steps(trainer, batch: int, n_networks: int, reps: int, seed: int) -> fl
     return (time.perf_counter() - t0) / reps
 
 
-def scaling(args, grid) -> dict:
+def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
+    """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time."""
+    import tinn
+    from tinn import checks
+    from tinn.distributed.profile import PhaseTimer
+
+    x, target, ids = _batch(batch, dims, n_networks, seed)
+    timer = PhaseTimer()
+    part.profiler = timer
+    try:
+        with checks.disabled():
+            tinn.runtime.sync()
+            t0 = time.perf_counter()
+            timer.start()
+            for _ in range(steps):
+                trainer.training_step(x, target, ids)
+            timer.mark("other")
+            phases = timer.collect(steps)
+            wall = (time.perf_counter() - t0) / steps
+    finally:
+        part.profiler = None
+    out = {k: 1e3 * v for k, v in phases.items()}
+    out["step_wall_ms"] = 1e3 * wall
+    return out
+
+
+def gather_objects(obj) -> list:
+    return td.process.all_gather_objects(obj, "a benchmark gather")
+
+
+def _free():
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def scaling(args, kind: str, grid, precision: str, chunks: int, t1_cache: dict) -> dict:
     from tinn.trainer import Trainer
 
     world, rank = td.world_size(), td.rank()
     n, batch = args.networks, args.batch
     adam = {"otype": "Adam", "learning_rate": 1e-3}
-    t1 = None
-    if rank == 0:
-        single = scaling_model(grid)(n)
-        t1 = time_steps(Trainer(single, optimizer=adam), batch, n, args.reps, seed=1)
-        del single
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    barrier()
-    t1 = max_over_ranks(t1 or 0.0)
-    strong = td.ShardedPart(scaling_model(grid), n, init="local")
-    t_strong = max_over_ranks(time_steps(Trainer(strong, optimizer=adam), batch // world, n, args.reps, seed=2 + rank))
-    del strong
-    weak = td.ShardedPart(scaling_model(grid), world * n, init="local")
-    t_weak = max_over_ranks(time_steps(Trainer(weak, optimizer=adam), batch, world * n, args.reps, seed=9 + rank))
-    del weak
-    out = {
-        "networks": n, "global_batch": batch, "world_size": world,
+    build, dims = scaling_model(kind, grid, precision)
+    key = (kind, precision)
+    if key not in t1_cache:  # the one-GPU run does not depend on the sharded part's chunks
+        t1 = None
+        if rank == 0:
+            single = build(n)
+            t1 = time_steps(Trainer(single, optimizer=adam), batch, dims, n, args.reps, seed=1)
+            del single
+            _free()
+        barrier()
+        t1_cache[key] = max_over_ranks(t1 or 0.0)
+    t1 = t1_cache[key]
+    shard = dict(init="local", chunks=chunks, exchange_kernels=args.exchange_kernels)
+    runs = {}
+    for run, n_run, per_rank in (("strong", n, batch // world), ("weak", world * n, batch)):
+        part = td.ShardedPart(build, n_run, **shard)
+        trainer = Trainer(part, optimizer=adam)
+        t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank))
+        prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank) \
+            if args.profile_steps else None
+        runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof)}
+        del part, trainer
+        _free()
+    t_strong, t_weak = runs["strong"]["step_ms"] / 1e3, runs["weak"]["step_ms"] / 1e3
+    return {
+        "model": kind, "precision": precision, "chunks": chunks, "exchange_kernels": args.exchange_kernels,
+        "networks": n, "global_batch": batch, "world_size": world, "dims": list(dims),
         "single_gpu_step_ms": 1e3 * t1, "single_gpu_samples_per_s": batch / t1,
         "strong_step_ms": 1e3 * t_strong, "strong_samples_per_s": batch / t_strong,
-        "strong_speedup": t1 / t_strong, "strong_target": 1.8,
+        "strong_speedup": t1 / t_strong, "strong_target": STRONG_TARGET,
+        "strong_profile_per_rank": runs["strong"]["profile_per_rank"],
         "weak_networks": world * n, "weak_batch_per_rank": batch,
         "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
-        "weak_per_gpu_ratio": t1 / t_weak, "weak_target": 0.9,
-        # What crosses the network per sample and step: inputs + local id out, outputs back (forward);
-        # dy out, nothing back (the trainer needs no dx).
-        "exchanged_bytes_per_sample": 4 * (3 + 1) + 4 * 4 + 4 * 4,
+        "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
+        "weak_profile_per_rank": runs["weak"]["profile_per_rank"],
+        # What crosses the link per sample and step: inputs + the local id out, outputs back (forward); dy out,
+        # nothing back (the trainer needs no dx).
+        "exchanged_bytes_per_sample": 4 * (dims[0] + 1) + 4 * dims[1] + 4 * dims[1],
     }
-    return out
 
 
 class SlabField(torch.nn.Module):
@@ -244,6 +346,27 @@ def big_field(args) -> dict:
     }
 
 
+def _phases(profile) -> str:
+    if not profile:
+        return ""
+    return " ".join(f"{profile[k]:.2f}" for k in ("exchange", "compute", "reduce", "idle", "other"))
+
+
+def summary_table(rows: list[dict], world: int) -> list[str]:
+    """The scaling table (rank 0's profile of the strong run: ms per step in each phase)."""
+    head = (f"{'model':<6}{'prec':<9}{'chunks':>6}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
+            f"{'weak ms':>9}{'weak/GPU':>9}   strong-run profile, rank 0, ms: exch compute reduce idle other")
+    lines = [head]
+    for s in rows:
+        prof = (s["strong_profile_per_rank"] or [None])[0]
+        lines.append(f"{s['model']:<6}{s['precision']:<9}{s['chunks']:>6}{s['single_gpu_step_ms']:>10.2f}"
+                     f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
+                     f"{s['weak_per_gpu_ratio']:>9.2f}   {_phases(prof)}")
+    lines.append(f"targets: strong >= {STRONG_TARGET}x, weak >= {WEAK_TARGET} per GPU; global batch "
+                 f"{rows[0]['global_batch'] if rows else 0}, {rows[0]['networks'] if rows else 0} networks")
+    return lines
+
+
 def main():
     args = parse_args()
     arch = td.init()
@@ -251,19 +374,21 @@ def main():
         torch.set_num_threads(1)
     world = td.world_size()
     log(f"bench_sharded: {world} ranks on {arch}")
+    if arch != "cuda" and "float16" in args.precisions and os.environ.get("TRITON_INTERPRET") != "1":
+        log("  float16 (the tensor-core kernels) needs CUDA or TRITON_INTERPRET=1: those runs are skipped")
+        args.precisions = [q for q in args.precisions if q != "float16"]
     t0 = time.perf_counter()
     grid = dict(SCALING_GRID, n_levels=4, log2_hashmap_size=8) if args.tiny else SCALING_GRID
-    result = {"arch": arch, "world_size": world, "grid": grid, "network": MLP}
-    result["scaling"] = scaling(args, grid)
-    s = result["scaling"]
-    log(f"{'run':<34}{'networks':>9}{'batch/rank':>12}{'step ms':>10}{'samples/s':>14}{'ratio':>8}{'target':>8}")
-    log(f"{'1 GPU, unsharded':<34}{s['networks']:>9}{s['global_batch']:>12}{s['single_gpu_step_ms']:>10.2f}"
-        f"{s['single_gpu_samples_per_s']:>14.3e}{'':>8}{'':>8}")
-    log(f"{f'strong: {world} GPUs, same model':<34}{s['networks']:>9}{s['global_batch'] // world:>12}"
-        f"{s['strong_step_ms']:>10.2f}{s['strong_samples_per_s']:>14.3e}{s['strong_speedup']:>8.2f}{'>=1.8':>8}")
-    log(f"{f'weak: {world} GPUs, {world}x networks':<34}{s['weak_networks']:>9}{s['weak_batch_per_rank']:>12}"
-        f"{s['weak_step_ms']:>10.2f}{s['weak_per_gpu_samples_per_s']:>14.3e}{s['weak_per_gpu_ratio']:>8.2f}"
-        f"{'>=0.9':>8}")
+    result = {"arch": arch, "world_size": world, "grid": grid, "network": MLP, "mlp_only": MLP_ONLY,
+              "scaling": []}
+    t1_cache = {}
+    for kind in args.models:
+        for precision in args.precisions:
+            for chunks in args.chunks[kind]:
+                s = scaling(args, kind, grid, precision, chunks, t1_cache)
+                result["scaling"].append(s)
+                log(f"  {kind} {precision} chunks={chunks}: 1 GPU {s['single_gpu_step_ms']:.2f} ms, strong "
+                    f"{s['strong_speedup']:.2f}x, weak {s['weak_per_gpu_ratio']:.2f} per GPU")
     b = result["big_field"] = None if args.skip_big else big_field(args)
     if b is not None:
         log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, "
@@ -277,6 +402,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print(f"JSON in {args.out} ({result['total_s']:.0f} s)")
+        print("\n".join(summary_table(result["scaling"], world)), flush=True)
     td.shutdown()
 
 

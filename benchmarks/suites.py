@@ -80,9 +80,8 @@ def _tensor_cores(o: Options) -> list[str]:
 
 
 def _web_viewer(o: Options) -> list[str]:
-    quick = ["--batch", "1024", "--size", "16", "--seconds", "0.5", "--warmup", "0.5", "--width", "64",
-             "--height", "36"] if o.quick else []
-    return quick + _arch(o)
+    return ["--json", o.json_path, "--task", "image,kilonerf,octree", "--out", o.out_dir] + \
+        (["--quick"] if o.quick else []) + _arch(o)
 
 
 def _scenes_table(r: dict) -> None:
@@ -91,14 +90,6 @@ def _scenes_table(r: dict) -> None:
                       ("octree_ms", "octree ms", ".1f"), ("octree_every_sample_ms", "octree, every sample ms", ".1f"),
                       ("octree_over_kilonerf_fps", "octree fps / KiloNeRF fps", ".2f"),
                       ("psnr_kilonerf", "PSNR KiloNeRF", ".2f"), ("psnr_octree", "PSNR octree", ".2f")])
-
-
-def _web_viewer_table(r: dict) -> None:
-    from benchmarks.common import print_table
-    rows = [{"condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0)}
-            for c in ("no_viewer", "served_no_client", "resting_client", "moving_client")]
-    print_table(rows, [("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
-                       ("vs_no_viewer", "x no viewer", ".3f")])
 
 
 SUITES = {s.name: s for s in [
@@ -121,8 +112,8 @@ SUITES = {s.name: s for s in [
           "tensor-core (Triton) MLP-array kernels against torch's GEMMs, each precision", _tensor_cores,
           needs="cuda"),
     Suite("web_viewer", "benchmarks.tools.web_viewer_cost",
-          "what the web viewer costs training: steps/s with no viewer, served, a client resting and moving",
-          _web_viewer, table=_web_viewer_table),
+          "what the web viewer costs training (image, KiloNeRF, octree): steps/s with no viewer, served, a client "
+          "resting and moving", _web_viewer),
     Suite("tcnn", "benchmarks.tools.tcnn_native",
           "tiny-cuda-nn itself against tinn on the same models (needs the tcnn extension)", standard_argv),
     Suite("octree_quality", "benchmarks.tools.octree_quality",

@@ -219,6 +219,19 @@ def build_field(args, train, points):
     return _sharded(args, field, tree, encoding, network)
 
 
+def build_trainer(args, field, train):
+    """The field's trainer: Adam (decaying to lr x final-lr-factor over --steps) on rays from the training
+    views' image pyramid."""
+    from tinn.scenes.octree_training import DEFAULT_OPTIMIZER, OctreeTrainer
+    from tinn.scenes.photometric import decaying_adam
+
+    adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
+    optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
+                              **adam)
+    return OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
+                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer)
+
+
 def param_budget(args, train):
     """The node array's parameter budget from --param-budget (None: the fixed grid options)."""
     from tinn.scenes.octree_budget import single_grid_params
@@ -396,7 +409,7 @@ def run(argv=None) -> dict:
     import torch
 
     from tinn import chunks
-    from tinn.scenes.octree_training import OctreeTrainer, evaluate
+    from tinn.scenes.octree_training import evaluate
     from tinn.scenes.rendering import seconds_per_frame
 
     dev = tinn.runtime.device()
@@ -407,14 +420,7 @@ def run(argv=None) -> dict:
     train, test = train.to(dev), test.to(dev)
     field = build_field(args, train, points)
     tree = field.octree
-    from tinn.scenes.octree_training import DEFAULT_OPTIMIZER
-    from tinn.scenes.photometric import decaying_adam
-
-    adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
-    optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
-                              **adam)
-    trainer = OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                            batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer)
+    trainer = build_trainer(args, field, train)
     print(f"tinn {tinn.__version__} on {arch}: octree depth {tree.deepest} (limit {args.max_depth}), "
           f"{tree.n_nodes} nodes/networks {tree.nodes_per_level()} per level, {field.params_per_node()} params "
           f"per node; {len(train)} views {train.width}x{train.height}, {args.pyramid_levels} pyramid levels")

@@ -85,6 +85,119 @@ def scenario_equal(rank, out):
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
+# The pipelined / uneven / empty-bucket scenario: (name, ShardedPart keywords). UNEVEN gives rank 0 two
+# networks (the first and the last) and rank 1 four.
+UNEVEN = [0, 1, 1, 1, 1, 0]
+PIPELINE_CASES = {"chunks1": {}, "chunks3": {"chunks": 3}, "triton2": {"chunks": 2, "exchange_kernels": "triton"},
+                  "uneven3": {"chunks": 3, "assignment": UNEVEN}}
+
+
+def pipeline_batches(rank: int, owned0: list[int], device="cpu"):
+    """(name, batch) of the pipeline scenario: a plain batch, and one whose samples all go to rank 0's networks
+    (rank 1 receives nothing) with rank 1's batch 2 samples long (some of its chunks are empty)."""
+    plain = batch(rank, 0)
+    x, ids, t, w = batch(rank, 1, size=BATCH if rank == 0 else 2)
+    ids = torch.tensor(owned0, dtype=torch.int32)[ids.long() % len(owned0)]
+    return {name: tuple(v.to(device) for v in b) for name, b in (("plain", plain), ("to_rank0", (x, ids, t, w)))}
+
+
+def _on_host(value):
+    """Results as CPU tensors (the test process compares them wherever its own tinn runs)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    return value
+
+
+def scenario_pipeline(rank, out):
+    """Chunked (pipelined) exchanges, the Triton bucketing kernels (Triton's interpreter), uneven ownership and a
+    rank that receives nothing, each through autograd (outputs, dx, every table's gradient); the contract's
+    dx announcement; the phase profile of trainer steps; a Replicated part's all-reduced gradients."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.distributed import buckets as B
+    from tinn.distributed.profile import PhaseTimer
+    from tinn.errors import ConfigError
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    res = {}
+    dev = tinn.runtime.device()
+    for shared in (False, True):
+        for name, kw in PIPELINE_CASES.items():
+            model = td.ShardedPart(factory(shared), N_NETWORKS, config={"case": name, "shared": shared}, **kw)
+            tag = f"{'shared' if shared else 'sharded'}/{name}"
+            res[f"{tag}/owned"] = model.owned
+            res[f"{tag}/triton"] = B.use_triton(model.exchange_kernels, dev, N_NETWORKS)
+            for case, (x, ids, _, w) in pipeline_batches(rank, model.ownership.owned(0), dev).items():
+                res[f"{tag}/{case}"] = autograd_pass(model, x, ids, w)
+    model = td.ShardedPart(factory(), N_NETWORKS, chunks=2)
+    x, ids, t, w = (v.to(dev) for v in batch(rank, 5))
+    y, ctx = model.forward_ctx(x, ids, train=True)
+    try:
+        model.backward(ctx, w, need_dx=True)
+        res["unannounced"] = "no error"
+    except ConfigError as e:
+        res["unannounced"] = str(e)
+    y, ctx = model.forward_ctx(x, ids, train=True, need_dx=True)  # the ranks are still in step
+    dx, grads = model.backward(ctx, w, need_dx=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    res["announced"] = {"y": y, "dx": dx, "grads": {names[id(t)]: g for t, g in zip(model.tables(), grads)}}
+    res["announced_autograd"] = autograd_pass(model, x, ids, w)
+    timer = PhaseTimer(cuda=dev.type == "cuda")
+    model.profiler = timer
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    timer.start()
+    for step in range(2):
+        trainer.training_step(x, t, ids)
+    timer.mark("other")
+    res["profile"] = timer.collect(2)
+    res["profile_marks"] = [phase for phase, _, _ in timer._marks]
+    rep = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
+    res["replicated"] = autograd_pass(rep, x, ids, w)
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
+def scenario_syncs(rank, out):
+    """Host synchronisations of a sharded step on CUDA (torch's sync debug mode): the forward's header is the
+    only one; the backward has none, chunked or not."""
+    import warnings
+
+    import tinn
+    import tinn.distributed as td
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    res = {}
+    for chunks in (1, 2):
+        model = td.ShardedPart(factory(True), N_NETWORKS, chunks=chunks)
+        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+        x, ids, t, w = (v.to(dev) for v in batch(rank, 0, size=4096))
+        trainer.training_step(x, t, ids)  # compiles (compiling may sync)
+        torch.cuda.synchronize()
+        with tinn.checks.disabled(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+
+            def syncs():
+                return sum("synchroniz" in str(c.message) for c in caught)
+
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                y, ctx = model.forward_ctx(x, ids, train=True)
+                forward = syncs()
+                torch.cuda.set_sync_debug_mode("error")
+                model.backward(ctx, w, need_dx=False)
+                torch.cuda.set_sync_debug_mode("warn")
+                before = syncs()
+                trainer.training_step(x, t, ids)
+                step = syncs() - before
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        res[chunks] = {"forward": forward, "step": step, "messages": [str(c.message)[:200] for c in caught]}
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_compact(rank, out):
     """Compact (bfloat16) grid tables owned per network: trained sharded; replicated, refused."""
     import tinn.distributed as td
@@ -239,13 +352,20 @@ def scenario_mismatch(rank, out):
     import tinn.distributed as td
     from tinn.errors import ConfigError
 
+    def build(**kw):
+        try:
+            td.ShardedPart(**kw)
+            return "no error"
+        except ConfigError as e:
+            return f"ConfigError: {e}"
+
     network = dict(NETWORK, n_neurons=32) if rank == 1 else NETWORK
-    try:
-        td.ShardedPart(factory(network=network), N_NETWORKS)
-        result = "no error"
-    except ConfigError as e:
-        result = f"ConfigError: {e}"
-    torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
+    res = {"result": build(part_factory=factory(network=network), n_networks=N_NETWORKS)}
+    # Chunk counts shape every header: ranks with different ones are refused at construction too.
+    res["chunks"] = build(part_factory=factory(), n_networks=N_NETWORKS, chunks=1 + rank)
+    res["bad_chunks"] = build(part_factory=factory(), n_networks=N_NETWORKS, chunks=0)
+    res["bad_kernels"] = build(part_factory=factory(), n_networks=N_NETWORKS, exchange_kernels="cub")
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
 def scenario_disagree(rank, out):
@@ -291,8 +411,10 @@ def main():
     import tinn
     import tinn.distributed as td
 
-    td.init("cpu", timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
-    torch.set_num_threads(1)
+    arch = os.environ.get("TINN_ARCH", "cpu")
+    td.init(arch, timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
+    if arch == "cpu":
+        torch.set_num_threads(1)
     rank = td.rank()
     try:
         globals()[f"scenario_{scenario}"](rank, out)
@@ -301,7 +423,7 @@ def main():
             f.write(traceback.format_exc())
         os._exit(1)
     td.shutdown()
-    assert tinn.runtime.arch() == "cpu"
+    assert tinn.runtime.arch() == arch
 
 
 if __name__ == "__main__":

@@ -87,12 +87,29 @@ def test_startup_quick_reports_every_phase_in_order(out_dir):
 
 
 @in_process_on_the_cpu
-def test_web_viewer_quick_measures_every_condition(out_dir):
+def test_web_viewer_quick_measures_every_condition_of_every_task(out_dir):
+    """The image task and the scene demos' sources (KiloNeRF fine-tuning, the octree), each trained with no viewer,
+    served, and with a connected client at rest and moving; the client receives the frames rendered for it."""
     result = run_quick("web_viewer", out_dir)
-    for key in ("no_viewer", "served_no_client", "resting_client", "moving_client"):
-        assert positive(result[key])
-    assert result["resting_client_vs_no_viewer"] == pytest.approx(result["resting_client"] / result["no_viewer"],
-                                                                  rel=0.05)
+    assert result["arch"] == "cpu" and list(result["tasks"]) == ["image", "kilonerf", "octree"]
+    for name, task in result["tasks"].items():
+        assert task["task"] == name
+        for key in ("no_viewer", "served_no_client", "resting_client", "moving_client"):
+            assert positive(task[key]), (name, key)
+        for key in ("resting_client", "moving_client"):
+            # What the page rendered reached the client (viser may drop a frame that a newer one replaced before
+            # it went out).
+            assert 1 <= task[f"{key}_frames_received"] <= task[f"{key}_frames_sent"], (name, key)
+        assert task["refused_messages"] == 0, name
+        assert task["resting_client_vs_no_viewer"] == pytest.approx(task["resting_client"] / task["no_viewer"],
+                                                                    rel=0.05)
+    assert result["tasks"]["kilonerf"]["phase"] == "finetune" and result["tasks"]["kilonerf"]["networks"] == 8
+    assert result["tasks"]["octree"]["nodes"] >= 1
+    rows = [[cell.strip() for cell in line.split("|")]
+            for line in (out_dir / "web_viewer" / "web_viewer.txt").read_text().splitlines() if line.count("|") == 3]
+    assert [row[:2] for row in rows[1:]] == [[name, c] for name in ("image", "kilonerf", "octree")
+                                             for c in ("no_viewer", "served_no_client", "resting_client",
+                                                       "moving_client")]
 
 
 def test_scenes_quick_renders_both_scenes(out_dir):
@@ -180,3 +197,49 @@ def test_results_index_accounts_for_every_kept_file():
         assert "](../../" in cited_by, shown
         covered += hits
     assert sorted(covered) == files
+
+
+
+def axis_rotation(axis, degrees) -> torch.Tensor:
+    """(3, 3) float64 rotation by `degrees` about `axis` (Rodrigues' formula)."""
+    k = torch.tensor(axis, dtype=torch.float64)
+    k = k / k.norm()
+    cross = torch.tensor([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]], dtype=torch.float64)
+    a = math.radians(degrees)
+    return torch.eye(3, dtype=torch.float64) + math.sin(a) * cross + (1 - math.cos(a)) * cross @ cross
+
+
+def test_web_viewer_client_cameras_show_the_poses_they_stand_for():
+    """The headless client's camera messages decode (as the server decodes a browser's) to the scene pose they
+    were made from, for rotations through every branch of the quaternion formula; a scene client starts at the
+    held-out view with its field of view and turns around the scene's centre."""
+    from types import SimpleNamespace
+
+    from benchmarks.tools.web_viewer_cost import browser_pose, scene_cameras
+    from tinn.viewer.web import camera_from_browser
+
+    # trace > 0, then 180-degree turns whose largest diagonal entry is x, y and z in turn, then a generic one
+    for axis, degrees in (((0, 0, 1), 30), ((1, 0, 0), 180), ((0, 1, 0), 180), ((0, 0, 1), 180), ((1, 2, 3), 150)):
+        c2w = torch.eye(4, dtype=torch.float64)
+        c2w[:3, :3] = axis_rotation(axis, degrees)
+        c2w[:3, 3] = torch.tensor([0.5, -1.0, 2.0])
+        wxyz, position = browser_pose(c2w)
+        decoded, _, _, _ = camera_from_browser(wxyz, position, 1.0, 64, 48)
+        assert torch.allclose(decoded.double(), c2w, atol=1e-6), (axis, degrees)
+
+    start = torch.eye(4, dtype=torch.float64)
+    # looking down -z turned about x towards +y, from (0, -3, 2): at the origin
+    start[:3, :3] = axis_rotation((1, 0, 0), math.degrees(math.atan2(3, 2)))
+    start[:3, 3] = torch.tensor([0.0, -3.0, 2.0])
+    source = SimpleNamespace(orbit_start=lambda: (start, torch.zeros(3)),
+                             test=SimpleNamespace(width=64, height=48, focal=24.0))
+    camera = scene_cameras(source, degrees_per_move=90.0)
+    home = camera(0)
+    c2w, fov, _, _ = camera_from_browser(home["wxyz"], home["position"], home["fov"], 64, 48)
+    assert torch.allclose(c2w.double(), start, atol=1e-5)
+    assert fov == pytest.approx(2 * math.atan(24 / 24.0)) and home["look_at"] == (0.0, 0.0, 0.0)
+    turned = camera(1)
+    c2w, _, _, _ = camera_from_browser(turned["wxyz"], turned["position"], turned["fov"], 64, 48)
+    # a quarter turn about world z: the same height and distance, still looking at the centre
+    assert torch.allclose(c2w[:3, 3].double(), axis_rotation((0, 0, 1), 90) @ start[:3, 3], atol=1e-5)
+    assert torch.allclose(-c2w[:3, 2].double(), -c2w[:3, 3].double() / c2w[:3, 3].norm(), atol=1e-5)

@@ -135,6 +135,118 @@ def test_forward_gradients_and_steps_equal_unsharded(equal_run, shared):
         torch.testing.assert_close(res[f"{tag}/inference"], y[r * W.BATCH:(r + 1) * W.BATCH], rtol=1e-5, atol=1e-6)
 
 
+def _check_against_reference(got: dict, full, batches, r: int, owned, shared: bool, what: str, atol: float = 1e-7):
+    """One rank's autograd results (y, dx, gradients) against the unsharded array on every rank's batch (atol:
+    the gradients' absolute tolerance; GPU atomics add in an order of their own)."""
+    dev = tinn.runtime.device()
+    y, dx, grads = _reference_autograd(full, [tuple(v.to(dev) for v in b) for b in batches], 1.0 / WORLD)
+    start = sum(b[0].shape[0] for b in batches[:r])
+    sl = slice(start, start + batches[r][0].shape[0])
+    torch.testing.assert_close(got["y"], y[sl].cpu(), rtol=1e-5, atol=1e-6, msg=what)
+    torch.testing.assert_close(got["dx"], dx[sl].cpu() * WORLD, rtol=1e-4, atol=1e-6, msg=what)
+    for n, g in grads.items():
+        torch.testing.assert_close(got["grads"][f"local.{n}"], _rows(n, g, owned, shared).cpu(), rtol=1e-4,
+                                   atol=atol, msg=f"{what} {n}")
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    # The Triton case runs the bucketing kernels in Triton's interpreter on the ranks' CPUs.
+    return run_ranks("pipeline", tmp_path_factory.mktemp("pipeline"), TRITON_INTERPRET=1)
+
+
+def _check_pipeline(runs, shared: bool, triton_cases, atol: float = 1e-7):
+    tag = "shared" if shared else "sharded"
+    full = _full(shared)
+    for name in W.PIPELINE_CASES:
+        owned = [res[f"{tag}/{name}/owned"] for res in runs]
+        assert [res[f"{tag}/{name}/triton"] for res in runs] == [name in triton_cases] * WORLD
+        assert sorted(owned[0] + owned[1]) == list(range(W.N_NETWORKS))
+        if name == "uneven3":
+            assert owned == [[0, 5], [1, 2, 3, 4]]
+        for case in ("plain", "to_rank0"):
+            batches = [W.pipeline_batches(r, owned[0])[case] for r in range(WORLD)]
+            if case == "to_rank0":
+                assert all(bool(torch.isin(b[1], torch.tensor(owned[0])).all()) for b in batches)
+                assert batches[1][0].shape[0] == 2
+            for r, res in enumerate(runs):
+                _check_against_reference(res[f"{tag}/{name}/{case}"], full, batches, r, owned[r], shared,
+                                         f"{name} {case} rank {r}", atol)
+    # Chunked and unchunked: the same numbers (the local kernels see the same samples, in other groupings).
+    for r, res in enumerate(runs):
+        a, b = res[f"{tag}/chunks1/plain"], res[f"{tag}/chunks3/plain"]
+        torch.testing.assert_close(a["y"], b["y"], rtol=1e-6, atol=1e-7)
+        for n in a["grads"]:
+            torch.testing.assert_close(a["grads"][n], b["grads"][n], rtol=1e-5, atol=atol / 10)
+
+
+@cpu_reference
+@pytest.mark.parametrize("shared", [False, True])
+def test_chunked_uneven_and_empty_exchanges_equal_unsharded(pipeline_run, shared):
+    """Every exchange path (chunks of 1, 3 and 2 with the Triton kernels, uneven ownership) gives the unsharded
+    array's outputs, input gradients and table gradients (replicated ones all-reduced), also when every sample
+    goes to rank 0 and rank 1 receives nothing while its own 2-sample batch leaves chunks empty."""
+    _check_pipeline(pipeline_run, shared, triton_cases={"triton2"})
+
+
+two_gpus = pytest.mark.skipif(tinn.runtime.arch() != "cuda" or torch.cuda.device_count() < 2
+                              or not torch.distributed.is_nccl_available(),
+                              reason="needs tinn on CUDA, two GPUs and NCCL")
+
+
+@two_gpus
+@pytest.mark.parametrize("shared", [False, True])
+def test_exchanges_on_two_gpus_equal_unsharded(tmp_path, shared):
+    """The same scenario over NCCL, one GPU per rank: the Triton bucketing kernels (every case on CUDA), the
+    asynchronous all_to_alls and all-reduces against the unsharded array on this process's GPU."""
+    runs = run_ranks("pipeline", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_pipeline(runs, shared, triton_cases=set(W.PIPELINE_CASES), atol=1e-6)
+
+
+@pytest.mark.skipif(tinn.runtime.arch() != "cuda" or not torch.distributed.is_nccl_available(),
+                    reason="host syncs only exist on a GPU (NCCL)")
+def test_sharded_step_syncs_the_host_once(tmp_path):
+    """torch's sync debug mode over a one-rank NCCL group: the forward's header is the step's one host
+    synchronisation; the backward has none (it raised on any), chunked or not."""
+    res = run_ranks("syncs", tmp_path, world=1, TINN_ARCH="cuda", TRITON_INTERPRET=0)[0]
+    for chunks in (1, 2):
+        assert res[chunks]["forward"] == 1 and res[chunks]["step"] == 1, res[chunks]["messages"]
+
+
+@cpu_reference
+def test_contract_announces_dx_and_profiles_phases(pipeline_run):
+    """A contract backward asking for dx that no forward announced is a clear error on every rank (which then
+    still make the same calls); announced, it equals autograd's. The phase profile of trainer steps covers
+    exchange, compute, idle (the header) and other. A Replicated part's gradients are the mean over ranks."""
+    from tinn.networks import NetworkArray
+
+    for r, res in enumerate(pipeline_run):
+        assert res["unannounced"].startswith(f"rank {r}: ShardedPart.backward was asked for dx"), res["unannounced"]
+        assert "need_dx=True" in res["unannounced"]
+        want = res["announced_autograd"]
+        torch.testing.assert_close(res["announced"]["y"], want["y"])
+        torch.testing.assert_close(res["announced"]["dx"], want["dx"], rtol=1e-5, atol=1e-7)
+        for n, g in res["announced"]["grads"].items():
+            torch.testing.assert_close(g, want["grads"][n], rtol=1e-5, atol=1e-8, msg=n)
+        profile = res["profile"]
+        assert set(profile) == {"exchange", "compute", "reduce", "idle", "other"}
+        assert all(v >= 0 for v in profile.values()) and profile["compute"] > 0 and profile["idle"] > 0
+        marks = res["profile_marks"]
+        assert marks.count("idle") == 2 and marks[-1] == "other"  # one header per step, none in the backward
+    rep = NetworkArray(2, 3, W.NETWORK, n_networks=W.N_NETWORKS, seed=3)
+    grads = {}
+    for r in range(WORLD):
+        x, ids, _, w = W.batch(r, 5)
+        y, dx, g = _reference_autograd(rep, [(x, ids, None, w)], 1.0)
+        torch.testing.assert_close(pipeline_run[r]["replicated"]["y"], y, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pipeline_run[r]["replicated"]["dx"], dx, rtol=1e-5, atol=1e-7)
+        for n, v in g.items():
+            grads[n] = grads.get(n, 0) + v / WORLD
+    for res in pipeline_run:
+        for n, v in grads.items():
+            torch.testing.assert_close(res["replicated"]["grads"][f"inner.{n}"], v, rtol=1e-4, atol=1e-7)
+
+
 @cpu_reference
 def test_compact_tables_train_sharded_like_unsharded(tmp_path):
     """Owned compact (bfloat16) grid tables: the sharded forward and sparse gradients equal the unsharded ones
@@ -263,6 +375,11 @@ def test_mismatched_config_is_a_clear_error(tmp_path):
         text = res[r]["result"]
         assert text.startswith(f"ConfigError: rank {r}: ranks [{other}] built a different sharded model"), text
         assert "n_neurons" in text or "tables" in text
+        assert res[r]["chunks"].startswith(f"ConfigError: rank {r}: ranks [{other}] built a different sharded"), \
+            res[r]["chunks"]
+        assert f"chunks: {1 + r} here, {1 + other} on rank {other}" in res[r]["chunks"]
+        assert "chunks=0 must be a positive integer" in res[r]["bad_chunks"]
+        assert "exchange_kernels='cub' is not supported; allowed: ['auto', 'triton', 'torch']" in res[r]["bad_kernels"]
 
 
 def test_a_part_alive_at_shutdown_holds_no_process_group(tmp_path):

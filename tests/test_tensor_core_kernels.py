@@ -237,3 +237,53 @@ def test_without_triton():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and "fine" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape,pad_output", [(MLPShape(5, 24, 3, 3, 1, 0), True), (MLPShape(5, 24, 3, 3, 1, 0), False),
+                                              (MLPShape(17, 16, 40, 1, 0, 0), True), (MLPShape(3, 33, 3, 2, 1, 0), True)])
+def test_packed_weights_are_each_layer_transposed_and_zero_padded(shape, pad_output, precision):
+    """pack_weights' one gather kernel against the layout spelled out per layer: block l holds W_l^T rounded to
+    the compute dtype (round to nearest even, as torch casts), zeros elsewhere; a parameter row with tcnn's
+    padded output rows and a strided (non-contiguous) row alike."""
+    n = 3
+    fans = launch.Geometry.of(shape, pad_output).fans
+    row = sum(o * i for o, i in fans) + 7          # trailing columns the packing must not read
+    wide = torch.randn(n, row * 2, generator=torch.Generator().manual_seed(4))
+    params = wide[:, ::2]                           # column stride 2
+    packed = tc.pack_weights(params, shape, precision, pad_output)
+    g = packed.geometry
+    expected = torch.zeros(n, g.packed_size, dtype=launch.COMPUTE_DTYPES[precision])
+    for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks, g.packed_offsets):
+        w = params[:, p_off:p_off + fan_out * fan_in].reshape(n, fan_out, fan_in).transpose(1, 2)
+        expected[:, w_off:w_off + kin * kout].view(n, kin, kout)[:, :fan_in, :fan_out] = w.to(expected.dtype)
+    assert packed.weights.dtype == expected.dtype and packed.row_length == row
+    assert torch.equal(packed.weights, expected)
+
+
+@pytest.mark.parametrize("n_networks,batch,sizes", [(5, 300, (16, 64)), (1, 200, (16,)), (40, 30, (16, 32)),
+                                                    (7, 0, (16,)), (3, 2100, (16, 1024))])
+def test_tile_lists_hold_the_tiles_of_the_torch_routing(n_networks, batch, sizes):
+    """The one-kernel tile lists against tinn.routing's: the same tiles (network, first sorted position, count)
+    over the same sort, the other slots empty, every sample in exactly one tile per size; empty networks and
+    more networks than samples included."""
+    from tinn.kernels.tensor_cores import tiles
+    from tinn.routing import sorted_bounds
+    gen = torch.Generator().manual_seed(batch + n_networks)
+    ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32)
+    if n_networks > 4:
+        ids[ids == 2] = 3                                   # network 2 left empty
+    order, bounds = sorted_bounds(ids, n_networks)
+    mine = tiles.tile_lists(order, bounds, batch, sizes, interpreted=True)
+    theirs = route_fused(ids, n_networks, sizes)
+    for size, a, b in zip(sizes, mine, theirs):
+        assert torch.equal(a.order, b.order)
+        assert a.tile_net.shape[0] == tiles.slots(batch, n_networks, size)
+        real = lambda r: sorted(zip(*(t[r.tile_count > 0].tolist() for t in (r.tile_net, r.tile_start,  # noqa: E731
+                                                                               r.tile_count))))
+        assert real(a) == real(b)
+        covered = torch.zeros(batch, dtype=torch.int64)
+        for net, start, count in real(a):
+            assert 0 < count <= size and (ids[a.order[start:start + count].long()] == net).all()
+            covered[start:start + count] += 1
+        assert (covered == 1).all()

@@ -26,17 +26,25 @@ class Routing:
 
 def sort_by_network(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, counts): int32 sample indices grouped by network id (stable), int64 samples per network."""
+    order, bounds = sorted_bounds(net_ids, n_networks)
+    return order, bounds[1:] - bounds[:-1]
+
+
+def sorted_bounds(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, bounds): int32 sample indices grouped by network id (stable), and int64 (n_networks + 1,) bounds:
+    network n's samples are order[bounds[n]:bounds[n + 1]]."""
     batch = net_ids.shape[0]
     if n_networks == 1:
-        # torch.full, not torch.tensor([batch], device=...): a tensor from host data is a blocking copy, which
-        # waits for the GPU to finish the previous step before this one can be issued.
-        return (torch.arange(batch, dtype=torch.int32, device=net_ids.device),
-                torch.full((1,), batch, dtype=torch.int64, device=net_ids.device))
-    # Counts from the sorted ids (a binary search per network boundary) rather than a histogram: a histogram's
+        # torch.full/zeros, not torch.tensor([0, batch], device=...): a tensor from host data is a blocking copy,
+        # which waits for the GPU to finish the previous step before this one can be issued.
+        bounds = torch.zeros(2, dtype=torch.int64, device=net_ids.device)
+        bounds[1:] = batch
+        return torch.arange(batch, dtype=torch.int32, device=net_ids.device), bounds
+    # Bounds from the sorted ids (a binary search per network boundary) rather than a histogram: a histogram's
     # atomics serialise when many samples share a network, and the sort has the sorted ids anyway.
     ids, order = torch.sort(sort_keys(net_ids, n_networks), stable=True)
     bounds = torch.searchsorted(ids, torch.arange(n_networks + 1, dtype=ids.dtype, device=ids.device))
-    return order.to(torch.int32), (bounds[1:] - bounds[:-1]).to(torch.int64)
+    return order.to(torch.int32), bounds
 
 
 def sort_keys(net_ids: torch.Tensor, n_networks: int) -> torch.Tensor:

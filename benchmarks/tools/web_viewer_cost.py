@@ -1,13 +1,21 @@
-"""What the web viewer costs training: steps/s of the image demo's training with no viewer, with the page served
-and nobody connected, and with one connected headless client (its camera at rest, then moving).
+"""What the web viewer costs training: steps/s of a demo's training with no viewer, with the page served and
+nobody connected, and with one connected headless client (its camera at rest, then moving).
 
     python -m benchmarks.tools.web_viewer_cost                       # GPU-sized image task (2^18 samples/step)
-    python -m benchmarks.tools.web_viewer_cost --tiles 8 --seconds 20
-    python -m benchmarks.tools.web_viewer_cost --arch cpu --batch 8192 --size 128 --seconds 5   # a quick look
+    python -m benchmarks.tools.web_viewer_cost --task kilonerf,octree --seconds 10 --warmup 3
+    python -m benchmarks.tools.web_viewer_cost --task octree --demo-args "--res 64 --batch 4096"
+    python -m benchmarks.tools.web_viewer_cost --task image,kilonerf,octree --quick --arch cpu   # toy sizes
 
-The client speaks viser's websocket protocol from Python (no browser needed): it sends a camera message the way
-the page does and reads everything the server sends, as a browser tab would. Prints one JSON object; the issue's
-goal is `resting_client` within 10% of `no_viewer` on the H100.
+Tasks: `image` (the image demo's ImageTrainerSource), `kilonerf` (demos/kilonerf.py's pipeline, measured in one
+phase, fine-tuning the grid of networks by default, after short earlier phases) and `octree` (demos/octree_lod.py's
+OctreeSource). Each trains the source the demo passes to the viewer, at the demo's own default size (its full
+size; `--small` added on a CPU); `--demo-args` passes any of the demo's options. The baseline calls the source's
+`train_step` in a bare loop; the other conditions run the web viewer's loop over the same source.
+
+The client speaks viser's websocket protocol from Python (no browser needed): it sends camera messages the way
+the page does (scenes: from the held-out view the page opens at, turning around the scene while it moves) and
+reads everything the server sends, as a browser tab would, counting the frames rendered for it. Prints one JSON
+object per task, then a table; the issue's goal is `resting_client` within 10% of `no_viewer` on the H100.
 """
 from __future__ import annotations
 
@@ -16,39 +24,118 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import threading
 import time
-
 
 import tinn  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tinn", "configs", "config.json")
+TASKS = ("image", "kilonerf", "octree")
+CONDITIONS = ("no_viewer", "served_no_client", "resting_client", "moving_client")
+# --quick: toy sizes and short conditions, to check the tool on a CPU (the numbers mean nothing)
+QUICK = {"batch": 1024, "size": 16, "seconds": 0.5, "warmup": 0.5, "width": 64, "height": 36, "prep_steps": 2}
+
+
+# ---- the client ------------------------------------------------------------------------------------------
+def browser_pose(c2w) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(wxyz, position) of a browser camera (viser: OpenCV axes, +z forward, +y down) showing the scenes'
+    camera-to-world pose `c2w` (4, 4); `tinn.viewer.web.camera_from_browser` turns it back."""
+    import torch
+
+    m = torch.as_tensor(c2w, dtype=torch.float64).cpu()
+    r = (m[:3, :3] @ torch.diag(torch.tensor([1.0, -1.0, -1.0], dtype=torch.float64))).tolist()
+    # The rotation's quaternion, from its largest component (stable for any rotation).
+    trace = r[0][0] + r[1][1] + r[2][2]
+    if trace > 0:
+        s = 2.0 * math.sqrt(1.0 + trace)
+        q = (0.25 * s, (r[2][1] - r[1][2]) / s, (r[0][2] - r[2][0]) / s, (r[1][0] - r[0][1]) / s)
+    elif r[0][0] >= r[1][1] and r[0][0] >= r[2][2]:
+        s = 2.0 * math.sqrt(1.0 + r[0][0] - r[1][1] - r[2][2])
+        q = ((r[2][1] - r[1][2]) / s, 0.25 * s, (r[0][1] + r[1][0]) / s, (r[0][2] + r[2][0]) / s)
+    elif r[1][1] >= r[2][2]:
+        s = 2.0 * math.sqrt(1.0 + r[1][1] - r[0][0] - r[2][2])
+        q = ((r[0][2] - r[2][0]) / s, (r[0][1] + r[1][0]) / s, 0.25 * s, (r[1][2] + r[2][1]) / s)
+    else:
+        s = 2.0 * math.sqrt(1.0 + r[2][2] - r[0][0] - r[1][1])
+        q = ((r[1][0] - r[0][1]) / s, (r[0][2] + r[2][0]) / s, (r[1][2] + r[2][1]) / s, 0.25 * s)
+    return q, tuple(float(v) for v in m[:3, 3])
+
+
+def image_camera(k: int) -> dict:
+    """The image task's camera after `k` moves: looking down world -z at the image plane from 0.8 units, turned
+    a little further about world y with each move (and back after 20)."""
+    angle = (0.05 * k) % 1.0
+    # OpenCV axes looking down world -z: 180 degrees about x; then turned by `angle` about world y.
+    c, s = math.cos(angle / 2), math.sin(angle / 2)
+    distance = 0.8
+    return {"wxyz": (0.0, c, 0.0, -s), "position": (distance * math.sin(angle), 0.0, distance * math.cos(angle)),
+            "fov": 1.3, "look_at": (0.0, 0.0, 0.0), "up_direction": (0.0, 1.0, 0.0)}
+
+
+def scene_cameras(source, degrees_per_move: float = 3.0):
+    """A scene source's cameras: move `k` is the held-out view the page opens at (`orbit_start`), turned by
+    k x `degrees_per_move` around the scene's centre (world +z up), at the held-out view's field of view."""
+    import torch
+
+    from tinn.viewer.orbit import OrbitCamera
+
+    start, target = source.orbit_start()
+    fov = 2.0 * math.atan(0.5 * source.test.height / float(source.test.focal))  # the held-out views' own
+    look_at = tuple(float(v) for v in torch.as_tensor(target).cpu().reshape(3))
+
+    def camera(k: int) -> dict:
+        orbit = OrbitCamera.from_c2w(start, target)
+        orbit.rotate(k * degrees_per_move, 0.0)
+        wxyz, position = browser_pose(orbit.c2w())
+        return {"wxyz": wxyz, "position": position, "fov": fov, "look_at": look_at, "up_direction": (0.0, 0.0, 1.0)}
+
+    return camera
+
+
+def frames_in(raw: bytes) -> int:
+    """Background images (the renders) in one message window of viser's wire format: two little-endian lengths
+    (msgpack, zstd-compressed msgpack), the compressed msgpack {"messages": [...]}, then binary buffers. The empty
+    background every client gets on connecting is not a frame."""
+    import msgspec
+    import zstandard
+
+    size, compressed = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
+    inner = zstandard.ZstdDecompressor().decompress(raw[16:16 + compressed], max_output_size=size)
+    return sum(m.get("type") == "BackgroundImageMessage" and m.get("rgb_data") is not None
+               for m in msgspec.msgpack.decode(inner)["messages"])
 
 
 class HeadlessClient:
-    """A websocket client in its own thread: one camera message (or one every `move_every_s`), all frames read."""
+    """A websocket client in its own thread: one camera message (or one every `move_every_s`, the next of
+    `camera(k)`), all frames read."""
 
-    def __init__(self, url: str, width: int = 1280, height: int = 720, move_every_s: float | None = None):
-        self.url, self.width, self.height, self.move_every_s = url.replace("http", "ws", 1), width, height, \
-            move_every_s
+    DRAIN_S = 0.3  # on stopping: silence from the server this long ends the reading
+
+    def __init__(self, url: str, camera, width: int = 1280, height: int = 720, move_every_s: float | None = None):
+        self.url, self.camera, self.width, self.height, self.move_every_s = url.replace("http", "ws", 1), camera, \
+            width, height, move_every_s
         self.bytes_received = 0
         self.messages = 0
+        self.frames = 0
+        self.error: BaseException | None = None
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self.thread = threading.Thread(target=self._main, daemon=True)
 
-    def camera_message(self, angle: float) -> bytes:
+    def camera_message(self, k: int) -> bytes:
         import msgspec
 
-        # OpenCV axes (+z forward, +y down) looking down world -z: 180 degrees about x; then turned by `angle`
-        # about world y, at 0.8 units from the image plane's centre.
-        c, s = math.cos(angle / 2), math.sin(angle / 2)
-        wxyz = (0.0, c, 0.0, -s)
-        distance = 0.8
-        position = (distance * math.sin(angle), 0.0, distance * math.cos(angle))
+        pose = self.camera(k)
         return msgspec.msgpack.encode({
-            "type": "ViewerCameraMessage", "wxyz": list(wxyz), "position": list(position), "fov": 1.3,
-            "near": 0.01, "far": 1000.0, "image_height": self.height, "image_width": self.width,
-            "look_at": [0.0, 0.0, 0.0], "up_direction": [0.0, 1.0, 0.0]})
+            "type": "ViewerCameraMessage", "wxyz": list(pose["wxyz"]), "position": list(pose["position"]),
+            "fov": pose["fov"], "near": 0.01, "far": 1000.0, "image_height": self.height,
+            "image_width": self.width, "look_at": list(pose["look_at"]), "up_direction": list(pose["up_direction"])})
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported by the measurement, which would otherwise count no frames silently
+            self.error = exc
 
     async def _run(self) -> None:
         import viser
@@ -56,18 +143,23 @@ class HeadlessClient:
 
         async with websockets.connect(self.url, subprotocols=[f"viser-v{viser.__version__}"],
                                       max_size=None) as ws:
-            await ws.send(self.camera_message(0.0))
-            last_move, angle = time.perf_counter(), 0.0
-            while not self.stop.is_set():
+            k = 0
+            await ws.send(self.camera_message(k))
+            last_move = time.perf_counter()
+            while True:
+                stopping = self.stop.is_set()
                 try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=0.05)
+                    # Once asked to stop, what is still on its way is read until the server falls silent.
+                    raw = await asyncio.wait_for(ws.recv(), timeout=self.DRAIN_S if stopping else 0.05)
                     self.bytes_received += len(raw)
                     self.messages += 1
+                    self.frames += frames_in(raw)
                 except asyncio.TimeoutError:
-                    pass
-                if self.move_every_s and time.perf_counter() - last_move >= self.move_every_s:
-                    angle = (angle + 0.05) % 1.0
-                    await ws.send(self.camera_message(angle))
+                    if stopping:
+                        break
+                if not stopping and self.move_every_s and time.perf_counter() - last_move >= self.move_every_s:
+                    k += 1
+                    await ws.send(self.camera_message(k))
                     last_move = time.perf_counter()
 
     def __enter__(self):
@@ -77,18 +169,48 @@ class HeadlessClient:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join(timeout=10)
+        if self.error is not None and exc[0] is None:
+            raise RuntimeError(f"the headless client failed: {self.error!r}") from self.error
 
 
-def build(args):
+# ---- the tasks -------------------------------------------------------------------------------------------
+class Task:
+    """What one measurement trains: the viewer source, the client's cameras and a description for the JSON."""
+
+    def __init__(self, name: str, source, camera, title: str, describe: dict):
+        self.name, self.source, self.camera, self.title, self.describe = name, source, camera, title, describe
+
+
+def image_task(args) -> Task:
     from tinn.tasks.image import ImageTask, default_image
     from tinn.trainer import Trainer
     from tinn.viewer import ImageTrainerSource
 
     task = ImageTask(default_image(args.size), tiles=args.tiles, seed=0)
     trainer = Trainer.from_config(tinn.load_config(args.config), 2, 3, n_networks=task.n_networks, seed=0)
-    return ImageTrainerSource(trainer, task, args.batch)
+    return Task("image", ImageTrainerSource(trainer, task, args.batch), image_camera, "tinn viewer",
+                {"batch": args.batch, "tiles": args.tiles, "size": args.size})
 
 
+def build_task(name: str, args, arch: str) -> Task:
+    if name == "image":
+        return image_task(args)
+    from benchmarks.tools import web_viewer_scenes
+
+    demo_argv = shlex.split(args.demo_args) + (["--small"] if arch == "cpu" else [])
+    if args.quick:
+        demo_argv = web_viewer_scenes.QUICK_ARGS[name] + demo_argv
+    out = os.path.join(args.out, name)
+    if name == "kilonerf":
+        source, describe = web_viewer_scenes.kilonerf_source(demo_argv, arch, out, args.phase, args.prep_steps)
+        title = "tinn KiloNeRF"
+    else:
+        source, describe = web_viewer_scenes.octree_source(demo_argv, arch, out)
+        title = "tinn octree LoD"
+    return Task(name, source, scene_cameras(source), title, describe)
+
+
+# ---- measuring -------------------------------------------------------------------------------------------
 def sync():
     import torch
 
@@ -113,6 +235,7 @@ def plain_rate(source, seconds: float) -> float:
 def viewer_rate(viewer, seconds: float, warmup_s: float) -> float:
     """Steps/s of the web viewer's loop over `seconds` after `warmup_s` (first renders compile kernels)."""
     c = viewer.controller
+    c.quit_requested = False
     marks = {}
 
     def stopper():
@@ -130,48 +253,109 @@ def viewer_rate(viewer, seconds: float, warmup_s: float) -> float:
     return (s1 - s0) / (t1 - t0)
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=CONFIG)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--tiles", type=int, default=1)
-    p.add_argument("--batch", type=int, default=1 << 18)
-    p.add_argument("--seconds", type=float, default=15.0, help="measured time per condition")
-    p.add_argument("--warmup", type=float, default=5.0, help="unmeasured time first (compiles, first renders)")
-    p.add_argument("--width", type=int, default=1280, help="the client's viewport")
-    p.add_argument("--height", type=int, default=720)
-    p.add_argument("--port", type=int, default=0, help="0: any free port")
-    p.add_argument("--arch", default=None)
-    args = p.parse_args(argv)
-    arch = tinn.init(args.arch)
+def measure(task: Task, args, arch: str) -> dict:
+    """The four conditions for one task, one after the other on the same source (training goes on throughout)."""
     from tinn.viewer import Viewer
 
-    result = {"arch": arch, "batch": args.batch, "tiles": args.tiles, "size": args.size,
-              "viewport": [args.width, args.height]}
-    source = build(args)
-    result["no_viewer"] = plain_rate(source, args.seconds)
-    viewer = Viewer(source, out_dir="out/web_viewer_cost", backend="web", web={"port": args.port},
-                    log=lambda *a: None)
+    result = {"task": task.name, "arch": arch, **task.describe, "viewport": [args.width, args.height]}
+    task.source.render()  # the render kernels compile here, not in a measured condition
+    result["no_viewer"] = plain_rate(task.source, args.seconds)
+    viewer = Viewer(task.source, out_dir=os.path.join(args.out, task.name, "viewer"), backend="web",
+                    web={"port": args.port}, title=task.title, log=lambda *a: None)
+    web = viewer.frontend
     try:
         result["served_no_client"] = viewer_rate(viewer, args.seconds, args.warmup)
-        viewer.controller.quit_requested = False
-        with HeadlessClient(viewer.frontend.url, args.width, args.height) as client:
-            result["resting_client"] = viewer_rate(viewer, args.seconds, args.warmup)
-            result["resting_client_frames"] = viewer.frontend.frames_sent
-            result["resting_client_mbytes"] = round(client.bytes_received / 2**20, 2)
-        viewer.controller.quit_requested = False
-        with HeadlessClient(viewer.frontend.url, args.width, args.height, move_every_s=1 / 30) as client:
-            result["moving_client"] = viewer_rate(viewer, args.seconds, args.warmup)
-        result["refused_messages"] = viewer.frontend.refused
+        for condition, move_every_s in (("resting_client", None), ("moving_client", 1 / 30)):
+            sent = web.frames_sent
+            with HeadlessClient(web.url, task.camera, args.width, args.height, move_every_s) as client:
+                result[condition] = viewer_rate(viewer, args.seconds, args.warmup)
+            result[f"{condition}_frames_sent"] = web.frames_sent - sent
+            result[f"{condition}_frames_received"] = client.frames
+            result[f"{condition}_mbytes"] = round(client.bytes_received / 2**20, 2)
+        result["refused_messages"] = web.refused
     finally:
-        viewer.frontend.close()
+        web.close()
     base = result["no_viewer"]
-    for key in ("served_no_client", "resting_client", "moving_client"):
+    for key in CONDITIONS[1:]:
         result[f"{key}_vs_no_viewer"] = round(result[key] / base, 3)
-    for key in ("no_viewer", "served_no_client", "resting_client", "moving_client"):
-        result[key] = round(result[key], 1)
-    print(json.dumps(result, indent=1))
+    for key in CONDITIONS:
+        result[key] = round(result[key], 2)
     return result
+
+
+def print_results(results: dict) -> None:
+    """The table: one row per task and condition, steps/s and the ratio to the same task without a viewer."""
+    from benchmarks.common import print_table
+
+    rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0)}
+            for name, r in results.items() for c in CONDITIONS]
+    print_table(rows, [("task", "task", "s"), ("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
+                       ("vs_no_viewer", "x no viewer", ".3f")])
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="image",
+                   help="comma list of tasks, measured one after the other: " + ", ".join(TASKS))
+    p.add_argument("--config", default=CONFIG, help="image: the network config")
+    p.add_argument("--size", type=int, default=None, help="image: side of the image in pixels (256)")
+    p.add_argument("--tiles", type=int, default=1, help="image: tiles per side, one network each")
+    p.add_argument("--batch", type=int, default=None, help="image: samples per step (2^18)")
+    p.add_argument("--demo-args", default="", help="kilonerf, octree: options for the demo (its sizes: --res, "
+                   "--samples, --grid, --batch, ...), quoted as one string")
+    p.add_argument("--phase", default="finetune", choices=["teacher", "distill", "finetune"],
+                   help="kilonerf: the phase measured")
+    p.add_argument("--prep-steps", type=int, default=None,
+                   help="kilonerf: steps of each phase before the measured one (500)")
+    p.add_argument("--seconds", type=float, default=None, help="measured time per condition (15)")
+    p.add_argument("--warmup", type=float, default=None, help="unmeasured time first (compiles, first renders; 5)")
+    p.add_argument("--width", type=int, default=None, help="the client's viewport (1280 x 720)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--out", default="out/web_viewer_cost", help="the viewer's and demos' output folder")
+    p.add_argument("--quick", action="store_true", help="toy sizes and half-second conditions: checks the tool")
+    p.add_argument("--json", default=None, help="write {'tasks': {task: result}} here")
+    p.add_argument("--arch", default=None)
+    args = p.parse_args(argv)
+    tasks = [t.strip() for t in args.task.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        p.error(f"--task {args.task!r}: allowed: a comma list of {', '.join(TASKS)}")
+    args.tasks = tasks
+    defaults = {"batch": 1 << 18, "size": 256, "seconds": 15.0, "warmup": 5.0, "width": 1280, "height": 720,
+                "prep_steps": 500}
+    for key, value in (QUICK if args.quick else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.prep_steps < 0:
+        p.error(f"--prep-steps must be >= 0, got {args.prep_steps}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    arch = tinn.init(args.arch)
+    import torch
+
+    results = {}
+    for name in args.tasks:
+        threads = torch.get_num_threads()
+        if arch == "cpu" and name != "image":
+            # As the scene demos run on a CPU: Taichi's kernels bring their own threads (see demos/kilonerf.py).
+            torch.set_num_threads(1)
+        try:
+            results[name] = measure(build_task(name, args, arch), args, arch)
+        finally:
+            torch.set_num_threads(threads)
+        print(json.dumps(results[name], indent=1))
+    print()
+    print_results(results)
+    out = {"arch": arch, "tasks": results}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,16 +1,22 @@
 """Sample routing between ranks: each sample travels to the rank that owns its network and back.
 
-A forward exchange starts with a small header (every rank sends every rank: its sample count, a
-flag and a call number; one all_to_all_single), then one payload all_to_all_single carrying the
-inputs with the local ids bit-cast into one extra float32 column. The results come back with the
-inverse exchange (split sizes swapped) and are put back in the caller's sample order.
+A forward buckets the caller's samples by (chunk, owner) on the device (tinn/distributed/buckets.py),
+then exchanges a small header: every rank sends every rank its sample count per chunk, the flags and a
+call number (one all_to_all_single of int64). Reading it is the step's one host synchronisation: the
+owner's local part sizes its buffers and kernel launches by the count it receives, and torch's
+all_to_all_single takes split sizes from the host. Everything after runs without the host waiting:
+one payload all_to_all per chunk carries the inputs with the local ids bit-cast into one extra float32
+column, issued asynchronously (the NCCL stream runs it while the compute stream works on the previous
+chunk); the results come back with the inverse exchange and are gathered into the caller's order.
+The backward reuses the forward's split sizes: dy out, dx back only when some rank announced at the
+forward that it wants dx, and no header.
 
 NCCL needs the tensors on the GPU and gloo on the CPU; with tinn on CUDA and NCCL both are the
 same tensors, so nothing is copied.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,25 +29,29 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def exchange_header(values: list[int], per_rank_counts: torch.Tensor, device, group, what: str) -> torch.Tensor:
-    """Send (count for rank j, *values) to every rank j; returns the (world, 1 + len(values)) int64 rows received
-    (row i: what rank i sent here)."""
-    world = per_rank_counts.shape[0]
-    header = torch.empty(world, 1 + len(values), dtype=torch.int64, device=device)
-    header[:, 0] = _to(per_rank_counts, device)
+def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str
+                    ) -> tuple[list[list[int]], torch.Tensor]:
+    """Send (count for rank j per chunk, *values) to every rank j; `counts` (chunks, world) on any device.
+    Returns (sent counts [chunk][rank], the (world, chunks + len(values)) int64 rows received; row i: what
+    rank i sent here), both on the host, read in one synchronisation."""
+    chunks, world = counts.shape
+    header = torch.empty(world, chunks + len(values), dtype=torch.int64, device=device)
+    header[:, :chunks] = _to(counts, device).t()
     for k, v in enumerate(values):
-        header[:, 1 + k] = int(v)
+        header[:, chunks + k] = int(v)
     received = torch.empty_like(header)
     with collective(what, group):
         dist.all_to_all_single(received, header, group=group)
-    return received.cpu()
+        both = torch.stack([header, received]).cpu()
+    return both[0, :, :chunks].t().tolist(), both[1]
 
 
-def check_agreement(received: torch.Tensor, mine: list[int], names: list[str], rank: int, what: str) -> None:
-    """Every rank must have sent the same flags and call number as this one; else all ranks raise alike
+def check_agreement(received: torch.Tensor, mine: list[int], names: list[str], rank: int, what: str,
+                    first: int = 1) -> None:
+    """Every rank must have sent the same values as this one (columns `first`...); else all ranks raise alike
     (each sees every other rank's values)."""
     for k, name in enumerate(names):
-        column = received[:, 1 + k].tolist()
+        column = received[:, first + k].tolist()
         if any(v != mine[k] for v in column):
             raise DistributedError(f"rank {rank}: ranks disagree in {what}: {name} per rank = {column}; every rank "
                                    "must make the same calls in the same order (a forward with gradients on every "
@@ -49,43 +59,62 @@ def check_agreement(received: torch.Tensor, mine: list[int], names: list[str], r
 
 
 @dataclass
-class Route:
-    """How one batch was routed: `order` sorts the caller's samples by owner rank; counts per rank."""
-    order: torch.Tensor        # (batch,) int64
-    send: list[int]            # samples this rank sends to each rank
-    recv: list[int]            # samples this rank receives from each rank (it owns their networks)
+class Plan:
+    """How one batch was routed. Caller side: `perm` / `dest` (buckets.Packing) map between the caller's
+    order and bucket order; `send[c][j]` samples of chunk c go to rank j. Owner side: `recv[c][j]` samples of
+    chunk c come from rank j."""
+    perm: torch.Tensor
+    dest: torch.Tensor
+    send: list[list[int]]
+    recv: list[list[int]]
+    any_dx: bool = False
+    any_grads: bool = True
+    starts: list[int] = field(default_factory=list)  # first bucket-order row of each chunk (caller side)
+
+    def __post_init__(self):
+        self.starts = [0]
+        for row in self.send:
+            self.starts.append(self.starts[-1] + sum(row))
 
     @property
-    def n_local(self) -> int:
-        return sum(self.recv)
+    def chunks(self) -> int:
+        return len(self.send)
+
+    def n_local(self, chunk: int) -> int:
+        return sum(self.recv[chunk])
+
+    def caller_rows(self, chunk: int) -> slice:
+        return slice(self.starts[chunk], self.starts[chunk + 1])
 
 
-def exchange(rows: torch.Tensor, send: list[int], recv: list[int], device, group, what: str) -> torch.Tensor:
-    """all_to_all of (n, dims) float32 rows: send[j] rows (in order) to rank j; returns the rows received."""
+class Pending:
+    """An all_to_all in flight; `result()` waits for it (on CUDA the stream waits, the host does not) and
+    returns the received rows on `out_device` (in `target` when the caller gave one)."""
+
+    def __init__(self, work, out: torch.Tensor, out_device, what: str, group, target: torch.Tensor | None = None):
+        self.work, self.out, self.out_device, self.what, self.group = work, out, out_device, what, group
+        self.target = target
+
+    def result(self) -> torch.Tensor:
+        if self.work is not None:
+            with collective(self.what, self.group):
+                self.work.wait()
+            self.work = None
+        if self.target is not None and self.target is not self.out:
+            self.target.copy_(self.out)
+            return self.target
+        return _to(self.out, self.out_device)
+
+
+def start_exchange(rows: torch.Tensor, send: list[int], recv: list[int], device, group, what: str,
+                   out: torch.Tensor | None = None) -> Pending:
+    """Start an all_to_all of (n, dims) float32 rows: send[j] rows (in order) to rank j; rank i's recv[i] rows
+    arrive, in `out` when given (a contiguous (sum(recv), dims) tensor)."""
     dims = rows.shape[1]
-    out = torch.empty(sum(recv), dims, dtype=rows.dtype, device=device)
+    out_device = out.device if out is not None else rows.device
+    buf = out if out is not None and out.device == device else \
+        torch.empty(sum(recv), dims, dtype=rows.dtype, device=device)
     with collective(what, group):
-        dist.all_to_all_single(out, _to(rows.contiguous(), device), output_split_sizes=list(recv),
-                               input_split_sizes=list(send), group=group)
-    return out
-
-
-def to_owners(x: torch.Tensor, local_ids: torch.Tensor, route: Route, device, out_device, group):
-    """Inputs and local ids of the samples this rank owns, as received: (x (n, dims), ids int32 (n,))."""
-    sorted_x = x[route.order]
-    packed = torch.cat([sorted_x, local_ids[route.order].view(torch.float32)[:, None]], 1)
-    got = _to(exchange(packed, route.send, route.recv, device, group, "the forward exchange of inputs"), out_device)
-    return got[:, :-1].contiguous(), got[:, -1].contiguous().view(torch.int32)
-
-
-def back_to_callers(rows: torch.Tensor, route: Route, device, out_device, group, what: str) -> torch.Tensor:
-    """The inverse exchange: rows computed for received samples return to their ranks, in the callers' order."""
-    got = _to(exchange(rows, route.recv, route.send, device, group, what), out_device)
-    out = torch.empty_like(got)
-    out[route.order] = got
-    return out
-
-
-def to_owners_rows(rows: torch.Tensor, route: Route, device, out_device, group, what: str) -> torch.Tensor:
-    """Per-sample rows (e.g. dy) of the caller's samples, sent to the owners in the forward's routing."""
-    return _to(exchange(rows[route.order], route.send, route.recv, device, group, what), out_device)
+        work = dist.all_to_all_single(buf, _to(rows.contiguous(), device), output_split_sizes=list(recv),
+                                      input_split_sizes=list(send), group=group, async_op=True)
+    return Pending(work, buf, out_device, what, group, target=out)

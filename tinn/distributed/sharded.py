@@ -8,8 +8,12 @@ builds the local part for n networks. A forward routes each sample to its owner 
 exchange.py), runs the local part's contract on local ids, and returns outputs in the caller's order;
 backward sends dy to the owners and dx back. Every rank calls forward and backward with its own batch
 (data parallel over samples, model parallel over networks), so every rank must make the same calls:
-a header exchanged with each forward and backward carries the flags and a call number, and ranks
-that disagree all raise a DistributedError instead of deadlocking.
+a header exchanged with each forward carries the counts, the flags (gradients enabled; dx and table
+gradients wanted by the backward) and a call number counting forwards and backwards, and ranks that
+disagree all raise a DistributedError instead of deadlocking. That header is the one host
+synchronisation of a training step (tinn/distributed/exchange.py says why); the backward has none.
+With `chunks` > 1 each rank's batch is exchanged and computed in pieces, the exchange of one piece
+overlapping the computation of the previous one.
 
 Gradients follow torch's DistributedDataParallel: the gradient of a table is the mean over ranks of
 each rank's loss gradient (`gradients="mean"`; "sum" for losses that already sum over ranks). With
@@ -28,9 +32,11 @@ import torch
 
 from .. import runtime
 from ..errors import ConfigError
-from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, run
+from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
+from . import buckets as B
 from . import exchange as X
 from .ownership import Ownership
+from .profile import mark
 from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
 
 GRADIENT_MODES = ("mean", "sum")
@@ -48,20 +54,40 @@ def _replicated_by_default(part: Part) -> set[int]:
     return out
 
 
+class _Reduction:
+    """All-reduces of gradients in flight (issued asynchronously, so the work enqueued after them overlaps);
+    `result()` waits (on CUDA: the stream waits, not the host), scales and returns the gradients."""
+
+    def __init__(self, grads, scale: float, device, group, what: str):
+        self.scale, self.what, self.group = scale, what, group
+        self.items = []
+        with collective(what, group):
+            for g in grads:
+                if g is None:
+                    self.items.append((None, None, None))
+                    continue
+                buf = g if g.device == device else g.to(device)
+                work = torch.distributed.all_reduce(buf, group=group, async_op=True)
+                self.items.append((work, buf, g))
+
+    def result(self) -> tuple:
+        out = []
+        with collective(self.what, self.group):
+            for work, buf, g in self.items:
+                if work is None:
+                    out.append(None)
+                    continue
+                work.wait()
+                if self.scale != 1.0:
+                    buf *= self.scale
+                out.append(buf if buf.device == g.device else g.copy_(buf))
+        self.items = []
+        return tuple(out)
+
+
 def _all_reduce_grads(grads, scale: float, device, group, what: str):
     """Sum every rank's gradient (then scale), in place where the tensor lives on the collective device."""
-    out = []
-    with collective(what, group):
-        for g in grads:
-            if g is None:
-                out.append(None)
-                continue
-            buf = g if g.device == device else g.to(device)
-            torch.distributed.all_reduce(buf, group=group)
-            if scale != 1.0:
-                buf *= scale
-            out.append(buf if buf.device == g.device else buf.to(g.device))
-    return tuple(out)
+    return _Reduction(grads, scale, device, group, what).result()
 
 
 class _Collective(Part):
@@ -70,6 +96,8 @@ class _Collective(Part):
     gradient), and the call number that catches ranks out of step."""
 
     collective_calls = True  # every rank must make every call (renderers call even with no samples)
+    #: A PhaseTimer (tinn/distributed/profile.py) that the part marks its phases on, None for no profiling.
+    profiler = None
 
     def _init_group(self, group, gradients: str):
         # The caller's group as given: None (the world) is looked up at each use rather than held, so a part still
@@ -95,11 +123,16 @@ class _Collective(Part):
     def run_checked(self, x, ids):
         return run(self, x, ids, _CollectiveFunction)
 
+    def forward_for_autograd(self, x, ids, need_dx: bool, need_grads: bool):
+        """The training forward of an autograd call, which knows which gradients its backward will want."""
+        return self.forward_ctx(x, ids, train=True)
+
 
 class _CollectiveFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, part, x, ids, *tables):
-        y, pctx = part.forward_ctx(x.detach(), ids, train=True)
+        y, pctx = part.forward_for_autograd(x.detach(), ids, need_dx=ctx.needs_input_grad[1],
+                                            need_grads=any(ctx.needs_input_grad[3:]))
         ctx.part, ctx.pctx = part, pctx
         ctx.x_shape = x.shape
         ctx.set_materialize_grads(False)
@@ -129,17 +162,27 @@ class ShardedPart(_Collective):
     while it is drawn); "local" keeps the local part's own draw (use it for models larger than a host).
     replicated: names of local parameters every rank holds a copy of (added to the shared encodings
     found by default). config: the JSON config the model was built from, compared across ranks.
+    chunks: pieces each rank's batch is exchanged and computed in (default 1): with more, the exchange of
+    one chunk runs on the communication stream while the local part computes the previous one; the
+    backward then adds each chunk's table gradients (a pass over the tables per extra chunk), so it pays
+    for small tables (MLPs), rarely for big grids. Every rank must pass the same value.
+    exchange_kernels: how the per-sample passes of the exchange run: "auto" (Triton kernels on CUDA, torch
+    ops elsewhere), "triton" or "torch".
     """
 
     input_layouts = (SAMPLE_MAJOR,)
     output_layouts = (SAMPLE_MAJOR,)
 
     def __init__(self, part_factory, n_networks: int, group=None, *, assignment=None, init: str = "global",
-                 gradients: str = "mean", replicated=(), config: dict | None = None):
+                 gradients: str = "mean", replicated=(), config: dict | None = None, chunks: int = 1,
+                 exchange_kernels: str = "auto"):
         runtime.ensure_init()
         n_networks = int(n_networks)
         if init not in INIT_MODES:
             raise ConfigError(f"init={init!r} is not supported; allowed: {list(INIT_MODES)}")
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ConfigError(f"chunks={chunks!r} must be a positive integer (1: no pipelining)")
+        self_kernels = B.check_kernels(exchange_kernels)
         world = world_size(group)
         own_rank = rank(group)
         ownership = (Ownership.contiguous(n_networks, world) if assignment is None
@@ -158,6 +201,8 @@ class ShardedPart(_Collective):
         self.owned = owned
         self.init_mode = init
         self.config = config or {}
+        self.chunks = chunks
+        self.exchange_kernels = self_kernels
         owner, local_ids = ownership.tables(runtime.device())
         self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
         names = dict((id(p), n) for n, p in local.named_parameters())
@@ -197,7 +242,9 @@ class ShardedPart(_Collective):
                 "replicated": [n for n, _ in local.named_parameters() if n not in self.sharded_names]}
 
     def _check_same_everywhere(self) -> None:
-        mine = self.description()
+        # The chunk count shapes every rank's header: compared here, not stored with checkpoints (it is no
+        # property of the trained model).
+        mine = dict(self.description(), chunks=self.chunks)
         digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()
         everyone = all_gather_objects((digest, mine), "the configuration check at construction", self.group)
         differ = [r for r, (d, _) in enumerate(everyone) if d != digest]
@@ -222,73 +269,121 @@ class ShardedPart(_Collective):
         """Bytes of this rank's tables."""
         return self.local.memory_bytes()
 
-    def _route(self, ids: torch.Tensor, values: list[int], names: list[str], what: str):
-        owner = self._owner[ids.long()].long() if ids.shape[0] else torch.zeros(0, dtype=torch.long, device=ids.device)
-        order = torch.argsort(owner, stable=True)
-        counts = torch.bincount(owner, minlength=self.world_size)
-        received = X.exchange_header(values, counts, self.collective_device, self.group, what)
-        X.check_agreement(received, values, names, self.rank, what)
-        route = X.Route(order, counts.tolist(), received[:, 0].tolist())
-        return route
+    def forward_for_autograd(self, x, ids, need_dx: bool, need_grads: bool):
+        return self.forward_ctx(x, ids, train=True, need_dx=need_dx, need_grads=need_grads)
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR, need_dx: bool = False,
+                    need_grads: bool = True):
+        """The contract's forward. need_dx / need_grads (training forwards): whether this rank's backward will
+        ask for dx / table gradients. Every rank announces both in the forward's header, so the backward
+        needs no header (and no host synchronisation); a backward asking for dx that no rank announced
+        raises a ConfigError (autograd calls announce what autograd will ask for)."""
         call = self._next_call()
-        route = self._route(ids, [int(train), call], ["gradients enabled", "call number"], "the forward header")
         dev = runtime.device()
-        x_here, ids_here = X.to_owners(x, self._local_ids[ids.long()], route, self.collective_device, dev, self.group)
-        if route.n_local:
-            y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
-        else:  # no sample for this rank's networks this time
-            y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
-        y = X.back_to_callers(y_here, route, self.collective_device, dev, self.group, "the forward exchange of outputs")
-        return y, (Context(route=route, local=lctx, batch=x.shape[0]) if train else None)
+        mark(self, "other")
+        packing = B.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks, self.exchange_kernels)
+        mark(self, "exchange")
+        values = [int(train), call, int(train and need_dx), int(train and need_grads)]
+        sent, received = X.exchange_header(values, packing.counts, self.collective_device, self.group,
+                                           "the forward header")
+        mark(self, "idle")
+        chunks = self.chunks
+        X.check_agreement(received, values[:2], ["gradients enabled", "call number"], self.rank,
+                          "the forward header", first=chunks)
+        recv = received[:, :chunks].t().tolist()
+        plan = X.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 2].max()),
+                      any_grads=bool(received[:, chunks + 3].max()))
+        # Every chunk's inputs are sent at once: the communication stream works through them while the
+        # compute stream runs the chunks that already arrived.
+        incoming = [X.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
+                                     self.group, "the forward exchange of inputs") for c in range(chunks)]
+        back = torch.empty(x.shape[0], self.n_output_dims, device=dev)
+        returning, local_ctx = [], []
+        for c in range(chunks):
+            x_here, ids_here = B.unpack(incoming[c].result(), self.exchange_kernels)
+            mark(self, "exchange")
+            if plan.n_local(c):
+                y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
+            else:  # no sample for this rank's networks in this chunk
+                y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
+            mark(self, "compute")
+            local_ctx.append(lctx)
+            returning.append(X.start_exchange(y_here, recv[c], sent[c], self.collective_device, self.group,
+                                              "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
+            del x_here, ids_here
+        for pending in returning:
+            pending.result()
+        y = B.gather_rows(back, packing.dest, 1.0, self.exchange_kernels)
+        mark(self, "exchange")
+        return y, (Context(plan=plan, local=local_ctx, batch=x.shape[0]) if train else None)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        call = self._next_call()
+        # Counted, not exchanged: a rank that skipped a backward is caught by the next forward's header.
+        self._next_call()
         dev = runtime.device()
-        route = ctx.route
-        counts = torch.tensor(route.send, dtype=torch.int64)
-        # The header also tells every owner whether any rank wants dx (then every rank's dx travels back).
-        received = X.exchange_header([call, int(need_dx), int(need_grads)], counts, self.collective_device,
-                                     self.group, "the backward header")
-        X.check_agreement(received, [call], ["call number"], self.rank, "the backward header")
-        any_dx, any_grads = bool(received[:, 2].max()), bool(received[:, 3].max())
-        dy_here = X.to_owners_rows(dy, route, self.collective_device, dev, self.group, "the backward exchange of dy")
+        plan = ctx.plan
+        mark(self, "other")
         mean = self.gradients == "mean" and self.world_size > 1
-        if mean:
-            # The mean over ranks, applied to the received dy (a few values per sample) instead of the
-            # gradient tables (every parameter): gradients are linear in dy. dx is each caller's own and
-            # gets the factor back.
-            dy_here = dy_here * (1.0 / self.world_size)
+        # The mean over ranks, applied to dy (a few values per sample, in the gather that puts it in bucket
+        # order) instead of the gradient tables (every parameter): gradients are linear in dy. dx is each
+        # caller's own and gets the factor back in the gather that returns it.
+        dy_out = B.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels)
+        incoming = [X.start_exchange(dy_out[plan.caller_rows(c)], plan.send[c], plan.recv[c], self.collective_device,
+                                     self.group, "the backward exchange of dy") for c in range(plan.chunks)]
+        mark(self, "exchange")
         tables = self.local.tables()
-        if route.n_local:
-            dx_here, grads = self.local.backward(ctx.local, dy_here, need_dx=any_dx, need_grads=any_grads)
-        else:
-            dx_here, grads = None, (None,) * len(tables)
-        if any_dx and dx_here is None:
-            dx_here = torch.zeros(0, self.n_input_dims, device=dev)
-        elif any_dx and mean:
-            dx_here = dx_here * self.world_size
-        grads = self._reduce(tables, grads, any_grads)
+        any_dx, any_grads = plan.any_dx, plan.any_grads
+        dx_back = torch.empty(ctx.batch, self.n_input_dims, device=dev) if any_dx else None
+        returning, grads = [], (None,) * len(tables)
+        for c in range(plan.chunks):
+            dy_here = incoming[c].result()
+            mark(self, "exchange")
+            if plan.n_local(c):
+                dx_here, chunk_grads = self.local.backward(ctx.local[c], dy_here, need_dx=any_dx,
+                                                           need_grads=any_grads)
+                grads = tuple(accumulate(a, g) for a, g in zip(grads, chunk_grads))
+            else:
+                dx_here = None
+            mark(self, "compute")
+            if any_dx:
+                if dx_here is None:
+                    dx_here = torch.zeros(0, self.n_input_dims, device=dev)
+                returning.append(X.start_exchange(dx_here, plan.recv[c], plan.send[c], self.collective_device,
+                                                  self.group, "the backward exchange of dx",
+                                                  out=dx_back[plan.caller_rows(c)]))
+        reduction = self._start_reduce(tables, grads, any_grads)
         dx = None
         if any_dx:
-            dx = X.back_to_callers(dx_here, route, self.collective_device, dev, self.group, "the backward exchange of dx")
+            for pending in returning:
+                pending.result()
+            dx = B.gather_rows(dx_back, plan.dest, float(self.world_size) if mean else 1.0, self.exchange_kernels)
+            mark(self, "exchange")
+        grads = reduction()
+        mark(self, "reduce")
+        if need_dx and not any_dx:
+            # Raised after this rank took its part in every collective of the backward, so no rank hangs.
+            raise ConfigError(f"rank {self.rank}: ShardedPart.backward was asked for dx, but no rank announced "
+                              "it at the forward; call forward_ctx(x, ids, train=True, need_dx=True) (autograd "
+                              "calls announce it from x.requires_grad)")
         return (dx if need_dx else None), grads
 
-    def _reduce(self, tables, grads, any_grads):
+    def _start_reduce(self, tables, grads, any_grads):
         """Owned tables: as computed (dy carries the mean's scale); replicated ones: summed over ranks
-        (every rank, same order)."""
+        (every rank, same order), the all-reduces issued now and awaited by the returned function."""
         grads = list(grads)
         for i, (t, g) in enumerate(zip(tables, grads)):
             wanted = any_grads and t is not None and t.requires_grad
             if wanted and g is None:  # a rank without samples: a zero gradient, as the unsharded array gives
                 grads[i] = g = torch.zeros_like(t)
         shared = [i for i, s in enumerate(self._replicated) if s and grads[i] is not None]
-        reduced = _all_reduce_grads([grads[i] for i in shared], 1.0, self.collective_device, self.group,
-                                    "the all-reduce of replicated gradients")
-        for i, g in zip(shared, reduced):
-            grads[i] = g
-        return tuple(grads)
+        pending = _Reduction([grads[i] for i in shared], 1.0, self.collective_device, self.group,
+                             "the all-reduce of replicated gradients")
+
+        def finish():
+            for i, g in zip(shared, pending.result()):
+                grads[i] = g
+            return tuple(grads)
+        return finish
 
 
 class Replicated(_Collective):
@@ -321,17 +416,21 @@ class Replicated(_Collective):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         tables = self.inner.tables()
+        mark(self, "other")
         if dy.shape[0]:
             dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
         else:
             dx, grads = (torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None), (None,) * len(tables)
+        mark(self, "compute")
         if not need_grads:
             return dx, grads
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
         scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
-        return dx, _all_reduce_grads(grads, scale, self.collective_device, self.group,
-                                     "the all-reduce of replicated gradients")
+        reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
+                                    "the all-reduce of replicated gradients")
+        mark(self, "reduce")
+        return dx, reduced
 
 
 # ---- initial values of the unsharded array -------------------------------------------------------

@@ -1,7 +1,7 @@
 """The tensor-core path of an MLP array: Triton kernels on CUDA (`tinn/kernels/tensor_cores/`).
 
-Routing is the fused kernels' (one sort; forward tiles of one network's samples, and longer chunks for the
-backward, whose programs add a chunk's weight gradients once). The kernels read the array's float32 parameters
+Routing: one sort, then forward tiles of one network's samples and longer chunks for the backward (whose
+programs add a chunk's weight gradients once), each list built by one kernel (tinn/kernels/tensor_cores/tiles.py). The kernels read the array's float32 parameters
 through a copy packed per call in the compute precision (transposed, padded to the tensor cores' shapes), and
 write float32 outputs, input gradients and weight gradients in tinn's layouts, so the rest of tinn (grids,
 losses, optimizers, checkpoints) sees the same tensors as on every other path. tcnn's constant input columns
@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ..routing import route_fused
+from ..routing import sorted_bounds
 
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
 # batch still spreads over every SM.
@@ -60,9 +60,11 @@ class TensorCorePath:
         self.kernels = _kernels()
 
     def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
+        from ..kernels.tensor_cores import tiles
         tile = self.kernels.default_block_m(device)
         sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
-        return route_fused(ids, self.n_networks, sizes)
+        order, bounds = sorted_bounds(ids, self.n_networks)
+        return tiles.tile_lists(order, bounds, ids.shape[0], sizes, interpreted())
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool) -> torch.Tensor:
         packed = self.kernels.pack_weights(params, self.shape, self.precision)

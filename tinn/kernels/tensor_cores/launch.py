@@ -59,16 +59,41 @@ def _check(shape: MLPShape, precision: str) -> None:
 def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str, pad_output_to_hidden: bool = True
                  ) -> Packed:
     """tinn's (N, P) float32 parameters as the kernels' packed weights: each layer transposed, zero-padded to its
-    blocks, in the precision's compute dtype (one zeros and one copy per layer). `pad_output_to_hidden`: the
-    last layer's output block at least as wide as the hidden one (geometry.py says why)."""
+    blocks, in the precision's compute dtype. One gather kernel (mlp.pack_kernel) through a per-shape index map,
+    which also writes the padding's zeros. `pad_output_to_hidden`: the last layer's output block at least as
+    wide as the hidden one (geometry.py says why)."""
     _check(shape, precision)
     g = Geometry.of(shape, pad_output_to_hidden)
     n = params.shape[0]
-    packed = torch.zeros(n, g.packed_size, dtype=COMPUTE_DTYPES[precision], device=params.device)
-    for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks, g.packed_offsets):
-        dst = packed[:, w_off:w_off + kin * kout].view(n, kin, kout)[:, :fan_in, :fan_out]
-        dst.copy_(params[:, p_off:p_off + fan_out * fan_in].view(n, fan_out, fan_in).transpose(1, 2))
+    packed = torch.empty(n, g.packed_size, dtype=COMPUTE_DTYPES[precision], device=params.device)
+    if n and g.packed_size:
+        source = _pack_sources(g, params.device)
+        block = 1024
+        mlp.pack_kernel[(n, triton.cdiv(g.packed_size, block))](
+            params, params.stride(0), params.stride(1), source, packed, packed.stride(0), g.packed_size,
+            CDT=_TRITON_DTYPES[packed.dtype], INTERPRETED_BF16=_interpreting() and precision == "bfloat16",
+            BLOCK=block)
     return Packed(packed, g, precision, params.shape[1])
+
+
+_PACK_SOURCES: dict[tuple[Geometry, torch.device], torch.Tensor] = {}
+
+
+def _pack_sources(g: Geometry, device: torch.device) -> torch.Tensor:
+    """int32 (packed_size,): for each packed element, its column in tinn's parameter row, or -1 for padding.
+    Made once per (geometry, device) and kept: a few shapes per process, each a few thousand entries."""
+    key = (g, device)
+    source = _PACK_SOURCES.get(key)
+    if source is None:
+        index = torch.full((g.packed_size,), -1, dtype=torch.int32)
+        for (fan_out, fan_in), p_off, (kin, kout), w_off in zip(g.fans, g.param_offsets, g.blocks,
+                                                               g.packed_offsets):
+            block = index[w_off:w_off + kin * kout].view(kin, kout)
+            i = torch.arange(fan_in, dtype=torch.int32)[:, None]
+            o = torch.arange(fan_out, dtype=torch.int32)[None, :]
+            block[:fan_in, :fan_out] = p_off + o * fan_in + i      # packed [i, o] = W[o, i]
+        source = _PACK_SOURCES[key] = index.to(device)
+    return source
 
 
 class LaunchOptions(NamedTuple):
@@ -77,23 +102,41 @@ class LaunchOptions(NamedTuple):
     num_stages: int   # Triton's software pipelining depth of the block loops (shared memory grows with it)
 
 
-def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None
-                   ) -> LaunchOptions:
-    """Block size, warps and pipelining depth of a shape, chosen by the registers and spills that ptxas reports
-    for sm_90 (benchmarks/tools/tensor_core_compile.py): 128 samples a block for layers up to 64 wide, 64 for
-    128-wide ones (32 for exact float32, whose dots are FMA loops), eight warps; two pipeline stages for 16-bit
-    operands, one for float32 operands (with two, ptxas spills heavily). 16 samples under the CPU interpreter."""
+#: The kernels `launch_options` chooses for: a forward that saves nothing, one that saves the pre-activations
+#: for the backward, a backward to the weights only, and one to the inputs too.
+KERNELS = ("inference", "forward", "backward", "backward_dx")
+
+# (samples a block, warps, pipeline stages) of each 16-bit kernel, for layers up to 64 wide and up to 128 wide:
+# each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; the design
+# notes give the numbers).
+_TUNED_16BIT = {
+    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (128, 8, 1), "backward_dx": (64, 4, 1)},
+    128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3)},
+}
+
+
+def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None,
+                   kernel: str = "forward") -> LaunchOptions:
+    """Block size, warps and pipelining depth of a shape and kernel (one of KERNELS). The general choice comes
+    from the registers and spills that ptxas reports for sm_90 (benchmarks/tools/tensor_core_compile.py): 128
+    samples a block for layers up to 64 wide, 64 for 128-wide ones (32 for exact float32, whose dots are FMA
+    loops), eight warps; two pipeline stages for 16-bit operands, one for float32 operands (with two, ptxas
+    spills heavily). 16-bit kernels take their measured options (`_TUNED_16BIT`). 16 samples under the CPU
+    interpreter; `block_m` overrides the block size."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}; allowed: {list(KERNELS)}")
     widest = max(geometry.k0, geometry.h, geometry.o)
-    interpreted = default_block_m(device) < 128
-    if block_m is None:
-        if interpreted:
-            block_m = default_block_m(device)
-        elif precision == "float32":
-            block_m = 64 if widest <= 64 else 32
-        else:
-            block_m = 128 if widest <= 64 else 64
-    num_stages = 1 if COMPUTE_DTYPES[precision] == torch.float32 else 2
-    return LaunchOptions(block_m, 8, num_stages)
+    sixteen_bit = COMPUTE_DTYPES[precision] != torch.float32
+    if default_block_m(device) < 128:   # Triton's CPU interpreter: small blocks, the options do not matter
+        return LaunchOptions(block_m or default_block_m(device), 8, 2 if sixteen_bit else 1)
+    if sixteen_bit:
+        bm, warps, stages = _TUNED_16BIT[64 if widest <= 64 else 128][kernel]
+        return LaunchOptions(block_m or bm, warps, stages)
+    if precision == "float32":
+        bm = 64 if widest <= 64 else 32
+    else:
+        bm = 128 if widest <= 64 else 64
+    return LaunchOptions(block_m or bm, 8, 2 if sixteen_bit else 1)
 
 
 def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
@@ -141,7 +184,7 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
     hidden = shape.n_layers - 1
     pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if save and hidden else None)
-    options = launch_options(g, packed.precision, dev, block_m)
+    options = launch_options(g, packed.precision, dev, block_m, "forward" if save else "inference")
     n_tiles = tiles.tile_net.shape[0]
     if batch and n_tiles:
         s_sample, s_feature = _feature_strides(x, x_feature_major)
@@ -228,5 +271,6 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         dp_arg, dparams.stride(0) if want_params else 0,
         scale,
         WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
-        **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m)))
+        **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m,
+                                                                            "backward_dx" if want_dx else "backward")))
     return dx, dparams

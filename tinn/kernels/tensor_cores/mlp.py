@@ -139,6 +139,18 @@ def _load_weight(w_ptr, OFFSET: tl.constexpr, KIN: tl.constexpr, KOUT: tl.conste
 
 
 @triton.jit
+def pack_kernel(p_ptr, s_p_net, s_p_col, source_ptr, out_ptr, s_out_net, size,
+                CDT: tl.constexpr, INTERPRETED_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """out[n, j] = params[n, source[j]] in the compute dtype, 0 where source[j] < 0 (the blocks' padding)."""
+    net = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = j < size
+    column = tl.load(source_ptr + j, mask=inside, other=-1)
+    v = tl.load(p_ptr + net * s_p_net + column * s_p_col, mask=column >= 0, other=0.0)
+    tl.store(out_ptr + net * s_out_net + j, _to_compute(v.to(tl.float32), CDT, INTERPRETED_BF16), mask=inside)
+
+
+@triton.jit
 def _forward_block(
     t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
     order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,

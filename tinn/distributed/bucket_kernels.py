@@ -1,0 +1,84 @@
+"""Triton kernels of the exchange's per-sample passes (imported only where they run: CUDA, or Triton's CPU
+interpreter in tests). tinn/distributed/buckets.py holds the torch version of the same functions, which
+is the reference and the path on the CPU.
+
+A *key* is `owner(id) + world * chunk(i)` with chunk(i) = (i * chunks) // batch: a stable counting sort by
+key puts the samples in (chunk, owner) order, so each chunk's samples for each rank are one contiguous run.
+
+    count_kernel:  per block of samples, how many fall in each key             -> block_counts (blocks, K)
+    pack_kernel:   each sample's position (block offset + rank inside its block among equal keys),
+                   its input row and local id written there; dest[i] = position, perm[position] = i
+    unpack_kernel: a received packed buffer split into inputs and int32 local ids
+    gather_kernel: out[i] = src[index[i]] * scale (the return to the caller's order; dy out, dx back)
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K: tl.constexpr):
+    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    owner = tl.load(owner_ptr + ids, mask=mask, other=0)
+    chunk = ((offs.to(tl.int64) * chunks) // n).to(tl.int32)
+    return ids, tl.where(mask, owner + world * chunk, K)  # K: out of every bucket
+
+
+@triton.jit
+def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    _, key = _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K)
+    for k in tl.static_range(K):
+        tl.store(counts_ptr + pid * K + k, tl.sum((key == k).to(tl.int32), axis=0))
+
+
+@triton.jit
+def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, dest_ptr, perm_ptr, n, chunks,
+                world, D, K: tl.constexpr, BLOCK: tl.constexpr, DP: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    ids, key = _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K)
+    pos = tl.zeros([BLOCK], dtype=tl.int64)
+    for k in tl.static_range(K):
+        hit = key == k
+        # Rank among this block's samples of key k, in sample order: the sort stays stable.
+        before = tl.cumsum(hit.to(tl.int32), axis=0) - 1
+        base = tl.load(offsets_ptr + pid * K + k).to(tl.int64)
+        pos = tl.where(hit, base + before, pos)
+    tl.store(dest_ptr + offs, pos.to(tl.int32), mask=mask)
+    tl.store(perm_ptr + pos, offs.to(tl.int32), mask=mask)
+    local = tl.load(local_ptr + ids, mask=mask, other=0)
+    cols = tl.arange(0, DP)
+    inside = mask[:, None] & (cols[None, :] < D)
+    rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=inside, other=0.0)
+    tl.store(send_ptr + pos[:, None] * (D + 1) + cols[None, :], rows, mask=inside)
+    tl.store(send_ptr + pos * (D + 1) + D, local.to(tl.float32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def unpack_kernel(recv_ptr, x_ptr, ids_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    cols = tl.arange(0, DP)
+    inside = mask[:, None] & (cols[None, :] < D)
+    rows = tl.load(recv_ptr + offs[:, None] * (D + 1) + cols[None, :], mask=inside, other=0.0)
+    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows, mask=inside)
+    local = tl.load(recv_ptr + offs * (D + 1) + D, mask=mask, other=0.0)
+    tl.store(ids_ptr + offs, local.to(tl.int32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    cols = tl.arange(0, DP)
+    inside = mask[:, None] & (cols[None, :] < D)
+    index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
+    rows = tl.load(src_ptr + index[:, None] * D + cols[None, :], mask=inside, other=0.0)
+    tl.store(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, mask=inside)

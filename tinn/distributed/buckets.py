@@ -1,0 +1,183 @@
+"""The exchange's per-sample work: samples bucketed by (chunk, owner) and packed, unpacked by the owner,
+and rows put back in the caller's order, each in one pass over the samples.
+
+    packing = bucket(x, ids, owner_table, local_table, world, chunks, kernels)
+    x_here, ids_here = unpack(received)                  # owner side
+    y = gather_rows(back, packing.dest)                  # caller side: outputs in the caller's order
+    dy_out = gather_rows(dy, packing.perm, 1 / world)    # caller side: dy in bucket order, scaled
+
+`bucket` is a stable counting sort computed on the device: no host synchronisation, counts stay on the
+device until the exchange's header needs them. Two implementations with the same results: Triton kernels
+(tinn/distributed/bucket_kernels.py; on CUDA, and under Triton's interpreter in tests) and torch ops (the
+CPU, and any device where Triton is missing). `kernels` chooses: "auto" (Triton on CUDA), "triton", "torch".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+
+KERNEL_CHOICES = ("auto", "triton", "torch")
+# Keys (world x chunks) the Triton kernels unroll over; more fall back to torch's sort.
+MAX_TRITON_KEYS = 32
+_BLOCK = 1024
+
+
+@dataclass
+class Packing:
+    """A batch bucketed by (chunk, owner): `send` rows in key order, each row the sample's inputs and its
+    local id bit-cast into one extra float32 column; `perm[p]` is the sample at position p, `dest[i]` the
+    position of sample i (int32); `counts` (chunks, world) int64 on the device: samples per chunk and owner."""
+    send: torch.Tensor
+    perm: torch.Tensor
+    dest: torch.Tensor
+    counts: torch.Tensor
+
+
+def check_kernels(kernels: str) -> str:
+    if kernels not in KERNEL_CHOICES:
+        raise ConfigError(f"exchange_kernels={kernels!r} is not supported; allowed: {list(KERNEL_CHOICES)}")
+    return kernels
+
+
+def _interpreting() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from . import bucket_kernels
+    return isinstance(bucket_kernels.pack_kernel, InterpretedFunction)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # an ImportError, or a broken install raising anything else
+        return False
+    return True
+
+
+def use_triton(kernels: str, device: torch.device, n_keys: int = 1) -> bool:
+    """Whether the Triton kernels run this exchange: on CUDA by default; anywhere Triton runs when asked
+    for (its interpreter on the CPU)."""
+    if kernels == "torch" or n_keys > MAX_TRITON_KEYS or not triton_available():
+        return False
+    if kernels == "triton":
+        return device.type == "cuda" or _interpreting()
+    return device.type == "cuda"
+
+
+def _block(device: torch.device, dims_block: int) -> int:
+    """Samples per program: up to _BLOCK, fewer for wide rows (a tile of BLOCK x dims values lives in
+    registers); 16 under Triton's interpreter (numpy: small blocks, quick tests)."""
+    if device.type != "cuda":
+        return 16
+    return max(64, min(_BLOCK, 8192 // dims_block))
+
+
+def _dims_block(d: int) -> int:
+    return max(2, 1 << (max(d, 1) - 1).bit_length())
+
+
+def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_table: torch.Tensor, world: int,
+           chunks: int = 1, kernels: str = "auto") -> Packing:
+    """Bucket the samples (x (batch, d) float32, ids (batch,) int32 global ids) by (chunk, owner rank);
+    owner_table / local_table: int32 per global id. Stable: inside a bucket samples keep their order."""
+    n, d = x.shape
+    dev = x.device
+    n_keys = world * chunks
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return Packing(torch.empty(0, d + 1, device=dev), empty, empty,
+                       torch.zeros(chunks, world, dtype=torch.int64, device=dev))
+    if use_triton(kernels, dev, n_keys):
+        return _bucket_triton(x, ids, owner_table, local_table, world, chunks)
+    return _bucket_torch(x, ids, owner_table, local_table, world, chunks)
+
+
+def _keys_torch(ids, owner_table, world, chunks):
+    key = owner_table.index_select(0, ids)
+    if chunks > 1:
+        n = ids.shape[0]
+        chunk = torch.div(torch.arange(n, device=ids.device, dtype=torch.int64) * chunks, n, rounding_mode="floor")
+        key = key + world * chunk.to(torch.int32)
+    return key
+
+
+def _bucket_torch(x, ids, owner_table, local_table, world, chunks):
+    n, d = x.shape
+    key = _keys_torch(ids, owner_table, world, chunks)
+    n_keys = world * chunks
+    narrow = torch.uint8 if n_keys < 255 else torch.int32  # a radix sort: one pass per key byte (and n_keys fits)
+    sorted_keys, perm = torch.sort(key.to(narrow), stable=True)
+    # Counts from the sorted keys (a binary search per bucket boundary): bincount on CUDA reads the largest key
+    # back to the host to size its output, a synchronisation.
+    bounds = torch.searchsorted(sorted_keys, torch.arange(n_keys + 1, device=x.device, dtype=narrow))
+    counts = (bounds[1:] - bounds[:-1]).view(chunks, world)
+    dest = torch.empty_like(perm)
+    dest.scatter_(0, perm, torch.arange(n, device=x.device, dtype=perm.dtype))
+    send = torch.empty(n, d + 1, device=x.device)
+    send[:, :d] = x.index_select(0, perm)
+    send[:, d] = local_table.index_select(0, ids.index_select(0, perm)).view(torch.float32)
+    return Packing(send, perm.to(torch.int32), dest.to(torch.int32), counts)
+
+
+def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
+    from . import bucket_kernels as K
+
+    n, d = x.shape
+    dev = x.device
+    n_keys = world * chunks
+    dims_block = _dims_block(d)
+    block = _block(dev, dims_block)
+    blocks = (n + block - 1) // block
+    block_counts = torch.empty(blocks, n_keys, dtype=torch.int32, device=dev)
+    ids = ids.contiguous()
+    K.count_kernel[(blocks,)](ids, owner_table, block_counts, n, chunks, world, K=n_keys, BLOCK=block)
+    # Where each block's run of each key starts: the key's start (all earlier keys' samples) plus the same key's
+    # samples in earlier blocks. A (blocks, keys) table: a few small torch ops, no pass over the samples.
+    totals = block_counts.sum(0, dtype=torch.int64)
+    key_start = torch.cumsum(totals, 0) - totals
+    offsets = torch.cumsum(block_counts, 0, dtype=torch.int64) - block_counts + key_start
+    send = torch.empty(n, d + 1, device=dev)
+    dest = torch.empty(n, dtype=torch.int32, device=dev)
+    perm = torch.empty(n, dtype=torch.int32, device=dev)
+    K.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send, dest, perm, n, chunks,
+                             world, d, K=n_keys, BLOCK=block, DP=dims_block)
+    return Packing(send, perm, dest, totals.view(chunks, world))
+
+
+def unpack(received: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """A received packed buffer (n, d + 1) as the owner's inputs (n, d) and int32 local ids (n,)."""
+    n, d1 = received.shape
+    d = d1 - 1
+    dev = received.device
+    if n and use_triton(kernels, dev):
+        from . import bucket_kernels as K
+
+        x = torch.empty(n, d, device=dev)
+        ids = torch.empty(n, dtype=torch.int32, device=dev)
+        block = _block(dev, _dims_block(d))
+        K.unpack_kernel[((n + block - 1) // block,)](received, x, ids, n, d, BLOCK=block, DP=_dims_block(d))
+        return x, ids
+    return received[:, :d].contiguous(), received[:, d].contiguous().view(torch.int32)
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kernels: str = "auto") -> torch.Tensor:
+    """out[i] = src[index[i]] * scale for float32 rows (one pass)."""
+    n = index.shape[0]
+    d = src.shape[1]
+    dev = src.device
+    if n and d and use_triton(kernels, dev):
+        from . import bucket_kernels as K
+
+        out = torch.empty(n, d, device=dev)
+        block = _block(dev, _dims_block(d))
+        K.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale), BLOCK=block,
+                                                     DP=_dims_block(d))
+        return out
+    out = src.index_select(0, index)
+    if scale != 1.0:
+        out.mul_(scale)
+    return out
