@@ -154,16 +154,21 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int)
 
 
 def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
-    """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time."""
+    """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time:
+    averages over `steps` steps, taken after warm-up steps on the same batch."""
     import tinn
     from tinn import checks
     from tinn.distributed.profile import PhaseTimer
 
     x, target, ids = _batch(batch, dims, n_networks, seed)
     timer = PhaseTimer()
-    part.profiler = timer
     try:
         with checks.disabled():
+            # A new batch has new per-rank counts, which can select kernel variants not compiled yet (Triton
+            # specialises on sizes): compile them before the profiled steps, with no profiler attached.
+            for _ in range(3):
+                trainer.training_step(x, target, ids)
+            part.profiler = timer
             tinn.runtime.sync()
             t0 = time.perf_counter()
             timer.start()
