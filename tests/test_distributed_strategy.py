@@ -19,7 +19,7 @@ def test_exchange_bytes_count_inputs_id_outputs_dy_and_optional_dx():
 def test_rule_compares_exchange_bytes_with_twice_the_reduced_parameters():
     # MLP array, 2^21 samples per rank: 545 MB exchanged against 2 x 117 MB reduced -> replicate.
     assert td.choose_strategy(MLP_PARAMS, 32, 16, 1 << 21) == "replicated"
-    # The crossover: S x 260 = 2 x P x 4 at S = 903,500 (float32) and 451,750 (bfloat16) samples.
+    # The crossover: S x 260 = 2 x P x 4 at S = 903,388 (float32) and 451,694 (bfloat16) samples.
     crossover = 2 * MLP_PARAMS * 4 / 260
     assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) - 1) == "sharded"
     assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) + 1) == "replicated"

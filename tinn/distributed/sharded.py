@@ -21,7 +21,8 @@ equal per-rank batches and a mean loss this is the single-process gradient of th
 every rank holds a copy of (a shared encoding, `share_encoding=True`, or any name in `replicated`)
 are all-reduced; tables of owned networks need no reduction.
 
-`Replicated(part)`: a whole part copied on every rank (a teacher) whose gradients are all-reduced.
+`Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
+state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower.
 """
 from __future__ import annotations
 
