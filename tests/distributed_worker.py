@@ -172,20 +172,22 @@ def replicated_factory():
 def scenario_replicated(rank, out):
     """Replicated (data-parallel) parts: autograd gradients with the all-reduce in each reduce_dtype, Trainer
     steps through the contract, and a bad reduce_dtype."""
+    import tinn
     import tinn.distributed as td
     from tinn.errors import ConfigError
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
     res = {}
-    x, ids, _, w = batch(rank, 6)
+    dev = tinn.runtime.device()
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 6))
     for dtype in REDUCE_DTYPES:
         res[dtype] = autograd_pass(td.Replicated(replicated_factory(), reduce_dtype=dtype), x, ids, w)
     model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
     trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
     res["losses"] = []
     for step in range(2):
-        x, ids, t, _ = batch(rank, 60 + step)
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
         res["losses"].append(float(trainer.training_step(x, t, ids)))
     res["trained"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
@@ -193,7 +195,7 @@ def scenario_replicated(rank, out):
         res["bad_dtype"] = "no error"
     except ConfigError as e:
         res["bad_dtype"] = str(e)
-    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
 def scenario_syncs(rank, out):
