@@ -308,9 +308,9 @@ class OctreeSource(TrainerControls):
     """Viewer source: trains the octree field, shows a held-out view, which node each pixel meets first and
     each node's error on that view."""
 
-    # The held-out view's per-node error is rendered anew after this many steps (the viewer asks every step
-    # and averages; a render per step would cost more than the step).
-    NODE_LOSS_EVERY = 10
+    # The held-out view's per-node error is rendered anew at most this often (the viewer asks every step and
+    # averages; a render per step would cost more than the step, and the page shows the map twice a second).
+    NODE_LOSS_PERIOD_S = 1.0
 
     lod_range = (-3.0, 3.0)  # the viewer's level-of-detail control: octree levels finer (+) or coarser (-)
 
@@ -321,7 +321,7 @@ class OctreeSource(TrainerControls):
         self._ownership = frame["first_node"].clamp(min=0)  # pixels meeting no node show as the root
         self._steps = 0
         self._node_loss = None
-        self._node_loss_step = None
+        self._node_loss_at = None
 
     def _frame(self, c2w=None, width=None, height=None, focal=None):
         import torch
@@ -343,10 +343,12 @@ class OctreeSource(TrainerControls):
 
     def per_network_loss(self):
         """Each node's mean squared error over the held-out view's pixels whose ray meets it first (0 for nodes
-        no pixel meets first), refreshed every NODE_LOSS_EVERY steps."""
+        no pixel meets first), refreshed at most every NODE_LOSS_PERIOD_S seconds."""
+        import time
+
         import torch
 
-        if self._node_loss is None or self._steps - self._node_loss_step >= self.NODE_LOSS_EVERY:
+        if self._node_loss is None or time.perf_counter() - self._node_loss_at >= self.NODE_LOSS_PERIOD_S:
             frame = self._frame()
             error = (frame["image"] - self.reference()).square().mean(dim=-1).reshape(-1)
             first = frame["first_node"].reshape(-1).long()
@@ -355,7 +357,7 @@ class OctreeSource(TrainerControls):
             total = torch.zeros(n, device=error.device).index_add_(0, first[met], error[met])
             count = torch.zeros(n, device=error.device).index_add_(0, first[met], torch.ones_like(error[met]))
             self._node_loss = total / count.clamp(min=1)
-            self._node_loss_step = self._steps
+            self._node_loss_at = time.perf_counter()
         return self._node_loss
 
     def render(self):

@@ -543,8 +543,9 @@ def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, mo
     node_losses, per_network_loss = [], octree_lod.OctreeSource.per_network_loss
 
     def loss_spy(source):
+        before = source._node_loss_at
         out = per_network_loss(source)
-        if source._node_loss_step == source._steps:  # freshly rendered at this step
+        if source._node_loss_at != before:  # freshly rendered by this call
             frame = source._frame()
             error = (frame["image"].double() - source.reference().double()).square().mean(-1).reshape(-1)
             first = frame["first_node"].reshape(-1)

@@ -118,6 +118,27 @@ class LodSource:
         return np.zeros((4, 4, 3))
 
 
+class CountingLossSource(LodSource):
+    """Counts the per-network-loss queries, which a source may pay for (the octree renders a view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.queries = 0
+
+    def per_network_loss(self):
+        self.queries += 1
+        return torch.tensor([1.0, 3.0])
+
+
+def test_per_network_loss_is_asked_for_only_while_a_front_end_shows_it():
+    c = ViewerController(CountingLossSource())
+    c.advance(3)
+    assert c.source.queries == 3 and torch.equal(c.network_loss, torch.tensor([1.0, 3.0]))
+    c.network_loss_wanted = False          # the web page with no browser connected
+    c.advance(5)
+    assert c.source.queries == 3 and c.step == 8
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0, 1e9, "2", True, None])
 def test_learning_rate_scale_refuses_bad_values(bad):
     c = ViewerController(LodSource())

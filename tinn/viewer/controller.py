@@ -44,6 +44,9 @@ class ViewerController:
         self.psnr_steps: list[int] = []  # PSNR history: one point per held-out render
         self.psnrs: list[float] = []
         self.network_loss: torch.Tensor | None = None
+        # Whether a front end shows the per-network loss now (the web page only while a browser is connected):
+        # a source may pay for each query (the octree renders its held-out view), so nobody watching, nobody asks.
+        self.network_loss_wanted = True
         self.message = ""
         self.screenshot_requests: list[str] = []
         self._pending: list[torch.Tensor | float] = []  # losses not yet read back (reading syncs the device)
@@ -239,7 +242,8 @@ class ViewerController:
             loss = self.source.train_step()
             self._pending.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
             self.step += 1
-            per_net = self.source.per_network_loss() if self.can("per_network_loss") else None
+            per_net = (self.source.per_network_loss() if self.network_loss_wanted and self.can("per_network_loss")
+                       else None)
             if per_net is not None:
                 per_net = per_net.detach()
                 self.network_loss = per_net.clone() if self.network_loss is None else \

@@ -323,6 +323,7 @@ class WebFrontend:
         """Send what changed: each browser's render, then (at most every PANEL_PERIOD_S) panels and curves."""
         start = time.perf_counter()
         clients = self.server.get_clients()
+        self.controller.network_loss_wanted = bool(clients)
         if clients:
             now = time.perf_counter()
             key = (self.controller.version, self.controller.paused, self.controller.message)
