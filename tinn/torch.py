@@ -54,11 +54,14 @@ Differences from tcnn
 ---------------------
 * float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
   is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
-  half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
+  half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16". An array of several
+  networks on CUDA computes in tcnn's float16 on the tensor cores where their kernels take its shape (the
+  default precision, `tinn/networks/selection.py`); `network.precision` says which.
 * float16 gradients are scaled dynamically (`settings.gradient_scaling`, tcnn's is a fixed 128): the
   gradients autograd delivers are already unscaled; an overflow is flagged in the network's
   `gradient_scaler`. A loop of your own calls `net.gradient_scaler.update()` after `backward()` (one host
-  read) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
+  read; `update(sync=False)` returns the device flag instead, which a tinn optimizer's `step(skip=...)`
+  reads on the device) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
   `NetworkWithInputEncoding`, `model.network.gradient_scaler`). Without that call the scale stays at 128,
   tcnn's behaviour. tinn's `Trainer` does it itself (`trainer.skipped_steps`).
 * A single `NetworkWithInputEncoding`'s `params` is tcnn's flat `(P,)` parameter (network, then encoding)

@@ -73,8 +73,9 @@ def save_checkpoint(trainer, directory: str | os.PathLike) -> dict:
         torch.distributed.barrier(group=model.group)
     os.makedirs(directory, exist_ok=True)  # a rank on another host with its own file system
     path = os.path.join(directory, rank_file(model.rank))
+    scaling = getattr(trainer, "gradient_scaling_state", dict)()   # this rank's float16 scalers, if any
     C.save(path, {"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                  "trainer": {"step": trainer.step}},
+                  "trainer": {"step": trainer.step, **scaling}},
            metadata={"config": trainer.config, "rank": model.rank, "shard": model.description()})
     digest, size = _sha256(path)
     files = all_gather_objects({"rank": model.rank, "file": rank_file(model.rank), "sha256": digest, "bytes": size},
@@ -153,7 +154,7 @@ def _check_rank(trainer, model, directory: str, manifest: dict, strict_config: b
         trainer.optimizer.check_state_dict(sections["optimizer"])
     except CheckpointError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    step = sections["trainer"].get("step")
+    step, _ = C._trainer_state(sections["trainer"], source)   # (the gradient scaling state checked too)
     if step != manifest.get("step"):
         raise CheckpointError(f"{source}: step {step}, the manifest says {manifest.get('step')}")
     return sections
@@ -176,6 +177,9 @@ def load_checkpoint(trainer, directory: str | os.PathLike, strict_config: bool =
     C.load_module_state(model, sections["model"], directory)
     trainer.optimizer.load_state_dict(sections["optimizer"])
     trainer.step = sections["trainer"]["step"]
+    load_scaling = getattr(trainer, "load_gradient_scaling", None)
+    if load_scaling is not None:
+        load_scaling(C._trainer_state(sections["trainer"], directory)[1])
     return manifest
 
 

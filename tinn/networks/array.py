@@ -97,8 +97,8 @@ class NetworkArray(Part):
                         if self.path == "batched_gemm" else None)
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
         # float16 scales its gradients dynamically unless settings.gradient_scaling says "static": the scale is
-        # then the scaler's device tensor, which the dense path and its replayed steps read, and its host value
-        # for kernels that take a float (gradient_scaling.py).
+        # then the scaler's device tensor, which every path (and replayed steps) reads on the device
+        # (gradient_scaling.py).
         self.gradient_scaler = gradient_scaling.for_precision(self.precision, settings.gradient_scaling,
                                                               runtime.device())
         self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0) if self.gradient_scaler is None \
@@ -230,8 +230,7 @@ class NetworkArray(Part):
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
             scaler = self.gradient_scaler
-            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads,
-                                                     self.gradient_scale if scaler is None else scaler.value)
+            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
             if scaler is not None:  # unscaled by the kernels; any inf or NaN recorded for the step's skip decision
                 scaler.record_non_finite([dparams if need_grads else dx])
             return dx, (dparams,)

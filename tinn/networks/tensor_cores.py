@@ -81,7 +81,8 @@ class TensorCorePath:
                                           input_padding=self.input_padding)
         return out, (saved, chunks)
 
-    def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool, gradient_scale: float):
+    def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,
+                 gradient_scale: float | torch.Tensor):
         """(dx in x's layout or None, float32 dparams (N, P) or None)."""
         forward_saved, chunks = saved
         return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,
