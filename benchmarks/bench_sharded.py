@@ -14,7 +14,7 @@ One command measures one GPU and all of them: the one-GPU runs happen on rank 0 
    target >= 0.93.
    Models (--models): "grid", each network a hash grid + a 64-wide MLP (3 in, 4 out); "mlp", an MLP-only
    array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions, --grid-precisions): "float32"
-   (tinn's default path) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded
+   (the float32 kernels, named: CUDA arrays default to float16) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded
    part's pipelining.
    Strategies (--strategies): "sharded" (a ShardedPart: each rank owns N / world networks, samples travel
    to their owners) and "replicated" (data parallel: every rank holds the whole array in a Replicated part,
@@ -66,7 +66,7 @@ def parse_args():
     p.add_argument("--reps", type=int, default=20, help="timed steps per scaling run")
     p.add_argument("--models", default="grid,mlp", help="scaling models, comma-separated: grid, mlp")
     p.add_argument("--precisions", default="float32,float16",
-                   help="network precisions, comma-separated: float32 (default path), float16 (tensor cores)")
+                   help="network precisions, comma-separated: float32 (float32 kernels), float16 (tensor cores)")
     p.add_argument("--grid-precisions", default=None, help="precisions of the grid model (default: --precisions)")
     p.add_argument("--strategies", default="sharded",
                    help="comma-separated: sharded (ShardedPart), replicated (data parallel, Replicated)")
@@ -129,14 +129,15 @@ def max_over_ranks(value: float) -> float:
 
 
 def scaling_model(kind: str, grid, precision: str):
-    """part_factory(n) of a scaling model and its (input, output) widths. float32 keeps the default path;
-    float16 puts the MLPs on the tensor cores (NetworkArray precision="float16")."""
+    """part_factory(n) of a scaling model and its (input, output) widths, its MLPs in `precision`: float32 (named:
+    CUDA arrays default to float16 on the tensor cores), or float16 on the tensor cores."""
     from tinn.models import NetworkWithInputEncoding
     from tinn.networks import NetworkArray
 
     # float16 names the tensor-core kernels too: on the GPU that is what float16 chooses anyway, and under
     # Triton's CPU interpreter (the --tiny check) it is the only way to run them.
-    chosen = {} if precision == "float32" else {"precision": precision, "kernels": "tensor_cores"}
+    chosen = {"precision": "float32"} if precision == "float32" else {"precision": precision,
+                                                                     "kernels": "tensor_cores"}
     if kind == "mlp":
         def build(n):
             return NetworkArray(MLP_ONLY["n_inputs"], MLP_ONLY["n_outputs"], MLP_ONLY["network"], n_networks=n,
@@ -145,8 +146,8 @@ def scaling_model(kind: str, grid, precision: str):
 
     def build(n):
         model = NetworkWithInputEncoding(3, 4, grid, MLP, n_networks=n, seed=5)
-        if chosen:  # the same composition with its MLPs on the tensor cores
-            model.network = NetworkArray(model.encoding.n_output_dims, 4, MLP, n_networks=n, seed=6, **chosen)
+        # The composition's MLPs in the row's precision rather than the default.
+        model.network = NetworkArray(model.encoding.n_output_dims, 4, MLP, n_networks=n, seed=6, **chosen)
         return model
     return build, (3, 4)
 

@@ -38,10 +38,16 @@ def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **en
     os.makedirs(out, exist_ok=True)
     port = _free_port()
     procs = []
+    # The ranks build their networks in this process's precision (on CUDA the suite pins float32, conftest.py),
+    # so that they compare with the references built here.
+    precision = tinn.settings.current().network_precision
+    tinn_settings = os.environ.get("TINN_SETTINGS", "")
+    if precision != "auto" and "network_precision" not in tinn_settings:
+        tinn_settings = ",".join(filter(None, [tinn_settings, f"network_precision={precision}"]))
     for r in range(world):
         # The scenario's own settings (env) win over the defaults here, which win over this process's environment.
         e = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(port), "TINN_ARCH": "cpu",
+             "MASTER_PORT": str(port), "TINN_ARCH": "cpu", "TINN_SETTINGS": tinn_settings,
              "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
              **{k: str(v) for k, v in env.items()}}
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "distributed_worker.py"), scenario, str(out)],
