@@ -159,6 +159,45 @@ def scenario_pipeline(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+REDUCE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def replicated_factory():
+    """A part of two tables (grid + MLP), so that the all-reduce fills a bucket from both."""
+    from tinn.models import NetworkWithInputEncoding
+
+    return NetworkWithInputEncoding(2, 3, ENCODING, NETWORK, n_networks=N_NETWORKS, seed=11)
+
+
+def scenario_replicated(rank, out):
+    """Replicated (data-parallel) parts: autograd gradients with the all-reduce in each reduce_dtype, Trainer
+    steps through the contract, and a bad reduce_dtype."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    res = {}
+    dev = tinn.runtime.device()
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 6))
+    for dtype in REDUCE_DTYPES:
+        res[dtype] = autograd_pass(td.Replicated(replicated_factory(), reduce_dtype=dtype), x, ids, w)
+    model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    res["losses"] = []
+    for step in range(2):
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
+        res["losses"].append(float(trainer.training_step(x, t, ids)))
+    res["trained"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        td.Replicated(replicated_factory(), reduce_dtype="int8")
+        res["bad_dtype"] = "no error"
+    except ConfigError as e:
+        res["bad_dtype"] = str(e)
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_syncs(rank, out):
     """Host synchronisations of a sharded step on CUDA (torch's sync debug mode): the forward's header is the
     only one; the backward has none, chunked or not."""

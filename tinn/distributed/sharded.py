@@ -21,7 +21,8 @@ equal per-rank batches and a mean loss this is the single-process gradient of th
 every rank holds a copy of (a shared encoding, `share_encoding=True`, or any name in `replicated`)
 are all-reduced; tables of owned networks need no reduction.
 
-`Replicated(part)`: a whole part copied on every rank (a teacher) whose gradients are all-reduced.
+`Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
+state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower.
 """
 from __future__ import annotations
 
@@ -54,40 +55,80 @@ def _replicated_by_default(part: Part) -> set[int]:
     return out
 
 
-class _Reduction:
-    """All-reduces of gradients in flight (issued asynchronously, so the work enqueued after them overlaps);
-    `result()` waits (on CUDA: the stream waits, not the host), scales and returns the gradients."""
+#: `Replicated(reduce_dtype=...)`: the dtype gradients cross the link in.
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-    def __init__(self, grads, scale: float, device, group, what: str):
+
+class _Reduction:
+    """One all-reduce of a call's gradients, issued asynchronously (the work enqueued after it overlaps);
+    `result()` waits (on CUDA: the stream waits, not the host), scales and returns the gradients.
+
+    The gradients travel in one flat bucket: one collective per call however many tables there are (each
+    collective has a fixed launch and latency cost). A single float32 gradient on the collective device is
+    reduced in place, without the bucket's copies. With a narrower `dtype` (bfloat16, float16) the bucket
+    is filled by one cast per table that also applies the scale (a mean's 1/world before the sum keeps
+    float16 from overflowing), halving the bytes on the link; float32 sums first and scales after, so that
+    a two-rank mean equals the single-process gradient exactly."""
+
+    def __init__(self, grads, scale: float, device, group, what: str, dtype: torch.dtype = torch.float32):
         self.scale, self.what, self.group = scale, what, group
-        self.items = []
+        self.grads = list(grads)
+        self.work = self.flat = None
+        present = [g for g in self.grads if g is not None]
+        if not present:
+            return
+        for g in present:
+            if g.is_sparse:
+                raise ConfigError(f"{what}: a sparse gradient (a compact table's) cannot be all-reduced; replicated "
+                                  "tables must be float32 (table_dtype='float32')")
+        single = present[0]
+        self.in_place = (len(present) == 1 and dtype == single.dtype == torch.float32 and single.device == device
+                         and single.is_contiguous())
+        self.pre_scale = 1.0 if dtype == torch.float32 else scale
+        if self.in_place:
+            flat = single.view(-1)
+        else:
+            flat = torch.empty(sum(g.numel() for g in present), dtype=dtype, device=single.device)
+            offset = 0
+            for g in present:
+                piece = flat[offset:offset + g.numel()]
+                if self.pre_scale != 1.0:
+                    torch.mul(g.reshape(-1), self.pre_scale, out=piece)  # the cast and the scale in one pass
+                else:
+                    piece.copy_(g.reshape(-1))
+                offset += g.numel()
+            flat = flat.to(device)
+        self.flat = flat
         with collective(what, group):
-            for g in grads:
-                if g is None:
-                    self.items.append((None, None, None))
-                    continue
-                buf = g if g.device == device else g.to(device)
-                work = torch.distributed.all_reduce(buf, group=group, async_op=True)
-                self.items.append((work, buf, g))
+            self.work = torch.distributed.all_reduce(flat, group=group, async_op=True)
 
     def result(self) -> tuple:
-        out = []
+        if self.work is None:
+            return tuple(self.grads)
         with collective(self.what, self.group):
-            for work, buf, g in self.items:
-                if work is None:
-                    out.append(None)
-                    continue
-                work.wait()
-                if self.scale != 1.0:
-                    buf *= self.scale
-                out.append(buf if buf.device == g.device else g.copy_(buf))
-        self.items = []
-        return tuple(out)
+            self.work.wait()
+        post = self.scale / self.pre_scale
+        flat, self.work, self.flat = self.flat, None, None
+        if self.in_place:
+            if post != 1.0:
+                flat *= post
+            return tuple(self.grads)
+        offset = 0
+        for g in self.grads:
+            if g is None:
+                continue
+            piece = flat[offset:offset + g.numel()].to(g.device).view(g.shape)
+            offset += g.numel()
+            if post != 1.0:
+                torch.mul(piece, post, out=g)
+            else:
+                g.copy_(piece)
+        return tuple(self.grads)
 
 
-def _all_reduce_grads(grads, scale: float, device, group, what: str):
-    """Sum every rank's gradient (then scale), in place where the tensor lives on the collective device."""
-    return _Reduction(grads, scale, device, group, what).result()
+def _all_reduce_grads(grads, scale: float, device, group, what: str, dtype: torch.dtype = torch.float32):
+    """Sum every rank's gradient (then scale), written back into the gradient tensors."""
+    return _Reduction(grads, scale, device, group, what, dtype).result()
 
 
 class _Collective(Part):
@@ -389,15 +430,31 @@ class ShardedPart(_Collective):
 
 
 class Replicated(_Collective):
-    """A part held whole by every rank (a teacher, a shared encoding): forward and backward run locally,
-    the table gradients are all-reduced (mean over ranks, or sum)."""
+    """A part held whole by every rank (data parallelism: a teacher, a shared encoding, or a whole array whose
+    training state fits on one GPU): forward and backward run locally on the rank's own samples, and the table
+    gradients are all-reduced, the mean over ranks (or the sum, `gradients="sum"`).
 
-    def __init__(self, part: Part, group=None, gradients: str = "mean"):
+    reduce_dtype: the dtype the gradients cross the link in: "float32" (default; a two-rank mean equals the
+    single-process gradient exactly), "bfloat16" or "float16" (half the bytes; each rank's gradient, scaled
+    by 1/world, and the sum are rounded to that dtype, then widened back to float32 for the optimizer).
+    Every call's gradients go in one bucket, one all-reduce, issued as soon as the local backward has
+    computed them. A float16 network's gradient scaler (dynamic scaling) also checks the reduced gradients,
+    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank."""
+
+    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32"):
         if not isinstance(part, Part):
             raise ConfigError(f"Replicated needs a tinn.Part, got {type(part).__name__}")
+        if reduce_dtype not in REDUCE_DTYPES:
+            raise ConfigError(f"reduce_dtype={reduce_dtype!r} is not supported; allowed: {list(REDUCE_DTYPES)}")
+        for t in part.parameter_tables():
+            if t is not None and t.dtype != torch.float32:
+                # A compact table's gradient is sparse, and each rank's entries differ: no all-reduce sums them.
+                raise ConfigError(f"Replicated needs float32 tables; {type(part).__name__} has a {t.dtype} table "
+                                  "(for a grid: table_dtype='float32')")
         super().__init__(part.n_input_dims, part.n_output_dims, part.n_networks)
         self._init_group(group, gradients)
         self.inner = part
+        self.reduce_dtype = reduce_dtype
         self.uses_ids = part.uses_ids
         self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
 
@@ -414,26 +471,54 @@ class Replicated(_Collective):
         return self.inner.n_params_per_network()
 
     def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        return self.inner.forward_with_context(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+        mark(self, "other")
+        out = self.inner.forward_with_context(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+        mark(self, "compute")
+        return out
+
+    def fuses_loss(self, need_dx: bool = False) -> bool:
+        return self.inner.fuses_loss(need_dx)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        tables = self.inner.parameter_tables()
         mark(self, "other")
         if dy.shape[0]:
             dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
         else:
             dx = torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None
-            grads = (None,) * len(tables)
+            grads = (None,) * len(self.inner.parameter_tables())
         mark(self, "compute")
+        return dx, self._reduce(grads, need_grads)
+
+    def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
+        """The inner part's loss-seeded backward (the fused MLP computes the loss's gradient in its kernels), then
+        the all-reduce. The loss returned is this rank's own."""
+        if not y.shape[0]:  # the loss kernel, then `backward`
+            return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        mark(self, "other")
+        dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        mark(self, "compute")
+        return dx, self._reduce(grads, need_grads), value
+
+
+    def _reduce(self, grads, need_grads: bool) -> tuple:
+        """The mean (or sum) over ranks of every table's gradient, in one bucket; every rank takes part, also
+        one without samples (its gradient is zero, as the single-process gradient of its empty batch)."""
         if not need_grads:
-            return dx, grads
+            return grads
+        tables = self.inner.parameter_tables()
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
         scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
         reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
-                                    "the all-reduce of replicated gradients")
+                                    "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
+        # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so
+        # recording them gives every rank the same skip decision.
+        for m in self.inner.modules():
+            scaler = getattr(m, "gradient_scaler", None)
+            if scaler is not None:
+                scaler.record_non_finite(reduced)
         mark(self, "reduce")
-        return dx, reduced
+        return reduced
 
 
 # ---- initial values of the unsharded array -------------------------------------------------------

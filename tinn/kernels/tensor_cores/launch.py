@@ -110,7 +110,7 @@ KERNELS = ("inference", "forward", "backward", "backward_dx")
 # each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; the design
 # notes give the numbers).
 _TUNED_16BIT = {
-    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (128, 8, 1), "backward_dx": (64, 4, 1)},
+    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1)},
     128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3)},
 }
 
