@@ -19,11 +19,8 @@ Kernel modules are imported only when a sharded part is built, so `init()` can s
 from .checkpoint import gather_model, gather_state, load_checkpoint, read_manifest, reshard_state, save_checkpoint
 from .ownership import Ownership
 from .process import init, rank, shutdown, start_script, world_size
-<<<<<<< HEAD
 from .profile import PhaseTimer
-=======
 from .strategy import choose_strategy, exchange_bytes_per_sample
->>>>>>> main
 
 
 def __getattr__(attr):
@@ -34,10 +31,5 @@ def __getattr__(attr):
 
 
 __all__ = ["init", "shutdown", "rank", "world_size", "Ownership", "ShardedPart", "Replicated", "ids_of_rank",
-<<<<<<< HEAD
            "PhaseTimer", "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state",
-           "read_manifest"]
-=======
-           "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state", "read_manifest",
-           "choose_strategy", "exchange_bytes_per_sample"]
->>>>>>> main
+           "read_manifest", "choose_strategy", "exchange_bytes_per_sample"]
