@@ -10,7 +10,7 @@ Cases (forward + backward of one batch, the gradients a training step needs):
 - One linear layer per network (32 in, 16 out; 64 networks and 1 network): parameter and input gradients;
   tinn's `NetworkArray` without hidden layers against an autodiff part computing y = W x per sample, with
   1 and 4 gradient replicas and the automatic count (`tinn.autodiff.replicas_for`).
-- The L2 loss (value and gradient, 3 outputs): tinn's loss kernel against `tinn.autodiff.create_loss("L2")`.
+- The L2 loss (value and gradient, 3 outputs): tinn's loss kernel against `tinn.autodiff.builtin_loss("L2")`.
 Prints a table and writes JSON: milliseconds and peak memory per path, and their ratio.
 """
 import argparse
@@ -36,7 +36,7 @@ def linear(x: ti.template(), p: ti.template(), b, net, y: ti.template()):
 
 def main(argv=None):
     from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, time_fn, write_json
-    from tinn.autodiff import AutodiffPart, create_loss, frequency_encoding, replicas_for
+    from tinn.autodiff import AutodiffPart, builtin_loss, frequency_encoding, replicas_for
     from tinn.encodings import create_encoding
     from tinn.networks import NetworkArray
 
@@ -56,7 +56,7 @@ def main(argv=None):
         dy = torch.randn(batch, n_out, device=dev)
 
         def step():
-            y, ctx = part.forward_ctx(x, ids, train=True)
+            y, ctx = part.forward_with_context(x, ids, train=True)
             return part.backward(ctx, dy, need_dx=True, need_grads=need_params)
         step()
         peak_memory_reset()
@@ -99,7 +99,7 @@ def main(argv=None):
                             measure(auto_lin, N_IN, N_OUT, n_networks, True)))
     pred, target = torch.rand(batch, 3, device=dev), torch.rand(batch, 3, device=dev)
     timed = []
-    for loss in (tinn.create_loss({"otype": "L2"}), create_loss("L2")):
+    for loss in (tinn.create_loss({"otype": "L2"}), builtin_loss("L2")):
         loss.evaluate(pred, target)
         peak_memory_reset()
         timed.append((1e3 * time_fn(lambda: loss.evaluate(pred, target), reps=args.reps), peak_memory_mib()))

@@ -46,7 +46,7 @@ def main(argv=None):
         "hash grid 16 x 2^15 per network + MLP": (3, lambda: NetworkWithInputEncoding(3, 16, GRID, NET,
                                                                                 n_networks=N_NETWORKS, seed=3)),
     }
-    original = settings.current()
+    original = settings.installed()
     rows = []
     for case, (n_in, make) in models.items():
         x = torch.rand(batch, n_in, generator=gen).to(dev)

@@ -13,11 +13,18 @@ One command measures one GPU and all of them: the one-GPU runs happen on rank 0 
 2. Weak scaling: world x N networks, B samples per rank. Per-GPU throughput relative to the 1-GPU run;
    target >= 0.93.
    Models (--models): "grid", each network a hash grid + a 64-wide MLP (3 in, 4 out); "mlp", an MLP-only
-   array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions): "float32" (tinn's default
-   path) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded part's pipelining.
-   Each sharded run is then profiled (--profile-steps steps): per step, the time the compute stream spent
-   in the exchange, the local part's compute, the all-reduce of replicated tables, idle (the header's
-   host round trip) and other (loss, optimizer), from CUDA events (tinn/distributed/profile.py).
+   array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions, --grid-precisions): "float32"
+   (the float32 kernels, named: CUDA arrays default to float16) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded
+   part's pipelining.
+   Strategies (--strategies): "sharded" (a ShardedPart: each rank owns N / world networks, samples travel
+   to their owners) and "replicated" (data parallel: every rank holds the whole array in a Replicated part,
+   computes its own samples, and the gradients are all-reduced, in each of --reduce-dtypes), the latter for
+   the models in --replicated-models. Both scale the same way: strong, N networks and B / world samples per
+   rank; weak, world x N networks and B samples per rank.
+   Each multi-GPU run is then profiled (--profile-steps steps, after warm-up steps): per step, the time the
+   compute stream spent in the exchange, the local part's compute, the all-reduce of gradients
+   (replicated tables of a sharded part, every table of a replicated one), idle (the header's host round
+   trip) and other (loss, optimizer), from CUDA events (tinn/distributed/profile.py).
 3. A field too big for one GPU: a KiloNeRF-style grid of cells over the procedural scene, every cell a
    tcnn-sized hash grid (16 levels x 2 features, 2^19 entries) + MLP; the cells are split into several arrays
    (z slabs), each a ShardedPart, so that every table stays below 2^31 floats. Trained on the analytic
@@ -59,7 +66,13 @@ def parse_args():
     p.add_argument("--reps", type=int, default=20, help="timed steps per scaling run")
     p.add_argument("--models", default="grid,mlp", help="scaling models, comma-separated: grid, mlp")
     p.add_argument("--precisions", default="float32,float16",
-                   help="network precisions, comma-separated: float32 (default path), float16 (tensor cores)")
+                   help="network precisions, comma-separated: float32 (float32 kernels), float16 (tensor cores)")
+    p.add_argument("--grid-precisions", default=None, help="precisions of the grid model (default: --precisions)")
+    p.add_argument("--strategies", default="sharded",
+                   help="comma-separated: sharded (ShardedPart), replicated (data parallel, Replicated)")
+    p.add_argument("--replicated-models", default="mlp", help="models the replicated strategy runs on")
+    p.add_argument("--reduce-dtypes", default="float32,bfloat16",
+                   help="gradient all-reduce dtypes of the replicated runs: float32, bfloat16, float16")
     p.add_argument("--chunks", default="1,4",
                    help="ShardedPart chunks (pipelining) of the MLP-only runs, comma-separated")
     p.add_argument("--grid-chunks", default="1",
@@ -76,14 +89,26 @@ def parse_args():
     if args.tiny:
         args.networks, args.batch, args.reps, args.big_steps, args.big_batch, args.res = 16, 1 << 11, 3, 30, 4096, 16
         args.profile_steps = min(args.profile_steps, 2)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    args.chunks = {"mlp": [int(c) for c in args.chunks.split(",") if c.strip()],
-                   "grid": [int(c) for c in args.grid_chunks.split(",") if c.strip()]}
-    bad = [m for m in args.models if m not in ("grid", "mlp")] + \
-        [q for q in args.precisions if q not in ("float32", "float16")]
-    if bad:
-        p.error(f"unknown models/precisions {bad}; allowed: models grid, mlp; precisions float32, float16")
+    def names(text):
+        return [v.strip() for v in text.split(",") if v.strip()]
+
+    args.models = names(args.models)
+    args.precisions = {"mlp": names(args.precisions),
+                       "grid": names(args.precisions if args.grid_precisions is None else args.grid_precisions)}
+    args.chunks = {"mlp": [int(c) for c in names(args.chunks)], "grid": [int(c) for c in names(args.grid_chunks)]}
+    args.strategies = names(args.strategies)
+    args.replicated_models = names(args.replicated_models)
+    args.reduce_dtypes = names(args.reduce_dtypes)
+    allowed = {"models": ("grid", "mlp"), "precisions": ("float32", "float16"),
+               "strategies": ("sharded", "replicated"), "replicated-models": ("grid", "mlp"),
+               "reduce-dtypes": ("float32", "bfloat16", "float16")}
+    given = {"models": args.models, "precisions": args.precisions["mlp"] + args.precisions["grid"],
+             "strategies": args.strategies, "replicated-models": args.replicated_models,
+             "reduce-dtypes": args.reduce_dtypes}
+    for option, values in given.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            p.error(f"--{option}: unknown {bad}; allowed: {', '.join(allowed[option])}")
     return args
 
 
@@ -104,14 +129,15 @@ def max_over_ranks(value: float) -> float:
 
 
 def scaling_model(kind: str, grid, precision: str):
-    """part_factory(n) of a scaling model and its (input, output) widths. float32 keeps the default path;
-    float16 puts the MLPs on the tensor cores (NetworkArray precision="float16")."""
+    """part_factory(n) of a scaling model and its (input, output) widths, its MLPs in `precision`: float32 (named:
+    CUDA arrays default to float16 on the tensor cores), or float16 on the tensor cores."""
     from tinn.models import NetworkWithInputEncoding
     from tinn.networks import NetworkArray
 
     # float16 names the tensor-core kernels too: on the GPU that is what float16 chooses anyway, and under
     # Triton's CPU interpreter (the --tiny check) it is the only way to run them.
-    chosen = {} if precision == "float32" else {"precision": precision, "kernels": "tensor_cores"}
+    chosen = {"precision": "float32"} if precision == "float32" else {"precision": precision,
+                                                                     "kernels": "tensor_cores"}
     if kind == "mlp":
         def build(n):
             return NetworkArray(MLP_ONLY["n_inputs"], MLP_ONLY["n_outputs"], MLP_ONLY["network"], n_networks=n,
@@ -120,8 +146,8 @@ def scaling_model(kind: str, grid, precision: str):
 
     def build(n):
         model = NetworkWithInputEncoding(3, 4, grid, MLP, n_networks=n, seed=5)
-        if chosen:  # the same composition with its MLPs on the tensor cores
-            model.network = NetworkArray(model.encoding.n_output_dims, 4, MLP, n_networks=n, seed=6, **chosen)
+        # The composition's MLPs in the row's precision rather than the default.
+        model.network = NetworkArray(model.encoding.n_output_dims, 4, MLP, n_networks=n, seed=6, **chosen)
         return model
     return build, (3, 4)
 
@@ -154,16 +180,21 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int)
 
 
 def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
-    """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time."""
+    """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time:
+    averages over `steps` steps, taken after warm-up steps on the same batch."""
     import tinn
     from tinn import checks
     from tinn.distributed.profile import PhaseTimer
 
     x, target, ids = _batch(batch, dims, n_networks, seed)
     timer = PhaseTimer()
-    part.profiler = timer
     try:
         with checks.disabled():
+            # A new batch has new per-rank counts, which can select kernel variants not compiled yet (Triton
+            # specialises on sizes): compile them before the profiled steps, with no profiler attached.
+            for _ in range(3):
+                trainer.training_step(x, target, ids)
+            part.profiler = timer
             tinn.runtime.sync()
             t0 = time.perf_counter()
             timer.start()
@@ -191,7 +222,17 @@ def _free():
         torch.cuda.empty_cache()
 
 
-def scaling(args, kind: str, grid, precision: str, chunks: int, t1_cache: dict) -> dict:
+def distributed_part(strategy: str, build, n_networks: int, chunks: int, reduce_dtype: str | None,
+                     exchange_kernels: str):
+    """The array of a multi-GPU run: sharded over the ranks, or replicated on each (data parallel)."""
+    if strategy == "replicated":
+        return td.Replicated(build(n_networks), reduce_dtype=reduce_dtype)
+    return td.ShardedPart(build, n_networks, init="local", chunks=chunks, exchange_kernels=exchange_kernels)
+
+
+def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str = "sharded", chunks: int = 1,
+            reduce_dtype: str | None = None) -> dict:
+    """One row: the 1-GPU run (cached per model and precision), the strong and the weak run of `strategy`."""
     from tinn.trainer import Trainer
 
     world, rank = td.world_size(), td.rank()
@@ -209,20 +250,23 @@ def scaling(args, kind: str, grid, precision: str, chunks: int, t1_cache: dict) 
         barrier()
         t1_cache[key] = max_over_ranks(t1 or 0.0)
     t1 = t1_cache[key]
-    shard = dict(init="local", chunks=chunks, exchange_kernels=args.exchange_kernels)
     runs = {}
     for run, n_run, per_rank in (("strong", n, batch // world), ("weak", world * n, batch)):
-        part = td.ShardedPart(build, n_run, **shard)
+        part = distributed_part(strategy, build, n_run, chunks, reduce_dtype, args.exchange_kernels)
         trainer = Trainer(part, optimizer=adam)
         t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank))
         prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank) \
             if args.profile_steps else None
-        runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof)}
+        runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof),
+                     "params_per_rank": sum(p.numel() for p in part.parameters())}
         del part, trainer
         _free()
     t_strong, t_weak = runs["strong"]["step_ms"] / 1e3, runs["weak"]["step_ms"] / 1e3
+    replicated = strategy == "replicated"
+    reduce_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(reduce_dtype, 4)
     return {
-        "model": kind, "precision": precision, "chunks": chunks, "exchange_kernels": args.exchange_kernels,
+        "model": kind, "precision": precision, "strategy": strategy, "chunks": None if replicated else chunks,
+        "reduce_dtype": reduce_dtype, "exchange_kernels": None if replicated else args.exchange_kernels,
         "networks": n, "global_batch": batch, "world_size": world, "dims": list(dims),
         "single_gpu_step_ms": 1e3 * t1, "single_gpu_samples_per_s": batch / t1,
         "strong_step_ms": 1e3 * t_strong, "strong_samples_per_s": batch / t_strong,
@@ -232,9 +276,12 @@ def scaling(args, kind: str, grid, precision: str, chunks: int, t1_cache: dict) 
         "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
         "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
         "weak_profile_per_rank": runs["weak"]["profile_per_rank"],
-        # What crosses the link per sample and step: inputs + the local id out, outputs back (forward); dy out,
-        # nothing back (the trainer needs no dx).
-        "exchanged_bytes_per_sample": 4 * (dims[0] + 1) + 4 * dims[1] + 4 * dims[1],
+        # Sharded: what crosses the link per sample and step: inputs + the local id out, outputs back (forward);
+        # dy out, nothing back (the trainer needs no dx). Replicated: nothing per sample; the all-reduce's
+        # bucket (every parameter, in the reduce dtype) per step.
+        "exchanged_bytes_per_sample": 0 if replicated else 4 * (dims[0] + 1) + 4 * dims[1] + 4 * dims[1],
+        "params_per_rank_strong": runs["strong"]["params_per_rank"],
+        "allreduce_bytes_per_step_strong": reduce_bytes * runs["strong"]["params_per_rank"] if replicated else 0,
     }
 
 
@@ -267,7 +314,7 @@ class SlabField(torch.nn.Module):
         return out
 
     def forward(self, points):
-        from tinn.scenes.fields import activate
+        from tinn.scenes.fields.radiance import activate
 
         inside = ((points >= self.box_min) & (points <= self.box_max)).all(1)
         sigma, rgb = activate(self.raw(points))
@@ -277,8 +324,9 @@ class SlabField(torch.nn.Module):
 def big_field(args) -> dict:
     import tinn
     from tinn.encodings import create_encoding
-    from tinn.scenes.procedural import ProceduralScene, render_views
-    from tinn.scenes.rendering import psnr, render_image
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+    from tinn.render import render_image
+    from tinn.tasks.image import psnr
     from tinn.trainer import Trainer
 
     world, rank = td.world_size(), td.rank()
@@ -354,12 +402,14 @@ def _phases(profile) -> str:
 
 def summary_table(rows: list[dict], world: int) -> list[str]:
     """The scaling table (rank 0's profile of the strong run: ms per step in each phase)."""
-    head = (f"{'model':<6}{'prec':<9}{'chunks':>6}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
+    head = (f"{'model':<6}{'prec':<9}{'strategy':<20}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
             f"{'weak ms':>9}{'weak/GPU':>9}   strong-run profile, rank 0, ms: exch compute reduce idle other")
     lines = [head]
     for s in rows:
         prof = (s["strong_profile_per_rank"] or [None])[0]
-        lines.append(f"{s['model']:<6}{s['precision']:<9}{s['chunks']:>6}{s['single_gpu_step_ms']:>10.2f}"
+        how = (f"replicated {s['reduce_dtype']}" if s.get("strategy") == "replicated"
+               else f"sharded chunks={s['chunks']}")
+        lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<20}{s['single_gpu_step_ms']:>10.2f}"
                      f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
                      f"{s['weak_per_gpu_ratio']:>9.2f}   {_phases(prof)}")
     lines.append(f"targets: strong >= {STRONG_TARGET}x, weak >= {WEAK_TARGET} per GPU; global batch "
@@ -374,21 +424,28 @@ def main():
         torch.set_num_threads(1)
     world = td.world_size()
     log(f"bench_sharded: {world} ranks on {arch}")
-    if arch != "cuda" and "float16" in args.precisions and os.environ.get("TRITON_INTERPRET") != "1":
+    if arch != "cuda" and os.environ.get("TRITON_INTERPRET") != "1" and \
+            any("float16" in q for q in args.precisions.values()):
         log("  float16 (the tensor-core kernels) needs CUDA or TRITON_INTERPRET=1: those runs are skipped")
-        args.precisions = [q for q in args.precisions if q != "float16"]
+        args.precisions = {k: [q for q in v if q != "float16"] for k, v in args.precisions.items()}
     t0 = time.perf_counter()
     grid = dict(SCALING_GRID, n_levels=4, log2_hashmap_size=8) if args.tiny else SCALING_GRID
     result = {"arch": arch, "world_size": world, "grid": grid, "network": MLP, "mlp_only": MLP_ONLY,
               "scaling": []}
     t1_cache = {}
     for kind in args.models:
-        for precision in args.precisions:
-            for chunks in args.chunks[kind]:
-                s = scaling(args, kind, grid, precision, chunks, t1_cache)
+        for precision in args.precisions[kind]:
+            runs = []
+            if "sharded" in args.strategies:
+                runs += [dict(strategy="sharded", chunks=c) for c in args.chunks[kind]]
+            if "replicated" in args.strategies and kind in args.replicated_models:
+                runs += [dict(strategy="replicated", reduce_dtype=d) for d in args.reduce_dtypes]
+            for run in runs:
+                s = scaling(args, kind, grid, precision, t1_cache, **run)
                 result["scaling"].append(s)
-                log(f"  {kind} {precision} chunks={chunks}: 1 GPU {s['single_gpu_step_ms']:.2f} ms, strong "
-                    f"{s['strong_speedup']:.2f}x, weak {s['weak_per_gpu_ratio']:.2f} per GPU")
+                log(f"  {kind} {precision} {' '.join(f'{k}={v}' for k, v in run.items())}: 1 GPU "
+                    f"{s['single_gpu_step_ms']:.2f} ms, strong {s['strong_speedup']:.2f}x, weak "
+                    f"{s['weak_per_gpu_ratio']:.2f} per GPU")
     b = result["big_field"] = None if args.skip_big else big_field(args)
     if b is not None:
         log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, "

@@ -26,9 +26,10 @@ def mlp_path(network) -> str:
 
 @contextlib.contextmanager
 def settings_installed(chosen):
-    """tinn's settings `chosen` in force inside the block (modules built there take them), the previous after:
+    """tinn's settings and tuning `chosen` (a `tinn.settings.SettingsAndTuning`) in force inside the block (modules
+    built there take them), the previous after:
     variants of one process measured side by side."""
-    before = tinn.settings.current()
+    before = tinn.settings.installed()
     tinn.settings.install(chosen)
     try:
         yield

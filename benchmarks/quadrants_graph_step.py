@@ -98,46 +98,46 @@ def main(argv=None):
     task = ImageTask(default_image(256))
     trainer = Trainer.from_config(tinn.load_config(args.config), 2, 3)
     batch = 1 << args.log2_batch
-    tinn.checks.set_enabled(False)
-    first = time.perf_counter()
-    for _ in range(args.warmup):  # compiles, then captures the graphs on their first launches
-        loss0 = trainer.training_step(*task.batch(batch))
-    tinn.runtime.sync()
-    warmup_s = time.perf_counter() - first
+    with tinn.checks.disabled():
+        first = time.perf_counter()
+        for _ in range(args.warmup):  # compiles, then captures the graphs on their first launches
+            loss0 = trainer.training_step(*task.batch(batch))
+        tinn.runtime.sync()
+        warmup_s = time.perf_counter() - first
 
-    cuda = arch == "cuda"
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)] if cuda else []
-    host = []
-    tinn.runtime.sync()
-    for i in range(args.steps):
+        cuda = arch == "cuda"
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)] if cuda else []
+        host = []
+        tinn.runtime.sync()
+        for i in range(args.steps):
+            if cuda:
+                events[i].record()
+            host.append(time.perf_counter())
+            loss = trainer.training_step(*task.batch(batch))
         if cuda:
-            events[i].record()
+            events[args.steps].record()
         host.append(time.perf_counter())
-        loss = trainer.training_step(*task.batch(batch))
-    if cuda:
-        events[args.steps].record()
-    host.append(time.perf_counter())
-    tinn.runtime.sync()
-    wall_ms = (time.perf_counter() - host[0]) * 1e3 / args.steps
+        tinn.runtime.sync()
+        wall_ms = (time.perf_counter() - host[0]) * 1e3 / args.steps
 
-    host_only = host_ms_per_step(lambda: trainer.training_step(*task.batch(batch)))
+        host_only = host_ms_per_step(lambda: trainer.training_step(*task.batch(batch)))
 
-    result = {
-        "backend": f"{tinn.backend.name()} {tinn.backend.version()}", "arch": arch, "graph": args.graph,
-        "fast_launch": tinn.runtime.settings().fast_launch, "log2_batch": args.log2_batch,
-        "steps": args.steps, "warmup_s": warmup_s, "wall_ms_per_step": wall_ms, "host_only_ms_per_step": host_only,
-        "host_ms_per_step": quantiles([(host[i + 1] - host[i]) * 1e3 for i in range(args.steps)]),
-        "loss_first": float(loss0), "loss_last": float(loss), "graph_kernels": GRAPHED,
-    }
-    if cuda:
-        result["gpu_ms_per_step"] = quantiles([events[i].elapsed_time(events[i + 1]) for i in range(args.steps)])
-    print(f"{result['backend']} {arch} graph={args.graph}: wall {wall_ms:.3f} ms/step, host alone "
-          f"{result['host_only_ms_per_step']:.3f} ms/step"
-          + (f", GPU {result['gpu_ms_per_step']['p50']:.3f} ms/step (p50)" if cuda else "")
-          + f"; loss {result['loss_first']:.4f} -> {result['loss_last']:.4f}")
-    print(f"graph=True on {len(GRAPHED)} kernels: {', '.join(GRAPHED) or '-'}")
-    write_json(args.json, result)
-    return result
+        result = {
+            "backend": f"{tinn.backend.name()} {tinn.backend.version()}", "arch": arch, "graph": args.graph,
+            "fast_launch": tinn.runtime.tuning().fast_launch, "log2_batch": args.log2_batch,
+            "steps": args.steps, "warmup_s": warmup_s, "wall_ms_per_step": wall_ms, "host_only_ms_per_step": host_only,
+            "host_ms_per_step": quantiles([(host[i + 1] - host[i]) * 1e3 for i in range(args.steps)]),
+            "loss_first": float(loss0), "loss_last": float(loss), "graph_kernels": GRAPHED,
+        }
+        if cuda:
+            result["gpu_ms_per_step"] = quantiles([events[i].elapsed_time(events[i + 1]) for i in range(args.steps)])
+        print(f"{result['backend']} {arch} graph={args.graph}: wall {wall_ms:.3f} ms/step, host alone "
+              f"{result['host_only_ms_per_step']:.3f} ms/step"
+              + (f", GPU {result['gpu_ms_per_step']['p50']:.3f} ms/step (p50)" if cuda else "")
+              + f"; loss {result['loss_first']:.4f} -> {result['loss_last']:.4f}")
+        print(f"graph=True on {len(GRAPHED)} kernels: {', '.join(GRAPHED) or '-'}")
+        write_json(args.json, result)
+        return result
 
 
 if __name__ == "__main__":

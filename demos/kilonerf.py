@@ -116,8 +116,8 @@ def parse_args(argv=None):
 def load_data(args):
     """(train, test) PosedImages on tinn's device."""
     from tinn.scenes import ProceduralScene, render_views
-    from tinn.scenes.formats import load_scene
-    from tinn.scenes.mesh import scene_from_mesh
+    from tinn.scenes.data.formats import load_scene
+    from tinn.scenes.data.mesh import scene_from_mesh
 
     if args.mesh:
         args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
@@ -153,10 +153,10 @@ class KiloNeRFPipeline:
     """Teacher -> occupancy -> distillation -> fine-tuning, one step at a time; also a viewer source."""
 
     def __init__(self, args, train, test):
-        from tinn.scenes.kilonerf import KiloNeRF
+        from tinn.scenes.fields.kilonerf import KiloNeRF
         from tinn.scenes.fields import HashGridField
-        from tinn.scenes.occupancy import OccupancyGrid
-        from tinn.scenes.photometric import PhotometricTrainer
+        from tinn.scenes.acceleration.occupancy import OccupancyGrid
+        from tinn.scenes.training.photometric import PhotometricTrainer
 
         self.args, self.train, self.test = args, train, test
         self.steps = {"teacher": args.teacher_steps, "distill": args.distill_steps, "finetune": args.finetune_steps}
@@ -200,9 +200,9 @@ class KiloNeRFPipeline:
     def _finish_phase(self) -> None:
         """End the current phase and set up the next (occupancy grid and distiller after the teacher, ...)."""
         from tinn.scenes.fields import RenderedField
-        from tinn.scenes.kilonerf import Distiller
-        from tinn.scenes.occupancy import OccupancyGrid
-        from tinn.scenes.rendering import timed
+        from tinn.scenes.training import Distiller
+        from tinn.scenes.acceleration.occupancy import OccupancyGrid
+        from tinn.render import timed
 
         args, finished = self.args, self.phase
         self.phase_index += 1
@@ -236,8 +236,8 @@ class KiloNeRFPipeline:
         """The fine-tuning phase of `student` (the args' settings unless given): photometric training with the
         student's own grid tracking it inside the teacher-derived one (`tracks`), or with that grid as it is.
         Sets the student's occupancy grid."""
-        from tinn.scenes.occupancy import OccupancyGrid
-        from tinn.scenes.photometric import PhotometricTrainer
+        from tinn.scenes.acceleration.occupancy import OccupancyGrid
+        from tinn.scenes.training.photometric import PhotometricTrainer
 
         args = self.args
         grid = OccupancyGrid.tracking(self.train.box_min, self.train.box_max, args.occupancy_res,
@@ -291,7 +291,7 @@ class KiloNeRFPipeline:
     def render_pose(self, model, c2w, occupancy="auto", early_stop=None, width=None, height=None, focal=None):
         """`model` seen from the camera-to-world pose `c2w` (4, 4), by default with the held-out views' size and
         focal."""
-        from tinn.scenes.rendering import render_image
+        from tinn.render import render_image
 
         c2w = torch.as_tensor(c2w, dtype=torch.float32, device=self.test.c2w.device)
         t = self.test
@@ -303,7 +303,7 @@ class KiloNeRFPipeline:
     def heldout(self, model, occupancy="auto") -> tuple[float, float]:
         """Mean PSNR over the held-out views, and the share of their in-box samples that empty-space skipping left
         out (rendered without early ray termination, so that the share is the occupancy grid's alone)."""
-        from tinn.scenes.rendering import psnr
+        from tinn.tasks.image import psnr
 
         views = [self.render_view(model, v, occupancy, early_stop=0.0) for v in range(len(self.test))]
         value = sum(psnr(out.rgb, self.test.images[v]) for v, out in enumerate(views)) / len(views)
@@ -344,8 +344,8 @@ class KiloNeRFPipeline:
 
 def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     """Held-out numbers, render timings, memory; PNGs of held-out view 0."""
-    from tinn.scenes.rendering import psnr, seconds_per_frame
-    from tinn.tasks.image import save_png
+    from tinn.render import seconds_per_frame
+    from tinn.tasks.image import psnr, save_png
 
     test, args = pipe.test, pipe.args
     teacher_view = pipe.render_view(pipe.teacher, occupancy=pipe.teacher_occupancy)

@@ -108,7 +108,8 @@ def parse_args(argv=None):
                    help="level-of-detail curve: the held-out view pulled back by each factor, its render compared with "
                         "the area-filtered truth at that distance (procedural scene or --mesh; empty: none)")
     p.add_argument("--truth-mesh", default=None,
-                   help="level-of-detail curve for a --data folder written by tinn.scenes.mesh: the mesh it came from")
+                   help="level-of-detail curve for a --data folder written by tinn.scenes.data.mesh: the mesh it "
+                        "came from")
     p.add_argument("--lod-supersample", type=int, default=4,
                    help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
     p.add_argument("--occupancy-res", type=int, default=None,
@@ -156,15 +157,15 @@ def apply_defaults(args, on_gpu: bool):
 
 def load_scene(args):
     """(train images, held-out images, points to build the octree over)."""
-    from tinn.scenes.octree_training import foreground_points
+    from tinn.scenes.training.octree_training import foreground_points
 
     if args.mesh:
-        from tinn.scenes.mesh import scene_from_mesh
+        from tinn.scenes.data.mesh import scene_from_mesh
 
         args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
                                     args.res)
     if args.data:
-        from tinn.scenes.formats import load_scene as load_folder
+        from tinn.scenes.data.formats import load_scene as load_folder
 
         probe = load_folder(args.data, split="train", max_views=1)
         if probe.width % args.res:
@@ -174,7 +175,7 @@ def load_scene(args):
         test = load_folder(args.data, split="test", downscale=down, max_views=args.test_views)
         points = foreground_points(train, resolution=min(2 ** (args.max_depth + 3), 256))
         return train, test, points
-    from tinn.scenes.procedural import ProceduralScene, render_views, surface_points
+    from tinn.scenes.data.procedural import ProceduralScene, render_views, surface_points
 
     scene = ProceduralScene()
     train = render_views(scene, args.views, args.res, args.res, seed=args.seed)
@@ -183,10 +184,10 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.octree import Octree, cube_around
-    from tinn.scenes.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
-                                           closest_footprint, leaf_resolution)
-    from tinn.scenes.octree_field import OctreeField
+    from tinn.scenes.acceleration.octree import Octree, cube_around
+    from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding,
+                                                        capture_depth, closest_footprint, leaf_resolution)
+    from tinn.scenes.fields.octree_field import OctreeField
 
     dev = tinn.runtime.device()
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
@@ -228,8 +229,8 @@ def build_field(args, train, points):
 def build_trainer(args, field, train):
     """The field's trainer: Adam (decaying to lr x final-lr-factor over --steps) on rays from the training
     views' image pyramid."""
-    from tinn.scenes.octree_training import DEFAULT_OPTIMIZER, OctreeTrainer
-    from tinn.scenes.photometric import decaying_adam
+    from tinn.scenes.training.octree_training import DEFAULT_OPTIMIZER, OctreeTrainer
+    from tinn.scenes.training.photometric import decaying_adam
 
     adam = {k: v for k, v in DEFAULT_OPTIMIZER.items() if k not in ("otype", "learning_rate")}
     optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
@@ -241,7 +242,7 @@ def build_trainer(args, field, train):
 
 def param_budget(args, train):
     """The node array's parameter budget from --param-budget (None: the fixed grid options)."""
-    from tinn.scenes.octree_budget import single_grid_params
+    from tinn.scenes.acceleration.octree_budget import single_grid_params
 
     value = args.param_budget or ("teacher" if args.data and not (args.scale or args.small) else "none")
     if value == "none":
@@ -288,18 +289,18 @@ def scaled_log2_hashmap(args, n_nodes: int) -> int:
 
 
 def lod_truth(args, test):
-    """The scene's area-filtered truth from any camera (`tinn.scenes.lod_eval`): the procedural scene or the
+    """The scene's area-filtered truth from any camera (`tinn.scenes.training.lod_eval`): the procedural scene or the
     --mesh; None for a scene folder (its images are all there is)."""
-    from tinn.scenes import lod_eval
+    from tinn.scenes.training import lod_eval
 
     if args.mesh or args.truth_mesh:
-        from tinn.scenes.mesh import read_mesh
+        from tinn.scenes.data.mesh import read_mesh
 
         return lod_eval.mesh_truth(read_mesh(args.truth_mesh or args.mesh), test.background.float(),
                                    supersample=args.lod_supersample)
     if args.data:
         return None
-    from tinn.scenes.procedural import ProceduralScene
+    from tinn.scenes.data.procedural import ProceduralScene
 
     return lod_eval.procedural_truth(ProceduralScene(), test.background.float(), supersample=args.lod_supersample)
 
@@ -418,8 +419,8 @@ def run(argv=None) -> dict:
     import torch
 
     from tinn import chunks
-    from tinn.scenes.octree_training import evaluate
-    from tinn.scenes.rendering import seconds_per_frame
+    from tinn.render import seconds_per_frame
+    from tinn.scenes.training.octree_training import evaluate
 
     dev = tinn.runtime.device()
     on_gpu = arch == "cuda"
@@ -501,7 +502,7 @@ def run(argv=None) -> dict:
     truth = lod_truth(args, test)
     factors = [float(v) for v in args.lod_factors.split(",") if v.strip()]
     if truth is not None and factors:
-        from tinn.scenes.lod_eval import lod_curve
+        from tinn.scenes.training.lod_eval import lod_curve
 
         curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples, factors,
                           background=test.background.float(), **render)
@@ -561,7 +562,7 @@ def run(argv=None) -> dict:
         print("parameters touched by a camera pulled back by " +
               ", ".join(f"x{k}: {100 * v:.1f}%" for k, v in far_sweep.items()))
     if curve:
-        from tinn.scenes.lod_eval import format_curve
+        from tinn.scenes.training.lod_eval import format_curve
 
         print(f"level of detail, held-out view 0 pulled back (truth area-filtered {args.lod_supersample}^2 per pixel, "
               "PSNR on the object's window):")

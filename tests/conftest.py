@@ -32,6 +32,8 @@ def missing_package(reason: str):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "default_precision: on CUDA, build networks in the default precision "
+                                       "(float16 for arrays on the tensor cores) instead of the suite's float32")
     config.addinivalue_line("markers", "needs_package(available, reason): skip without a system package "
                                        "(fail where TINN_REQUIRE_TEST_PACKAGES=1)")
 
@@ -50,10 +52,10 @@ def device():
 
 @pytest.fixture
 def tuned():
-    """`tuned(name=value, ...)` installs settings changed from the process's own for the rest of one test
-    (what `TINN_SETTINGS` does for a whole process); restored afterwards."""
+    """`tuned(name=value, ...)` installs settings and tuning (fields of either record) changed from the
+    process's own for the rest of one test (what `TINN_SETTINGS` does for a whole process); restored afterwards."""
     from tinn import settings
-    original = settings.current()
+    original = settings.installed()
 
     def install(**changes):
         settings.install(original.replace(**changes))
@@ -69,6 +71,29 @@ def sync_checks_left_on():
     switch the checks back on for the next."""
     yield
     if not tinn.checks.sync_checks_enabled():
-        tinn.checks.set_enabled(True)
-        pytest.fail("the test left tinn's input checks disabled (tinn.checks.set_enabled(False) without restoring)",
+        tinn.checks._enabled["sync_checks"] = True
+        pytest.fail("the test left tinn's input checks disabled (a tinn.checks.disabled() block never closed)",
                     pytrace=False)
+
+
+# On CUDA the default precision of an array the tensor cores take is float16 (tinn/networks/selection.py). The
+# suite's comparisons with float64 references are written for float32's accuracy, so on CUDA every test builds its
+# networks in float32 unless it is marked `default_precision` (the tests of the default itself: host syncs,
+# gradient scaling) or sets a precision itself (`tuned`, `precision=`). TINN_TEST_NETWORK_PRECISION=default turns
+# the pin off for a whole run (to see which comparisons float16 would fail).
+PIN_FLOAT32 = tinn.runtime.arch() == "cuda" and os.environ.get("TINN_TEST_NETWORK_PRECISION") != "default"
+
+
+@pytest.fixture(autouse=True)
+def float32_networks_on_cuda(request):
+    if not PIN_FLOAT32 or request.node.get_closest_marker("default_precision") is not None:
+        yield
+        return
+    from tinn import settings
+    original = settings.installed()
+    if original.settings.precision != "auto":   # the process asked for a precision itself (TINN_SETTINGS)
+        yield
+        return
+    settings.install(original.replace(precision="float32"))
+    yield
+    settings.install(original)

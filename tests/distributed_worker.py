@@ -134,16 +134,16 @@ def scenario_pipeline(rank, out):
                 res[f"{tag}/{case}"] = autograd_pass(model, x, ids, w)
     model = td.ShardedPart(factory(), N_NETWORKS, chunks=2)
     x, ids, t, w = (v.to(dev) for v in batch(rank, 5))
-    y, ctx = model.forward_ctx(x, ids, train=True)
+    y, ctx = model.forward_with_context(x, ids, train=True)
     try:
         model.backward(ctx, w, need_dx=True)
         res["unannounced"] = "no error"
     except ConfigError as e:
         res["unannounced"] = str(e)
-    y, ctx = model.forward_ctx(x, ids, train=True, need_dx=True)  # the ranks are still in step
+    y, ctx = model.forward_with_context(x, ids, train=True, need_dx=True)  # the ranks are still in step
     dx, grads = model.backward(ctx, w, need_dx=True)
     names = {id(p): n for n, p in model.named_parameters()}
-    res["announced"] = {"y": y, "dx": dx, "grads": {names[id(t)]: g for t, g in zip(model.tables(), grads)}}
+    res["announced"] = {"y": y, "dx": dx, "grads": {names[id(t)]: g for t, g in zip(model.parameter_tables(), grads)}}
     res["announced_autograd"] = autograd_pass(model, x, ids, w)
     timer = PhaseTimer(cuda=dev.type == "cuda")
     model.profiler = timer
@@ -156,6 +156,45 @@ def scenario_pipeline(rank, out):
     res["profile_marks"] = [phase for phase, _, _ in timer._marks]
     rep = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
     res["replicated"] = autograd_pass(rep, x, ids, w)
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
+REDUCE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def replicated_factory():
+    """A part of two tables (grid + MLP), so that the all-reduce fills a bucket from both."""
+    from tinn.models import NetworkWithInputEncoding
+
+    return NetworkWithInputEncoding(2, 3, ENCODING, NETWORK, n_networks=N_NETWORKS, seed=11)
+
+
+def scenario_replicated(rank, out):
+    """Replicated (data-parallel) parts: autograd gradients with the all-reduce in each reduce_dtype, Trainer
+    steps through the contract, and a bad reduce_dtype."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    res = {}
+    dev = tinn.runtime.device()
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 6))
+    for dtype in REDUCE_DTYPES:
+        res[dtype] = autograd_pass(td.Replicated(replicated_factory(), reduce_dtype=dtype), x, ids, w)
+    model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3))
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    res["losses"] = []
+    for step in range(2):
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
+        res["losses"].append(float(trainer.training_step(x, t, ids)))
+    res["trained"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        td.Replicated(replicated_factory(), reduce_dtype="int8")
+        res["bad_dtype"] = "no error"
+    except ConfigError as e:
+        res["bad_dtype"] = str(e)
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -184,7 +223,7 @@ def scenario_syncs(rank, out):
 
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                y, ctx = model.forward_ctx(x, ids, train=True)
+                y, ctx = model.forward_with_context(x, ids, train=True)
                 forward = syncs()
                 torch.cuda.set_sync_debug_mode("error")
                 model.backward(ctx, w, need_dx=False)
@@ -412,7 +451,7 @@ def main():
     import tinn.distributed as td
 
     arch = os.environ.get("TINN_ARCH", "cpu")
-    td.init(arch, timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
+    td.init(arch, collective_timeout_s=float(os.environ.get("TIMEOUT_S", "30")))
     if arch == "cpu":
         torch.set_num_threads(1)
     rank = td.rank()

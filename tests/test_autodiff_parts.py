@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tinn
-from tinn.autodiff import AutodiffLoss, AutodiffPart, check_function, create_loss, frequency_encoding, replicas_for
+from tinn.autodiff import AutodiffLoss, AutodiffPart, check_function, builtin_loss, frequency_encoding, replicas_for
 from tinn.backend import ti
 from tinn.errors import ConfigError, InputError
 from tinn.models import NetworkWithInputEncoding
@@ -255,7 +255,7 @@ def test_buffers_are_reused_and_zeroed_between_calls():
     ids = torch.randint(0, 3, (64,), dtype=torch.int32, device=DEV)
     dy = torch.randn(64, 8, device=DEV)
     dy_before = dy.clone()
-    _, ctx = part.forward_ctx(x, ids, train=True)
+    _, ctx = part.forward_with_context(x, ids, train=True)
     dx1, (dp1,) = part.backward(ctx, dy, need_dx=True)
     pointers = {k: t.data_ptr() for k, t in part._work.buffers.items()}
     assert set(pointers) == {"dy", "table", "dtable"}
@@ -399,14 +399,14 @@ def test_loss_errors_name_the_field():
     with pytest.raises(InputError, match=r"data_pdf is not supported by AutodiffLoss 'charbonnier'"):
         loss.evaluate(torch.zeros(4, 3, device=DEV), torch.zeros(4, 3, device=DEV), data_pdf=torch.ones(4, 3))
     with pytest.raises(ConfigError, match=r"autodiff loss 'Huber' is not built in; allowed: \['L2', 'L1', 'MAPE'\]"):
-        create_loss("Huber")
+        builtin_loss("Huber")
 
 
 @pytest.mark.parametrize("otype", ["L2", "L1", "MAPE"])
 def test_built_in_losses_on_the_autodiff_path_match_the_hand_written_kernel(otype):
     gen = torch.Generator().manual_seed(7)
     pred, target = (torch.randn(257, 3, generator=gen).to(DEV) for _ in range(2))
-    auto = create_loss(otype).evaluate(pred, target)
+    auto = builtin_loss(otype).evaluate(pred, target)
     hand = tinn.create_loss({"otype": otype}).evaluate(pred, target)
     torch.testing.assert_close(auto.value, hand.value, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(auto.grad, hand.grad, rtol=1e-6, atol=1e-9)

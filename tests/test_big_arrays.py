@@ -17,6 +17,7 @@ from tinn.errors import ConfigError, DeviceMemoryError, InputError
 from tinn.models import NetworkWithInputEncoding
 from tinn.networks import NetworkArray
 from tinn.optimizers import create_optimizer
+from tinn.settings import Tuning
 from tinn.trainer import Trainer
 
 NET = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU",
@@ -42,12 +43,12 @@ def test_row_spans_cover_the_table_within_the_limit(tuned):
     p = GridEncoding(3, n_levels=16, log2_hashmap_size=19, n_networks=1).n_params_per_network()
     assert 149 * p <= chunks.LOOP_LIMIT < 150 * p
     assert chunks.row_spans(149, p) == ((0, 149),) and chunks.row_spans(150, p) == ((0, 149), (149, 150))
-    tuned(table_chunk_elements=tinn.Settings().table_chunk_elements)
+    tuned(table_chunk_elements=Tuning().table_chunk_elements)
     assert chunks.row_spans(151, p) == ((0, 75), (75, 150), (150, 151))   # the default: 2^30 per launch
     with pytest.raises(ConfigError, match=r"one row of the grid table holds 2147483648 elements"):
         chunks.row_spans(2, 1 << 31, "the grid table")
     with pytest.raises(ConfigError, match=r"table_chunk_elements=0 must be in \[1, 2\^31 - 2\^24\]"):
-        tinn.Settings(table_chunk_elements=0)
+        Tuning(table_chunk_elements=0)
 
 
 @pytest.mark.parametrize("acts", [("ReLU", "None"), ("SiLU", "Sigmoid")], ids=["relu", "silu-keeps-pre"])
@@ -88,35 +89,36 @@ def test_mlp_array_chunks_equal_one_launch_and_reference(acts, tuned):
 def test_fused_launchers_cover_every_chunk_once(monkeypatch, tuned):
     """The fused CUDA kernels do not compile on the CPU; their launchers are checked by recording what
     each launch receives: the chunk view of the table and the chunk's first row."""
-    from tinn.kernels import mlp_fused as FK
+    from tinn.kernels import mlp_fused
     from tinn.kernels.mlp_array import MLPShape
     from tinn.routing import route_fused
 
     calls = {}
     for name, slot, lo_slot in (("forward", 5, -1), ("backward_deltas", 5, -5), ("weight_gradients", 8, -1)):
-        monkeypatch.setattr(FK, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
+        monkeypatch.setattr(mlp_fused, name, (lambda n, s, l: lambda *a: calls.setdefault(n, []).append(
             (a[s].data_ptr(), a[s].shape[0], a[l])))(name, slot, lo_slot))
     params = torch.zeros(7, 100, device=DEV)
     tuned(table_chunk_elements=250)
     ids = ragged_ids(64, 7)
     tiles = route_fused(ids, 7, (64,))[0]
-    shape, geom = MLPShape(4, 16, 4, 2, 0, 0), FK.Geometry(64, 16, 32)
+    shape, geom = MLPShape(4, 16, 4, 2, 0, 0), mlp_fused.Geometry(64, 16, 32)
     b = torch.empty(1, 1, device=DEV)
-    FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
-    FK.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
-                           x_fm=False)
-    FK.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params, x_fm=False)
+    mlp_fused.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_feature_major=False)
+    mlp_fused.run_backward_deltas(b, tiles, params, shape, geom, acts=b, out=b, deltas=b, dout=b, dx=b, want_dx=False,
+                                  x_feature_major=False)
+    mlp_fused.run_weight_gradients(b, tiles, shape, geom, acts=b, deltas=b, dout=b, dparams=params,
+                                   x_feature_major=False)
     expect = [(params[lo].data_ptr(), hi - lo, lo) for lo, hi in ((0, 2), (2, 4), (4, 6), (6, 7))]
     assert calls == {"forward": expect, "backward_deltas": expect, "weight_gradients": expect}
     calls.clear()
     tuned(table_chunk_elements=700)
-    FK.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_fm=False)
+    mlp_fused.run_forward(b, tiles, params, shape, geom, acts=b, out=b, keep_all=True, x_feature_major=False)
     assert calls["forward"] == [(params.data_ptr(), 7, 0)]  # one chunk: the table itself, no view
 
 
 @pytest.mark.parametrize("lanes", [True, False], ids=["feature-lanes", "sample-threads"])
 def test_grid_chunks_equal_one_launch_and_reference(lanes, tuned):
-    tuned(grid_feature_lanes=lanes)
+    tuned(feature_lanes=lanes)
     enc = make(3, N, n_levels=4, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4,
                per_level_scale=1.7)
     x = inputs(enc, 200)[0].to(DEV)
@@ -275,14 +277,14 @@ def test_batches_past_the_index_limit_are_refused_with_the_largest_batch():
     with pytest.raises(InputError, match=rf"NetworkArray: a batch of {batch} samples needs {batch * 640} elements "
                                          r"of activations and deltas \(5, 128, batch\), more than a kernel can index "
                                          rf"\(2\^31 - 2\^24\); split it into batches of at most {batch - 1} samples"):
-        net.forward_ctx(x, ids, train=True)
-    net.forward_ctx(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
+        net.forward_with_context(x, ids, train=True)
+    net.forward_with_context(x[:1000], ids[:1000], train=True)  # (a batch below the limit runs)
     enc = GridEncoding(2, n_levels=128, n_features_per_level=8, log2_hashmap_size=2, base_resolution=2,
                        per_level_scale=1.0)
     batch = chunks.LOOP_LIMIT // 1024 + 1
     with pytest.raises(InputError, match=rf"GridEncoding: a batch of {batch} samples .* at most {batch - 1} samples"):
-        enc.forward_ctx(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
-                        train=False)
+        enc.forward_with_context(torch.zeros(batch, 2, device=DEV), torch.zeros(batch, dtype=torch.int32, device=DEV),
+                                 train=False)
 
 
 def test_dense_single_network_batches_pass_the_kernels_index_limit(monkeypatch, tuned):

@@ -233,7 +233,7 @@ def test_trainer_from_config_still_builds_and_trains():
     x = torch.rand(64, 2, generator=gen).to(dev)
     t = torch.rand(64, 3, generator=gen).to(dev)
     ids = torch.randint(0, 2, (64,), dtype=torch.int32, generator=gen).to(dev)
-    before = [p.detach().clone() for p in model.tables()]
+    before = [p.detach().clone() for p in model.parameter_tables()]
     enc64, net64 = (p.double().requires_grad_(True) for p in before)
     y64 = mlp_array(model.network, net64, ref_grid(model.encoding, x.double(), enc64, ids), ids, "ReLU", "None")
     ref_loss = ((y64 - t.double()) ** 2).mean()
@@ -241,7 +241,7 @@ def test_trainer_from_config_still_builds_and_trains():
 
     loss = trainer.training_step(x, t, ids)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
-    for p, p0, ref, l2_reg in zip(model.tables(), before, (enc64.grad, net64.grad), (0.0, 1e-8)):
+    for p, p0, ref, l2_reg in zip(model.parameter_tables(), before, (enc64.grad, net64.grad), (0.0, 1e-8)):
         torch.testing.assert_close(p.grad.double(), ref, rtol=1e-3, atol=1e-4 * float(ref.abs().max()))
         # tcnn's first Adam step (beta2 0.999, epsilon 1e-8, l2_reg on the network's weights only):
         # lr * sqrt(1 - beta2) * g / (sqrt(1 - beta2) * |g| + epsilon), about lr * sign(g)

@@ -112,14 +112,14 @@ def test_feature_major_inputs_match_sample_major(hidden, output, tuned):
                               "output_activation": output}, seed=2, input_padding=(2, 1.0))
     assert net.dense and FEATURE_MAJOR in net.input_layouts
     ids = torch.zeros(300, dtype=torch.int32, device=dev)
-    y, ctx = net.forward_ctx(x, ids, train=True)
-    y_fm, ctx_fm = net.forward_ctx(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
+    y, ctx = net.forward_with_context(x, ids, train=True)
+    y_fm, ctx_fm = net.forward_with_context(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
     dx, (dp,) = net.backward(ctx, dy, need_dx=True)
     dx_fm, (dp_fm,) = net.backward(ctx_fm, dy, need_dx=True)
     assert dx_fm.shape == (6, 300)
     assert rel_err(y_fm, y) < 1e-6 and rel_err(dx_fm.t(), dx) < 1e-6 and rel_err(dp_fm, dp) < 1e-6
     with torch.no_grad():
-        inferred = net.forward_ctx(x.t().contiguous(), ids, train=False, x_layout=FEATURE_MAJOR)[0]
+        inferred = net.forward_with_context(x.t().contiguous(), ids, train=False, x_layout=FEATURE_MAJOR)[0]
     assert rel_err(inferred, y) < 1e-6
 
 

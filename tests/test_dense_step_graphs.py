@@ -18,9 +18,9 @@ CONFIG = {"n_neurons": 32, "n_hidden_layers": 2, "activation": "ReLU", "output_a
 
 def pair(tuned, precision="float32", config=CONFIG, **kw):
     """Two networks with the same weights: the replayed one and the eager one."""
-    tuned(network_precision=precision, dense_single_network=True, dense_step_graphs=True)
+    tuned(precision=precision, dense_single_network=True, dense_step_graphs=True)
     replayed = NetworkArray(6, 3, config, seed=4, **kw)
-    tuned(network_precision=precision, dense_single_network=True, dense_step_graphs=False)
+    tuned(precision=precision, dense_single_network=True, dense_step_graphs=False)
     eager = NetworkArray(6, 3, config, seed=4, **kw)
     assert replayed._step_graphs is not None and eager._step_graphs is None
     return replayed, eager
@@ -35,9 +35,9 @@ def captured(net, x):
 def step(net, x, dy, layout):
     ids = torch.zeros(x.shape[0], dtype=torch.int32, device=DEV)
     xin = x.t().contiguous() if layout == FEATURE_MAJOR else x
-    y, ctx = net.forward_ctx(xin, ids, train=True, x_layout=layout)
+    y, ctx = net.forward_with_context(xin, ids, train=True, x_layout=layout)
     dx, (dp,) = net.backward(ctx, dy, need_dx=True)
-    replayed = getattr(ctx, "lease", None) is not None
+    replayed = getattr(ctx, "held_buffers", None) is not None
     del ctx
     return y, (dx.t() if layout == FEATURE_MAJOR else dx), dp, replayed
 
@@ -65,7 +65,7 @@ def test_replayed_steps_match_the_eager_path(precision, layout, tuned):
 
 
 def test_a_second_forward_before_the_backward_runs_eagerly(tuned):
-    """Two forwards, then one backward through both: the second could not take the leased buffers."""
+    """Two forwards, then one backward through both: the second could not take the held buffers."""
     replayed, eager = pair(tuned)
     gen = torch.Generator().manual_seed(2)
     x1, x2 = ((torch.rand(500, 6, generator=gen) * 2 - 1).to(DEV) for _ in range(2))
@@ -153,7 +153,7 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
               "loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2}}
     runs = []
     for graphs in (True, False):
-        tuned(dense_single_network=True, dense_step_graphs=graphs, network_precision="float16")
+        tuned(dense_single_network=True, dense_step_graphs=graphs, precision="float16")
         trainer = Trainer.from_config(config, 2, 3, seed=3)
         gen = torch.Generator().manual_seed(6)
         losses = []
@@ -170,7 +170,7 @@ def test_the_trainer_steps_the_same_with_replayed_steps(tuned):
 
 
 def test_a_loop_that_keeps_the_last_loss_alive_replays_every_step(tuned):
-    """tcnn's sample loop: `loss` of step k lives until step k+1 has run its forward. The lease ends with the
+    """tcnn's sample loop: `loss` of step k lives until step k+1 has run its forward. The hold ends with the
     backward, so each step still replays."""
     replayed, _ = pair(tuned)
     x = (torch.rand(256, 6, generator=torch.Generator().manual_seed(7)) * 2 - 1).to(DEV)

@@ -93,9 +93,9 @@ def test_grid_gradients_match_float64_across_chunks(interpolation, tuned):
                per_level_scale=1.7, interpolation=interpolation)
     tuned(deterministic=True, table_chunk_elements=2 * enc.n_params_per_network())
     assert len(chunks.row_spans(5, enc.n_params_per_network())) == 3
-    from tinn.kernels import deterministic as DK
-    block = DK.GRID_TERMS_PER_BLOCK
-    DK.GRID_TERMS_PER_BLOCK = 4 * 8 * 2 * 700   # blocks of 700 samples
+    from tinn.kernels import deterministic as deterministic_kernels
+    block = deterministic_kernels.GRID_TERMS_PER_BLOCK
+    deterministic_kernels.GRID_TERMS_PER_BLOCK = 4 * 8 * 2 * 700   # blocks of 700 samples
     try:
         x, _, ids = batch(size=3000)
         ids = ids.clamp(max=4)
@@ -108,7 +108,7 @@ def test_grid_gradients_match_float64_across_chunks(interpolation, tuned):
         (enc(xg2, ids) * w).sum().backward()
         assert torch.equal(enc.params.grad, grads[0])
     finally:
-        DK.GRID_TERMS_PER_BLOCK = block
+        deterministic_kernels.GRID_TERMS_PER_BLOCK = block
     x64 = x.double().requires_grad_(xg.requires_grad)
     p64 = enc.params.detach().double().requires_grad_(True)
     (ref_grid(enc, x64, p64, ids) * w.double()).sum().backward()

@@ -38,11 +38,18 @@ def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **en
     os.makedirs(out, exist_ok=True)
     port = _free_port()
     procs = []
+    # The ranks build their networks in this process's precision (on CUDA the suite pins float32, conftest.py),
+    # so that they compare with the references built here.
+    precision = tinn.settings.current().precision
+    tinn_settings = os.environ.get("TINN_SETTINGS", "")
+    if precision != "auto" and "precision" not in tinn_settings:
+        tinn_settings = ",".join(filter(None, [tinn_settings, f"precision={precision}"]))
     for r in range(world):
-        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port), TINN_ARCH="cpu",
-                 PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
-                 **{k: str(v) for k, v in env.items()})
+        # The scenario's own settings (env) win over the defaults here, which win over this process's environment.
+        e = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "TINN_ARCH": "cpu", "TINN_SETTINGS": tinn_settings,
+             "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+             **{k: str(v) for k, v in env.items()}}
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "distributed_worker.py"), scenario, str(out)],
                                       env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     logs = []
@@ -203,6 +210,14 @@ def test_exchanges_on_two_gpus_equal_unsharded(tmp_path, shared):
     _check_pipeline(runs, shared, triton_cases=set(W.PIPELINE_CASES), atol=1e-6)
 
 
+@two_gpus
+def test_replicated_reduces_over_nccl_like_one_process(tmp_path):
+    """The Replicated scenario over NCCL, one GPU per rank: the bucketed, asynchronous all-reduce in float32,
+    bfloat16 and float16, and Trainer steps (the fused loss where the MLP has it), against this process's GPU."""
+    runs = run_ranks("replicated", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_replicated(runs, atol=1e-6, trained_atol=1e-5)
+
+
 @pytest.mark.skipif(tinn.runtime.arch() != "cuda" or not torch.distributed.is_nccl_available(),
                     reason="host syncs only exist on a GPU (NCCL)")
 def test_sharded_step_syncs_the_host_once(tmp_path):
@@ -245,6 +260,64 @@ def test_contract_announces_dx_and_profiles_phases(pipeline_run):
     for res in pipeline_run:
         for n, v in grads.items():
             torch.testing.assert_close(res["replicated"]["grads"][f"inner.{n}"], v, rtol=1e-4, atol=1e-7)
+
+
+def _check_replicated(runs, atol: float = 1e-9, trained_atol: float = 1e-6):
+    """Each rank's Replicated results against single-process references where tinn runs here (atol: the float32
+    reduce's absolute tolerance, and a floor under the narrower dtypes' rounding bound; GPU atomics add in an
+    order of their own)."""
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    full = W.replicated_factory()
+    # Unit roundoff of each dtype: the scaled gradients and their sum each round once.
+    roundoff = {"float32": 0.0, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+    per_rank = []
+    for r, res in enumerate(runs):
+        y, dx, grads = _reference_autograd(full, [tuple(v.to(dev) for v in W.batch(r, 6))], 1.0)
+        per_rank.append({n: g.cpu() for n, g in grads.items()})
+        for dtype in roundoff:  # forward and dx are each rank's own
+            torch.testing.assert_close(res[dtype]["y"], y.cpu(), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(res[dtype]["dx"], dx.cpu(), rtol=1e-5, atol=1e-7)
+    for res in runs:
+        for dtype, u in roundoff.items():
+            for n in per_rank[0]:
+                got = res[dtype]["grads"][f"inner.{n}"]
+                want = sum(g[n] for g in per_rank) / WORLD
+                if dtype == "float32":
+                    torch.testing.assert_close(got, want, rtol=1e-6, atol=atol, msg=n)
+                    continue
+                size = sum(g[n].abs() for g in per_rank) / WORLD
+                assert bool(((got - want).abs() <= 2 * u * size + max(atol, 1e-7)).all()), (dtype, n)
+                low = getattr(torch, dtype)
+                assert torch.equal(got, got.to(low).float()), (dtype, n)  # the sum came back in that dtype
+        assert "reduce_dtype='int8' is not supported; allowed: ['float32', 'bfloat16', 'float16']" in res["bad_dtype"]
+    # bfloat16 rounded something: the gradients differ from the float32 reduce's.
+    assert any(not torch.equal(runs[0]["bfloat16"]["grads"][n], runs[0]["float32"]["grads"][n])
+               for n in runs[0]["float32"]["grads"])
+    net = NetworkArray(2, 3, W.NETWORK, n_networks=W.N_NETWORKS, seed=3)
+    trainer = Trainer(net, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    losses = []
+    for step in range(2):
+        bs = [tuple(v.to(dev) for v in W.batch(r, 60 + step)) for r in range(WORLD)]
+        losses.append(float(trainer.training_step(torch.cat([b[0] for b in bs]), torch.cat([b[2] for b in bs]),
+                                                  torch.cat([b[1] for b in bs]))))
+    for res in runs:
+        for n, p in net.named_parameters():
+            torch.testing.assert_close(res["trained"][f"inner.{n}"], p.detach().cpu(), rtol=1e-4, atol=trained_atol,
+                                       msg=n)
+    torch.testing.assert_close(torch.tensor([sum(x) / WORLD for x in zip(*[r["losses"] for r in runs])]),
+                               torch.tensor(losses), rtol=1e-5, atol=1e-7)
+
+
+@cpu_reference
+def test_replicated_reduces_in_one_bucket_in_each_dtype(tmp_path):
+    """Replicated (data parallel): the all-reduced gradients are the mean of the ranks' single-process gradients,
+    to float32 rounding with a float32 reduce, within the reduce dtype's rounding (and representable in it)
+    with bfloat16 / float16; Trainer steps (the contract's loss-seeded backward) equal unsharded steps on the
+    union of the ranks' batches; a bad reduce_dtype is a clear error."""
+    _check_replicated(run_ranks("replicated", tmp_path))
 
 
 @cpu_reference

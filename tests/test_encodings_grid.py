@@ -351,7 +351,7 @@ def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interp
     plain = create_encoding(3, {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 7,
                                 "base_resolution": 4, "per_level_scale": 2.0, "interpolation": interpolation},
                             n_networks=n_networks)
-    assert not torch.allclose(enc.params.grad, plain.backward(plain.forward_ctx(x, ids, train=True)[1], dy,
+    assert not torch.allclose(enc.params.grad, plain.backward(plain.forward_with_context(x, ids, train=True)[1], dy,
                                                               need_dx=False)[1][0])
 
 
@@ -364,7 +364,7 @@ def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interp
 def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, level_tasks, tuned):
     # Every kernel family of the table gradient: one thread per (level, sample, feature), one per (level,
     # sample), and on the CPU one task per level walking the samples without atomics.
-    tuned(grid_feature_lanes=lanes, grid_level_tasks=level_tasks)
+    tuned(feature_lanes=lanes, level_tasks=level_tasks)
     enc = make(n_dims, n_networks, **kw)
     assert enc.feature_lanes is lanes
     assert enc.level_tasks is (level_tasks and tinn.runtime.arch() == "cpu")
@@ -398,7 +398,7 @@ def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, lev
 def test_level_tasks_where_no_thread_idles(setting, threads_per_level, expected, tuned, monkeypatch):
     """By default the CPU takes one task per level when it runs no more threads than the grid has levels;
     the setting forces either way; on CUDA never (a level per thread would leave the GPU idle)."""
-    tuned(grid_level_tasks=setting)
+    tuned(level_tasks=setting)
     monkeypatch.setattr(tinn.runtime, "cpu_threads", lambda: 4 if threads_per_level == "few" else 64)
     enc = make(2, 1, n_levels=8, n_features_per_level=2, log2_hashmap_size=10)
     assert enc.level_tasks is (expected and tinn.runtime.arch() == "cpu")
@@ -407,7 +407,7 @@ def test_level_tasks_where_no_thread_idles(setting, threads_per_level, expected,
 @pytest.mark.skipif(tinn.runtime.arch() != "cpu", reason="level tasks are the CPU's kernel (CUDA keeps atomics)")
 def test_level_tasks_sum_in_a_fixed_order(tuned):
     """No atomics: the same batch gives bit-identical table gradients every time."""
-    tuned(grid_level_tasks=True)
+    tuned(level_tasks=True)
     enc = make(3, 2, n_levels=4, n_features_per_level=2, log2_hashmap_size=8)
     x, ids = inputs(enc, 4000)
     w = torch.randn(4000, 8, generator=torch.Generator().manual_seed(1)).to(DEV)

@@ -54,7 +54,7 @@ def make(kernels, n_in, n_out, config, n_networks, seed=7, tcnn_layout=False):
 @pytest.fixture(autouse=True)
 def exact_float32(tuned):
     """tcnn's facade takes the process's precision: exact float32 for these comparisons."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 CASES = {

@@ -1,5 +1,6 @@
-"""Dynamic gradient scaling of float16 networks (tinn/gradient_scaling.py): the scale's arithmetic, and training
-whose gradients overflow float16 with tcnn's static scale."""
+"""Dynamic gradient scaling of float16 networks (tinn/gradient_scaling.py): the scale's arithmetic, training whose
+gradients overflow float16 with tcnn's static scale, and the skip of an overflowing step decided on the device
+(every optimizer's state as if the step had never been asked, no host read, checkpoints)."""
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from tinn.networks import NetworkArray
 from tinn.trainer import Trainer
 
 DEV = tinn.runtime.device()
+pytestmark = pytest.mark.default_precision
 NET = {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "Tanh",
        "output_activation": "None"}
 
@@ -50,7 +52,7 @@ def test_scale_grows_and_backs_off_by_the_rule():
 def test_only_float16_networks_get_a_dynamic_scaler(tuned):
     for precision, static, expected in [("float16", False, True), ("float16", True, False),
                                         ("bfloat16", False, False), ("float32", False, False)]:
-        tuned(network_precision=precision, gradient_scaling="static" if static else "dynamic")
+        tuned(precision=precision, gradient_scaling="static" if static else "dynamic")
         net = NetworkArray(3, 2, NET, seed=1)
         assert (net.gradient_scaler is not None) == expected, (precision, static)
         if expected:
@@ -66,7 +68,7 @@ def _summed_loss(pred, target):
 
 
 def _train(precision, scaling, tuned, steps=60):
-    tuned(network_precision=precision, gradient_scaling=scaling)
+    tuned(precision=precision, gradient_scaling=scaling)
     net = NetworkArray(2, 1, NET, seed=3)
     trainer = Trainer(net, _summed_loss, {"otype": "Adam", "learning_rate": 1e-2})
     gen = torch.Generator().manual_seed(2)
@@ -85,7 +87,7 @@ def test_float16_training_overflows_with_the_static_scale_and_recovers_with_the_
     _, reference = _train("float32", "dynamic", tuned)
     scaler = trainer.model.gradient_scaler
     assert trainer.skipped_steps >= 1 and trainer.skipped_steps == scaler.skipped_steps
-    assert trainer.step + trainer.skipped_steps == 60
+    assert trainer.step == 60 and trainer.optimizer.step_count + trainer.skipped_steps == 60
     assert trainer.summary() == {"step": trainer.step, "skipped_steps": trainer.skipped_steps,
                                  "gradient_scale": scaler.value}
     assert scaler.value == 128.0 * 0.5 ** trainer.skipped_steps   # no growth within 60 steps
@@ -99,7 +101,7 @@ def test_float16_training_overflows_with_the_static_scale_and_recovers_with_the_
 def test_autograd_users_get_unscaled_gradients_and_the_overflow_flag(tuned):
     """Through torch autograd (the tcnn facade's path): gradients arrive unscaled; an overflow is flagged in
     the scaler, whose `update()` tells the caller to skip the step and backs the scale off."""
-    tuned(network_precision="float16", gradient_scaling="dynamic")
+    tuned(precision="float16", gradient_scaling="dynamic")
     net = NetworkArray(2, 1, NET, seed=3)
     scaler = net.gradient_scaler
     x = torch.rand(64, 2, device=DEV)
@@ -107,7 +109,7 @@ def test_autograd_users_get_unscaled_gradients_and_the_overflow_flag(tuned):
     (y.sum() * 1e-3).backward()
     small = net.params.grad.clone()
     assert scaler.update() and bool(torch.isfinite(small).all())
-    tuned(network_precision="float32")
+    tuned(precision="float32")
     reference = NetworkArray(2, 1, NET, seed=3)
     (reference(x, None).sum() * 1e-3).backward()
     torch.testing.assert_close(small, reference.params.grad, rtol=2e-2, atol=2e-2 * float(small.abs().max()))
@@ -122,7 +124,7 @@ def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
     parameters stay finite, and the scale is halved."""
     import tinn.torch as tcnn
 
-    tuned(network_precision="float16", gradient_scaling="dynamic")
+    tuned(precision="float16", gradient_scaling="dynamic")
     enc = {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 8, "base_resolution": 4}
     model = tcnn.NetworkWithInputEncoding(2, 1, enc, NET, seed=5)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -140,8 +142,8 @@ def test_a_tcnn_facade_loop_skips_the_overflowing_step(tuned):
 
 
 @pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="the tensor-core path runs on CUDA")
-def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tuned):
-    """An array of networks on the tensor cores in float16: its kernels take the scaler's host value, the
+def test_the_tensor_core_path_reads_the_scale_on_the_device_and_flags_overflow(tuned):
+    """An array of networks on the tensor cores in float16: its kernels read the scaler's device tensor, the
     gradients arrive unscaled (against float32 within float16's accuracy) and an overflow is flagged."""
     from tinn.networks import tensor_cores
 
@@ -152,7 +154,7 @@ def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tune
     ids = torch.randint(0, 8, (4096,), generator=gen, dtype=torch.int32).to(DEV)
     grads = []
     for precision in ("float32", "float16"):
-        tuned(network_precision=precision, network_kernels="tensor_cores", gradient_scaling="dynamic")
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
         net = NetworkArray(2, 1, dict(NET, n_neurons=64), n_networks=8, seed=3)
         assert net.tensor_cores is not None and net.precision == precision
         (net(x, ids).float().square().mean()).backward()
@@ -164,3 +166,239 @@ def test_the_tensor_core_path_takes_the_scale_as_a_float_and_flags_overflow(tune
     net.params.grad = None
     (net(x, ids).float().sum() * 1e5).backward()
     assert not scaler.update() and scaler.value == 64.0
+
+
+# ---- the skip decided on the device ---------------------------------------------------------------------
+class _WeightedL2:
+    """A summed L2 loss times `weight`: 1e5 takes the output gradients past float16's range at scale 128."""
+
+    def __init__(self):
+        self.weight = 1.0
+
+    def __call__(self, pred, target):
+        return self.weight * ((pred - target) ** 2).sum()
+
+
+def _f16_trainer(tuned, optimizer, seed=3):
+    tuned(precision="float16", gradient_scaling="dynamic")
+    net = NetworkArray(2, 1, NET, seed=seed)
+    assert net.precision == "float16" and net.gradient_scaler is not None
+    return Trainer(net, _WeightedL2(), optimizer)
+
+
+def _batch(i):
+    gen = torch.Generator().manual_seed(10 + i)
+    x = torch.rand(128, 2, generator=gen)
+    return x.to(DEV), (torch.sin(3 * x[:, :1]) * 0.5).to(DEV)
+
+
+def _snapshot(trainer):
+    return trainer.model.params.detach().clone(), trainer.optimizer.state_dict()
+
+
+def _assert_same_state(a, b):
+    (params_a, state_a), (params_b, state_b) = a, b
+    if isinstance(params_a, torch.Tensor):
+        params_a, params_b = [params_a], [params_b]
+    assert len(params_a) == len(params_b) and all(torch.equal(x, y) for x, y in zip(params_a, params_b))
+    assert set(state_a) == set(state_b)
+    for key, value in state_a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, state_b[key]), key
+        else:
+            assert value == state_b[key], key
+
+
+ADAM = {"otype": "Adam", "learning_rate": 1e-2}
+SKIP_OPTIMIZERS = [ADAM, {"otype": "SGD", "learning_rate": 1e-3}, {"otype": "Novograd", "learning_rate": 1e-2},
+                   {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Lookahead", "alpha": 0.5, "n_steps": 2,
+                                                             "nested": ADAM}},
+                   {"otype": "Average", "n_samples": 2, "nested": ADAM},
+                   {"otype": "Composite", "nested": [dict(ADAM, params="params")]},
+                   # ExponentialDecay computes the nested rate on the device; Batched reads the flag on the host
+                   {"otype": "ExponentialDecay", "decay_start": 1, "decay_interval": 1, "decay_base": 0.5,
+                    "nested": ADAM},
+                   {"otype": "Batched", "batch_size_multiplier": 2, "nested": ADAM}]
+ON_HOST = ("Batched",)
+
+
+@pytest.mark.parametrize("optimizer", SKIP_OPTIMIZERS, ids=[o["otype"] for o in SKIP_OPTIMIZERS])
+def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
+    """Steps good, overflowing, good: the overflowing one leaves parameters and optimizer state bit-identical
+    (moments and step counts too) and halves the scale, and the run then equals one that never took it (given
+    the same scale), as torch's GradScaler with a fused optimizer."""
+    trainer = _f16_trainer(tuned, optimizer)
+    assert trainer.optimizer.skips_on_device == (optimizer["otype"] not in ON_HOST)
+    trainer.training_step(*_batch(0))
+    before = _snapshot(trainer)
+    trainer.loss.weight = 1e5
+    trainer.training_step(*_batch(1))
+    assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0 and trainer.step == 2
+    _assert_same_state(_snapshot(trainer), before)
+    trainer.loss.weight = 1.0
+    for i in (2, 3):
+        trainer.training_step(*_batch(i))
+    assert trainer.optimizer.step_count == 3
+
+    reference = _f16_trainer(tuned, optimizer)
+    reference.training_step(*_batch(0))
+    reference.model.gradient_scaler.load_state_dict({"value": 64.0, "finite_in_a_row": 0, "skipped_steps": 1})
+    for i in (2, 3):
+        reference.training_step(*_batch(i))
+    _assert_same_state(_snapshot(trainer), _snapshot(reference))
+
+
+def test_the_scale_grows_after_growth_interval_finite_trainer_steps(tuned):
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-3})
+    trainer.model.gradient_scaler.growth_interval = 2
+    for i in range(5):
+        trainer.training_step(*_batch(i))
+    assert trainer.gradient_scale == 128.0 * 4 and trainer.skipped_steps == 0
+    assert trainer.model.gradient_scaler.finite_in_a_row == 1
+
+
+def test_a_float16_trainer_step_reads_nothing_back_from_the_device(tuned, monkeypatch):
+    """The step's skip decision stays on the device: no tensor is read on the host during the step (on a GPU
+    such a read is a sync; tests/test_host_sync_cuda.py checks that with torch's sync debug mode)."""
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2})
+    batches = [_batch(i) for i in range(3)]
+    for _ in range(2):   # first-call set-up (compiling; on CUDA the dense step's graph capture) outside
+        trainer.training_step(*batches[0])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tensor was read on the host during a training step")
+
+    with tinn.checks.disabled():
+        with monkeypatch.context() as patch:
+            for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+                patch.setattr(torch.Tensor, name, refuse)
+            trainer.loss.weight = 1e5
+            trainer.training_step(*batches[1])   # overflows: skipped on the device
+            trainer.loss.weight = 1.0
+            trainer.training_step(*batches[2])
+    assert trainer.step == 4 and trainer.skipped_steps == 1 and trainer.optimizer.step_count == 3
+
+
+def test_a_checkpoint_mid_run_keeps_the_scaling_state(tuned, tmp_path):
+    """Saved after a skipped step, loaded into a fresh trainer: the scale, growth count and skip count come back
+    bit-exact, and both runs continue identically."""
+    trainer = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2})
+    trainer.model.gradient_scaler.growth_interval = 3
+    for i, weight in enumerate([1.0, 1e5, 1.0, 1.0]):
+        trainer.loss.weight = weight
+        trainer.training_step(*_batch(i))
+    path = tmp_path / "run.tinn"
+    trainer.save_checkpoint(path)
+    restored = _f16_trainer(tuned, {"otype": "Adam", "learning_rate": 1e-2}, seed=9)
+    restored.model.gradient_scaler.growth_interval = 3
+    restored.load_checkpoint(path)
+    for t in (trainer, restored):
+        assert t.step == 4 and t.skipped_steps == 1 and t.gradient_scale == 64.0
+        assert t.model.gradient_scaler.finite_in_a_row == 2
+    for i in range(4, 7):   # the scale grows at the first of these
+        for t in (trainer, restored):
+            t.training_step(*_batch(i))
+    assert trainer.gradient_scale == restored.gradient_scale == 128.0
+    _assert_same_state(_snapshot(trainer), _snapshot(restored))
+    for key, value in trainer.gradient_scaling_state().items():
+        assert torch.equal(value, restored.gradient_scaling_state()[key]), key
+
+
+ALL_OPTIMIZERS = [
+    ADAM, {"otype": "Adam", "learning_rate": 1e-2, "adabound": True}, {"otype": "SGD", "learning_rate": 1e-2},
+    {"otype": "Novograd", "learning_rate": 1e-2}, {"otype": "Shampoo", "learning_rate": 1e-2},
+    {"otype": "EMA", "decay": 0.9, "nested": ADAM}, {"otype": "Average", "n_samples": 2, "nested": ADAM},
+    {"otype": "Lookahead", "alpha": 0.5, "n_steps": 2, "nested": ADAM},
+    {"otype": "ExponentialDecay", "decay_start": 1, "decay_interval": 2, "decay_base": 0.5,
+     "nested": {"otype": "SGD", "learning_rate": 1e-2}},
+    {"otype": "Batched", "batch_size_multiplier": 2, "nested": ADAM},
+    {"otype": "Composite", "nested": [dict(ADAM, params="encoding"), {"otype": "Novograd", "params": "network"}]},
+]
+
+
+@pytest.mark.parametrize("config", ALL_OPTIMIZERS,
+                         ids=[f"{c['otype']}{'-adabound' if c.get('adabound') else ''}" for c in ALL_OPTIMIZERS])
+def test_a_device_flag_steps_exactly_as_the_host_decides(config):
+    """Every optimizer, given the same gradients: steps with a device skip flag (0, 1, 0, 0, 0) end bit-identical
+    to steps taken on the host with the flagged one left out, state dict included; a flag of 1 changes
+    nothing."""
+    from tinn.optimizers import create_optimizer
+
+    def params():
+        net = torch.nn.Parameter(torch.linspace(-1, 1, 3 * 12, device=DEV).view(3, 12))
+        net.tinn_layer_shapes = [(3, 4)]
+        return [("network.params", net),
+                ("encoding.params", torch.nn.Parameter(torch.linspace(0.5, -0.5, 10, device=DEV).view(2, 5)))]
+
+    host_params, device_params = params(), params()
+    host, device = create_optimizer(config, host_params), create_optimizer(config, device_params)
+    gen = torch.Generator().manual_seed(7)
+    grads = [[torch.randn(p.shape, generator=gen).to(DEV) for _, p in host_params] for _ in range(5)]
+    flags = [0, 1, 0, 0, 0]
+    for step_grads, flag in zip(grads, flags):
+        before = [p.detach().clone() for _, p in device_params], device.state_dict()
+        for (_, p), g in zip(device_params, step_grads):
+            p.grad = g.clone()
+        device.step(skip=torch.full((1,), flag, dtype=torch.int32, device=DEV))
+        if flag:
+            _assert_same_state(([p.detach() for _, p in device_params], device.state_dict()), before)
+            continue
+        for (_, p), g in zip(host_params, step_grads):
+            p.grad = g.clone()
+        host.step()
+        for (_, a), (_, b) in zip(host_params, device_params):
+            assert torch.equal(a, b)
+        _assert_same_state(([], host.state_dict()), ([], device.state_dict()))
+    assert device.step_count == host.step_count == 4
+
+
+def test_checkpoints_move_between_precisions(tuned, tmp_path):
+    """A checkpoint keeps no precision: one saved in float16 (with its scaling state) loads into a float32 trainer,
+    which has nothing to scale, and one saved in float32 loads into a float16 trainer, whose scaler starts
+    afresh."""
+    f16 = _f16_trainer(tuned, ADAM)
+    f16.loss.weight = 1e5
+    f16.training_step(*_batch(0))
+    assert f16.skipped_steps == 1 and f16.gradient_scale == 64.0
+    f16.save_checkpoint(tmp_path / "f16.tinn")
+    tuned(precision="float32")
+    f32 = Trainer(NetworkArray(2, 1, NET, seed=8), _WeightedL2(), ADAM)
+    f32.load_checkpoint(tmp_path / "f16.tinn")
+    assert f32.step == 1 and f32.skipped_steps == 0 and f32.gradient_scale is None
+    assert torch.equal(f32.model.params, f16.model.params)
+    f32.training_step(*_batch(1))
+    f32.save_checkpoint(tmp_path / "f32.tinn")
+    f16.load_checkpoint(tmp_path / "f32.tinn")
+    assert f16.step == 2 and f16.skipped_steps == 0 and f16.gradient_scale == 128.0
+    assert torch.equal(f16.model.params, f32.model.params)
+
+
+def test_a_float16_array_on_the_tensor_cores_skips_an_overflow(tuned):
+    """An array on the tensor-core kernels (Triton's interpreter on the CPU, at a toy size) in float16: its
+    backward reads the scaler's device scale, its gradients match float32's within float16's accuracy, and a
+    step whose gradients overflow leaves parameters and Adam's state bit-identical while the scale halves."""
+    net_config = dict(NET, n_neurons=16, n_hidden_layers=1)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.rand(48, 2, generator=gen).to(DEV)
+    y = torch.rand(48, 1, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (48,), generator=gen, dtype=torch.int32).to(DEV)
+    grads = {}
+    for precision in ("float32", "float16"):
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
+        net = NetworkArray(2, 1, net_config, n_networks=3, seed=4)
+        assert net.tensor_cores is not None and net.precision == precision
+        trainer = Trainer(net, _WeightedL2(), ADAM)
+        trainer.training_step(x, y, ids, run_optimizer=False)
+        grads[precision] = net.params.grad.clone()
+    err = float((grads["float16"] - grads["float32"]).norm() / grads["float32"].norm())
+    assert err < 2e-2, err
+    assert trainer.gradient_scale == 128.0 and trainer.model.gradient_scaler.finite_in_a_row == 0
+    trainer.training_step(x, y, ids)
+    before = _snapshot(trainer)
+    trainer.loss.weight = 1e6
+    trainer.training_step(x, y, ids)
+    assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0
+    _assert_same_state(_snapshot(trainer), before)
+    trainer.loss.weight = 1.0
+    trainer.training_step(x, y, ids)
+    assert not torch.equal(trainer.model.params, before[0]) and trainer.optimizer.step_count == 2

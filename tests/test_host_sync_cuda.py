@@ -14,7 +14,10 @@ import tinn
 from tinn.networks import NetworkArray
 from tinn.trainer import Trainer
 
-pytestmark = pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="host syncs only exist on a GPU")
+# The steps run in the default precision (float16 for arrays the tensor cores take), whose dynamic gradient
+# scaling decides on the device whether to skip a step.
+pytestmark = [pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="host syncs only exist on a GPU"),
+              pytest.mark.default_precision]
 
 HASH_CONFIG = {
     "loss": {"otype": "RelativeL2"},
@@ -73,12 +76,12 @@ def test_grid_network_training_step_does_not_sync():
     assert float(loss) < float(first)
 
 
-@pytest.mark.parametrize("precision", ["float32", "float16"])
-def test_replayed_dense_network_step_does_not_sync(precision, tuned):
+@pytest.mark.parametrize("precision,scaling", [("float32", "dynamic"), ("float16", "static"), ("float16", "dynamic")])
+def test_replayed_dense_network_step_does_not_sync(precision, scaling, tuned):
     """A hash grid into a 128-wide network: the dense path, its steps replayed as CUDA graphs once captured (the
-    capture itself synchronises, once per batch shape). float16 with its static scale: dynamic scaling reads its
-    overflow flag on the host once a step, by design (tinn/gradient_scaling.py), to skip an overflowing step."""
-    tuned(network_precision=precision, gradient_scaling="static")
+    capture itself synchronises, once per batch shape). float16's dynamic scaling decides a step's skip on the
+    device (tinn/gradient_scaling.py)."""
+    tuned(precision=precision, gradient_scaling=scaling)
     config = dict(HASH_CONFIG, network=dict(HASH_CONFIG["network"], n_neurons=128))
     trainer = Trainer.from_config(config, 2, 3)
     x, y, _ = batch(2, 3, 1, 4096, seed=1)
@@ -129,9 +132,14 @@ OPTIMIZERS = [
 
 @pytest.mark.parametrize("config", OPTIMIZERS, ids=[c["otype"] for c in OPTIMIZERS])
 def test_optimizer_steps_do_not_sync(config):
-    """Every optimizer and wrapper, driven by the Trainer over an array of networks."""
+    """Every optimizer and wrapper, driven by the Trainer over an array of networks: in the default precision
+    where the optimizer skips an overflowing step on the device, else in float32 (the others read the skip flag
+    on the host, tinn/optimizers/base.py)."""
     net = NetworkArray(3, 1, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=5)
     trainer = Trainer(net, {"otype": "L2"}, config)
+    if net.gradient_scaler is not None and not trainer.optimizer.skips_on_device:
+        net = NetworkArray(3, 1, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=5, precision="float32")
+        trainer = Trainer(net, {"otype": "L2"}, config)
     x, y, ids = batch(3, 1, 5, 3000, seed=3)
     first = trainer.training_step(x, y, ids)
     for _ in range(3):  # past every wrapper's first period (Lookahead's sync step, Average's window)
@@ -139,6 +147,27 @@ def test_optimizer_steps_do_not_sync(config):
     with no_host_sync():
         for _ in range(4):
             loss = trainer.training_step(x, y, ids)
+    assert float(loss) < float(first)
+
+
+def test_float16_array_steps_skip_an_overflow_without_a_sync():
+    """An array on the tensor cores in the default float16: a step whose gradients overflow is skipped on the
+    device, inside the guarded steps, and the next ones train on."""
+    net = NetworkArray(3, 1, {"n_neurons": 32, "n_hidden_layers": 2}, n_networks=7)
+    if net.tensor_cores is None:
+        pytest.skip(f"the tensor-core path does not run here ({net.path})")
+    assert net.precision == "float16" and net.gradient_scaler is not None
+    weight = [1.0]
+    trainer = Trainer(net, lambda pred, target: weight[0] * ((pred - target) ** 2).mean(),
+                      {"otype": "Adam", "learning_rate": 1e-2})
+    x, y, ids = batch(3, 1, 7, 3000, seed=6)
+    first = trainer.training_step(x, y, ids)
+    with no_host_sync():
+        for w in (1.0, 1e9, 1.0, 1.0):
+            weight[0] = w
+            loss = trainer.training_step(x, y, ids)
+    assert trainer.skipped_steps == 1 and trainer.gradient_scale == 64.0 and trainer.step == 5
+    assert trainer.optimizer.step_count == 4 and torch.isfinite(net.params).all()
     assert float(loss) < float(first)
 
 

@@ -9,9 +9,10 @@ import torch
 import tinn
 from tinn.errors import InputError
 from tinn.scenes import ProceduralScene
-from tinn.scenes.kilonerf import Distiller, KiloNeRF, cell_of
-from tinn.scenes.occupancy import OccupancyGrid
-from tinn.scenes.rendering import render_image
+from tinn.scenes.fields.kilonerf import KiloNeRF, cell_of
+from tinn.scenes.acceleration.occupancy import OccupancyGrid
+from tinn.render import render_image
+from tinn.scenes.training import Distiller
 from tinn.viewer.orbit import OrbitCamera
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -190,7 +191,7 @@ def test_skipping_leaves_the_image_unchanged():
 def test_marched_render_matches_the_dense_sampler_and_early_termination_is_bounded(chunk):
     """render_image (marching kernels, runs, early termination) against render_rays' dense torch sampler with
     occupancy masking on the same rays and samples."""
-    from tinn.scenes.rendering import render_rays
+    from tinn.render import render_rays
     from tinn.render import camera_rays
 
     scene_density = sphere_density((0.1, 0.0, -0.1), 0.45, value=40.0)   # nearly opaque: rays end early

@@ -1,4 +1,4 @@
-"""Real meshes rendered into scene folders, and the scene formats users have (tinn/scenes/mesh.py, formats.py)."""
+"""Real meshes rendered into scene folders, and the scene formats users have (tinn/scenes/data/mesh.py, formats.py)."""
 import json
 import math
 import os
@@ -9,8 +9,8 @@ import torch
 
 import tinn
 from tinn.errors import InputError
-from tinn.scenes import formats
-from tinn.scenes import mesh as M
+from tinn.scenes.data import formats
+from tinn.scenes.data import mesh as M
 from tinn.scenes.data import load_nerf_synthetic
 
 from conftest import missing_package
@@ -231,7 +231,7 @@ class _EmptyField(torch.nn.Module):
 @pytest.mark.parametrize("coverage", [0.0, 1.0])
 def test_random_backgrounds_recomposite_the_target(coverage):
     from tinn.scenes.data import PosedImages
-    from tinn.scenes.photometric import PhotometricTrainer
+    from tinn.scenes.training.photometric import PhotometricTrainer
 
     red = torch.tensor([1.0, 0.0, 0.0])
     white = torch.ones(3)
@@ -295,7 +295,7 @@ def test_the_textured_collada_duck_renders_its_texture():
 def test_octree_training_recomposites_rgba_pixels_and_runs_on_a_mesh(bunny_scene, tmp_path):
     import sys
 
-    from tinn.scenes.octree_training import PyramidRays
+    from tinn.scenes.training.octree_training import PyramidRays
 
     out, _ = bunny_scene
     rays = PyramidRays(load_nerf_synthetic(out, "train"), 2)
@@ -433,7 +433,7 @@ def test_photometric_trainer_takes_adam_options_and_names_a_bad_one():
     from tinn.errors import ConfigError
     from tinn.scenes.data import PosedImages
     from tinn.scenes.fields import HashGridField
-    from tinn.scenes.photometric import PhotometricTrainer
+    from tinn.scenes.training.photometric import PhotometricTrainer
 
     white = torch.ones(3)
     data = PosedImages(images=white.expand(1, 4, 4, 3).contiguous(),

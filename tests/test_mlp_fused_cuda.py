@@ -13,7 +13,7 @@ from reference import mlp_array, mlp_array_float64, rel_err
 def float32_networks(tuned):
     """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
     precision the process's settings name (TINN_SETTINGS)."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 pytestmark = pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="fused kernels run on CUDA only")
@@ -49,7 +49,7 @@ def test_fused_matches_float64_and_unfused(n_in, width, n_out, depth, n_networks
 ])
 def test_fused_weights_read_through_l1_match_float64(n_in, width, n_out, depth, n_networks, batch, routing,
                                                       input_grad, tuned):
-    """The GEMMs' other weight path (settings.fused_staged_weights="none"): weights read from global memory."""
+    """The GEMMs' other weight path (tuning.fused_staged_weights="none"): weights read from global memory."""
     tuned(fused_staged_weights="none")
     check_fused(n_in, width, n_out, depth, n_networks, batch, routing, input_grad, staged=False)
 
@@ -114,7 +114,8 @@ def test_feature_major_inputs_match_row_major(n_networks, batch):
     results = []
     for fm in (False, True):
         xin = x.t().contiguous() if fm else x
-        out, ctx = net.forward_ctx(xin, ids, train=True, x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
+        out, ctx = net.forward_with_context(xin, ids, train=True,
+                                            x_layout=tinn.FEATURE_MAJOR if fm else tinn.SAMPLE_MAJOR)
         dx, (dparams,) = net.backward(ctx, dy, need_dx=True)
         results.append((out, dx.t() if fm else dx, dparams))
     (out0, dx0, dp0), (out1, dx1, dp1) = results
@@ -171,9 +172,9 @@ def test_loss_inside_the_deltas_kernel_matches_float64(otype, tuned):
     t = (torch.rand(batch, dims, generator=gen) + (0.1 if positive else -0.5)).to(dev)
     loss = Loss(otype)
 
-    y, ctx = net.forward_ctx(x, ids, train=True)
+    y, ctx = net.forward_with_context(x, ids, train=True)
     dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = net.forward_ctx(x, ids, train=True)
+    y2, ctx2 = net.forward_with_context(x, ids, train=True)
     result = loss.evaluate(y2, t)
     dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
     assert abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))

@@ -115,7 +115,7 @@ def test_long_k_gemm_rows_of_stacked_buffers(max_slices, device):
     deltas = torch.randn(2, 6, k, generator=gen).to(device)
     acts = torch.randn(3, 6, k, generator=gen).to(device)
     x = torch.randn(k, 5, generator=gen).to(device)  # sample-major: its transpose is the (5, K) operand
-    rows = networks.Rows
+    rows = networks.GemmOperand
     products = [(rows.stacked(deltas, 1), rows.transposed(x)),
                 (rows.stacked(deltas, 0, 4), rows.stacked(acts, 2, 3))]
     out = torch.full((1, 6 * 5 + 4 * 3 + 1), 7.0, device=device)

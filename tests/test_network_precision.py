@@ -1,4 +1,4 @@
-"""`settings.network_precision`: a single network's dense GEMMs and activations in float16 (tcnn's precision,
+"""`settings.precision`: a single network's dense GEMMs and activations in float16 (tcnn's precision,
 gradients scaled by 128) or bfloat16, against float64 torch; where the setting applies; training."""
 import pytest
 import torch
@@ -26,7 +26,7 @@ STEP_BOUND = {"float16": 4e-2, "bfloat16": 1.2e-1}
 def test_lower_precision_matches_float64(precision, hidden, output, depth, tuned):
     """Padded inputs and outputs (tcnn's layout) included. The output gradient is 1e-6 per element, a mean over a
     large batch's size: in float16 without the gradient scale it would lose most of its bits (error ~7e-2)."""
-    tuned(network_precision=precision)
+    tuned(precision=precision)
     gen = torch.Generator().manual_seed(depth)
     x = (torch.rand(3000, 7, generator=gen) * 2 - 1).to(DEV)
     dy = (torch.randn(3000, 5, generator=gen) * 1e-6).to(DEV)
@@ -53,14 +53,14 @@ def test_float16_scales_the_gradients_as_tcnn_does():
 def test_feature_major_inputs_in_lower_precision(precision, tuned):
     """A grid's feature-major features, read as they are, give the sample-major call's values (up to rounding: the
     GEMMs see other layouts), and the input's gradient comes back feature-major in float32."""
-    tuned(network_precision=precision)
+    tuned(precision=precision)
     gen = torch.Generator().manual_seed(4)
     x = (torch.rand(400, 6, generator=gen) * 2 - 1).to(DEV)
     dy = torch.randn(400, 3, generator=gen).to(DEV)
     net = NetworkArray(6, 3, {"n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"}, seed=2)
     ids = torch.zeros(400, dtype=torch.int32, device=DEV)
-    y, ctx = net.forward_ctx(x, ids, train=True)
-    y_fm, ctx_fm = net.forward_ctx(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
+    y, ctx = net.forward_with_context(x, ids, train=True)
+    y_fm, ctx_fm = net.forward_with_context(x.t().contiguous(), ids, train=True, x_layout=FEATURE_MAJOR)
     dx, (dp,) = net.backward(ctx, dy, need_dx=True)
     dx_fm, (dp_fm,) = net.backward(ctx_fm, dy, need_dx=True)
     assert dx_fm.shape == (6, 400) and dx_fm.dtype == torch.float32
@@ -85,7 +85,7 @@ def test_feature_major_inputs_in_lower_precision(precision, tuned):
     ("auto", 1, "auto", False, False, ("unfused", "float32"), ("fused", "float32")),
 ])
 def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, cpu, cuda, tuned):
-    tuned(network_precision=precision, dense_single_network=dense_setting, deterministic=deterministic)
+    tuned(precision=precision, dense_single_network=dense_setting, deterministic=deterministic)
     net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=n_networks, kernels=kernels)
     expected = cuda if tinn.runtime.arch() == "cuda" else cpu
     assert (net.path, net.precision) == expected
@@ -94,13 +94,14 @@ def test_where_the_precision_applies(precision, n_networks, kernels, dense_setti
 
 
 def test_a_bad_precision_names_the_field_and_the_allowed_values(tuned):
-    with pytest.raises(ConfigError, match=r"network_precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
-        tuned(network_precision="half")
+    with pytest.raises(ConfigError,
+                       match=r"precision='half'.*allowed: \['auto', 'float32', 'tf32', 'float16', 'bfloat16'\]"):
+        tuned(precision="half")
 
 
 def _fit(precision, steps, tuned):
     """A hash grid and a 64-wide network fitting a smooth 2-D function through the Trainer."""
-    tuned(network_precision=precision)
+    tuned(precision=precision)
     config = {"encoding": {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "log2_hashmap_size": 12,
                            "base_resolution": 4, "per_level_scale": 1.5},
               "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2},
@@ -132,7 +133,7 @@ def test_large_gradients_keep_float16_range_in_the_weight_gradient_sums(tuned):
     """Output gradients of 10 (a summed loss), scaled by 128, and inputs of magnitude 20: the weight-gradient
     GEMMs' partial sums (1024 samples each) pass float16's largest value, 65504; they are kept in float32
     (CUDA) or the GEMMs run in float32 (CPU), so the result is finite and accurate."""
-    tuned(network_precision="float16")
+    tuned(precision="float16")
     gen = torch.Generator().manual_seed(8)
     batch = 1 << 15
     x = ((torch.rand(batch, 8, generator=gen) * 2 - 1) * 20).to(DEV)
@@ -156,7 +157,7 @@ def test_tcnn_facade_module_in_half_precision_follows_float32(tuned):
     x = torch.rand(2048, 2, generator=torch.Generator().manual_seed(10)).to(DEV)
     results = []
     for precision in ("float32", "float16"):
-        tuned(network_precision=precision)
+        tuned(precision=precision)
         model = tcnn.NetworkWithInputEncoding(2, 3, enc, net, seed=5)
         assert [m.precision for m in model.modules() if isinstance(m, NetworkArray)] == [precision]
         y = model(x)

@@ -16,15 +16,22 @@ def candidate(**kw):
 
 
 @pytest.mark.parametrize("kw,kernels,precision,expected", [
-    # arrays on CUDA: float32 by default on the fused kernels, the tensor cores in every reduced precision
-    ({}, "auto", "auto", Choice("fused", "float32")),
+    # arrays on CUDA: float16 on the tensor cores by default, the tensor cores in every reduced precision, the
+    # fused kernels in float32
+    ({}, "auto", "auto", Choice("tensor_cores", "float16")),
     ({}, "auto", "float16", Choice("tensor_cores", "float16")),
     ({}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
     ({}, "auto", "tf32", Choice("tensor_cores", "tf32")),
     ({}, "auto", "float32", Choice("fused", "float32")),
     ({"fusable": False}, "auto", "float32", Choice("unfused", "float32")),
-    # no Triton: float32 on the fused kernels
+    # no Triton, or a shape its kernels do not take: float32 on the fused kernels; so too a hidden layer
+    # narrower than the tensor cores' blocks
     ({"tensor_cores": "no triton"}, "auto", "auto", Choice("fused", "float32")),
+    ({"tensor_cores": "hidden widths up to 128"}, "auto", "auto", Choice("fused", "float32")),
+    ({"width": 8}, "auto", "auto", Choice("fused", "float32")),
+    ({"width": 16}, "auto", "auto", Choice("tensor_cores", "float16")),
+    ({"width": 128, "fusable": False}, "auto", "auto", Choice("tensor_cores", "float16")),
+    ({"fusable": False, "tensor_cores": "hidden widths up to 128"}, "auto", "auto", Choice("unfused", "float32")),
     # a single network keeps float32 unless asked; dense where measured faster or in half precision
     ({"n_networks": 1}, "auto", "auto", Choice("fused", "float32")),
     ({"n_networks": 1, "vendor_faster": True}, "auto", "auto", Choice("dense", "float32")),
@@ -80,3 +87,36 @@ def test_array_reports_its_path_and_refuses_an_impossible_precision():
         with pytest.raises(ConfigError, match="precision='float16'"):
             NetworkArray(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=4,
                          precision="float16")
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({}, "float16"),                                                  # a CUDA array the tensor cores take
+    ({"width": 16}, "float16"), ({"width": 128}, "float16"),
+    ({"width": 15}, "float32"),                                       # narrower than their blocks
+    ({"tensor_cores": "hidden widths up to 128"}, "float32"),         # a shape their kernels do not take
+    ({"tensor_cores": "triton is not importable"}, "float32"),
+    ({"n_networks": 1}, "float32"),                                   # one network: the dense or fused path
+    ({"deterministic": True}, "float32"),
+    ({"arch": "cpu", "tensor_cores": None, "fusable": False}, "float32"),   # the CPU, even where Triton interprets
+])
+def test_the_default_precision_is_a_function_of_the_candidate(kw, expected):
+    """`precision="auto"`: float16 exactly for CUDA arrays on the tensor cores, decided without a GPU."""
+    from tinn.networks.selection import default_precision
+
+    assert default_precision(candidate(**kw)) == expected
+    path = "tensor_cores" if expected == "float16" else None
+    choice = choose_path(candidate(**kw), "auto", "auto")
+    assert choice.precision == expected and (path is None or choice.path == path)
+
+
+def test_the_default_precision_follows_the_settings_and_the_array_argument(tuned):
+    """On a simulated CUDA array: an explicit float32 (argument or settings) keeps the fused kernels, the default
+    takes float16; the CPU suite's own arrays stay float32 by default."""
+    cuda_array = candidate()
+    assert choose_path(cuda_array, "auto", "float32") == Choice("fused", "float32")
+    assert choose_path(cuda_array, "auto", "float32", precision_from_settings=True) == Choice("fused", "float32")
+    assert choose_path(cuda_array, "auto", "auto", precision_from_settings=True) == Choice("tensor_cores", "float16")
+    assert choose_path(cuda_array, "fused", "auto") == Choice("fused", "float32")
+    if tinn.runtime.arch() == "cpu":
+        net = NetworkArray(3, 2, {"n_neurons": 32, "n_hidden_layers": 1}, n_networks=4)
+        assert (net.path, net.precision, net.gradient_scaler) == ("batched_gemm", "float32", None)

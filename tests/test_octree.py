@@ -8,7 +8,7 @@ import torch
 
 import tinn
 from tinn.errors import InputError
-from tinn.scenes.octree import Octree, levels_for_radius
+from tinn.scenes.acceleration.octree import Octree, levels_for_radius
 
 BOX = ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
 DEV = tinn.runtime.device()
@@ -186,7 +186,7 @@ TINY_NETWORK = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
 
 
 def blob_field(seed=0):
-    from tinn.scenes.octree_field import OctreeField
+    from tinn.scenes.fields.octree_field import OctreeField
 
     gen = torch.Generator().manual_seed(seed)
     pts = torch.tensor([0.3, -0.2, 0.1]) + 0.25 * torch.randn(300, 3, generator=gen)
@@ -259,7 +259,7 @@ def test_gradients_reach_only_the_nodes_along_the_rays():
 
 def test_field_bad_input():
     from tinn.errors import ConfigError
-    from tinn.scenes.octree_field import OctreeField
+    from tinn.scenes.fields.octree_field import OctreeField
 
     field = blob_field()
     o, d = aimed_rays(4)
@@ -276,7 +276,7 @@ def test_field_bad_input():
 # ---- the single-launch renderer against the former per-level path ---------------------------------------------
 def _per_level_lookup(tree: Octree, points, levels):
     """The former `Octree.lookup`: one vectorised torch step per depth (the reference for the kernel's walk)."""
-    from tinn.scenes.octree import cell_coords, inside_box
+    from tinn.scenes.acceleration.octree import cell_coords, inside_box
 
     node = torch.where(inside_box(points, tree.box_min, tree.box_max), 0, -1).to(torch.int64)
     q = cell_coords(points, tree.root_min, tree.edge, tree.max_depth)
@@ -352,7 +352,7 @@ def test_render_image_equals_the_per_level_path(mode):
 
 
 def test_render_image_skips_empty_voxels_of_the_node_depth_grid():
-    from tinn.scenes.octree_occupancy import LevelOccupancy
+    from tinn.scenes.acceleration.octree_occupancy import LevelOccupancy
 
     field = blob_field(3)
     gen = torch.Generator().manual_seed(1)
@@ -374,7 +374,7 @@ def test_render_image_skips_empty_voxels_of_the_node_depth_grid():
 
 
 def test_early_termination_changes_a_pixel_by_at_most_early_stop(monkeypatch):
-    import tinn.scenes.octree_field as of
+    import tinn.scenes.fields.octree_field as of
 
     monkeypatch.setattr(of, "DENSITY_BIAS", 4.0)  # an opaque field: rays saturate early
     field = blob_field(4)
@@ -389,7 +389,7 @@ def test_early_termination_changes_a_pixel_by_at_most_early_stop(monkeypatch):
 
 
 def test_level_occupancy_marks_the_voxels_where_a_depth_has_density():
-    from tinn.scenes.octree_occupancy import LevelOccupancy
+    from tinn.scenes.acceleration.octree_occupancy import LevelOccupancy
 
     field = blob_field(5)
     res, threshold = 6, 0.25
@@ -430,7 +430,7 @@ def test_far_camera_selects_only_the_levels_of_the_formula_and_touches_few_param
 
 
 def test_render_image_bad_input():
-    from tinn.scenes.occupancy import OccupancyGrid
+    from tinn.scenes.acceleration.occupancy import OccupancyGrid
 
     field = blob_field()
     c2w = _look_at_origin(3.0)
@@ -482,8 +482,8 @@ def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
 
 
 def test_foreground_points_cover_the_surfaces_and_carve_empty_space():
-    from tinn.scenes.octree_training import foreground_points
-    from tinn.scenes.procedural import ProceduralScene, render_views, surface_points
+    from tinn.scenes.training.octree_training import foreground_points
+    from tinn.scenes.data.procedural import ProceduralScene, render_views, surface_points
 
     scene = ProceduralScene()
     views = render_views(scene, 24, 32, 32, seed=0, n_samples=64)
@@ -503,7 +503,7 @@ def _write_nerf_synthetic(root, n_train, n_test, size):
     import imageio.v3 as iio
     import numpy as np
 
-    from tinn.scenes.procedural import ProceduralScene, render_views
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
 
     scene = ProceduralScene()
     for split, n, seed in (("train", n_train, 0), ("test", n_test, 7)):
@@ -584,8 +584,8 @@ def test_demo_on_a_nerf_synthetic_folder_and_in_the_headless_viewer(tmp_path, mo
 def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
     from tinn.errors import ConfigError
     from tinn.render import pixel_radius
-    from tinn.scenes.octree_training import PyramidRays
-    from tinn.scenes.procedural import ProceduralScene, render_views
+    from tinn.scenes.training.octree_training import PyramidRays
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
 
     views = render_views(ProceduralScene(), 3, 8, 8, seed=2, n_samples=32)
     rays = PyramidRays(views, 3)
@@ -611,8 +611,8 @@ def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
 def test_finest_share_gives_the_full_resolution_its_fraction_of_every_batch():
     from tinn.errors import ConfigError
     from tinn.render import pixel_radius
-    from tinn.scenes.octree_training import PyramidRays
-    from tinn.scenes.procedural import ProceduralScene, render_views
+    from tinn.scenes.training.octree_training import PyramidRays
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
 
     views = render_views(ProceduralScene(), 2, 8, 8, seed=2, n_samples=32)
     rays = PyramidRays(views, 3, finest_share=0.8)
@@ -629,8 +629,8 @@ def test_finest_share_gives_the_full_resolution_its_fraction_of_every_batch():
 
 
 def test_octree_trainer_gives_the_finest_nodes_most_of_every_batch_by_default():
-    from tinn.scenes.octree_training import OctreeTrainer
-    from tinn.scenes.procedural import ProceduralScene, render_views
+    from tinn.scenes.training.octree_training import OctreeTrainer
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
 
     field = blob_field(2)
     views = render_views(ProceduralScene(), 2, 8, 8, seed=2, n_samples=32)

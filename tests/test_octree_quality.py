@@ -1,5 +1,5 @@
-"""The octree's capacity rule (tinn/scenes/octree_budget.py) and the level-of-detail evaluation against an
-area-filtered ground truth (tinn/scenes/lod_eval.py)."""
+"""The octree's capacity rule (tinn/scenes/acceleration/octree_budget.py) and the level-of-detail evaluation against an
+area-filtered ground truth (tinn/scenes/training/lod_eval.py)."""
 import math
 
 import numpy as np
@@ -8,13 +8,13 @@ import torch
 
 import tinn
 from tinn.errors import ConfigError, InputError
-from tinn.scenes import lod_eval
-from tinn.scenes import mesh as M
+from tinn.scenes.training import lod_eval
+from tinn.scenes.data import mesh as M
 from tinn.scenes.data import PosedImages
-from tinn.scenes.octree import Octree
-from tinn.scenes.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
-                                       closest_footprint, grid_levels_for, leaf_resolution, node_params)
-from tinn.scenes.octree_field import OctreeField, finest_grid_resolution
+from tinn.scenes.acceleration.octree import Octree
+from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
+                                                    closest_footprint, grid_levels_for, leaf_resolution, node_params)
+from tinn.scenes.fields.octree_field import OctreeField, finest_grid_resolution
 
 NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 16,
            "n_hidden_layers": 1}

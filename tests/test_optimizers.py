@@ -215,7 +215,7 @@ def test_wrappers_default_to_a_nested_adam(device):
 def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatch):
     """An encoding and a network (the usual model) are updated by one launch: each matches the float64
     reference, and the bits equal those of one launch per tensor."""
-    from tinn.kernels import optimizers as K
+    from tinn.kernels import optimizers as optimizer_kernels
     cfg = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 0.1, "relative_decay": 0.05,
            "non_matrix_learning_rate_factor": 0.5}
     sparse = {"encoding.params": (torch.rand(3, 5, generator=torch.Generator().manual_seed(9)) > 0.4).float()}
@@ -226,8 +226,8 @@ def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatc
         opt = create_optimizer(cfg, named)
         launches = []
         for kernel in ("adam_step", "adam_step_pair"):
-            monkeypatch.setattr(K, kernel, (lambda k, name: lambda *a: (launches.append(name), k(*a)))(
-                getattr(K, kernel), kernel))
+            monkeypatch.setattr(optimizer_kernels, kernel, (lambda k, name: lambda *a: (launches.append(name), k(*a)))(
+                getattr(optimizer_kernels, kernel), kernel))
         if not pair:  # one optimizer per tensor: the single-tensor kernel
             opts = [create_optimizer(cfg, [item]) for item in named]
             opt.step = lambda: [o.step() for o in opts]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tinn.render import camera_rays
-from tinn.scenes.procedural import look_at_poses, sphere_positions
+from tinn.scenes.data.procedural import look_at_poses, sphere_positions
 from tinn.viewer.orbit import MAX_ELEVATION, OrbitCamera
 
 

@@ -19,7 +19,7 @@ from tinn.trainer import Trainer
 def float32_networks(tuned):
     """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
     precision the process's settings name (TINN_SETTINGS)."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
@@ -100,7 +100,7 @@ def _float64_reference(model, x, ids, t):
     from test_encodings_grid import ref_grid
 
     x64 = x.double().requires_grad_(True)
-    tables = [tb.detach().double().requires_grad_(True) for tb in model.tables()]
+    tables = [tb.detach().double().requires_grad_(True) for tb in model.parameter_tables()]
     net = getattr(model, "network", model)
     if net is model:
         h = x64
@@ -121,9 +121,9 @@ def test_backward_from_loss_matches_a_float64_reference(kind):
     ids = ids.int()
     loss = tinn.losses.create_loss({"otype": "RelativeL2"})
     ref_value, ref_dx, ref_grads = _float64_reference(model, x, ids, t)
-    y, ctx = model.forward_ctx(x, ids, train=True)
+    y, ctx = model.forward_with_context(x, ids, train=True)
     dx, grads, value = model.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = model.forward_ctx(x, ids, train=True)
+    y2, ctx2 = model.forward_with_context(x, ids, train=True)
     result = loss.evaluate(y2, t)
     dx2, grads2 = model.backward(ctx2, result.grad, need_dx=True)
     for got_value, got_dx, got_grads in ((value, dx, grads), (result.value, dx2, grads2)):
@@ -161,7 +161,7 @@ def test_trainer_seeds_the_backward_with_the_loss_where_the_model_fuses_it(monke
 
 
 def test_which_networks_fuse_the_loss(tuned):
-    """settings.fused_loss: None = arrays of several networks on the fused kernels whose input gradient is not
+    """tuning.fused_loss: None = arrays of several networks on the fused kernels whose input gradient is not
     needed (measured faster there, H100; slower on the image step: one network, its grid needing the input
     gradient); True / False force it where the fused kernels run."""
     one, many = make("network", 1), make("network", 4)
@@ -262,7 +262,7 @@ def test_trainer_reset_restores_the_start():
 
 def test_optimize_with_decay_schedule():
     """Trainer.optimize steps an objective; the scenes' exponential decay is the optimizer's wrapper."""
-    from tinn.scenes.photometric import decaying_adam
+    from tinn.scenes.training.photometric import decaying_adam
     net = NetworkArray(2, 1, NET, seed=3)
     x = torch.rand(64, 2, device=tinn.runtime.device())
     trainer = Trainer(net, None, decaying_adam(0.1, total_steps=4, final_lr_factor=0.01))
@@ -349,8 +349,8 @@ def test_grid_writes_both_layouts_and_reads_gradients_in_them():
     grid = create_encoding(2, GRID, n_networks=3)
     x = torch.rand(50, 2, device=tinn.runtime.device())
     ids = torch.randint(0, 3, (50,), dtype=torch.int32, device=x.device)
-    y_sm, ctx_sm = grid.forward_ctx(x, ids, train=True, y_layout=SAMPLE_MAJOR)
-    y_fm, ctx_fm = grid.forward_ctx(x, ids, train=True, y_layout=FEATURE_MAJOR)
+    y_sm, ctx_sm = grid.forward_with_context(x, ids, train=True, y_layout=SAMPLE_MAJOR)
+    y_fm, ctx_fm = grid.forward_with_context(x, ids, train=True, y_layout=FEATURE_MAJOR)
     assert torch.equal(y_sm, y_fm.t())
     dy = torch.randn_like(y_sm)
     dx1, (g1,) = grid.backward(ctx_sm, dy, need_dx=True)

@@ -1,4 +1,4 @@
-"""Layout arguments of the part contract: every part's `forward_ctx` refuses an `x_layout` / `y_layout` it does
+"""Layout arguments of the part contract: every part's `forward_with_context` refuses an `x_layout` / `y_layout` it does
 not declare (`input_layouts` / `output_layouts`), naming the argument and the allowed layouts, instead of
 reading a feature-major tensor as if it were sample-major."""
 import pytest
@@ -52,23 +52,26 @@ def _subclasses(cls):
 
 
 def test_every_part_class_checks_its_layouts():
-    """The check sits in the base class: every subclass's forward_ctx (tinn's, and any defined later) is wrapped."""
+    """The check sits in the base class: every subclass's forward_with_context (tinn's, and any defined later) is
+    wrapped."""
     classes = set(_subclasses(Part))
     assert len(classes) > 15
     for cls in classes:
-        if cls.forward_ctx is Part.forward_ctx:  # abstract (tcnn.Encoding's adapter builds other classes)
+        # abstract (tcnn.Encoding's adapter builds other classes)
+        if cls.forward_with_context is Part.forward_with_context:
             continue
-        assert getattr(cls.forward_ctx, "checks_layouts", False), cls.__qualname__
+        assert getattr(cls.forward_with_context, "checks_layouts", False), cls.__qualname__
 
     class Late(Part):
-        def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
             return x, None
 
     late = Late(2, 2)
     x = torch.zeros(3, 2, device=tinn.runtime.device())
-    assert late.forward_ctx(x, None, train=False)[0] is x
-    with pytest.raises(ConfigError, match=r"Late\.forward_ctx: x_layout='feature_major'.*allowed: \['sample_major'\]"):
-        late.forward_ctx(x, None, train=False, x_layout=FEATURE_MAJOR)
+    assert late.forward_with_context(x, None, train=False)[0] is x
+    with pytest.raises(ConfigError,
+                       match=r"Late\.forward_with_context: x_layout='feature_major'.*allowed: \['sample_major'\]"):
+        late.forward_with_context(x, None, train=False, x_layout=FEATURE_MAJOR)
 
 
 @pytest.mark.parametrize("name", list(PARTS))
@@ -82,18 +85,18 @@ def test_undeclared_layouts_are_refused_naming_the_argument(name):
             allowed_text = ", ".join(map(repr, allowed))
             with pytest.raises(ConfigError, match=rf"{argument}={wrong!r} is not a layout this part .*"
                                                   rf"not a layout at all.*allowed: \[{allowed_text}\]"):
-                part.forward_ctx(x, ids, train=True, **{argument: wrong})
+                part.forward_with_context(x, ids, train=True, **{argument: wrong})
         for layout in LAYOUTS:
             if layout not in allowed:
                 with pytest.raises(ConfigError, match=rf"{argument}='{layout}' is not a layout this part"):
-                    part.forward_ctx(x if layout == SAMPLE_MAJOR else x.t().contiguous(), ids, train=True,
-                                     **{argument: layout})
+                    part.forward_with_context(x if layout == SAMPLE_MAJOR else x.t().contiguous(), ids, train=True,
+                                              **{argument: layout})
     # The declared layouts run and agree with each other.
-    reference, _ = part.forward_ctx(x, ids, train=False)
+    reference, _ = part.forward_with_context(x, ids, train=False)
     for x_layout in part.input_layouts:
         for y_layout in part.output_layouts:
             xin = x if x_layout == SAMPLE_MAJOR else x.t().contiguous()
-            y, _ = part.forward_ctx(xin, ids, train=False, x_layout=x_layout, y_layout=y_layout)
+            y, _ = part.forward_with_context(xin, ids, train=False, x_layout=x_layout, y_layout=y_layout)
             y = y if y_layout == SAMPLE_MAJOR else y.t()
             torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-6)
 
@@ -103,6 +106,6 @@ def test_feature_major_input_to_a_sample_major_part_is_an_error_not_wrong_values
     freq = create_encoding(3, {"otype": "Frequency", "n_frequencies": 2})
     assert freq.input_layouts == (SAMPLE_MAJOR,)
     x = torch.rand(3, 3, generator=torch.Generator().manual_seed(1)).to(tinn.runtime.device())
-    with pytest.raises(ConfigError, match=r"FrequencyEncoding\.forward_ctx: x_layout='feature_major' is not a "
+    with pytest.raises(ConfigError, match=r"FrequencyEncoding\.forward_with_context: x_layout='feature_major' is not a "
                                           r"layout this part reads; allowed: \['sample_major'\]"):
-        freq.forward_ctx(x.t().contiguous(), None, train=False, x_layout=FEATURE_MAJOR)
+        freq.forward_with_context(x.t().contiguous(), None, train=False, x_layout=FEATURE_MAJOR)

@@ -59,4 +59,4 @@ def test_gradient_scale_probe_trains_float16_with_the_scale_it_was_given(tuned, 
     monkeypatch.setattr(tinn.NetworkArray, "__init__", spy)
     gradient_scale_probe.main(["1024", "--log2-batch", "9", "--quality-runs", "1", "--train-steps", "2"])
     assert ("float16", 1024.0) in built and ("float32", 1.0) in built
-    assert "network_precision=float16" in capsys.readouterr().out
+    assert "precision=float16" in capsys.readouterr().out

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import tinn
 
@@ -41,7 +42,7 @@ def test_subpackages_are_attributes_after_import_tinn_alone():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TINN_ARCH="cpu"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-4:] == ["AutodiffPart", "ShardedPart", "GridEncoding", "NetworkWithInputEncoding"]
+    assert result.stdout.split()[-4:] == ["AutodiffPart", "ShardedPart", "GridEncoding", "TcnnNetworkWithInputEncoding"]
     with pytest.raises(AttributeError, match="no attribute 'autodif'"):
         tinn.autodif
 
@@ -67,3 +68,23 @@ def test_reference_entries_document_args_and_returns_or_raises(target):
         doc += inspect.getdoc(obj.__init__) or ""
     assert "Args:" in doc, f"{target}: no Args section"
     assert "Returns:" in doc or "Raises:" in doc or inspect.isclass(obj), f"{target}: no Returns/Raises section"
+
+
+def test_tcnn_padded_classes_say_so_by_name_and_differ_from_tinns_own():
+    # tcnn's names exist in tinn.torch only, as aliases of the classes whose names say they pad as tcnn does.
+    assert tinn.torch.NetworkWithInputEncoding is tinn.torch.TcnnNetworkWithInputEncoding
+    assert tinn.torch.NetworkArray is tinn.torch.TcnnNetworkArray and tinn.torch.Network is tinn.torch.TcnnNetwork
+    encoding = {"otype": "Frequency", "n_frequencies": 2}  # 3 inputs -> 12 features, padded to 16 for tcnn
+    network = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+    padded = tinn.torch.NetworkWithInputEncoding(3, 2, encoding, network)
+    plain = tinn.NetworkWithInputEncoding(3, 2, encoding, network)
+    assert padded.network.kernel_inputs == 16 and plain.network.kernel_inputs == 12
+    assert (padded.n_params(), plain.n_params()) == (16 * 16 + 16 * 16, 12 * 16 + 16 * 2)
+    x = torch.rand(5, 3, device=tinn.runtime.device())
+    with torch.no_grad():  # the same weights where both have them: the padded bias column changes the function
+        plain.network.params.copy_(torch.cat([padded.network.weights(0)[:, :, :12].reshape(1, -1),
+                                              padded.network.weights(1)[:, :2].reshape(1, -1)], 1))
+    assert not torch.allclose(padded(x), plain(x))
+    with torch.no_grad():
+        padded.network.weights(0)[:, :, 12:] = 0
+    torch.testing.assert_close(padded(x), plain(x), rtol=1e-5, atol=1e-6)

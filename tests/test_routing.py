@@ -5,6 +5,7 @@ import torch
 import tinn
 from tinn import routing
 from tinn.routing import route, route_bounded
+from tinn.settings import Tuning
 
 DEV = tinn.runtime.device()
 
@@ -67,7 +68,7 @@ def test_empty_batch_has_only_padding():
 def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
     """The fused path's routing: forward tiles, weight-gradient chunks and backward-deltas tiles come from
     one sort; with equal forward/backward tile sizes the backward reuses the forward's tiles."""
-    from tinn.kernels import mlp_fused as FK
+    from tinn.kernels import mlp_fused
     from tinn.networks import NetworkArray
 
     net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
@@ -76,7 +77,7 @@ def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
         calls = []
         real = routing.route_fused
         monkeypatch.setattr("tinn.networks.array.route_fused", lambda i, n, sizes: calls.append(sizes) or real(i, n, sizes))
-        net.fused_geometry = FK.Geometry(64, 16, backward_tile)
+        net.fused_geometry = mlp_fused.Geometry(64, 16, backward_tile)
         fwd, chunks, bwd = net._fused_tiles(ids, train=True)
         assert len(calls) == 1 and len(calls[0]) == n_sizes  # one sort, one call
         assert (bwd is fwd) == (backward_tile == 64)
@@ -90,15 +91,15 @@ def test_fused_tiles_share_one_sort_and_reuse_equal_sizes(monkeypatch):
 def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     """Plumbing of the fused training path, kernels stubbed (they run on CUDA only): the forward gets the
     forward tiles and size, the deltas kernel the backward tiles and size, the weight gradients the chunks."""
-    from tinn.kernels import mlp_fused as FK
+    from tinn.kernels import mlp_fused
     from tinn.networks import NetworkArray
 
     net = NetworkArray(4, 3, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=6)
-    net.fused, net.fused_geometry = True, FK.Geometry(64, 16, 32, 16, 8)
+    net.fused, net.fused_geometry = True, mlp_fused.Geometry(64, 16, 32, 16, 8)
     seen = {}
-    monkeypatch.setattr(FK, "forward", lambda *a: seen.setdefault("forward", a))
-    monkeypatch.setattr(FK, "backward_deltas", lambda *a: seen.setdefault("deltas", a))
-    monkeypatch.setattr(FK, "weight_gradients", lambda *a: seen.setdefault("wgrad", a))
+    monkeypatch.setattr(mlp_fused, "forward", lambda *a: seen.setdefault("forward", a))
+    monkeypatch.setattr(mlp_fused, "backward_deltas", lambda *a: seen.setdefault("deltas", a))
+    monkeypatch.setattr(mlp_fused, "weight_gradients", lambda *a: seen.setdefault("wgrad", a))
     dev = tinn.runtime.device()
     ids = torch.randint(0, 6, (3000,), dtype=torch.int32, device=dev)
     x = torch.rand(3000, 4, device=dev)
@@ -106,12 +107,13 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     out, acts, pre, fused_routing = net._forward_train(x, ids, params, False)
     net._backward(torch.ones_like(out), x, ids, params, acts, pre, out, fused_routing, True, True, False)
     fwd_counts, deltas_counts, chunk_counts = seen["forward"][4], seen["deltas"][4], seen["wgrad"][4]
-    # (..., TS, F, x_fm, freq, KC, pad, net_lo) and (..., TS, F, x_fm, KC, net_lo, target, loss_parts, inv_n, LOSS):
+    # (..., TS, F, x_feature_major, freq, KC, pad, net_lo) and
+    # (..., TS, F, x_feature_major, KC, net_lo, target, loss_parts, inv_n, LOSS):
     # tile sizes and staged weight rows; dy given (no loss inside the deltas kernel)
     assert int(fwd_counts.max()) == 64 and seen["forward"][-7] == 64 and seen["forward"][-3] == 16
     assert int(deltas_counts.max()) == 32 and seen["deltas"][-9] == 32 and seen["deltas"][-6] == 8
     assert seen["deltas"][-1] == -1
-    assert int(chunk_counts.max()) == FK.grad_chunk(3000)
+    assert int(chunk_counts.max()) == mlp_fused.grad_chunk(3000)
     for counts in (fwd_counts, deltas_counts, chunk_counts):
         assert int(counts.sum()) == 3000
 
@@ -122,10 +124,10 @@ def test_fused_path_hands_each_kernel_its_tiles(monkeypatch):
     (32, 128, 16, 64, 64),  # width 128: not measured at 32, keeps the forward's tiles
 ])
 def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
-    from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings())
+    from tinn.kernels import mlp_fused
+    g = mlp_fused.geometry(n_in, width, n_out, 3, Tuning())
     assert (g.tile, g.backward_tile) == (tile, backward_tile)
-    assert FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_backward_tile=48)).backward_tile == 48
+    assert mlp_fused.geometry(n_in, width, n_out, 3, Tuning(fused_backward_tile=48)).backward_tile == 48
 
 
 @pytest.mark.parametrize("n_in,width,n_out,staged", [
@@ -135,26 +137,26 @@ def test_fused_tile_sizes_by_width(n_in, width, n_out, tile, backward_tile):
     (128, 16, 16, False),
 ])
 def test_staged_weights_fit_in_shared_memory(n_in, width, n_out, staged):
-    from tinn.kernels import mlp_fused as FK
-    g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights="both"))
+    from tinn.kernels import mlp_fused
+    g = mlp_fused.geometry(n_in, width, n_out, 3, Tuning(fused_staged_weights="both"))
     for tile, kc in ((g.tile, g.weight_rows), (g.backward_tile, g.backward_weight_rows)):
         assert kc == (g.features if staged else 0)
         # the kernels' shared array: activations, then every row of the widest matrix with an odd stride
-        assert g.features * (tile + 1) + kc * (g.features + 1) <= FK.SHARED_FLOATS
+        assert g.features * (tile + 1) + kc * (g.features + 1) <= mlp_fused.SHARED_FLOATS
     if not staged:
         return
-    by_setting = {s: FK.geometry(n_in, width, n_out, 3, tinn.Settings(fused_staged_weights=s), n_networks=64)
+    by_setting = {s: mlp_fused.geometry(n_in, width, n_out, 3, Tuning(fused_staged_weights=s), n_networks=64)
                   for s in ("none", "forward", "backward", "both", "auto")}
     assert [(b.weight_rows > 0, b.backward_weight_rows > 0) for b in by_setting.values()] == [
         (False, False), (True, False), (False, True), (True, True), (False, True)]
-    assert tinn.Settings().fused_staged_weights == "auto"
+    assert Tuning().fused_staged_weights == "auto"
     # measured on the H100: the forward is faster staged with one network (the image step), through L1 with 4096
     for n_networks, forward_staged in ((1, True), (2, False), (4096, False)):
-        g = FK.geometry(n_in, width, n_out, 3, tinn.Settings(), n_networks=n_networks)
+        g = mlp_fused.geometry(n_in, width, n_out, 3, Tuning(), n_networks=n_networks)
         assert (g.weight_rows > 0, g.backward_weight_rows > 0) == (forward_staged, True)
     with pytest.raises(tinn.ConfigError, match="fused_staged_weights.*allowed"):
-        tinn.Settings(fused_staged_weights="yes")
-    assert FK.weight_stride(64) == 65 and FK.weight_stride(3) == 3
+        Tuning(fused_staged_weights="yes")
+    assert mlp_fused.weight_stride(64) == 65 and mlp_fused.weight_stride(3) == 3
 
 
 @pytest.mark.parametrize("n_in,width,n_out,step_of_32", [
@@ -164,15 +166,15 @@ def test_staged_weights_fit_in_shared_memory(n_in, width, n_out, staged):
     (128, 64, 16, 16),   # a 128-wide input needs the same
 ])
 def test_weight_gradient_prefetch_by_features(n_in, width, n_out, step_of_32, tuned):
-    from tinn.kernels import mlp_fused as FK
-    f = FK.features(n_in, width, n_out)
-    assert FK.grad_prefetch(f) and FK.grad_step(f) == 16  # the default step fits every width up to 128
+    from tinn.kernels import mlp_fused
+    f = mlp_fused.features(n_in, width, n_out)
+    assert mlp_fused.grad_prefetch(f) and mlp_fused.grad_step(f) == 16  # the default step fits every width up to 128
     tuned(fused_grad_step=32)
-    step = FK.grad_step(f)
-    assert FK.grad_prefetch(f) and step == step_of_32
-    assert (FK.GRAD_ROWS + f) * step // FK.BLOCK <= FK.GRAD_PREFETCH_REGISTERS
+    step = mlp_fused.grad_step(f)
+    assert mlp_fused.grad_prefetch(f) and step == step_of_32
+    assert (mlp_fused.GRAD_ROWS + f) * step // mlp_fused.BLOCK <= mlp_fused.GRAD_PREFETCH_REGISTERS
     tuned(fused_grad_step=32, fused_grad_prefetch=False)
-    assert not FK.grad_prefetch(f) and FK.grad_step(f) == 32  # the plain loop keeps the configured step
+    assert not mlp_fused.grad_prefetch(f) and mlp_fused.grad_step(f) == 32  # the plain loop keeps the configured step
 
 
 @pytest.mark.parametrize("n_networks,batch", [(1, 3000), (7, 1000), (64, 300), (500, 3000), (16, 0), (3, 5)])

@@ -15,7 +15,7 @@ from tinn.networks import NetworkArray
 def float32_networks(tuned):
     """These tests hold float32 kernels to float64 at float32's accuracy: arrays compute in float32 here, whatever
     precision the process's settings name (TINN_SETTINGS)."""
-    tuned(network_precision="float32")
+    tuned(precision="float32")
 
 
 GRID = {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 8,

@@ -302,12 +302,12 @@ def _record(monkeypatch, module, name, log):
 
 
 def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
-    from tinn.kernels import mlp_array as K
+    from tinn.kernels import mlp_array as mlp_array_kernels
 
     log = {}
     for name in ("forward", "backward_deltas", "reduce_tiles"):
-        _record(monkeypatch, K, name, log)
-    tuned(network_kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
+        _record(monkeypatch, mlp_array_kernels, name, log)
+    tuned(kernels="unfused")  # these kernels (the fused CUDA ones take the same tensors)
     net = tcnn.NetworkArray(32, 16, NET, n_networks=3, seed=1)  # 32 in, 16 out: aligned, tcnn pads nothing
     x = rand(512, 32, seed=1, lo=-1, hi=1).requires_grad_()
     ids = rand_ids(512, 3)
@@ -319,8 +319,9 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
     assert f[3] == net.params.data_ptr() and f[6] == y.data_ptr()
     written = {}
     for name, slot in (("backward_deltas", 9), ("reduce_tiles", 2)):  # keep the buffers the kernels write
-        monkeypatch.setattr(K, name, (lambda k, n, i: lambda *a: (written.__setitem__(n, a[i]), k(*a))[1])(
-            getattr(K, name), name, slot))
+        monkeypatch.setattr(mlp_array_kernels, name,
+                            (lambda k, n, i: lambda *a: (written.__setitem__(n, a[i]), k(*a))[1])(
+            getattr(mlp_array_kernels, name), name, slot))
     y.backward(torch.ones_like(y))
     # backward_deltas(dy, ..., dx, ...) wrote dL/dx, reduce_tiles(partial, tile_net, grad) dL/dparams, and
     # those buffers are the gradients autograd received. Autograd itself may copy a buffer into `.grad`
@@ -351,11 +352,11 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
 
 @needs_grid
 def test_zero_copy_grid_table(monkeypatch):
-    from tinn.kernels import grid_encoding as K
+    from tinn.kernels import grid_encoding
 
     log = {}
     name = "grid_forward"
-    _record(monkeypatch, K, name, log)
+    _record(monkeypatch, grid_encoding, name, log)
     enc = tcnn.Encoding(2, GRID, n_networks=2)
     x, ids = rand(256, 2, seed=2), rand_ids(256, 2)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from tinn.viewer.font import draw_text
 from tinn.viewer.layout import Layout
 from tinn.viewer.render import loss_curve_image, quantize
 from tinn.render import camera_rays
-from tinn.scenes.procedural import look_at_poses
+from tinn.scenes.data.procedural import look_at_poses
 from tinn.viewer.orbit import OrbitCamera
 from tinn.viewer.window import ORBIT_HELP, OrbitDrag, draw_controls, ggui_support, handle_key
 

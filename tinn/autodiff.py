@@ -174,7 +174,7 @@ class AutodiffPart(Part):
     def n_params_per_network(self) -> int:
         return max(self.n_params, 1)
 
-    def tables(self):
+    def parameter_tables(self):
         return (self.params,) if self.n_params else (None,)
 
     @torch.no_grad()
@@ -196,7 +196,7 @@ class AutodiffPart(Part):
         return replicas_for(batch, self.n_networks, self.n_params, runtime.arch())
 
     # ---- the contract --------------------------------------------------------------------------------
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         # Zeros: an output the function leaves unwritten reads 0, not uninitialised memory.
         y = torch.zeros(x.shape[0], self.n_output_dims, device=x.device)
         if x.shape[0]:
@@ -450,7 +450,7 @@ def check_function(part: AutodiffPart, batch: int = 16, eps: float = 1e-3, rtol:
     wrong, or the global data access rule broken where the source check cannot see it, in a helper)."""
     _, x, ids, w = _probe_inputs(part, batch, seed)
     dev = x.device
-    y, ctx = part.forward_ctx(x, ids, train=True)
+    y, ctx = part.forward_with_context(x, ids, train=True)
     dx, (dp,) = part.backward(ctx, w, need_dx=True)
 
     def value(xv, table):
@@ -514,8 +514,9 @@ def _mape(pred: ti.template(), target: ti.template(), b, d, l: ti.template()):
 LOSS_FUNCTIONS = {"L2": _l2, "L1": _l1, "MAPE": _mape}
 
 
-def create_loss(otype: str) -> AutodiffLoss:
-    """One of LOSS_FUNCTIONS as an AutodiffLoss."""
+def builtin_loss(otype: str) -> AutodiffLoss:
+    """The loss named `otype` in LOSS_FUNCTIONS ("L2", "L1", "MAPE") as an AutodiffLoss, differentiated by
+    Taichi; `tinn.create_loss(config)` builds tinn's hand-written loss kernels from a tcnn loss config."""
     if otype not in LOSS_FUNCTIONS:
         raise ConfigError(f"autodiff loss {otype!r} is not built in; allowed: {list(LOSS_FUNCTIONS)}")
     return AutodiffLoss(LOSS_FUNCTIONS[otype], otype)

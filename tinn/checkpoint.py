@@ -432,13 +432,39 @@ def config_differences(saved, current, path: str = "") -> list[str]:
     return [f"{path or '<config>'}: {saved!r} in the checkpoint, {current!r} here"]
 
 
-def _trainer_step(state: dict, source: str) -> int:
-    if set(state) != {"step"}:
-        raise CheckpointError(f"{source}: the trainer section has keys {sorted(state)}; expected ['step']")
+def _trainer_state(state: dict, source: str) -> tuple[int, dict | None]:
+    """(step, gradient scaling state or None): the trainer section holds "step" and, for a model with float16
+    networks, "skipped_steps" and each scaler's state as "gradient_scaler.<i>.<key>"."""
+    from .gradient_scaling import GradientScaler
+
+    if "step" not in state:
+        raise CheckpointError(f"{source}: the trainer section has keys {sorted(state)}; expected 'step' among them")
     step = state["step"]
     if not _is_count(step):
         raise CheckpointError(f"{source}: trainer step is {step!r}; expected an integer >= 0")
-    return step
+    rest = {k: v for k, v in state.items() if k != "step"}
+    if not rest:
+        return step, None
+    scalers: dict[int, dict] = {}
+    for key, value in rest.items():
+        head, _, tail = key.partition(".")
+        index, _, name = tail.partition(".")
+        if head == "gradient_scaler" and index.isdigit() and name:
+            scalers.setdefault(int(index), {})[name] = value
+        elif key != "skipped_steps":
+            raise CheckpointError(f"{source}: the trainer section has keys {sorted(state)}; allowed: 'step', "
+                                  "'skipped_steps', 'gradient_scaler.<i>.<key>'")
+    skipped = rest.get("skipped_steps")
+    if not (isinstance(skipped, torch.Tensor) and skipped.dtype == torch.int32 and skipped.numel() == 1):
+        raise CheckpointError(f"{source}: trainer skipped_steps is {skipped!r}; expected one int32 value")
+    if sorted(scalers) != list(range(len(scalers))):
+        raise CheckpointError(f"{source}: gradient scalers {sorted(scalers)}; expected 0 .. {len(scalers) - 1}")
+    try:
+        for i in range(len(scalers)):
+            GradientScaler.check_state_dict(scalers[i])
+    except CheckpointError as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    return step, {"skipped_steps": skipped, "scalers": [scalers[i] for i in range(len(scalers))]}
 
 
 def restore_trainer(trainer, path: str | os.PathLike, strict_config: bool = True) -> dict:
@@ -485,9 +511,12 @@ def restore_trainer(trainer, path: str | os.PathLike, strict_config: bool = True
         trainer.optimizer.check_state_dict(sections["optimizer"])
     except CheckpointError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    step = _trainer_step(sections["trainer"], source)
+    step, scaling = _trainer_state(sections["trainer"], source)
     # Everything matches: the copies below cannot fail half-way.
     load_module_state(trainer.model, sections["model"], source)
     trainer.optimizer.load_state_dict(sections["optimizer"])
     trainer.step = step
+    load_scaling = getattr(trainer, "load_gradient_scaling", None)
+    if load_scaling is not None:
+        load_scaling(scaling)
     return metadata

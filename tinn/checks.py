@@ -1,7 +1,7 @@
 """Input validation shared by every module: shapes, dtypes, devices, network ids.
 
 Checks that need a device-to-host sync (NaN scans, id range) can be switched off
-for hot loops with `tinn.checks.set_enabled(False)` once a pipeline is trusted.
+for hot loops with `with tinn.checks.disabled():` once a pipeline is trusted.
 """
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ from .errors import InputError
 _enabled = {"sync_checks": True}
 
 
-def set_enabled(flag: bool) -> None:
-    """Enable/disable the checks that cost a device sync (id range, NaN scan)."""
-    _enabled["sync_checks"] = bool(flag)
-
-
 @contextlib.contextmanager
-def disabled():
+def disabled(off: bool = True):
+    """Inside the block, the checks that cost a device sync (id range, NaN scan) are skipped (with `off`
+    False they run, so that one loop can time both); the previous state is restored after it."""
     old = _enabled["sync_checks"]
-    _enabled["sync_checks"] = False
+    _enabled["sync_checks"] = not off
     try:
         yield
     finally:
@@ -42,6 +39,18 @@ def check_device(name: str, t: torch.Tensor) -> None:
             f"{name} is on {t.device} but tinn runs on {runtime.arch()!r} and expects tensors on {want}; "
             f"move it with .to('{want.type}')"
         )
+
+
+def check_points(name: str, points) -> torch.Tensor:
+    """(M, 3) float32 points on tinn's device."""
+    if not isinstance(points, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of shape (M, 3), got {type(points).__name__}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise InputError(f"{name} must have shape (M, 3), got {tuple(points.shape)}")
+    if points.dtype != torch.float32:
+        raise InputError(f"{name} has dtype {points.dtype}; allowed: torch.float32 (convert with .float())")
+    check_device(name, points)
+    return points
 
 
 def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False) -> torch.Tensor:

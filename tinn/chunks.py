@@ -3,7 +3,7 @@
 Taichi 1.7.4 linearises ndarray indices in 32 bits: a `(n_networks, P)` table of more than 2^31
 elements is read and written at wrapped addresses. The table stays one torch tensor (torch indexes
 in 64 bits); kernels run on *chunk views* `table[lo:hi]`, each contiguous with its own data pointer
-and at most `settings.table_chunk_elements` elements, and take `lo` as an argument: a sample or tile
+and at most `tuning.table_chunk_elements` elements, and take `lo` as an argument: a sample or tile
 of network n is handled by the launch whose chunk holds row n, the others skip it. Routing and tile
 arrays stay whole, so chunking costs no host sync; a table that fits takes one launch with `lo = 0`.
 """
@@ -23,8 +23,8 @@ _spans: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
 
 def row_spans(n_rows: int, row_elements: int, what: str = "table") -> tuple[tuple[int, int], ...]:
     """[lo, hi) row ranges covering `n_rows` rows of `row_elements` elements each, every range holding
-    at most the settings' `table_chunk_elements` elements (or one row, when a single row holds more)."""
-    limit = runtime.settings().table_chunk_elements
+    at most the tuning's `table_chunk_elements` elements (or one row, when a single row holds more)."""
+    limit = runtime.tuning().table_chunk_elements
     key = (n_rows, row_elements, limit)
     spans = _spans.get(key)
     if spans is None:

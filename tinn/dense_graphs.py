@@ -7,8 +7,8 @@ gets its own set: inputs are copied in (in the network's precision: the copy is 
 makes anyway), the output and the gradients are copied out (callers may keep them across steps), and the
 activations stay in the set between the forward and its backward.
 
-A set belongs to one forward at a time. The forward's context holds a lease on it until its first backward has
-run (or the context is gone, when the caller drops the output unused); a forward that finds the set leased runs
+A set belongs to one forward at a time. The forward's context holds it until its first backward has
+run (or the context is gone, when the caller drops the output unused); a forward that finds the set held runs
 the eager path, so two forwards before their backwards stay correct. A later backward through the same forward
 (`retain_graph`) after another forward took the set finds that forward's generation there instead of its own and
 has the network recompute its forward eagerly. So results never depend on the order of calls, and a loop that
@@ -59,10 +59,11 @@ def replayable(body: Callable[[], None], device: torch.device) -> Callable[[], N
 class _ShapeBuffers:
     """One batch shape's inputs, activations and gradients, and the graphs that run on them."""
 
-    def __init__(self, net, batch: int, x_fm: bool):
+    def __init__(self, net, batch: int, x_feature_major: bool):
         dev, dtype, f32 = net.params.device, net.compute_dtype, torch.float32
-        self.net, self.x_fm = net, x_fm  # a weak proxy (StepGraphs'): the network holds these buffers
-        self.x = torch.empty((net.kernel_inputs, batch) if x_fm else (batch, net.kernel_inputs), device=dev,
+        # net: a weak proxy (StepGraphs'): the network holds these buffers.
+        self.net, self.x_feature_major = net, x_feature_major
+        self.x = torch.empty((net.kernel_inputs, batch) if x_feature_major else (batch, net.kernel_inputs), device=dev,
                              dtype=dtype)
         self.params = torch.empty(net.params.shape, device=dev, dtype=dtype)
         shapes = net.scratch_shapes(batch)
@@ -74,34 +75,35 @@ class _ShapeBuffers:
         self.dparams = torch.zeros(net.params.shape, device=dev, dtype=f32)  # tcnn's padded rows stay zero
         self.forward_run = None
         self.backward_runs: dict[tuple[bool, bool], Callable[[], None]] = {}
-        self.leased = False
+        self.held = False
         self.generation = 0  # forwards replayed into these buffers
 
     def run_forward(self) -> None:
         net = self.net
         dense_mlp.forward(self.x, self.params, net.shape, acts=self.acts, pre=self.pre, out=self.out, keep_all=True,
-                          keep_pre=net.keep_pre, x_fm=self.x_fm)
+                          keep_pre=net.keep_pre, x_feature_major=self.x_feature_major)
 
     def run_backward(self, want_dx: bool, want_params: bool) -> None:
         net = self.net
         dense_mlp.backward_deltas(self.dy, self.params, net.shape, acts=self.acts, pre=self.pre, out=self.out,
                                   deltas=self.deltas, dout=self.dout, dx=self.dx, keep_pre=net.keep_pre,
-                                  want_dx=want_dx, x_fm=self.x_fm, gradient_scale=net.gradient_scale)
+                                  want_dx=want_dx, x_feature_major=self.x_feature_major,
+                                  gradient_scale=net.gradient_scale)
         if want_params:
-            net._gemm_weight_gradients(self.x, self.x_fm, self.acts, self.deltas, self.dout, self.dparams)
+            net._gemm_weight_gradients(self.x, self.x_feature_major, self.acts, self.deltas, self.dout, self.dparams)
 
     def release(self) -> None:
-        self.leased = False
+        self.held = False
 
 
-class Lease:
+class HeldBuffers:
     """A forward's hold on its batch shape's buffers, kept in the forward's context: until its first backward, or
     until the context is gone."""
 
     def __init__(self, buffers: _ShapeBuffers):
         self.buffers = buffers
         self.generation = buffers.generation
-        buffers.leased = True
+        buffers.held = True
         self._finalizer = weakref.finalize(self, buffers.release)
 
     def holds_activations(self) -> bool:
@@ -130,8 +132,8 @@ class StepGraphs:
         wide = (2 * net.n_output_dims + net.kernel_inputs) * batch
         return narrow * net.compute_dtype.itemsize + wide * 4
 
-    def _buffers_for(self, batch: int, x_fm: bool) -> _ShapeBuffers | None:
-        key = (batch, x_fm)
+    def _buffers_for(self, batch: int, x_feature_major: bool) -> _ShapeBuffers | None:
+        key = (batch, x_feature_major)
         buffers = self.shapes.get(key)
         if buffers is not None:
             return buffers
@@ -141,20 +143,22 @@ class StepGraphs:
         if self.seen[key] < CAPTURE_AT or not (self.any_size or self._bytes(batch) <= MAX_AUTO_BYTES):
             return None
         if len(self.shapes) >= MAX_SHAPES:
-            free = next((k for k, b in self.shapes.items() if not b.leased), None)
+            free = next((k for k, b in self.shapes.items() if not b.held), None)
             if free is None or self.evictions >= MAX_EVICTIONS:
                 return None
             del self.shapes[free]
             self.evictions += 1
-        buffers = self.shapes[key] = _ShapeBuffers(self.net, batch, x_fm)
+        buffers = self.shapes[key] = _ShapeBuffers(self.net, batch, x_feature_major)
         return buffers
 
-    def forward(self, x: torch.Tensor, params: torch.Tensor, x_fm: bool) -> tuple[torch.Tensor, Lease] | None:
-        """The training forward from this shape's buffers: (a copy of the output, the lease), or None where the
-        eager path must run (first sight of the shape, too large, or its buffers leased by another forward)."""
-        batch = x.shape[1] if x_fm else x.shape[0]
-        buffers = self._buffers_for(batch, x_fm)
-        if buffers is None or buffers.leased:
+    def forward(self, x: torch.Tensor, params: torch.Tensor,
+                x_feature_major: bool) -> tuple[torch.Tensor, HeldBuffers] | None:
+        """The training forward from this shape's buffers: (a copy of the output, its hold on the buffers), or None
+        where the eager path must run (first sight of the shape, too large, or its buffers held by another
+        forward)."""
+        batch = x.shape[1] if x_feature_major else x.shape[0]
+        buffers = self._buffers_for(batch, x_feature_major)
+        if buffers is None or buffers.held:
             return None
         buffers.x.copy_(x)
         buffers.params.copy_(params)
@@ -164,16 +168,16 @@ class StepGraphs:
             buffers.forward_run = replayable(buffers.run_forward, buffers.out.device)
         else:
             buffers.forward_run()
-        return buffers.out.clone(), Lease(buffers)
+        return buffers.out.clone(), HeldBuffers(buffers)
 
-    def backward(self, lease: Lease, dy: torch.Tensor, want_dx: bool,
+    def backward(self, held_buffers: HeldBuffers, dy: torch.Tensor, want_dx: bool,
                  want_params: bool) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
-        """(dx, dparams) of the forward that holds `lease`, as copies; None where the buffers hold a later
+        """(dx, dparams) of the forward whose hold is `held_buffers`, as copies; None where the buffers hold a later
         forward's activations (the caller recomputes)."""
-        if not lease.holds_activations():
+        if not held_buffers.holds_activations():
             return None
-        lease.end()
-        buffers = lease.buffers
+        held_buffers.end()
+        buffers = held_buffers.buffers
         buffers.dy.copy_(dy)
         key = (want_dx, want_params)
         run = buffers.backward_runs.get(key)

@@ -8,7 +8,7 @@ functions here fill the very buffers of the unfused kernels (`tinn/kernels/mlp_a
 layouts: activations, pre-activations and deltas feature-major by sorted position, which for one network
 is the sample index; so the weight gradients (`NetworkArray._gemm_weight_gradients`) and everything
 else read them unchanged. Activations compute `tinn/kernels/activations.py`'s functions, with torch's own
-op where torch has one (one pass each). In `settings.network_precision` float16 or bfloat16 the GEMMs, the
+op where torch has one (one pass each). In `settings.precision` float16 or bfloat16 the GEMMs, the
 activations and those buffers are in that type (tensor cores; float32 accumulation), the output and the
 input's gradient float32.
 """
@@ -116,7 +116,7 @@ def backprop_(g: torch.Tensor, z: torch.Tensor | None, y: torch.Tensor, code: in
     return g.mul_(derivative(z, y, code))
 
 
-# torch dtypes of `settings.network_precision`, and the factor the output gradients are scaled by before they
+# torch dtypes of `settings.precision`, and the factor the output gradients are scaled by before they
 # are rounded to that dtype: tcnn's default loss scale for half precision (float16 has 5 exponent bits, so
 # gradients that are small, as a mean over a large batch makes them, would round to zero); bfloat16 has
 # float32's exponent range and needs none.
@@ -152,15 +152,15 @@ def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, unscale: float
 
 
 def forward(x: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor, pre: torch.Tensor,
-            out: torch.Tensor, keep_all: bool, keep_pre: bool, x_fm: bool = False) -> None:
+            out: torch.Tensor, keep_all: bool, keep_pre: bool, x_feature_major: bool = False) -> None:
     """What `mlp_array.forward` writes for one network: out (batch, n_out); with keep_all every hidden
     layer's output in acts[l] (features, batch), else the hidden layers take turns in acts' two slots;
-    with keep_pre every layer's pre-activation in pre[l]. x is (batch, n_in), or (n_in, batch) with x_fm.
+    with keep_pre every layer's pre-activation in pre[l]. x is (batch, n_in), or (n_in, batch) with x_feature_major.
     The GEMMs and activations compute in the dtype of x and params (`compute_operands`), which acts and pre
     share; out is float32 (the losses and other parts read it)."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
-    h = x if x_fm else x.t()  # (n_in, batch); the transpose is a view
+    h = x if x_feature_major else x.t()  # (n_in, batch); the transpose is a view
     for l, w in enumerate(mats[:-1]):
         y = acts[l if keep_all else l % acts.shape[0]]  # inference: the kernels' two ping-pong slots
         if keep_pre:
@@ -184,12 +184,13 @@ def compute_operands(x: torch.Tensor, params: torch.Tensor, dtype: torch.dtype) 
 
 def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, acts: torch.Tensor,
                     pre: torch.Tensor, out: torch.Tensor, deltas: torch.Tensor, dout: torch.Tensor,
-                    dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_fm: bool = False,
+                    dx: torch.Tensor, keep_pre: bool, want_dx: bool, x_feature_major: bool = False,
                     gradient_scale: float | torch.Tensor = 1.0) -> None:
     """What `mlp_array.backward_deltas` writes for one network: dout[0] (n_out, batch) and deltas[l]
     (width, batch), dL/dz of the output and of each hidden layer, times `gradient_scale` (a float, or the
     0-d device tensor of a dynamic scaler, read where the GEMMs run), in the dtype of
-    params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_fm, unscaled, float32."""
+    params, acts, deltas and dout; dx (batch, n_in) when want_dx, (n_in, batch) with x_feature_major, unscaled,
+    float32."""
     mats = _weights(params, shape)
     last = shape.n_layers - 1
     slope = derivative(pre[last, :shape.n_out].t() if keep_pre else None, out, shape.output_act)
@@ -202,7 +203,7 @@ def backward_deltas(dy: torch.Tensor, params: torch.Tensor, shape: MLPShape, *, 
     for l in range(last - 1, -1, -1):  # hidden layer l's output feeds layer l + 1
         torch.mm(mats[l + 1].t(), g, out=deltas[l])
         g = backprop_(deltas[l], pre[l, :shape.width] if keep_pre else None, acts[l], shape.hidden_act)
-    if want_dx and x_fm:
+    if want_dx and x_feature_major:
         _mm_into(mats[0].t(), g, dx, gradient_scale)
     elif want_dx:
         _mm_into(g.t(), mats[0], dx, gradient_scale)

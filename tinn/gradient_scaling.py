@@ -1,17 +1,22 @@
-"""Dynamic gradient scaling for networks that compute in float16 (`settings.network_precision`).
+"""Dynamic gradient scaling for networks that compute in float16 (`settings.precision`).
 
 A float16 network multiplies its output gradient by a scale before rounding it to float16, so that small
 gradients (a mean over a large batch) do not round to zero, and divides the weight and input gradients by
 it again in float32. A fixed scale (tcnn's 128) can also push large gradients past float16's 65504: the
 deltas become inf, the weight gradients inf or NaN, and one optimizer step with them ruins the parameters.
 
-`GradientScaler` keeps the scale as a device tensor (`scale`; kernels and replayed CUDA graphs read it
-there) with a host copy (`value`, for kernels that take a float). The network's backward unscales its
-gradients with `unscale_`, which also records any non-finite value in `found_inf` (one fused pass, no host
-sync). At the end of a step `update()` reads `found_inf` once on the host (the skip decision, as torch's
-GradScaler.step does) and:
-- non-finite gradients: the step is to be skipped, the scale is multiplied by `backoff_factor`;
-- `growth_interval` finite steps in a row: the scale is multiplied by `growth_factor`.
+`GradientScaler` keeps its whole state in device tensors, so that a training step never waits for the GPU:
+- `scale` (and its inverse): the kernels, the dense path's GEMMs and replayed CUDA graphs read it there;
+- `found_inf`: the network's backward unscales its gradients with `unscale_` (or `record_non_finite` where its
+  kernels unscaled them), which records any non-finite value here (one fused pass, no host sync);
+- `skip`: at the end of a step `update()` turns `found_inf` into this (1,) int32 flag, the verdict on the step
+  (1: skip it), which the optimizers' kernels read on the device (`Optimizer.step(skip=...)`, as torch's fused
+  Adam reads `found_inf`): a skipped step leaves parameters and optimizer state as they were;
+- the growth counter and the count of skipped steps.
+`update()` backs the scale off by `backoff_factor` after a non-finite step and grows it by `growth_factor`
+after `growth_interval` finite steps in a row (torch's `_amp_update_scale_`, on the device). `update()` returns
+whether the step was finite, which reads the flag on the host; `update(sync=False)` returns the flag tensor
+instead. `value`, `finite_in_a_row` and `skipped_steps` read the device (a sync, for reports and tests).
 
 Defaults: growth x2 after 2000 finite steps and backoff x0.5 are torch's GradScaler's. The initial scale is
 tcnn's static 128, not GradScaler's 2^16: tinn scales the gradient of a mean loss (tcnn's convention),
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 
 INITIAL_SCALE = 128.0
 GROWTH_FACTOR = 2.0
@@ -30,6 +35,8 @@ BACKOFF_FACTOR = 0.5
 GROWTH_INTERVAL = 2000
 #: `settings.gradient_scaling` values.
 MODES = ("dynamic", "static")
+# The tensors of a scaler's state dict, with their dtypes (shapes: one value each).
+STATE = {"scale": torch.float32, "growth_tracker": torch.int32, "skipped_steps": torch.int32}
 
 
 class GradientScaler:
@@ -47,12 +54,13 @@ class GradientScaler:
             raise ConfigError(f"growth_interval={growth_interval} must be an integer >= 1")
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)
-        self.init_scale = self.value = float(init_scale)
-        self.scale = torch.full((), self.value, dtype=torch.float32, device=device)
-        self._inverse = torch.full((), 1.0 / self.value, dtype=torch.float32, device=device)
+        self.init_scale = float(init_scale)
+        self.scale = torch.full((), self.init_scale, dtype=torch.float32, device=device)
+        self._inverse = torch.full((), 1.0 / self.init_scale, dtype=torch.float32, device=device)
         self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
-        self.finite_in_a_row = 0
-        self.skipped_steps = 0
+        self.skip = torch.zeros(1, dtype=torch.int32, device=device)
+        self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
+        self._skipped = torch.zeros(1, dtype=torch.int32, device=device)
 
     def unscale_(self, tensors) -> None:
         """Divide float32 gradients that carry the scale by it, in place, and record whether any value is
@@ -68,40 +76,78 @@ class GradientScaler:
             if t is not None and t.numel():
                 torch.maximum(self.found_inf, t.sum().isfinite().logical_not().float(), out=self.found_inf)
 
-    def update(self) -> bool:
-        """End of a step: whether its gradients were finite (one host read of `found_inf`). Backs off after a
-        non-finite step (counted in `skipped_steps`; the caller skips its optimizer step), grows after
-        `growth_interval` finite ones in a row, and clears `found_inf` for the next step."""
-        finite = not bool(self.found_inf.item())
-        if finite:
-            self.finite_in_a_row += 1
-            if self.finite_in_a_row == self.growth_interval:
-                self.value *= self.growth_factor
-                self.finite_in_a_row = 0
-        else:
-            self.value *= self.backoff_factor
-            self.finite_in_a_row = 0
-            self.skipped_steps += 1
-        # The host computed the new value from the same flag: the device copies are filled, not read back.
-        self.scale.fill_(self.value)
-        self._inverse.fill_(1.0 / self.value)
-        self.found_inf.zero_()
-        return finite
+    def update(self, sync: bool = True) -> bool | torch.Tensor:
+        """End of a step: set `skip` from `found_inf` (1: the gradients were not finite, the step is to be
+        skipped and is counted in `skipped_steps`), back the scale off after a non-finite step, grow it after
+        `growth_interval` finite ones in a row, and clear `found_inf` for the next step. All on the device.
 
+        Returns whether the gradients were finite (one host read), or with `sync=False` the (1,) int32 `skip`
+        flag itself, for optimizers that read it on the device."""
+        self.skip.copy_(self.found_inf)
+        self._skipped.add_(self.skip)
+        torch._amp_update_scale_(self.scale, self._growth_tracker, self.found_inf, self.growth_factor,
+                                 self.backoff_factor, self.growth_interval)
+        torch.reciprocal(self.scale, out=self._inverse)
+        self.found_inf.zero_()
+        if not sync:
+            return self.skip
+        return not bool(self.skip.item())
+
+    # ---- reads of the device state (each waits for the device) ----------------------------------
+    @property
+    def value(self) -> float:
+        """The current scale."""
+        return float(self.scale.item())
+
+    @property
+    def finite_in_a_row(self) -> int:
+        """Finite steps since the last change of the scale."""
+        return int(self._growth_tracker.item())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose gradients were not finite."""
+        return int(self._skipped.item())
+
+    # ---- state ----------------------------------------------------------------------------------
     def reset(self) -> None:
         """Back to the initial scale, nothing recorded or counted."""
-        self.load_state_dict({"value": self.init_scale, "finite_in_a_row": 0, "skipped_steps": 0})
-        self.found_inf.zero_()
+        self.scale.fill_(self.init_scale)
+        self._inverse.fill_(1.0 / self.init_scale)
+        for t in (self.found_inf, self.skip, self._growth_tracker, self._skipped):
+            t.zero_()
 
     def state_dict(self) -> dict:
-        return {"value": self.value, "finite_in_a_row": self.finite_in_a_row, "skipped_steps": self.skipped_steps}
+        """The scale, the growth counter and the skip count, as (1,) tensors (copies, bit-exact)."""
+        return {"scale": self.scale.detach().reshape(1).clone(),
+                "growth_tracker": self._growth_tracker.detach().reshape(1).clone(),
+                "skipped_steps": self._skipped.detach().clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
-        self.finite_in_a_row = int(state["finite_in_a_row"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.scale.fill_(self.value)
-        self._inverse.fill_(1.0 / self.value)
+        """Restore `state_dict()` output (or the older plain-number form: value, finite_in_a_row,
+        skipped_steps); the flags of a step in progress are cleared."""
+        if "value" in state:  # the plain-number form
+            state = {"scale": torch.tensor([float(state["value"])], dtype=torch.float32),
+                     "growth_tracker": torch.tensor([int(state["finite_in_a_row"])], dtype=torch.int32),
+                     "skipped_steps": torch.tensor([int(state["skipped_steps"])], dtype=torch.int32)}
+        self.check_state_dict(state)
+        self.scale.copy_(state["scale"].reshape(()))
+        torch.reciprocal(self.scale, out=self._inverse)
+        self._growth_tracker.copy_(state["growth_tracker"].reshape(()))
+        self._skipped.copy_(state["skipped_steps"].reshape(1))
+        self.found_inf.zero_()
+        self.skip.zero_()
+
+    @staticmethod
+    def check_state_dict(state: dict) -> None:
+        """Raise CheckpointError unless `state` is a scaler's `state_dict()`."""
+        if set(state) != set(STATE):
+            raise CheckpointError(f"gradient scaler state has keys {sorted(state)}; expected {sorted(STATE)}")
+        for key, dtype in STATE.items():
+            t = state[key]
+            if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != dtype:
+                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else repr(t)
+                raise CheckpointError(f"gradient scaler state {key!r} is {got}; expected one {dtype} value")
 
     def __repr__(self) -> str:
         return (f"GradientScaler(scale={self.value:g}, growth x{self.growth_factor:g} every {self.growth_interval} "
@@ -116,9 +162,11 @@ def for_precision(precision: str, mode: str, device) -> GradientScaler | None:
     return GradientScaler(device) if precision == "float16" and mode == "dynamic" else None
 
 
-def step_finite(scalers) -> bool:
-    """End of a step for every scaler (each updates its scale); whether all saw finite gradients."""
-    finite = True
-    for scaler in scalers:
-        finite = scaler.update() and finite
-    return finite
+def skip_flag(scalers, out: torch.Tensor | None = None) -> torch.Tensor:
+    """End of a step for every scaler (each updates its scale on the device): the (1,) int32 flag that is 1
+    where any of them saw non-finite gradients. One scaler's own flag, or the maximum written into `out`."""
+    flags = [scaler.update(sync=False) for scaler in scalers]
+    if len(flags) == 1:
+        return flags[0]
+    torch.amax(torch.stack(flags), dim=0, out=out)
+    return out

@@ -28,19 +28,19 @@ import torch
 from . import checks, runtime
 from .config import Section
 from .errors import ConfigError, InputError
-from .kernels import losses as K
+from .kernels import losses as loss_kernels
 
 # otype -> kernel id. Names as in tcnn's documentation, matched case-insensitively (so "Mape" works too).
 LOSSES: dict[str, int] = {
-    "L2": K.L2,
-    "L1": K.L1,
-    "RelativeL2": K.RELATIVE_L2,
-    "RelativeL1": K.RELATIVE_L1,
-    "MAPE": K.MAPE,
-    "SMAPE": K.SMAPE,
-    "RelativeL2Luminance": K.RELATIVE_L2_LUMINANCE,
-    "CrossEntropy": K.CROSS_ENTROPY,
-    "Variance": K.VARIANCE,
+    "L2": loss_kernels.L2,
+    "L1": loss_kernels.L1,
+    "RelativeL2": loss_kernels.RELATIVE_L2,
+    "RelativeL1": loss_kernels.RELATIVE_L1,
+    "MAPE": loss_kernels.MAPE,
+    "SMAPE": loss_kernels.SMAPE,
+    "RelativeL2Luminance": loss_kernels.RELATIVE_L2_LUMINANCE,
+    "CrossEntropy": loss_kernels.CROSS_ENTROPY,
+    "Variance": loss_kernels.VARIANCE,
 }
 DEFAULT_LOSS = "RelativeL2"  # tcnn's default when `otype` is absent
 
@@ -59,7 +59,7 @@ def checked_pair(kind: int, pred, target) -> tuple[torch.Tensor, torch.Tensor]:
     target = checks.float_input("target", target.detach(), pred.shape[1])
     if target.shape[0] != pred.shape[0]:
         raise InputError(f"target has batch size {target.shape[0]}; expected {pred.shape[0]} to match pred")
-    if kind == K.RELATIVE_L2_LUMINANCE and pred.shape[1] < 3:
+    if kind == loss_kernels.RELATIVE_L2_LUMINANCE and pred.shape[1] < 3:
         raise InputError(f"RelativeL2Luminance needs RGB predictions (dims >= 3), got {pred.shape[1]} dims")
     return pred, target
 
@@ -75,7 +75,7 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
     grad = torch.empty_like(pred)
     elements = torch.empty_like(pred)
     if n_total:
-        K.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
+        loss_kernels.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
     # One reduction op (host time counts in a small step); an empty batch has loss 0, not mean()'s NaN.
     value = elements.mean() if n_total else elements.new_zeros(())
     per_network = None if n_networks is None else per_network_means(elements, net_ids, n_networks)
@@ -89,7 +89,7 @@ def per_network_means(elements: torch.Tensor, net_ids, n_networks: int) -> torch
     sums = torch.zeros(int(n_networks), dtype=torch.float32, device=elements.device)
     counts = torch.zeros(int(n_networks), dtype=torch.int32, device=elements.device)
     if batch:
-        K.per_network_sums(elements.sum(1), ids, sums, counts)
+        loss_kernels.per_network_sums(elements.sum(1), ids, sums, counts)
     return torch.where(counts > 0, sums / (counts.clamp(min=1).float() * dims), torch.zeros_like(sums))
 
 

@@ -39,7 +39,10 @@ def tcnn_input_padding(encoding) -> tuple[int, float]:
 
 class NetworkWithInputEncoding(Part):
     """An encoding followed by an MLP, N of them side by side: `model(x, net_ids)` runs sample b through
-    encoding and network `net_ids[b]` (tcnn's `NetworkWithInputEncoding`, as an array).
+    encoding and network `net_ids[b]`. tcnn's `NetworkWithInputEncoding` as an array, but its network's input
+    and output are not padded unless `tcnn_padding=True`: without it the same config has fewer parameters and
+    computes another function than tcnn's, whose padded variant is `tinn.torch.TcnnNetworkWithInputEncoding`
+    (tcnn's name `tinn.torch.NetworkWithInputEncoding`).
 
     Args:
         n_input_dims: input width.
@@ -85,12 +88,12 @@ class NetworkWithInputEncoding(Part):
         self.seed = seed
         self.share_encoding = bool(share_encoding)  # tinn.distributed replicates a shared encoding
 
-    def tables(self):
-        return self.encoding.tables() + self.network.tables()
+    def parameter_tables(self):
+        return self.encoding.parameter_tables() + self.network.parameter_tables()
 
-    def check_tables(self) -> None:
-        self.encoding.check_tables()
-        self.network.check_tables()
+    def check_parameter_tables(self) -> None:
+        self.encoding.check_parameter_tables()
+        self.network.check_parameter_tables()
 
     @property
     def params(self) -> torch.Tensor:
@@ -100,7 +103,7 @@ class NetworkWithInputEncoding(Part):
         flat = tcnn_layout.flat_view(self, self.__dict__.get("_flat_params"))
         if flat is not None:
             return flat
-        own = [t for t in self.tables() if t is not None]
+        own = [t for t in self.parameter_tables() if t is not None]
         if len(own) == 1:
             return own[0]
         raise AttributeError("NetworkWithInputEncoding.params is ambiguous: both parts are trainable; use "
@@ -124,14 +127,14 @@ class NetworkWithInputEncoding(Part):
                 return self.network(h, ids)
         return super().run_checked(x, ids)
 
-    def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+    def forward_with_context(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
         if not train and x_layout == "sample_major" and self._frequencies_fuse(x):
             # Inference of Frequency -> fused MLP: the network's kernel encodes the raw inputs as it loads
             # them, so the (batch, 2 * octaves * dims) features never go through memory.
             return self.network.inference_of_frequencies(x, ids, self.encoding.n_frequencies), None
         handover = common_layout(self.encoding, self.network)
-        h, enc_ctx = self.encoding.forward_ctx(x, self._encoding_ids(ids), train=train, y_layout=handover)
-        y, net_ctx = self.network.forward_ctx(h, ids, train=train, x_layout=handover)
+        h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=train, y_layout=handover)
+        y, net_ctx = self.network.forward_with_context(h, ids, train=train, x_layout=handover)
         return y, (Context(encoding=enc_ctx, network=net_ctx) if train else None)
 
     def _frequencies_fuse(self, x) -> bool:
@@ -156,12 +159,12 @@ class NetworkWithInputEncoding(Part):
 
     def _needs(self, need_dx, need_grads) -> tuple[bool, bool]:
         """(whether the network's input gradient is needed, whether the encoding trains)."""
-        train_encoding = need_grads and any(t is not None and t.requires_grad for t in self.encoding.tables())
+        train_encoding = need_grads and any(t is not None and t.requires_grad for t in self.encoding.parameter_tables())
         return need_dx or train_encoding, train_encoding
 
     def _encoding_backward(self, ctx, dh, net_grads, need_dx, train_encoding):
         if dh is None:
-            return None, (None,) * len(self.encoding.tables()) + net_grads
+            return None, (None,) * len(self.encoding.parameter_tables()) + net_grads
         dx, enc_grads = self.encoding.backward(ctx.encoding, dh, need_dx=need_dx, need_grads=train_encoding)
         return dx, tuple(enc_grads) + net_grads
 
@@ -173,7 +176,7 @@ class NetworkWithInputEncoding(Part):
         dh, _ = net.backward(ctx.network, dy, need_dx=True, need_grads=False)
         ddh, a_x, a_enc = enc.backward_backward(ctx.encoding, dh, ddx, need_ddy=True, need_dx=need_dx,
                                                 need_dtables=need_dtables)
-        enc_tables = [t for t in enc.tables()]
+        enc_tables = [t for t in enc.parameter_tables()]
         via_h = need_dx or (need_dtables and any(t is not None for t in enc_tables))
         b_dy, b_h, b_net = net.backward_backward(ctx.network, dy, ddh, need_ddy=need_ddy, need_dx=via_h,
                                                  need_dtables=need_dtables)

@@ -3,13 +3,13 @@
 In the spirit of tiny-cuda-nn's `DifferentiableObject`, a part is a pure function of its inputs and
 its parameter tables, evaluated per sample for the network the sample's id names:
 
-    y, ctx = part.forward_ctx(x, ids, train=True, x_layout=..., y_layout=...)
+    y, ctx = part.forward_with_context(x, ids, train=True, x_layout=..., y_layout=...)
     dx, grads = part.backward(ctx, dy, need_dx=..., grads=...)
     dx, grads, value = part.backward_from_loss(ctx, y, loss, target, need_dx=...)   # seeded by a tinn loss
     d_dy, d_x, d_tables = part.backward_backward(ctx, dy, ddx, ...)   # optional (second order)
 
 `x`, `dy` and `ids` reach these methods validated, contiguous and detached; `ids` is an int32 tensor
-with one entry per sample (all zero for a single network). `tables()` lists the part's trainable
+with one entry per sample (all zero for a single network). `parameter_tables()` lists the part's trainable
 tensors in a fixed order; `backward` returns one gradient per table (None where not wanted), or adds
 into the buffers given as `grads` (so a composed part or the Trainer can hand over `.grad` buffers).
 
@@ -17,7 +17,7 @@ Layouts: a (batch, dims) tensor is *sample-major*; its transpose, stored contigu
 is *feature-major*. A part lists the layouts it can read (`input_layouts`) and write
 (`output_layouts`), preferred first; a composition hands tensors over in a layout both sides take,
 with no transposes in between. `dx` is returned in the layout `x` came in, `dy` is read in the layout
-`y` went out. Every subclass's `forward_ctx` is wrapped (at class creation) by a check that `x_layout`
+`y` went out. Every subclass's `forward_with_context` is wrapped (at class creation) by a check that `x_layout`
 and `y_layout` are among the layouts the instance declares, so a part never reads a tensor in a layout
 it does not handle.
 
@@ -76,20 +76,20 @@ def common_layout(producer: "Part", consumer: "Part") -> str:
 def _layout_error(part: "Part", argument: str, layout, allowed: tuple[str, ...]) -> ConfigError:
     what = "reads" if argument == "x_layout" else "writes"
     known = "" if layout in LAYOUTS else f" (not a layout at all; layouts are {list(LAYOUTS)})"
-    return ConfigError(f"{type(part).__name__}.forward_ctx: {argument}={layout!r} is not a layout this part "
+    return ConfigError(f"{type(part).__name__}.forward_with_context: {argument}={layout!r} is not a layout this part "
                        f"{what}{known}; allowed: {list(allowed)}")
 
 
-def _checking_layouts(forward_ctx):
-    """`forward_ctx` behind a check of its layout arguments against the part's declared layouts (read from
+def _checking_layouts(forward_with_context):
+    """`forward_with_context` behind a check of its layout arguments against the part's declared layouts (read from
     the instance: some parts choose theirs when built). Two tuple lookups per call."""
-    @functools.wraps(forward_ctx)
+    @functools.wraps(forward_with_context)
     def checked(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR, **extra):
         if x_layout not in self.input_layouts:
             raise _layout_error(self, "x_layout", x_layout, self.input_layouts)
         if y_layout not in self.output_layouts:
             raise _layout_error(self, "y_layout", y_layout, self.output_layouts)
-        return forward_ctx(self, x, ids, train=train, x_layout=x_layout, y_layout=y_layout, **extra)
+        return forward_with_context(self, x, ids, train=train, x_layout=x_layout, y_layout=y_layout, **extra)
 
     checked.checks_layouts = True
     return checked
@@ -110,7 +110,7 @@ def accumulate(into: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Te
 
 
 class Part(torch.nn.Module):
-    """Base class of the contract. Subclasses set the dims and implement `forward_ctx` and `backward`."""
+    """Base class of the contract. Subclasses set the dims and implement `forward_with_context` and `backward`."""
 
     dtype = torch.float32  # tcnn's attributes: tinn computes in float32 throughout; `dtype` is the outputs'
     loss_scale = 1.0
@@ -138,18 +138,18 @@ class Part(torch.nn.Module):
         # the Trainer then trains it through torch autograd.
         if "forward" in cls.__dict__:
             cls.direct_training = False
-        own = cls.__dict__.get("forward_ctx")
+        own = cls.__dict__.get("forward_with_context")
         if own is not None and not getattr(own, "checks_layouts", False):
-            cls.forward_ctx = _checking_layouts(own)
+            cls.forward_with_context = _checking_layouts(own)
 
     # ---- the contract -------------------------------------------------------------------------------
-    def tables(self) -> tuple[torch.Tensor | None, ...]:
+    def parameter_tables(self) -> tuple[torch.Tensor | None, ...]:
         """The trainable tensors the contract differentiates, in a fixed order (may contain None)."""
         params = getattr(self, "params", None)
         return (params,) if isinstance(params, torch.Tensor) else ()
 
-    def forward_ctx(self, x: torch.Tensor, ids: torch.Tensor, *, train: bool, x_layout: str = SAMPLE_MAJOR,
-                    y_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor, Context]:
+    def forward_with_context(self, x: torch.Tensor, ids: torch.Tensor, *, train: bool, x_layout: str = SAMPLE_MAJOR,
+                             y_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor, Context]:
         raise NotImplementedError
 
     def backward(self, ctx: Context, dy: torch.Tensor, *, need_dx: bool, need_grads: bool = True,
@@ -164,7 +164,7 @@ class Part(torch.nn.Module):
     def backward_from_loss(self, ctx: Context, y: torch.Tensor, loss, target: torch.Tensor, *, need_dx: bool,
                            need_grads: bool = True) -> tuple[torch.Tensor | None, tuple, torch.Tensor]:
         """`backward` seeded by a loss of the output instead of its gradient: `loss` (a tinn `Loss`) of `y`, the
-        output `forward_ctx` returned, against `target`, the mean over every element. Returns dx, the grads
+        output `forward_with_context` returned, against `target`, the mean over every element. Returns dx, the grads
         and the mean loss (0-d). Here the loss kernel runs first; a part whose kernels compute the loss's
         gradient where they first read the output (the fused MLP) overrides it and saves that pass."""
         result = loss.evaluate(y, target)
@@ -197,7 +197,7 @@ class Part(torch.nn.Module):
             net_ids = None
         x, ids = checks.part_inputs(type(self).__name__, x, net_ids, self.n_input_dims,
                                     self.n_networks if self.uses_ids else 1)
-        self.check_tables()
+        self.check_parameter_tables()
         y = self.run_checked(x, ids)
         return y if self.dtype == torch.float32 else y.to(self.dtype)
 
@@ -205,7 +205,7 @@ class Part(torch.nn.Module):
         """The forward on validated inputs (a composition may call its parts as modules instead)."""
         return run(self, x, ids)
 
-    def check_tables(self) -> None:
+    def check_parameter_tables(self) -> None:
         """The tables the kernels are about to read must still be what they were built as (a module
         converted with .double(), or a table replaced by one of another shape, is an error, not a crash)."""
         params = getattr(self, "params", None)
@@ -218,24 +218,24 @@ class Part(torch.nn.Module):
             return self.forward(x, net_ids)
 
     def n_params_per_network(self) -> int:
-        return sum(t[0].numel() for t in self.tables() if t is not None and t.dim() > 1)
+        return sum(t[0].numel() for t in self.parameter_tables() if t is not None and t.dim() > 1)
 
     def n_params(self) -> int:
         """Number of trainable floats (all networks of an array together), as tcnn counts them."""
         return sum(p.numel() for p in self.parameters())
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tables() if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.parameter_tables() if t is not None)
 
 
 def run(part: Part, x: torch.Tensor, ids: torch.Tensor, function=None) -> torch.Tensor:
     """`part` on validated inputs: through autograd when a gradient is wanted (the contract's generic
     Function, or `function` for parts that need their own), else a plain forward."""
-    tables = part.tables()
+    tables = part.parameter_tables()
     with runtime.stream_guard():
         if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
             return (function or _PartFunction).apply(part, x, ids, *tables)
-        y, _ = part.forward_ctx(x.detach(), ids, train=False)
+        y, _ = part.forward_with_context(x.detach(), ids, train=False)
         return y
 
 
@@ -244,7 +244,7 @@ class _PartFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, part, x, ids, *tables):
-        y, pctx = part.forward_ctx(x.detach(), ids, train=True)
+        y, pctx = part.forward_with_context(x.detach(), ids, train=True)
         ctx.part, ctx.pctx = part, pctx
         # The originals, not detached copies: a create_graph backward must stay connected to them.
         ctx.save_for_backward(x, *tables)

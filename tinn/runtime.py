@@ -1,7 +1,7 @@
 """The one place that initialises Taichi, owns the settings and orders CUDA streams.
 
 `init()` picks the arch (argument, else `TINN_ARCH`, else GPU if one is present,
-else CPU), fixes the tuning settings (tinn/settings.py), is safe to call twice,
+else CPU), fixes the settings and the kernels' tuning (tinn/settings.py), is safe to call twice,
 and tells which torch device pairs with the arch so tensors can be shared
 zero-copy.
 """
@@ -15,10 +15,10 @@ import torch
 from . import settings as settings_module
 from . import backend as _backend
 from .errors import ConfigError, NotInitializedError
-from .settings import Settings
+from .settings import Settings, Tuning
 
 _ARCHS = {"cpu": "cpu", "cuda": "cuda", "gpu": "gpu", "auto": "auto"}
-_state = {"arch": None, "device": None, "settings": None}
+_state = {"arch": None, "device": None, "chosen": None}
 
 
 def _resolve(arch: str) -> str:
@@ -33,17 +33,18 @@ def _resolve(arch: str) -> str:
 
 
 def init(arch: str | None = None, *, backend: str | None = None, settings: Settings | dict | None = None,
-         debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
+         tuning: Tuning | dict | None = None, debug: bool = False, offline_cache: bool = True, **kwargs) -> str:
     """Initialise the kernel backend once, before building models.
 
     A second call with the same (or no) arch and no settings is a no-op; asking for another arch or
-    other settings after initialisation is an error, because compiled kernels and Taichi state cannot
+    other settings or tuning after initialisation is an error, because compiled kernels and Taichi state cannot
     change.
 
     Args:
         arch: "cpu", "cuda" or "auto" (a GPU if present); None: `TINN_ARCH`, else "auto".
         backend: the kernel language, "taichi", "quadrants" or "auto" (see `tinn.backend`).
-        settings: a `Settings` or a dict of fields overriding the tuning defaults (and `TINN_SETTINGS`).
+        settings: a `Settings` or a dict of its fields overriding the defaults (and `TINN_SETTINGS`).
+        tuning: a `tinn.settings.Tuning` or a dict of its fields (the kernels' knobs), likewise.
         debug: Taichi's debug mode (bounds checks in kernels; slow).
         offline_cache: keep compiled kernels on disk for later processes.
         **kwargs: passed to `ti.init` (e.g. `offline_cache_file_path`).
@@ -52,8 +53,8 @@ def init(arch: str | None = None, *, backend: str | None = None, settings: Setti
         The arch in use, "cpu" or "cuda".
 
     Raises:
-        ConfigError: an unknown arch or backend, a bad settings field, or another arch or other settings
-            than those of an earlier call.
+        ConfigError: an unknown arch or backend, a bad settings or tuning field, or another arch or other
+            settings or tuning than those of an earlier call.
     """
     ti = _backend.load(backend)
     wanted = _resolve(arch or os.environ.get("TINN_ARCH", "auto"))
@@ -62,11 +63,14 @@ def init(arch: str | None = None, *, backend: str | None = None, settings: Setti
             raise ConfigError(
                 f"tinn is already initialised with arch={_state['arch']!r}; cannot switch to {wanted!r} in one process"
             )
-        if settings is not None and settings_module.build(None, settings) != _state["settings"]:
+        if settings is not None and settings_module.build(None, settings).settings != _state["chosen"].settings:
             raise ConfigError("tinn is already initialised with other settings; pass settings to the first "
                               "tinn.init() of the process")
+        if tuning is not None and settings_module.build(None, tuning=tuning).tuning != _state["chosen"].tuning:
+            raise ConfigError("tinn is already initialised with other tuning; pass tuning to the first "
+                              "tinn.init() of the process")
         return _state["arch"]
-    chosen = settings_module.build(os.environ.get(settings_module.ENV_VARIABLE), settings)
+    chosen = settings_module.build(os.environ.get(settings_module.ENV_VARIABLE), settings, tuning)
     ti_arch = ti.cuda if wanted == "cuda" else ti.cpu
     # Reverse-mode autodiff over dynamic loops needs a deeper adstack than Taichi's default.
     kwargs.setdefault("ad_stack_size", 256)
@@ -74,11 +78,11 @@ def init(arch: str | None = None, *, backend: str | None = None, settings: Setti
     kwargs.setdefault("log_level", ti.WARN)
     # The MLP kernels unroll up to 128 multiply-adds per row on purpose (register-resident vectors).
     kwargs.setdefault("unrolling_limit", 0)
-    kwargs.setdefault("advanced_optimization", chosen.ir_optimization is not False)
-    if wanted == "cuda" and chosen.gpu_max_reg:
-        kwargs.setdefault("gpu_max_reg", chosen.gpu_max_reg)
+    kwargs.setdefault("advanced_optimization", chosen.tuning.ir_optimization is not False)
+    if wanted == "cuda" and chosen.tuning.gpu_max_reg:
+        kwargs.setdefault("gpu_max_reg", chosen.tuning.gpu_max_reg)
     ti.init(arch=ti_arch, debug=debug, offline_cache=offline_cache, **kwargs)
-    _state["settings"] = chosen
+    _state["chosen"] = chosen
     settings_module.install(chosen)
     _state["arch"] = wanted
     _state["device"] = torch.device("cuda", 0) if wanted == "cuda" else torch.device("cpu")
@@ -100,9 +104,15 @@ def arch() -> str:
 
 
 def settings() -> Settings:
-    """The tuning settings of this process (initialises tinn with defaults if nobody did)."""
+    """The settings of this process (initialises tinn with defaults if nobody did)."""
     ensure_init()
     return settings_module.current()
+
+
+def tuning() -> Tuning:
+    """The kernels' tuning in this process (initialises tinn with defaults if nobody did)."""
+    ensure_init()
+    return settings_module.current_tuning()
 
 
 def cpu_threads() -> int:

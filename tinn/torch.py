@@ -11,12 +11,17 @@ A tcnn user changes one import and, for arrays of networks, adds `net_ids`::
     models = tcnn.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"], n_networks=4096)
     y = models(x, net_ids)                         # sample b runs through network net_ids[b]
 
-The names here are tcnn's constructors over tinn's own classes, with tcnn's argument order and
-attributes and nothing else (no forward, no protocol of their own): `tcnn.Network` and
-`tcnn.NetworkWithInputEncoding` subclass `tinn.NetworkArray` and `tinn.NetworkWithInputEncoding`
-by their constructors only, and `tcnn.Encoding(...)` builds the tinn encoding of the config's otype. Every module is a `torch.nn.Module` following tinn's part contract
-(tinn/part.py), so gradients reach the parameters *and* the inputs, tinn parts compose with any torch
-code and train with any `torch.optim` optimizer.
+The classes here are tcnn's constructors over tinn's own classes, with tcnn's argument order and
+attributes and nothing else (no forward, no protocol of their own), and tcnn's function: their networks pad
+the input with ones to a multiple of 16 columns (the first matrix gains a bias column) and the output to a
+multiple of 16 rows, as tcnn does, so tcnn's parameters give tcnn's outputs. tinn's own classes do not pad,
+so the same name would name two functions: these are `TcnnNetworkArray`, `TcnnNetwork` and
+`TcnnNetworkWithInputEncoding` (subclasses of `tinn.NetworkArray` and `tinn.NetworkWithInputEncoding` by their
+constructors only), and tcnn's names `NetworkArray`, `Network` and `NetworkWithInputEncoding` are aliases of
+them here, in `tinn.torch` alone, so that a tcnn script changes only its import. `tcnn.Encoding(...)` builds
+the tinn encoding of the config's otype (encodings are not padded, in tcnn either). Every module is a
+`torch.nn.Module` following tinn's part contract (tinn/part.py), so gradients reach the parameters *and* the
+inputs, tinn parts compose with any torch code and train with any `torch.optim` optimizer.
 
 Guarantees
 ----------
@@ -46,19 +51,22 @@ Guarantees
 * Host-bound loops. tcnn's sample loop at its batch size spends more time issuing work than the GPU spends
   on it. torch hands every CUDA backward to its own device thread and waits for it;
   `torch.autograd.set_multithreading_enabled(False)`, once in the training thread, keeps it on the calling
-  thread (same results); on the H100 machines it cut the loop's host time by up to 30%, by nothing on one of
-  them (README, Performance).
-  tinn leaves that switch to you; its own `Trainer` sets it around the backward passes it starts.
+  thread (same results) and saves that hand-over's host time (docs/performance.md has what it saved).
+  tinn leaves that switch to you; its own `Trainer` sets it around the backward passes it starts
+  (`settings.autograd_calling_thread`).
 
 Differences from tcnn
 ---------------------
 * float32 parameters and outputs (tcnn defaults to float16): `dtype` is always torch.float32, `loss_scale`
-  is 1. A single network computes in float32 too unless `settings.network_precision` says "float16" (tcnn's
-  half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16".
+  is 1. A single network computes in float32 too unless `settings.precision` says "float16" (tcnn's
+  half-precision GEMMs, its gradient scale applied inside the network) or "bfloat16". An array of several
+  networks on CUDA computes in tcnn's float16 on the tensor cores where their kernels take its shape (the
+  default precision, `tinn/networks/selection.py`); `network.precision` says which.
 * float16 gradients are scaled dynamically (`settings.gradient_scaling`, tcnn's is a fixed 128): the
   gradients autograd delivers are already unscaled; an overflow is flagged in the network's
   `gradient_scaler`. A loop of your own calls `net.gradient_scaler.update()` after `backward()` (one host
-  read) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
+  read; `update(sync=False)` returns the device flag instead, which a tinn optimizer's `step(skip=...)`
+  reads on the device) and skips `optimizer.step()` where it returns False, which also halves the scale (for a
   `NetworkWithInputEncoding`, `model.network.gradient_scaler`). Without that call the scale stays at 128,
   tcnn's behaviour. tinn's `Trainer` does it itself (`trainer.skipped_steps`).
 * A single `NetworkWithInputEncoding`'s `params` is tcnn's flat `(P,)` parameter (network, then encoding)
@@ -93,8 +101,9 @@ from .errors import ConfigError
 from .part import Part, _PartFunction, has_hooks
 from .runtime import stream_guard
 
-__all__ = ["Module", "Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "stream_guard",
-           "free_temporary_memory", "supports_jit_fusion", "export_params", "import_params"]
+__all__ = ["Module", "Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "TcnnNetwork",
+           "TcnnNetworkArray", "TcnnNetworkWithInputEncoding", "stream_guard", "free_temporary_memory",
+           "supports_jit_fusion", "export_params", "import_params"]
 
 export_params = tcnn_layout.export_params  # a model's parameters in tcnn's flat layout
 import_params = tcnn_layout.import_params  # tcnn-layout parameters (any float dtype) into a model
@@ -162,8 +171,9 @@ class _Adapter(type):
         return issubclass(sub, cls.core)
 
 
-class NetworkArray(_TcnnStateDict, networks.NetworkArray):
-    """`n_networks` MLPs of one shape: `forward(x, net_ids)` runs sample b through network `net_ids[b]`.
+class TcnnNetworkArray(_TcnnStateDict, networks.NetworkArray):
+    """`n_networks` MLPs of one shape padded as tcnn pads them (`tinn.torch.NetworkArray`): `forward(x, net_ids)`
+    runs sample b through network `net_ids[b]`.
 
     Same config and function as `tcnn.Network` (`otype`, `n_neurons`, `n_hidden_layers`, `activation`,
     `output_activation`): the input is padded with ones to a multiple of 16 columns, as tcnn pads it, so
@@ -182,8 +192,9 @@ class NetworkArray(_TcnnStateDict, networks.NetworkArray):
         self.network_config = _config_copy(network_config)
 
 
-class Network(NetworkArray):
-    """One MLP, tcnn's `Network(n_input_dims, n_output_dims, network_config, seed=1337)`; `net_ids` optional."""
+class TcnnNetwork(TcnnNetworkArray):
+    """One MLP padded as tcnn pads it, tcnn's `Network(n_input_dims, n_output_dims, network_config, seed=1337)`
+    (`tinn.torch.Network`); `net_ids` optional."""
 
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict, seed: int = 1337):
         super().__init__(n_input_dims, n_output_dims, network_config, n_networks=1, seed=seed)
@@ -210,11 +221,13 @@ class Encoding(_CoreEncoding, metaclass=_Adapter):
         return enc
 
 
-class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
+class TcnnNetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
     """tcnn's `NetworkWithInputEncoding(n_input_dims, n_output_dims, encoding_config, network_config,
-    seed=1337)`, plus `n_networks` (arrays: `forward(x, net_ids)`) and `share_encoding` (one table for
-    all networks instead of one per network; parameter-free encodings are always shared). Built exactly
-    like `tinn.NetworkWithInputEncoding` (encoding seeded with `seed`, network with `seed + 1`)."""
+    seed=1337)` (`tinn.torch.NetworkWithInputEncoding`), plus `n_networks` (arrays: `forward(x, net_ids)`) and
+    `share_encoding` (one table for all networks instead of one per network; parameter-free encodings are
+    always shared). Its network pads the encoded input and the output as tcnn's does (tcnn's function and
+    parameter layout); otherwise built exactly like `tinn.NetworkWithInputEncoding(..., tcnn_padding=True)`
+    (encoding seeded with `seed`, network with `seed + 1`)."""
 
     casts_inputs = True
 
@@ -239,7 +252,13 @@ class NetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncoding):
                 has_hooks(self.encoding) or has_hooks(self.network):
             return super().run_checked(x, ids)
         with stream_guard():
-            return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.tables()))
+            return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.parameter_tables()))
+
+
+# tcnn's names for the padded classes, here only: `import tinn.torch as tcnn` is a tcnn script's one change.
+NetworkArray = TcnnNetworkArray
+Network = TcnnNetwork
+NetworkWithInputEncoding = TcnnNetworkWithInputEncoding
 
 
 class _FlatGradient(torch.autograd.Function):

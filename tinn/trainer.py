@@ -2,7 +2,7 @@
 
 `training_step(inputs, targets, net_ids)` runs forward, the loss (which yields dLoss/dprediction
 itself), the backward and one optimizer step. On a model that follows the part contract
-(tinn/part.py) it calls the contract's `forward_ctx` and `backward` directly, with no autograd
+(tinn/part.py) it calls the contract's `forward_with_context` and `backward` directly, with no autograd
 bookkeeping; any other torch module, a part with hooks or a subclass with its own forward goes
 through torch autograd and gets the same gradients.
 
@@ -12,8 +12,10 @@ schedules live in the optimizer (`ExponentialDecay` and the other wrappers), not
 `reset()` puts model and optimizer back to their initial state.
 
 Networks computing in float16 scale their gradients dynamically (tinn/gradient_scaling.py): after each
-backward the trainer asks their scalers whether the gradients were finite (one host read per step) and
-skips the optimizer step where they were not; `skipped_steps` counts those steps, `step` the steps taken.
+backward their scalers turn the step's overflow record into a device flag, and the optimizer skips its update
+where the flag is set, reading it on the device (`Optimizer.step(skip=...)`; optimizers without
+`skips_on_device` read it on the host). A step thus never waits for the GPU. `step` counts the training
+steps run, taken or skipped; `skipped_steps` and `gradient_scale` read the device (a sync) when asked.
 """
 from __future__ import annotations
 
@@ -130,8 +132,7 @@ class Trainer(LearningRateOf):
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
         self.step = 0
-        self.skipped_steps = 0
-        self.gradient_scalers = _gradient_scalers(model)
+        self._attach_scalers(fresh=False)
 
     @classmethod
     def from_config(cls, config: dict, n_input_dims: int, n_output_dims: int, n_networks: int = 1,
@@ -187,7 +188,7 @@ class Trainer(LearningRateOf):
         model = self.model
         if not isinstance(model, Part) or not model.direct_training or batch == 0:
             return False
-        if not any(t is not None and t.requires_grad for t in model.tables()):
+        if not any(t is not None and t.requires_grad for t in model.parameter_tables()):
             return False
         return not _observed(model)
 
@@ -217,7 +218,7 @@ class Trainer(LearningRateOf):
         with checks.disabled(), runtime.stream_guard():  # inputs validated above
             if self._uses_contract(x.shape[0]):
                 model = self.model
-                pred, ctx = model.forward_ctx(x, ids, train=True)
+                pred, ctx = model.forward_with_context(x, ids, train=True)
                 if isinstance(self.loss, Loss) and not track and model.fuses_loss():
                     # The model's backward takes the loss itself: the fused MLP computes its gradient where
                     # its kernel first reads the outputs (Part.backward_from_loss).
@@ -228,7 +229,7 @@ class Trainer(LearningRateOf):
                     result = _loss_result(self.loss, pred, t, **kwargs)
                     del pred  # its memory is reused by the backward where the model's context does not keep it
                     _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)
-                for table, grad in zip(model.tables(), grads):
+                for table, grad in zip(model.parameter_tables(), grads):
                     if table is not None and table.requires_grad and grad is not None:
                         _accumulate_grad(table, grad)
             else:
@@ -268,21 +269,66 @@ class Trainer(LearningRateOf):
             self._optimizer_step()
         return loss.detach()
 
+    def _attach_scalers(self, fresh: bool) -> None:
+        """The model's gradient scalers (reset where `fresh`), the device count of skipped steps, and the
+        buffer of the combined skip flag of several scalers."""
+        self.gradient_scalers = _gradient_scalers(self.model, fresh=fresh)
+        device = self.gradient_scalers[0].scale.device if self.gradient_scalers else None
+        self._skipped = torch.zeros(1, dtype=torch.int32, device=device) if device is not None else None
+        self._skip_flag = torch.zeros(1, dtype=torch.int32, device=device) if device is not None else None
+
     def _optimizer_step(self) -> None:
-        """The optimizer's step, unless a float16 network's gradients overflowed (its scaler backs off)."""
-        if self.gradient_scalers and not gradient_scaling.step_finite(self.gradient_scalers):
-            self.skipped_steps += 1
-            return
-        self.optimizer.step()
+        """The optimizer's step; where a float16 network's gradients overflowed (its scaler backs off), the
+        optimizer leaves parameters and state as they are, decided on the device."""
         self.step += 1
+        if not self.gradient_scalers:
+            self.optimizer.step()
+            return
+        # The flag's torch ops and the optimizer's Taichi kernels that read it, in one stream order.
+        with runtime.stream_guard():
+            skip = gradient_scaling.skip_flag(self.gradient_scalers, out=self._skip_flag)
+            self._skipped.add_(skip)
+            self.optimizer.step(skip=skip)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Training steps whose optimizer update was skipped for overflowing float16 gradients (reads the
+        device)."""
+        return 0 if self._skipped is None else int(self._skipped.item())
 
     @property
     def gradient_scale(self) -> float | None:
-        """The current gradient scale of the model's (first) float16 network, None without one."""
+        """The current gradient scale of the model's (first) float16 network, None without one (reads the
+        device)."""
         return self.gradient_scalers[0].value if self.gradient_scalers else None
 
+    def gradient_scaling_state(self) -> dict:
+        """The skip count and every scaler's state (device tensors, copied), for checkpoints; empty without
+        float16 networks."""
+        if not self.gradient_scalers:
+            return {}
+        state = {"skipped_steps": self._skipped.clone()}
+        for i, scaler in enumerate(self.gradient_scalers):
+            state.update({f"gradient_scaler.{i}.{k}": v for k, v in scaler.state_dict().items()})
+        return state
+
+    def load_gradient_scaling(self, state: dict | None) -> None:
+        """Restore `checkpoint`'s parsed scaling state: the scalers' states where the checkpoint holds one for
+        each of this model's scalers; otherwise (saved where the networks ran another precision) fresh ones."""
+        if not self.gradient_scalers:
+            return
+        if state is None or len(state["scalers"]) != len(self.gradient_scalers):
+            for scaler in self.gradient_scalers:
+                scaler.reset()
+            self._skipped.zero_()
+            return
+        for scaler, scaler_state in zip(self.gradient_scalers, state["scalers"]):
+            scaler.load_state_dict(scaler_state)
+        self._skipped.copy_(state["skipped_steps"].reshape(1))
+
     def summary(self) -> dict:
-        """Steps taken, steps skipped for overflowing float16 gradients and the current gradient scale."""
+        """Steps run, steps skipped for overflowing float16 gradients and the current gradient scale (reads the
+        device)."""
         return {"step": self.step, "skipped_steps": self.skipped_steps, "gradient_scale": self.gradient_scale}
 
     def inference(self, inputs: torch.Tensor, net_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -314,8 +360,7 @@ class Trainer(LearningRateOf):
                     reset(seed) if isinstance(m, Part) and seed is not None else reset()
         self.optimizer = create_optimizer(self.optimizer.hyperparams(), list(self.model.named_parameters()))
         self.step = 0
-        self.skipped_steps = 0
-        self.gradient_scalers = _gradient_scalers(self.model, fresh=True)
+        self._attach_scalers(fresh=True)
         self.per_network_loss = None
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -327,7 +372,8 @@ class Trainer(LearningRateOf):
             OSError: the file cannot be written (an older checkpoint at `path` stays intact).
         """
         checkpoint.save(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                               "trainer": {"step": self.step}}, metadata={"config": self.config})
+                               "trainer": {"step": self.step, **self.gradient_scaling_state()}},
+                        metadata={"config": self.config})
 
     def load_checkpoint(self, path: str | os.PathLike, strict_config: bool = True) -> dict:
         """Restore model, optimizer and step from `path`, all or nothing (see `checkpoint.restore_trainer`).

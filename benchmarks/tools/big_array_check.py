@@ -32,7 +32,7 @@ FINE_LIMIT = 1 << 28
 
 
 def set_limit(limit: int) -> None:
-    settings.install(settings.current().replace(table_chunk_elements=limit))
+    settings.install(settings.installed().replace(table_chunk_elements=limit))
 
 
 def grid_model(n):
@@ -97,7 +97,7 @@ def max_rel_diff(a_list, b_list) -> float:
 
 
 def check_case(name, make, n, n_in, n_out, batch, steps):
-    default = settings.Settings().table_chunk_elements
+    default = settings.Tuning().table_chunk_elements
     one, tables_a = train(make, n, n_in, n_out, batch, steps, default)
     fine, tables_b = train(make, n, n_in, n_out, batch, steps, FINE_LIMIT)
     loss_diff = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(one["losses"], fine["losses"]))
@@ -120,7 +120,7 @@ def chunking_cost(reps: int):
     rows = {}
     for label, parts in (("one launch", 1), ("4 chunks", 4)):
         net = NetworkArray(32, 16, cfg, n_networks=4096, seed=1)
-        set_limit(settings.Settings().table_chunk_elements if parts == 1 else net.params.numel() // parts)
+        set_limit(settings.Tuning().table_chunk_elements if parts == 1 else net.params.numel() // parts)
         trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-3})
         x, target, ids = data(4096, 32, 16, 1 << 22)
         ids = (torch.arange(1 << 22, device=x.device) % 4096)[torch.randperm(1 << 22, device=x.device)].int()
@@ -128,7 +128,7 @@ def chunking_cost(reps: int):
             rows[label] = 1e3 * time_fn(lambda: trainer.training_step(x, target, ids), reps=reps)
         del trainer, net
         gc.collect()
-    set_limit(settings.Settings().table_chunk_elements)
+    set_limit(settings.Tuning().table_chunk_elements)
     return rows
 
 

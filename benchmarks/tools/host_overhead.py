@@ -68,41 +68,42 @@ def paths(config: dict, batch: int) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     arch = tinn.init(args.arch)
-    tinn.checks.set_enabled(False)
-    batch = 1 << (args.log2_batch or (16 if arch == "cuda" else 8))
-    config = tinn.load_config(args.config)
-    runs = paths(config, batch)
-    for fn in runs.values():  # compile every kernel instance and keep it for the lean launch
-        for _ in range(3):
-            fn()
-    tinn.runtime.sync()
-    from tinn.kernels import launch
-    real_call = launch.FastKernel.__call__
-    launches = collections.Counter()
+    with tinn.checks.disabled():
+        batch = 1 << (args.log2_batch or (16 if arch == "cuda" else 8))
+        config = tinn.load_config(args.config)
+        runs = paths(config, batch)
+        for fn in runs.values():  # compile every kernel instance and keep it for the lean launch
+            for _ in range(3):
+                fn()
+        tinn.runtime.sync()
+        from tinn.kernels import launch
+        real_call = launch.FastKernel.__call__
+        launches = collections.Counter()
 
-    def no_op(self, *args):
-        launches[self.__name__] += 1
+        def no_op(self, *args):
+            launches[self.__name__] += 1
 
-    rows = []
-    for name, fn in runs.items():
-        row = {"path": name, "host_us": 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)}
-        launch.FastKernel.__call__ = no_op
-        launches.clear()
-        try:
-            row["no_kernels_us"] = 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)
-        finally:
-            launch.FastKernel.__call__ = real_call
-        row["launches"] = sum(launches.values()) / (args.steps * args.reps)
-        row["launch_us"] = row["host_us"] - row["no_kernels_us"]
-        rows.append(row)
-    print(f"host time per step, {arch}, {os.path.basename(args.config)}, batch 2^{batch.bit_length() - 1}"
-          + ("" if arch == "cuda" else " (CPU: kernels run inside their launches, so only the no-op column is host time)"))
-    print_table(rows, [("path", "path", "s"), ("host_us", "as is us", ".1f"),
-                       ("no_kernels_us", "kernels no-op us", ".1f"), ("launches", "launches", ".0f"),
-                       ("launch_us", "launch share us", ".1f")])
-    payload = {"benchmark": "host_overhead", "arch": arch, "batch": batch, "rows": rows}
-    write_json(args.json, payload)
-    return payload
+        rows = []
+        for name, fn in runs.items():
+            row = {"path": name, "host_us": 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)}
+            launch.FastKernel.__call__ = no_op
+            launches.clear()
+            try:
+                row["no_kernels_us"] = 1e3 * host_ms_per_step(fn, bursts=args.reps, steps=args.steps)
+            finally:
+                launch.FastKernel.__call__ = real_call
+            row["launches"] = sum(launches.values()) / (args.steps * args.reps)
+            row["launch_us"] = row["host_us"] - row["no_kernels_us"]
+            rows.append(row)
+        print(f"host time per step, {arch}, {os.path.basename(args.config)}, batch 2^{batch.bit_length() - 1}"
+              + ("" if arch == "cuda"
+                 else " (CPU: kernels run inside their launches, so only the no-op column is host time)"))
+        print_table(rows, [("path", "path", "s"), ("host_us", "as is us", ".1f"),
+                           ("no_kernels_us", "kernels no-op us", ".1f"), ("launches", "launches", ".0f"),
+                           ("launch_us", "launch share us", ".1f")])
+        payload = {"benchmark": "host_overhead", "arch": arch, "batch": batch, "rows": rows}
+        write_json(args.json, payload)
+        return payload
 
 
 if __name__ == "__main__":

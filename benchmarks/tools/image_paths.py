@@ -83,7 +83,7 @@ def main(argv=None) -> None:
     config = tinn.load_config(args.config)
     if args.width:
         config = dict(config, network=dict(config["network"], n_neurons=args.width))
-    base = tinn.settings.current()
+    base = tinn.settings.installed()
     variants = [Variant("default", base, False, config, args.log2_batch)]
     for text in args.variant:
         changes, tf32 = split_variant(text)

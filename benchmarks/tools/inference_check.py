@@ -46,9 +46,9 @@ def main():
             for keys in ("narrow", "int32"):
                 routing.sort_keys = narrow if keys == "narrow" else (lambda net_ids, n_networks: net_ids)
                 for checks in (True, False):
-                    tinn.checks.set_enabled(checks)
-                    med, best = wall_ms(lambda: net.inference(x, ids))
-                    print(f"N={n} w={width} keys={keys} checks={checks}: median {med:.3f} ms, best {best:.3f} ms")
+                    with tinn.checks.disabled(not checks):
+                        med, best = wall_ms(lambda: net.inference(x, ids))
+                        print(f"N={n} w={width} keys={keys} checks={checks}: median {med:.3f} ms, best {best:.3f} ms")
             routing.sort_keys = narrow
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):

@@ -66,7 +66,7 @@ def edge_mask(image: torch.Tensor, threshold: float = 0.1) -> torch.Tensor:
 
 def error_split(pipe, model, images, poses, occupancy="auto") -> dict:
     """Mean PSNR and the share of squared error on edge pixels, over the given views."""
-    from tinn.scenes.rendering import psnr
+    from tinn.tasks.image import psnr
 
     total_psnr, edge_se, flat_se, edge_px, flat_px = 0.0, 0.0, 0.0, 0, 0
     for image, c2w in zip(images, poses):
@@ -134,8 +134,9 @@ def main() -> None:
         os.makedirs(maps, exist_ok=True)
     args = demo.parse_args(argv)
     arch = demo.start_script(args)
-    from tinn.scenes.kilonerf import Distiller, KiloNeRF
-    from tinn.scenes.rendering import seconds_per_frame
+    from tinn.scenes.fields.kilonerf import KiloNeRF
+    from tinn.scenes.training import Distiller
+    from tinn.render import seconds_per_frame
 
     train, test = demo.load_data(args)
     pipe = demo.KiloNeRFPipeline(args, train, test)

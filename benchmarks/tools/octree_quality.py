@@ -3,11 +3,11 @@
 For each mesh: render its views (train and held out) at --res; run the KiloNeRF pipeline of `demos/kilonerf.py`
 (teacher, occupancy, distillation, fine-tuning; its options apply) and take the teacher's and the student's
 held-out PSNR and times; then train an octree field with the teacher's parameter count as its budget
-(`tinn.scenes.octree_budget`: the tree as deep as the capture feeds, each node's grid as fine as the closest
-view's footprint asks) for the teacher's training time times --time-factor, and report its held-out PSNR
+(`tinn.scenes.acceleration.octree_budget`: the tree as deep as the capture feeds, each node's grid as fine as
+the closest view's footprint asks) for the teacher's training time times --time-factor, and report its held-out PSNR
 (full resolution: the finest level), its frame time, and its level-of-detail curve: the held-out view
 pulled back by each --lod-factors entry, rendered by the coarser nodes the rule picks and compared with the
-mesh area-filtered at that distance (`tinn.scenes.lod_eval`). Prints a table and writes JSON.
+mesh area-filtered at that distance (`tinn.scenes.training.lod_eval`). Prints a table and writes JSON.
 
     python -m benchmarks.tools.octree_quality --res 64 --views 40 --teacher-steps 200 --distill-steps 100 \
         --finetune-steps 100 --samples 64          # CPU-sized
@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
-                        "tinn.scenes.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 64)")
+                        "tinn.scenes.acceleration.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 64)")
     p.add_argument("--oversample", default="2", help="node grids go this much finer than the level rule's cells "
                    "(comma list: one octree per value)")
     p.add_argument("--finest-share", default="default",
@@ -97,10 +97,11 @@ def parse_args(argv=None):
 
 def octree_for(args, train, budget: int):
     """The budgeted octree field over the training views' visual hull."""
-    from tinn.scenes.octree import Octree, cube_around
-    from tinn.scenes.octree_budget import budget_encoding, capture_depth, closest_footprint, leaf_resolution
-    from tinn.scenes.octree_field import OctreeField
-    from tinn.scenes.octree_training import foreground_points
+    from tinn.scenes.acceleration.octree import Octree, cube_around
+    from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint,
+                                                        leaf_resolution)
+    from tinn.scenes.fields.octree_field import OctreeField
+    from tinn.scenes.training.octree_training import foreground_points
 
     footprint = closest_footprint(train)
     edge = cube_around(train.box_min.float(), train.box_max.float())[1]
@@ -123,8 +124,8 @@ def octree_for(args, train, budget: int):
 
 def train_octree(args, field, train, seconds: float):
     """Train for about `seconds`: a short probe times a step, the rest runs a decaying schedule sized to fit."""
-    from tinn.scenes.octree_training import OctreeTrainer
-    from tinn.scenes.photometric import decaying_adam
+    from tinn.scenes.training.octree_training import OctreeTrainer
+    from tinn.scenes.training.photometric import decaying_adam
 
     levels = min(args.pyramid_levels, field.octree.deepest + 1)  # one pyramid level per octree level
     while levels > 1 and train.width % 2 ** (levels - 1):
@@ -238,10 +239,10 @@ def _values(text) -> list:
 def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: float) -> dict:
     """One octree variant: built within the teacher's parameters, trained for the teacher's time (x time-factor),
     evaluated at full resolution and along the level-of-detail curve."""
-    from tinn.scenes.lod_eval import format_curve, lod_curve, mesh_truth
-    from tinn.scenes.mesh import read_mesh
-    from tinn.scenes.octree_training import evaluate
-    from tinn.scenes.rendering import seconds_per_frame
+    from tinn.scenes.training.lod_eval import format_curve, lod_curve, mesh_truth
+    from tinn.scenes.data.mesh import read_mesh
+    from tinn.scenes.training.octree_training import evaluate
+    from tinn.render import seconds_per_frame
 
     field = octree_for(args, train, teacher_params)
     octree_params = field.n_params()

@@ -1,5 +1,5 @@
 """A single network that the fused kernels do not take (more than 128 features, Sine, SiLU): Taichi's unfused
-kernels against the dense GEMMs (`settings.dense_single_network`), next to the same MLP in plain torch.
+kernels against the dense GEMMs (`tuning.dense_single_network`), next to the same MLP in plain torch.
 
     python -m benchmarks.tools.single_network_paths [--shapes 256:ReLU:4,64:Sine:3,128:SiLU:2]
         [--log2-batch 18] [--precisions float16,bfloat16] [--json FILE]
@@ -10,7 +10,7 @@ to back and one sync per block (median of blocks, rounds alternating between the
 time alone and its GPU time (the sum of its kernels, torch.profiler); and the relative
 difference of the two paths' outputs and weight gradients. The torch row runs the same layers as an
 `nn.Sequential` of bias-free `nn.Linear`s: forward, `backward()` of an L2 loss, and the fused `torch.optim.Adam`.
-Each of `--precisions` adds the dense path in that `settings.network_precision` and the torch model under
+Each of `--precisions` adds the dense path in that `settings.precision` and the torch model under
 `torch.autocast` to that dtype (float16: the loss scaled by 128, as tinn and tcnn scale it; Adam's update does
 not depend on the scale); their differences are against the float32 dense path.
 """
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     arch = tinn.init()
     dev = tinn.runtime.device()
-    base = tinn.settings.current()
+    base = tinn.settings.installed()
     batch = 1 << args.log2_batch
     gen = torch.Generator().manual_seed(0)
     x = (torch.rand(batch, N_IN, generator=gen) * 2 - 1).to(dev)
@@ -74,7 +74,7 @@ def main(argv=None) -> None:
                               "activation": act, "output_activation": "None"}}
         tinn_paths = {}  # label -> (settings, trainer)
         variants = [("unfused kernels", {"dense_single_network": False}), ("dense GEMMs", {"dense_single_network": True})]
-        variants += [(f"dense {p}", {"dense_single_network": True, "network_precision": p}) for p in precisions]
+        variants += [(f"dense {p}", {"dense_single_network": True, "precision": p}) for p in precisions]
         for label, changes in variants:
             chosen = base.replace(**changes)
             with settings_installed(chosen):

@@ -25,28 +25,28 @@ def main(steps=400, log2_batch=18):
     task = ImageTask(default_image(256))
     trainer = Trainer.from_config(tinn.load_config(os.path.join(here, "..", "..", "tinn", "configs", "config_hash.json")), 2, 3)
     batch = 1 << log2_batch
-    tinn.checks.set_enabled(False)
-    for _ in range(20):
-        trainer.training_step(*task.batch(batch))
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-    host = []
-    tinn.runtime.sync()
-    for i in range(steps):
-        events[i].record()
+    with tinn.checks.disabled():
+        for _ in range(20):
+            trainer.training_step(*task.batch(batch))
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        host = []
+        tinn.runtime.sync()
+        for i in range(steps):
+            events[i].record()
+            host.append(time.perf_counter())
+            trainer.training_step(*task.batch(batch))
+        events[steps].record()
         host.append(time.perf_counter())
-        trainer.training_step(*task.batch(batch))
-    events[steps].record()
-    host.append(time.perf_counter())
-    tinn.runtime.sync()
-    end = time.perf_counter()
-    gpu = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
-    cpu = [(host[i + 1] - host[i]) * 1e3 for i in range(steps)]
-    behind = [events[0].elapsed_time(events[i]) - (host[i] - host[0]) * 1e3 for i in range(steps + 1)]
-    print(f"wall {(end - host[0]) * 1e3 / steps:.3f} ms/step over {steps} steps")
-    print(f"host per step  p10 p50 p90: {quantiles(cpu)}  mean {statistics.mean(cpu):.3f}")
-    print(f"GPU per step   p10 p50 p90: {quantiles(gpu)}  mean {statistics.mean(gpu):.3f}")
-    print("GPU behind host (ms) at steps " + " ".join(f"{i}:{behind[i]:.2f}" for i in
-                                                     (1, 10, 50, 100, 200, 300, steps - 1)))
+        tinn.runtime.sync()
+        end = time.perf_counter()
+        gpu = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+        cpu = [(host[i + 1] - host[i]) * 1e3 for i in range(steps)]
+        behind = [events[0].elapsed_time(events[i]) - (host[i] - host[0]) * 1e3 for i in range(steps + 1)]
+        print(f"wall {(end - host[0]) * 1e3 / steps:.3f} ms/step over {steps} steps")
+        print(f"host per step  p10 p50 p90: {quantiles(cpu)}  mean {statistics.mean(cpu):.3f}")
+        print(f"GPU per step   p10 p50 p90: {quantiles(gpu)}  mean {statistics.mean(gpu):.3f}")
+        print("GPU behind host (ms) at steps " + " ".join(f"{i}:{behind[i]:.2f}" for i in
+                                                         (1, 10, 50, 100, 200, 300, steps - 1)))
 
 
 if __name__ == "__main__":

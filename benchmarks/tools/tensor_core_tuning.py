@@ -26,7 +26,7 @@ import torch
 
 import tinn
 
-from benchmarks.tools.tensor_core_check import make_ids
+from benchmarks.tools.tensor_core_check import make_ids, time_ms
 
 
 # The sweep's kernels and the names launch.launch_options knows them by.
@@ -34,18 +34,9 @@ SWEPT = {"inference": "inference", "forward_save": "forward", "backward_params":
          "backward_all": "backward_dx"}
 
 
-def gpu_ms(fn, reps: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def gpu_ms(fn, reps: int = 10) -> float:
+    """Median CUDA-event milliseconds of `fn` after two warm-up calls (tensor_core_check's timer)."""
+    return time_ms(fn, reps, warmup=2)
 
 
 def step_profile(net, batch: int, n_networks: int, steps: int) -> dict:

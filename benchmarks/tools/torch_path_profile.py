@@ -54,42 +54,42 @@ def main(argv=None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     config = tinn.load_config(args.config)
-    tinn.checks.set_enabled(False)
-    image = ImageSteps(config, args.log2_batch)
-    optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
-    fused = torch_adam(image.model.parameters(), config.get("optimizer", {}), fused=True)
-    tinn_loss = tinn.create_loss({"otype": "RelativeL2"})
+    with tinn.checks.disabled():
+        image = ImageSteps(config, args.log2_batch)
+        optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
+        fused = torch_adam(image.model.parameters(), config.get("optimizer", {}), fused=True)
+        tinn_loss = tinn.create_loss({"otype": "RelativeL2"})
 
-    paths = {"native Trainer": image.native,
-             "tinn.torch + torch loss + Adam (foreach)": image.torch_loop(optimizer),
-             "  the same, backward on the calling thread": on_calling_thread(image.torch_loop(optimizer)),
-             "tinn.torch + tinn loss + Adam (foreach)": image.torch_loop(optimizer, tinn_loss),
-             "tinn.torch + tinn loss + Adam (fused)": image.torch_loop(fused, tinn_loss)}
-    rows, tables = [], {}
-    for name, step in paths.items():
-        for _ in range(10):
-            step()
-        rows.append({"path": name, **timeline(step, args.steps)})
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
+        paths = {"native Trainer": image.native,
+                 "tinn.torch + torch loss + Adam (foreach)": image.torch_loop(optimizer),
+                 "  the same, backward on the calling thread": on_calling_thread(image.torch_loop(optimizer)),
+                 "tinn.torch + tinn loss + Adam (foreach)": image.torch_loop(optimizer, tinn_loss),
+                 "tinn.torch + tinn loss + Adam (fused)": image.torch_loop(fused, tinn_loss)}
+        rows, tables = [], {}
+        for name, step in paths.items():
+            for _ in range(10):
                 step()
-            torch.cuda.synchronize()
-        tables[name] = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
-    for name, table in tables.items():
-        print(f"\n== {name} (5 steps) ==\n{table}")
-    print(f"\nimage step, {os.path.basename(args.config)}, batch 2^{args.log2_batch}, "
-          f"{torch.cuda.get_device_name(0)}, medians over {args.steps} steps")
-    print(f"{'path':44} | wall ms | host ms | GPU ms")
-    for r in rows:
-        print(f"{r['path']:44} | {r['wall_ms']:7.3f} | {r['host_ms']:7.3f} | {r['gpu_ms']:6.3f}")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "torch_path_profile.json"), "w") as f:
-            json.dump({"config": os.path.basename(args.config), "log2_batch": args.log2_batch,
-                       "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "torch_path_profile_tables.txt"), "w") as f:
-            for name, table in tables.items():
-                f.write(f"== {name} (5 steps) ==\n{table}\n")
+            rows.append({"path": name, **timeline(step, args.steps)})
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
+            tables[name] = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25)
+        for name, table in tables.items():
+            print(f"\n== {name} (5 steps) ==\n{table}")
+        print(f"\nimage step, {os.path.basename(args.config)}, batch 2^{args.log2_batch}, "
+              f"{torch.cuda.get_device_name(0)}, medians over {args.steps} steps")
+        print(f"{'path':44} | wall ms | host ms | GPU ms")
+        for r in rows:
+            print(f"{r['path']:44} | {r['wall_ms']:7.3f} | {r['host_ms']:7.3f} | {r['gpu_ms']:6.3f}")
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "torch_path_profile.json"), "w") as f:
+                json.dump({"config": os.path.basename(args.config), "log2_batch": args.log2_batch,
+                           "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+            with open(os.path.join(args.out, "torch_path_profile_tables.txt"), "w") as f:
+                for name, table in tables.items():
+                    f.write(f"== {name} (5 steps) ==\n{table}\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import os
 import statistics
@@ -66,87 +65,88 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     arch = tinn.init(args.arch)
-    tinn.checks.set_enabled(False)
-    from tinn import models, networks, part
-    from tinn.encodings import grid
-    sync = tinn.runtime.sync
-    dev = tinn.runtime.device()
-    sections = Sections()
+    with tinn.checks.disabled():
+        from tinn import models, networks, part
+        from tinn.encodings import grid
+        sync = tinn.runtime.sync
+        dev = tinn.runtime.device()
+        sections = Sections()
 
-    # autograd alone
-    w = torch.randn(1 << 16, device=dev, requires_grad=True)
-    plain = per_step(lambda: (w * 2).sum().backward(), args.steps, sync)
-    nothing = per_step(lambda: _Nothing.apply(w).sum().backward(), args.steps, sync)
-    plain_here = per_step(on_calling_thread(lambda: (w * 2).sum().backward()), args.steps, sync)
+        # autograd alone
+        w = torch.randn(1 << 16, device=dev, requires_grad=True)
+        plain = per_step(lambda: (w * 2).sum().backward(), args.steps, sync)
+        nothing = per_step(lambda: _Nothing.apply(w).sum().backward(), args.steps, sync)
+        plain_here = per_step(on_calling_thread(lambda: (w * 2).sum().backward()), args.steps, sync)
 
-    config = tinn.load_config(args.config)
-    image = ImageSteps(config, args.log2_batch)
-    optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
-    step = image.torch_loop(optimizer, sections.timed("relative_l2 (torch ops)", relative_l2),
-                            backward=sections.timed("loss.backward", torch.Tensor.backward),
-                            step=sections.timed("optimizer.step", optimizer.step))
+        config = tinn.load_config(args.config)
+        image = ImageSteps(config, args.log2_batch)
+        optimizer = torch_adam(image.model.parameters(), config.get("optimizer", {}))
+        step = image.torch_loop(optimizer, sections.timed("relative_l2 (torch ops)", relative_l2),
+                                backward=sections.timed("loss.backward", torch.Tensor.backward),
+                                step=sections.timed("optimizer.step", optimizer.step))
 
-    # tinn's own autograd-driven step (Trainer.optimize, as the scene trainers use it) on the same objective
-    objective_model = image.tcnn_model()
-    objective_trainer = tinn.Trainer(objective_model, None, config.get("optimizer", {}))
+        # tinn's own autograd-driven step (Trainer.optimize, as the scene trainers use it) on the same objective
+        objective_model = image.tcnn_model()
+        objective_trainer = tinn.Trainer(objective_model, None, config.get("optimizer", {}))
 
-    def optimize():
-        x, t, _ = image.next_batch()
-        objective_trainer.optimize(lambda: relative_l2(objective_model(x), t))
+        def optimize():
+            x, t, _ = image.next_batch()
+            objective_trainer.optimize(lambda: relative_l2(objective_model(x), t))
 
-    rows = [{"section": "autograd: backward through one torch op", "us": plain},
-            {"section": "autograd: backward through a no-op Python Function", "us": nothing},
-            {"section": "autograd: backward through one torch op, on the calling thread", "us": plain_here}]
-    # Whole steps under the process's settings and under each --variant, in alternating rounds (a host's
-    # speed drifts within a process too), medians of the rounds.
-    base = tinn.settings.current()
-    variants = {"": base}
-    for text in args.variant:
-        variants[text] = dataclasses.replace(base, **tinn.settings.parse(text))
-    timings = collections.defaultdict(list)
-    for _ in range(args.rounds):
-        for label, chosen in variants.items():
-            with settings_installed(chosen):
-                for path, fn in (("Trainer step", image.native), ("torch path step", step),
-                                 ("torch path step, backward on the calling thread", on_calling_thread(step)),
-                                 ("Trainer.optimize on that objective", optimize)):
-                    for _ in range(10):
-                        fn()
-                    timings[(path, label)].append(per_step(fn, args.steps, sync))
-    for (path, label), values in timings.items():
-        rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)", "us": statistics.median(values)})
+        rows = [{"section": "autograd: backward through one torch op", "us": plain},
+                {"section": "autograd: backward through a no-op Python Function", "us": nothing},
+                {"section": "autograd: backward through one torch op, on the calling thread", "us": plain_here}]
+        # Whole steps under the process's settings and under each --variant, in alternating rounds (a host's
+        # speed drifts within a process too), medians of the rounds.
+        base = tinn.settings.installed()
+        variants = {"": base}
+        for text in args.variant:
+            variants[text] = base.replace(**tinn.settings.parse(text))
+        timings = collections.defaultdict(list)
+        for _ in range(args.rounds):
+            for label, chosen in variants.items():
+                with settings_installed(chosen):
+                    for path, fn in (("Trainer step", image.native), ("torch path step", step),
+                                     ("torch path step, backward on the calling thread", on_calling_thread(step)),
+                                     ("Trainer.optimize on that objective", optimize)):
+                        for _ in range(10):
+                            fn()
+                        timings[(path, label)].append(per_step(fn, args.steps, sync))
+        for (path, label), values in timings.items():
+            rows.append({"section": f"{path}{f' [{label}]' if label else ''} (unwrapped)",
+                         "us": statistics.median(values)})
 
-    sections.wrap(part.Part, "forward", "Part.forward (module call)")
-    sections.wrap(part._PartFunction, "forward", "_PartFunction.forward")
-    sections.wrap(part._PartFunction, "backward", "_PartFunction.backward")
-    sections.wrap(models.NetworkWithInputEncoding, "forward_ctx")
-    sections.wrap(models.NetworkWithInputEncoding, "backward")
-    sections.wrap(networks.NetworkArray, "forward_ctx")
-    sections.wrap(networks.NetworkArray, "backward")
-    sections.wrap(networks.NetworkArray, "_gemm_weight_gradients")
-    sections.wrap(grid.GridEncoding, "forward_ctx")
-    sections.wrap(grid.GridEncoding, "backward")
-    sections.wrap_launches()
-    for _ in range(3):
-        step()
-    sync()
-    sections.clear()
-    timed_step = sections.timed("step", step)
-    for i in range(args.steps):
-        timed_step()
-        if i % 8 == 7:
-            sync()
-    sync()
-    rows += sections.rows(args.steps)
-    print(f"torch path host sections, {arch}, {os.path.basename(args.config)}, batch 2^{args.log2_batch}"
-          + (f", {torch.cuda.get_device_name(0)}" if arch == "cuda" else ""))
-    print(f"{'section':56s} {'calls/step':>10s} {'us/step':>9s}")
-    for r in rows:
-        c = f"{r['calls']:10.1f}" if "calls" in r else " " * 10
-        print(f"{r['section']:56s} {c} {r['us']:9.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"arch": arch, "log2_batch": args.log2_batch, "rows": rows}, f, indent=1)
+        sections.wrap(part.Part, "forward", "Part.forward (module call)")
+        sections.wrap(part._PartFunction, "forward", "_PartFunction.forward")
+        sections.wrap(part._PartFunction, "backward", "_PartFunction.backward")
+        sections.wrap(models.NetworkWithInputEncoding, "forward_with_context")
+        sections.wrap(models.NetworkWithInputEncoding, "backward")
+        sections.wrap(networks.NetworkArray, "forward_with_context")
+        sections.wrap(networks.NetworkArray, "backward")
+        sections.wrap(networks.NetworkArray, "_gemm_weight_gradients")
+        sections.wrap(grid.GridEncoding, "forward_with_context")
+        sections.wrap(grid.GridEncoding, "backward")
+        sections.wrap_launches()
+        for _ in range(3):
+            step()
+        sync()
+        sections.clear()
+        timed_step = sections.timed("step", step)
+        for i in range(args.steps):
+            timed_step()
+            if i % 8 == 7:
+                sync()
+        sync()
+        rows += sections.rows(args.steps)
+        print(f"torch path host sections, {arch}, {os.path.basename(args.config)}, batch 2^{args.log2_batch}"
+              + (f", {torch.cuda.get_device_name(0)}" if arch == "cuda" else ""))
+        print(f"{'section':56s} {'calls/step':>10s} {'us/step':>9s}")
+        for r in rows:
+            c = f"{r['calls']:10.1f}" if "calls" in r else " " * 10
+            print(f"{r['section']:56s} {c} {r['us']:9.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"arch": arch, "log2_batch": args.log2_batch, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

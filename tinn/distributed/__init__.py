@@ -12,12 +12,15 @@
 One process per GPU; Taichi uses device 0 of the devices a process sees, so `init()` narrows
 CUDA_VISIBLE_DEVICES to the rank's GPU (LOCAL_RANK) before Taichi or torch initialise CUDA. Modules:
 process.py (the process group, timeouts, errors), ownership.py (who owns which network),
-exchange.py (samples to owners and back), sharded.py (ShardedPart, Replicated), checkpoint.py.
+exchange.py (samples to owners and back), sharded.py (ShardedPart, Replicated), checkpoint.py,
+strategy.py (shard or replicate: `choose_strategy`).
 Kernel modules are imported only when a sharded part is built, so `init()` can still pin the GPU.
 """
 from .checkpoint import gather_model, gather_state, load_checkpoint, read_manifest, reshard_state, save_checkpoint
 from .ownership import Ownership
 from .process import init, rank, shutdown, start_script, world_size
+from .profile import PhaseTimer
+from .strategy import choose_strategy, exchange_bytes_per_sample
 
 
 def __getattr__(attr):
@@ -28,4 +31,5 @@ def __getattr__(attr):
 
 
 __all__ = ["init", "shutdown", "rank", "world_size", "Ownership", "ShardedPart", "Replicated", "ids_of_rank",
-           "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state", "read_manifest"]
+           "PhaseTimer", "save_checkpoint", "load_checkpoint", "gather_model", "gather_state", "reshard_state",
+           "read_manifest", "choose_strategy", "exchange_bytes_per_sample"]

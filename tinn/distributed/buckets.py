@@ -124,7 +124,7 @@ def _bucket_torch(x, ids, owner_table, local_table, world, chunks):
 
 
 def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
-    from . import bucket_kernels as K
+    from . import bucket_kernels
 
     n, d = x.shape
     dev = x.device
@@ -134,7 +134,7 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
     blocks = (n + block - 1) // block
     block_counts = torch.empty(blocks, n_keys, dtype=torch.int32, device=dev)
     ids = ids.contiguous()
-    K.count_kernel[(blocks,)](ids, owner_table, block_counts, n, chunks, world, K=n_keys, BLOCK=block)
+    bucket_kernels.count_kernel[(blocks,)](ids, owner_table, block_counts, n, chunks, world, K=n_keys, BLOCK=block)
     # Where each block's run of each key starts: the key's start (all earlier keys' samples) plus the same key's
     # samples in earlier blocks. A (blocks, keys) table: a few small torch ops, no pass over the samples.
     totals = block_counts.sum(0, dtype=torch.int64)
@@ -143,8 +143,8 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
     send = torch.empty(n, d + 1, device=dev)
     dest = torch.empty(n, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
-    K.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send, dest, perm, n, chunks,
-                             world, d, K=n_keys, BLOCK=block, DP=dims_block)
+    bucket_kernels.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send, dest, perm, n,
+                                          chunks, world, d, K=n_keys, BLOCK=block, DP=dims_block)
     return Packing(send, perm, dest, totals.view(chunks, world))
 
 
@@ -154,12 +154,13 @@ def unpack(received: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor,
     d = d1 - 1
     dev = received.device
     if n and use_triton(kernels, dev):
-        from . import bucket_kernels as K
+        from . import bucket_kernels
 
         x = torch.empty(n, d, device=dev)
         ids = torch.empty(n, dtype=torch.int32, device=dev)
         block = _block(dev, _dims_block(d))
-        K.unpack_kernel[((n + block - 1) // block,)](received, x, ids, n, d, BLOCK=block, DP=_dims_block(d))
+        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, x, ids, n, d, BLOCK=block,
+                                                                  DP=_dims_block(d))
         return x, ids
     return received[:, :d].contiguous(), received[:, d].contiguous().view(torch.int32)
 
@@ -170,12 +171,12 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kern
     d = src.shape[1]
     dev = src.device
     if n and d and use_triton(kernels, dev):
-        from . import bucket_kernels as K
+        from . import bucket_kernels
 
         out = torch.empty(n, d, device=dev)
         block = _block(dev, _dims_block(d))
-        K.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale), BLOCK=block,
-                                                     DP=_dims_block(d))
+        bucket_kernels.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale),
+                                                                  BLOCK=block, DP=_dims_block(d))
         return out
     out = src.index_select(0, index)
     if scale != 1.0:

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from .. import checkpoint as C
+from .. import checkpoint as checkpoint_files
 from ..errors import CheckpointError
 from .ownership import Ownership
 from .process import all_gather_objects, collective
@@ -73,9 +73,10 @@ def save_checkpoint(trainer, directory: str | os.PathLike) -> dict:
         torch.distributed.barrier(group=model.group)
     os.makedirs(directory, exist_ok=True)  # a rank on another host with its own file system
     path = os.path.join(directory, rank_file(model.rank))
-    C.save(path, {"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                  "trainer": {"step": trainer.step}},
-           metadata={"config": trainer.config, "rank": model.rank, "shard": model.description()})
+    scaling = getattr(trainer, "gradient_scaling_state", dict)()   # this rank's float16 scalers, if any
+    checkpoint_files.save(path, {"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                                 "trainer": {"step": trainer.step, **scaling}},
+                          metadata={"config": trainer.config, "rank": model.rank, "shard": model.description()})
     digest, size = _sha256(path)
     files = all_gather_objects({"rank": model.rank, "file": rank_file(model.rank), "sha256": digest, "bytes": size},
                                "the checkpoint's checksum exchange", model.group)
@@ -121,7 +122,7 @@ def _read_rank(directory: str, manifest: dict, r: int) -> tuple[dict, dict]:
     if digest != entry["sha256"] or size != entry["bytes"]:
         raise CheckpointError(f"{path}: sha256/size differ from the manifest (the file was changed or replaced "
                               "after the checkpoint was saved)")
-    return C.load(path)
+    return checkpoint_files.load(path)
 
 
 def _check_rank(trainer, model, directory: str, manifest: dict, strict_config: bool):
@@ -137,7 +138,7 @@ def _check_rank(trainer, model, directory: str, manifest: dict, strict_config: b
                               f"{manifest['ownership']}, this model has {model.n_networks} and "
                               f"{model.ownership.describe()}")
     if strict_config and trainer.config:
-        diffs = C.config_differences(manifest.get("config", {}), trainer.config)
+        diffs = checkpoint_files.config_differences(manifest.get("config", {}), trainer.config)
         if diffs:
             raise CheckpointError(f"{directory}: saved with another config: {'; '.join(diffs[:8])}. Pass "
                                   "strict_config=False to load it anyway")
@@ -145,15 +146,15 @@ def _check_rank(trainer, model, directory: str, manifest: dict, strict_config: b
     source = os.path.join(directory, rank_file(model.rank))
     if metadata.get("rank") != model.rank:
         raise CheckpointError(f"{source}: written by rank {metadata.get('rank')}, read by rank {model.rank}")
-    missing = [s for s in C.SECTIONS if s not in sections]
+    missing = [s for s in checkpoint_files.SECTIONS if s not in sections]
     if missing:
         raise CheckpointError(f"{source}: sections {sorted(sections)}; missing {missing}")
-    C.check_module_state(model, sections["model"], source)
+    checkpoint_files.check_module_state(model, sections["model"], source)
     try:
         trainer.optimizer.check_state_dict(sections["optimizer"])
     except CheckpointError as e:
         raise CheckpointError(f"{source}: {e}") from None
-    step = sections["trainer"].get("step")
+    step, _ = checkpoint_files._trainer_state(sections["trainer"], source)   # (the gradient scaling state checked too)
     if step != manifest.get("step"):
         raise CheckpointError(f"{source}: step {step}, the manifest says {manifest.get('step')}")
     return sections
@@ -173,9 +174,12 @@ def load_checkpoint(trainer, directory: str | os.PathLike, strict_config: bool =
     if failed:
         text = "; ".join(f"rank {r}: {e}" for r, e in failed[:4])
         raise CheckpointError(f"nothing was loaded on any rank: {text}")
-    C.load_module_state(model, sections["model"], directory)
+    checkpoint_files.load_module_state(model, sections["model"], directory)
     trainer.optimizer.load_state_dict(sections["optimizer"])
     trainer.step = sections["trainer"]["step"]
+    load_scaling = getattr(trainer, "load_gradient_scaling", None)
+    if load_scaling is not None:
+        load_scaling(checkpoint_files._trainer_state(sections["trainer"], directory)[1])
     return manifest
 
 
@@ -206,7 +210,7 @@ def gather_model(directory: str | os.PathLike, part_factory):
     process (every table must fit one device). Returns the part."""
     state, manifest = gather_state(directory)
     part = part_factory(manifest["n_networks"])
-    C.load_module_state(part, state, os.fspath(directory))
+    checkpoint_files.load_module_state(part, state, os.fspath(directory))
     return part
 
 

@@ -43,12 +43,12 @@ def _pin_local_gpu(local_rank: int) -> None:
                           "devices; allowed: one device per local rank")
 
 
-def init(arch: str | None = None, *, backend: str | None = None, timeout_s: int | None = None,
+def init(arch: str | None = None, *, backend: str | None = None, collective_timeout_s: int | None = None,
          settings=None) -> str:
     """Join the process group started by torchrun (or by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
 
     arch: tinn's arch ("cuda", "cpu", "auto"; default TINN_ARCH or auto). backend: "nccl" or "gloo"
-    (default NCCL on CUDA, gloo on the CPU). timeout_s: how long a collective may wait for the other
+    (default NCCL on CUDA, gloo on the CPU). collective_timeout_s: how long a collective may wait for the other
     ranks (default: the settings' `collective_timeout_s`). Returns tinn's arch. Calling it again in an
     initialised process returns the arch.
     """
@@ -65,9 +65,9 @@ def init(arch: str | None = None, *, backend: str | None = None, timeout_s: int 
         raise ConfigError(f"backend={backend!r} is not supported; allowed: {list(BACKENDS)}")
     if backend == "nccl" and chosen != "cuda":
         raise ConfigError("backend='nccl' needs tinn's CUDA arch; allowed on the CPU: 'gloo'")
-    timeout = runtime.settings().collective_timeout_s if timeout_s is None else timeout_s
+    timeout = runtime.settings().collective_timeout_s if collective_timeout_s is None else collective_timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigError(f"timeout_s={timeout!r} must be a positive number of seconds")
+        raise ConfigError(f"collective_timeout_s={timeout!r} must be a positive number of seconds")
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise ConfigError(f"environment variables {missing} are not set: launch with torchrun "

@@ -21,7 +21,8 @@ equal per-rank batches and a mean loss this is the single-process gradient of th
 every rank holds a copy of (a shared encoding, `share_encoding=True`, or any name in `replicated`)
 are all-reduced; tables of owned networks need no reduction.
 
-`Replicated(part)`: a whole part copied on every rank (a teacher) whose gradients are all-reduced.
+`Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
+state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ import torch
 from .. import runtime
 from ..errors import ConfigError
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
-from . import buckets as B
-from . import exchange as X
+from . import buckets
+from . import exchange
 from .ownership import Ownership
 from .profile import mark
 from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
@@ -48,46 +49,86 @@ def _replicated_by_default(part: Part) -> set[int]:
     out = set()
     for m in part.modules():
         if isinstance(m, Replicated):
-            out |= {id(t) for t in m.tables() if t is not None}
+            out |= {id(t) for t in m.parameter_tables() if t is not None}
         elif getattr(m, "share_encoding", False) and hasattr(m, "encoding"):
-            out |= {id(t) for t in m.encoding.tables() if t is not None}
+            out |= {id(t) for t in m.encoding.parameter_tables() if t is not None}
     return out
 
 
-class _Reduction:
-    """All-reduces of gradients in flight (issued asynchronously, so the work enqueued after them overlaps);
-    `result()` waits (on CUDA: the stream waits, not the host), scales and returns the gradients."""
+#: `Replicated(reduce_dtype=...)`: the dtype gradients cross the link in.
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-    def __init__(self, grads, scale: float, device, group, what: str):
+
+class _Reduction:
+    """One all-reduce of a call's gradients, issued asynchronously (the work enqueued after it overlaps);
+    `result()` waits (on CUDA: the stream waits, not the host), scales and returns the gradients.
+
+    The gradients travel in one flat bucket: one collective per call however many tables there are (each
+    collective has a fixed launch and latency cost). A single float32 gradient on the collective device is
+    reduced in place, without the bucket's copies. With a narrower `dtype` (bfloat16, float16) the bucket
+    is filled by one cast per table that also applies the scale (a mean's 1/world before the sum keeps
+    float16 from overflowing), halving the bytes on the link; float32 sums first and scales after, so that
+    a two-rank mean equals the single-process gradient exactly."""
+
+    def __init__(self, grads, scale: float, device, group, what: str, dtype: torch.dtype = torch.float32):
         self.scale, self.what, self.group = scale, what, group
-        self.items = []
+        self.grads = list(grads)
+        self.work = self.flat = None
+        present = [g for g in self.grads if g is not None]
+        if not present:
+            return
+        for g in present:
+            if g.is_sparse:
+                raise ConfigError(f"{what}: a sparse gradient (a compact table's) cannot be all-reduced; replicated "
+                                  "tables must be float32 (table_dtype='float32')")
+        single = present[0]
+        self.in_place = (len(present) == 1 and dtype == single.dtype == torch.float32 and single.device == device
+                         and single.is_contiguous())
+        self.pre_scale = 1.0 if dtype == torch.float32 else scale
+        if self.in_place:
+            flat = single.view(-1)
+        else:
+            flat = torch.empty(sum(g.numel() for g in present), dtype=dtype, device=single.device)
+            offset = 0
+            for g in present:
+                piece = flat[offset:offset + g.numel()]
+                if self.pre_scale != 1.0:
+                    torch.mul(g.reshape(-1), self.pre_scale, out=piece)  # the cast and the scale in one pass
+                else:
+                    piece.copy_(g.reshape(-1))
+                offset += g.numel()
+            flat = flat.to(device)
+        self.flat = flat
         with collective(what, group):
-            for g in grads:
-                if g is None:
-                    self.items.append((None, None, None))
-                    continue
-                buf = g if g.device == device else g.to(device)
-                work = torch.distributed.all_reduce(buf, group=group, async_op=True)
-                self.items.append((work, buf, g))
+            self.work = torch.distributed.all_reduce(flat, group=group, async_op=True)
 
     def result(self) -> tuple:
-        out = []
+        if self.work is None:
+            return tuple(self.grads)
         with collective(self.what, self.group):
-            for work, buf, g in self.items:
-                if work is None:
-                    out.append(None)
-                    continue
-                work.wait()
-                if self.scale != 1.0:
-                    buf *= self.scale
-                out.append(buf if buf.device == g.device else g.copy_(buf))
-        self.items = []
-        return tuple(out)
+            self.work.wait()
+        post = self.scale / self.pre_scale
+        flat, self.work, self.flat = self.flat, None, None
+        if self.in_place:
+            if post != 1.0:
+                flat *= post
+            return tuple(self.grads)
+        offset = 0
+        for g in self.grads:
+            if g is None:
+                continue
+            piece = flat[offset:offset + g.numel()].to(g.device).view(g.shape)
+            offset += g.numel()
+            if post != 1.0:
+                torch.mul(piece, post, out=g)
+            else:
+                g.copy_(piece)
+        return tuple(self.grads)
 
 
-def _all_reduce_grads(grads, scale: float, device, group, what: str):
-    """Sum every rank's gradient (then scale), in place where the tensor lives on the collective device."""
-    return _Reduction(grads, scale, device, group, what).result()
+def _all_reduce_grads(grads, scale: float, device, group, what: str, dtype: torch.dtype = torch.float32):
+    """Sum every rank's gradient (then scale), written back into the gradient tensors."""
+    return _Reduction(grads, scale, device, group, what, dtype).result()
 
 
 class _Collective(Part):
@@ -125,7 +166,7 @@ class _Collective(Part):
 
     def forward_for_autograd(self, x, ids, need_dx: bool, need_grads: bool):
         """The training forward of an autograd call, which knows which gradients its backward will want."""
-        return self.forward_ctx(x, ids, train=True)
+        return self.forward_with_context(x, ids, train=True)
 
 
 class _CollectiveFunction(torch.autograd.Function):
@@ -182,7 +223,7 @@ class ShardedPart(_Collective):
             raise ConfigError(f"init={init!r} is not supported; allowed: {list(INIT_MODES)}")
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ConfigError(f"chunks={chunks!r} must be a positive integer (1: no pipelining)")
-        self_kernels = B.check_kernels(exchange_kernels)
+        self_kernels = buckets.check_kernels(exchange_kernels)
         world = world_size(group)
         own_rank = rank(group)
         ownership = (Ownership.contiguous(n_networks, world) if assignment is None
@@ -212,18 +253,18 @@ class ShardedPart(_Collective):
             raise ConfigError(f"replicated names {unknown} are not parameters of the local part; allowed: "
                               f"{sorted(names.values())}")
         shared_ids = _replicated_by_default(local) | {id(p) for p in local.parameters() if names[id(p)] in replicated}
-        self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.tables())
-        for t, shared in zip(local.tables(), self._replicated):
+        self._replicated = tuple(t is not None and id(t) in shared_ids for t in local.parameter_tables())
+        for t, shared in zip(local.parameter_tables(), self._replicated):
             if shared and t.dtype == torch.bfloat16:
                 # Its gradient is sparse, and each rank's entries differ: no all-reduce sums them.
                 raise ConfigError(f"table {names.get(id(t), '?')} is compact (bfloat16) and replicated over the "
                                   "ranks; a replicated table must be float32 (table_dtype='float32'), or owned "
                                   "per network (share_encoding=False)")
-        for t, shared in zip(local.tables(), self._replicated):
+        for t, shared in zip(local.parameter_tables(), self._replicated):
             if t is not None and not shared and (t.dim() < 1 or t.shape[0] != len(owned)):
                 raise ConfigError(f"table {names.get(id(t), '?')} of shape {tuple(t.shape)} is neither per network "
                                   f"({len(owned)} rows here) nor replicated; name it in replicated=")
-        self.sharded_names = sorted(names[id(t)] for t, s in zip(local.tables(), self._replicated)
+        self.sharded_names = sorted(names[id(t)] for t, s in zip(local.parameter_tables(), self._replicated)
                                     if t is not None and not s and id(t) in names)
         if init == "global":
             _install_global_init(local, n_networks, owned, shared_ids)
@@ -256,11 +297,11 @@ class ShardedPart(_Collective):
                               "every rank must build the same model (config, n_networks, world size)")
 
     # ---- contract --------------------------------------------------------------------------------
-    def tables(self):
-        return self.local.tables()
+    def parameter_tables(self):
+        return self.local.parameter_tables()
 
-    def check_tables(self) -> None:
-        self.local.check_tables()
+    def check_parameter_tables(self) -> None:
+        self.local.check_parameter_tables()
 
     def n_params_per_network(self) -> int:
         return self.local.n_params_per_network()
@@ -270,10 +311,10 @@ class ShardedPart(_Collective):
         return self.local.memory_bytes()
 
     def forward_for_autograd(self, x, ids, need_dx: bool, need_grads: bool):
-        return self.forward_ctx(x, ids, train=True, need_dx=need_dx, need_grads=need_grads)
+        return self.forward_with_context(x, ids, train=True, need_dx=need_dx, need_grads=need_grads)
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR, need_dx: bool = False,
-                    need_grads: bool = True):
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR,
+                             need_dx: bool = False, need_grads: bool = True):
         """The contract's forward. need_dx / need_grads (training forwards): whether this rank's backward will
         ask for dx / table gradients. Every rank announces both in the forward's header, so the backward
         needs no header (and no host synchronisation); a backward asking for dx that no rank announced
@@ -281,39 +322,40 @@ class ShardedPart(_Collective):
         call = self._next_call()
         dev = runtime.device()
         mark(self, "other")
-        packing = B.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks, self.exchange_kernels)
+        packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
+                                 self.exchange_kernels)
         mark(self, "exchange")
         values = [int(train), call, int(train and need_dx), int(train and need_grads)]
-        sent, received = X.exchange_header(values, packing.counts, self.collective_device, self.group,
-                                           "the forward header")
+        sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
+                                                  "the forward header")
         mark(self, "idle")
         chunks = self.chunks
-        X.check_agreement(received, values[:2], ["gradients enabled", "call number"], self.rank,
-                          "the forward header", first=chunks)
+        exchange.check_agreement(received, values[:2], ["gradients enabled", "call number"], self.rank,
+                                 "the forward header", first=chunks)
         recv = received[:, :chunks].t().tolist()
-        plan = X.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 2].max()),
-                      any_grads=bool(received[:, chunks + 3].max()))
+        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 2].max()),
+                             any_grads=bool(received[:, chunks + 3].max()))
         # Every chunk's inputs are sent at once: the communication stream works through them while the
         # compute stream runs the chunks that already arrived.
-        incoming = [X.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
-                                     self.group, "the forward exchange of inputs") for c in range(chunks)]
+        incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
+                                            self.group, "the forward exchange of inputs") for c in range(chunks)]
         back = torch.empty(x.shape[0], self.n_output_dims, device=dev)
         returning, local_ctx = [], []
         for c in range(chunks):
-            x_here, ids_here = B.unpack(incoming[c].result(), self.exchange_kernels)
+            x_here, ids_here = buckets.unpack(incoming[c].result(), self.exchange_kernels)
             mark(self, "exchange")
             if plan.n_local(c):
-                y_here, lctx = self.local.forward_ctx(x_here, ids_here, train=train)
+                y_here, lctx = self.local.forward_with_context(x_here, ids_here, train=train)
             else:  # no sample for this rank's networks in this chunk
                 y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
             mark(self, "compute")
             local_ctx.append(lctx)
-            returning.append(X.start_exchange(y_here, recv[c], sent[c], self.collective_device, self.group,
-                                              "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
+            returning.append(exchange.start_exchange(y_here, recv[c], sent[c], self.collective_device, self.group,
+                                                     "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
             del x_here, ids_here
         for pending in returning:
             pending.result()
-        y = B.gather_rows(back, packing.dest, 1.0, self.exchange_kernels)
+        y = buckets.gather_rows(back, packing.dest, 1.0, self.exchange_kernels)
         mark(self, "exchange")
         return y, (Context(plan=plan, local=local_ctx, batch=x.shape[0]) if train else None)
 
@@ -327,11 +369,12 @@ class ShardedPart(_Collective):
         # The mean over ranks, applied to dy (a few values per sample, in the gather that puts it in bucket
         # order) instead of the gradient tables (every parameter): gradients are linear in dy. dx is each
         # caller's own and gets the factor back in the gather that returns it.
-        dy_out = B.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels)
-        incoming = [X.start_exchange(dy_out[plan.caller_rows(c)], plan.send[c], plan.recv[c], self.collective_device,
-                                     self.group, "the backward exchange of dy") for c in range(plan.chunks)]
+        dy_out = buckets.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels)
+        incoming = [exchange.start_exchange(dy_out[plan.caller_rows(c)], plan.send[c], plan.recv[c],
+                                            self.collective_device, self.group, "the backward exchange of dy")
+                    for c in range(plan.chunks)]
         mark(self, "exchange")
-        tables = self.local.tables()
+        tables = self.local.parameter_tables()
         any_dx, any_grads = plan.any_dx, plan.any_grads
         dx_back = torch.empty(ctx.batch, self.n_input_dims, device=dev) if any_dx else None
         returning, grads = [], (None,) * len(tables)
@@ -348,23 +391,23 @@ class ShardedPart(_Collective):
             if any_dx:
                 if dx_here is None:
                     dx_here = torch.zeros(0, self.n_input_dims, device=dev)
-                returning.append(X.start_exchange(dx_here, plan.recv[c], plan.send[c], self.collective_device,
-                                                  self.group, "the backward exchange of dx",
-                                                  out=dx_back[plan.caller_rows(c)]))
+                returning.append(exchange.start_exchange(dx_here, plan.recv[c], plan.send[c], self.collective_device,
+                                                         self.group, "the backward exchange of dx",
+                                                         out=dx_back[plan.caller_rows(c)]))
         reduction = self._start_reduce(tables, grads, any_grads)
         dx = None
         if any_dx:
             for pending in returning:
                 pending.result()
-            dx = B.gather_rows(dx_back, plan.dest, float(self.world_size) if mean else 1.0, self.exchange_kernels)
+            dx = buckets.gather_rows(dx_back, plan.dest, float(self.world_size) if mean else 1.0, self.exchange_kernels)
             mark(self, "exchange")
         grads = reduction()
         mark(self, "reduce")
         if need_dx and not any_dx:
             # Raised after this rank took its part in every collective of the backward, so no rank hangs.
             raise ConfigError(f"rank {self.rank}: ShardedPart.backward was asked for dx, but no rank announced "
-                              "it at the forward; call forward_ctx(x, ids, train=True, need_dx=True) (autograd "
-                              "calls announce it from x.requires_grad)")
+                              "it at the forward; call forward_with_context(x, ids, train=True, need_dx=True) "
+                              "(autograd calls announce it from x.requires_grad)")
         return (dx if need_dx else None), grads
 
     def _start_reduce(self, tables, grads, any_grads):
@@ -387,23 +430,39 @@ class ShardedPart(_Collective):
 
 
 class Replicated(_Collective):
-    """A part held whole by every rank (a teacher, a shared encoding): forward and backward run locally,
-    the table gradients are all-reduced (mean over ranks, or sum)."""
+    """A part held whole by every rank (data parallelism: a teacher, a shared encoding, or a whole array whose
+    training state fits on one GPU): forward and backward run locally on the rank's own samples, and the table
+    gradients are all-reduced, the mean over ranks (or the sum, `gradients="sum"`).
 
-    def __init__(self, part: Part, group=None, gradients: str = "mean"):
+    reduce_dtype: the dtype the gradients cross the link in: "float32" (default; a two-rank mean equals the
+    single-process gradient exactly), "bfloat16" or "float16" (half the bytes; each rank's gradient, scaled
+    by 1/world, and the sum are rounded to that dtype, then widened back to float32 for the optimizer).
+    Every call's gradients go in one bucket, one all-reduce, issued as soon as the local backward has
+    computed them. A float16 network's gradient scaler (dynamic scaling) also checks the reduced gradients,
+    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank."""
+
+    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32"):
         if not isinstance(part, Part):
             raise ConfigError(f"Replicated needs a tinn.Part, got {type(part).__name__}")
+        if reduce_dtype not in REDUCE_DTYPES:
+            raise ConfigError(f"reduce_dtype={reduce_dtype!r} is not supported; allowed: {list(REDUCE_DTYPES)}")
+        for t in part.parameter_tables():
+            if t is not None and t.dtype != torch.float32:
+                # A compact table's gradient is sparse, and each rank's entries differ: no all-reduce sums them.
+                raise ConfigError(f"Replicated needs float32 tables; {type(part).__name__} has a {t.dtype} table "
+                                  "(for a grid: table_dtype='float32')")
         super().__init__(part.n_input_dims, part.n_output_dims, part.n_networks)
         self._init_group(group, gradients)
         self.inner = part
+        self.reduce_dtype = reduce_dtype
         self.uses_ids = part.uses_ids
         self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
 
-    def tables(self):
-        return self.inner.tables()
+    def parameter_tables(self):
+        return self.inner.parameter_tables()
 
-    def check_tables(self) -> None:
-        self.inner.check_tables()
+    def check_parameter_tables(self) -> None:
+        self.inner.check_parameter_tables()
 
     def memory_bytes(self) -> int:
         return self.inner.memory_bytes()
@@ -411,26 +470,55 @@ class Replicated(_Collective):
     def n_params_per_network(self) -> int:
         return self.inner.n_params_per_network()
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        return self.inner.forward_ctx(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        mark(self, "other")
+        out = self.inner.forward_with_context(x, ids, train=train, x_layout=x_layout, y_layout=y_layout)
+        mark(self, "compute")
+        return out
+
+    def fuses_loss(self, need_dx: bool = False) -> bool:
+        return self.inner.fuses_loss(need_dx)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
-        tables = self.inner.tables()
         mark(self, "other")
         if dy.shape[0]:
             dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
         else:
-            dx, grads = (torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None), (None,) * len(tables)
+            dx = torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None
+            grads = (None,) * len(self.inner.parameter_tables())
         mark(self, "compute")
+        return dx, self._reduce(grads, need_grads)
+
+    def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
+        """The inner part's loss-seeded backward (the fused MLP computes the loss's gradient in its kernels), then
+        the all-reduce. The loss returned is this rank's own."""
+        if not y.shape[0]:  # the loss kernel, then `backward`
+            return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        mark(self, "other")
+        dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        mark(self, "compute")
+        return dx, self._reduce(grads, need_grads), value
+
+
+    def _reduce(self, grads, need_grads: bool) -> tuple:
+        """The mean (or sum) over ranks of every table's gradient, in one bucket; every rank takes part, also
+        one without samples (its gradient is zero, as the single-process gradient of its empty batch)."""
         if not need_grads:
-            return dx, grads
+            return grads
+        tables = self.inner.parameter_tables()
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
         scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
         reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
-                                    "the all-reduce of replicated gradients")
+                                    "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
+        # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so
+        # recording them gives every rank the same skip decision.
+        for m in self.inner.modules():
+            scaler = getattr(m, "gradient_scaler", None)
+            if scaler is not None:
+                scaler.record_non_finite(reduced)
         mark(self, "reduce")
-        return dx, reduced
+        return reduced
 
 
 # ---- initial values of the unsharded array -------------------------------------------------------

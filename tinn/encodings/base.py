@@ -31,7 +31,7 @@ class ParameterFreeEncoding(Encoding):
 
     uses_ids = False
 
-    def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+    def forward_with_context(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
         return self._fwd(x), (Context(x=x) if train else None)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Section, count
-from ..kernels import basic_encodings as K
+from ..kernels import basic_encodings
 from .base import ParameterFreeEncoding, PerDimEncoding
 
 
@@ -22,7 +22,7 @@ class IdentityEncoding(ParameterFreeEncoding):
 
     def _fwd(self, x):
         out = torch.empty_like(x)
-        K.identity_forward(x, out, self.scale, self.offset)
+        basic_encodings.identity_forward(x, out, self.scale, self.offset)
         return out
 
     def _bwd(self, x, dy):
@@ -50,16 +50,16 @@ class FrequencyEncoding(PerDimEncoding):
     # Kernel launchers (x, dy contiguous and detached).
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
-        K.frequency_forward(x, out, self.n_frequencies)
+        basic_encodings.frequency_forward(x, out, self.n_frequencies)
         return out
 
     def _bwd(self, x, dy):
         dx = torch.empty_like(x)
-        K.frequency_backward(x, dy, dx, self.n_frequencies)
+        basic_encodings.frequency_backward(x, dy, dx, self.n_frequencies)
         return dx
 
     def _derivs(self, x):
         fp = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
         fpp = torch.empty_like(fp)
-        K.frequency_derivatives(x, fp, fpp, self.n_frequencies)
+        basic_encodings.frequency_derivatives(x, fp, fpp, self.n_frequencies)
         return fp, fpp

@@ -117,13 +117,13 @@ class CompositeEncoding(Encoding):
         xi = x[:, begin:begin + enc.n_input_dims]
         return xi if xi.is_contiguous() else xi.contiguous()
 
-    def forward_ctx(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+    def forward_with_context(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
         table = None if self.params is None else self.params.detach()
         outs, ctxs = [], []
         for begin, enc, off in zip(self.begins, self.nested, self.param_offsets):
             xi = self._slice(x, begin, enc)
             if off is None:
-                y, c = enc.forward_ctx(xi, ids, train=train)
+                y, c = enc.forward_with_context(xi, ids, train=train)
             else:
                 y, c = enc.lookup(xi, ids, table, off), Context(x=xi)
             outs.append(y)

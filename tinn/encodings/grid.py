@@ -15,16 +15,17 @@ import torch
 from .. import chunks, memory, runtime
 from ..config import Section, count
 from ..errors import ConfigError
-from ..kernels import deterministic as DK
-from ..kernels import grid_encoding as K
+from ..kernels import deterministic as deterministic_kernels
+from ..kernels import grid_encoding
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, SecondOrderError, to_layout
 from .base import Encoding
 from .grid_layout import (GRID_TYPES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
                           default_per_level_scale, grid_layout, hash_code)
 
 _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense", "TiledGrid": "Tiled"}
-_INTERP_CODE = {"Nearest": K.NEAREST, "Linear": K.LINEAR, "Smoothstep": K.SMOOTHSTEP}
-_TYPE_CODE = {"Hash": K.HASH, "Dense": K.DENSE, "Tiled": K.TILED}
+_INTERP_CODE = {"Nearest": grid_encoding.NEAREST, "Linear": grid_encoding.LINEAR,
+                "Smoothstep": grid_encoding.SMOOTHSTEP}
+_TYPE_CODE = {"Hash": grid_encoding.HASH, "Dense": grid_encoding.DENSE, "Tiled": grid_encoding.TILED}
 _INT32_MAX = 2**31 - 1
 # table_dtype: float32 (tcnn's precision for the optimizer's copy) or bfloat16, a compact table
 # (tinn/kernels/compact.py) with sparse gradients, for grids too large to train at 4 bytes per value.
@@ -153,11 +154,11 @@ class GridEncoding(Encoding):
         self.seed = seed
         self.table_dtype = TABLE_DTYPES[table_dtype]
         if feature_lanes is None:
-            feature_lanes = runtime.settings().grid_feature_lanes
+            feature_lanes = runtime.tuning().feature_lanes
         self.feature_lanes = runtime.arch() == "cuda" if feature_lanes is None else bool(feature_lanes)
         # The CPU's table gradient: one task per level, no atomics (`grid_backward_levels`), where that
         # leaves no thread idle.
-        level_tasks = runtime.settings().grid_level_tasks
+        level_tasks = runtime.tuning().level_tasks
         self.level_tasks = runtime.arch() == "cpu" and (runtime.cpu_threads() <= n_levels if level_tasks is None
                                                         else bool(level_tasks))
 
@@ -223,13 +224,13 @@ class GridEncoding(Encoding):
             meta[i, 3] = np.array(lv.scale, dtype=np.float32).view(np.int32)
         factors = hash_code(self.hash, self.n_input_dims)[1]
         meta[-1, :self.n_input_dims] = np.array(factors, dtype=np.uint32).view(np.int32)  # read back as uint32
-        return K.make_table(meta)
+        return grid_encoding.make_table(meta)
 
     def _shared_level_count(self) -> int:
         """Coarse levels whose parameter gradient a CUDA block sums in shared memory first (single grid only)."""
         if runtime.arch() != "cuda":
             return 0
-        return K.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
+        return grid_encoding.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
 
     def __getstate__(self):  # pickling (torch.save(module)): backend-specific state is rebuilt, not serialised
         state = self.__dict__.copy()
@@ -293,7 +294,7 @@ class GridEncoding(Encoding):
         }
 
     # -- the part contract ------------------------------------------------------------------------
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         y = self.lookup(x, ids, self.params.detach(), 0, y_layout)
         return y, (Context(x=x, ids=ids, y_layout=y_layout) if train else None)
 
@@ -347,8 +348,8 @@ class GridEncoding(Encoding):
         if x.shape[0]:
             cells, compact = _kernel_cells(table)
             for lo, hi, rows in _chunk_views(table):
-                K.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype, self.n_input_dims,
-                               lo, compact, self._hashing)
+                grid_encoding.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype,
+                                           self.n_input_dims, lo, compact, self._hashing)
         return to_layout(out_t, FEATURE_MAJOR, layout)
 
     def lookup_backward(self, x, ids, table, offset: int, dy, dtable, need_dx: bool,
@@ -370,7 +371,7 @@ class GridEncoding(Encoding):
                          dy_feature_major=False):
         f, interp, gtype = self._codes()
         dy_t = dy if dy_feature_major else dy.t().contiguous()  # feature-major, read coalesced by the kernel
-        if want_params and self.stochastic_interpolation and interp != K.NEAREST:
+        if want_params and self.stochastic_interpolation and interp != grid_encoding.NEAREST:
             self._launch_stochastic(x, net_ids, params, off, dy_t, dparams)
             if not want_x:
                 return
@@ -390,38 +391,38 @@ class GridEncoding(Encoding):
                               "allowed with settings.deterministic=False")
         f, interp, gtype = self._codes()
         for lo, hi, rows in _chunk_views(params):
-            K.grid_backward_stochastic(x, net_ids, off, self._meta, dy_t, rows(dparams), f, interp, gtype,
-                                       self.n_input_dims, lo, self._hashing)
+            grid_encoding.grid_backward_stochastic(x, net_ids, off, self._meta, dy_t, rows(dparams), f, interp, gtype,
+                                                   self.n_input_dims, lo, self._hashing)
 
     def _launch_backward_chunk(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x, f, interp,
                                gtype, n_shared, lo):
         """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
         is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
         if want_params and not want_x and self.level_tasks:
-            K.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype, self.n_input_dims, lo,
-                                   self._hashing)
+            grid_encoding.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
+                                               self.n_input_dims, lo, self._hashing)
             return
         if want_params and not want_x and self.feature_lanes:
             # The usual training case (no input gradient), a thread per (level, sample, feature). On CUDA
             # in one launch with the coarse levels of a single grid, which are summed per block in shared
             # memory first; elsewhere (tests, A/B runs) the lanes kernel alone.
             if runtime.arch() == "cuda":
-                K.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                       n_shared, self.n_input_dims, lo, self._hashing)
+                grid_encoding.grid_backward_params(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
+                                                   n_shared, self.n_input_dims, lo, self._hashing)
             else:
-                K.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
-                                      self.n_input_dims, lo, self._hashing)
+                grid_encoding.grid_backward_lanes(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
+                                                  self.n_input_dims, lo, self._hashing)
             return
         first_level = 0
         if want_params and n_shared:
             # A single grid: coarse levels are summed per block in shared memory first.
             first_level = n_shared
-            K.grid_backward_shared(x, off, self._meta, dy_t, dparams, f, interp, gtype, first_level,
-                                   self.n_input_dims, self._hashing)
+            grid_encoding.grid_backward_shared(x, off, self._meta, dy_t, dparams, f, interp, gtype, first_level,
+                                               self.n_input_dims, self._hashing)
         if first_level < self.n_levels or want_x:
-            K.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
-                            int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo,
-                            self._hashing)
+            grid_encoding.grid_backward(x, net_ids, params, off, self._meta, dy_t, dparams, dx, f, interp, gtype,
+                                        int(bool(want_params)), int(bool(want_x)), first_level, self.n_input_dims, lo,
+                                        self._hashing)
 
     def _term_blocks(self, x, net_ids, params, off, dy_t, want_params, want_x):
         """The backward's terms (tinn/kernels/deterministic.py), in blocks of samples:
@@ -429,7 +430,7 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         levels, d, dev = self.n_levels, self.n_input_dims, x.device
         slots = (1 << d) * f
-        block = max(1, DK.GRID_TERMS_PER_BLOCK // (levels * slots))
+        block = max(1, deterministic_kernels.GRID_TERMS_PER_BLOCK // (levels * slots))
         ph = torch.empty(1, 1, 1, device=dev)
         ph_keys = torch.empty(1, 1, 1, dtype=torch.int64, device=dev)
         cells, compact = _kernel_cells(params)
@@ -440,9 +441,9 @@ class GridEncoding(Encoding):
             dx_terms = torch.zeros(levels, b1 - b0, d, device=dev) if want_x else ph
             xs, ids, dys = x[b0:b1], net_ids[b0:b1], dy_t[:, b0:b1].contiguous()
             for lo, hi, rows in _chunk_views(params):
-                DK.grid_backward_terms(xs, ids, rows(cells), off, self._meta, dys, keys, terms, dx_terms, f, interp,
-                                       gtype, int(bool(want_params)), int(bool(want_x)), d, lo, compact,
-                                       self._hashing)
+                deterministic_kernels.grid_backward_terms(xs, ids, rows(cells), off, self._meta, dys, keys, terms,
+                                                          dx_terms, f, interp, gtype, int(bool(want_params)),
+                                                          int(bool(want_x)), d, lo, compact, self._hashing)
             yield b0, b1, keys, terms, dx_terms
 
     def _launch_backward_in_order(self, x, net_ids, params, off, dy_t, dparams, dx, want_params, want_x):
@@ -450,7 +451,7 @@ class GridEncoding(Encoding):
         (tinn/kernels/deterministic.py), in blocks of samples added one after the other."""
         for b0, b1, keys, terms, dx_terms in self._term_blocks(x, net_ids, params, off, dy_t, want_params, want_x):
             if want_params:
-                DK.add_sorted_terms(dparams.view(-1), keys.view(-1), terms.view(-1))
+                deterministic_kernels.add_sorted_terms(dparams.view(-1), keys.view(-1), terms.view(-1))
             if want_x:
                 dx[b0:b1] += dx_terms.sum(0)
 
@@ -466,7 +467,7 @@ class GridEncoding(Encoding):
         positions, sums = [], []
         for b0, b1, keys, terms, dx_terms in self._term_blocks(x, ids, table, 0, dy_t, need_grads, need_dx):
             if need_grads:
-                unique, total = DK.sum_terms_by_key(keys.view(-1), terms.view(-1))
+                unique, total = deterministic_kernels.sum_terms_by_key(keys.view(-1), terms.view(-1))
                 positions.append(unique)
                 sums.append(total)
             if need_dx:
@@ -474,7 +475,7 @@ class GridEncoding(Encoding):
         if not need_grads:
             return dx, (None,)
         if len(positions) > 1:  # blocks may share entries: their sums are added in block order
-            positions, sums = DK.sum_terms_by_key(torch.cat(positions), torch.cat(sums))
+            positions, sums = deterministic_kernels.sum_terms_by_key(torch.cat(positions), torch.cat(sums))
         else:
             positions, sums = positions[0], sums[0]
         return dx, (self._sparse_gradient(positions, sums),)
@@ -491,7 +492,7 @@ class GridEncoding(Encoding):
         f, interp, gtype = self._codes()
         ph = _placeholder(x.device)
         for lo, hi, rows in _chunk_views(params):
-            K.grid_backward_backward(
+            grid_encoding.grid_backward_backward(
                 x, net_ids, rows(params), off, self._meta, dy, g_dx,
                 out_dy if out_dy is not None else ph, rows(out_params) if out_params is not None else ph,
                 out_x if out_x is not None else ph, f, interp, gtype,

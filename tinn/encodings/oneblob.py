@@ -5,7 +5,7 @@ import torch
 
 from ..config import Section, count
 from ..errors import ConfigError
-from ..kernels import oneblob as K
+from ..kernels import oneblob
 from .base import PerDimEncoding
 
 
@@ -32,16 +32,16 @@ class OneBlobEncoding(PerDimEncoding):
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
-        K.oneblob_forward(x, out, self.n_bins)
+        oneblob.oneblob_forward(x, out, self.n_bins)
         return out
 
     def _bwd(self, x, dy):
         dx = torch.empty_like(x)
-        K.oneblob_backward(x, dy, dx, self.n_bins)
+        oneblob.oneblob_backward(x, dy, dx, self.n_bins)
         return dx
 
     def _derivs(self, x):
         fp = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
         fpp = torch.empty_like(fp)
-        K.oneblob_derivatives(x, fp, fpp, self.n_bins)
+        oneblob.oneblob_derivatives(x, fp, fpp, self.n_bins)
         return fp, fpp

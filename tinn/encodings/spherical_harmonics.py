@@ -8,7 +8,7 @@ import torch
 from .. import runtime
 from ..config import Section, count
 from ..errors import ConfigError
-from ..kernels import spherical_harmonics as K
+from ..kernels import spherical_harmonics
 from .base import ParameterFreeEncoding
 
 MAX_DEGREE = 8
@@ -47,12 +47,12 @@ class SphericalHarmonicsEncoding(ParameterFreeEncoding):
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
-        K.sh_forward(x, self._norm, out, self.degree)
+        spherical_harmonics.sh_forward(x, self._norm, out, self.degree)
         return out
 
     def _bwd(self, x, dy):
         dx = torch.empty_like(x)
-        K.sh_backward(x, dy, self._norm, dx, self.degree)
+        spherical_harmonics.sh_backward(x, dy, self._norm, dx, self.degree)
         return dx
 
     def _second_order(self, x, dy, ddx, need_ddy, need_dx):
@@ -60,8 +60,8 @@ class SphericalHarmonicsEncoding(ParameterFreeEncoding):
         d_x = d_dy = None
         if need_dx:
             d_x = torch.empty_like(x)
-            K.sh_hvp(x, dy, ddx, self._norm, d_x, self.degree)
+            spherical_harmonics.sh_hvp(x, dy, ddx, self._norm, d_x, self.degree)
         if need_ddy:
             d_dy = torch.empty_like(dy)
-            K.sh_jvp(x, ddx, self._norm, d_dy, self.degree)
+            spherical_harmonics.sh_jvp(x, ddx, self._norm, d_dy, self.degree)
         return d_dy, d_x

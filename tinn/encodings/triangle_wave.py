@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Section, count
-from ..kernels import triangle_wave as K
+from ..kernels import triangle_wave
 from .base import PerDimEncoding
 
 
@@ -25,16 +25,16 @@ class TriangleWaveEncoding(PerDimEncoding):
 
     def _fwd(self, x):
         out = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
-        K.triangle_wave_forward(x, out, self.n_frequencies)
+        triangle_wave.triangle_wave_forward(x, out, self.n_frequencies)
         return out
 
     def _bwd(self, x, dy):
         dx = torch.empty_like(x)
-        K.triangle_wave_backward(x, dy, dx, self.n_frequencies)
+        triangle_wave.triangle_wave_backward(x, dy, dx, self.n_frequencies)
         return dx
 
     def _derivs(self, x):
         fp = torch.empty(x.shape[0], self.n_output_dims, dtype=torch.float32, device=x.device)
         fpp = torch.empty_like(fp)
-        K.triangle_wave_derivatives(x, fp, fpp, self.n_frequencies)
+        triangle_wave.triangle_wave_derivatives(x, fp, fpp, self.n_frequencies)
         return fp, fpp

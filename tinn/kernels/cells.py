@@ -1,4 +1,4 @@
-"""KiloNeRF cell coordinates, one thread per point (`tinn.scenes.kilonerf.cell_of` in one pass).
+"""KiloNeRF cell coordinates, one thread per point (`tinn.scenes.fields.kilonerf.cell_of` in one pass).
 
 The box [box_min, box_max] is cut into grid^3 cells of size cell = (box_max - box_min) / grid. A point's cell is
 q = clamp(floor((p - box_min) / cell), 0, grid - 1) per axis, its id (qx * grid + qy) * grid + qz, its local

@@ -20,7 +20,7 @@ anything is missing or differs, every kernel keeps the standard launch and one
 warning names what was missing. The setting `fast_launch=False` turns the lean path off.
 
 `fast_kernel(ir_passes=False)` also compiles a kernel's instances without the backend's own IR passes (see
-`_ir_passes` and settings.ir_optimization): the first call of an instance is where it compiles.
+`_ir_passes` and tuning.ir_optimization): the first call of an instance is where it compiles.
 
 The backend compiles an instance from the arguments of its first call and keeps them referenced for the
 life of the process (Taichi 1.7.4's compile context holds them in the AST generator the compiled kernel
@@ -44,7 +44,7 @@ import torch
 from .. import backend
 from ..backend import ti
 
-from ..settings import current as tuning
+from ..settings import current_tuning as tuning
 
 TEMPLATE, TENSOR, INT, FLOAT = range(4)
 
@@ -249,7 +249,7 @@ def _ir_passes(wanted: bool | None):
 class FastKernel:
     def __init__(self, kernel, adapter=None, ir_passes: bool | None = None):
         self.kernel = kernel
-        # False: compiled without the backend's IR passes where settings.ir_optimization is None (auto); None:
+        # False: compiled without the backend's IR passes where tuning.ir_optimization is None (auto); None:
         # the process default.
         self.ir_passes = ir_passes
         self.primal = getattr(kernel, "_primal", None)
@@ -369,7 +369,7 @@ class FastKernel:
 def fast_kernel(kernel=None, *, ir_passes: bool | None = None):
     """`@fast_kernel` or `@fast_kernel(ir_passes=False)` over a `@ti.kernel`. ir_passes=False: a kernel
     measured as fast without the backend's own IR optimisation passes, which take most of its compile time
-    (the unrolled MLP kernels; docs/design-notes.md), compiles without them unless settings.ir_optimization
+    (the unrolled MLP kernels; docs/design-notes.md), compiles without them unless tuning.ir_optimization
     says otherwise for every kernel."""
     if kernel is None:
         return lambda k: FastKernel(k, ir_passes=ir_passes)

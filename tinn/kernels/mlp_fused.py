@@ -38,8 +38,8 @@ from ..backend import ti
 
 from .. import chunks
 from .basic_encodings import frequency_feature
-from ..settings import Settings
-from ..settings import current as tuning
+from ..settings import Tuning
+from ..settings import current_tuning as tuning
 from . import activations as act
 from . import losses
 from .launch import fast_kernel
@@ -57,7 +57,7 @@ LANES_O = BLOCK // LANES_S
 WARPS = BLOCK // 32
 MAX_FEATURES = 128   # widest layer input/output the fused path takes
 SHARED_FLOATS = 12288  # 48 KB: the static shared-memory limit per block
-# The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's settings, read when a
+# The tuning (unroll factors, tile sizes, weight-gradient steps) comes from tinn's Tuning record, read when a
 # kernel compiles; docs/design-notes.md has what each choice measured.
 GRAD_ROWS = 64       # weight-gradient rows per pass (8 per thread)
 # The weight-gradient prefetch holds a step's samples in registers, this many per thread at most (what 64
@@ -100,7 +100,7 @@ def staged_weight_rows(f: int, tile: int) -> int:
 
 
 def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
-    """(forward, backward_deltas): which kernels stage weights under settings.fused_staged_weights.
+    """(forward, backward_deltas): which kernels stage weights under tuning.fused_staged_weights.
 
     "auto" stages the deltas kernel's always and the forward's for a single network only. Staging
     reads a layer's whole matrix before the tile's first multiply-add: with one network those reads
@@ -111,14 +111,14 @@ def staged_kernels(setting: str, n_networks: int) -> tuple[bool, bool]:
     return setting in ("forward", "both"), setting in ("backward", "both")
 
 
-def geometry(n_in: int, width: int, n_out: int, n_layers: int, settings: Settings, n_networks: int = 1) -> Geometry:
+def geometry(n_in: int, width: int, n_out: int, n_layers: int, chosen: Tuning, n_networks: int = 1) -> Geometry:
     """Tile geometry of a network shape (and array size), fixed at construction. Smaller tiles mean smaller
     register blocks and more blocks per SM; the deltas kernel has tiles of its own, cut from the same sort."""
     f = features(n_in, width, n_out)
-    cap = settings.fused_tile
+    cap = chosen.fused_tile
     forward = min(_largest_tile(1, f), cap)
-    backward = min(_largest_tile(1, f), cap, settings.fused_backward_tile or (32 if f <= 64 else cap))
-    stage_forward, stage_backward = staged_kernels(settings.fused_staged_weights, n_networks)
+    backward = min(_largest_tile(1, f), cap, chosen.fused_backward_tile or (32 if f <= 64 else cap))
+    stage_forward, stage_backward = staged_kernels(chosen.fused_staged_weights, n_networks)
     return Geometry(forward, f, backward,
                     staged_weight_rows(f, forward) if stage_forward else 0,
                     staged_weight_rows(f, backward) if stage_backward else 0)
@@ -136,7 +136,7 @@ def _prefetch_registers(f: int, step: int) -> int:
 
 
 def grad_step(f: int) -> int:
-    """Samples per weight-gradient step for networks of `f` features: settings.fused_grad_step, halved (down to
+    """Samples per weight-gradient step for networks of `f` features: tuning.fused_grad_step, halved (down to
     8) while the prefetch of a step would not fit its registers."""
     step = tuning().fused_grad_step
     while tuning().fused_grad_prefetch and step > 8 and _prefetch_registers(f, step) > GRAD_PREFETCH_REGISTERS:
@@ -342,11 +342,11 @@ def forward(
     acts: f32_3d, out: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), keep_all: ti.template(),
-    TS: ti.template(), F: ti.template(), x_fm: ti.template(), freq: ti.template(), KC: ti.template(), pad: ti.f32,
-    net_lo: ti.i32,
+    TS: ti.template(), F: ti.template(), x_feature_major: ti.template(), freq: ti.template(), KC: ti.template(),
+    pad: ti.f32, net_lo: ti.i32,
 ):
     """out = MLP(x) per sample; keep_all stores every hidden activation in acts[l, feature, sorted position].
-    x_fm: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
+    x_feature_major: x is feature-major, (n_in, batch). freq > 0: x holds raw positions whose Frequency encoding (that
     many octaves, then the input padding `pad`) is the network's input (see `load_rows`). KC > 0: weights
     staged in shared memory, KC rows at a time (see tile_gemm)."""
     TSP = ti.static(TS + 1)
@@ -366,7 +366,7 @@ def forward(
         # Uniform per block: padding tiles and tiles of networks outside this chunk skip every barrier together.
         if count > 0 and in_chunk(net, params):
             start = tile_start[t]
-            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_fm, freq, pad)
+            load_rows(sh, A, x, order, start, count, tid, n_in, TS, TSP, x_feature_major, freq, pad)
             if ti.static(KC == 0):  # (staging's own barrier publishes A otherwise)
                 ti.simt.block.sync()
             for l in ti.static(range(n_layers)):
@@ -400,12 +400,13 @@ def backward_deltas(
     params: f32_2d, acts: f32_3d, out: f32_2d, deltas: f32_3d, dout: f32_3d, dx: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(),
     hidden_act: ti.template(), output_act: ti.template(), want_dx: ti.template(), TS: ti.template(),
-    F: ti.template(), x_fm: ti.template(), KC: ti.template(), net_lo: ti.i32,
+    F: ti.template(), x_feature_major: ti.template(), KC: ti.template(), net_lo: ti.i32,
     target: f32_2d, loss_parts: f32_1d, inv_n: ti.f32, LOSS: ti.template(),
 ):
     """The forward's mirror image, on tiles from its sort: deltas[l, o, position] = dLoss/d(output o of layer l)
     (pre-activation; the network output's in dout[0, o, position]), layer by layer downwards with W^T;
-    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_fm). KC as in the forward.
+    dx = the deltas of the input when want_dx (feature-major, (n_in, batch), with x_feature_major). KC as in the
+    forward.
 
     LOSS >= 0 (a loss id of kernels/losses.py): dy is not read; the output's gradient is that loss's of `out`
     against `target`, divided by the element count (inv_n = 1 / (batch * n_out)), and each warp writes the sum
@@ -494,7 +495,7 @@ def backward_deltas(
                     if ti.static(KC == 0 or l == lowest):
                         ti.simt.block.sync()
             if ti.static(want_dx):
-                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_fm)
+                write_rows(sh, G, dx, order, start, count, tid, n_in, TS, TSP, x_feature_major)
                 ti.simt.block.sync()
 
 
@@ -583,7 +584,7 @@ def weight_gradients(
     x: f32_2d, order: i32_1d, chunk_net: i32_1d, chunk_start: i32_1d, chunk_count: i32_1d,
     acts: f32_3d, deltas: f32_3d, dout: f32_3d, dparams: f32_2d,
     n_in: ti.template(), width: ti.template(), n_out: ti.template(), n_layers: ti.template(), F: ti.template(),
-    x_fm: ti.template(), net_lo: ti.i32,
+    x_feature_major: ti.template(), net_lo: ti.i32,
 ):
     """dparams[net] += sum over a chunk's samples of deltas[l] (x) input[l], one block per chunk of one network.
 
@@ -627,13 +628,13 @@ def weight_gradients(
                         # (declared out here: a static if's branch is a scope of its own)
                         hv = ti.Vector.zero(ti.f32, (KS * (n_in if ti.static(l == 0) else fan_in) + BLOCK - 1) // BLOCK)
                         if ti.static(l == 0):
-                            hv = fetch_rows(x, order, first, ti.min(KS, total), tid, n_in, KS, x_fm)
+                            hv = fetch_rows(x, order, first, ti.min(KS, total), tid, n_in, KS, x_feature_major)
                         else:
                             hv = fetch_features(acts, l - 1, 0, fan_in, first, ti.min(KS, total), tid, KS)
                         for step in range(n_steps):
                             store_features(sh, GB, dv, rows, tid, KS, KSP)
                             if ti.static(l == 0):
-                                store_rows(sh, HB, hv, tid, n_in, KS, KSP, x_fm)
+                                store_rows(sh, HB, hv, tid, n_in, KS, KSP, x_feature_major)
                             else:
                                 store_features(sh, HB, hv, fan_in, tid, KS, KSP)
                             ti.simt.block.sync()
@@ -642,7 +643,7 @@ def weight_gradients(
                                 count = ti.min(KS, total - (step + 1) * KS)
                                 dv = fetch_features(dsrc, dl, row0, rows, start, count, tid, KS)
                                 if ti.static(l == 0):
-                                    hv = fetch_rows(x, order, start, count, tid, n_in, KS, x_fm)
+                                    hv = fetch_rows(x, order, start, count, tid, n_in, KS, x_feature_major)
                                 else:
                                     hv = fetch_features(acts, l - 1, 0, fan_in, start, count, tid, KS)
                             accumulate_step(acc, sh, GB, HB, lane_o, lane_i, RW, CW, KS, KSP)
@@ -653,7 +654,7 @@ def weight_gradients(
                             count = ti.min(KS, total - step * KS)
                             load_features(sh, GB, dsrc, dl, row0, rows, start, count, tid, KS, KSP)
                             if ti.static(l == 0):
-                                load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_fm)
+                                load_rows(sh, HB, x, order, start, count, tid, n_in, KS, KSP, x_feature_major)
                             else:
                                 load_features(sh, HB, acts, l - 1, 0, fan_in, start, count, tid, KS, KSP)
                             ti.simt.block.sync()
@@ -671,17 +672,17 @@ def weight_gradients(
 # `tiles` is any record with int32 `order`, `tile_net`, `tile_start`, `tile_count` (tinn.routing.TileRouting).
 # Every launcher runs once per row chunk of the table it indexes (tinn/chunks.py); each launch walks all
 # tiles and skips those of networks outside its chunk.
-def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool, x_fm: bool,
-                frequencies: int = 0, pad: float = 0.0):
+def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, keep_all: bool,
+                x_feature_major: bool, frequencies: int = 0, pad: float = 0.0):
     """`frequencies` > 0: x holds raw positions, encoded by the Frequency encoding inside the kernel."""
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         forward(x, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                 params if hi - lo == params.shape[0] else params[lo:hi], acts, out, *shape,
-                keep_all, geometry.tile, geometry.features, x_fm, frequencies, geometry.weight_rows, pad, lo)
+                keep_all, geometry.tile, geometry.features, x_feature_major, frequencies, geometry.weight_rows, pad, lo)
 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
-                        want_dx: bool, x_fm: bool, loss=None):
+                        want_dx: bool, x_feature_major: bool, loss=None):
     """`loss` = (loss id, target, loss_parts): the output's gradient from that loss (dy unused), its per-warp sums
     into loss_parts, zeros of WARPS floats per tile (see backward_deltas)."""
     kind, target, parts = loss if loss is not None else (-1, out, out[0, :1])
@@ -689,13 +690,13 @@ def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, 
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,
-                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_fm,
+                        dx, *shape, want_dx, geometry.backward_tile, geometry.features, x_feature_major,
                         geometry.backward_weight_rows, lo, target, parts, inv_n, kind)
 
 
 def run_weight_gradients(x, chunk_tiles, shape: MLPShape, geometry: Geometry, *, acts, deltas, dout, dparams,
-                         x_fm: bool):
+                         x_feature_major: bool):
     for lo, hi in chunks.row_spans(dparams.shape[0], dparams.shape[1], "the network gradients"):
         weight_gradients(x, chunk_tiles.order, chunk_tiles.tile_net, chunk_tiles.tile_start, chunk_tiles.tile_count,
                          acts, deltas, dout, dparams if hi - lo == dparams.shape[0] else dparams[lo:hi],
-                         shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_fm, lo)
+                         shape.n_in, shape.width, shape.n_out, shape.n_layers, geometry.features, x_feature_major, lo)

@@ -1,6 +1,6 @@
 """Octree node lookup and level-of-detail sample assignment, one thread per sample.
 
-The octree is flat (`tinn.scenes.octree.Octree`): `children[n, slot]` is the child of node n in octant
+The octree is flat (`tinn.scenes.acceleration.octree.Octree`): `children[n, slot]` is the child of node n in octant
 `slot = bx + 2 by + 4 bz` (-1 where pruned), `split[n]` says whether n has any child. A point's octant at
 depth d is read from the bits of its integer cell on the 2^max_depth grid over the root cube (the same
 cell the builder sorted points by), so the walk from the root is a loop of `deepest` table reads.

@@ -2,6 +2,12 @@
 array (rows = 1 for a plain tensor), so `lr_scale[row]` gives per-network learning rates.
 
 All updates are elementwise and in place; state tensors have the parameter's (rows, cols) shape.
+Kernels of optimizers that skip on the device (`Optimizer.skips_on_device`) take `skip`, a (1,) int32 flag
+(a gradient scaler's verdict, tinn/gradient_scaling.py): where it is 1 they change nothing. Where a step count
+enters the update, they take it as `step_now`, the steps asked of the host, less `pending[0]`, those of them
+skipped on the device that the host has not settled yet (tinn/optimizers/base.py): the steps taken. Their
+learning rate is `lr * lr_factor[0]`: the host's rate times one, or one times a rate a schedule computed on the
+device (ExponentialDecay's, `decayed_rate`).
 Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 from ..backend import ti
@@ -9,6 +15,7 @@ from ..backend import ti
 from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+f64_1d = ti.types.ndarray(dtype=ti.f64, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -23,10 +30,11 @@ def _weight_decay(rel: ti.f32, absolute: ti.f32, w: ti.f32) -> ti.f32:
 
 @fast_kernel
 @ti.kernel
-def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, lr: ti.f32, l2_reg: ti.f32):
+def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr_factor: f32_1d, lr: ti.f32, l2_reg: ti.f32):
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        wv = w[r, c]
-        w[r, c] = wv - lr * lr_scale[r] * (g[r, c] + l2_reg * wv)
+        if skip[0] == 0:
+            wv = w[r, c]
+            w[r, c] = wv - lr * lr_factor[0] * lr_scale[r] * (g[r, c] + l2_reg * wv)
 
 
 @ti.func
@@ -51,18 +59,20 @@ def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, 
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay,
-                  abs_decay, clip, grad_clip, lower, upper):
+                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
+                  skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                  grad_clip, lower, upper):
     grad = g[r, c]
-    if skip_zero == 0 or grad != 0.0:
-        # A tensor whose elements are never skipped shares one step count (step_now, kept on the host);
-        # skipping gives every element its own.
-        t = step_now
+    if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
+        # A tensor whose elements are never skipped shares one step count: step_now, the steps asked of it
+        # (kept on the host), less `pending`, those of them skipped on the device and not yet settled by the
+        # host (LeafOptimizer.settle). Skipping zero gradients gives every element its own count.
+        t = step_now - pending[0]
         if step_now == 0:
             t = steps[r, c] + 1
             steps[r, c] = t
-        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_scale[r], l2_reg, beta1, beta2,
-                                 epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_factor[0] * lr_scale[r], l2_reg, beta1,
+                                 beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
         m[r, c] = mv
         v[r, c] = vv
         w[r, c] = nw
@@ -71,53 +81,63 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
-              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
+              lr_factor: f32_1d, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
     l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
     gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
     moments, hence the per-element step counter used for bias correction."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
-                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
-
-
-@fast_kernel
-@ti.kernel
-def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, w2: f32_2d, g2: f32_2d, m2: f32_2d,
-                   v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32,
-                   step_now2: ti.i32, beta1: ti.f32,
-                   beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
-                   grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
-    """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
-    launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
-    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon,
-                      rel_decay, abs_decay, clip, grad_clip, lower, upper)
-    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, beta1, beta2,
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
+                      beta1, beta2,
                       epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
+def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
+                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
+                   lr_factor: f32_1d, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d,
+                   lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32, step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d,
+                   lr_factor2: f32_1d, beta1: ti.f32,
+                   beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
+                   grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
+    """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
+    launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
+    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
+        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
+                      beta1, beta2,
+                      epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, pending2, skip2,
+                      lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+
+
+@fast_kernel
+@ti.kernel
 def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d, lr_scale: f32_1d,
+                  skip: i32_1d, pending: i32_1d, step_now: ti.i32, lr_factor: f32_1d,
                   lr: ti.f32, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32):
     """Novograd: one second moment per (network row, layer segment) from the layer's squared gradient
-    norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics)."""
+    norm. One thread per (row, segment) sums serially, so results are bit-reproducible (no atomics). The first
+    step taken starts the moments at their exact values (beta1 = beta2 = 0, as tcnn)."""
     for r, s in ti.ndrange(v.shape[0], v.shape[1]):
-        sq = 0.0
-        for c in range(seg_start[s], seg_start[s + 1]):
-            sq += g[r, c] * g[r, c]
-        vv = beta2 * v[r, s] + (1.0 - beta2) * sq
-        v[r, s] = vv
-        lr_r = lr * lr_scale[r]
-        inv = 1.0 / (ti.sqrt(vv) + epsilon)
-        for c in range(seg_start[s], seg_start[s + 1]):
-            mv = beta1 * m[r, c] + (1.0 - beta1) * g[r, c] * inv
-            m[r, c] = mv
-            w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
+        if skip[0] == 0:
+            first = step_now - pending[0] == 1
+            b1 = ti.select(first, 0.0, beta1)
+            b2 = ti.select(first, 0.0, beta2)
+            sq = 0.0
+            for c in range(seg_start[s], seg_start[s + 1]):
+                sq += g[r, c] * g[r, c]
+            vv = b2 * v[r, s] + (1.0 - b2) * sq
+            v[r, s] = vv
+            lr_r = lr * lr_factor[0] * lr_scale[r]
+            inv = 1.0 / (ti.sqrt(vv) + epsilon)
+            for c in range(seg_start[s], seg_start[s + 1]):
+                mv = b1 * m[r, c] + (1.0 - b1) * g[r, c] * inv
+                m[r, c] = mv
+                w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
 
 
 @ti.kernel
@@ -192,30 +212,43 @@ def direction_step(w: f32_2d, u: f32_2d, lr_scale: f32_1d, lr: ti.f32, rel_decay
 
 @fast_kernel
 @ti.kernel
-def ema_step(w: f32_2d, ema: f32_2d, decay: ti.f32, debias_old: ti.f32, debias_new: ti.f32):
-    """Bias-corrected exponential moving average of the weights (equals w after the first step)."""
+def ema_step(w: f32_2d, ema: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, decay: ti.f64):
+    """Bias-corrected exponential moving average of the weights (equals w after the first step), after the
+    nested optimizer's step number t (taken): debiased by 1 - decay^(t-1) and 1 / (1 - decay^t), in float64."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        ema[r, c] = (ema[r, c] * decay * debias_old + w[r, c] * (1.0 - decay)) * debias_new
+        if skip[0] == 0:
+            t = ti.cast(step_now - pending[0], ti.f64)
+            debias_old = ti.cast(1.0 - ti.pow(decay, t - 1.0), ti.f32)
+            debias_new = ti.cast(1.0 / (1.0 - ti.pow(decay, t)), ti.f32)
+            ema[r, c] = (ema[r, c] * ti.cast(decay, ti.f32) * debias_old
+                         + w[r, c] * ti.cast(1.0 - decay, ti.f32)) * debias_new
 
 
 @fast_kernel
 @ti.kernel
-def average_step(w: f32_2d, oldest: f32_2d, avg: f32_2d, inv_n: ti.f32):
-    """Sliding-window mean over the last n samples: avg += (w - oldest) / n; the slot takes w."""
+def average_step(w: f32_2d, samples: f32_3d, avg: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32,
+                 inv_n: ti.f32):
+    """Sliding-window mean over the last n samples (`samples`: (n, rows, cols)): avg += (w - oldest) / n, where
+    the oldest is slot t mod n after the nested optimizer's step number t (taken); the slot takes w."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        wv = w[r, c]
-        avg[r, c] = avg[r, c] + (wv - oldest[r, c]) * inv_n
-        oldest[r, c] = wv
+        if skip[0] == 0:
+            slot = (step_now - pending[0]) % samples.shape[0]
+            wv = w[r, c]
+            avg[r, c] = avg[r, c] + (wv - samples[slot, r, c]) * inv_n
+            samples[slot, r, c] = wv
 
 
 @fast_kernel
 @ti.kernel
-def lookahead_step(w: f32_2d, slow: f32_2d, alpha: ti.f32):
-    """slow <- slow + alpha (fast - slow); the fast weights restart from it."""
+def lookahead_step(w: f32_2d, slow: f32_2d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, n_steps: ti.i32,
+                   alpha: ti.f32):
+    """slow <- slow + alpha (fast - slow); the fast weights restart from it. Only after the nested optimizer's
+    step number t (taken) with t mod n_steps = 0."""
     for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        nw = slow[r, c] * (1.0 - alpha) + w[r, c] * alpha
-        w[r, c] = nw
-        slow[r, c] = nw
+        if skip[0] == 0 and (step_now - pending[0]) % n_steps == 0:
+            nw = slow[r, c] * (1.0 - alpha) + w[r, c] * alpha
+            w[r, c] = nw
+            slow[r, c] = nw
 
 
 @ti.kernel
@@ -225,3 +258,21 @@ def accumulate_grad(pool: f32_2d, g: f32_2d, first: ti.i32, inv_n: ti.f32):
         if first == 0:
             prev = pool[r, c]
         pool[r, c] = prev + g[r, c] * inv_n
+
+
+@ti.kernel
+def decayed_rate(factor: f64_1d, rate: f32_1d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, start: ti.i32,
+                 interval: ti.i32, end: ti.i32, base: ti.f64, base_rate: ti.f64):
+    """ExponentialDecay's learning rate for the nested step about to run, its count t taken so far being
+    step_now - pending[0]: the factor restarts at 1 for t = 0 and takes `base` at every t in the schedule
+    (float64, as the host computes it); `rate` = base_rate x factor, rounded to float32 once. A skipped step
+    leaves the factor."""
+    if skip[0] == 0:
+        t = step_now - pending[0]
+        f = factor[0]
+        if t == 0:
+            f = 1.0
+        if start <= t and t <= end and (t - start) % interval == 0:
+            f *= base
+        factor[0] = f
+    rate[0] = ti.cast(base_rate * factor[0], ti.f32)

@@ -1,4 +1,4 @@
-"""Triangle rasterisation for rendering meshes into posed images (tinn/scenes/mesh.py).
+"""Triangle rasterisation for rendering meshes into posed images (tinn/scenes/data/mesh.py).
 
 Camera space as in tinn/render/rays.py: the camera at the origin looks down -z, +y up; pixel (i, j) is seen
 through (i + 0.5 - W / 2, -(j + 0.5 - H / 2), -focal). Each triangle's thread walks its screen bounding box

@@ -7,8 +7,8 @@ part), `selection` (the rule), `gemm` (long-K weight-gradient GEMMs), `tensor_co
 from .array import Network, NetworkArray
 from .config import (FULLY_FUSED_WIDTHS, MAX_CUTLASS_WIDTH, MAX_NETWORKS, NETWORK_ALIASES, NETWORK_OPTIONS,
                      NETWORK_OTYPES, parse_network_config)
-from .gemm import MIN_K_SLICE, Rows, mm_long_k
+from .gemm import MIN_K_SLICE, GemmOperand, mm_long_k
 
 __all__ = ["FULLY_FUSED_WIDTHS", "MAX_CUTLASS_WIDTH", "MAX_NETWORKS", "MIN_K_SLICE", "NETWORK_ALIASES",
-           "NETWORK_OPTIONS", "NETWORK_OTYPES", "Network", "NetworkArray", "Rows", "mm_long_k",
+           "NETWORK_OPTIONS", "NETWORK_OTYPES", "Network", "NetworkArray", "GemmOperand", "mm_long_k",
            "parse_network_config"]

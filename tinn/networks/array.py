@@ -21,15 +21,15 @@ from ..routing import Routing, TileRouting, route, route_fused
 from .config import MAX_CUTLASS_WIDTH, MAX_NETWORKS, parse_network_config
 from . import selection, tensor_cores
 from .batched_gemm import BatchedGemmPath
-from .gemm import Rows, mm_long_k
+from .gemm import GemmOperand, mm_long_k
 
 
 class NetworkArray(Part):
     """N MLPs sharing one shape. `forward(x, net_ids)` runs sample b through network net_ids[b].
 
     `kernels` forces a path ("tensor_cores", "fused", "unfused", or "auto" for the selection rule; default: the
-    settings' `network_kernels`) and `precision` the precision of its products ("auto", "float32", "tf32",
-    "float16", "bfloat16"; default: `settings.network_precision`); `selection.choose_path` decides, and refuses a
+    settings' `kernels`) and `precision` the precision of its products ("auto", "float32", "tf32",
+    "float16", "bfloat16"; default: `settings.precision`); `selection.choose_path` decides, and refuses a
     combination that cannot run here. `path` and `precision` say what runs. The fused, dense and tensor-core
     paths also read their input feature-major, as a grid writes it.
 
@@ -59,7 +59,7 @@ class NetworkArray(Part):
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
         n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
-        kernels = runtime.settings().network_kernels if kernels is None else kernels
+        kernels = runtime.settings().kernels if kernels is None else kernels
         super().__init__(n_input_dims, n_output_dims, n_networks)
         # tcnn's padding: `n` constant input columns of `value` after the real ones (ones act as a bias).
         n_pad, pad_value = input_padding or (0, 0.0)
@@ -76,7 +76,7 @@ class NetworkArray(Part):
         self.keep_pre = bool(NEEDS_PRE_ACTIVATION & {self.hidden_act, self.output_act})
         # Small tiles on the GPU keep many blocks busy; on the CPU fewer, longer tiles mean fewer atomics.
         self.tile_size = tile_size or (256 if runtime.arch() == "cuda" else 4096)
-        settings = runtime.settings()
+        settings, tuning = runtime.settings(), runtime.tuning()
         # The fused kernels (one launch for all layers, shared memory) need CUDA; Sine and SiLU keep
         # the unfused path because their derivatives need pre-activations.
         fusable = (runtime.arch() == "cuda" and not self.keep_pre
@@ -84,9 +84,9 @@ class NetworkArray(Part):
         choice = selection.choose_path(
             selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
                                 tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
-                                deterministic=settings.deterministic, dense_setting=settings.dense_single_network,
+                                deterministic=settings.deterministic, dense_setting=tuning.dense_single_network,
                                 vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)),
-            kernels, settings.network_precision if precision is None else precision,
+            kernels, settings.precision if precision is None else precision,
             precision_from_settings=precision is None)
         self.path, self.precision = choice
         self.dense = self.path == "dense"
@@ -97,15 +97,15 @@ class NetworkArray(Part):
                         if self.path == "batched_gemm" else None)
         self.compute_dtype = dense_mlp.COMPUTE_DTYPES[self.precision] if self.dense else torch.float32
         # float16 scales its gradients dynamically unless settings.gradient_scaling says "static": the scale is
-        # then the scaler's device tensor, which the dense path and its replayed steps read, and its host value
-        # for kernels that take a float (gradient_scaling.py).
+        # then the scaler's device tensor, which every path (and replayed steps) reads on the device
+        # (gradient_scaling.py).
         self.gradient_scaler = gradient_scaling.for_precision(self.precision, settings.gradient_scaling,
                                                               runtime.device())
         self.gradient_scale = dense_mlp.GRADIENT_SCALES.get(self.precision, 1.0) if self.gradient_scaler is None \
             else self.gradient_scaler.scale
         # The dense training step replayed from fixed buffers (CUDA graphs): where its weight gradients are GEMMs
         # too, so that the whole step is torch's.
-        graphs = settings.dense_step_graphs
+        graphs = tuning.dense_step_graphs
         replay = graphs or (graphs is None and runtime.arch() == "cuda")
         self._step_graphs = (dense_graphs.StepGraphs(self, any_size=bool(graphs))
                              if self.dense and replay and self._vendor_weight_gradients() else None)
@@ -113,13 +113,13 @@ class NetworkArray(Part):
             raise ConfigError(f"network.n_neurons={self.width} exceeds the limit of tinn's kernels, "
                               f"{MAX_CUTLASS_WIDTH}: they hold a layer's inputs in registers, unrolled at compile time "
                               "(tcnn's CUTLASS GEMMs have no such limit). A single network runs any width as dense "
-                              "GEMMs (n_networks=1, kernels='auto', settings.dense_single_network not False, not "
+                              "GEMMs (n_networks=1, kernels='auto', tuning.dense_single_network not False, not "
                               f"deterministic); allowed here: 1..{MAX_CUTLASS_WIDTH}")
         self.input_layouts = ((SAMPLE_MAJOR,) if self.path in ("unfused", "batched_gemm")
                               else (FEATURE_MAJOR, SAMPLE_MAJOR))
         # Tile sizes of the fused kernels, fixed by the shape: computed once, not per call.
         self.fused_geometry = (mlp_fused.geometry(self.kernel_inputs, self.width, n_output_dims, self.n_layers,
-                                           runtime.settings(), n_networks) if self.fused else None)
+                                           tuning, n_networks) if self.fused else None)
         # A single network's tiles depend only on the batch size: kept for the last few sizes.
         self._single_network_tiles: dict[tuple[int, bool], tuple[TileRouting, ...]] = {}
         self.seed = seed
@@ -168,23 +168,25 @@ class NetworkArray(Part):
             return t
         return (t[:self.n_input_dims] if fm else t[:, :self.n_input_dims]).contiguous()
 
-    def forward_ctx(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
-        x_fm = x_layout == FEATURE_MAJOR
+    def forward_with_context(self, x, ids, *, train, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        x_feature_major = x_layout == FEATURE_MAJOR
         params = self.params.detach()
-        self._check_batch(x.shape[1] if x_fm else x.shape[0], train)
+        self._check_batch(x.shape[1] if x_feature_major else x.shape[0], train)
         if self.tensor_cores is not None:  # (its kernels append tcnn's constant input columns themselves)
             if not train:
-                return self.tensor_cores.inference(x, ids, params, x_fm), None
-            out, saved = self.tensor_cores.forward_train(x, ids, params, x_fm)
-            return out, Context(x=x, ids=ids, params=params, saved=saved, x_fm=x_fm, lease=None)
-        x = self._padded(x, x_fm, self.input_padding[1])
-        if x_fm and FEATURE_MAJOR not in self.input_layouts:
+                return self.tensor_cores.inference(x, ids, params, x_feature_major), None
+            out, saved = self.tensor_cores.forward_train(x, ids, params, x_feature_major)
+            return out, Context(x=x, ids=ids, params=params, saved=saved, x_feature_major=x_feature_major,
+                                held_buffers=None)
+        x = self._padded(x, x_feature_major, self.input_padding[1])
+        if x_feature_major and FEATURE_MAJOR not in self.input_layouts:
             raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
         if train and self._step_graphs is not None:
-            replayed = self._step_graphs.forward(x, params, x_fm)
+            replayed = self._step_graphs.forward(x, params, x_feature_major)
             if replayed is not None:
-                out, lease = replayed
-                return out, Context(x=x, ids=ids, params=params, lease=lease, x_fm=x_fm)
+                out, held_buffers = replayed
+                return out, Context(x=x, ids=ids, params=params, held_buffers=held_buffers,
+                                    x_feature_major=x_feature_major)
         if self.batched is not None:  # None back: the padded batch would cost too much, Taichi's kernels run
             if not train:
                 out = self.batched.inference(x, ids, params)
@@ -193,65 +195,66 @@ class NetworkArray(Part):
             else:
                 result = self.batched.forward_train(x, ids, params)
                 if result is not None:
-                    return result[0], Context(x=x, ids=ids, params=params, batched=result[1], x_fm=x_fm, lease=None)
+                    return result[0], Context(x=x, ids=ids, params=params, batched=result[1],
+                                              x_feature_major=x_feature_major, held_buffers=None)
         if not train:
             x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
-            return self._inference(x_c, ids, params_c, x_fm), None
-        return self._eager_forward_ctx(x, ids, params, x_fm)
+            return self._inference(x_c, ids, params_c, x_feature_major), None
+        return self._eager_forward_with_context(x, ids, params, x_feature_major)
 
-    def _eager_forward_ctx(self, x, ids, params, x_fm):
+    def _eager_forward_with_context(self, x, ids, params, x_feature_major):
         """The training forward on buffers of its own: (output, context)."""
         # The GEMMs' operands in the network's precision (x and params themselves in float32).
         x_c, params_c = dense_mlp.compute_operands(x, params, self.compute_dtype)
-        out, acts, pre, routing = self._forward_train(x_c, ids, params_c, x_fm)
+        out, acts, pre, routing = self._forward_train(x_c, ids, params_c, x_feature_major)
         # The context keeps a detached alias of the output (autograd marks the returned tensor itself), and
         # only when the output activation's derivative reads it: otherwise the output's memory is free once
         # the caller drops it, before the backward allocates its deltas. The second-order pass reads the float32
         # x and params; the backward, the operands.
         kept = out.detach() if self.output_act != ACTIVATIONS["None"] else None
         return out, Context(x=x, ids=ids, params=params, x_c=x_c, params_c=params_c, acts=acts, pre=pre, out=kept,
-                            routing=routing, x_fm=x_fm, lease=None)
+                            routing=routing, x_feature_major=x_feature_major, held_buffers=None)
 
     def backward_backward(self, ctx, dy, ddx, *, need_ddy, need_dx, need_dtables):
         """Through torch autograd over the network's function (tinn/second_order.py)."""
-        x = ctx.x.t() if ctx.x_fm else ctx.x
+        x = ctx.x.t() if ctx.x_feature_major else ctx.x
         if x.shape[1] != self.kernel_inputs:  # the tensor-core path keeps the input without tcnn's columns
             x = self._padded(x, False, self.input_padding[1])
-        ddx = ddx.t() if ctx.x_fm else ddx
+        ddx = ddx.t() if ctx.x_feature_major else ddx
         ddx = self._padded(ddx, False, 0.0)
         d_dy, d_x, d_p = second_order.mlp_backward_backward(x, ctx.ids, ctx.params, self.shape, dy, ddx,
                                                             need_ddy=need_ddy, need_dx=need_dx,
                                                             need_dparams=need_dtables)
         d_x = self._unpadded(d_x, False)
-        if ctx.x_fm and d_x is not None:
+        if ctx.x_feature_major and d_x is not None:
             d_x = d_x.t().contiguous()
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
             scaler = self.gradient_scaler
-            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads,
-                                                     self.gradient_scale if scaler is None else scaler.value)
+            dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
             if scaler is not None:  # unscaled by the kernels; any inf or NaN recorded for the step's skip decision
                 scaler.record_non_finite([dparams if need_grads else dx])
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
-            return self._unpadded(dx, ctx.x_fm), (dparams,)
-        if ctx.lease is not None:
-            replayed = self._step_graphs.backward(ctx.lease, dy, need_dx, need_grads)
+            return self._unpadded(dx, ctx.x_feature_major), (dparams,)
+        if ctx.held_buffers is not None:
+            replayed = self._step_graphs.backward(ctx.held_buffers, dy, need_dx, need_grads)
             if replayed is not None:
                 dx, dparams = replayed
-                return self._unpadded(dx, ctx.x_fm), (dparams,)
+                return self._unpadded(dx, ctx.x_feature_major), (dparams,)
             # A second backward through this forward, whose buffers a later forward has taken: recompute it.
-            ctx = self._eager_forward_ctx(ctx.x, ctx.ids, ctx.params, ctx.x_fm)[1]
+            ctx = self._eager_forward_with_context(ctx.x, ctx.ids, ctx.params, ctx.x_feature_major)[1]
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
-                                     dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads, ctx.x_fm)
-        return self._unpadded(dx, ctx.x_fm), (dparams,)
+                                     dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads,
+                                     ctx.x_feature_major)
+        return self._unpadded(dx, ctx.x_feature_major), (dparams,)
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
-        setting = runtime.settings().fused_loss
+        setting = runtime.tuning().fused_loss
         return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
@@ -264,8 +267,8 @@ class NetworkArray(Part):
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
         dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
-                                     need_grads, ctx.x_fm, loss=(kind, target, parts))
-        return self._unpadded(dx, ctx.x_fm), (dparams,), parts.sum() / y.numel()
+                                     need_grads, ctx.x_feature_major, loss=(kind, target, parts))
+        return self._unpadded(dx, ctx.x_feature_major), (dparams,), parts.sum() / y.numel()
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""
@@ -301,7 +304,7 @@ class NetworkArray(Part):
                 "deltas": (hidden, self.width, batch) if hidden else (1, 1, 1),
                 "dout": (1, self.n_output_dims, batch)}
 
-    def _launch_forward(self, x, ids, params, order, keep_all, x_fm=False):
+    def _launch_forward(self, x, ids, params, order, keep_all, x_feature_major=False):
         batch = ids.shape[0]
         dev = x.device
         shapes = self.scratch_shapes(batch, keep_all)
@@ -310,7 +313,7 @@ class NetworkArray(Part):
         out = torch.empty(batch, self.n_output_dims, device=dev)
         if batch and self.dense:
             dense_mlp.forward(x, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
-                              keep_pre=self.keep_pre, x_fm=x_fm)
+                              keep_pre=self.keep_pre, x_feature_major=x_feature_major)
         elif batch:
             mlp_array.run_forward(x, ids, order, params, self.shape, acts=acts, pre=pre, out=out, keep_all=keep_all,
                           keep_pre=self.keep_pre)
@@ -334,7 +337,7 @@ class NetworkArray(Part):
                 tiles = self._single_network_tiles[key] = route_fused(ids, 1, sizes)
         return tiles if not train or separate_backward else tiles + (tiles[0],)
 
-    def _launch_fused_forward(self, x, ids, params, keep_all, x_fm=False, frequencies=0):
+    def _launch_fused_forward(self, x, ids, params, keep_all, x_feature_major=False, frequencies=0):
         tiles = self._fused_tiles(ids, train=keep_all)
         batch = ids.shape[0]
         acts = torch.empty((self.n_layers - 1, self.width, batch) if keep_all and self.n_layers > 1 else (1, 1, 1),
@@ -342,7 +345,8 @@ class NetworkArray(Part):
         out = torch.empty(batch, self.n_output_dims, device=x.device)
         if batch:
             mlp_fused.run_forward(x, tiles[0], params, self.shape, self.fused_geometry, acts=acts, out=out,
-                           keep_all=keep_all, x_fm=x_fm, frequencies=frequencies, pad=self.input_padding[1])
+                                  keep_all=keep_all, x_feature_major=x_feature_major, frequencies=frequencies,
+                                  pad=self.input_padding[1])
         return out, acts, (tiles if keep_all else None)
 
     def fuses_frequency_inputs(self, n_raw_dims: int, n_frequencies: int) -> bool:
@@ -357,25 +361,26 @@ class NetworkArray(Part):
         return self._launch_fused_forward(x_raw.contiguous(), ids, self.params.detach(), keep_all=False,
                                           frequencies=n_frequencies)[0]
 
-    def _inference(self, x, ids, params, x_fm):
+    def _inference(self, x, ids, params, x_feature_major):
         if self.fused:
-            return self._launch_fused_forward(x, ids, params, keep_all=False, x_fm=x_fm)[0]
+            return self._launch_fused_forward(x, ids, params, keep_all=False, x_feature_major=x_feature_major)[0]
         order = None if self.dense else route(ids, self.n_networks, self.tile_size, tiles=False).order
-        out, _, _ = self._launch_forward(x, ids, params, order, keep_all=False, x_fm=x_fm)
+        out, _, _ = self._launch_forward(x, ids, params, order, keep_all=False, x_feature_major=x_feature_major)
         return out
 
     def _forward_train(self, x, ids, params, x_feature_major):
         """Forward keeping what the backward needs. `x_feature_major` (fused and dense paths): x is (n_in, batch),
         as a grid encoding writes it, and `_backward` then returns dx the same way."""
         if self.fused:
-            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True, x_fm=x_feature_major)
+            out, acts, routing = self._launch_fused_forward(x, ids, params, keep_all=True,
+                                                            x_feature_major=x_feature_major)
             return out, acts, acts[:0], routing[1:]  # (the weight-gradient chunks, the backward's tiles)
         # The dense path needs no routing (one network, samples in order) unless Taichi's kernel computes its
         # weight gradients; the routing's tile count would cost a host sync.
         needs_routing = not (self.dense and self._vendor_weight_gradients())
         routing = route(ids, self.n_networks, self.tile_size) if needs_routing else None
         out, acts, pre = self._launch_forward(x, ids, params, routing and routing.order, keep_all=True,
-                                             x_fm=x_feature_major)
+                                             x_feature_major=x_feature_major)
         return out, acts, pre, routing
 
     def _backward(self, dy, x, ids, params, acts, pre, out, routing: Routing | tuple[TileRouting, TileRouting],
@@ -399,10 +404,11 @@ class NetworkArray(Part):
         if self.fused:
             grad_chunks, tiles = routing
             mlp_fused.run_backward_deltas(dy, tiles, params, self.shape, self.fused_geometry, acts=acts, out=out,
-                                   deltas=deltas, dout=dout, dx=dx, want_dx=want_dx, x_fm=x_feature_major, loss=loss)
+                                          deltas=deltas, dout=dout, dx=dx, want_dx=want_dx,
+                                          x_feature_major=x_feature_major, loss=loss)
         elif self.dense:
             dense_mlp.backward_deltas(dy, params, self.shape, acts=acts, pre=pre, out=out, deltas=deltas, dout=dout,
-                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_fm=x_feature_major,
+                                      dx=dx, keep_pre=self.keep_pre, want_dx=want_dx, x_feature_major=x_feature_major,
                                       gradient_scale=self.gradient_scale)
         else:
             mlp_array.run_backward_deltas(dy, ids, routing.order, params, self.shape, acts=acts, pre=pre, out=out,
@@ -413,7 +419,7 @@ class NetworkArray(Part):
             self._gemm_weight_gradients(x, x_feature_major, acts, deltas, dout, dparams)
         elif self.fused:
             mlp_fused.run_weight_gradients(x, grad_chunks, self.shape, self.fused_geometry, acts=acts, deltas=deltas,
-                                           dout=dout, dparams=dparams, x_fm=x_feature_major)
+                                           dout=dout, dparams=dparams, x_feature_major=x_feature_major)
         else:
             mlp_array.run_weight_gradients(x, routing, self.shape, acts=acts, deltas=deltas, dout=dout, dparams=dparams)
         return (dx if want_dx else None), dparams
@@ -421,7 +427,7 @@ class NetworkArray(Part):
     def _vendor_weight_gradients(self) -> bool:
         """Whether the weight gradients are vendor GEMMs (`_gemm_weight_gradients`): a single network, where the
         settings say so. They read the scratch buffers through torch and need no routing."""
-        return self.n_networks == 1 and runtime.settings().vendor_weight_gradients
+        return self.n_networks == 1 and runtime.tuning().vendor_weight_gradients
 
     def _gemm_weight_gradients(self, x, x_feature_major, acts, deltas, dout, dparams):
         """One network: dW_l = deltas_l @ input_l^T over the whole batch, vendor GEMMs per layer.
@@ -437,10 +443,10 @@ class NetworkArray(Part):
         """
         # Row 0 of dparams holds the layers' (fan_out, fan_in) blocks one after the other. The operands are
         # rows of the stacked buffers, described without a view op each.
-        x_rows = Rows.of(x) if x_feature_major else Rows.transposed(x)
+        x_rows = GemmOperand.of(x) if x_feature_major else GemmOperand.transposed(x)
         last = self.n_layers - 1
-        mm_long_k([(Rows.stacked(dout, 0) if l == last else Rows.stacked(deltas, l),   # (fan_out, B)
-                    x_rows if l == 0 else Rows.stacked(acts, l - 1, fan_in))         # (fan_in, B)
+        mm_long_k([(GemmOperand.stacked(dout, 0) if l == last else GemmOperand.stacked(deltas, l),   # (fan_out, B)
+                    x_rows if l == 0 else GemmOperand.stacked(acts, l - 1, fan_in))         # (fan_in, B)
                    for l, (fan_out, fan_in) in enumerate(self.layer_shapes())], dparams)
         if self.gradient_scaler is not None:  # unscaled, and any inf or NaN recorded for the step's skip decision
             self.gradient_scaler.unscale_([dparams])

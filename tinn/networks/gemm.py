@@ -12,9 +12,9 @@ MIN_K_SLICE = 1024
 _WIDENING_BMM = hasattr(torch.ops.aten.bmm, "dtype_out")
 
 
-class Rows(NamedTuple):
-    """Rows [offset row, + rows) of a (?, K) operand, as storage coordinates: element (r, j) of the operand is
-    base's storage at offset + r * row_stride + j * k_stride. Lets `mm_long_k` read a layer's rows out of a
+class GemmOperand(NamedTuple):
+    """A GEMM operand, rows [offset row, + rows) of a (?, K) matrix, as storage coordinates: element (r, j) of the
+    operand is base's storage at offset + r * row_stride + j * k_stride. Lets `mm_long_k` read a layer's rows out of a
     stacked buffer without a select or slice op per layer (each torch op costs host time)."""
     base: torch.Tensor
     offset: int
@@ -24,20 +24,20 @@ class Rows(NamedTuple):
     k: int
 
     @staticmethod
-    def of(t: torch.Tensor) -> "Rows":
-        """A 2-D tensor (any strides) as Rows."""
-        return Rows(t, t.storage_offset(), t.shape[0], t.stride(0), t.stride(1), t.shape[1])
+    def of(t: torch.Tensor) -> "GemmOperand":
+        """A 2-D tensor (any strides) as an operand."""
+        return GemmOperand(t, t.storage_offset(), t.shape[0], t.stride(0), t.stride(1), t.shape[1])
 
     @staticmethod
-    def transposed(t: torch.Tensor) -> "Rows":
+    def transposed(t: torch.Tensor) -> "GemmOperand":
         """The rows of t^T for a 2-D (K, R) tensor t (any strides), without the transpose op."""
-        return Rows(t, t.storage_offset(), t.shape[1], t.stride(1), t.stride(0), t.shape[0])
+        return GemmOperand(t, t.storage_offset(), t.shape[1], t.stride(1), t.stride(0), t.shape[0])
 
     @staticmethod
-    def stacked(t: torch.Tensor, index: int, rows: int | None = None) -> "Rows":
+    def stacked(t: torch.Tensor, index: int, rows: int | None = None) -> "GemmOperand":
         """The first `rows` rows (default all) of t[index] for a contiguous (n, R, K) t."""
         _, r, k = t.shape
-        return Rows(t, t.storage_offset() + index * r * k, r if rows is None else rows, k, 1, k)
+        return GemmOperand(t, t.storage_offset() + index * r * k, r if rows is None else rows, k, 1, k)
 
     def matrix(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The operand (columns [start, stop) of K) as a strided view: one op."""
@@ -46,23 +46,23 @@ class Rows(NamedTuple):
                                     self.offset + start * self.k_stride)
 
 
-def mm_long_k(products: list[tuple[torch.Tensor | Rows, torch.Tensor | Rows]], out: torch.Tensor,
+def mm_long_k(products: list[tuple[torch.Tensor | GemmOperand, torch.Tensor | GemmOperand]], out: torch.Tensor,
               max_slices: int | None = None) -> None:
     """Consecutive blocks of the contiguous `out` receive a_i @ b_i^T, for (M_i, K) and (N_i, K)
     operands sharing K (the batch), K far larger than M_i and N_i (weight gradients). An operand is a 2-D
-    tensor or `Rows` of a larger buffer.
+    tensor or `GemmOperand` of a larger buffer.
 
     On CUDA cuBLAS gives such a GEMM few blocks; cutting K into slices, one batched GEMM over them and
     a sum of the slice products keeps the GPU busy (docs/design-notes.md). Every product writes its
     slice products into one buffer, so a single sum reduces them all (each torch op costs host time).
-    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.network_precision`)
+    Elsewhere one plain GEMM per product. Operands of a lower precision than `out` (`settings.precision`)
     give slice products in out's precision where cuBLAS writes them so (a slice's sum of scaled float16 products
     can pass float16's range), else in theirs; without slices (the CPU, short K), GEMMs in out's precision.
     """
-    products = [tuple(o if isinstance(o, Rows) else Rows.of(o) for o in pair) for pair in products]
+    products = [tuple(o if isinstance(o, GemmOperand) else GemmOperand.of(o) for o in pair) for pair in products]
     k = products[0][0].k
     if max_slices is None:
-        max_slices = runtime.settings().weight_gradient_slices if out.is_cuda else 1
+        max_slices = runtime.tuning().weight_gradient_slices if out.is_cuda else 1
     slices = min(max_slices, k // MIN_K_SLICE)
 
     def blocks():  # out's block of each product (built only when needed: views cost host time too)

@@ -9,11 +9,14 @@ Paths:
 - "batched_gemm": an array as torch batched GEMMs over samples grouped and padded per network (the CPU's BLAS;
   `batched_gemm.py`), Taichi's unfused kernels for a call whose counts are too uneven.
 
-The rule follows measurements (docs/design-notes.md): the default precision is float32 (exact, as every
-earlier release computed); on CUDA an array runs on the tensor cores in every reduced precision (float16,
-bfloat16, TF32) and in the fused kernels in float32; a single network takes the dense path where that was
-measured faster or in half precision; on the CPU the dense path for one network, batched GEMMs for arrays.
-An explicit `kernels=` (or `settings.network_kernels`) forces a path and is refused where it cannot run.
+The rule follows measurements (docs/design-notes.md). The default precision ("auto", `default_precision`) is
+tcnn's float16 for an array of networks on CUDA whose shape the tensor-core kernels take (hidden width 16 to 128,
+at most 128 inputs and outputs, any activation), outside deterministic mode: there the tensor cores were
+measured faster; float32 everywhere else (the CPU, a single network, other shapes, deterministic mode). On CUDA
+an array runs on the tensor cores in every reduced precision (float16, bfloat16, TF32) and in the fused kernels
+in float32; a single network takes the dense path where that was measured faster or in half precision; on the
+CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or
+`settings.kernels`) forces a path and is refused where it cannot run.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ from ..errors import ConfigError
 from ..settings import NETWORK_KERNELS, NETWORK_PRECISIONS
 
 PATHS = ("tensor_cores", "fused", "unfused", "dense", "batched_gemm")
-# `kernels=` values: a path, or "auto" for the rule below; `precision=` values ("auto": float32, or float16 where
-# the tensor cores were asked for by name). The settings' fields take the same values.
+# `kernels=` values: a path, or "auto" for the rule below; `precision=` values ("auto": `default_precision`, or
+# float16 where the tensor cores were asked for by name). The settings' fields take the same values.
 KERNEL_CHOICES = NETWORK_KERNELS
 PRECISIONS = NETWORK_PRECISIONS
 
@@ -42,12 +45,28 @@ class Candidate(NamedTuple):
     fusable: bool             # Taichi's fused kernels take this shape and these activations
     tensor_cores: str | None  # None where the tensor-core kernels take it, else why not
     deterministic: bool
-    dense_setting: bool | None    # settings.dense_single_network
+    dense_setting: bool | None    # tuning.dense_single_network
     vendor_faster: bool       # dense_mlp.faster_than_kernels for this arch and shape
 
 
 class PrecisionUnavailable(ConfigError):
     """A precision the chosen path cannot compute in."""
+
+
+# The narrowest hidden layer the tensor cores take by default: their products work on blocks of at least 16
+# features, so a narrower layer is padded with zeros and gains nothing.
+MIN_DEFAULT_TENSOR_CORE_WIDTH = 16
+
+
+def default_precision(c: Candidate) -> str:
+    """What `precision="auto"` computes in with `kernels="auto"`: float16 on the tensor cores for an array of
+    several networks on CUDA whose shape their kernels take (`c.tensor_cores` is None), hidden width at least
+    `MIN_DEFAULT_TENSOR_CORE_WIDTH`, outside deterministic mode (the kernels' atomic sums have no fixed order);
+    float32 otherwise. A pure function of the candidate: the same answer on any machine."""
+    if (c.arch == "cuda" and c.n_networks > 1 and c.tensor_cores is None and not c.deterministic
+            and c.width >= MIN_DEFAULT_TENSOR_CORE_WIDTH):
+        return "float16"
+    return "float32"
 
 
 def choose_path(c: Candidate, kernels: str, precision: str, precision_from_settings: bool = False) -> Choice:
@@ -92,11 +111,11 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if kernels in ("unfused", "batched_gemm"):
         _float32_only(kernels, precision)
         return Choice(kernels, "float32")
-    # "auto": float32 unless a reduced precision is asked for (a different function's numbers are not a default
-    # to change silently); in float16, bfloat16 or TF32 an array takes the tensor cores, a single network its
-    # dense GEMMs where they run that precision.
+    # "auto": `default_precision` (float16 for CUDA arrays the tensor cores take, else float32); in float16,
+    # bfloat16 or TF32 an array takes the tensor cores, a single network its dense GEMMs where they run that
+    # precision.
     if precision == "auto":
-        precision = "float32"
+        precision = default_precision(c)
     if c.n_networks == 1:
         wants_dense = c.dense_setting if c.dense_setting is not None else (c.vendor_faster or reduced)
         if wants_dense and precision != "tf32":

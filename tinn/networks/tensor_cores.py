@@ -66,22 +66,24 @@ class TensorCorePath:
         order, bounds = sorted_bounds(ids, self.n_networks)
         return tiles.tile_lists(order, bounds, ids.shape[0], sizes, interpreted())
 
-    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool) -> torch.Tensor:
+    def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor,
+                  x_feature_major: bool) -> torch.Tensor:
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         (tiles,) = self._routing(ids, x.device, train=False)
-        out, _ = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=False,
+        out, _ = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=False,
                                       input_padding=self.input_padding)
         return out
 
-    def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_fm: bool):
+    def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
         """(out, saved): what the backward needs stays in `saved`."""
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         tiles, chunks = self._routing(ids, x.device, train=True)
-        out, saved = self.kernels.forward(x, x_fm, tiles, packed, self.shape, save=True,
+        out, saved = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=True,
                                           input_padding=self.input_padding)
         return out, (saved, chunks)
 
-    def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool, gradient_scale: float):
+    def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,
+                 gradient_scale: float | torch.Tensor):
         """(dx in x's layout or None, float32 dparams (N, P) or None)."""
         forward_saved, chunks = saved
         return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,

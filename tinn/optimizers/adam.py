@@ -17,6 +17,11 @@ Differences from torch.optim.Adam, on purpose (they are tcnn's):
 Compact (bfloat16) grid tables arrive with sparse gradients: only their entries are stepped (the lazy
 Adam of torch.optim.SparseAdam), with the same per-element update, bfloat16 moments, stochastically
 rounded weights (tinn/kernels/compact.py) and one step count per tensor for the bias correction.
+
+A step skipped on the device (`step(skip=flag)`, a float16 network's overflow) moves no weight, moment or
+per-element count; a tensor's one step count is its host count less its steps skipped and not yet settled
+(`LeafOptimizer.settle`), which the kernel reads on the device. AdaBound's bounds and compact tables take
+their counts on the host: with either, the flag is read on the host.
 """
 from __future__ import annotations
 
@@ -26,9 +31,9 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import compact as KC
-from ..kernels import optimizers as K
-from .base import LeafOptimizer, is_matrix_param
+from ..kernels import compact as compact_kernels
+from ..kernels import optimizers as optimizer_kernels
+from .base import LeafOptimizer, is_matrix_param, no_skip
 
 F32_MAX = 3.4028234663852886e38
 
@@ -68,8 +73,13 @@ class Adam(LeafOptimizer):
                 self.new_state("steps", name, dtype=torch.int32)
             else:
                 self.scalars[f"steps.{name}"] = 0
+                self._pending_keys[f"steps.{name}"] = len(self._pending_keys)
                 if self._no_steps is None:  # the kernels' steps argument, unread for these tensors
                     self._no_steps = torch.zeros(1, 1, dtype=torch.int32, device=p.device)
+
+    @property
+    def skips_on_device(self) -> bool:
+        return not self.adabound and all(p.dtype != torch.bfloat16 for _, p in self.named_params)
 
     def _skips(self, name) -> bool:
         """Whether elements of `name` with a zero gradient are left alone (then each counts its own steps)."""
@@ -81,18 +91,21 @@ class Adam(LeafOptimizer):
         t = float(self.step_count)
         return 0.1 - 0.1 / ((1 - self.beta2) * t + 1), 0.1 + 0.1 / ((1 - self.beta2) * t)
 
-    def _update_all(self, updates) -> None:
+    def _counted(self, updates) -> tuple[str, ...]:
+        return tuple(f"steps.{name}" for name, *_ in updates if self._optimized(name) and not self._skips(name))
+
+    def _update_all(self, updates, skip=None) -> None:
         """Two updated tensors (an encoding and its network, the usual model) share one launch
         (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
-        todo = [self._operands(*update) for update in updates if self._optimized(update[0])]
+        todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            K.adam_step_pair(*todo[0], *todo[1], *hyper)
+            optimizer_kernels.adam_step_pair(*todo[0], *todo[1], *hyper)
             return
         for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
             w = operands[0]
             per_element = operands[4] is not self._no_steps
-            chunks.launch_by_rows(K.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
+            chunks.launch_by_rows(optimizer_kernels.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
                                   sliced=range(6) if per_element else (0, 1, 2, 3, 5))
 
     def _update_sparse(self, name, w, g, lr_scale) -> None:
@@ -100,36 +113,39 @@ class Adam(LeafOptimizer):
         if not self._optimized(name) or not g._nnz():
             return
         step = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
-        lr, l2_reg = self._rate_and_l2(name)
+        share, l2_reg = self._rate_and_l2(name)
+        lr = self.learning_rate * share
         indices, values = g.indices(), g.values().contiguous().view(torch.int16)
         rows, cols = indices[0].contiguous(), indices[1].contiguous()
         m, v = self.state[f"m.{name}"].view(torch.int16), self.state[f"v.{name}"].view(torch.int16)
         bits = w.view(torch.int16)
         seed = zlib.crc32(name.encode())  # stochastic rounding: a stream of its own per tensor
         for lo, hi in chunks.row_spans(w.shape[0], w.shape[1], f"the table {name!r}"):
-            KC.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr, l2_reg, step,
-                                seed, *self._hyper())
+            compact_kernels.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr,
+                                             l2_reg, step, seed, *self._hyper())
 
     def _rate_and_l2(self, name) -> tuple[float, float]:
-        """Learning rate and L2 term of a tensor: tcnn's for matrix params, the non-matrix ones otherwise."""
+        """A tensor's share of the learning rate and its L2 term: tcnn's for matrix params, the non-matrix ones
+        otherwise."""
         if self.is_matrix[name]:
-            return self.learning_rate, self.l2_reg
-        return self.learning_rate * self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg
+            return 1.0, self.l2_reg
+        return self.non_matrix_learning_rate_factor, self.non_matrix_l2_reg
 
     def _optimized(self, name) -> bool:
         return self.optimize_matrix_params if self.is_matrix[name] else self.optimize_non_matrix_params
 
-    def _operands(self, name, w, g, lr_scale) -> tuple:
-        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero, step_now),
-        counting the step of a tensor with one step count."""
-        lr, l2_reg = self._rate_and_l2(name)
+    def _operands(self, name, w, g, lr_scale, skip) -> tuple:
+        """One tensor's kernel arguments: (w, g, m, v, steps, lr_scale, lr, l2_reg, skip_zero, step_now,
+        pending, skip, lr_factor); the step of a tensor with one step count is already counted (`_counted`)."""
+        share, l2_reg = self._rate_and_l2(name)
+        lr, lr_factor = self.rate_operands(share, w.device)
         if self._skips(name):
-            steps, step_now = self.state[f"steps.{name}"], 0
+            steps, step_now, pending = self.state[f"steps.{name}"], 0, self.pending("step_count", w.device)
         else:
-            steps = self._no_steps
-            step_now = self.scalars[f"steps.{name}"] = self.scalars[f"steps.{name}"] + 1
+            steps, step_now = self._no_steps, self.scalars[f"steps.{name}"]
+            pending = self.pending(f"steps.{name}", w.device)
         return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], steps, lr_scale, lr, l2_reg,
-                int(self._skips(name)), step_now)
+                int(self._skips(name)), step_now, pending, no_skip(w.device) if skip is None else skip, lr_factor)
 
     def _hyper(self) -> tuple:
         """The arguments both Adam kernels share, in their order (beta1 ... upper)."""

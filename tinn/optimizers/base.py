@@ -9,6 +9,13 @@ with one kernel per tensor; parameters whose grad is None are left alone.
 State is kept flat so checkpoints need no pickle: `state_dict()` maps keys to tensors
 or plain scalars; a wrapper stores its nested optimizer's entries under `nested.`
 (Composite: `nested.0.`, `nested.1.`, ...). `load_state_dict` restores a run bit-exactly.
+
+Skipping on the device: `step(skip=flag)` takes a (1,) int32 device flag (a float16 network's gradient
+scaler's verdict, tinn/gradient_scaling.py); where it is 1 the step changes neither the parameters nor the
+state, as torch's fused Adam with `found_inf`. Optimizers with `skips_on_device` read the flag in their kernels,
+so the step never waits for the GPU; their host step counts count the steps asked for, and a device count of
+those skipped is subtracted when the host next needs them (`settle`: `step_count`, `state_dict`). The others
+read the flag on the host (one sync) and skip the whole call.
 """
 from __future__ import annotations
 
@@ -112,6 +119,8 @@ class Optimizer:
     OPTIONS: tuple[str, ...] | None = None
     # Whether it steps compact (bfloat16) tables, whose gradients are sparse.
     COMPACT = False
+    # Whether its kernels read `step(skip=...)`'s flag on the device (see the module's notes).
+    SKIPS_ON_DEVICE = False
 
     def __init__(self, named_params, path: str = "optimizer"):
         self.named_params = validate_params(named_params, self.COMPACT, f"{self.otype} ({path})")
@@ -122,8 +131,26 @@ class Optimizer:
         self.children: list[tuple[str, "Optimizer"]] = []
 
     # ---- stepping -------------------------------------------------------------------------------
-    def step(self) -> None:
-        """One update of every parameter from its `.grad` (None: that parameter is skipped)."""
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether `step(skip=flag)` reads the flag on the device (no host sync)."""
+        return self.SKIPS_ON_DEVICE
+
+    def step(self, skip: torch.Tensor | None = None) -> None:
+        """One update of every parameter from its `.grad` (None: that parameter is skipped).
+
+        Args:
+            skip: None, or a (1,) int32 flag on the device: 1 leaves parameters and state as they are (the
+                gradients overflowed float16). Read on the device where `skips_on_device`, else on the host.
+        """
+        if skip is not None:
+            if not isinstance(skip, torch.Tensor) or skip.shape != (1,) or skip.dtype != torch.int32:
+                raise InputError(f"skip must be a (1,) int32 tensor, got {type(skip).__name__}"
+                                 f"{tuple(getattr(skip, 'shape', ()))}")
+            if not self.skips_on_device:
+                if bool(skip.item()):
+                    return
+                skip = None
         grads = {}
         for name, p in self.named_params:
             g = p.grad
@@ -137,9 +164,21 @@ class Optimizer:
                     g = g.detach().contiguous()
             grads[name] = g
         with torch.no_grad():
-            self._apply(grads)
+            self._apply(grads, skip)
 
-    def _apply(self, grads: dict[str, torch.Tensor | None]) -> None:
+    def _apply(self, grads: dict[str, torch.Tensor | None], skip: torch.Tensor | None = None) -> None:
+        """The update from `grads`; `skip` (only where `skips_on_device`): the device flag, read by the kernels."""
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """Bring host step counts up to date with the steps skipped on the device (a host read, where any may
+        have been); nested optimizers too."""
+        for _, child in self.children:
+            child.settle()
+
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        """(steps asked of the host count behind `step_count`, the (1,) int32 device count of those skipped and
+        not yet settled): the steps taken are their difference, known on the device without a host read."""
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -183,6 +222,11 @@ class Optimizer:
         self._check_name(name)
         return self.params[name]
 
+    def _inference_params_now(self, name: str) -> torch.Tensor:
+        """`inference_params` without a host read, for a step in progress (the wrappers that average override
+        it or step on the host)."""
+        return self.inference_params(name)
+
     @contextlib.contextmanager
     def swap_in_inference_params(self):
         """Temporarily copy `inference_params` into the parameters (e.g. to render with EMA weights);
@@ -203,6 +247,7 @@ class Optimizer:
 
     # ---- state -----------------------------------------------------------------------------------
     def state_dict(self) -> State:
+        self.settle()
         out: State = {}
         self._collect(out, "")
         return out
@@ -225,7 +270,8 @@ class Optimizer:
 
     def check_state_dict(self, state: State) -> None:
         """Raise CheckpointError unless `load_state_dict(state)` would restore every entry."""
-        own = self.state_dict()
+        own: State = {}
+        self._collect(own, "")
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
         if missing or unexpected:
@@ -273,6 +319,16 @@ class LeafOptimizer(Optimizer):
     def __init__(self, named_params, cfg: Section, default_lr: float = 1e-3):
         super().__init__(named_params, cfg.path)
         self.scalars["step_count"] = 0
+        # Steps skipped on the device since the host last settled, per host count (`scalars` key): (n,) int32,
+        # created with the first skip flag; and per set of counts advanced together, the mask that adds a skip.
+        self._pending: torch.Tensor | None = None
+        self._pending_keys: dict[str, int] = {"step_count": 0}
+        self._pending_masks: dict[tuple[str, ...], torch.Tensor] = {}
+        self._pending_views: dict[str, torch.Tensor] = {}   # (1,) views of `_pending`, one per key, made once
+        self._unsettled = False
+        # A (1,) float32 learning rate on the device, set by a schedule that computes it there
+        # (ExponentialDecay on the device): the kernels then take it in place of `learning_rate`.
+        self.device_learning_rate: torch.Tensor | None = None
         self.scalars["learning_rate"] = cfg.number("learning_rate", default_lr, lo=0.0)
         self.rows = {name: rows_of(p) for name, p in self.named_params}
         for name, p in self.named_params:
@@ -312,8 +368,65 @@ class LeafOptimizer(Optimizer):
         checks.check_device("lr scale", scale)
         own.copy_(scale)
 
-    def _apply(self, grads) -> None:
-        self.scalars["step_count"] += 1
+    @property
+    def step_count(self) -> int:
+        self.settle()
+        return int(self.scalars["step_count"])
+
+    def count_step(self, keys: tuple[str, ...], skip: torch.Tensor | None) -> None:
+        """A step asked of the host counts `keys` (`scalars` entries, "step_count" among them): each goes up
+        by one, and where `skip` is a device flag, its pending count by the flag (no host read)."""
+        for key in keys:
+            self.scalars[key] += 1
+        if skip is None:
+            return
+        if self._pending is None:
+            self._pending = torch.zeros(len(self._pending_keys), dtype=torch.int32, device=skip.device)
+        mask = self._pending_masks.get(keys)
+        if mask is None:  # built on the device, slot by slot (a tensor from host data would sync)
+            mask = torch.zeros_like(self._pending)
+            for key in keys:
+                i = self._pending_keys[key]
+                mask[i:i + 1].fill_(1)
+            self._pending_masks[keys] = mask
+        self._pending.addcmul_(mask, skip)
+        self._unsettled = True
+
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return int(self.scalars["step_count"]), self.pending("step_count", device)
+
+    def rate_operands(self, share: float, device) -> tuple[float, torch.Tensor]:
+        """(host rate, (1,) device factor) whose product is the kernels' learning rate, `share` x the optimizer's:
+        `learning_rate * share` times one, or `share` times the `device_learning_rate`."""
+        if self.device_learning_rate is None:
+            return self.learning_rate * share, unit_factor(device)
+        return share, self.device_learning_rate
+
+    def pending(self, key: str, device) -> torch.Tensor:
+        """The (1,) device count of `key`'s steps skipped since the host last settled (zeros before any skip
+        flag), for kernels that compute with the count taken."""
+        view = self._pending_views.get(key)
+        if view is None:
+            if self._pending is None:
+                self._pending = torch.zeros(len(self._pending_keys), dtype=torch.int32, device=device)
+            i = self._pending_keys[key]
+            view = self._pending_views[key] = self._pending[i:i + 1]
+        return view
+
+    def settle(self) -> None:
+        if not self._unsettled:
+            return
+        for key, skipped in zip(self._pending_keys, self._pending.tolist()):
+            self.scalars[key] -= skipped
+        self._pending.zero_()
+        self._unsettled = False
+
+    def _after_restore(self) -> None:
+        if self._pending is not None:
+            self._pending.zero_()
+        self._unsettled = False
+
+    def _apply(self, grads, skip=None) -> None:
         updates, sparse = [], []
         for name, p in self.named_params:
             g = grads.get(name)
@@ -324,19 +437,50 @@ class LeafOptimizer(Optimizer):
                 sparse.append((name, as_rows(p.detach(), rows), g, self.state[f"lr_scale.{name}"]))
             else:
                 updates.append((name, as_rows(p.detach(), rows), as_rows(g, rows), self.state[f"lr_scale.{name}"]))
-        self._update_all(updates)
+        self.count_step(("step_count",) + self._counted(updates), skip)
+        self._update_all(updates, skip)
         for update in sparse:
             self._update_sparse(*update)
 
-    def _update_all(self, updates: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """This step's (name, w, g, lr_scale) of every parameter with a gradient; one `_update` each
-        unless an optimizer batches them (Adam launches two tensors at once)."""
-        for update in updates:
-            self._update(*update)
+    def _counted(self, updates) -> tuple[str, ...]:
+        """The host counts of single tensors (`scalars` keys) that this step's dense `updates` advance."""
+        return ()
 
-    def _update(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
+    def _update_all(self, updates: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]],
+                    skip: torch.Tensor | None = None) -> None:
+        """This step's (name, w, g, lr_scale) of every parameter with a gradient; one `_update` each
+        unless an optimizer batches them (Adam launches two tensors at once). `skip`: the device flag."""
+        for update in updates:
+            if skip is None:
+                self._update(*update)
+            else:
+                self._update(*update, skip=skip)
+
+    def _update(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor, skip=None) -> None:
         raise NotImplementedError
 
     def _update_sparse(self, name: str, w: torch.Tensor, g: torch.Tensor, lr_scale: torch.Tensor) -> None:
         """A compact table `w` (rows, cols) stepped from its coalesced sparse gradient (optimizers with COMPACT)."""
         raise NotImplementedError
+
+
+_NO_SKIPS: dict[torch.device, torch.Tensor] = {}
+_UNIT_FACTORS: dict[torch.device, torch.Tensor] = {}
+
+
+def unit_factor(device: torch.device) -> torch.Tensor:
+    """A (1,) float32 one on `device` (a tensor's own): the learning-rate factor of kernels whose rate comes
+    from the host."""
+    one = _UNIT_FACTORS.get(device)
+    if one is None:
+        one = _UNIT_FACTORS[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return one
+
+
+def no_skip(device: torch.device) -> torch.Tensor:
+    """A (1,) int32 zero on `device` (a tensor's own): the `skip` argument of kernels whose step is not to be
+    skipped, and the pending count of optimizers that skip on the host."""
+    flag = _NO_SKIPS.get(device)
+    if flag is None:
+        flag = _NO_SKIPS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag

@@ -106,13 +106,20 @@ class Composite(Optimizer):
                               "add them to an entry's \"params\"")
         return groups
 
-    def _apply(self, grads) -> None:
+    @property
+    def skips_on_device(self) -> bool:
+        return all(child.skips_on_device for child in self.nested)
+
+    def _apply(self, grads, skip=None) -> None:
         for child in self.nested:
-            child._apply({n: grads.get(n) for n, _ in child.named_params})
+            child._apply({n: grads.get(n) for n, _ in child.named_params}, skip)
 
     @property
     def step_count(self) -> int:
         return self.nested[0].step_count
+
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return self.nested[0].device_step_count(device)
 
     def _get_lr(self) -> float:
         return float(self.scalars["learning_rate_scale"])

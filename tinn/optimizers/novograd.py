@@ -12,13 +12,14 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import optimizers as K
-from .base import LeafOptimizer, layer_shapes
+from ..kernels import optimizers as optimizer_kernels
+from .base import LeafOptimizer, layer_shapes, no_skip
 
 
 class Novograd(LeafOptimizer):
     otype = "Novograd"
     OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "relative_decay", "absolute_decay")
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -38,12 +39,14 @@ class Novograd(LeafOptimizer):
             self.new_state("m", name)
             self.state[f"v.{name}"] = torch.zeros(self.rows[name], len(shapes), dtype=torch.float32, device=p.device)
 
-    def _update(self, name, w, g, lr_scale):
-        first = self.step_count == 1
+    def _update(self, name, w, g, lr_scale, skip=None):
+        # The kernel tells the first step taken from the device count (a skipped first step is not one).
+        step_now, pending = self.device_step_count(w.device)
+        lr, lr_factor = self.rate_operands(1.0, w.device)
         args = (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], self.seg_start[name], lr_scale,
-                self.learning_rate, 0.0 if first else self.beta1, 0.0 if first else self.beta2, self.epsilon,
-                self.relative_decay, self.absolute_decay)
-        chunks.launch_by_rows(K.novograd_step, w.shape[0], w.shape[1], args, sliced=(0, 1, 2, 3, 5))
+                no_skip(w.device) if skip is None else skip, pending, step_now, lr_factor,
+                lr, self.beta1, self.beta2, self.epsilon, self.relative_decay, self.absolute_decay)
+        chunks.launch_by_rows(optimizer_kernels.novograd_step, w.shape[0], w.shape[1], args, sliced=(0, 1, 2, 3, 5))
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype, "learning_rate": self.learning_rate,

@@ -23,7 +23,7 @@ import torch
 from .. import chunks
 from ..config import Section
 from ..errors import ConfigError
-from ..kernels import optimizers as K
+from ..kernels import optimizers as optimizer_kernels
 from .base import LeafOptimizer, is_matrix_param, layer_shapes
 
 MAX_DIM = 128
@@ -97,11 +97,12 @@ class Shampoo(LeafOptimizer):
         rows, cols = w.shape
         # Every kernel here works row by row (network by network): tables past the chunk limit run in
         # row chunks (tinn/chunks.py), sized by the largest per-row block a kernel indexes.
-        chunks.launch_by_rows(K.shampoo_moments, rows, cols, (w, g, st[f"m1.{name}"], st[f"m2.{name}"], u, self.l2_reg,
+        chunks.launch_by_rows(optimizer_kernels.shampoo_moments, rows, cols,
+                              (w, g, st[f"m1.{name}"], st[f"m2.{name}"], u, self.l2_reg,
                                                              a1, b1, a2, b2, self.epsilon), sliced=range(5))
         lr = self.learning_rate
         if not self.shapes[name]:
-            chunks.launch_by_rows(K.direction_step, rows, cols,
+            chunks.launch_by_rows(optimizer_kernels.direction_step, rows, cols,
                                   (w, u, lr_scale, lr, self.relative_decay, self.absolute_decay), sliced=range(3))
             return
         stat_src = u if self.cg_on_momentum else g
@@ -110,13 +111,14 @@ class Shampoo(LeafOptimizer):
         for l, (a, b) in enumerate(self.shapes[name]):
             L, R = st[f"L{l}.{name}"], st[f"R{l}.{name}"]
             per_row = max(cols, a * a, b * b)
-            chunks.launch_by_rows(K.shampoo_gram, rows, per_row, (stat_src, off, a, b, L, R, a3, b3), sliced=(0, 4, 5))
+            chunks.launch_by_rows(optimizer_kernels.shampoo_gram, rows, per_row, (stat_src, off, a, b, L, R, a3, b3),
+                                  sliced=(0, 4, 5))
             if due:
                 st[f"Lroot{l}.{name}"].copy_(inverse_fourth_root(L, self.identity))
                 st[f"Rroot{l}.{name}"].copy_(inverse_fourth_root(R, self.identity))
             tmp = torch.empty(w.shape[0], a, b, dtype=torch.float32, device=w.device)
             chunks.launch_by_rows(
-                K.shampoo_layer_step, rows, per_row,
+                optimizer_kernels.shampoo_layer_step, rows, per_row,
                 (w, u, st[f"sm.{name}"], off, a, b, st[f"Lroot{l}.{name}"], st[f"Rroot{l}.{name}"], tmp, lr_scale,
                  lr, a_s, b_s, self.relative_decay, self.absolute_decay, int(self.frobenius_normalization)),
                 sliced=(0, 1, 2, 6, 7, 8, 9))

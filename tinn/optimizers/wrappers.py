@@ -6,6 +6,12 @@ EMA, Average and Lookahead keep extra weights that are meant for inference (tcnn
 `with opt.swap_in_inference_params(): ...`, which copies them into the parameters and
 restores the training weights afterwards. Wrapping composes: EMA over Lookahead averages
 Lookahead's slow weights, as in tcnn.
+
+A step skipped on the device (`step(skip=flag)`) changes nothing here either: EMA, Average and Lookahead
+skip it in their kernels and take the nested step count they depend on from the device
+(`Optimizer.device_step_count`); ExponentialDecay computes the nested learning rate on the device then
+(around a leaf optimizer that skips on the device). Batched decides on the host whether there is a nested
+step at all, so it reads the flag on the host.
 """
 from __future__ import annotations
 
@@ -13,8 +19,8 @@ import torch
 
 from .. import chunks
 from ..config import Section
-from ..kernels import optimizers as K
-from .base import Optimizer, as_rows
+from ..kernels import optimizers as optimizer_kernels
+from .base import LeafOptimizer, Optimizer, as_rows, no_skip
 from .registry import create_optimizer
 
 
@@ -28,8 +34,26 @@ class Wrapper(Optimizer):
         self.nested = create_optimizer(cfg.section("nested", required=False), self.named_params)
         self.children = [("nested.", self.nested)]
 
-    def _apply(self, grads) -> None:
-        self.nested._apply(grads)
+    @property
+    def skips_on_device(self) -> bool:
+        return self.SKIPS_ON_DEVICE and self.nested.skips_on_device
+
+    def _apply(self, grads, skip=None) -> None:
+        self.nested._apply(grads, skip)
+
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return self.nested.device_step_count(device)
+
+    def _nested_taken(self, device, skip) -> tuple[int, torch.Tensor]:
+        """The nested optimizer's steps taken, as the kernels take them: (steps asked, pending skips), read on
+        the device where `skip` is a device flag; from the host count (settled, no pending) otherwise."""
+        if skip is None:
+            return self.nested.step_count, no_skip(device)   # (a zero count)
+        return self.nested.device_step_count(device)
+
+    def _inference_params_now(self, name: str) -> torch.Tensor:
+        """`inference_params` without a host read, for a step in progress (see Lookahead's)."""
+        return self.nested._inference_params_now(name)
 
     def _get_lr(self) -> float:
         return self.nested.learning_rate
@@ -81,6 +105,7 @@ class EMA(Wrapper):
 
     otype = "EMA"
     OPTIONS = ("nested", "decay", "full_precision")
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -89,15 +114,19 @@ class EMA(Wrapper):
         for name, _ in self.named_params:
             self._new_copy("ema", name)
 
-    def _apply(self, grads) -> None:
-        self.nested._apply(grads)
-        t = self.nested.step_count
-        old = 1.0 - self.decay ** (t - 1)
-        new = 1.0 / (1.0 - self.decay ** t)
+    @property
+    def skips_on_device(self) -> bool:
+        # its kernel reads the nested inference weights, which an averaging wrapper knows only from its count
+        return self.nested.skips_on_device and not isinstance(self.nested, (EMA, Average))
+
+    def _apply(self, grads, skip=None) -> None:
+        self.nested._apply(grads, skip)
         for name, p in self.named_params:
             if p.numel():
-                self._launch(K.ema_step, name, (self.nested.inference_params(name).detach(), self.state[f"ema.{name}"]),
-                             (self.decay, old, new))
+                step_now, pending = self._nested_taken(p.device, skip)
+                source = self.nested.inference_params(name) if skip is None else self._inference_params_now(name)
+                self._launch(optimizer_kernels.ema_step, name, (source.detach(), self.state[f"ema.{name}"]),
+                             (no_skip(p.device) if skip is None else skip, pending, step_now, self.decay))
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -111,6 +140,7 @@ class Average(Wrapper):
 
     otype = "Average"
     OPTIONS = ("nested", "n_samples")
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -120,14 +150,30 @@ class Average(Wrapper):
             self.state[f"samples.{name}"] = torch.zeros((self.n_samples,) + tuple(p.shape), dtype=torch.float32,
                                                         device=p.device)
 
-    def _apply(self, grads) -> None:
-        self.nested._apply(grads)
-        slot = self.nested.step_count % self.n_samples
+    @property
+    def skips_on_device(self) -> bool:
+        # one launch per table: its kernel picks the window's slot from the device count
+        return (self.nested.skips_on_device and not isinstance(self.nested, (EMA, Average))
+                and all(chunks.single(self._rows_view(name, p)) for name, p in self.named_params if p.numel()))
+
+    def _apply(self, grads, skip=None) -> None:
+        self.nested._apply(grads, skip)
         for name, p in self.named_params:
-            if p.numel():
-                self._launch(K.average_step, name, (self.nested.inference_params(name).detach(),
-                                                    self.state[f"samples.{name}"][slot], self.state[f"average.{name}"]),
-                             (1.0 / self.n_samples,))
+            if not p.numel():
+                continue
+            w = self._rows_view(name, (self.nested.inference_params(name) if skip is None
+                                       else self._inference_params_now(name)).detach())
+            avg, samples = self._rows_view(name, self.state[f"average.{name}"]), self.state[f"samples.{name}"]
+            samples = samples.view(self.n_samples, *w.shape)
+            if skip is not None:   # one launch (skips_on_device): the slot is the device count's
+                step_now, pending = self.nested.device_step_count(p.device)
+                optimizer_kernels.average_step(w, samples, avg, skip, pending, step_now, 1.0 / self.n_samples)
+                continue
+            slot = self.nested.step_count % self.n_samples   # a window of one slot, by row chunks
+            no_pending = no_skip(p.device)
+            for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
+                optimizer_kernels.average_step(w[lo:hi], samples[slot:slot + 1, lo:hi], avg[lo:hi], no_pending,
+                                               no_pending, 0, 1.0 / self.n_samples)
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
@@ -144,6 +190,7 @@ class Lookahead(Wrapper):
 
     otype = "Lookahead"
     OPTIONS = ("nested", "alpha", "n_steps")
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -152,32 +199,55 @@ class Lookahead(Wrapper):
         for name, _ in self.named_params:
             self._new_copy("slow", name)
 
-    def _apply(self, grads) -> None:
-        if self.nested.step_count == 0:
+    def _apply(self, grads, skip=None) -> None:
+        # The slow weights start as the weights before the first step asked (a skipped one leaves them so).
+        asked = self.nested.step_count if skip is None else self.nested.device_step_count(self.params_device)[0]
+        if asked == 0:
             for name, p in self.named_params:
                 self.state[f"slow.{name}"].copy_(p.detach())
-        self.nested._apply(grads)
+        self.nested._apply(grads, skip)
         # Sync right after every n_steps-th fast step, so the next gradient is taken at the synced
-        # weights (tcnn syncs at the start of the following step, after its gradient was computed).
-        if self.nested.step_count % self.n_steps == 0:
-            for name, p in self.named_params:
-                if p.numel():
-                    self._launch(K.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]), (self.alpha,))
+        # weights (tcnn syncs at the start of the following step, after its gradient was computed). With a
+        # device flag the kernel runs every step and decides from the device count.
+        step_now, pending = self._nested_taken(self.params_device, skip)
+        if skip is None and step_now % self.n_steps != 0:
+            return
+        for name, p in self.named_params:
+            if p.numel():
+                self._launch(optimizer_kernels.lookahead_step, name, (p.detach(), self.state[f"slow.{name}"]),
+                             (no_skip(p.device) if skip is None else skip, pending, step_now, self.n_steps,
+                              self.alpha))
+
+    @property
+    def params_device(self) -> torch.device:
+        return self.named_params[0][1].device
 
     def inference_params(self, name: str) -> torch.Tensor:
         self._check_name(name)
         return self.state[f"slow.{name}"] if self.step_count > 0 else self.params[name]
+
+    def _inference_params_now(self, name: str) -> torch.Tensor:
+        # The slow weights equal the weights from the first step asked until the first sync.
+        self._check_name(name)
+        asked = self.nested.device_step_count(self.params_device)[0]
+        return self.state[f"slow.{name}"] if asked > 0 else self.params[name]
 
 
 class ExponentialDecay(Wrapper):
     """Piecewise-constant decay of the nested learning rate: before nested step t (counting from 0),
     if decay_start <= t <= decay_end and (t - decay_start) % decay_interval == 0, the factor is
     multiplied by decay_base. `learning_rate` is the current (decayed) rate; setting it rescales
-    the base so that the current rate becomes the new value (tcnn semantics)."""
+    the base so that the current rate becomes the new value (tcnn semantics).
+
+    With a device skip flag (`step(skip=...)`) the count t of nested steps taken is known on the device only:
+    the factor then lives in a float64 device tensor, `decayed_rate` updates it there (unless the step is
+    skipped) and writes the nested rate, which the nested kernels read (`device_learning_rate`); the host's
+    `learning_rate_factor` catches up when the host asks (`settle`)."""
 
     otype = "ExponentialDecay"
     OPTIONS = ("nested", "decay_base", "decay_start", "decay_interval", "decay_end")
     COMPACT = True  # it only rescales the nested learning rate; the nested optimizer checks its own
+    SKIPS_ON_DEVICE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
@@ -187,8 +257,22 @@ class ExponentialDecay(Wrapper):
         self.decay_end = cfg.integer("decay_end", 10000000, lo=0)
         self.scalars["base_learning_rate"] = float(self.nested.learning_rate)
         self.scalars["learning_rate_factor"] = 1.0
+        # On the device (see the class notes): the factor (float64), the nested rate (float32), and whether
+        # the host's factor lags behind.
+        self._factor: torch.Tensor | None = None
+        self._rate: torch.Tensor | None = None
+        self._unsettled = False
 
-    def _apply(self, grads) -> None:
+    @property
+    def skips_on_device(self) -> bool:
+        # the nested kernels must take their rate from the device: a leaf optimizer's
+        return isinstance(self.nested, LeafOptimizer) and self.nested.skips_on_device
+
+    def _apply(self, grads, skip=None) -> None:
+        if skip is not None:
+            self._apply_on_device(grads, skip)
+            return
+        self._leave_device()
         t = self.nested.step_count
         if t == 0:
             self.scalars["learning_rate_factor"] = 1.0
@@ -197,13 +281,51 @@ class ExponentialDecay(Wrapper):
         self.nested.learning_rate = self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
         self.nested._apply(grads)
 
+    def _apply_on_device(self, grads, skip: torch.Tensor) -> None:
+        device = skip.device
+        if self._factor is None:   # the host's factor, filled in (no read back)
+            self._factor = torch.full((1,), self.scalars["learning_rate_factor"], dtype=torch.float64, device=device)
+            self._rate = torch.empty(1, dtype=torch.float32, device=device)
+        step_now, pending = self.nested.device_step_count(device)
+        optimizer_kernels.decayed_rate(self._factor, self._rate, skip, pending, step_now, self.decay_start,
+                                       self.decay_interval, min(self.decay_end, 2 ** 31 - 1), self.decay_base,
+                                       self.scalars["base_learning_rate"])
+        self.nested.device_learning_rate = self._rate
+        self._unsettled = True
+        self.nested._apply(grads, skip)
+
+    def settle(self) -> None:
+        super().settle()
+        if self._unsettled:
+            self.scalars["learning_rate_factor"] = float(self._factor.item())
+            self.nested.learning_rate = self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
+            self._unsettled = False
+
+    def _leave_device(self) -> None:
+        """Back to the host's factor (after steps with a device flag)."""
+        if self._factor is not None:
+            self.settle()
+            self._factor = self._rate = None
+            self.nested.device_learning_rate = None
+
+    def _after_restore(self) -> None:
+        self._factor = self._rate = None
+        self._unsettled = False
+        self.nested.device_learning_rate = None
+
     def _get_lr(self) -> float:
+        self.settle()
         return self.scalars["base_learning_rate"] * self.scalars["learning_rate_factor"]
 
     def _set_lr(self, value: float) -> None:
+        self.settle()
         factor = self.scalars["learning_rate_factor"]
         self.scalars["base_learning_rate"] = value / factor if factor > 0 else value
         self.nested.learning_rate = value
+
+    def hyperparams(self) -> dict:
+        self.settle()
+        return super().hyperparams()
 
 
 class Batched(Wrapper):
@@ -226,7 +348,10 @@ class Batched(Wrapper):
     def step_count(self) -> int:
         return int(self.scalars["step_count"])
 
-    def _apply(self, grads) -> None:
+    def device_step_count(self, device) -> tuple[int, torch.Tensor]:
+        return int(self.scalars["step_count"]), no_skip(device)   # (it reads skip flags on the host: none pending)
+
+    def _apply(self, grads, skip=None) -> None:
         k = self.batch_size_multiplier
         first = self.scalars["step_count"] % k == 0
         for name, p in self.named_params:
@@ -239,7 +364,7 @@ class Batched(Wrapper):
                     pool.zero_()
                 continue
             if p.numel():
-                self._launch(K.accumulate_grad, name, (pool, g), (int(first), 1.0 / k))
+                self._launch(optimizer_kernels.accumulate_grad, name, (pool, g), (int(first), 1.0 / k))
             self.scalars[f"seen.{name}"] = True
         self.scalars["step_count"] += 1
         if self.scalars["step_count"] % k == 0:

@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import checks, runtime
 from ..errors import InputError
-from ..kernels import compositing as K
+from ..kernels import compositing as compositing_kernels
 
 
 class Composited(NamedTuple):
@@ -35,8 +35,9 @@ class _CompositeFn(torch.autograd.Function):
         t_end = torch.empty(n_rays, dtype=torch.float32, device=dev)
         trans_after = torch.empty(sigma.shape[0], dtype=torch.float32, device=dev)
         if n_rays:
-            K.composite_forward(sigma.detach(), rgb.detach(), deltas.detach(), t_arg, int(has_t), ray_offsets,
-                                background.detach(), out_rgb, opacity, depth, t_end, trans_after)
+            compositing_kernels.composite_forward(sigma.detach(), rgb.detach(), deltas.detach(), t_arg, int(has_t),
+                                                  ray_offsets, background.detach(), out_rgb, opacity, depth, t_end,
+                                                  trans_after)
         ctx.save_for_backward(sigma, rgb, deltas, t_arg, ray_offsets, background, t_end, trans_after)
         ctx.has_t = has_t
         if not has_t:
@@ -58,9 +59,9 @@ class _CompositeFn(torch.autograd.Function):
         g_t = torch.empty(m if ctx.has_t else 1, dtype=torch.float32, device=dev)
         g_depth = g_depth if ctx.has_t else torch.zeros(1, dtype=torch.float32, device=dev)
         if n_rays:
-            K.composite_backward(sigma, rgb, deltas, t_arg, int(ctx.has_t), ray_offsets, background, t_end,
-                                 trans_after, g_rgb_ray.contiguous(), g_opacity.contiguous(), g_depth.contiguous(),
-                                 g_sigma, g_rgb, g_deltas, g_t)
+            compositing_kernels.composite_backward(sigma, rgb, deltas, t_arg, int(ctx.has_t), ray_offsets, background,
+                                                   t_end, trans_after, g_rgb_ray.contiguous(), g_opacity.contiguous(),
+                                                   g_depth.contiguous(), g_sigma, g_rgb, g_deltas, g_t)
         need = ctx.needs_input_grad
         g_bg = None
         if need[5]:

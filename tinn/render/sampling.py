@@ -64,7 +64,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor,
     keep none, and so do rays whose `transmittance` (R,) is at most `early_stop` > 0 (finished rays). rays: (K,) int32 indices into origins. Returns points (M, 3), deltas (M,) and ray_offsets
     (K + 1,) int32 (the listed ray k owns samples ray_offsets[k]:ray_offsets[k + 1], front to back).
     """
-    from ..kernels import march as K
+    from ..kernels import march as march_kernels
 
     if rays.dtype != torch.int32 or rays.dim() != 1:
         raise InputError(f"rays must be a 1-D torch.int32 tensor of ray indices, got {rays.dtype} {tuple(rays.shape)}")
@@ -89,7 +89,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor,
     ray_offsets = torch.zeros(k + 1, dtype=torch.int32, device=dev)
     if k:
         counts = torch.empty(k, dtype=torch.int32, device=dev)
-        K.march_count(*args, counts)
+        march_kernels.march_count(*args, counts)
         torch.cumsum(counts, 0, out=ray_offsets[1:])
     m = int(ray_offsets[-1])
     if m >= 2**31 - 1:
@@ -97,7 +97,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor,
     points = torch.empty(m, 3, device=dev)
     deltas = torch.empty(m, device=dev)
     if m:
-        K.march_emit(*args, ray_offsets, points, deltas)
+        march_kernels.march_emit(*args, ray_offsets, points, deltas)
     return points, deltas, ray_offsets
 
 

@@ -2,7 +2,7 @@
 
 Poses are camera-to-world matrices in the scenes' (NeRF / Blender) convention, the one
 `tinn.render.camera_rays` reads and the scene loaders produce: the camera looks down its -z
-axis, +y is up in the image and +x right; world +z is up (`tinn.scenes.procedural.look_at_poses`).
+axis, +y is up in the image and +x right; world +z is up (`tinn.scenes.data.procedural.look_at_poses`).
 
     cam = OrbitCamera.from_c2w(held_out_c2w, target=(0, 0, 0))
     cam.rotate(15.0, 0.0)        # degrees: once round the target in 24 steps

@@ -24,7 +24,8 @@ Functional API (nothing here imports Triton until a kernel is needed; `available
         chunks: the backward's tiles (any size, the same sort order as the forward's tiles, e.g. both from one
         route_fused(ids, N, (tile, chunk)); default the forward's tiles). A chunk's weight gradients add up in
         registers and reach dparams in one atomic add per layer. gradient_scale: dy's multiplier before the cast
-        to the compute dtype (default 128 for float16, else 1), divided out of the float32 results.
+        to the compute dtype (default 128 for float16, else 1), divided out of the float32 results: a float, or
+        a one-value float32 device tensor (a dynamic scaler's), which the kernel reads on the device.
     block_m: samples a program multiplies at once (launch.launch_options picks it: 128 or 64 on the GPU, 16
         under the interpreter).
 

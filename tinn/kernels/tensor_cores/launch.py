@@ -110,7 +110,7 @@ KERNELS = ("inference", "forward", "backward", "backward_dx")
 # each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; the design
 # notes give the numbers).
 _TUNED_16BIT = {
-    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (128, 8, 1), "backward_dx": (64, 4, 1)},
+    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1)},
     128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3)},
 }
 
@@ -201,8 +201,28 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     return out, saved
 
 
+# Device copies of fixed gradient scales, one per (value, device): the kernels read the scale from memory.
+_FIXED_SCALES: dict[tuple[float, torch.device], torch.Tensor] = {}
+
+
+def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The gradient scale as a float32 device tensor of one value: a scaler's own (read where it lives), or a
+    cached copy of a fixed one."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != device:
+            raise ValueError(f"gradient_scale must be one float32 value on {device}; got {tuple(scale.shape)} "
+                             f"{scale.dtype} on {scale.device}")
+        return scale
+    key = (float(scale), device)
+    cached = _FIXED_SCALES.get(key)
+    if cached is None:
+        cached = _FIXED_SCALES[key] = torch.full((1,), float(scale), dtype=torch.float32, device=device)
+    return cached
+
+
 def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
-             want_params: bool = True, gradient_scale: float | None = None, block_m: int | None = None
+             want_params: bool = True, gradient_scale: float | torch.Tensor | None = None,
+             block_m: int | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
 
@@ -210,8 +230,9 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     (n_networks, row length) in tinn's flat layout, zero in tcnn's padded output rows and for networks without
     samples, or None without `want_params`. chunks: the backward's tiles (default: the forward's), any size, the
     same sort order; a program accumulates a chunk's weight gradients in registers, so larger chunks mean fewer
-    atomic adds. gradient_scale (default 128 in float16, else 1): dy is multiplied by it before it is cast to
-    the compute dtype (float16's small gradients would underflow), and the float32 results divided by it.
+    atomic adds. gradient_scale (default 128 in float16, else 1; a float, or a one-value float32 tensor on the
+    device, which the kernel reads there): dy is multiplied by it before it is cast to the compute dtype
+    (float16's small gradients would underflow), and the float32 results divided by it.
     """
     shape, packed, g = saved.shape, saved.packed, saved.packed.geometry
     chunks = saved.tiles if chunks is None else chunks
@@ -224,7 +245,8 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     dx = (torch.empty if batch else torch.zeros)(x.shape, device=dev, dtype=torch.float32) if want_dx else None
     dparams = (torch.zeros(packed.weights.shape[0], packed.row_length, device=dev, dtype=torch.float32)
                if want_params else None)
-    scale = float(DEFAULT_GRADIENT_SCALES[packed.precision] if gradient_scale is None else gradient_scale)
+    scale = _scale_tensor(DEFAULT_GRADIENT_SCALES[packed.precision] if gradient_scale is None else gradient_scale,
+                          dev)
     n_chunks = chunks.tile_net.shape[0]
     if not batch or not n_chunks or not (want_dx or want_params):
         return dx, dparams
@@ -247,7 +269,7 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         pre, pre.stride(0) if hidden else 0, deltas,
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
-        scale, 1.0 / scale,
+        scale,
         WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
         **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m,
                                                                             "backward_dx" if want_dx else "backward")))

@@ -349,7 +349,7 @@ def backward_kernel(
     pre_ptr, s_pre_layer, delta_ptr,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale, inv_scale,
+    scale_ptr,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
@@ -357,11 +357,14 @@ def backward_kernel(
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
-    `scale` before it meets the compute dtype, and the float32 results by `inv_scale`."""
+    the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
+    before it meets the compute dtype, and the float32 results by its inverse."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
     if count == 0:
         return
+    scale = tl.load(scale_ptr)
+    inv_scale = 1.0 / scale
     net = tl.load(tile_net_ptr + pid).to(tl.int64)
     start = tl.load(tile_start_ptr + pid)
     if WIDE_OFFSETS:

@@ -2,8 +2,8 @@
 
 A *field* is a torch module with `box_min`, `box_max` ((3,) tensors: where it is defined) and
 `forward(points (M, 3)) -> (sigma (M,), rgb (M, 3))`. `HashGridField` (one hash grid + one MLP, the
-teacher) and `tinn.scenes.kilonerf.KiloNeRF` (a grid of tiny networks) are fields; anything with
-that shape renders (tinn/scenes/rendering.py) and trains (tinn/scenes/photometric.py).
+teacher) and `tinn.scenes.fields.kilonerf.KiloNeRF` (a grid of tiny networks) are fields; anything with
+that shape renders (tinn/render/fields.py) and trains (tinn/scenes/training/photometric.py).
 
 Outputs: rgb = sigmoid(raw[1:4]); sigma = `density_activation(raw[0])`, a truncated exponential
 (exp with its argument clamped to <= 15, as in instant-ngp): densities of the order of 10-100 are
@@ -15,9 +15,10 @@ import math
 
 import torch
 
-from ..errors import InputError
-from ..models import NetworkWithInputEncoding
-from .occupancy import as_box, check_points
+from ...checks import check_points
+from ...errors import InputError
+from ...models import NetworkWithInputEncoding
+from ..acceleration.occupancy import as_box
 
 MAX_LOG_DENSITY = 15.0
 

@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
-from ..render import camera_rays, pixel_radius
-from .data import area_downscale
-from .octree import levels_for_radius
+from ...errors import InputError
+from ...render import camera_rays, pixel_radius
+from ..data.posed_images import area_downscale
+from ..acceleration.octree import levels_for_radius
 
 
 def area_filtered(render_point_samples: Callable[[int, int, float], torch.Tensor], width: int, height: int,
@@ -65,7 +65,7 @@ def mesh_truth(mesh, background: torch.Tensor, supersample: int = 4, **render_op
     """Ground truth of a mesh scene from any camera: `truth(c2w, width, height, focal)` -> (H, W, 3), the mesh
     (normalised as the scene folders are) area-filtered over `supersample`^2 samples per pixel and composited on
     `background`."""
-    from .mesh import corner_normals, render_rgba
+    from ..data.mesh import corner_normals, render_rgba
 
     mesh = mesh.normalised()
     normals = corner_normals(mesh) if render_options.get("shading", "smooth") == "smooth" else None
@@ -83,7 +83,7 @@ def mesh_truth(mesh, background: torch.Tensor, supersample: int = 4, **render_op
 
 def procedural_truth(scene, background: torch.Tensor | None = None, supersample: int = 4, n_samples: int = 256):
     """Ground truth of a `ProceduralScene` from any camera, area-filtered over `supersample`^2 rays per pixel."""
-    from .procedural import _render_rays
+    from ..data.procedural import _render_rays
 
     def truth(c2w, width, height, focal):
         dev = c2w.device

@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..render.rays import camera_rays
+from ...errors import InputError
+from ...render.rays import camera_rays
 
 
 @dataclass(eq=False)  # tensor fields: compare explicitly, not with ==

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks
+from ... import checks
 from .occupancy import VoxelBox, check_build_options
 
 

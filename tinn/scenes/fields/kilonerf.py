@@ -15,25 +15,23 @@ hidden ReLU layers and 4 outputs: sigma = exp(min(raw, 15)) (`training.density_a
 rgb = sigmoid. No view dependence: the scenes here are diffuse.
 
 Training (see `demos/kilonerf.py`): a `HashGridField` teacher learns the images, an `OccupancyGrid`
-is filled from its density, `Distiller` fits every cell to the teacher at random points of occupied
-space, then `PhotometricTrainer` fine-tunes the student through the compositor with empty space skipped.
+is filled from its density, `Distiller` (tinn/scenes/training/distillation.py) fits every cell to the teacher
+at random points of occupied space, then `PhotometricTrainer` fine-tunes the student through the compositor with
+empty space skipped.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
-from ..models import NetworkWithInputEncoding
-from .occupancy import OccupancyGrid, as_box, check_points
-from ..trainer import Trainer
-from .fields import activate
-from .photometric import SceneTrainer, decaying_adam
-from .rendering import render_image
+from ...checks import check_points
+from ...errors import InputError
+from ...models import NetworkWithInputEncoding
+from ..acceleration.occupancy import OccupancyGrid, as_box
+from .radiance import activate
 
-__all__ = ["CellCoords", "Distiller", "KiloNeRF", "cell_of", "render_image"]
+__all__ = ["CellCoords", "KiloNeRF", "cell_of"]
 
 MAX_GRID = 64  # 262144 cells; beyond that the per-cell networks see too few samples to train
 
@@ -80,7 +78,7 @@ class KiloNeRF(torch.nn.Module):
                                "activation": "ReLU", "output_activation": "None"}
         self.networks = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
                                                  n_networks=self.grid ** 3, seed=seed)
-        self.occupancy = occupancy  # used by render_image(model, ...) for empty-space skipping
+        self.occupancy = occupancy  # used by tinn.render.render_image(model, ...) for empty-space skipping
 
     @property
     def n_networks(self) -> int:
@@ -91,7 +89,7 @@ class KiloNeRF(torch.nn.Module):
 
     def network_inputs(self, points: torch.Tensor) -> CellCoords:
         """`cell_of` in one kernel pass, with the local coordinates halved (the networks' input, see above)."""
-        from ..kernels.cells import cell_coords
+        from ...kernels.cells import cell_coords
 
         points = check_points("points", points).contiguous()
         m = points.shape[0]
@@ -122,51 +120,3 @@ class KiloNeRF(torch.nn.Module):
     def memory_bytes(self) -> int:
         """Bytes of network parameters (plus the occupancy grid's booleans when one is attached)."""
         return self.networks.memory_bytes() + (self.occupancy.memory_bytes() if self.occupancy is not None else 0)
-
-
-class Distiller(SceneTrainer):
-    """Fits a student field to a teacher at random points of occupied space (`occupancy.sample`).
-
-    Loss per point: (alpha_s - alpha_t)^2 + alpha_t-weighted (rgb_s - rgb_t)^2, alpha = 1 - exp(-sigma * step_size)
-    for a fixed `step_size` (the render step): densities are compared by what they do to a ray — a cell that is
-    opaque either way costs nothing — and colours matter where the teacher has matter.
-    """
-
-    def __init__(self, student, teacher, occupancy: OccupancyGrid, step_size: float, batch: int = 1 << 16,
-                 learning_rate: float = 1e-2, total_steps: int | None = None, final_lr_factor: float = 0.1,
-                 seed: int = 0, adam_options: dict | None = None):
-        if not float(step_size) > 0:
-            raise InputError(f"step_size={step_size!r} must be a positive distance (the render step)")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise InputError(f"batch={batch!r} must be an integer >= 1")
-        self.student, self.teacher, self.occupancy = student, teacher, occupancy
-        self.step_size, self.batch = float(step_size), batch
-        self.trainer = Trainer(student, self.loss,
-                               decaying_adam(learning_rate, total_steps, final_lr_factor, **(adam_options or {})))
-        self.generator = torch.Generator(device=occupancy.occupied.device).manual_seed(seed)
-
-    def targets(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            sigma, rgb = self.teacher(points)
-        return 1.0 - torch.exp(-sigma * self.step_size), rgb
-
-    def loss(self, points: torch.Tensor | None = None) -> torch.Tensor:
-        """The distillation loss at `points` (default: a fresh batch of occupied points)."""
-        if points is None:
-            points = self.occupancy.sample(self.batch, self.generator)
-        alpha_t, rgb_t = self.targets(points)
-        sigma, rgb = self.student(points)
-        alpha = 1.0 - torch.exp(-sigma * self.step_size)
-        return ((alpha - alpha_t) ** 2).mean() + (alpha_t[:, None] * (rgb - rgb_t) ** 2).mean()
-
-    @torch.no_grad()
-    def error(self, n_points: int = 1 << 15, seed: int = 12345) -> dict:
-        """Student-teacher error at fresh occupied points: RMS alpha and alpha-weighted RMS colour difference."""
-        gen = torch.Generator(device=self.occupancy.occupied.device).manual_seed(seed)
-        points = self.occupancy.sample(n_points, gen)
-        alpha_t, rgb_t = self.targets(points)
-        sigma, rgb = self.student(points)
-        alpha = 1.0 - torch.exp(-sigma * self.step_size)
-        w = alpha_t[:, None].expand_as(rgb)
-        return {"alpha_rms": math.sqrt(float(((alpha - alpha_t) ** 2).mean())),
-                "rgb_rms": math.sqrt(float((w * (rgb - rgb_t) ** 2).sum() / w.sum().clamp_min(1e-12)))}

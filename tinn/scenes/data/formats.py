@@ -18,8 +18,8 @@ import os
 import numpy as np
 import torch
 
-from ..errors import InputError
-from .data import NERF_SYNTHETIC_BOX, PosedImages, _read_rgba, load_nerf_synthetic, stack_alpha
+from ...errors import InputError
+from .posed_images import NERF_SYNTHETIC_BOX, PosedImages, _read_rgba, load_nerf_synthetic, stack_alpha
 
 SPLITS = ("train", "test", "all")
 HELD_OUT_EVERY = 8

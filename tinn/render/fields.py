@@ -1,4 +1,5 @@
-"""Rendering fields (see tinn/scenes/fields.py) with `tinn.render`, and timing helpers.
+"""Rendering fields (see tinn/scenes/fields/radiance.py) with `tinn.render`'s rays, samples and compositing, and
+timing helpers.
 
 `render_rays` (training): stratified samples inside the box, optionally only those in occupied voxels
 (`tinn.render.sampling.pack`), networks evaluated on the kept samples only, composited with
@@ -8,18 +9,18 @@
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 
 from .. import checks, runtime
+from ..checks import check_points
 from ..errors import InputError
-from ..render import camera_rays, composite, frame_runs, march, pack, ray_box, stratified_t
-from ..tasks.image import psnr  # noqa: F401  (the project's one PSNR, offered here next to the scene helpers)
-from .fields import activate
-from .occupancy import check_points
+from .compositing import composite
+from .rays import camera_rays, ray_box
+from .sampling import frame_runs, march, pack, stratified_t
+
 
 def _collective(field) -> bool:
     """Whether calling `field` runs collectives (tinn.distributed), so every rank must call it."""

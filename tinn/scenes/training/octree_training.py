@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from .. import checks, runtime
-from ..errors import ConfigError, InputError
-from ..trainer import Trainer
-from ..render import pixel_radius
-from ..tasks.image import psnr
+from ... import checks, runtime
+from ...errors import ConfigError, InputError
+from ...trainer import Trainer
+from ...render import pixel_radius
+from ...tasks.image import psnr
 from .photometric import SceneTrainer
-from .octree_field import OctreeField, photometric_loss
+from ..fields.octree_field import OctreeField, photometric_loss
 
 # The full resolution's share of an OctreeTrainer batch: its rays are the only ones that train the finest
 # nodes, which draw the closest views (docs/design-notes.md, octree quality).

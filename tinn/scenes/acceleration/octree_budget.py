@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ConfigError, InputError
-from ..render import pixel_radius
+from ...errors import ConfigError, InputError
+from ...render import pixel_radius
 
 MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP = 8, 19
 # The tree stops where nodes would span fewer footprints of the closest view than this: every node is fit only
@@ -79,8 +79,8 @@ def grid_levels_for(finest: float, base_resolution: int = 2, max_level_scale: fl
 
 def node_params(encoding: dict, network: dict) -> int:
     """Parameters of one node: its grid table plus its MLP."""
-    from ..encodings.grid_layout import grid_layout
-    from ..models import NetworkWithInputEncoding
+    from ...encodings.grid_layout import grid_layout
+    from ...models import NetworkWithInputEncoding
 
     layout = grid_layout(3, encoding["n_levels"], encoding["n_features_per_level"], encoding["log2_hashmap_size"],
                          encoding["base_resolution"], encoding["per_level_scale"], "Hash")
@@ -125,7 +125,7 @@ def budget_encoding(n_nodes: int, param_budget: int, finest_resolution: float, n
 def single_grid_params(finest_resolution: int, n_levels: int = 16, log2_hashmap_size: int = 19,
                        base_resolution: int = 16, n_features: int = 2) -> int:
     """Grid parameters of one hash grid over the whole box (the single-grid teacher's table)."""
-    from ..encodings.grid_layout import grid_layout
+    from ...encodings.grid_layout import grid_layout
 
     scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
     return grid_layout(3, n_levels, n_features, log2_hashmap_size, base_resolution, scale, "Hash").n_params

@@ -10,9 +10,9 @@ import math
 
 import torch
 
-from ..errors import InputError
-from ..render import camera_rays, composite_dense, ray_box, stratified_t
-from .data import PosedImages
+from ...errors import InputError
+from ...render import camera_rays, composite_dense, ray_box, stratified_t
+from .posed_images import PosedImages
 
 
 def _sphere(p, centre, radius):
@@ -134,7 +134,7 @@ def render_views(scene: ProceduralScene, n_views: int, width: int, height: int, 
     n_samples stratified midpoints inside the scene box, composited on the scene's background (or `background`).
     Returns PosedImages on tinn's device.
     """
-    from .. import runtime
+    from ... import runtime
 
     n_views, width, height, n_samples = int(n_views), int(width), int(height), int(n_samples)
     if n_views < 1:
@@ -181,7 +181,7 @@ def surface_points(scene: ProceduralScene, n_points: int, seed: int = 0, toleran
     Uniform points of the box are pulled onto the nearest surface by Newton steps on the SDF
     (x <- x - sdf(x) grad / |grad|^2); those that end inside the box and close enough are kept.
     """
-    from .. import runtime
+    from ... import runtime
 
     n_points = int(n_points)
     if n_points < 1:

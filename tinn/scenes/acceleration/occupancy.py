@@ -26,8 +26,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks, runtime
-from ..errors import InputError
+from ... import runtime
+from ...checks import check_points
+from ...errors import InputError
 
 MAX_RESOLUTION = 1024  # 1024^3 booleans = 1 GiB; more is a mistake, not a scene
 
@@ -48,18 +49,6 @@ def as_box(box_min, box_max, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise InputError(f"box_max must exceed box_min on every axis, got box_min={out[0].tolist()}, "
                          f"box_max={out[1].tolist()}")
     return out[0], out[1]
-
-
-def check_points(name: str, points) -> torch.Tensor:
-    """(M, 3) float32 points on tinn's device."""
-    if not isinstance(points, torch.Tensor):
-        raise InputError(f"{name} must be a torch.Tensor of shape (M, 3), got {type(points).__name__}")
-    if points.dim() != 2 or points.shape[1] != 3:
-        raise InputError(f"{name} must have shape (M, 3), got {tuple(points.shape)}")
-    if points.dtype != torch.float32:
-        raise InputError(f"{name} has dtype {points.dtype}; allowed: torch.float32 (convert with .float())")
-    checks.check_device(name, points)
-    return points
 
 
 def check_resolution(name: str, value, hi: int) -> int:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .. import checks
-from ..errors import InputError
+from ... import checks
+from ...errors import InputError
 
 MAX_DEPTH = 16          # 3 * 16 Morton bits fit an int64 with room to spare
 CHILD_SLOTS = 8         # slot = bx + 2 by + 4 bz, b = 1 on the upper half of the axis
@@ -253,12 +253,12 @@ class Octree:
             raise InputError(f"levels is on {levels.device} but the octree is on {self.device}")
         out = torch.empty(n, dtype=torch.int32, device=self.device)
         if n:
-            from ..kernels import octree as K
+            from ...kernels import octree as octree_kernels
 
             k = self.kernel_tables
             levels = levels.long().clamp(-1, MAX_DEPTH + 1).to(torch.int32).contiguous()
-            K.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth, self.deepest,
-                     out)
+            octree_kernels.lookup(points.contiguous(), levels, k.children, k.split, k.geometry(), self.max_depth,
+                                  self.deepest, out)
         return out
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import runtime
-from ..errors import InputError
-from ..trainer import Trainer, TrainerControls
-from .rendering import render_rays
+from ... import runtime
+from ...errors import InputError
+from ...trainer import Trainer, TrainerControls
+from ...render.fields import render_rays
 
 NERF_ADAM = {"otype": "Adam", "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
 

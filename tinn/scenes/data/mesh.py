@@ -2,7 +2,7 @@
 render posed RGBA views with a Taichi rasteriser, and write them as a NeRF-synthetic folder that
 `load_nerf_synthetic` and the demos read.
 
-    python -m tinn.scenes.mesh /usr/share/glmark2/models/bunny.obj out/bunny --views 100 --res 800
+    python -m tinn.scenes.data.mesh /usr/share/glmark2/models/bunny.obj out/bunny --views 100 --res 800
 
 The mesh is centred and scaled into [-1, 1]^3 (NeRF-synthetic objects fit in [-1.5, 1.5]^3); cameras sit on a
 sphere of radius 4 looking at the origin with Blender's default field of view, spread by a Fibonacci lattice;
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import runtime
-from ..errors import InputError
+from ... import runtime
+from ...errors import InputError
 
 CAMERA_ANGLE_X = 0.6911112070083618  # Blender's default horizontal field of view (the NeRF-synthetic scenes)
 CAMERA_RADIUS = 4.0
@@ -531,7 +531,7 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     the scene fields here, which take no view direction, can represent), or "headlight" (a light at the
     camera: shading changes with the view). shading: "smooth" (interpolated corner normals: `normals`, the
     (F, 9) array of `corner_normals`, computed here when None) or "flat" (each face's own normal)."""
-    from ..kernels import raster as K
+    from ...kernels import raster
 
     check_shading(shading)
     dev = runtime.device()
@@ -542,8 +542,8 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
     verts = torch.as_tensor(mesh.vertices, dtype=torch.float64)
     cam = ((verts - c2w_t[:3, 3]) @ c2w_t[:3, :3]).float().contiguous().to(dev)
     faces = torch.as_tensor(mesh.faces, dtype=torch.int32, device=dev).contiguous()
-    key = torch.full((height * s, width * s), K.NO_HIT, dtype=torch.int64, device=dev)
-    K.raster_depth(cam, faces, key, float(focal) * s, float(near))
+    key = torch.full((height * s, width * s), raster.NO_HIT, dtype=torch.int64, device=dev)
+    raster.raster_depth(cam, faces, key, float(focal) * s, float(near))
     textured = mesh.texture is not None
     texture = torch.as_tensor(mesh.texture if textured else np.zeros((1, 1, 3), np.float32), device=dev).contiguous()
     uv = torch.as_tensor(mesh.corner_uv if textured else np.zeros((1, 6), np.float32), device=dev).contiguous()
@@ -567,8 +567,8 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
         normal_arg = torch.as_tensor(cam_normals, dtype=torch.float32, device=dev).contiguous()
     else:
         normal_arg = torch.zeros(1, 9, device=dev)
-    K.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), to_light,
-            int(headlight), normal_arg, int(smooth), big)
+    raster.shade(cam, faces, key, rgb, uv, texture, int(textured), float(focal) * s, float(ambient), to_light,
+                 int(headlight), normal_arg, int(smooth), big)
     img = big.reshape(height, s, width, s, 4).mean(dim=(1, 3))
     # Colour weighted by coverage: straight (not premultiplied) alpha, as PNGs store it.
     alpha = img[..., 3:]

@@ -1,0 +1,52 @@
+"""Shard or replicate: which multi-GPU strategy moves fewer bytes for an array (docs/guides/sharding.md).
+
+    td.choose_strategy(n_params=29_360_128, n_input_dims=32, n_output_dims=16, samples_per_rank=1 << 21)
+    # -> "replicated": 2^21 samples x 260 B per step outweigh the all-reduce of 2 x 117 MB
+
+Sharded (`ShardedPart`): every sample travels to the rank owning its network and its outputs come back;
+per rank and step the link carries about (w - 1) / w x S x b bytes, S samples per rank and b bytes per
+sample (`exchange_bytes_per_sample`). Replicated (`Replicated`): samples stay, and a ring all-reduce sends
+2 (w - 1) / w x P x r bytes per rank, P parameters in the reduce dtype's r bytes. The (w - 1) / w cancels:
+replicate when 2 P r <= S b and the training state (P x state bytes per parameter: parameters, gradients and
+Adam's two moments in float32 are 16 B) fits on one GPU; otherwise shard.
+"""
+from __future__ import annotations
+
+from ..config import count
+from ..errors import ConfigError
+
+#: Bytes per gradient element on the link, per `Replicated(reduce_dtype=...)`.
+REDUCE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+STRATEGIES = ("sharded", "replicated")
+
+
+def exchange_bytes_per_sample(n_input_dims: int, n_output_dims: int, need_dx: bool = False) -> int:
+    """Bytes a training sample moves over the link in a sharded step: its inputs and local id (int32) to
+    the owner and the outputs back in the forward, dy to the owner in the backward, and dx back when the
+    caller wants input gradients (float32 each)."""
+    d, o = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
+    return 4 * (d + 1) + 4 * o + 4 * o + (4 * d if need_dx else 0)
+
+
+def choose_strategy(n_params: int, n_input_dims: int, n_output_dims: int, samples_per_rank: int, *,
+                    need_dx: bool = False, reduce_dtype: str = "float32", gpu_memory_bytes: int | None = None,
+                    state_bytes_per_param: int = 16) -> str:
+    """"sharded" or "replicated" for an array of `n_params` parameters (all networks together) trained with
+    `samples_per_rank` samples per rank and step.
+
+    "sharded" when the training state (`n_params` x `state_bytes_per_param`) exceeds `gpu_memory_bytes`
+    (None: not checked; pass what one GPU can give the state, after activations and the rest), or when the
+    samples' exchange moves fewer bytes than the gradients' all-reduce:
+    `samples_per_rank x exchange_bytes_per_sample(...) < 2 x n_params x bytes of reduce_dtype`.
+    "replicated" otherwise. Bytes only: the exchange's per-sample packing passes favour replication a bit
+    more, the optimizer step that every replica takes over all parameters favours sharding."""
+    n_params = count("n_params", n_params)
+    samples = count("samples_per_rank", samples_per_rank, lo=0)
+    state = count("state_bytes_per_param", state_bytes_per_param)
+    if reduce_dtype not in REDUCE_BYTES:
+        raise ConfigError(f"reduce_dtype={reduce_dtype!r} is not supported; allowed: {list(REDUCE_BYTES)}")
+    if gpu_memory_bytes is not None and n_params * state > count("gpu_memory_bytes", gpu_memory_bytes):
+        return "sharded"
+    exchange = samples * exchange_bytes_per_sample(n_input_dims, n_output_dims, need_dx)
+    all_reduce = 2 * n_params * REDUCE_BYTES[reduce_dtype]
+    return "sharded" if exchange < all_reduce else "replicated"

@@ -1,0 +1,209 @@
+"""Rendering an `OctreeField` (tinn/scenes/fields/octree_field.py): every sample takes the node its footprint
+picks, and only samples that land in a node are evaluated.
+
+`render_rays` (training): stratified samples, one Taichi kernel assigns every sample its node (level, walk,
+occupancy test, local coordinates; `tinn.kernels.octree.assign_samples`), the assigned samples are packed, the
+node array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays.
+`render_image` (viewing) marches the rays instead (`tinn.kernels.octree.march_count` / `march_emit`: only
+samples that have a node are produced), with empty-space skipping (an occupancy grid per octree depth) and early
+ray termination: the samples of a ray are taken in `segments` runs front to back, and rays whose transmittance
+fell below `early_stop` are dropped from the later runs.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from .. import checks
+from ..errors import InputError
+from .compositing import composite
+from .rays import camera_rays, pixel_radius, ray_box
+from .sampling import frame_runs, pack, stratified_t
+
+if TYPE_CHECKING:
+    from ..scenes.acceleration.occupancy import OccupancyGrid
+    from ..scenes.acceleration.octree_occupancy import LevelOccupancy
+
+__all__ = ["RayBatchResult", "render_rays", "render_image", "assign_nodes", "first_node_per_ray"]
+
+
+class RayBatchResult(NamedTuple):
+    rgb: torch.Tensor               # (R, 3) composited colour
+    opacity: torch.Tensor           # (R,)
+    node_ids: torch.Tensor          # (M,) int32: the node of every evaluated sample
+    ray_offsets: torch.Tensor       # (R + 1,) int32: ray r owns node_ids[ray_offsets[r]:ray_offsets[r + 1]]
+
+
+def occupancy_arguments(field, occupancy):
+    """(flat uint8 voxels, resolution, number of grids) for the kernel; resolution 0 means no skipping."""
+    tree = field.octree
+    if occupancy is None:
+        return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0, 1
+    from ..scenes.acceleration.occupancy import OccupancyGrid
+    from ..scenes.acceleration.octree_occupancy import LevelOccupancy
+
+    if not isinstance(occupancy, (OccupancyGrid, LevelOccupancy)):
+        raise InputError(f"occupancy must be a LevelOccupancy, an OccupancyGrid or None, got "
+                         f"{type(occupancy).__name__}")
+    if not (torch.equal(occupancy.box_min.to(tree.device), tree.box_min)
+            and torch.equal(occupancy.box_max.to(tree.device), tree.box_max)):
+        raise InputError(f"the occupancy grid covers [{occupancy.box_min.tolist()}, {occupancy.box_max.tolist()}]"
+                         f"; it must cover the octree's box [{tree.box_min.tolist()}, {tree.box_max.tolist()}]")
+    grids = occupancy.depths if isinstance(occupancy, LevelOccupancy) else 1
+    return occupancy.occupied.reshape(-1).view(torch.uint8), occupancy.resolution, grids
+
+
+def assign_nodes(field, origins: torch.Tensor, directions: torch.Tensor, t: torch.Tensor, deltas: torch.Tensor,
+                 radius: torch.Tensor, occupancy: LevelOccupancy | OccupancyGrid | None = None):
+    """Node of every sample (R, S) int32, -1 where nothing is evaluated (delta 0, outside the box, pruned
+    space, an empty voxel of `occupancy`), and local coordinates (R * S, 3) (rows of assigned samples only).
+
+    Sample (r, s) is origins[r] + t[r, s] directions[r] with footprint radius t[r, s] * radius[r]."""
+    from ..kernels import octree as octree_kernels
+
+    n_rays, n_samples = t.shape
+    dev = t.device
+    node = torch.empty(n_rays, n_samples, dtype=torch.int32, device=dev)
+    local = torch.empty(n_rays * n_samples, 3, dtype=torch.float32, device=dev)
+    if node.numel():
+        k = field.octree.kernel_tables
+        occupied, occ_res, grids = occupancy_arguments(field, occupancy)
+        octree_kernels.assign_samples(origins.contiguous(), directions.contiguous(), t.contiguous(),
+                                      deltas.contiguous(), radius.contiguous(), k.children, k.split, k.depth,
+                                      k.center, k.half_size, k.geometry(occupancy), field.lod_root_size,
+                                      field.octree.max_depth, field.octree.deepest, occupied, occ_res, grids, node,
+                                      local)
+    return node, local
+
+
+def _evaluate(field, origins, directions, t, deltas, radius, occupancy):
+    """Assign, pack and evaluate one batch of samples: (sigma, rgb, deltas, node_ids, ray_offsets), packed."""
+    node, local = assign_nodes(field, origins, directions, t, deltas, radius, occupancy)
+    sample_index, ray_offsets = pack(node >= 0)
+    node_ids = node.reshape(-1)[sample_index]
+    with checks.disabled():  # ids come from the octree: in range by construction
+        sigma, rgb = field.query_in_nodes(local[sample_index], node_ids)
+    return sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), node_ids, ray_offsets
+
+
+def ray_radius(pixel_radius, n_rays: int, dev) -> torch.Tensor:
+    """Each ray's pixel footprint radius per unit distance, (R,), from a number or an (R,) tensor."""
+    if isinstance(pixel_radius, torch.Tensor):
+        if pixel_radius.shape != (n_rays,):
+            raise InputError(f"pixel_radius must be a float or have shape ({n_rays},), got "
+                             f"{tuple(pixel_radius.shape)}")
+        return pixel_radius.float().contiguous()
+    if not (isinstance(pixel_radius, (int, float)) and pixel_radius > 0):
+        raise InputError(f"pixel_radius={pixel_radius!r} must be a number > 0")
+    return torch.full((n_rays,), float(pixel_radius), device=dev)
+
+
+def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
+                jitter: bool = False, background: torch.Tensor | None = None,
+                generator: torch.Generator | None = None,
+                occupancy: LevelOccupancy | OccupancyGrid | None = None) -> RayBatchResult:
+    """Composite rays through the field; gradients flow to the node networks.
+
+    pixel_radius: a float, or an (R,) tensor (rays from several pyramid levels in one batch). With an
+    `occupancy` grid, samples in its empty voxels are not evaluated.
+    """
+    radius = ray_radius(pixel_radius, origins.shape[0], origins.device)
+    t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
+    t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
+    sigma, rgb, d, node_ids, ray_offsets = _evaluate(field, origins, directions, t, deltas, radius, occupancy)
+    out = composite(sigma, rgb, d, ray_offsets, background)
+    return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets)
+
+
+@torch.no_grad()
+def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
+                 background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
+                 early_stop: float = 1e-4, segments: int = 2) -> dict:
+    """Render one view of the octree field. Returns image (H, W, 3), first_node (H, W) (the node met first along
+    each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
+    (samples the networks evaluated).
+
+    The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
+    emit: only samples that have a node, nothing of size rays x samples). occupancy: "auto" (the field's
+    `occupancy`, if set), None (no skipping), a LevelOccupancy or an OccupancyGrid. Early ray termination:
+    a ray's bins are taken in `segments` runs, and a ray whose transmittance is below `early_stop` after a
+    run is finished there (its image changes by at most `early_stop`); segments=1 or early_stop=0 evaluates
+    every sample in one run. `chunk`: rays marched at once.
+    """
+    if isinstance(occupancy, str):
+        if occupancy != "auto":
+            raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
+        occupancy = field.occupancy
+    runs = frame_runs(n_samples, segments, early_stop, chunk)
+    origins, directions = camera_rays(c2w, width, height, focal)
+    dev, n_rays = origins.device, origins.shape[0]
+    bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
+    if bg.shape != (3,):
+        raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
+    radius = ray_radius(pixel_radius(focal), n_rays, dev)
+    t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
+    touched = torch.zeros(field.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
+    color = torch.zeros(n_rays, 3, device=dev)
+    trans = torch.ones(n_rays, device=dev)
+    first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
+    # Finished rays stay in the list and march no samples (no compaction, no sync for it).
+    with checks.disabled():  # node ids, points and offsets come from the octree and the marcher
+        for start in range(0, n_rays, chunk):
+            end = min(start + chunk, n_rays)
+            rays = torch.arange(start, end, dtype=torch.int32, device=dev)
+            for a, b in runs:
+                node_ids, local, deltas, offsets = _march(field, origins, directions, t_near, t_far, radius, rays,
+                                                          a, b, n_samples, occupancy, trans, early_stop)
+                touched += torch.bincount(node_ids, minlength=field.n_nodes)
+                if node_ids.numel():
+                    sigma, rgb = field.query_in_nodes(local, node_ids)
+                else:
+                    sigma, rgb = torch.zeros(0, device=dev), torch.zeros(0, 3, device=dev)
+                out = composite(sigma, rgb, deltas, offsets)  # black: the background goes behind every run
+                color[start:end] += trans[start:end, None] * out.rgb
+                trans[start:end] *= 1.0 - out.opacity
+                seen = first[start:end]
+                first[start:end] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
+    image = color + trans[:, None] * bg
+    return {"image": image.view(height, width, 3), "first_node": first.view(height, width),
+            "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
+
+
+def _march(field, origins, directions, t_near, t_far, radius, rays, first_bin, end_bin, n_samples, occupancy,
+           trans, early_stop):
+    """Packed samples of bins first_bin..end_bin-1 of the listed rays that have a node (none for rays whose
+    transmittance `trans` is at most early_stop > 0): node ids, local coordinates, bin lengths and ray
+    offsets (len(rays) + 1, int32)."""
+    from ..kernels import octree as octree_kernels
+
+    dev = origins.device
+    k = field.octree.kernel_tables
+    occupied, occ_res, grids = occupancy_arguments(field, occupancy)
+    geo = k.geometry(occupancy)
+    cutoff = float(early_stop) if early_stop > 0 else -1.0
+    head = (origins.contiguous(), directions.contiguous(), t_near.contiguous(), t_far.contiguous(),
+            radius.contiguous(), trans.contiguous(), cutoff, rays.contiguous(), int(first_bin), int(end_bin),
+            int(n_samples), k.children, k.split, k.depth)
+    tail = (field.lod_root_size, field.octree.max_depth, field.octree.deepest, occupied, occ_res, grids)
+    offsets = torch.zeros(rays.shape[0] + 1, dtype=torch.int32, device=dev)
+    if rays.shape[0]:
+        counts = torch.empty(rays.shape[0], dtype=torch.int32, device=dev)
+        octree_kernels.march_count(*head, geo, *tail, counts)
+        torch.cumsum(counts, 0, out=offsets[1:])
+    m = int(offsets[-1])
+    node_ids = torch.empty(m, dtype=torch.int32, device=dev)
+    local = torch.empty(m, 3, device=dev)
+    deltas = torch.empty(m, device=dev)
+    if m:
+        octree_kernels.march_emit(*head, k.center, k.half_size, geo, *tail, offsets, node_ids, local, deltas)
+    return node_ids, local, deltas, offsets
+
+
+def first_node_per_ray(node_ids: torch.Tensor, ray_offsets: torch.Tensor) -> torch.Tensor:
+    """The node of each ray's first evaluated sample, -1 for rays with none."""
+    starts, ends = ray_offsets[:-1].long(), ray_offsets[1:].long()
+    has = ends > starts
+    out = torch.full(starts.shape, -1, dtype=torch.int32, device=node_ids.device)
+    out[has] = node_ids[starts[has]]
+    return out
