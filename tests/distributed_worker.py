@@ -407,6 +407,21 @@ def scenario_mismatch(rank, out):
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
+def scenario_overflow(rank, out):
+    """Rank 0's scaler saw an overflow in its own networks' gradients, rank 1's did not: after the backward both
+    ranks' scalers hold the overflow, so both skip the step."""
+    import tinn.distributed as td
+    from tinn.gradient_scaling import GradientScaler
+
+    model = td.ShardedPart(factory(share_encoding=True), N_NETWORKS)
+    network = model.local.network
+    network.gradient_scaler = GradientScaler(torch.device("cpu"))
+    network.gradient_scaler.found_inf.fill_(1.0 if rank == 0 else 0.0)
+    x, ids, _, weight = batch(rank, 0)
+    autograd_pass(model, x, ids, weight)
+    torch.save({"found_inf": float(network.gradient_scaler.found_inf)}, os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_disagree(rank, out):
     """Rank 0 runs a training forward, rank 1 an inference one: both raise instead of deadlocking later."""
     import tinn.distributed as td

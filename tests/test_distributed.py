@@ -463,6 +463,13 @@ def test_a_part_alive_at_shutdown_holds_no_process_group(tmp_path):
         assert res[r]["returncode"] == 0
 
 
+def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    """float16 scalers: rank 0's gradients overflowed, rank 1's did not; after the sharded backward both hold
+    the overflow, so the shared encoding (replicated on both ranks) is skipped alike and cannot drift."""
+    res = run_ranks("overflow", tmp_path)
+    assert [r["found_inf"] for r in res] == [1.0, 1.0]
+
+
 def test_ranks_out_of_step_raise_together(tmp_path):
     res = run_ranks("disagree", tmp_path)
     for r in range(WORLD):

@@ -402,6 +402,7 @@ class ShardedPart(_Collective):
             dx = buckets.gather_rows(dx_back, plan.dest, float(self.world_size) if mean else 1.0, self.exchange_kernels)
             mark(self, "exchange")
         grads = reduction()
+        self._agree_on_overflow()
         mark(self, "reduce")
         if need_dx and not any_dx:
             # Raised after this rank took its part in every collective of the backward, so no rank hangs.
@@ -409,6 +410,20 @@ class ShardedPart(_Collective):
                               "it at the forward; call forward_with_context(x, ids, train=True, need_dx=True) "
                               "(autograd calls announce it from x.requires_grad)")
         return (dx if need_dx else None), grads
+
+    def _agree_on_overflow(self) -> None:
+        """Every rank's float16 scalers learn whether any rank's gradients overflowed (a max over ranks of their
+        `found_inf`, on the device): each rank then makes the same skip decision, so tables every rank holds
+        (replicated ones) are stepped or skipped alike and never drift apart. No host sync."""
+        scalers = [m.gradient_scaler for m in self.local.modules() if getattr(m, "gradient_scaler", None) is not None]
+        if not scalers or self.world_size == 1:
+            return
+        import torch.distributed as dist
+        flags = torch.stack([s.found_inf.reshape(()) for s in scalers]).to(self.collective_device)
+        with collective("the overflow flags' all-reduce", self.group):
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        for s, flag in zip(scalers, flags.to(scalers[0].found_inf.device)):
+            s.found_inf.copy_(flag)
 
     def _start_reduce(self, tables, grads, any_grads):
         """Owned tables: as computed (dy carries the mean's scale); replicated ones: summed over ranks
