@@ -61,12 +61,12 @@ def sort_keys(net_ids: torch.Tensor, n_networks: int) -> torch.Tensor:
 def route(net_ids: torch.Tensor, n_networks: int, tile_size: int = 256, tiles: bool = True) -> Routing:
     """Sort order and tiles; `tiles=False` skips the tiles (inference only needs the order)."""
     dev = net_ids.device
-    order, counts = sort_by_network(net_ids, n_networks)
+    order, bounds = sorted_bounds(net_ids, n_networks)
+    seg_start, seg_end = bounds[:-1], bounds[1:]
+    counts = seg_end - seg_start
     if not tiles:
         empty = torch.empty(0, dtype=torch.int32, device=dev)
         return Routing(order, empty, empty, empty, counts)
-    seg_end = torch.cumsum(counts, 0)
-    seg_start = seg_end - counts
     tiles_per_net = (counts + tile_size - 1) // tile_size
     n_tiles = int(tiles_per_net.sum())  # the one host sync: sizes the tile arrays
     tile_net = torch.repeat_interleave(torch.arange(n_networks, device=dev), tiles_per_net, output_size=n_tiles)
@@ -89,33 +89,33 @@ class TileRouting:
 
 def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int,
                   presorted: tuple[torch.Tensor, torch.Tensor] | None = None) -> TileRouting:
-    """Tiles for one-block-per-tile kernels; `presorted` reuses a `sort_by_network` result.
+    """Tiles for one-block-per-tile kernels; `presorted` reuses a `sorted_bounds` result.
 
     Network n with c samples needs ceil(c / tile_size) tiles, so the total is at
     most batch // tile_size + (networks with samples) + 1: allocating that bound
     and marking the unused tail with count 0 keeps the whole routing on the
     device (no `int(...)` sync before the launch).
     """
-    sorted_ids = presorted if presorted is not None else sort_by_network(net_ids, n_networks)
-    return _tiles(*sorted_ids, net_ids.shape[0], n_networks, (tile_size,))[0]
+    order, bounds = presorted if presorted is not None else sorted_bounds(net_ids, n_networks)
+    return _tiles(order, bounds, net_ids.shape[0], n_networks, (tile_size,))[0]
 
 
 def route_fused(net_ids: torch.Tensor, n_networks: int, tile_sizes: tuple[int, ...]) -> tuple[TileRouting, ...]:
     """One sort, tiles of each size: the forward's tiles and the backward's chunks line up by sorted position."""
-    return _tiles(*sort_by_network(net_ids, n_networks), net_ids.shape[0], n_networks, tile_sizes)
+    return _tiles(*sorted_bounds(net_ids, n_networks), net_ids.shape[0], n_networks, tile_sizes)
 
 
-def _tiles(order: torch.Tensor, counts: torch.Tensor, batch: int, n_networks: int,
+def _tiles(order: torch.Tensor, bounds: torch.Tensor, batch: int, n_networks: int,
            tile_sizes: tuple[int, ...]) -> tuple[TileRouting, ...]:
     """`route_bounded`'s tiles for every size at once, as (sizes, tiles) tensors whose rows are then each
     size's tiles (a row prefix, contiguous): a training step's sizes cost one batch of torch ops, and on a
     GPU every op is a launch the host pays for before the step's kernels can start."""
-    dev = counts.device
+    dev = bounds.device
     i32 = torch.int32
     sizes = _sizes_column(tile_sizes, dev)                                              # (S, 1)
     n_max = [batch // size + min(n_networks, batch) + 1 for size in tile_sizes]
-    seg_end = torch.cumsum(counts, 0)
-    seg_start = seg_end - counts
+    seg_start, seg_end = bounds[:-1], bounds[1:]
+    counts = seg_end - seg_start
     tiles_per_net = (counts + sizes - 1) // sizes                                      # (S, N)
     last_tile = torch.cumsum(tiles_per_net, 1)                                         # inclusive, per size
     t = torch.arange(max(n_max), device=dev).expand(len(tile_sizes), -1).contiguous()  # (S, M)

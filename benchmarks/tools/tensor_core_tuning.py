@@ -196,8 +196,8 @@ def main(argv=None):
     print(f"\n{results['device']}, {args.precision}")
     print(f"{'case':10s} {'grouping':>9s} {'+ tiles':>8s} {'inference':>10s} {'step':>8s} {'GPU busy':>9s}")
     for e in results["cases"]:
-        print(f"{e['networks']}:{e['width']:<6d} {e['grouping_ms']:9.3f} {e['tiles_ms']:8.3f} {e['inference_ms']:10.3f} "
-              f"{e['step']['wall_ms']:8.3f} {e['step']['gpu_busy_ms']:9.3f}")
+        print(f"{e['networks']}:{e['width']:<6d} {e['grouping_ms']:9.3f} {e['tiles_ms']:8.3f} "
+              f"{e['inference_ms']:10.3f} {e['step']['wall_ms']:8.3f} {e['step']['gpu_busy_ms']:9.3f}")
     for case, kernel, opt, ms, default_ms in summary:
         print(f"best {case:9s} {kernel:16s} {str(opt):16s} {ms:.3f} ms (default {default_ms:.3f} ms)")
 

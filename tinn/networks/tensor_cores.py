@@ -1,11 +1,11 @@
 """The tensor-core path of an MLP array: Triton kernels on CUDA (`tinn/kernels/tensor_cores/`).
 
 Routing: one sort, then forward tiles of one network's samples and longer chunks for the backward (whose
-programs add a chunk's weight gradients once), each list built by one kernel (tinn/kernels/tensor_cores/tiles.py). The kernels read the array's float32 parameters
-through a copy packed per call in the compute precision (transposed, padded to the tensor cores' shapes), and
-write float32 outputs, input gradients and weight gradients in tinn's layouts, so the rest of tinn (grids,
-losses, optimizers, checkpoints) sees the same tensors as on every other path. tcnn's constant input columns
-are appended inside the kernels (no padded copy of the input).
+programs add a chunk's weight gradients once), each list built by one kernel (tinn/kernels/tensor_cores/tiles.py).
+The kernels read the array's float32 parameters through a copy packed per call in the compute precision
+(transposed, padded to the tensor cores' shapes), and write float32 outputs, input gradients and weight gradients
+in tinn's layouts, so the rest of tinn (grids, losses, optimizers, checkpoints) sees the same tensors as on every
+other path. tcnn's constant input columns are appended inside the kernels (no padded copy of the input).
 """
 from __future__ import annotations
 
