@@ -162,6 +162,13 @@ def for_precision(precision: str, mode: str, device) -> GradientScaler | None:
     return GradientScaler(device) if precision == "float16" and mode == "dynamic" else None
 
 
+def scalers_of(module: torch.nn.Module) -> list[GradientScaler]:
+    """The dynamic gradient scalers of a module's float16 networks (the `gradient_scaler` of each submodule that
+    has one), in module order."""
+    return [m.gradient_scaler for m in module.modules()
+            if isinstance(getattr(m, "gradient_scaler", None), GradientScaler)]
+
+
 def skip_flag(scalers, out: torch.Tensor | None = None) -> torch.Tensor:
     """End of a step for every scaler (each updates its scale on the device): the (1,) int32 flag that is 1
     where any of them saw non-finite gradients. One scaler's own flag, or the maximum written into `out`."""

@@ -45,18 +45,6 @@ def _observed(model: torch.nn.Module) -> bool:
     return any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
 
 
-def _gradient_scalers(model: torch.nn.Module, fresh: bool = False) -> list:
-    """The dynamic gradient scalers of the model's float16 networks (fresh ones for a reset)."""
-    scalers = []
-    for m in model.modules():
-        scaler = getattr(m, "gradient_scaler", None)
-        if isinstance(scaler, gradient_scaling.GradientScaler):
-            if fresh:
-                scaler.reset()
-            scalers.append(scaler)
-    return scalers
-
-
 def _accumulate_grad(p: torch.Tensor, grad: torch.Tensor) -> None:
     """What autograd's gradient accumulation does for a leaf: take the buffer, or add into `.grad`."""
     if p.grad is None:
@@ -272,7 +260,10 @@ class Trainer(LearningRateOf):
     def _attach_scalers(self, fresh: bool) -> None:
         """The model's gradient scalers (reset where `fresh`), the device count of skipped steps, and the
         buffer of the combined skip flag of several scalers."""
-        self.gradient_scalers = _gradient_scalers(self.model, fresh=fresh)
+        self.gradient_scalers = gradient_scaling.scalers_of(self.model)
+        if fresh:
+            for scaler in self.gradient_scalers:
+                scaler.reset()
         device = self.gradient_scalers[0].scale.device if self.gradient_scalers else None
         self._skipped = torch.zeros(1, dtype=torch.int32, device=device) if device is not None else None
         self._skip_flag = torch.zeros(1, dtype=torch.int32, device=device) if device is not None else None

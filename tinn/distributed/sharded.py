@@ -31,7 +31,7 @@ import json
 
 import torch
 
-from .. import runtime
+from .. import gradient_scaling, runtime
 from ..errors import ConfigError
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
 from . import buckets
@@ -415,7 +415,7 @@ class ShardedPart(_Collective):
         """Every rank's float16 scalers learn whether any rank's gradients overflowed (a max over ranks of their
         `found_inf`, on the device): each rank then makes the same skip decision, so tables every rank holds
         (replicated ones) are stepped or skipped alike and never drift apart. No host sync."""
-        scalers = [m.gradient_scaler for m in self.local.modules() if getattr(m, "gradient_scaler", None) is not None]
+        scalers = gradient_scaling.scalers_of(self.local)
         if not scalers or self.world_size == 1:
             return
         import torch.distributed as dist
@@ -528,10 +528,8 @@ class Replicated(_Collective):
                                     "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
         # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so
         # recording them gives every rank the same skip decision.
-        for m in self.inner.modules():
-            scaler = getattr(m, "gradient_scaler", None)
-            if scaler is not None:
-                scaler.record_non_finite(reduced)
+        for scaler in gradient_scaling.scalers_of(self.inner):
+            scaler.record_non_finite(reduced)
         mark(self, "reduce")
         return reduced
 
