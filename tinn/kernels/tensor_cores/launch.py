@@ -117,12 +117,12 @@ _TUNED_16BIT = {
 
 def launch_options(geometry: Geometry, precision: str, device: torch.device, block_m: int | None = None,
                    kernel: str = "forward") -> LaunchOptions:
-    """Block size, warps and pipelining depth of a shape and kernel (one of KERNELS). The general choice comes
-    from the registers and spills that ptxas reports for sm_90 (benchmarks/tools/tensor_core_compile.py): 128
-    samples a block for layers up to 64 wide, 64 for 128-wide ones (32 for exact float32, whose dots are FMA
-    loops), eight warps; two pipeline stages for 16-bit operands, one for float32 operands (with two, ptxas
-    spills heavily). 16-bit kernels take their measured options (`_TUNED_16BIT`). 16 samples under the CPU
-    interpreter; `block_m` overrides the block size."""
+    """Block size, warps and pipelining depth of a shape and kernel (one of KERNELS). 16-bit kernels take their
+    measured options (`_TUNED_16BIT`). float32 operands (exact and TF32) take the choice made from the registers
+    and spills that ptxas reports for sm_90 (benchmarks/tools/tensor_core_compile.py): eight warps, one pipeline
+    stage (with two, ptxas spills heavily), TF32 128 samples a block for layers up to 64 wide and 64 for 128-wide
+    ones, exact float32 (whose dots are FMA loops) half that. 16 samples under the CPU interpreter; `block_m`
+    overrides the block size."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}; allowed: {list(KERNELS)}")
     widest = max(geometry.k0, geometry.h, geometry.o)
@@ -132,11 +132,10 @@ def launch_options(geometry: Geometry, precision: str, device: torch.device, blo
     if sixteen_bit:
         bm, warps, stages = _TUNED_16BIT[64 if widest <= 64 else 128][kernel]
         return LaunchOptions(block_m or bm, warps, stages)
+    bm = 128 if widest <= 64 else 64
     if precision == "float32":
-        bm = 64 if widest <= 64 else 32
-    else:
-        bm = 128 if widest <= 64 else 64
-    return LaunchOptions(block_m or bm, 8, 2 if sixteen_bit else 1)
+        bm //= 2
+    return LaunchOptions(block_m or bm, 8, 1)
 
 
 def kernel_constants(shape: MLPShape, g: Geometry, precision: str, n_real_in: int, options: LaunchOptions) -> dict:
