@@ -81,7 +81,8 @@ def test_feature_major_inputs_in_lower_precision(precision, tuned):
     ("float16", 1, "auto", None, True, ("unfused", "float32"), ("unfused", "float32")),  # deterministic
     ("float32", 1, "auto", True, False, ("dense", "float32"), ("dense", "float32")),
     ("float32", 4, "auto", None, False, ("batched_gemm", "float32"), ("fused", "float32")),
-    ("auto", 4, "auto", None, False, ("batched_gemm", "float32"), ("fused", "float32")),      # the default
+    # the default: float16 tensor cores for a CUDA array, float32 for a single network
+    ("auto", 4, "auto", None, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
     ("auto", 1, "auto", False, False, ("unfused", "float32"), ("fused", "float32")),
 ])
 def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, cpu, cuda, tuned):
