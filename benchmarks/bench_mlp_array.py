@@ -6,8 +6,8 @@ PyTorch baselines: (1) samples grouped by network into a zero-padded
 `torch.func.vmap` of `functional_call` over the N networks' stacked parameters (the stack_module_state
 recipe) on the same padded batch, fp32; (3) `torch._grouped_mm` on samples sorted by network,
 bf16 (tensor cores) and fp32 where torch runs it. Training = forward, L2 loss, autograd backward,
-`torch.optim.Adam` (`--torch-adam fused`: its fused CUDA kernel). tinn: `NetworkArray` inference, and `Trainer.training_step`
-(forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
+`torch.optim.Adam` (`--torch-adam fused`: its fused kernel). tinn: `NetworkArray` inference, and
+`Trainer.training_step` (forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
 unfused kernels (`--unfused`) for comparison. Reported: times, TFLOP/s, % of the
 GPU's FP32 peak (non-tensor-core), inference samples/s, peak GPU memory. Training steps are timed two
 ways: a sync around each step (median), and pipelined, steps issued back to back with one sync at the end,
@@ -233,7 +233,7 @@ def time_bmm(row, precision: BmmPrecision, net, x, ids, target, n, reps, fused_a
     it; False (and a note in the row) where the precision needs CUDA and x is elsewhere. TF32 is set for the
     baseline alone: off for the others, so the fp32 row stays fp32 whatever the process set before."""
     if precision.cuda_only and x.device.type != "cuda":
-        row[f"{precision.prefix}_note"] = f"skipped: {precision.name} is CUDA only (a tensor-core mode)"
+        row[f"{precision.prefix}_note"] = "skipped: CUDA only (a tensor-core mode)"
         return False
     with tf32_matmuls(precision.tf32):
         time_torch(row, precision.prefix, TorchBmmArray(net).to(x.device), x, ids, target, n, reps,
@@ -358,7 +358,8 @@ def table_row(row: dict) -> dict:
             "not_run": ", ".join(not_run) or None, "notes": "; ".join(notes) or None}
 
 
-CASE_COLUMNS = [("networks", "N", "d"), ("width", "W", "d"), ("samples", "samples", "d"), ("routing", "routing", "s")]
+CASE_COLUMNS = [("networks", "N", "d"), ("width", "W", "d"), ("samples", "samples", "d"),
+                ("routing", "routing", "s")]
 
 # Two tables: the goals (the fastest torch route, tinn's speedup over it, met or not), then every baseline's
 # times, speedups and memory.
@@ -469,7 +470,7 @@ def main(argv=None):
                     row = run_isolated(case, args.arch) if args.isolate else bench_case(**case)
                     rows.append(row)
                     print(row, flush=True)
-    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}"
+    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, {device}"
           + (f", FP32 peak {peak:g} TFLOP/s" if peak else ""))
     print("\nAgainst the fastest torch baseline of each row:")
     table = [table_row(r) for r in rows]
