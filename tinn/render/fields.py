@@ -49,17 +49,19 @@ class RaySamples:
 
 
 def sample_rays(box_min, box_max, origins: torch.Tensor, directions: torch.Tensor, n_samples: int,
-                occupancy=None, jitter: bool = False, generator: torch.Generator | None = None) -> RaySamples:
+                occupancy=None, jitter: bool = False, generator: torch.Generator | None = None,
+                spans: tuple[torch.Tensor, torch.Tensor] | None = None) -> RaySamples:
     """The samples `render_rays` evaluates, chosen on the device without waiting for it: stratified samples over
     each ray's span inside the box [box_min, box_max], kept where they lie in occupied voxels of `occupancy`
     (every in-box sample without one). `shade` evaluates and composites them. Sampling a batch ahead of its use
-    (a training step preparing the next one's rays) lets the number of kept samples reach the host meanwhile."""
+    (a training step preparing the next one's rays) lets the number of kept samples reach the host meanwhile.
+    `spans`: the rays' (t_near, t_far) against the box (`ray_box`'s), where the caller keeps them."""
     origins = check_points("origins", origins)
     directions = check_points("directions", directions)
     if directions.shape != origins.shape:
         raise InputError(f"directions must have the shape of origins {tuple(origins.shape)}, "
                          f"got {tuple(directions.shape)}")
-    t_near, t_far = ray_box(origins, directions, box_min, box_max)
+    t_near, t_far = ray_box(origins, directions, box_min, box_max) if spans is None else spans
     t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
     points = (origins[:, None, :] + t[..., None] * directions[:, None, :]).reshape(-1, 3)
     keep = deltas > 0

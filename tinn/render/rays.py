@@ -83,7 +83,7 @@ def ray_box(origins: torch.Tensor, directions: torch.Tensor, box_min, box_max):
         raise InputError(f"box_max must exceed box_min on every axis, got box_min={lo.tolist()}, box_max={hi.tolist()}")
     # Axis-parallel rays: a tiny direction component instead of 0 keeps 0 * inf (a NaN) out of the slabs.
     tiny = torch.finfo(directions.dtype).tiny ** 0.5
-    d = torch.where(directions.abs() < tiny, torch.full_like(directions, tiny), directions)
+    d = torch.where(directions.abs() < tiny, tiny, directions)
     inv = 1.0 / d
     t0 = (lo - origins) * inv
     t1 = (hi - origins) * inv

@@ -211,8 +211,17 @@ class OccupancyGrid(VoxelBox):
     def query(self, points: torch.Tensor) -> torch.Tensor:
         """(M,) bool: the point lies in the box and in an occupied voxel."""
         q, inside = self.voxel_of(points)
-        r = self.resolution
-        return self.occupied.reshape(-1)[(q[:, 0] * r + q[:, 1]) * r + q[:, 2]] & inside
+        return self.occupied.reshape(-1)[(q * self._strides(q.device)).sum(dim=1)] & inside
+
+    def _strides(self, device: torch.device) -> torch.Tensor:
+        """(r * r, r, 1) int64 on `device`: a voxel's flat index is (q * strides).sum(1) (two torch ops instead of
+        four and three slices; each is host work a training step pays). Made once per resolution and device."""
+        key = (self.resolution, device)
+        kept = self.__dict__.get("_strides_kept")
+        if kept is None or kept[0] != key:
+            r = self.resolution
+            kept = self.__dict__["_strides_kept"] = (key, torch.tensor([r * r, r, 1], dtype=torch.int64).to(device))
+        return kept[1]
 
     def occupied_fraction(self) -> float:
         return float(self.occupied.float().mean())

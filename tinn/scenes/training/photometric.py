@@ -13,6 +13,7 @@ from ... import checks, runtime
 from ...errors import InputError
 from ...trainer import Trainer, TrainerControls
 from ...render.fields import RaySamples, sample_rays, shade
+from ...render.rays import ray_box
 
 NERF_ADAM = {"otype": "Adam", "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
 
@@ -103,6 +104,8 @@ class PhotometricTrainer(SceneTrainer):
         self.background = data.background.to(dev, torch.float32)
         alpha = data.alphas() if random_background else None
         self.alpha = None if alpha is None else alpha.to(dev, torch.float32).contiguous()
+        # Each ray's span in the field's box, computed once (per ray, so the same numbers as per batch).
+        self.t_near, self.t_far = ray_box(self.origins, self.directions, field.box_min, field.box_max)
         # Checked once here: the steps run without the sync checks.
         data_tensors = (self.origins, self.directions, self.colors) + (() if self.alpha is None else (self.alpha,))
         if not bool(torch.stack([torch.isfinite(t).all() for t in data_tensors]).all()):
@@ -149,7 +152,8 @@ class PhotometricTrainer(SceneTrainer):
             background = torch.rand(self.batch_rays, 3, device=colors.device, generator=self.generator)
             colors = colors + (1.0 - self.alpha[pick]) * (background - self.background)
         samples = sample_rays(self.field.box_min, self.field.box_max, self.origins[pick], self.directions[pick],
-                              self.n_samples, self.occupancy, jitter=True, generator=self.generator)
+                              self.n_samples, self.occupancy, jitter=True, generator=self.generator,
+                              spans=(self.t_near[pick], self.t_far[pick]))
         return RayBatch(colors, background, samples, self._batch_key())
 
     def loss(self) -> torch.Tensor:
