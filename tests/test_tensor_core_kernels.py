@@ -51,14 +51,20 @@ def test_batch_dependent_strides_take_the_variant_that_does_not_specialise_on_th
     kernel, so those calls go to the variant without divisibility specialisation on the stride arguments, and
     sample-major calls keep the specialised one."""
     from tinn.kernels.tensor_cores import launch, mlp
-    for kernel in (mlp.forward_kernel_any_batch, mlp.backward_kernel_any_batch):
-        dropped = set(kernel.kwargs["do_not_specialize_on_alignment"])
-        assert dropped and dropped <= set(mlp.BATCH_STRIDES) and dropped <= set(kernel.arg_names)
+    for kernel, any_batch in ((mlp.forward_kernel, mlp.forward_kernel_any_batch),
+                              (mlp.backward_kernel, mlp.backward_kernel_any_batch)):
+        dropped = set(any_batch.kwargs["do_not_specialize_on_alignment"])
+        assert dropped <= set(mlp.BATCH_STRIDES + mlp.SCALAR_POINTERS) and dropped <= set(any_batch.arg_names)
+        assert {"s_x_sample", "s_x_feature"} <= dropped
+        # the tile lists' pointers in both variants (the lists are slices at batch-dependent offsets)
+        assert set(kernel.kwargs["do_not_specialize_on_alignment"]) == dropped & set(mlp.SCALAR_POINTERS) != set()
     aligned, any_batch = mlp.forward_kernel, mlp.forward_kernel_any_batch
     feature_major = torch.empty(5, 1000).t()  # (1000 samples, 5 features): strides (1, 1000)
     assert launch._kernel_for(aligned, any_batch, 1000, *feature_major.stride()) is any_batch
     assert launch._kernel_for(aligned, any_batch, 1000, *torch.empty(1000, 5).stride()) is aligned
     assert launch._kernel_for(aligned, any_batch, 1000, 16, 1, 0) is aligned  # a broadcast dy (stride 0)
+    from tinn.kernels.tensor_cores import tiles
+    assert all(tiles.slots(batch, 7, 64) % 4 == 0 for batch in range(0, 700, 13))  # 16-byte aligned lists
 
 
 def make_ids(kind, batch, n_networks, gen):

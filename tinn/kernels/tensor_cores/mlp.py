@@ -301,7 +301,7 @@ def _loss_element(p, t, cols, N_OUT: tl.constexpr, LOSS: tl.constexpr):
 
 @triton.jit
 def _backward_block(
-    acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+    acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
     pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
     start, count, scale, inv_scale, inv_n, part_ptr,
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr,
@@ -310,10 +310,11 @@ def _backward_block(
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
 ):
-    """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
-    of layer L - 1 (stored over the ones it read) or, for layer 0, its dx. With a LOSS, dy_ptr holds the
-    targets: the output layer recomputes the prediction, takes the loss's gradient (times inv_n, the mean's
-    1 / element count) and adds the block's loss sum to *part_ptr."""
+    """Layer L on the chunk's samples t .. t + BM: (acc + this block's weight gradient, loss_acc), and the
+    block's deltas of layer L - 1 (stored over the ones it read) or, for layer 0, its dx. With a LOSS, dy_ptr
+    holds the targets: the output layer recomputes the prediction, takes the loss's gradient (times inv_n, the
+    mean's 1 / element count) and adds the block's loss values to loss_acc (BM, KOUT), summed once per chunk:
+    a reduction across the block's threads per block would synchronise them every block."""
     FIRST: tl.constexpr = L == 0
     LAST: tl.constexpr = L == N_LAYERS - 1
     kin = tl.arange(0, KIN)
@@ -342,7 +343,7 @@ def _backward_block(
         if LOSS != NO_LOSS:
             # (masked lanes hold a target of 0 and any prediction: their values and gradients are dropped)
             v, dv = _loss_element(y_out, g, kout, N_OUT, LOSS)
-            tl.atomic_add(part_ptr, tl.sum(tl.sum(tl.where(omask, v, 0.0), axis=1), axis=0))
+            loss_acc += tl.where(omask, v, 0.0)
             g = tl.where(omask, dv * inv_n, 0.0)
         g = g * scale
         if OUTPUT_ACT != 0:
@@ -361,7 +362,7 @@ def _backward_block(
         d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
         tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16),
                  mask=rmask[:, None])
-    return acc
+    return acc, loss_acc
 
 
 @triton.jit
@@ -388,12 +389,13 @@ def _backward_layer(
     P_OFFSET: tl.constexpr = 0 if FIRST else N_IN * WIDTH + (L - 1) * WIDTH * WIDTH
     w = _load_weight(w_net, W_OFFSET, KIN, KOUT)
     acc = tl.zeros((KIN, KOUT), dtype=tl.float32)
+    loss_acc = tl.zeros((BM, KOUT), dtype=tl.float32)
     # (the interpreter's while loop: see forward_kernel)
     if INTERPRETED:
         t = 0
         while t < count:
-            acc = _backward_block(
-                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+            acc, loss_acc = _backward_block(
+                acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
                 KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
@@ -401,8 +403,8 @@ def _backward_layer(
             t += BM
     else:
         for t in range(0, count, BM):
-            acc = _backward_block(
-                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+            acc, loss_acc = _backward_block(
+                acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
                 KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
@@ -411,8 +413,11 @@ def _backward_layer(
         kin = tl.arange(0, KIN)
         kout = tl.arange(0, KOUT)
         # acc[i, o] is dL/dW[o, i] (times the scale); W is row-major (fan_out, fan_in) in the parameter row.
+        # (relaxed: nothing in the kernel reads dparams, and an acquire-release atomic would fence memory)
         tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
-                      mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :])
+                      mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :], sem="relaxed")
+    if LAST and LOSS != NO_LOSS:
+        tl.atomic_add(part_ptr, tl.sum(tl.sum(loss_acc, axis=1), axis=0), sem="relaxed")
     # The next layer down reads the deltas this one stored, from other threads of the block.
     tl.debug_barrier()
 
@@ -470,10 +475,17 @@ BATCH_STRIDES = ("s_x_sample", "s_x_feature", "s_dy_sample", "s_dy_feature", "s_
                  "s_out_sample")
 
 
-def _any_batch_variant(kernel):
-    names = [n for n in BATCH_STRIDES if n in kernel.arg_names]
-    return triton.jit(kernel.fn, do_not_specialize_on_alignment=names)
+# Pointers a program reads one value from (its tile, the scale) or adds one value to: their alignment changes
+# no instruction, and the tile lists are slices at offsets that depend on the batch, so no kernel specialises on
+# their alignment either.
+SCALAR_POINTERS = ("tile_net_ptr", "tile_start_ptr", "tile_count_ptr", "scale_ptr", "parts_ptr")
 
 
-forward_kernel_any_batch = _any_batch_variant(forward_kernel)
-backward_kernel_any_batch = _any_batch_variant(backward_kernel)
+def _variant(kernel, names):
+    return triton.jit(kernel.fn, do_not_specialize_on_alignment=[n for n in names if n in kernel.arg_names])
+
+
+forward_kernel_any_batch = _variant(forward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+backward_kernel_any_batch = _variant(backward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+forward_kernel = _variant(forward_kernel, SCALAR_POINTERS)
+backward_kernel = _variant(backward_kernel, SCALAR_POINTERS)
