@@ -241,15 +241,15 @@ def viewer_rate(viewer, seconds: float, warmup_s: float) -> dict:
     """The web viewer's loop over `seconds` after `warmup_s` (a client connects, first renders): `rate` (steps/s),
     `start` and `end` (perf_counter), and by the viewer's own ledger (`tinn.viewer.budget`; nothing booked with
     nobody connected) the page's `share` of the time and `training_rate`, steps per second of booked training."""
-    c, budget = viewer.controller, viewer.frontend.schedule.budget
+    c, schedule = viewer.controller, viewer.frontend.schedule
     c.quit_requested = False
     marks = {}
 
     def stopper():
         time.sleep(warmup_s)
-        marks["start"] = (time.perf_counter(), c.step, budget.page_s, budget.training_s)
+        marks["start"] = (time.perf_counter(), c.step, *schedule.totals())
         time.sleep(seconds)
-        marks["end"] = (time.perf_counter(), c.step, budget.page_s, budget.training_s)
+        marks["end"] = (time.perf_counter(), c.step, *schedule.totals())
         c.quit()
 
     thread = threading.Thread(target=stopper)

@@ -182,6 +182,13 @@ class PageSchedule:
         self._mark, self._off_training, self._begun = now, 0.0, None
         return took
 
+    def totals(self) -> tuple[float, float]:
+        """(page seconds, training seconds) booked while a browser watched, the training since the last update
+        included: readable at any moment (another thread may take it while an update runs)."""
+        now, mark = self.clock(), self._mark
+        pending = 0.0 if mark is None or self._begun is not None else max(0.0, now - mark - self._off_training)
+        return self.budget.page_s, self.budget.training_s + pending
+
     def reset(self) -> None:
         """Nobody watching: the next browser starts with no credit and no debt."""
         self.budget.reset()
