@@ -11,7 +11,8 @@ import torch
 from tinn.errors import ConfigError
 from tinn.viewer import Viewer
 from tinn.viewer import controller as controller_module
-from tinn.viewer.budget import MIN_SCALE, MOVING_FRAME_S, VIEW_SHARE_RANGE, PageBudget, check_view_share, next_scale
+from tinn.viewer.budget import (MIN_SCALE, MOVING_FRAME_S, PANEL_FRACTION, RESTING_FRAME_S, VIEW_SHARE_RANGE,
+                                PageBudget, check_view_share, next_scale)
 from tinn.viewer.web import BrowserCamera
 
 needs_viser = pytest.mark.needs_package(importlib.util.find_spec("viser") is not None, "the web viewer needs viser")
@@ -30,10 +31,12 @@ class FakeClock:
 
 class SimulatedScene:
     """A scene source whose work costs simulated time: a step `step_s`, a render `fixed_s` + `pixel_s` per pixel,
-    a per-network loss query `query_s`. `on_step` runs after every step (it moves the camera, ends the run)."""
+    the held-out view for the panels `heldout_s`, a per-network loss query `query_s`. `on_step` runs after every
+    step (it moves the camera, ends the run)."""
 
-    def __init__(self, clock, step_s, fixed_s, pixel_s, query_s=0.0):
+    def __init__(self, clock, step_s, fixed_s, pixel_s, query_s=0.0, heldout_s=0.0):
         self.clock, self.step_s, self.fixed_s, self.pixel_s, self.query_s = clock, step_s, fixed_s, pixel_s, query_s
+        self.heldout_s = heldout_s
         self.steps = 0
         self.on_step = lambda: None
 
@@ -48,13 +51,14 @@ class SimulatedScene:
         return torch.ones(2)
 
     def render(self):
+        self.clock.advance(self.heldout_s)
         return np.zeros((4, 4, 3), np.float32)
 
     def reference(self):
         return np.zeros((4, 4, 3), np.float32)
 
     def render_from(self, c2w):
-        return self.render()
+        return np.zeros((4, 4, 3), np.float32)
 
     def orbit_start(self):
         c2w = torch.eye(4)
@@ -73,13 +77,14 @@ class Client:
         self.scene = types.SimpleNamespace(set_background_image=lambda image, **kwargs: None)
 
 
-def simulate(tmp_path, monkeypatch, *, seconds, step_s, fixed_s, pixel_s, move_every_s=None, query_s=0.0,
-             share=0.06):
+def simulate(tmp_path, monkeypatch, *, seconds, step_s, fixed_s, pixel_s, move_every_s=None, move_from_s=0.0,
+             query_s=0.0, heldout_s=0.02, share=0.06):
     """Run the web viewer's loop for `seconds` of simulated time with one 1280 x 720 browser camera (moved every
-    `move_every_s`, or at rest). Returns (page's share of the wall time, frames as (time, scale, moving), camera)."""
+    `move_every_s` from `move_from_s` on, or at rest). Returns (page's share of the wall time, frames as
+    (time, scale, moving), camera)."""
     clock = FakeClock()
     monkeypatch.setattr(controller_module, "time", types.SimpleNamespace(perf_counter=clock))
-    source = SimulatedScene(clock, step_s, fixed_s, pixel_s, query_s)
+    source = SimulatedScene(clock, step_s, fixed_s, pixel_s, query_s, heldout_s)
     viewer = Viewer(source, out_dir=str(tmp_path), backend="web", log=lambda *a: None,
                     web={"port": 0, "view_share": share, "clock": clock})
     web, c = viewer.frontend, viewer.controller
@@ -99,7 +104,7 @@ def simulate(tmp_path, monkeypatch, *, seconds, step_s, fixed_s, pixel_s, move_e
     moves = {"at": clock()}
 
     def on_step():
-        if move_every_s is not None and clock() - moves["at"] >= move_every_s:
+        if move_every_s is not None and clock() - start >= move_from_s and clock() - moves["at"] >= move_every_s:
             cam.seq += 1
             cam.moved_at = moves["at"] = clock()
         if clock() - start >= seconds:
@@ -123,7 +128,11 @@ def test_resting_camera_the_page_takes_its_share(tmp_path, monkeypatch):
     at_rest = [f for f in frames if not f[2]]
     assert len(at_rest) >= 20
     assert share == pytest.approx(0.06, abs=0.012)
-    assert 0.5 < cam.view.rest_scale < 1.0  # the resolution went down to fit a frame a second
+    # The resolution went down to fit a frame a second in the cameras' part of the share:
+    # 0.002 + 2e-7 x 1280 x 720 x scale^2 = 0.06 x (1 - PANEL_FRACTION) x RESTING_FRAME_S.
+    target = 0.06 * (1 - PANEL_FRACTION) * RESTING_FRAME_S
+    assert cam.view.rest_scale == pytest.approx(math.sqrt((target - 0.002) / (2e-7 * 1280 * 720)), rel=0.05)
+    assert np.diff([t for t, _, moving in at_rest[5:]]).mean() == pytest.approx(RESTING_FRAME_S, rel=0.25)
 
 
 @needs_viser
@@ -149,7 +158,8 @@ def test_moving_camera_at_the_smallest_resolution_gets_fewer_frames(tmp_path, mo
     assert scales[-1] == MIN_SCALE and scales[1] > MIN_SCALE  # the resolution fell first ...
     late = [t for t, _, moving in frames if moving and t > 10.0]
     cost = 0.010 + 2e-7 * 128 * 72
-    assert np.diff(late).mean() == pytest.approx(cost / 0.06, rel=0.2)  # ... then the frame rate
+    # ... then the frame rate: frames as often as the share pays for, less what the panels take of it.
+    assert cost / 0.06 < np.diff(late).mean() < 1.1 * cost / (0.06 * (1 - PANEL_FRACTION))
 
 
 @pytest.mark.parametrize("bad", [0.0, 0.009, 0.51, 1.0, -0.1, float("nan"), float("inf"), "0.05", True, None])
@@ -181,3 +191,15 @@ def test_next_scale_moves_by_the_square_root_within_its_limits():
     assert next_scale(0.5, took_s=0.0121, target_s=0.01) == pytest.approx(0.5 * math.sqrt(0.01 / 0.0121))
     assert next_scale(0.12, took_s=1.0, target_s=0.01) == MIN_SCALE
     assert next_scale(0.9, took_s=0.001, target_s=0.01) == 1.0
+
+
+@needs_viser
+def test_a_camera_that_starts_moving_is_answered_after_the_current_slice(tmp_path, monkeypatch):
+    from tinn.viewer.app import FRAME_BUDGET_S
+
+    share, frames, cam = simulate(tmp_path, monkeypatch, seconds=25.0, step_s=0.01, fixed_s=0.002, pixel_s=2e-7,
+                                  move_every_s=1 / 30, move_from_s=20.0)
+    first_move = min(t for t, _, moving in frames if moving and t > 15.0)
+    # The first camera message comes with the first step past 20 s; the answer follows the slice it lands in,
+    # whatever the resting frames left of the credit.
+    assert 20.0 <= first_move <= 20.0 + FRAME_BUDGET_S + 2 * 0.01 + 0.05

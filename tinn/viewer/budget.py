@@ -6,7 +6,8 @@ spends what it really took. An update runs once the credit covers what it is exp
 stretch longer than a few updates the page's time is at most about `view_share` of the whole.
 
 Each camera has a target frame period (short while it moves, long at rest); the resolution of its renders adapts
-so that an update costs about `view_share` x that period. Where even the smallest resolution costs more, the
+so that a frame costs about its part of `view_share` x that period (the panels and curves get PANEL_FRACTION of
+the share and refresh less often where they cost more). Where even the smallest resolution costs more, the
 credit rule stretches the period instead: the resolution drops first, then the frame rate.
 """
 from __future__ import annotations
@@ -20,6 +21,9 @@ DEFAULT_VIEW_SHARE = 0.06
 VIEW_SHARE_RANGE = (0.01, 0.5)  # above half the page would take more time than training
 MOVING_FRAME_S = 1 / 15  # the frame period a moving camera aims at
 RESTING_FRAME_S = 1.0  # ... and a resting one, whose view changes only as training goes on
+PANEL_PERIOD_S = 0.5  # panels, status and curves refresh at most this often ...
+PANEL_FRACTION = 1 / 3  # ... and, where they cost more, as often as this part of the share pays for; the cameras'
+# renders aim at the rest, so that panels refreshed at their fastest cannot starve a moving camera's frames
 MIN_SCALE = 0.1  # renders never drop below this share of the viewport's resolution (per side)
 SCALE_STEP = (0.7, 1.4)  # one frame changes the resolution by at most these factors (per side)
 
@@ -131,8 +135,16 @@ class PageSchedule:
         """A camera whose picture changed gets a frame once its period has passed since its last one."""
         return changed and now - view.frame_at >= view.period(moving)
 
-    def panels_due(self, changed: bool, now: float, period_s: float) -> bool:
-        return changed and now - self.panels_at >= period_s
+    def panel_period(self) -> float:
+        """How often the panels refresh: every PANEL_PERIOD_S, or as often as PANEL_FRACTION of the share pays."""
+        return max(PANEL_PERIOD_S, self.panel_cost / (self.budget.share * PANEL_FRACTION))
+
+    def panels_due(self, changed: bool, now: float) -> bool:
+        return changed and now - self.panels_at >= self.panel_period()
+
+    def view_cost_target(self, period_s: float, n_views: int) -> float:
+        """What one camera's frame may cost for frames every `period_s` within the cameras' part of the share."""
+        return self.budget.frame_cost_target(period_s) * (1.0 - PANEL_FRACTION) / max(1, n_views)
 
     def training_since_mark(self, now: float) -> float:
         return 0.0 if self._mark is None else max(0.0, now - self._mark - self._off_training)
@@ -158,10 +170,10 @@ class PageSchedule:
         """A camera's render went out after `took_s`: its cost is noted and its resolution adapts towards a cost
         of view_share x its period (shared by `n_views` cameras)."""
         view.frame_at = self.clock()
-        target = self.budget.frame_cost_target(view.period(moving)) / max(1, n_views)
+        target = self.view_cost_target(view.period(moving), n_views)
         if moving:
             if not view.rest_cost:  # no frame at rest yet: its first resolution from this one (cost ~ pixels)
-                rest_target = self.budget.frame_cost_target(view.period(False)) / max(1, n_views)
+                rest_target = self.view_cost_target(view.period(False), n_views)
                 view.rest_scale = min(1.0, max(MIN_SCALE, view.scale * math.sqrt(rest_target / max(took_s, 1e-9))))
             view.move_cost = took_s
             view.scale = next_scale(view.scale, took_s, target)

@@ -28,14 +28,13 @@ import torch
 
 from .. import runtime
 from . import render
-from .budget import DEFAULT_VIEW_SHARE, PageSchedule, ViewState
+from .budget import DEFAULT_VIEW_SHARE, PANEL_PERIOD_S, PageSchedule, ViewState
 from .controller import LR_SCALE_RANGE
 from .model import ViewModel, image_plane_home
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 MOVING_FOR_S = 0.3  # the camera counts as moving this long after its last update
-PANEL_PERIOD_S = 0.5  # panels, status and curves refresh at most this often
 MAX_SIDE = 1024  # renders never exceed this many pixels per side
 MAX_VIEWPORT = 8192  # larger viewport sizes from a page are refused
 FOV_RANGE = (math.radians(1.0), math.radians(170.0))
@@ -358,7 +357,7 @@ class WebFrontend:
         views = self._due_views(now, training)
         if not training or any(self._answers_a_move(cam) for _, cam, _ in views):
             return True
-        panels = self.schedule.panels_due(self._panels_changed(), now, PANEL_PERIOD_S)
+        panels = self.schedule.panels_due(self._panels_changed(), now)
         if not views and not panels:
             return False
         return self.schedule.affords(self._expected_cost(views, panels), now)
@@ -367,8 +366,8 @@ class WebFrontend:
         return sum(cam.view.cost(moving) for _, cam, moving in views) + (self.schedule.panel_cost if panels else 0.0)
 
     def publish(self) -> None:
-        """Send what is due: each browser's render, then (at most every PANEL_PERIOD_S) panels and curves; the
-        update's time, device work included, is booked against the page's share."""
+        """Send what is due: each browser's render, then (at most every `schedule.panel_period()`) panels and
+        curves; the update's time, device work included, is booked against the page's share."""
         c, schedule = self.controller, self.schedule
         clients = self.server.get_clients()
         c.network_loss_wanted = bool(clients)
@@ -384,7 +383,7 @@ class WebFrontend:
         sync_device()  # what training queued belongs to training
         now = schedule.clock()
         views = self._due_views(now, training)
-        panels = schedule.panels_due(self._panels_changed(), now, PANEL_PERIOD_S)
+        panels = schedule.panels_due(self._panels_changed(), now)
         with self.lock:
             cameras = list(self.cameras.values())
         # Credit is saved up to one update of everything (cheap panel-only updates must not cap it below a frame).
