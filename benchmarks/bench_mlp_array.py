@@ -1,17 +1,20 @@
 """MLP-array benchmark: tinn against the PyTorch ways of doing the same job, in one run.
 
-PyTorch baselines, fp32: (1) samples grouped by network into a zero-padded
-(N, max_count, dims) batch, then `torch.bmm` per layer; (2) `torch.func.vmap` of
-`functional_call` over the N networks' stacked parameters (the stack_module_state
-recipe) on the same padded batch; (3) `torch._grouped_mm` on samples sorted by network,
+PyTorch baselines: (1) samples grouped by network into a zero-padded
+(N, max_count, dims) batch, then `torch.bmm` per layer, in fp32, with TF32 matmuls allowed, and under
+`torch.autocast` float16 with a `torch.amp.GradScaler` (fp32 parameters; the last two CUDA only); (2)
+`torch.func.vmap` of `functional_call` over the N networks' stacked parameters (the stack_module_state
+recipe) on the same padded batch, fp32; (3) `torch._grouped_mm` on samples sorted by network,
 bf16 (tensor cores) and fp32 where torch runs it. Training = forward, L2 loss, autograd backward,
-`torch.optim.Adam`. tinn: `NetworkArray` inference, and `Trainer.training_step`
-(forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
+`torch.optim.Adam` (`--torch-adam fused`: its fused kernel). tinn: `NetworkArray` inference, and
+`Trainer.training_step` (forward, L2 loss kernel, hand-written backward, Adam kernel); on CUDA also the
 unfused kernels (`--unfused`) for comparison. Reported: times, TFLOP/s, % of the
 GPU's FP32 peak (non-tensor-core), inference samples/s, peak GPU memory. Training steps are timed two
 ways: a sync around each step (median), and pipelined, steps issued back to back with one sync at the end,
 as a training loop runs (the median of three such blocks' means, and the blocks' spread); the host's
-lead-in of a step counts in the first only.
+lead-in of a step counts in the first only. Each row also names the fastest torch baseline that ran, for the
+step, the pipelined step and inference, tinn's speedup over it, and whether that meets the goals (step
+1.5x, inference 2.5x).
 
     python -m benchmarks.bench_mlp_array                       # GPU sizes if CUDA, tiny sizes on CPU
     python -m benchmarks.bench_mlp_array --suite               # N in 1..16384 x widths 16..128, even + ragged
@@ -20,6 +23,8 @@ lead-in of a step counts in the first only.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -53,7 +58,8 @@ def pad_by_network(x, ids, n):
     h[sorted_ids, slot] = x[order]
 
     def gather(y):
-        out = torch.empty(x.shape[0], y.shape[2], device=x.device)
+        # y's dtype: float16 under autocast (index_put wants the destination's dtype to match).
+        out = torch.empty(x.shape[0], y.shape[2], device=x.device, dtype=y.dtype)
         out[order] = y[sorted_ids, slot]
         return out
     return h, gather
@@ -141,18 +147,68 @@ def fp32_peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def time_torch(row, prefix, model, x, ids, target, n, reps):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+@dataclasses.dataclass(frozen=True)
+class BmmPrecision:
+    """One way a PyTorch user runs the padded-bmm baseline: the row's key prefix, the name in the tables, and the
+    tensor-core mode (TF32 matmuls, or autocast to `autocast_dtype` with a gradient scaler)."""
+    prefix: str
+    name: str
+    tf32: bool = False
+    autocast_dtype: torch.dtype | None = None
+    cuda_only: bool = False
+
+
+BMM_FP32 = BmmPrecision("torch", "bmm fp32")
+BMM_TF32 = BmmPrecision("bmm_tf32", "bmm tf32", tf32=True, cuda_only=True)
+BMM_FP16 = BmmPrecision("bmm_fp16", "bmm autocast fp16", autocast_dtype=torch.float16, cuda_only=True)
+BMM_PRECISIONS = (BMM_FP32, BMM_TF32, BMM_FP16)
+
+# Every torch baseline a row can hold: key prefix, name in the tables.
+TORCH_BASELINES = tuple((b.prefix, b.name) for b in BMM_PRECISIONS) + (
+    ("vmap", "vmap"), ("gmm_bf16", "gmm bf16"), ("gmm_fp32", "gmm fp32"))
+
+# The tensor-core issue's goals: tinn's speedup over the fastest torch baseline of the same run.
+GOALS = {"train": 1.5, "train_pipelined": 1.5, "fwd": 2.5}
+
+
+@contextlib.contextmanager
+def tf32_matmuls(allowed: bool):
+    """`torch.backends.cuda.matmul.allow_tf32 = allowed` inside the block; the previous value after, also when
+    the block raises (the flag is process-wide: a later baseline must not inherit it)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def time_torch(row, prefix, model, x, ids, target, n, reps, autocast_dtype=None, fused_adam=False):
+    """Times `model` into row[prefix_*]: inference (no grad) and the training step (forward, L2 loss, backward,
+    Adam), synced and pipelined, and their peak memory. With `autocast_dtype` both run under `torch.autocast`
+    and the step scales its loss with a `torch.amp.GradScaler`, as a mixed-precision training loop does."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True if fused_adam else None)
+    mixed = autocast_dtype is not None
+    scaler = torch.amp.GradScaler(x.device.type, enabled=mixed)
+
+    def autocast():
+        return torch.autocast(x.device.type, dtype=autocast_dtype, enabled=mixed)
+
+    def forward():
+        with autocast():
+            return model(x, ids.long(), n)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = torch.mean((model(x, ids.long(), n) - target) ** 2)
-        loss.backward()
-        opt.step()
+        with autocast():
+            loss = torch.mean((model(x, ids.long(), n) - target) ** 2)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
     peak_memory_reset()
     with torch.no_grad():
-        row[f"{prefix}_fwd_ms"] = 1e3 * time_fn(lambda: model(x, ids.long(), n), reps=reps)
+        row[f"{prefix}_fwd_ms"] = 1e3 * time_fn(forward, reps=reps)
     row[f"{prefix}_train_ms"] = 1e3 * time_fn(step, reps=reps)
     record_pipelined(row, prefix, step, steps=2 * reps)
     row[f"{prefix}_mem_mib"] = peak_memory_mib()
@@ -163,9 +219,57 @@ def time_torch(row, prefix, model, x, ids, target, n, reps):
     row[f"{prefix}_step_mem_mib"] = peak_memory_mib()
 
 
+def record_speedups(row, prefix):
+    """tinn's speedup over the baseline `prefix`: inference, step, pipelined step. The fp32 bmm baseline's
+    ratios keep their unprefixed names (fwd_speedup, train_speedup, ...), which earlier results use."""
+    key = "" if prefix == BMM_FP32.prefix else f"{prefix}_"
+    row[f"{key}fwd_speedup"] = row[f"{prefix}_fwd_ms"] / row["tinn_fwd_ms"]
+    row[f"{key}train_speedup"] = row[f"{prefix}_train_ms"] / row["tinn_train_ms"]
+    row[f"{key}train_speedup_pipelined"] = row[f"{prefix}_train_pipelined_ms"] / row["tinn_train_pipelined_ms"]
+
+
+def time_bmm(row, precision: BmmPrecision, net, x, ids, target, n, reps, fused_adam=False) -> bool:
+    """The padded-bmm baseline in one precision, timed into row[precision.prefix_*] with tinn's speedups over
+    it; False (and a note in the row) where the precision needs CUDA and x is elsewhere. TF32 is set for the
+    baseline alone: off for the others, so the fp32 row stays fp32 whatever the process set before."""
+    if precision.cuda_only and x.device.type != "cuda":
+        row[f"{precision.prefix}_note"] = "skipped: CUDA only (a tensor-core mode)"
+        return False
+    with tf32_matmuls(precision.tf32):
+        time_torch(row, precision.prefix, TorchBmmArray(net).to(x.device), x, ids, target, n, reps,
+                   autocast_dtype=precision.autocast_dtype, fused_adam=fused_adam)
+    record_speedups(row, precision.prefix)
+    return True
+
+
+def fastest_torch(row: dict, timing: str) -> tuple[str, float] | None:
+    """(name, ms) of the fastest torch baseline in row for `timing` ("fwd_ms", "train_ms",
+    "train_pipelined_ms"): the minimum over every baseline that ran (its key present and not None). None when
+    none ran. On a tie the earlier baseline of TORCH_BASELINES wins."""
+    times = [(name, row[f"{prefix}_{timing}"]) for prefix, name in TORCH_BASELINES
+             if row.get(f"{prefix}_{timing}") is not None]
+    return min(times, key=lambda t: t[1]) if times else None
+
+
+def fastest_torch_columns(row: dict) -> dict:
+    """For inference ("fwd"), the step ("train") and the pipelined step ("train_pipelined"):
+    fastest_torch_<kind> (its name), fastest_torch_<kind>_ms, fastest_torch_<kind>_speedup (tinn's speedup over
+    it) and <kind>_goal_met (that speedup reaches GOALS[kind]); all None where no torch baseline ran."""
+    out = {}
+    for kind, goal in GOALS.items():
+        found = fastest_torch(row, f"{kind}_ms")
+        name, ms = found if found else (None, None)
+        speedup = ms / row[f"tinn_{kind}_ms"] if found else None
+        out.update({f"fastest_torch_{kind}": name, f"fastest_torch_{kind}_ms": ms,
+                    f"fastest_torch_{kind}_speedup": speedup,
+                    f"{kind}_goal_met": None if speedup is None else speedup >= goal})
+    return out
+
+
 def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hidden: int, routing: str,
                reps: int, skip_torch: bool, unfused: bool = False, vmap: bool = True, peak: float | None = None,
-               torch_limit_gib: float | None = None, grouped: bool = True) -> dict:
+               torch_limit_gib: float | None = None, grouped: bool = True,
+               gmm_dtypes: tuple[str, ...] = ("bf16", "fp32"), fused_adam: bool = False) -> dict:
     from tinn.networks import NetworkArray
     from tinn.trainer import Trainer
 
@@ -214,28 +318,88 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
         torch_limit_gib = 0.6 * total / 2**30
     too_big = padded_bytes(ids, n, max(width, n_in)) * (hidden + 3) * 2 > torch_limit_gib * 2**30
     if too_big:
-        row["torch_note"] = f"skipped: padded batch over {torch_limit_gib:g} GiB"
+        for prefix in [b.prefix for b in BMM_PRECISIONS] + (["vmap"] if vmap else []):
+            row[f"{prefix}_note"] = f"skipped: padded batch over {torch_limit_gib:g} GiB"
     if not skip_torch and not too_big:
-        time_torch(row, "torch", TorchBmmArray(net).to(dev), x, ids, target, n, reps)
+        for precision in BMM_PRECISIONS:
+            time_bmm(row, precision, net, x, ids, target, n, reps, fused_adam=fused_adam)
         row["torch_fwd_tflops"] = flop / row["torch_fwd_ms"] / 1e9
         row["torch_train_tflops"] = 3 * flop / row["torch_train_ms"] / 1e9
-        row["fwd_speedup"] = row["torch_fwd_ms"] / row["tinn_fwd_ms"]
-        row["train_speedup"] = row["torch_train_ms"] / row["tinn_train_ms"]
-        row["train_speedup_pipelined"] = row["torch_train_pipelined_ms"] / row["tinn_train_pipelined_ms"]
         if vmap:
-            time_torch(row, "vmap", VmapArray(net).to(dev), x, ids, target, n, reps)
-            row["vmap_train_speedup"] = row["vmap_train_ms"] / row["tinn_train_ms"]
+            time_torch(row, "vmap", VmapArray(net).to(dev), x, ids, target, n, reps, fused_adam=fused_adam)
+            record_speedups(row, "vmap")
     if not skip_torch and grouped and dev.type == "cuda":
         for dtype, prefix in ((torch.bfloat16, "gmm_bf16"), (torch.float32, "gmm_fp32")):
+            if prefix.removeprefix("gmm_") not in gmm_dtypes:
+                continue
             try:
-                time_torch(row, prefix, GroupedMMArray(net, dtype).to(dev), x, ids, target, n, reps)
-                row[f"{prefix}_train_speedup"] = row[f"{prefix}_train_ms"] / row["tinn_train_ms"]
-                row[f"{prefix}_train_speedup_pipelined"] = (row[f"{prefix}_train_pipelined_ms"]
-                                                            / row["tinn_train_pipelined_ms"])
+                time_torch(row, prefix, GroupedMMArray(net, dtype).to(dev), x, ids, target, n, reps,
+                           fused_adam=fused_adam)
+                record_speedups(row, prefix)
             except (RuntimeError, TypeError, NotImplementedError) as e:
+                # A refusal can come after the forward's timing: drop the partial timings, so the fastest-torch
+                # columns only ever pick a baseline that ran both.
+                for key in [k for k in row if k.startswith(prefix + "_")]:
+                    del row[key]
                 row[f"{prefix}_note"] = f"refused: {str(e).splitlines()[0][:120]}"
             torch.cuda.empty_cache()
+    row["torch_adam"] = "fused" if fused_adam else "default"
+    row.update(fastest_torch_columns(row))
     return row
+
+
+def table_row(row: dict) -> dict:
+    """row with what the tables show beyond its numbers: each <kind>_goal_met as "met" / "not met"
+    (<kind>_goal), the torch baselines that did not run (not_run: their names) and why (notes)."""
+    text = {True: "met", False: "not met", None: None}
+    not_run = [name for prefix, name in TORCH_BASELINES if row.get(f"{prefix}_note")]
+    notes = [f"{name}: {row[f'{prefix}_note']}" for prefix, name in TORCH_BASELINES if row.get(f"{prefix}_note")]
+    return {**row, **{f"{kind}_goal": text[row.get(f"{kind}_goal_met")] for kind in GOALS},
+            "not_run": ", ".join(not_run) or None, "notes": "; ".join(notes) or None}
+
+
+CASE_COLUMNS = [("networks", "N", "d"), ("width", "W", "d"), ("samples", "samples", "d"),
+                ("routing", "routing", "s")]
+
+# Two tables: the goals (the fastest torch route, tinn's speedup over it, met or not), then every baseline's
+# times, speedups and memory.
+GOAL_COLUMNS = CASE_COLUMNS + [
+    ("tinn_train_ms", "tinn step ms", ".2f"), ("fastest_torch_train", "fastest torch step", "s"),
+    ("fastest_torch_train_ms", "its ms", ".2f"), ("fastest_torch_train_speedup", "x fastest", ".2f"),
+    ("train_goal", f"goal {GOALS['train']:g}x", "s"),
+    ("tinn_fwd_ms", "tinn fwd ms", ".2f"), ("fastest_torch_fwd", "fastest torch fwd", "s"),
+    ("fastest_torch_fwd_ms", "its ms", ".2f"), ("fastest_torch_fwd_speedup", "x fastest", ".2f"),
+    ("fwd_goal", f"goal {GOALS['fwd']:g}x", "s"),
+    ("tinn_train_pipelined_ms", "tinn step ms, pipelined", ".2f"),
+    ("fastest_torch_train_pipelined", "fastest torch, pipelined", "s"),
+    ("fastest_torch_train_pipelined_speedup", "x fastest, pipelined", ".2f"),
+    ("train_pipelined_goal", f"goal {GOALS['train_pipelined']:g}x, pipelined", "s"),
+    ("not_run", "torch baselines not run", "s")]
+
+DETAIL_COLUMNS = CASE_COLUMNS + [
+    ("torch_fwd_ms", "bmm fwd ms", ".2f"), ("bmm_tf32_fwd_ms", "bmm tf32 fwd", ".2f"),
+    ("bmm_fp16_fwd_ms", "bmm fp16 fwd", ".2f"), ("vmap_fwd_ms", "vmap fwd ms", ".2f"),
+    ("gmm_bf16_fwd_ms", "gmm bf16 fwd", ".2f"), ("unfused_fwd_ms", "unfused fwd", ".2f"),
+    ("tinn_fwd_tflops", "tinn TF/s", ".2f"), ("tinn_fwd_pct_peak", "% peak", ".1f"),
+    ("torch_fwd_tflops", "bmm TF/s", ".2f"),
+    ("torch_train_ms", "bmm step ms", ".2f"), ("bmm_tf32_train_ms", "bmm tf32 step", ".2f"),
+    ("bmm_fp16_train_ms", "bmm fp16 step", ".2f"),
+    ("vmap_train_ms", "vmap step ms", ".2f"), ("unfused_train_ms", "unfused step", ".2f"),
+    ("gmm_bf16_train_ms", "gmm bf16 step", ".2f"), ("gmm_fp32_train_ms", "gmm fp32 step", ".2f"),
+    ("train_speedup", "step x bmm", ".2f"), ("bmm_tf32_train_speedup", "step x bmm tf32", ".2f"),
+    ("bmm_fp16_train_speedup", "step x bmm fp16", ".2f"), ("vmap_train_speedup", "step x vmap", ".2f"),
+    ("gmm_bf16_train_speedup", "step x gmm bf16", ".2f"),
+    ("torch_train_pipelined_ms", "bmm step ms, pipelined", ".2f"),
+    ("tinn_train_pipelined_spread_pct", "tinn spread %", ".1f"),
+    ("torch_train_pipelined_spread_pct", "bmm spread %", ".1f"),
+    ("train_speedup_pipelined", "step x bmm, pipelined", ".2f"),
+    ("gmm_bf16_train_speedup_pipelined", "step x gmm bf16, pipelined", ".2f"),
+    ("tinn_infer_samples_per_s", "infer samples/s", ".3g"),
+    ("tinn_mem_mib", "tinn MiB", ".0f"), ("tinn_step_mem_mib", "tinn step MiB", ".0f"),
+    ("torch_mem_mib", "bmm MiB", ".0f"), ("torch_step_mem_mib", "bmm step MiB", ".0f"),
+    ("bmm_fp16_step_mem_mib", "bmm fp16 step MiB", ".0f"),
+    ("vmap_mem_mib", "vmap MiB", ".0f"), ("gmm_bf16_mem_mib", "gmm bf16 MiB", ".0f"),
+    ("gmm_bf16_step_mem_mib", "gmm bf16 step MiB", ".0f"), ("notes", "notes", "s")]
 
 
 def run_isolated(case: dict, arch: str | None) -> dict:
@@ -262,6 +426,13 @@ def main(argv=None):
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--no-vmap", action="store_true", help="skip the torch.func.vmap baseline")
     p.add_argument("--no-grouped", action="store_true", help="skip the torch._grouped_mm baselines (bf16, fp32)")
+    p.add_argument("--gmm-dtypes", default="bf16,fp32",
+                   help="comma list of the torch._grouped_mm dtypes to time (bf16, fp32); fp32 is the slow one")
+    p.add_argument("--torch-adam", choices=("default", "fused"), default="default",
+                   help="the torch baselines' Adam: torch's default implementation, or fused=True")
+    p.add_argument("--torch-limit-gib", type=float, default=None,
+                   help="skip the padded torch baselines (bmm, vmap) where the padded-batch estimate, twice the "
+                        "activations, exceeds this (default: 0.6 of the GPU's memory)")
     p.add_argument("--unfused", action="store_true", help="also time tinn's unfused CUDA kernels")
     p.add_argument("--suite", action="store_true",
                    help="the full grid: N in 1,64,1024,4096,16384 x widths 16,32,64,128 x even,ragged")
@@ -294,35 +465,19 @@ def main(argv=None):
                     case = dict(n=n, log2_samples=s, width=width, n_in=args.n_input, n_out=args.n_output,
                                 hidden=args.hidden_layers, routing=routing, reps=args.reps,
                                 skip_torch=args.skip_torch, unfused=args.unfused, vmap=not args.no_vmap,
-                                peak=peak, grouped=not args.no_grouped)
+                                peak=peak, grouped=not args.no_grouped, torch_limit_gib=args.torch_limit_gib,
+                                gmm_dtypes=tuple(args.gmm_dtypes.split(",")), fused_adam=args.torch_adam == "fused")
                     row = run_isolated(case, args.arch) if args.isolate else bench_case(**case)
                     rows.append(row)
                     print(row, flush=True)
-    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, fp32, {device}"
+    print(f"\nMLP array: in={args.n_input} out={args.n_output} hidden={args.hidden_layers}, {device}"
           + (f", FP32 peak {peak:g} TFLOP/s" if peak else ""))
-    print_table(rows, [("networks", "N", "d"), ("width", "W", "d"), ("samples", "samples", "d"),
-                       ("routing", "routing", "s"),
-                       ("tinn_fwd_ms", "tinn fwd ms", ".2f"), ("torch_fwd_ms", "torch fwd ms", ".2f"),
-                       ("vmap_fwd_ms", "vmap fwd ms", ".2f"), ("unfused_fwd_ms", "unfused fwd", ".2f"),
-                       ("tinn_fwd_tflops", "tinn TF/s", ".2f"), ("tinn_fwd_pct_peak", "% peak", ".1f"),
-                       ("torch_fwd_tflops", "torch TF/s", ".2f"),
-                       ("tinn_train_ms", "tinn step ms", ".2f"), ("torch_train_ms", "torch step ms", ".2f"),
-                       ("vmap_train_ms", "vmap step ms", ".2f"), ("unfused_train_ms", "unfused step", ".2f"),
-                       ("gmm_bf16_train_ms", "gmm bf16 step", ".2f"), ("gmm_fp32_train_ms", "gmm fp32 step", ".2f"),
-                       ("train_speedup", "step x bmm", ".2f"), ("vmap_train_speedup", "step x vmap", ".2f"),
-                       ("gmm_bf16_train_speedup", "step x gmm bf16", ".2f"),
-                       ("tinn_train_pipelined_ms", "tinn step ms, pipelined", ".2f"),
-                       ("torch_train_pipelined_ms", "torch step ms, pipelined", ".2f"),
-                       ("tinn_train_pipelined_spread_pct", "tinn spread %", ".1f"),
-                       ("torch_train_pipelined_spread_pct", "torch spread %", ".1f"),
-                       ("train_speedup_pipelined", "step x bmm, pipelined", ".2f"),
-                       ("gmm_bf16_train_speedup_pipelined", "step x gmm bf16, pipelined", ".2f"),
-                       ("tinn_infer_samples_per_s", "infer samples/s", ".3g"),
-                       ("tinn_mem_mib", "tinn MiB", ".0f"), ("tinn_step_mem_mib", "tinn step MiB", ".0f"),
-                       ("torch_mem_mib", "bmm MiB", ".0f"), ("torch_step_mem_mib", "bmm step MiB", ".0f"),
-                       ("vmap_mem_mib", "vmap MiB", ".0f"), ("gmm_bf16_mem_mib", "gmm bf16 MiB", ".0f"),
-                       ("gmm_bf16_step_mem_mib", "gmm bf16 step MiB", ".0f")])
-    write_json(args.json, {"device": device, "arch": arch, "fp32_peak_tflops": peak, "rows": rows})
+    print("\nAgainst the fastest torch baseline of each row:")
+    table = [table_row(r) for r in rows]
+    print_table(table, GOAL_COLUMNS)
+    print("\nEvery baseline:")
+    print_table(table, DETAIL_COLUMNS)
+    write_json(args.json, {"device": device, "arch": arch, "fp32_peak_tflops": peak, "goals": GOALS, "rows": rows})
     return rows
 
 

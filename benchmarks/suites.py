@@ -96,7 +96,8 @@ SUITES = {s.name: s for s in [
     Suite("image", "benchmarks.bench_torch_path",
           "the image step (tcnn's learning-an-image sample): Trainer against the tinn.torch loop, per step", _image),
     Suite("arrays", "benchmarks.bench_mlp_array",
-          "MLP arrays (N networks, samples routed by id): tinn against torch bmm / vmap / grouped GEMMs", _arrays),
+          "MLP arrays (N networks, samples routed by id): tinn against torch bmm (fp32, TF32, autocast fp16) / "
+          "vmap / grouped GEMMs, and the fastest of them", _arrays),
     Suite("grid", "benchmarks.bench_grid",
           "hash-grid encoding throughput, one grid and an array of grids, against a torch hash grid", _grid),
     Suite("scenes", "benchmarks.octree_render",

@@ -46,6 +46,21 @@ def test_kernels_run_interpreted():
     assert tc.available() == (True, "")
 
 
+def test_batch_dependent_strides_take_the_variant_that_does_not_specialise_on_them():
+    """A feature-major input's stride is the batch size; batch sizes that vary per step must reuse one compiled
+    kernel, so those calls go to the variant without divisibility specialisation on the stride arguments, and
+    sample-major calls keep the specialised one."""
+    from tinn.kernels.tensor_cores import launch, mlp
+    for kernel in (mlp.forward_kernel_any_batch, mlp.backward_kernel_any_batch):
+        dropped = set(kernel.kwargs["do_not_specialize_on_alignment"])
+        assert dropped and dropped <= set(mlp.BATCH_STRIDES) and dropped <= set(kernel.arg_names)
+    aligned, any_batch = mlp.forward_kernel, mlp.forward_kernel_any_batch
+    feature_major = torch.empty(5, 1000).t()  # (1000 samples, 5 features): strides (1, 1000)
+    assert launch._kernel_for(aligned, any_batch, 1000, *feature_major.stride()) is any_batch
+    assert launch._kernel_for(aligned, any_batch, 1000, *torch.empty(1000, 5).stride()) is aligned
+    assert launch._kernel_for(aligned, any_batch, 1000, 16, 1, 0) is aligned  # a broadcast dy (stride 0)
+
+
 def make_ids(kind, batch, n_networks, gen):
     if kind == "even":
         return (torch.arange(batch) % n_networks).to(torch.int32)

@@ -16,6 +16,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The sample count `n` changes from step to step in scenes; Triton would specialise on its divisibility by 16
+# and compile a kernel again mid-training, so no kernel here specialises on it.
+
 
 @triton.jit
 def _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K: tl.constexpr):
@@ -25,7 +28,7 @@ def _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K: tl.constexpr):
     return ids, tl.where(mask, owner + world * chunk, K)  # K: out of every bucket
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -35,7 +38,7 @@ def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constex
         tl.store(counts_ptr + pid * K + k, tl.sum((key == k).to(tl.int32), axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, dest_ptr, perm_ptr, n, chunks,
                 world, D, K: tl.constexpr, BLOCK: tl.constexpr, DP: tl.constexpr):
     pid = tl.program_id(0)
@@ -59,7 +62,7 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, des
     tl.store(send_ptr + pos * (D + 1) + D, local.to(tl.float32, bitcast=True), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def unpack_kernel(recv_ptr, x_ptr, ids_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -72,7 +75,7 @@ def unpack_kernel(recv_ptr, x_ptr, ids_ptr, n, D, BLOCK: tl.constexpr, DP: tl.co
     tl.store(ids_ptr + offs, local.to(tl.int32, bitcast=True), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

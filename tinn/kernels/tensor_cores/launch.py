@@ -157,6 +157,13 @@ def _wide_offsets(batch: int, *operands: tuple[tuple[int, int], int]) -> bool:
     return any((batch - 1) * abs(s) + (k - 1) * abs(f) >= _INT32_OFFSETS for (s, f), k in operands)
 
 
+def _kernel_for(aligned, any_batch, batch: int, *strides: int):
+    """The kernel variant for these stride arguments: `any_batch` (no divisibility specialisation on the
+    strides, mlp.BATCH_STRIDES) where one of them grows with the batch (a feature-major layout), so that varying
+    batch sizes reuse one compiled kernel; else the fully specialised `aligned` one."""
+    return any_batch if batch > 1 and any(s >= batch for s in strides) else aligned
+
+
 def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
     """(stride between samples, stride between features) of a 2-D tensor in either layout."""
     return (x.stride(1), x.stride(0)) if feature_major else (x.stride(0), x.stride(1))
@@ -189,7 +196,9 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
         s_sample, s_feature = _feature_strides(x, x_feature_major)
         pre_arg = pre if pre is not None else out
         wide = _wide_offsets(batch, ((s_sample, s_feature), g.k0), ((out.stride(0), 1), g.o), ((g.h, 1), g.h))
-        mlp.forward_kernel[(n_tiles,)](
+        kernel = _kernel_for(mlp.forward_kernel, mlp.forward_kernel_any_batch, batch, s_sample, s_feature,
+                             out.stride(0))
+        kernel[(n_tiles,)](
             x, s_sample, s_feature, float(pad_value),
             packed.weights, packed.weights.stride(0),
             tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
@@ -260,7 +269,9 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
     n_real_in = shape.n_in - saved.input_padding[0]
     wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o), ((g.h, 1), g.h))
-    mlp.backward_kernel[(n_chunks,)](
+    kernel = _kernel_for(mlp.backward_kernel, mlp.backward_kernel_any_batch, batch, *s_x, *s_dx, dy.stride(0),
+                         dy.stride(1))
+    kernel[(n_chunks,)](
         x, *s_x, saved.input_padding[1],
         packed.weights, packed.weights.stride(0),
         chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,

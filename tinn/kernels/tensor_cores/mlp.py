@@ -378,3 +378,22 @@ def backward_kernel(
             start, count, scale, inv_scale,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
             BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS)
+
+
+# Strides that equal the batch size in some layout (feature-major inputs, their gradients, a transposed dy) take
+# a new value with every batch size. Triton specialises integer arguments on divisibility by 16, so batch
+# sizes that vary from step to step (scenes: the samples left after empty-space skipping) would compile each
+# kernel twice, a pause of seconds in the middle of training. These variants keep the specialisation on a
+# stride of 1 (unit strides matter for vector loads) and drop the one on alignment; `launch` picks them only
+# where a stride depends on the batch, so sample-major calls keep fully specialised code.
+BATCH_STRIDES = ("s_x_sample", "s_x_feature", "s_dy_sample", "s_dy_feature", "s_dx_sample", "s_dx_feature",
+                 "s_out_sample")
+
+
+def _any_batch_variant(kernel):
+    names = [n for n in BATCH_STRIDES if n in kernel.arg_names]
+    return triton.jit(kernel.fn, do_not_specialize_on_alignment=names)
+
+
+forward_kernel_any_batch = _any_batch_variant(forward_kernel)
+backward_kernel_any_batch = _any_batch_variant(backward_kernel)
