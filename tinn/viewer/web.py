@@ -5,8 +5,8 @@
 Each browser gets its own camera: scene sources render from it (orbit with the left button, pan with the right,
 fly with the keyboard); image sources are a plane it looks at (pan and zoom). While a browser is connected the
 page takes at most about `view_share` of the wall time from training, its camera moving or at rest
-(`tinn.viewer.budget`): renders adapt their resolution first, then come less often. The panels (reference, error map and PSNR, per-network loss), the curves and the controls are
-shared by every browser.
+(`tinn.viewer.budget`): renders adapt their resolution first, then come less often. The panels (reference, error
+map and PSNR, per-network loss), the curves and the controls are shared by every browser.
 
 Safety: everything a page sends arrives in viser's threads and is only checked and queued there; the training
 thread applies it between steps. Camera values must be finite and in range, controls within their ranges, or
@@ -20,7 +20,6 @@ import math
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
