@@ -171,6 +171,19 @@ def test_view_share_out_of_range_is_refused_naming_the_field(bad):
         PageBudget(bad)
 
 
+@needs_viser
+def test_web_viewer_with_a_bad_view_share_refuses_to_start(tmp_path):
+    import argparse
+
+    from tinn.viewer.cli import add_viewer_args, open_viewer
+
+    parser = argparse.ArgumentParser()
+    add_viewer_args(parser)
+    args = parser.parse_args(["--viewer", "web", "--port", "0", "--view-share", "0.9"])
+    with pytest.raises(ConfigError, match=r"view_share=0.9.*\[0.01, 0.5\]"):
+        open_viewer(args, SimulatedScene(FakeClock(), 0.01, 0.0, 0.0), str(tmp_path), "test")
+
+
 def test_view_share_within_range_is_kept():
     assert check_view_share(0.05) == 0.05 and check_view_share(VIEW_SHARE_RANGE[1]) == VIEW_SHARE_RANGE[1]
 

@@ -301,9 +301,12 @@ def measure(task: Task, args, arch: str) -> dict:
     result = {"task": task.name, "arch": arch, **task.describe, "viewport": [args.width, args.height],
               "rounds": args.rounds, "window_s": args.seconds}
     task.source.render()  # the render kernels compile here, not in a measured condition
+    web_options = {"port": args.port} if args.view_share is None else {"port": args.port,
+                                                                       "view_share": args.view_share}
     viewer = Viewer(task.source, out_dir=os.path.join(args.out, task.name, "viewer"), backend="web",
-                    web={"port": args.port}, title=task.title, log=lambda *a: None)
+                    web=web_options, title=task.title, log=lambda *a: None)
     web = viewer.frontend
+    result["view_share"] = web.schedule.budget.share
     windows, clock0 = [], time.perf_counter()
     totals = {c: {"frames_sent": 0, "frames_received": 0, "mbytes": 0.0, "page_share": []} for c in CONDITIONS[2:]}
     training_windows = []  # steps per second of the viewer's booked training time, beside the bare windows
@@ -412,6 +415,8 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=None, help="the client's viewport (1280 x 720)")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--view-share", type=float, default=None,
+                   help="the page's share of the wall time while a client is connected (the viewer's default)")
     p.add_argument("--out", default="out/web_viewer_cost", help="the viewer's and demos' output folder")
     p.add_argument("--quick", action="store_true", help="toy sizes and half-second conditions: checks the tool")
     p.add_argument("--json", default=None, help="write {'tasks': {task: result}} here")
