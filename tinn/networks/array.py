@@ -255,6 +255,10 @@ class NetworkArray(Part):
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         setting = runtime.tuning().fused_loss
+        if self.tensor_cores is not None:
+            # the output layer's backward recomputes the prediction and takes the loss's gradient: one pass over
+            # outputs and targets less, with or without the input gradient
+            return True if setting is None else setting
         return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
@@ -264,6 +268,12 @@ class NetworkArray(Part):
         if kind is None or y.shape[0] == 0 or not self.fuses_loss(need_dx):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         y, target = losses.checked_pair(kind, y, target)
+        if self.tensor_cores is not None:
+            dx, dparams, value = self.tensor_cores.backward_from_loss(ctx.saved, kind, target, need_dx, need_grads,
+                                                                      self.gradient_scale)
+            if self.gradient_scaler is not None:
+                self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+            return dx, (dparams,), value
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
         dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,

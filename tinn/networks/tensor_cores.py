@@ -88,3 +88,11 @@ class TensorCorePath:
         forward_saved, chunks = saved
         return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,
                                      gradient_scale=gradient_scale)
+
+    def backward_from_loss(self, saved, loss_kind: int, target: torch.Tensor, want_dx: bool, want_params: bool,
+                           gradient_scale: float | torch.Tensor):
+        """(dx or None, dparams or None, mean loss): the backward of tinn loss `loss_kind` against `target`, its
+        gradient taken inside the output layer's kernel."""
+        forward_saved, chunks = saved
+        return self.kernels.backward_from_loss(loss_kind, target, forward_saved, chunks, want_dx=want_dx,
+                                               want_params=want_params, gradient_scale=gradient_scale)

@@ -236,19 +236,84 @@ def forward_kernel(
                            INTERPRETED_BF16, WIDE_OFFSETS)
 
 
+# Loss ids as tinn.kernels.losses numbers them (a test keeps the two in step); -1: dy comes from the caller.
+NO_LOSS = tl.constexpr(-1)
+L2, L1, RELATIVE_L2, RELATIVE_L1, MAPE, SMAPE, RELATIVE_L2_LUMINANCE, CROSS_ENTROPY, VARIANCE = (
+    tl.constexpr(i) for i in range(9))
+LOSS_EPS = tl.constexpr(0.01)  # tcnn's stabiliser in the relative losses
+
+
+@triton.jit
+def _column(y, cols, c):
+    """y[:, c] of a (BM, K) block as a (BM,) vector."""
+    return tl.sum(tl.where((cols == c)[None, :], y, 0.0), axis=1)
+
+
+@triton.jit
+def _loss_element(p, t, cols, N_OUT: tl.constexpr, LOSS: tl.constexpr):
+    """(loss, d loss / d p) per element of predictions p against targets t, (BM, K) float32, neither divided by
+    the element count: tcnn's formulas (tinn.kernels.losses.element, without a pdf)."""
+    diff = p - t
+    if LOSS == L2:
+        v = diff * diff
+        dv = 2.0 * diff
+    elif LOSS == L1:
+        v = tl.abs(diff)
+        dv = tl.where(diff >= 0.0, 1.0, -1.0)
+    elif LOSS == RELATIVE_L2:
+        s = 1.0 / (p * p + LOSS_EPS)
+        v = diff * diff * s
+        dv = 2.0 * diff * s
+    elif LOSS == RELATIVE_L1:
+        s = 1.0 / (tl.abs(p) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == MAPE:
+        s = 1.0 / (tl.abs(t) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == SMAPE:
+        s = 1.0 / (0.5 * (tl.abs(t) + tl.abs(p)) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == RELATIVE_L2_LUMINANCE:
+        # the predicted RGB's luminance (plus the second triple of 6-channel outputs), a constant in the gradient
+        r = _column(p, cols, 0)
+        g = _column(p, cols, 1)
+        b = _column(p, cols, 2)
+        if N_OUT >= 6:
+            r += _column(p, cols, 3)
+            g += _column(p, cols, 4)
+            b += _column(p, cols, 5)
+        lum = 0.299 * r + 0.587 * g + 0.114 * b
+        s = (1.0 / (lum * lum + LOSS_EPS))[:, None]
+        v = diff * diff * s
+        dv = 2.0 * diff * s
+    elif LOSS == CROSS_ENTROPY:
+        v = -t * tl.log(p)
+        dv = -t / p
+    else:  # VARIANCE
+        f = t * t
+        v = f / p - f
+        dv = -f / (p * p)
+    return v, dv
+
+
 @triton.jit
 def _backward_block(
     acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
     pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-    start, count, scale, inv_scale,
+    start, count, scale, inv_scale, inv_n, part_ptr,
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
 ):
     """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
-    of layer L - 1 (stored over the ones it read) or, for layer 0, its dx."""
+    of layer L - 1 (stored over the ones it read) or, for layer 0, its dx. With a LOSS, dy_ptr holds the
+    targets: the output layer recomputes the prediction, takes the loss's gradient (times inv_n, the mean's
+    1 / element count) and adds the block's loss sum to *part_ptr."""
     FIRST: tl.constexpr = L == 0
     LAST: tl.constexpr = L == N_LAYERS - 1
     kin = tl.arange(0, KIN)
@@ -268,11 +333,20 @@ def _backward_block(
         y_in = _act(z_in, HIDDEN_ACT)
     h_in = _to_compute(y_in, CDT, INTERPRETED_BF16)
     if LAST:
+        omask = rmask[:, None] & (kout < N_OUT)[None, :]
         g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature,
-                    mask=rmask[:, None] & (kout < N_OUT)[None, :], other=0.0).to(tl.float32) * scale
-        if OUTPUT_ACT != 0:
+                    mask=omask, other=0.0).to(tl.float32)
+        if LOSS != NO_LOSS or OUTPUT_ACT != 0:
             z_out = _dot(h_in, w, IEEE, INTERPRETED_BF16)
-            g = g * _dact(z_out, _act(z_out, OUTPUT_ACT), OUTPUT_ACT)
+            y_out = _act(z_out, OUTPUT_ACT)
+        if LOSS != NO_LOSS:
+            # (masked lanes hold a target of 0 and any prediction: their values and gradients are dropped)
+            v, dv = _loss_element(y_out, g, kout, N_OUT, LOSS)
+            tl.atomic_add(part_ptr, tl.sum(tl.sum(tl.where(omask, v, 0.0), axis=1), axis=0))
+            g = tl.where(omask, dv * inv_n, 0.0)
+        g = g * scale
+        if OUTPUT_ACT != 0:
+            g = g * _dact(z_out, y_out, OUTPUT_ACT)
         delta = _to_compute(g, CDT, INTERPRETED_BF16)
     else:
         delta = tl.load(delta_ptr + pos[:, None] * H + kout[None, :], mask=rmask[:, None], other=0.0)
@@ -294,12 +368,13 @@ def _backward_block(
 def _backward_layer(
     x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
     pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
-    start, count, scale, inv_scale,
+    start, count, scale, inv_scale, inv_n, part_ptr,
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
 ):
     """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
     (into delta_ptr) or, for layer 0, dx."""
@@ -320,16 +395,18 @@ def _backward_layer(
             acc = _backward_block(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
+                start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
+                KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
+                LOSS)
             t += BM
     else:
         for t in range(0, count, BM):
             acc = _backward_block(
                 acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
+                start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
+                KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
+                LOSS)
     if WANT_PARAMS:
         kin = tl.arange(0, KIN)
         kout = tl.arange(0, KOUT)
@@ -349,16 +426,19 @@ def backward_kernel(
     pre_ptr, s_pre_layer, delta_ptr,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr,
+    scale_ptr, inv_n, parts_ptr,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
     the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
-    before it meets the compute dtype, and the float32 results by its inverse."""
+    before it meets the compute dtype, and the float32 results by its inverse. With a LOSS (a loss id),
+    dy_ptr points at the targets and the output layer computes dy itself (the mean loss's gradient, inv_n the
+    mean's 1 / element count); the chunk's loss sum goes to parts_ptr[program]."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
     if count == 0:
@@ -375,9 +455,9 @@ def backward_kernel(
         _backward_layer(
             x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
             pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
-            start, count, scale, inv_scale,
+            start, count, scale, inv_scale, inv_n, parts_ptr + pid,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
-            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS)
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS, LOSS)
 
 
 # Strides that equal the batch size in some layout (feature-major inputs, their gradients, a transposed dy) take
