@@ -78,6 +78,19 @@ def make_ids(kind, batch, n_networks, gen):
     return torch.multinomial(weights, batch, replacement=True, generator=gen).to(torch.int32)
 
 
+RECOMPUTE = False
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["saved", "recomputed"])
+def backward_kind(request):
+    """Every case twice: a training forward that saves the pre-activations for the layer-by-layer backward, and
+    one that saves nothing, its forward recomputed by the backward (up to RECOMPUTE_MAX_LAYERS layers)."""
+    global RECOMPUTE
+    RECOMPUTE = request.param
+    yield
+    RECOMPUTE = False
+
+
 def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None", n_networks=3, batch=70,
         precision="float32", ids="ragged", feature_major=False, input_padding=None, output_padding=0,
         chunk=48, want_dx=True, want_params=True, dy_scale=1.0, gradient_scale=None, seed=0, check=True,
@@ -97,7 +110,10 @@ def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None"
     packed = tc.pack_weights(net.params.detach(), net.shape, precision, pad_output_to_hidden)
     x_in = x.t().contiguous() if feature_major else x
     pad = net.input_padding
-    out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM)
+    recompute = RECOMPUTE and tc.recomputes(net.shape)
+    out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM,
+                            recompute=recompute)
+    assert (saved.pre is None) == (recompute or hidden_layers == 0) and saved.recompute == recompute
     dx, dparams = tc.backward(dy, saved, chunks, want_dx=want_dx, want_params=want_params,
                               gradient_scale=gradient_scale, block_m=BM)
     if feature_major and dx is not None:
@@ -136,7 +152,8 @@ def test_widths(width):
     run(width=width, hidden_layers=1, hidden="Tanh")
 
 
-@pytest.mark.parametrize("hidden_layers,output", [(0, "None"), (0, "Sine"), (3, "Softplus")])
+@pytest.mark.parametrize("hidden_layers,output", [(0, "None"), (0, "Sine"), (1, "Sigmoid"), (3, "Softplus"),
+                                                  (4, "None")])
 def test_depths(hidden_layers, output):
     run(hidden_layers=hidden_layers, output=output, width=16, hidden="SiLU")
 
@@ -308,3 +325,13 @@ def test_tile_lists_hold_the_tiles_of_the_torch_routing(n_networks, batch, sizes
             assert 0 < count <= size and (ids[a.order[start:start + count].long()] == net).all()
             covered[start:start + count] += 1
         assert (covered == 1).all()
+
+
+def test_the_backward_recomputes_up_to_four_layers():
+    assert [tc.recomputes(MLPShape(5, 16, 3, n, 1, 0)) for n in (1, 4, 5)] == [True, True, False]
+    net = NetworkArray(5, 3, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 4}, n_networks=1,
+                       kernels="unfused")
+    (tiles,) = route_fused(torch.zeros(4, dtype=torch.int32), 1, (BM,))
+    packed = tc.pack_weights(net.params.detach(), net.shape, "float32")
+    with pytest.raises(ValueError, match="recomputes at most 4 layers"):
+        tc.forward(torch.zeros(4, 5), False, tiles, packed, net.shape, save=True, recompute=True)

@@ -15,6 +15,10 @@ import torch
 
 from ..routing import sorted_bounds
 
+# The backward recomputes the forward up to this hidden width (its weight gradients in registers); wider layers
+# save their pre-activations and go layer by layer. TINN_TC_SAVED_BACKWARD=1 forces the saving path (A/B runs).
+RECOMPUTE_MAX_WIDTH = 64
+
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
 # batch still spreads over every SM.
 MIN_CHUNK, MAX_CHUNK = 256, 2048
@@ -74,12 +78,18 @@ class TensorCorePath:
                                       input_padding=self.input_padding)
         return out
 
+    def recomputes(self) -> bool:
+        """Whether the backward recomputes the forward (the training forward then saves no activations): for
+        the depths whose weight gradients fit one program's registers, hidden layers up to RECOMPUTE_MAX_WIDTH."""
+        return (self.kernels.recomputes(self.shape) and self.shape.width <= RECOMPUTE_MAX_WIDTH
+                and os.environ.get("TINN_TC_SAVED_BACKWARD", "0") != "1")
+
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
         """(out, saved): what the backward needs stays in `saved`."""
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         tiles, chunks = self._routing(ids, x.device, train=True)
         out, saved = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=True,
-                                          input_padding=self.input_padding)
+                                          input_padding=self.input_padding, recompute=self.recomputes())
         return out, (saved, chunks)
 
     def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,

@@ -465,6 +465,193 @@ def backward_kernel(
             BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS, LOSS)
 
 
+# ---- the backward that recomputes the forward ----------------------------------------------------------------
+# For up to three hidden layers a program can hold every layer's weight gradient in registers, so one pass over a
+# chunk's blocks recomputes each block's forward from x, takes the output's gradient (from dy or a loss) and runs
+# the whole backward with the block's activations and deltas in registers: nothing is saved by the forward and
+# no deltas go through memory between layers (the layer-by-layer backward above reads and writes both).
+RECOMPUTE_MAX_LAYERS = 4
+
+
+@triton.jit
+def _hidden_forward(h, w, HIDDEN_ACT: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr,
+                    INTERPRETED_BF16: tl.constexpr):
+    """(z, y, y in CDT) of a hidden layer: z rounded to CDT as the saving forward stores it, y = act(z)."""
+    z = _to_compute(_dot(h, w, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16).to(tl.float32)
+    y = _act(z, HIDDEN_ACT)
+    return z, y, _to_compute(y, CDT, INTERPRETED_BF16)
+
+
+@triton.jit
+def _hidden_backward(d, w, z, y, HIDDEN_ACT: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr,
+                     INTERPRETED_BF16: tl.constexpr):
+    """The delta at a hidden layer's pre-activation z from the delta d at the next layer's (w: that layer's)."""
+    return _to_compute(_dot(d, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z, y, HIDDEN_ACT), CDT,
+                       INTERPRETED_BF16)
+
+
+@triton.jit
+def _recompute_block(
+    acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl,
+    x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample,
+    s_dx_feature, order_ptr, start, count, scale, inv_scale, inv_n,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr, K0: tl.constexpr,
+    O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr, BM: tl.constexpr, CDT: tl.constexpr,
+    IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr, WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
+):
+    """One block of BM samples: its forward, the output's gradient, every layer's weight gradient added to the
+    accumulators (acc0..acc2: the first hidden-layer matrices, accl: the output layer's) and its dx."""
+    kout = tl.arange(0, O)
+    rows = t + tl.arange(0, BM)
+    rmask = rows < count
+    sidx = tl.load(order_ptr + start + rows, mask=rmask, other=0)
+    if WIDE_OFFSETS:
+        sidx = sidx.to(tl.int64)
+    a0 = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
+                     CDT, INTERPRETED_BF16)
+    h_last = a0
+    if N_LAYERS >= 2:
+        z1, y1, h1 = _hidden_forward(a0, w0, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h1
+    if N_LAYERS >= 3:
+        z2, y2, h2 = _hidden_forward(h1, w1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h2
+    if N_LAYERS >= 4:
+        z3, y3, h3 = _hidden_forward(h2, w2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h3
+    z_out = _dot(h_last, wl, IEEE, INTERPRETED_BF16)
+    y_out = _act(z_out, OUTPUT_ACT)
+    omask = rmask[:, None] & (kout < N_OUT)[None, :]
+    g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature, mask=omask,
+                other=0.0).to(tl.float32)
+    if LOSS != NO_LOSS:
+        v, dv = _loss_element(y_out, g, kout, N_OUT, LOSS)
+        loss_acc += tl.where(omask, v, 0.0)
+        g = tl.where(omask, dv * inv_n, 0.0)
+    g = g * scale
+    if OUTPUT_ACT != 0:
+        g = g * _dact(z_out, y_out, OUTPUT_ACT)
+    d = _to_compute(g, CDT, INTERPRETED_BF16)
+    if WANT_PARAMS:
+        accl += _dot(tl.trans(h_last), d, IEEE, INTERPRETED_BF16)
+    if N_LAYERS >= 4:
+        d = _hidden_backward(d, wl, z3, y3, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc2 += _dot(tl.trans(h2), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w2, z2, y2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc1 += _dot(tl.trans(h1), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w1, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    elif N_LAYERS == 3:
+        d = _hidden_backward(d, wl, z2, y2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc1 += _dot(tl.trans(h1), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w1, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    elif N_LAYERS == 2:
+        d = _hidden_backward(d, wl, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    if N_LAYERS >= 2:
+        if WANT_PARAMS:
+            acc0 += _dot(tl.trans(a0), d, IEEE, INTERPRETED_BF16)
+    if WANT_DX:
+        kin = tl.arange(0, K0)
+        dx = _dot(d, tl.trans(w0), IEEE, INTERPRETED_BF16) * inv_scale
+        tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
+                 mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
+    return acc0, acc1, acc2, accl, loss_acc
+
+
+@triton.jit
+def _add_weight_gradient(dp_net, P_OFFSET: tl.constexpr, acc, KIN: tl.constexpr, KOUT: tl.constexpr,
+                         FAN_IN: tl.constexpr, FAN_OUT: tl.constexpr, inv_scale):
+    """dparams[layer] += acc (acc[i, o] is dL/dW[o, i] times the scale; W row-major (fan_out, fan_in))."""
+    kin = tl.arange(0, KIN)
+    kout = tl.arange(0, KOUT)
+    tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
+                  mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :], sem="relaxed")
+
+
+@triton.jit
+def recompute_backward_kernel(
+    x_ptr, s_x_sample, s_x_feature, pad_value,
+    w_ptr, s_w_net,
+    order_ptr, tile_net_ptr, tile_start_ptr, tile_count_ptr,
+    dy_ptr, s_dy_sample, s_dy_feature,
+    dx_ptr, s_dx_sample, s_dx_feature,
+    dp_ptr, s_dp_net,
+    scale_ptr, inv_n, parts_ptr,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
+    N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
+):
+    """`backward_kernel`'s results (dx, dparams, loss sums; the same arguments, the same scale handling) for up
+    to RECOMPUTE_MAX_LAYERS layers, from x and the weights alone: each block's forward is recomputed."""
+    pid = tl.program_id(0)
+    count = tl.load(tile_count_ptr + pid)
+    if count == 0:
+        return
+    scale = tl.load(scale_ptr)
+    inv_scale = 1.0 / scale
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid)
+    if WIDE_OFFSETS:
+        start = start.to(tl.int64)
+    w_net = w_ptr + net * s_w_net
+    dp_net = dp_ptr + net * s_dp_net
+    KL: tl.constexpr = K0 if N_LAYERS == 1 else H   # the output layer's fan-in block
+    A0: tl.constexpr = H if N_LAYERS >= 2 else 16    # unused accumulators stay 16 x 16
+    A1: tl.constexpr = H if N_LAYERS >= 3 else 16
+    A2: tl.constexpr = H if N_LAYERS >= 4 else 16
+    wl = _load_weight(w_net, 0 if N_LAYERS == 1 else K0 * H + (N_LAYERS - 2) * H * H, KL, O)
+    w0 = wl
+    w1 = wl
+    w2 = wl
+    if N_LAYERS >= 2:
+        w0 = _load_weight(w_net, 0, K0, H)
+    if N_LAYERS >= 3:
+        w1 = _load_weight(w_net, K0 * H, H, H)
+    if N_LAYERS >= 4:
+        w2 = _load_weight(w_net, K0 * H + H * H, H, H)
+    acc0 = tl.zeros((K0, A0), dtype=tl.float32)
+    acc1 = tl.zeros((A1, A1), dtype=tl.float32)
+    acc2 = tl.zeros((A2, A2), dtype=tl.float32)
+    accl = tl.zeros((KL, O), dtype=tl.float32)
+    loss_acc = tl.zeros((BM, O), dtype=tl.float32)
+    # (the interpreter's while loop: see forward_kernel)
+    if INTERPRETED:
+        t = 0
+        while t < count:
+            acc0, acc1, acc2, accl, loss_acc = _recompute_block(
+                acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
+                dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
+                scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+            t += BM
+    else:
+        for t in range(0, count, BM):
+            acc0, acc1, acc2, accl, loss_acc = _recompute_block(
+                acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
+                dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
+                scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+    if WANT_PARAMS:
+        if N_LAYERS == 1:
+            _add_weight_gradient(dp_net, 0, accl, K0, O, N_IN, N_OUT, inv_scale)
+        else:
+            _add_weight_gradient(dp_net, 0, acc0, K0, H, N_IN, WIDTH, inv_scale)
+            if N_LAYERS >= 3:
+                _add_weight_gradient(dp_net, N_IN * WIDTH, acc1, H, H, WIDTH, WIDTH, inv_scale)
+            if N_LAYERS >= 4:
+                _add_weight_gradient(dp_net, N_IN * WIDTH + WIDTH * WIDTH, acc2, H, H, WIDTH, WIDTH, inv_scale)
+            _add_weight_gradient(dp_net, N_IN * WIDTH + (N_LAYERS - 2) * WIDTH * WIDTH, accl, H, O, WIDTH, N_OUT,
+                                 inv_scale)
+    if LOSS != NO_LOSS:
+        tl.atomic_add(parts_ptr + pid, tl.sum(tl.sum(loss_acc, axis=1), axis=0), sem="relaxed")
+
+
 # Strides that equal the batch size in some layout (feature-major inputs, their gradients, a transposed dy) take
 # a new value with every batch size. Triton specialises integer arguments on divisibility by 16, so batch
 # sizes that vary from step to step (scenes: the samples left after empty-space skipping) would compile each
@@ -487,5 +674,7 @@ def _variant(kernel, names):
 
 forward_kernel_any_batch = _variant(forward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
 backward_kernel_any_batch = _variant(backward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+recompute_backward_kernel_any_batch = _variant(recompute_backward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
 forward_kernel = _variant(forward_kernel, SCALAR_POINTERS)
 backward_kernel = _variant(backward_kernel, SCALAR_POINTERS)
+recompute_backward_kernel = _variant(recompute_backward_kernel, SCALAR_POINTERS)
