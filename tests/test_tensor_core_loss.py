@@ -104,3 +104,35 @@ def test_a_loss_the_kernels_do_not_know_is_refused():
     from tinn.kernels.tensor_cores import launch
     with pytest.raises(ValueError, match=r"loss_kind=42.*losses \[0, 1"):
         launch.backward_from_loss(42, torch.zeros(1, 1), None)
+
+
+def test_the_trainer_runs_no_forward_when_the_backward_recomputes_it(tuned, monkeypatch):
+    """A Trainer step of an array on the tensor cores with the loss inside: routing, packing and the recomputing
+    backward only (the forward kernel's output would go unread); the same step as the forward-then-backward
+    route within float32's rounding."""
+    from tinn.kernels.tensor_cores import launch
+    states = []
+    for skip in (True, False):
+        tuned(precision="float32", kernels="tensor_cores")
+        net, x, ids, t, _ = _case("L2", n_networks=4, batch=256)
+        assert net.tensor_cores.recomputes()
+        if not skip:  # the Part contract's default: a training forward, then backward_from_loss
+            monkeypatch.setattr(NetworkArray, "gradients_from_loss", NetworkArray.__mro__[1].gradients_from_loss)
+        forwards = []
+        original = launch.forward
+        monkeypatch.setattr(launch, "forward", lambda *a, **k: forwards.append(1) or original(*a, **k))
+        trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+        value = trainer.training_step(x, t, ids)
+        assert len(forwards) == (0 if skip else 1)
+        states.append((float(value), net.params.detach().clone()))
+        monkeypatch.undo()
+    (v1, p1), (v2, p2) = states
+    assert abs(v1 - v2) <= 1e-6 * abs(v2) and rel_err(p1, p2) < 1e-6
+
+
+def test_a_target_of_the_wrong_shape_is_refused_before_the_kernels(tuned):
+    from tinn.errors import InputError
+    tuned(precision="float32", kernels="tensor_cores")
+    net, x, ids, t, _ = _case("L2", n_networks=2, batch=64)
+    with pytest.raises(InputError, match=r"target has shape \(64, 2\); expected \(64, 3\)"):
+        net.gradients_from_loss(x, ids, Loss("L2"), t[:, :2], need_dx=False)

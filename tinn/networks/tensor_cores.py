@@ -92,6 +92,14 @@ class TensorCorePath:
                                           input_padding=self.input_padding, recompute=self.recomputes())
         return out, (saved, chunks)
 
+    def saved_without_forward(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
+        """What `backward` needs when it recomputes the forward (`recomputes()`): the routing and the packed
+        weights, without running the forward."""
+        packed = self.kernels.pack_weights(params, self.shape, self.precision)
+        tiles, chunks = self._routing(ids, x.device, train=True)
+        return self.kernels.saved_for_recompute(x, x_feature_major, tiles, packed, self.shape,
+                                                input_padding=self.input_padding), chunks
+
     def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,
                  gradient_scale: float | torch.Tensor):
         """(dx in x's layout or None, float32 dparams (N, P) or None)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from .geometry import DEFAULT_GRADIENT_SCALES, MAX_FEATURES, MAX_WIDTH, PRECISIONS, Geometry, supported
 
-_LAUNCH_NAMES = ("pack_weights", "forward", "backward", "backward_from_loss", "FUSED_LOSSES", "recomputes", "Packed", "Saved", "COMPUTE_DTYPES", "default_block_m")
+_LAUNCH_NAMES = ("pack_weights", "forward", "backward", "backward_from_loss", "FUSED_LOSSES", "recomputes", "saved_for_recompute", "Packed", "Saved", "COMPUTE_DTYPES", "default_block_m")
 
 
 def available() -> tuple[bool, str]:

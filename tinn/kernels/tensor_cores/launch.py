@@ -112,7 +112,7 @@ KERNELS = ("inference", "forward", "backward", "backward_dx", "recompute", "reco
 # notes give the numbers).
 _TUNED_16BIT = {
     64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1),
-         "recompute": (64, 4, 1), "recompute_dx": (64, 4, 1)},
+         "recompute": (64, 4, 2), "recompute_dx": (64, 4, 3)},
     128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3),
           "recompute": (64, 8, 1), "recompute_dx": (64, 8, 1)},
 }
@@ -176,6 +176,20 @@ def recomputes(shape: MLPShape) -> bool:
     """Whether `backward` can recompute this shape's forward (mlp.recompute_backward_kernel: every layer's weight
     gradient in one program's registers), so that a training forward need save no activations."""
     return shape.n_layers <= mlp.RECOMPUTE_MAX_LAYERS
+
+
+def saved_for_recompute(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape,
+                        *, input_padding: tuple[int, float] = (0, 0.0)) -> Saved:
+    """What `forward(..., save=True, recompute=True)` returns for `backward`, without running the forward: for a
+    caller that needs the gradients only (a training step whose loss the backward computes)."""
+    n_real_in = shape.n_in - input_padding[0]
+    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
+                         f"({'feature' if x_feature_major else 'sample'}-major)")
+    if not recomputes(shape):
+        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
+                         f"has {shape.n_layers}")
+    return Saved(x, x_feature_major, (input_padding[0], float(input_padding[1])), None, tiles, packed, shape, True)
 
 
 def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape, *,
