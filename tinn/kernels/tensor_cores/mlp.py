@@ -410,12 +410,7 @@ def _backward_layer(
                 KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
                 LOSS)
     if WANT_PARAMS:
-        kin = tl.arange(0, KIN)
-        kout = tl.arange(0, KOUT)
-        # acc[i, o] is dL/dW[o, i] (times the scale); W is row-major (fan_out, fan_in) in the parameter row.
-        # (relaxed: nothing in the kernel reads dparams, and an acquire-release atomic would fence memory)
-        tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
-                      mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :], sem="relaxed")
+        _add_weight_gradient(dp_net, P_OFFSET, acc, KIN, KOUT, FAN_IN, FAN_OUT, inv_scale)
     if LAST and LOSS != NO_LOSS:
         tl.atomic_add(part_ptr, tl.sum(tl.sum(loss_acc, axis=1), axis=0), sem="relaxed")
     # The next layer down reads the deltas this one stored, from other threads of the block.
@@ -564,7 +559,8 @@ def _recompute_block(
 @triton.jit
 def _add_weight_gradient(dp_net, P_OFFSET: tl.constexpr, acc, KIN: tl.constexpr, KOUT: tl.constexpr,
                          FAN_IN: tl.constexpr, FAN_OUT: tl.constexpr, inv_scale):
-    """dparams[layer] += acc (acc[i, o] is dL/dW[o, i] times the scale; W row-major (fan_out, fan_in))."""
+    """dparams[layer] += acc (acc[i, o] is dL/dW[o, i] times the scale; W row-major (fan_out, fan_in)). Relaxed:
+    nothing in a kernel reads dparams, and an acquire-release atomic would fence memory."""
     kin = tl.arange(0, KIN)
     kout = tl.arange(0, KOUT)
     tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
