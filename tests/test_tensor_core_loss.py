@@ -12,7 +12,7 @@ from tinn.networks import NetworkArray
 from tinn.networks import tensor_cores
 from tinn.trainer import Trainer
 
-from reference import mlp_array, rel_err
+from reference import check_loss_inside_backward, mlp_array, rel_err
 
 DEV = tinn.runtime.device()
 pytestmark = pytest.mark.skipif(tensor_cores.unavailable_reason(tinn.runtime.arch(), None) is not None,
@@ -45,24 +45,9 @@ def test_loss_inside_the_output_layer_matches_the_loss_kernel_and_float64(otype,
     tuned(precision="float32", kernels="tensor_cores")
     net, x, ids, t, out_act = _case(otype)
     assert net.tensor_cores is not None and net.fuses_loss() and net.fuses_loss(need_dx=True)
-    loss = Loss(otype)
-
-    y, ctx = net.forward_with_context(x, ids, train=True)
-    dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = net.forward_with_context(x, ids, train=True)
-    result = loss.evaluate(y2, t)
-    dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
-    assert value.dim() == 0 and abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))
-    assert rel_err(dp, dp2) < 1e-5 and rel_err(dx, dx2) < 1e-5
-
     from test_losses import _value64
-    p64 = net.params.detach().double().requires_grad_()
-    x64 = x.double().requires_grad_()
-    y64 = mlp_array(net, p64, x64, ids, "Tanh", out_act)
-    v64 = _value64(otype, y64, t.double(), torch.ones_like(y64)).mean()
-    v64.backward()
-    assert abs(float(value) - float(v64)) <= 1e-4 * abs(float(v64))
-    assert rel_err(dp, p64.grad) < 1e-4 and rel_err(dx, x64.grad) < 1e-4
+    check_loss_inside_backward(net, x, ids, t, Loss(otype), lambda p, q, w: _value64(otype, p, q, w), "Tanh", out_act,
+                               1e-4)
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
