@@ -6,7 +6,7 @@ import tinn
 from tinn.losses import LOSSES, Loss
 from tinn.networks import NetworkArray
 
-from reference import check_loss_inside_backward, mlp_array, mlp_array_float64, rel_err
+from reference import check_loss_inside_backward, mlp_array_float64, rel_err
 
 
 @pytest.fixture(autouse=True)
