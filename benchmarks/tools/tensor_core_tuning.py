@@ -83,9 +83,10 @@ def host_profile(fn, calls: int = 20, top: int = 14) -> list[dict]:
     return [{"op": e.key[:60], "calls": e.count / calls, "self_us": e.self_cpu_time_total / calls} for e in ops[:top]]
 
 
-def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int, kernels=tuple(SWEPT)) -> list[dict]:
-    """Each kernel (of `kernels`, SWEPT's names) under each launch option; the backward under each chunk length
-    (default options)."""
+def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int, kernels=tuple(SWEPT),
+          only_options=None) -> list[dict]:
+    """Each kernel (of `kernels`, SWEPT's names) under each launch option (or those of `only_options`, a list of
+    (block, warps, stages)); the backward under each chunk length (default options)."""
     from tinn.kernels.tensor_cores import launch
     from tinn.routing import route_fused
     gen = torch.Generator().manual_seed(1)
@@ -98,6 +99,8 @@ def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int, kerne
     blocks = (64, 128, 256) if widest <= 64 else (32, 64, 128)
     options = [launch.LaunchOptions(bm, w, s) for bm, w, s in itertools.product(blocks, (4, 8), (1, 2, 3))
                if not (bm == 256 and w == 4)]
+    if only_options:
+        options = [launch.LaunchOptions(*o) for o in only_options]
     original = launch.launch_options
     rows = []
     try:
@@ -153,6 +156,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-kernels", default=",".join(SWEPT), help=f"the sweep's kernels, of {list(SWEPT)}")
+    p.add_argument("--sweep-options", default=None,
+                   help="only these launch options, BLOCK:WARPS:STAGES comma-separated (default: the full grid)")
     p.add_argument("--host-profile", action="store_true", help="the host's time per inference call, by op")
     p.add_argument("--json", default=os.path.join("out", "tensor_core_tuning.json"))
     args = p.parse_args(argv)
@@ -193,7 +198,9 @@ def main(argv=None):
         for k in entry["step"]["kernels"][:14]:
             print(f"   {k['kernel']:70s} {k['calls']:5.1f} {k['ms']:8.3f}")
         if args.sweep:
-            entry["sweep"] = sweep(tc, net, batch, n, args.precision, args.reps, args.sweep_kernels.split(","))
+            only = [tuple(int(v) for v in o.split(":")) for o in args.sweep_options.split(",")] \
+                if args.sweep_options else None
+            entry["sweep"] = sweep(tc, net, batch, n, args.precision, args.reps, args.sweep_kernels.split(","), only)
             for kernel in SWEPT:
                 timed = [r for r in entry["sweep"] if "options" in r and kernel in r]
                 if not timed:
