@@ -201,3 +201,54 @@ def test_compositing_does_not_sync():
         (dense.rgb.sum() + packed.rgb.sum()).backward()
     assert torch.equal(dense.rgb, packed.rgb)
     assert sigma.grad is not None and torch.isfinite(sigma.grad).all()
+
+
+def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
+    """KiloNeRF's phases (tinn/scenes/training), with the input checks as the caller left them (on): the phases
+    build their own inputs and run without the checks, and fine-tuning reads the number of samples to evaluate a
+    step after it was counted (an event the device has passed, not a stream sync). Only the steps that update
+    the occupancy grid read the device (every `occupancy_every` steps, none of those below)."""
+    from tinn.scenes import ProceduralScene, render_views
+    from tinn.scenes.acceleration.occupancy import OccupancyGrid
+    from tinn.scenes.fields.kilonerf import KiloNeRF
+    from tinn.scenes.training import Distiller
+    from tinn.scenes.training.photometric import PhotometricTrainer
+
+    scene = ProceduralScene()
+    data = render_views(scene, 4, 32, 32, seed=1, n_samples=64)
+    box_min, box_max = data.box_min.to(tinn.runtime.device()), data.box_max.to(tinn.runtime.device())
+    teacher_grid = OccupancyGrid.from_density(scene.density, box_min, box_max, 32, threshold=1.0)
+    student = KiloNeRF(box_min, box_max, grid=4, occupancy=teacher_grid, seed=2)
+
+    class Teacher(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.box_min, self.box_max = box_min, box_max
+
+        def forward(self, points):
+            return scene.density(points), scene.color(points)
+
+    distiller = Distiller(student, Teacher(), teacher_grid, step_size=0.02, batch=1 << 14, learning_rate=1e-2)
+    first = distiller.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            loss = distiller.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert float(loss) < float(first)
+
+    grid = OccupancyGrid.tracking(box_min, box_max, 32, within=teacher_grid)
+    tuner = PhotometricTrainer(student, data, n_samples=64, batch_rays=1024, learning_rate=2e-3, occupancy=grid,
+                               occupancy_threshold=1.0, occupancy_every=16, seed=3)
+    first = tuner.step()  # updates the grid (step 0) and compiles
+    tuner.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            loss = tuner.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss) and float(loss) < 2 * float(first)

@@ -1,9 +1,10 @@
 """Rendering fields (see tinn/scenes/fields/radiance.py) with `tinn.render`'s rays, samples and compositing, and
 timing helpers.
 
-`render_rays` (training): stratified samples inside the box, optionally only those in occupied voxels
-(`tinn.render.sampling.pack`), networks evaluated on the kept samples only, composited with
-`tinn.render.compositing.composite` (whose backward trains the networks).
+`render_rays` (training): stratified samples inside the box, optionally only those in occupied voxels, networks
+evaluated on the kept samples only, composited with `tinn.render.compositing.composite` (whose backward trains the
+networks). It is `sample_rays` (device work only) then `shade` (reads the number of kept samples): a training
+step can sample its next batch before evaluating this one, so that the count is on the host when it is needed.
 `render_image` (viewing): the same samples without jitter produced packed by a marching kernel pair
 (`tinn.render.march`), with early ray termination.
 """
@@ -19,7 +20,8 @@ from ..checks import check_points
 from ..errors import InputError
 from .compositing import composite
 from .rays import camera_rays, ray_box
-from .sampling import frame_runs, march, pack, stratified_t
+from .pending import PendingCount
+from .sampling import frame_runs, march, stratified_t
 
 
 def _collective(field) -> bool:
@@ -35,31 +37,73 @@ class RenderedRays:
     n_evaluated: int           # samples the field was evaluated on
 
 
-def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, n_samples: int, background=None,
-                occupancy=None, jitter: bool = False, generator: torch.Generator | None = None) -> RenderedRays:
-    """Volume-render rays through `field`: `n_samples` stratified samples over each ray's span inside the field's
-    box; with an `OccupancyGrid` only samples in occupied voxels are evaluated (the others count as empty)."""
+@dataclass
+class RaySamples:
+    """`render_rays`' samples of a batch of rays, those to evaluate marked but not yet gathered (`sample_rays`)."""
+    points: torch.Tensor        # (R * S, 3) every sample point, ray-major
+    deltas: torch.Tensor        # (R * S,) bin lengths (0 for rays that miss the box)
+    keep: torch.Tensor          # (R * S,) bool: the samples to evaluate (in the box and, with a grid, occupied)
+    ray_offsets: torch.Tensor   # (R + 1,) int32: ray r owns kept samples ray_offsets[r]:ray_offsets[r + 1]
+    n_candidates: torch.Tensor  # 0-d int64: samples inside the box
+    n_kept: PendingCount        # the number of kept samples, on its way to the host
+
+
+def sample_rays(box_min, box_max, origins: torch.Tensor, directions: torch.Tensor, n_samples: int,
+                occupancy=None, jitter: bool = False, generator: torch.Generator | None = None) -> RaySamples:
+    """The samples `render_rays` evaluates, chosen on the device without waiting for it: stratified samples over
+    each ray's span inside the box [box_min, box_max], kept where they lie in occupied voxels of `occupancy`
+    (every in-box sample without one). `shade` evaluates and composites them. Sampling a batch ahead of its use
+    (a training step preparing the next one's rays) lets the number of kept samples reach the host meanwhile."""
     origins = check_points("origins", origins)
     directions = check_points("directions", directions)
     if directions.shape != origins.shape:
         raise InputError(f"directions must have the shape of origins {tuple(origins.shape)}, "
                          f"got {tuple(directions.shape)}")
-    t_near, t_far = ray_box(origins, directions, field.box_min, field.box_max)
+    t_near, t_far = ray_box(origins, directions, box_min, box_max)
     t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
-    n_rays = origins.shape[0]
     points = (origins[:, None, :] + t[..., None] * directions[:, None, :]).reshape(-1, 3)
-    mask = deltas > 0
-    n_candidates = mask.sum()
+    keep = deltas > 0
+    n_candidates = keep.sum()
     if occupancy is not None:
-        mask = mask & occupancy.query(points).reshape(n_rays, n_samples)
-    index, offsets = pack(mask)
-    if index.numel() or _collective(field):  # a sharded field's ranks must all join each call
-        sigma, rgb = field(points[index].contiguous())
+        keep = keep & occupancy.query(points).reshape(keep.shape)
+    if keep.numel() >= 2**31:
+        raise InputError(f"{keep.numel()} samples exceed int32 offsets; render fewer rays at once")
+    ray_offsets = torch.zeros(keep.shape[0] + 1, dtype=torch.int32, device=keep.device)
+    torch.cumsum(keep.sum(dim=1, dtype=torch.int32), 0, out=ray_offsets[1:])
+    return RaySamples(points, deltas.reshape(-1), keep.reshape(-1), ray_offsets, n_candidates,
+                      PendingCount(ray_offsets[-1]))
+
+
+def shade(field, samples: RaySamples, background=None) -> RenderedRays:
+    """`samples` (from `sample_rays`) through `field`: the kept ones gathered (this waits until the device has
+    counted them), evaluated, and composited front to back over `background`; the others count as empty."""
+    m = samples.n_kept.value()
+    index = _kept_index(samples.keep, m)
+    if m or _collective(field):  # a sharded field's ranks must all join each call
+        sigma, rgb = field(samples.points[index].contiguous())
     else:  # nothing to evaluate: every ray shows the background
-        sigma = torch.zeros(0, device=origins.device)
-        rgb = torch.zeros(0, 3, device=origins.device)
-    out = composite(sigma, rgb, deltas.reshape(-1)[index].contiguous(), offsets, background)
-    return RenderedRays(out.rgb, out.opacity, n_candidates, int(index.numel()))
+        sigma = torch.zeros(0, device=samples.points.device)
+        rgb = torch.zeros(0, 3, device=samples.points.device)
+    with checks.disabled():  # the offsets were built with the samples: no check (a device sync) needed
+        out = composite(sigma, rgb, samples.deltas[index].contiguous(), samples.ray_offsets, background)
+    return RenderedRays(out.rgb, out.opacity, samples.n_candidates, m)
+
+
+def _kept_index(keep: torch.Tensor, m: int) -> torch.Tensor:
+    """Positions (int64, ascending) of the m True entries of `keep`, without reading the device: the count is
+    given (torch.nonzero would read it)."""
+    if hasattr(torch, "nonzero_static"):
+        return torch.nonzero_static(keep, size=m).reshape(-1)
+    return torch.nonzero(keep).reshape(-1)
+
+
+def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, n_samples: int, background=None,
+                occupancy=None, jitter: bool = False, generator: torch.Generator | None = None) -> RenderedRays:
+    """Volume-render rays through `field`: `n_samples` stratified samples over each ray's span inside the field's
+    box; with an `OccupancyGrid` only samples in occupied voxels are evaluated (the others count as empty).
+    `sample_rays` then `shade`: the field's evaluation waits for the device to count the kept samples."""
+    samples = sample_rays(field.box_min, field.box_max, origins, directions, n_samples, occupancy, jitter, generator)
+    return shade(field, samples, background)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import runtime
+from ... import checks, runtime
 from ...checks import check_points
 from ...errors import InputError
 
@@ -97,6 +97,8 @@ class OccupancyGrid(VoxelBox):
         self.density: torch.Tensor | None = None  # the tracked density per voxel (tracking grids only)
         self.within: torch.Tensor | None = None   # tracking grids: the voxels that may be occupied (None: all)
         self.updates = 0
+        # `sample`'s list of occupied voxels and the state of `occupied` it was listed from (see occupied_voxels)
+        self._voxels: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     @classmethod
     def tracking(cls, box_min, box_max, resolution: int, within: "OccupancyGrid | None" = None) -> "OccupancyGrid":
@@ -123,10 +125,13 @@ class OccupancyGrid(VoxelBox):
 
     @torch.no_grad()
     def update(self, density, threshold: float, decay: float = 0.95, random_share: float = 0.5,
-               generator: torch.Generator | None = None, chunk: int = 1 << 18) -> float:
-        """One tracking step (see the module notes); returns the occupied fraction afterwards.
+               generator: torch.Generator | None = None, chunk: int = 1 << 18) -> torch.Tensor:
+        """One tracking step (see the module notes); returns the occupied fraction afterwards as a 0-d tensor on
+        the grid's device (`float()` of it waits for the device; the update itself reads the device once, for the
+        number of voxels it evaluates).
 
-        `density(points (M, 3)) -> (M,)` is the field's density, called without gradients; `threshold`
+        `density(points (M, 3)) -> (M,)` is the field's density, called without gradients and without the sync
+        checks (the points are built here, inside the box); `threshold`
         is the density above which a voxel counts as occupied (capped at the mean tracked density); `decay` in [0, 1) is how much of the
         tracked value survives one update; `random_share` of the voxels is re-evaluated at random besides
         the occupied ones (all of them at the first update, so nothing is missed at the start).
@@ -151,19 +156,21 @@ class OccupancyGrid(VoxelBox):
         tracked = self.density.reshape(-1)
         tracked.mul_(float(decay))
         r = self.resolution
-        for start in range(0, cells.numel(), chunk):
-            pick = cells[start:start + chunk]
-            ijk = torch.stack([pick // (r * r), (pick // r) % r, pick % r], dim=1).float()
-            u = torch.rand(pick.numel(), 3, device=dev, generator=generator)
-            value = density((self.box_min + (ijk + u) * self.voxel_size).contiguous()).reshape(-1).float()
-            tracked[pick] = torch.maximum(tracked[pick], value)
+        with checks.disabled():
+            for start in range(0, cells.numel(), chunk):
+                pick = cells[start:start + chunk]
+                ijk = torch.stack([pick // (r * r), (pick // r) % r, pick % r], dim=1).float()
+                u = torch.rand(pick.numel(), 3, device=dev, generator=generator)
+                value = density((self.box_min + (ijk + u) * self.voxel_size).contiguous()).reshape(-1).float()
+                tracked[pick] = torch.maximum(tracked[pick], value)
         # As instant-ngp: never above the mean tracked density, so a young field whose densities are all
-        # below the threshold still keeps its denser half occupied (and trained).
-        cut = min(float(threshold), float(self.density.mean()))
+        # below the threshold still keeps its denser half occupied (and trained). Compared on the device: the
+        # float32 mean against the threshold rounded to float32, as a comparison with the number would be.
+        cut = self.density.mean().clamp(max=float(threshold))
         occupied = self.density > cut
         self.occupied = (occupied if self.within is None else occupied & self.within).contiguous()
         self.updates += 1
-        return self.occupied_fraction()
+        return self.occupied.float().mean()
 
     @classmethod
     @torch.no_grad()
@@ -210,11 +217,21 @@ class OccupancyGrid(VoxelBox):
     def occupied_fraction(self) -> float:
         return float(self.occupied.float().mean())
 
+    def occupied_voxels(self) -> torch.Tensor:
+        """Flat indices (int64, ascending) of the occupied voxels. Listing them reads the device (their number
+        sizes the list), so the list is kept until `occupied` changes (another tensor, or written in place):
+        a grid that stays as it is, as in distillation, is listed once."""
+        occupied = self.occupied
+        kept = self._voxels
+        if kept is None or kept[0] is not occupied or kept[1] != occupied._version:
+            kept = self._voxels = (occupied, occupied._version, torch.nonzero(occupied.reshape(-1)).reshape(-1))
+        return kept[2]
+
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """n points (n, 3) uniform over the occupied volume (every occupied voxel equally likely)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InputError(f"n={n!r} must be an integer >= 0")
-        flat = torch.nonzero(self.occupied.reshape(-1)).reshape(-1)
+        flat = self.occupied_voxels()
         if flat.numel() == 0:
             raise InputError("the occupancy grid is empty: nothing to sample (lower the threshold?)")
         dev = self.occupied.device

@@ -97,10 +97,19 @@ class KiloNeRF(torch.nn.Module):
         local = torch.empty(m, 3, device=points.device)
         inside = torch.empty(m, dtype=torch.uint8, device=points.device)
         if m:
-            box = torch.cat([self.box_min, self.box_max, (self.box_max - self.box_min) / self.grid])
-            box = box.to(points.device).contiguous()
-            cell_coords(points, box, self.grid, 0.5, ids, local, inside)
+            cell_coords(points, self._cell_box(points.device), self.grid, 0.5, ids, local, inside)
         return CellCoords(ids, local, inside.view(torch.bool))
+
+    def _cell_box(self, device: torch.device) -> torch.Tensor:
+        """The cell kernel's box record (box_min, box_max, cell size), built once per state of the box: three
+        torch ops a call otherwise, each a launch the host pays for."""
+        lo, hi = self.box_min, self.box_max
+        state = (lo._version, hi._version, device)
+        kept = self.__dict__.get("_cell_box_kept")
+        if kept is None or kept[0] is not lo or kept[1] is not hi or kept[2] != state:
+            box = torch.cat([lo, hi, (hi - lo) / self.grid]).to(device).contiguous()
+            kept = self.__dict__["_cell_box_kept"] = (lo, hi, state, box)
+        return kept[3]
 
     def raw(self, points: torch.Tensor) -> torch.Tensor:
         """(M, 4) raw outputs, every sample through its cell's network, all cells in one launch."""

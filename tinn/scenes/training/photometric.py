@@ -5,12 +5,14 @@ learning-rate decay is the optimizer's `ExponentialDecay` wrapper (`decaying_ada
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ... import runtime
+from ... import checks, runtime
 from ...errors import InputError
 from ...trainer import Trainer, TrainerControls
-from ...render.fields import render_rays
+from ...render.fields import RaySamples, sample_rays, shade
 
 NERF_ADAM = {"otype": "Adam", "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
 
@@ -29,7 +31,11 @@ def decaying_adam(learning_rate: float, total_steps: int | None = None, final_lr
 
 
 class SceneTrainer(TrainerControls):
-    """A scene phase: an objective (`loss()`) and the `Trainer` that optimises it; `step()` is one step."""
+    """A scene phase: an objective (`loss()`) and the `Trainer` that optimises it; `step()` is one step.
+
+    Steps run without the sync checks (`tinn.checks.disabled`): their inputs are built by the phase itself
+    (points in the box, cell ids, ray offsets), and each check would stall the host until the device drains.
+    """
 
     trainer: Trainer
 
@@ -37,7 +43,8 @@ class SceneTrainer(TrainerControls):
         raise NotImplementedError
 
     def step(self) -> torch.Tensor:
-        return self.trainer.optimize(self.loss)
+        with checks.disabled():
+            return self.trainer.optimize(self.loss)
 
     @property
     def optimizer(self):
@@ -49,6 +56,15 @@ class SceneTrainer(TrainerControls):
 
     def reset(self) -> None:
         self.trainer.reset()
+
+
+@dataclass
+class RayBatch:
+    """One step's training rays: target colours, the background they were composited on, the samples."""
+    colors: torch.Tensor
+    background: torch.Tensor
+    samples: RaySamples
+    key: tuple  # what the batch was drawn for (see PhotometricTrainer._batch_key)
 
 
 class PhotometricTrainer(SceneTrainer):
@@ -65,6 +81,11 @@ class PhotometricTrainer(SceneTrainer):
     Images read with an alpha channel (`data.alpha`) train, with `random_background` (the default), on a
     random background per ray: the pixel is composited anew on it and the render uses the same colour, so
     the field cannot paint the fixed background into empty space (instant-ngp does the same).
+
+    Each step draws the next step's rays and samples before evaluating its own (unless the next step updates the
+    occupancy grid first), so that the number of samples to evaluate reaches the host while the device works:
+    the step does not wait for the device. The batches and random numbers are those of drawing each batch in its
+    own step.
     """
 
     def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
@@ -82,6 +103,10 @@ class PhotometricTrainer(SceneTrainer):
         self.background = data.background.to(dev, torch.float32)
         alpha = data.alphas() if random_background else None
         self.alpha = None if alpha is None else alpha.to(dev, torch.float32).contiguous()
+        # Checked once here: the steps run without the sync checks.
+        data_tensors = (self.origins, self.directions, self.colors) + (() if self.alpha is None else (self.alpha,))
+        if not bool(torch.stack([torch.isfinite(t).all() for t in data_tensors]).all()):
+            raise InputError("the training data's rays, colours or alphas contain NaN or Inf")
         self.trainer = Trainer(field, self.loss,
                                decaying_adam(learning_rate, total_steps, final_lr_factor, **(adam_options or {})))
         self.generator = torch.Generator(device=dev).manual_seed(seed)
@@ -92,19 +117,53 @@ class PhotometricTrainer(SceneTrainer):
             raise InputError(f"occupancy_every={occupancy_every!r} must be an integer >= 1 (steps)")
         self.occupancy_threshold = occupancy_threshold if tracks else None
         self.occupancy_every = occupancy_every
+        self._ahead: RayBatch | None = None  # the next step's batch, drawn during this one
+
+    def _updates_at(self, step: int) -> bool:
+        return self.occupancy_threshold is not None and step % self.occupancy_every == 0
 
     def step(self) -> torch.Tensor:
-        if self.occupancy_threshold is not None and self.trainer.step % self.occupancy_every == 0:
-            self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
+        if self._updates_at(self.trainer.step):
+            with checks.disabled():
+                self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
         return super().step()
 
-    def loss(self) -> torch.Tensor:
+    def reset(self) -> None:
+        super().reset()
+        self._ahead = None
+
+    def _batch_key(self) -> tuple:
+        """What a batch depends on besides the random numbers: a batch drawn ahead is used only if these are
+        unchanged (a grid updated or replaced in between makes the step draw its batch anew)."""
+        occupied = None if self.occupancy is None else self.occupancy.occupied
+        return (self.batch_rays, self.n_samples, self.occupancy, occupied,
+                None if occupied is None else occupied._version)
+
+    def draw_batch(self) -> RayBatch:
+        """`batch_rays` random training rays (with random backgrounds where the images have alpha) and their
+        jittered samples; only device work is issued."""
         pick = torch.randint(0, self.origins.shape[0], (self.batch_rays,), device=self.origins.device,
                              generator=self.generator)
         colors, background = self.colors[pick], self.background
         if self.alpha is not None:
             background = torch.rand(self.batch_rays, 3, device=colors.device, generator=self.generator)
             colors = colors + (1.0 - self.alpha[pick]) * (background - self.background)
-        out = render_rays(self.field, self.origins[pick], self.directions[pick], self.n_samples, background,
-                          self.occupancy, jitter=True, generator=self.generator)
-        return ((out.rgb - colors) ** 2).mean()
+        samples = sample_rays(self.field.box_min, self.field.box_max, self.origins[pick], self.directions[pick],
+                              self.n_samples, self.occupancy, jitter=True, generator=self.generator)
+        return RayBatch(colors, background, samples, self._batch_key())
+
+    def loss(self) -> torch.Tensor:
+        ahead, self._ahead = self._ahead, None
+        batch = ahead if ahead is not None and _same_key(ahead.key, self._batch_key()) else self.draw_batch()
+        # The next step's batch, drawn now (the same random numbers in the same order as drawing it then) unless
+        # that step updates the grid first (the update draws from the generator, and the batch samples the new
+        # grid).
+        if not self._updates_at(self.trainer.step + 1):
+            self._ahead = self.draw_batch()
+        out = shade(self.field, batch.samples, batch.background)
+        return ((out.rgb - batch.colors) ** 2).mean()
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y or (type(x) is type(y) and isinstance(x, int) and x == y)
+                                    for x, y in zip(a, b))
