@@ -147,7 +147,7 @@ def test_activations(hidden, output):
     run(hidden=hidden, output=output, width=16)
 
 
-@pytest.mark.parametrize("width", [1, 7, 16, 24, 48, 64])
+@pytest.mark.parametrize("width", [1, 7, 16, 24, 48, 64, 128])
 def test_widths(width):
     run(width=width, hidden_layers=1, hidden="Tanh")
 

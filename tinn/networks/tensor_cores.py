@@ -15,9 +15,10 @@ import torch
 
 from ..routing import sorted_bounds
 
-# The backward recomputes the forward up to this hidden width (its weight gradients in registers); wider layers
-# save their pre-activations and go layer by layer. TINN_TC_SAVED_BACKWARD=1 forces the saving path (A/B runs).
-RECOMPUTE_MAX_WIDTH = 64
+# The backward recomputes the forward up to this hidden width (its weight gradients in registers; at 128, 32
+# samples a block and 8 warps keep them there); wider layers save their pre-activations and go layer by layer.
+# TINN_TC_SAVED_BACKWARD=1 forces the saving path (A/B runs).
+RECOMPUTE_MAX_WIDTH = 128
 
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
 # batch still spreads over every SM.

@@ -114,7 +114,7 @@ _TUNED_16BIT = {
     64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1),
          "recompute": (64, 4, 2), "recompute_dx": (64, 4, 3)},
     128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3),
-          "recompute": (64, 8, 1), "recompute_dx": (64, 8, 1)},
+          "recompute": (32, 8, 1), "recompute_dx": (32, 8, 1)},
 }
 
 
