@@ -270,7 +270,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     t1 = time.perf_counter()
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
     occupancy_s = time.perf_counter() - t1
-    render = {"segments": args.render_segments, "early_stop": args.early_stop}
+    render = {"segments": load_file("demos/kilonerf.py").render_segments(args), "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
