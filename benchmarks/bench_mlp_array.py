@@ -23,7 +23,6 @@ step, the pipelined step and inference, tinn's speedup over it, and whether that
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import subprocess
@@ -34,7 +33,8 @@ import torch
 
 import tinn  # noqa: E402
 from benchmarks.loading import ROOT  # noqa: E402
-from benchmarks.common import peak_memory_mib, peak_memory_reset, print_table, record_pipelined, time_fn, write_json  # noqa: E402
+from benchmarks.common import (peak_memory_mib, peak_memory_reset, print_table, record_pipelined, tf32_matmuls,  # noqa: E402
+                               time_fn, write_json)
 
 
 def make_ids(batch: int, n: int, routing: str, device) -> torch.Tensor:
@@ -169,18 +169,6 @@ TORCH_BASELINES = tuple((b.prefix, b.name) for b in BMM_PRECISIONS) + (
 
 # The tensor-core issue's goals: tinn's speedup over the fastest torch baseline of the same run.
 GOALS = {"train": 1.5, "train_pipelined": 1.5, "fwd": 2.5}
-
-
-@contextlib.contextmanager
-def tf32_matmuls(allowed: bool):
-    """`torch.backends.cuda.matmul.allow_tf32 = allowed` inside the block; the previous value after, also when
-    the block raises (the flag is process-wide: a later baseline must not inherit it)."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def time_torch(row, prefix, model, x, ids, target, n, reps, autocast_dtype=None, fused_adam=False):

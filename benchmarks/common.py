@@ -184,3 +184,15 @@ def host_ms_per_step(step, bursts: int = 5, steps: int = 8) -> float:
         times.append((time.perf_counter() - t0) * 1e3 / steps)
     sync()
     return min(times)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(allowed: bool):
+    """`torch.backends.cuda.matmul.allow_tf32 = allowed` inside the block; the previous value after, also when
+    the block raises (the flag is process-wide: a later baseline must not inherit it)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

@@ -95,7 +95,7 @@ def parse_args(argv=None):
                         "rule's cells (as a single grid's finest level is finer than a pixel)")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
-                        "fewer level-rule cells than this from the capture (0: --max-depth alone; default 64)")
+                        "fewer level-rule cells than this from the capture (0: --max-depth alone; default 128)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
                         "against 20); default float32, bfloat16 with --scale")

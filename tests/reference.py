@@ -78,3 +78,23 @@ def record_gradient_pointers(part) -> list:
 
     part.backward = recording_backward
     return returned
+
+
+def check_loss_inside_backward(net, x, ids, t, loss, value64, hidden: str, output: str, tol: float) -> None:
+    """`net.backward_from_loss` (the loss's gradient taken inside the backward's kernels) against the loss kernel
+    followed by `backward` (to float32 rounding) and against float64 autograd of `value64(pred, target, pdf)`, the
+    per-element loss (within `tol`): the mean loss, dx and the parameter gradient."""
+    y, ctx = net.forward_with_context(x, ids, train=True)
+    dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
+    y2, ctx2 = net.forward_with_context(x, ids, train=True)
+    result = loss.evaluate(y2, t)
+    dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
+    assert value.dim() == 0 and abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))
+    assert rel_err(dp, dp2) < 1e-5 and rel_err(dx, dx2) < 1e-5
+    p64 = net.params.detach().double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, ids, hidden, output)
+    v64 = value64(y64, t.double(), torch.ones_like(y64)).mean()
+    v64.backward()
+    assert abs(float(value) - float(v64.detach())) <= 1e-4 * abs(float(v64.detach()))
+    assert rel_err(dp, p64.grad) < tol and rel_err(dx, x64.grad) < tol

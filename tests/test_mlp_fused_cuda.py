@@ -6,7 +6,7 @@ import tinn
 from tinn.losses import LOSSES, Loss
 from tinn.networks import NetworkArray
 
-from reference import mlp_array, mlp_array_float64, rel_err
+from reference import check_loss_inside_backward, mlp_array_float64, rel_err
 
 
 @pytest.fixture(autouse=True)
@@ -172,18 +172,4 @@ def test_loss_inside_the_deltas_kernel_matches_float64(otype, tuned):
     t = (torch.rand(batch, dims, generator=gen) + (0.1 if positive else -0.5)).to(dev)
     loss = Loss(otype)
 
-    y, ctx = net.forward_with_context(x, ids, train=True)
-    dx, (dp,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
-    y2, ctx2 = net.forward_with_context(x, ids, train=True)
-    result = loss.evaluate(y2, t)
-    dx2, (dp2,) = net.backward(ctx2, result.grad, need_dx=True)
-    assert abs(float(value) - float(result.value)) <= 1e-5 * abs(float(result.value))
-    assert rel_err(dp, dp2) < 1e-5 and rel_err(dx, dx2) < 1e-5
-
-    p64 = net.params.detach().double().requires_grad_()
-    x64 = x.double().requires_grad_()
-    y64 = mlp_array(net, p64, x64, ids, "ReLU", out_act)
-    v64 = _value64(otype, y64, t.double(), torch.ones_like(y64)).mean()
-    v64.backward()
-    assert abs(float(value) - float(v64)) <= 1e-4 * abs(float(v64))
-    assert rel_err(dp, p64.grad) < TOL and rel_err(dx, x64.grad) < TOL
+    check_loss_inside_backward(net, x, ids, t, loss, lambda p, q, w: _value64(otype, p, q, w), "ReLU", out_act, TOL)

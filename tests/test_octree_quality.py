@@ -95,13 +95,13 @@ def test_capture_depth_stops_where_nodes_would_get_too_few_cells():
     assert capture_depth(edge, footprint, 16.0, limit=3) == 3
 
 
-def test_an_800_pixel_capture_stops_the_tree_at_depth_3_with_four_times_the_table_of_depth_4():
+def test_an_800_pixel_capture_stops_the_tree_at_depth_2_and_depth_3_has_four_times_the_table_of_depth_4():
     # The synthetic views' geometry is the mesh captures' (about 1000 footprints across the root at 800 pixels).
     v = views(focal=1111.0)
     footprint = closest_footprint(v)
     edge = 2 * 1.5
     depth = capture_depth(edge, footprint)
-    assert depth == 3 and capture_depth(edge, footprint, 32.0) == 4
+    assert depth == 2 and capture_depth(edge, footprint, 64.0) == 3 and capture_depth(edge, footprint, 32.0) == 4
     assert edge / (footprint * 2 ** depth) >= DEFAULT_MIN_LEAF_RESOLUTION > edge / (footprint * 2 ** (depth + 1))
     # Within the teacher's budget (16 levels x 2^19) the bunny's depth-3 tree (132 nodes) gets 2^13 entries per
     # level, its depth-4 tree (627 nodes) 2^11.

@@ -103,9 +103,10 @@ def test_distillation_steps_read_nothing_from_the_device(tensor_core_student):
     first = distiller.step()  # lists the occupied voxels (one read, kept while the grid stays as it is)
     with HostReads() as mode:
         for _ in range(3):
-            loss = distiller.step()
+            distiller.step()
     assert mode.reads == []
-    assert float(loss) < float(first)
+    later = [float(distiller.step()) for _ in range(20)]  # it trains (one step's batch is noisy: a mean)
+    assert sum(later[-5:]) / 5 < float(first)
 
 
 class OldLoss(PhotometricTrainer):

@@ -51,14 +51,20 @@ def test_batch_dependent_strides_take_the_variant_that_does_not_specialise_on_th
     kernel, so those calls go to the variant without divisibility specialisation on the stride arguments, and
     sample-major calls keep the specialised one."""
     from tinn.kernels.tensor_cores import launch, mlp
-    for kernel in (mlp.forward_kernel_any_batch, mlp.backward_kernel_any_batch):
-        dropped = set(kernel.kwargs["do_not_specialize_on_alignment"])
-        assert dropped and dropped <= set(mlp.BATCH_STRIDES) and dropped <= set(kernel.arg_names)
+    for kernel, any_batch in ((mlp.forward_kernel, mlp.forward_kernel_any_batch),
+                              (mlp.backward_kernel, mlp.backward_kernel_any_batch)):
+        dropped = set(any_batch.kwargs["do_not_specialize_on_alignment"])
+        assert dropped <= set(mlp.BATCH_STRIDES + mlp.SCALAR_POINTERS) and dropped <= set(any_batch.arg_names)
+        assert {"s_x_sample", "s_x_feature"} <= dropped
+        # the tile lists' pointers in both variants (the lists are slices at batch-dependent offsets)
+        assert set(kernel.kwargs["do_not_specialize_on_alignment"]) == dropped & set(mlp.SCALAR_POINTERS) != set()
     aligned, any_batch = mlp.forward_kernel, mlp.forward_kernel_any_batch
     feature_major = torch.empty(5, 1000).t()  # (1000 samples, 5 features): strides (1, 1000)
     assert launch._kernel_for(aligned, any_batch, 1000, *feature_major.stride()) is any_batch
     assert launch._kernel_for(aligned, any_batch, 1000, *torch.empty(1000, 5).stride()) is aligned
     assert launch._kernel_for(aligned, any_batch, 1000, 16, 1, 0) is aligned  # a broadcast dy (stride 0)
+    from tinn.kernels.tensor_cores import tiles
+    assert all(tiles.slots(batch, 7, 64) % 4 == 0 for batch in range(0, 700, 13))  # 16-byte aligned lists
 
 
 def make_ids(kind, batch, n_networks, gen):
@@ -70,6 +76,19 @@ def make_ids(kind, batch, n_networks, gen):
     weights = torch.rand(n_networks, generator=gen) ** 2 + 0.05
     weights[1 % n_networks] = 0.0
     return torch.multinomial(weights, batch, replacement=True, generator=gen).to(torch.int32)
+
+
+RECOMPUTE = False
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["saved", "recomputed"])
+def backward_kind(request):
+    """Every case twice: a training forward that saves the pre-activations for the layer-by-layer backward, and
+    one that saves nothing, its forward recomputed by the backward (up to RECOMPUTE_MAX_LAYERS layers)."""
+    global RECOMPUTE
+    RECOMPUTE = request.param
+    yield
+    RECOMPUTE = False
 
 
 def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None", n_networks=3, batch=70,
@@ -91,7 +110,10 @@ def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None"
     packed = tc.pack_weights(net.params.detach(), net.shape, precision, pad_output_to_hidden)
     x_in = x.t().contiguous() if feature_major else x
     pad = net.input_padding
-    out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM)
+    recompute = RECOMPUTE and tc.recomputes(net.shape)
+    out, saved = tc.forward(x_in, feature_major, tiles, packed, net.shape, save=True, input_padding=pad, block_m=BM,
+                            recompute=recompute)
+    assert (saved.pre is None) == (recompute or hidden_layers == 0) and saved.recompute == recompute
     dx, dparams = tc.backward(dy, saved, chunks, want_dx=want_dx, want_params=want_params,
                               gradient_scale=gradient_scale, block_m=BM)
     if feature_major and dx is not None:
@@ -125,12 +147,13 @@ def test_activations(hidden, output):
     run(hidden=hidden, output=output, width=16)
 
 
-@pytest.mark.parametrize("width", [1, 7, 16, 24, 48, 64])
+@pytest.mark.parametrize("width", [1, 7, 16, 24, 48, 64, 128])
 def test_widths(width):
     run(width=width, hidden_layers=1, hidden="Tanh")
 
 
-@pytest.mark.parametrize("hidden_layers,output", [(0, "None"), (0, "Sine"), (3, "Softplus")])
+@pytest.mark.parametrize("hidden_layers,output", [(0, "None"), (0, "Sine"), (1, "Sigmoid"), (3, "Softplus"),
+                                                  (4, "None")])
 def test_depths(hidden_layers, output):
     run(hidden_layers=hidden_layers, output=output, width=16, hidden="SiLU")
 
@@ -302,3 +325,13 @@ def test_tile_lists_hold_the_tiles_of_the_torch_routing(n_networks, batch, sizes
             assert 0 < count <= size and (ids[a.order[start:start + count].long()] == net).all()
             covered[start:start + count] += 1
         assert (covered == 1).all()
+
+
+def test_the_backward_recomputes_up_to_four_layers():
+    assert [tc.recomputes(MLPShape(5, 16, 3, n, 1, 0)) for n in (1, 4, 5)] == [True, True, False]
+    net = NetworkArray(5, 3, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 4}, n_networks=1,
+                       kernels="unfused")
+    (tiles,) = route_fused(torch.zeros(4, dtype=torch.int32), 1, (BM,))
+    packed = tc.pack_weights(net.params.detach(), net.shape, "float32")
+    with pytest.raises(ValueError, match="recomputes at most 4 layers"):
+        tc.forward(torch.zeros(4, 5), False, tiles, packed, net.shape, save=True, recompute=True)

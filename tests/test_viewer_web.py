@@ -139,6 +139,38 @@ def test_per_network_loss_is_asked_for_only_while_a_front_end_shows_it():
     assert c.source.queries == 3 and c.step == 8
 
 
+def test_image_source_computes_no_per_network_loss_while_nobody_watches(tmp_path, monkeypatch):
+    import tinn.trainer as trainer_module
+
+    per_network = []
+    loss_result = trainer_module._loss_result
+
+    def counting(loss, pred, targets, **kwargs):
+        if kwargs.get("net_ids") is not None:
+            per_network.append(1)
+        return loss_result(loss, pred, targets, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "_loss_result", counting)
+    source, trainer, task = make_source()
+    c = ViewerController(source)
+    c.advance(3)
+    assert len(per_network) == 3 and c.network_loss.shape == (task.n_networks,)
+    c.network_loss_wanted = False  # the web page with no browser connected
+    c.advance(4)
+    assert len(per_network) == 3 and source.per_network_loss() is None and c.step == 7
+    c.network_loss_wanted = True
+    c.advance(2)
+    assert len(per_network) == 5
+    if importlib.util.find_spec("viser") is not None:  # the page with no browser says so itself
+        viewer = Viewer(source, out_dir=str(tmp_path), backend="web", web={"port": 0}, log=lambda *a: None)
+        try:
+            viewer.frontend.publish()
+            viewer.controller.advance(3)
+        finally:
+            viewer.frontend.close()
+        assert not viewer.controller.network_loss_wanted and len(per_network) == 5
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0, 1e9, "2", True, None])
 def test_learning_rate_scale_refuses_bad_values(bad):
     c = ViewerController(LodSource())

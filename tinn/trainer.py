@@ -206,14 +206,14 @@ class Trainer(LearningRateOf):
         with checks.disabled(), runtime.stream_guard():  # inputs validated above
             if self._uses_contract(x.shape[0]):
                 model = self.model
-                pred, ctx = model.forward_with_context(x, ids, train=True)
                 if isinstance(self.loss, Loss) and not track and model.fuses_loss():
                     # The model's backward takes the loss itself: the fused MLP computes its gradient where
-                    # its kernel first reads the outputs (Part.backward_from_loss).
-                    _, grads, value = model.backward_from_loss(ctx, pred, self.loss, t, need_dx=False)
-                    del pred
+                    # its kernel first reads the outputs, the tensor cores' where the backward recomputes them
+                    # (Part.gradients_from_loss: no output is kept, and that backward needs no forward).
+                    _, grads, value = model.gradients_from_loss(x, ids, self.loss, t, need_dx=False)
                     result = LossResult(value, None)
                 else:
+                    pred, ctx = model.forward_with_context(x, ids, train=True)
                     result = _loss_result(self.loss, pred, t, **kwargs)
                     del pred  # its memory is reused by the backward where the model's context does not keep it
                     _, grads = model.backward(ctx, result.grad.contiguous(), need_dx=False)

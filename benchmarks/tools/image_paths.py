@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import tinn  # noqa: E402
 from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam  # noqa: E402
 from benchmarks.common import (cuda_kernels, host_ms_per_step, mlp_path, pipelined_ms, print_table,  # noqa: E402
-                               settings_installed, sync, write_json)
+                               settings_installed, sync, tf32_matmuls, write_json)
 
 
 def split_variant(text: str) -> tuple[dict, bool]:
@@ -41,16 +41,6 @@ def split_variant(text: str) -> tuple[dict, bool]:
     return changes, tf32
 
 
-@contextlib.contextmanager
-def matmul_tf32(on: bool):
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 class Variant:
     def __init__(self, label: str, settings, tf32: bool, config: dict, log2_batch: int):
         self.label, self.settings, self.tf32 = label, settings, tf32
@@ -63,7 +53,7 @@ class Variant:
 
     @contextlib.contextmanager
     def active(self):
-        with settings_installed(self.settings), matmul_tf32(self.tf32):
+        with settings_installed(self.settings), tf32_matmuls(self.tf32):
             yield
 
 

@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
-                        "tinn.scenes.acceleration.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 64)")
+                        "tinn.scenes.acceleration.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 128)")
     p.add_argument("--oversample", default="2", help="node grids go this much finer than the level rule's cells "
                    "(comma list: one octree per value)")
     p.add_argument("--finest-share", default="default",
@@ -153,11 +153,26 @@ def train_octree(args, field, train, seconds: float):
         tinn.runtime.sync()
         per_step = (time.perf_counter() - t0) / 5
         steps = max(10, int(seconds / per_step) - 8)
-    main = trainer(steps)
-    tinn.runtime.sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        main.step()
+    if args.octree_steps or args.octree_final_lr != 1.0:
+        # a fixed count: a decaying rate needs its schedule's length in advance
+        main = trainer(steps)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            main.step()
+    else:
+        # a constant rate: train until the time is spent (steps get cheaper as the occupancy grids empty space,
+        # so a count from the first steps' time left a third of the teacher's time unused)
+        main = trainer(None)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        steps = 0
+        budget = seconds - probe_steps * per_step
+        while time.perf_counter() - t0 < budget:
+            for _ in range(25):
+                main.step()
+            steps += 25
+            tinn.runtime.sync()
     tinn.runtime.sync()
     return {"steps": steps + probe_steps, "seconds": time.perf_counter() - t0 + probe_steps * per_step,
             "pyramid_levels": levels,
@@ -255,7 +270,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     t1 = time.perf_counter()
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
     occupancy_s = time.perf_counter() - t1
-    render = {"segments": args.render_segments, "early_stop": args.early_stop}
+    render = {"segments": load_file("demos/kilonerf.py").render_segments(args), "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),

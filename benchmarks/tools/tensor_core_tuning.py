@@ -9,8 +9,8 @@ Per case (NETWORKS:WIDTH; 32 in, two hidden layers, 16 out, ReLU, ragged routing
 2. the Trainer's step (L2 loss, Adam) in the precision, with the GPU time of every kernel of one step from
    torch.profiler (so the time outside the MLP kernels is named);
 3. with --sweep: each kernel (inference, forward that saves, backward to the weights, backward to inputs and
-   weights) under every launch option (samples per block, warps, pipeline stages) and the backward under
-   several chunk lengths, CUDA events, median of the repetitions. The fastest option per kernel is printed last.
+   weights, and both backwards recomputing the forward) under every launch option (samples per block, warps,
+   pipeline stages) and the backward under several chunk lengths, CUDA events, median of the repetitions. The fastest option per kernel is printed last.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from benchmarks.tools.tensor_core_check import make_ids, time_ms
 
 # The sweep's kernels and the names launch.launch_options knows them by.
 SWEPT = {"inference": "inference", "forward_save": "forward", "backward_params": "backward",
-         "backward_all": "backward_dx"}
+         "backward_all": "backward_dx", "recompute_params": "recompute", "recompute_all": "recompute_dx"}
 
 
 def gpu_ms(fn, reps: int = 10) -> float:
@@ -83,8 +83,10 @@ def host_profile(fn, calls: int = 20, top: int = 14) -> list[dict]:
     return [{"op": e.key[:60], "calls": e.count / calls, "self_us": e.self_cpu_time_total / calls} for e in ops[:top]]
 
 
-def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int) -> list[dict]:
-    """Each kernel under each launch option; the backward under each chunk length (default options)."""
+def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int, kernels=tuple(SWEPT),
+          only_options=None) -> list[dict]:
+    """Each kernel (of `kernels`, SWEPT's names) under each launch option (or those of `only_options`, a list of
+    (block, warps, stages)); the backward under each chunk length (default options)."""
     from tinn.kernels.tensor_cores import launch
     from tinn.routing import route_fused
     gen = torch.Generator().manual_seed(1)
@@ -97,6 +99,8 @@ def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int) -> li
     blocks = (64, 128, 256) if widest <= 64 else (32, 64, 128)
     options = [launch.LaunchOptions(bm, w, s) for bm, w, s in itertools.product(blocks, (4, 8), (1, 2, 3))
                if not (bm == 256 and w == 4)]
+    if only_options:
+        options = [launch.LaunchOptions(*o) for o in only_options]
     original = launch.launch_options
     rows = []
     try:
@@ -105,12 +109,23 @@ def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int) -> li
             tiles, chunks = route_fused(ids, n_networks, (opt.block_m, 1024))
             row = {"options": list(opt)}
             try:
-                row["inference"] = gpu_ms(lambda: tc.forward(x, False, tiles, packed, net.shape), reps)
-                row["forward_save"] = gpu_ms(lambda: tc.forward(x, False, tiles, packed, net.shape, save=True), reps)
-                _, saved = tc.forward(x, False, tiles, packed, net.shape, save=True)
-                row["backward_params"] = gpu_ms(lambda: tc.backward(dy, saved, chunks, want_dx=False), reps)
-                row["backward_all"] = gpu_ms(lambda: tc.backward(dy, saved, chunks), reps)
-                del saved
+                if "inference" in kernels:
+                    row["inference"] = gpu_ms(lambda: tc.forward(x, False, tiles, packed, net.shape), reps)
+                if "forward_save" in kernels:
+                    row["forward_save"] = gpu_ms(lambda: tc.forward(x, False, tiles, packed, net.shape, save=True),
+                                                 reps)
+                if {"backward_params", "backward_all"} & set(kernels):
+                    _, saved = tc.forward(x, False, tiles, packed, net.shape, save=True)
+                    for name, want_dx in (("backward_params", False), ("backward_all", True)):
+                        if name in kernels:
+                            row[name] = gpu_ms(lambda: tc.backward(dy, saved, chunks, want_dx=want_dx), reps)
+                    del saved
+                if {"recompute_params", "recompute_all"} & set(kernels) and tc.recomputes(net.shape):
+                    _, kept = tc.forward(x, False, tiles, packed, net.shape, save=True, recompute=True)
+                    for name, want_dx in (("recompute_params", False), ("recompute_all", True)):
+                        if name in kernels:
+                            row[name] = gpu_ms(lambda: tc.backward(dy, kept, chunks, want_dx=want_dx), reps)
+                    del kept
             except Exception as e:  # out of shared memory or registers for this option
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             rows.append(row)
@@ -118,11 +133,15 @@ def sweep(tc, net, batch: int, n_networks: int, precision: str, reps: int) -> li
     finally:
         launch.launch_options = original
     tile = tc.default_block_m(torch.device("cuda"))
-    for chunk in (256, 512, 1024, 2048, 4096, 8192):
+    for chunk in (256, 512, 1024, 2048, 4096, 8192) if "backward_params" in kernels else ():
         tiles, chunks = route_fused(ids, n_networks, (tile, chunk))
         _, saved = tc.forward(x, False, tiles, packed, net.shape, save=True)
         row = {"chunk": chunk, "backward_params": gpu_ms(lambda: tc.backward(dy, saved, chunks, want_dx=False), reps)}
         del saved
+        if tc.recomputes(net.shape):
+            _, kept = tc.forward(x, False, tiles, packed, net.shape, save=True, recompute=True)
+            row["recompute_params"] = gpu_ms(lambda: tc.backward(dy, kept, chunks, want_dx=False), reps)
+            del kept
         rows.append(row)
         print("  ", row, flush=True)
     return rows
@@ -136,6 +155,9 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-kernels", default=",".join(SWEPT), help=f"the sweep's kernels, of {list(SWEPT)}")
+    p.add_argument("--sweep-options", default=None,
+                   help="only these launch options, BLOCK:WARPS:STAGES comma-separated (default: the full grid)")
     p.add_argument("--host-profile", action="store_true", help="the host's time per inference call, by op")
     p.add_argument("--json", default=os.path.join("out", "tensor_core_tuning.json"))
     args = p.parse_args(argv)
@@ -176,17 +198,23 @@ def main(argv=None):
         for k in entry["step"]["kernels"][:14]:
             print(f"   {k['kernel']:70s} {k['calls']:5.1f} {k['ms']:8.3f}")
         if args.sweep:
-            entry["sweep"] = sweep(tc, net, batch, n, args.precision, args.reps)
+            only = [tuple(int(v) for v in o.split(":")) for o in args.sweep_options.split(",")] \
+                if args.sweep_options else None
+            entry["sweep"] = sweep(tc, net, batch, n, args.precision, args.reps, args.sweep_kernels.split(","), only)
             for kernel in SWEPT:
                 timed = [r for r in entry["sweep"] if "options" in r and kernel in r]
+                if not timed:
+                    continue
                 best = min(timed, key=lambda r: r[kernel])
                 default = [r for r in timed if r["options"] == entry["default_options"][kernel]]
                 summary.append((case, kernel, best["options"], best[kernel],
                                 default[0][kernel] if default else float("nan")))
             chunks = [r for r in entry["sweep"] if "chunk" in r]
-            best = min(chunks, key=lambda r: r["backward_params"])
-            at_1024 = [r for r in chunks if r["chunk"] == 1024][0]
-            summary.append((case, "backward chunk", best["chunk"], best["backward_params"], at_1024["backward_params"]))
+            if chunks:
+                best = min(chunks, key=lambda r: r["backward_params"])
+                at_1024 = [r for r in chunks if r["chunk"] == 1024][0]
+                summary.append((case, "backward chunk", best["chunk"], best["backward_params"],
+                                at_1024["backward_params"]))
         results["cases"].append(entry)
         del net
         torch.cuda.empty_cache()

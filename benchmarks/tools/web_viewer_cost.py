@@ -2,7 +2,7 @@
 nobody connected, and with one connected headless client (its camera at rest, then moving).
 
     python -m benchmarks.tools.web_viewer_cost                       # GPU-sized image task (2^18 samples/step)
-    python -m benchmarks.tools.web_viewer_cost --task kilonerf,octree --seconds 10 --warmup 3
+    python -m benchmarks.tools.web_viewer_cost --task kilonerf,octree --seconds 4 --rounds 3
     python -m benchmarks.tools.web_viewer_cost --task octree --demo-args "--res 64 --batch 4096"
     python -m benchmarks.tools.web_viewer_cost --task image,kilonerf,octree --quick --arch cpu   # toy sizes
 
@@ -10,9 +10,11 @@ Tasks: `image` (the image demo's ImageTrainerSource), `kilonerf` (demos/kilonerf
 phase, fine-tuning the grid of networks by default, after short earlier phases) and `octree` (demos/octree_lod.py's
 OctreeSource). Each trains the source the demo passes to the viewer, at the demo's own default size (its full
 size; `--small` added on a CPU); `--demo-args` passes any of the demo's options. The baseline calls the source's
-`train_step` in a bare loop, before the other conditions and again after them (a scene's step cost drifts as it
-trains; the baseline is their mean, and their difference is printed as the drift); the other conditions run the
-web viewer's loop over the same source.
+`train_step` in a bare loop; the other conditions run the web viewer's loop over the same source. A scene's step
+rate drifts as it trains, so the conditions alternate with the bare loop in short windows (bare, served, bare,
+resting, bare, moving, ... `--rounds` times, then bare) and each condition window is compared with the bare rate
+interpolated between the bare windows beside it; the bare windows' drift is printed. Beside each ratio: the page's
+share of the time by the viewer's own ledger, and the steps per second of the time it booked as training.
 
 The client speaks viser's websocket protocol from Python (no browser needed): it sends camera messages the way
 the page does (scenes: from the held-out view the page opens at, turning around the scene while it moves) and
@@ -36,7 +38,8 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "t
 TASKS = ("image", "kilonerf", "octree")
 CONDITIONS = ("no_viewer", "served_no_client", "resting_client", "moving_client")
 # --quick: toy sizes and short conditions, to check the tool on a CPU (the numbers mean nothing)
-QUICK = {"batch": 1024, "size": 16, "seconds": 0.5, "warmup": 0.5, "width": 64, "height": 36, "prep_steps": 2}
+QUICK = {"batch": 1024, "size": 16, "seconds": 0.5, "warmup": 0.5, "width": 64, "height": 36, "prep_steps": 2,
+         "rounds": 1}
 
 
 # ---- the client ------------------------------------------------------------------------------------------
@@ -220,9 +223,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def plain_rate(source, seconds: float) -> float:
-    """Steps/s of the bare loop (losses kept on the device, one sync at the end, as the viewer does)."""
-    for _ in range(20):
+def plain_rate(source, seconds: float, warm_steps: int = 20) -> float:
+    """Steps/s of the bare loop (losses kept on the device, one sync every 10 steps)."""
+    for _ in range(warm_steps):
         source.train_step()
     sync()
     start, n = time.perf_counter(), 0
@@ -234,64 +237,146 @@ def plain_rate(source, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def viewer_rate(viewer, seconds: float, warmup_s: float) -> float:
-    """Steps/s of the web viewer's loop over `seconds` after `warmup_s` (first renders compile kernels)."""
-    c = viewer.controller
+def viewer_rate(viewer, seconds: float, warmup_s: float) -> dict:
+    """The web viewer's loop over `seconds` after `warmup_s` (a client connects, first renders): `rate` (steps/s),
+    `start` and `end` (perf_counter), and by the viewer's own ledger (`tinn.viewer.budget`; nothing booked with
+    nobody connected) the page's `share` of the time and `training_rate`, steps per second of booked training."""
+    c, schedule = viewer.controller, viewer.frontend.schedule
     c.quit_requested = False
     marks = {}
 
     def stopper():
         time.sleep(warmup_s)
-        marks["start"] = (time.perf_counter(), c.step)
+        marks["start"] = (time.perf_counter(), c.step, *schedule.totals())
         time.sleep(seconds)
-        marks["end"] = (time.perf_counter(), c.step)
+        marks["end"] = (time.perf_counter(), c.step, *schedule.totals())
         c.quit()
 
     thread = threading.Thread(target=stopper)
     thread.start()
     viewer._run_web()
     thread.join()
-    (t0, s0), (t1, s1) = marks["start"], marks["end"]
-    return (s1 - s0) / (t1 - t0)
+    (t0, s0, p0, b0), (t1, s1, p1, b1) = marks["start"], marks["end"]
+    page, training = p1 - p0, b1 - b0
+    return {"rate": (s1 - s0) / (t1 - t0), "start": t0, "end": t1,
+            "share": page / (page + training) if page + training > 0 else 0.0,
+            "training_rate": (s1 - s0) / training if training > 0 else None}
+
+
+def interleaved_ratios(windows: list[dict]) -> dict:
+    """Each condition's steps/s against the bare loop's, from windows measured in turn: dicts with `condition`
+    ("no_viewer" for the bare loop), `start` and `end` (seconds) and `rate` (steps/s over the window), in time order.
+
+    A condition window's baseline is the bare rate at its midpoint, interpolated linearly between the nearest bare
+    windows before and after it (the one there is, at either end), so a step rate that drifts steadily as training
+    goes on cancels. Returns {condition: {"ratio": mean of its windows' ratios, "ratios": [...]}}.
+    """
+    bare = [(0.5 * (w["start"] + w["end"]), w["rate"]) for w in windows if w["condition"] == "no_viewer"]
+    if not bare:
+        raise ValueError("interleaved_ratios needs at least one bare-loop (no_viewer) window")
+    out: dict = {}
+    for w in windows:
+        if w["condition"] == "no_viewer":
+            continue
+        mid = 0.5 * (w["start"] + w["end"])
+        before = [b for b in bare if b[0] <= mid]
+        after = [b for b in bare if b[0] > mid]
+        if before and after:
+            (t0, r0), (t1, r1) = before[-1], after[0]
+            baseline = r0 + (r1 - r0) * (mid - t0) / (t1 - t0)
+        else:
+            baseline = (before or after)[-1 if before else 0][1]
+        out.setdefault(w["condition"], {"ratios": []})["ratios"].append(w["rate"] / baseline)
+    for entry in out.values():
+        entry["ratio"] = sum(entry["ratios"]) / len(entry["ratios"])
+    return out
 
 
 def measure(task: Task, args, arch: str) -> dict:
-    """The four conditions for one task, one after the other on the same source (training goes on throughout)."""
+    """The conditions for one task on the same source (training goes on throughout), in alternating windows: bare
+    loop, served, bare loop, resting client, bare loop, moving client, ... `args.rounds` times, then the bare loop.
+    Each condition is compared with the bare windows beside it (`interleaved_ratios`)."""
     from tinn.viewer import Viewer
 
-    result = {"task": task.name, "arch": arch, **task.describe, "viewport": [args.width, args.height]}
+    result = {"task": task.name, "arch": arch, **task.describe, "viewport": [args.width, args.height],
+              "rounds": args.rounds, "window_s": args.seconds}
     task.source.render()  # the render kernels compile here, not in a measured condition
-    result["no_viewer"] = plain_rate(task.source, args.seconds)
+    web_options = {"port": args.port} if args.view_share is None else {"port": args.port,
+                                                                       "view_share": args.view_share}
     viewer = Viewer(task.source, out_dir=os.path.join(args.out, task.name, "viewer"), backend="web",
-                    web={"port": args.port}, title=task.title, log=lambda *a: None)
+                    web=web_options, title=task.title, log=lambda *a: None)
     web = viewer.frontend
+    result["view_share"] = web.schedule.budget.share
+    windows, clock0 = [], time.perf_counter()
+    totals = {c: {"frames_sent": 0, "frames_received": 0, "mbytes": 0.0, "page_share": []} for c in CONDITIONS[2:]}
+    training_windows = []  # steps per second of the viewer's booked training time, beside the bare windows
+
+    def bare(first: bool) -> None:
+        start = time.perf_counter() - clock0
+        rate = plain_rate(task.source, args.seconds, warm_steps=20 if first else 3)
+        windows.append({"condition": "no_viewer", "start": start, "end": time.perf_counter() - clock0,
+                        "rate": rate})
+
+    def served(condition: str) -> None:
+        move_every_s = {"served_no_client": None, "resting_client": None, "moving_client": 1 / 30}[condition]
+        client, sent = None, web.frames_sent
+        if condition != "served_no_client":
+            client = HeadlessClient(web.url, task.camera, args.width, args.height, move_every_s).__enter__()
+        try:
+            m = viewer_rate(viewer, args.seconds, args.warmup)
+            window = {"condition": condition, "start": m["start"] - clock0, "end": m["end"] - clock0}
+            windows.append({**window, "rate": m["rate"]})
+            if m["training_rate"] is not None:
+                training_windows.append({**window, "condition": condition + "_training", "rate": m["training_rate"]})
+        finally:
+            if client is not None:
+                client.__exit__(None, None, None)
+        if client is not None:
+            t = totals[condition]
+            t["frames_sent"] += web.frames_sent - sent
+            t["frames_received"] += client.frames
+            t["mbytes"] += client.bytes_received / 2**20
+            t["page_share"].append(m["share"])
+
     try:
-        result["served_no_client"] = viewer_rate(viewer, args.seconds, args.warmup)
-        for condition, move_every_s in (("resting_client", None), ("moving_client", 1 / 30)):
-            sent = web.frames_sent
-            with HeadlessClient(web.url, task.camera, args.width, args.height, move_every_s) as client:
-                result[condition] = viewer_rate(viewer, args.seconds, args.warmup)
-            result[f"{condition}_frames_sent"] = web.frames_sent - sent
-            result[f"{condition}_frames_received"] = client.frames
-            result[f"{condition}_mbytes"] = round(client.bytes_received / 2**20, 2)
+        for r in range(args.rounds):
+            for condition in CONDITIONS[1:]:
+                bare(first=not windows)
+                served(condition)
+        bare(first=False)
         result["refused_messages"] = web.refused
     finally:
         web.close()
-    # Training goes on through the conditions, and a scene's step cost drifts as it trains (occupancy, phase):
-    # the bare loop runs again last, and the baseline is the mean of the two, their spread reported.
-    after = plain_rate(task.source, args.seconds)
-    result["no_viewer_before"], result["no_viewer_after"] = round(result["no_viewer"], 2), round(after, 2)
-    result["no_viewer"] = base = 0.5 * (result["no_viewer"] + after)
-    result["baseline_drift"] = round(after / result["no_viewer_before"] - 1.0, 3)
-    for key in CONDITIONS[1:]:
-        result[f"{key}_vs_no_viewer"] = round(result[key] / base, 3)
-    for key in CONDITIONS:
-        result[key] = round(result[key], 2)
+    ratios = interleaved_ratios(windows)
+    bare_windows = [w for w in windows if w["condition"] == "no_viewer"]
+    training_ratios = interleaved_ratios(bare_windows + training_windows) if training_windows else {}
+    bare_rates = [w["rate"] for w in windows if w["condition"] == "no_viewer"]
+    result["no_viewer"] = sum(bare_rates) / len(bare_rates)
+    result["no_viewer_windows"] = [round(v, 2) for v in bare_rates]
+    result["baseline_drift"] = round(bare_rates[-1] / bare_rates[0] - 1.0, 3)
+    for condition in CONDITIONS[1:]:
+        rates = [w["rate"] for w in windows if w["condition"] == condition]
+        result[condition] = round(sum(rates) / len(rates), 2)
+        result[f"{condition}_vs_no_viewer"] = round(ratios[condition]["ratio"], 3)
+        result[f"{condition}_ratios"] = [round(v, 3) for v in ratios[condition]["ratios"]]
+    for condition, t in totals.items():
+        result[f"{condition}_frames_sent"] = t["frames_sent"]
+        result[f"{condition}_frames_received"] = t["frames_received"]
+        result[f"{condition}_mbytes"] = round(t["mbytes"], 2)
+        # What the viewer itself booked as the page's time: if the throughput lost is larger, the difference is
+        # work its ledger does not see (another thread, the device's queue).
+        result[f"{condition}_page_share"] = round(sum(t["page_share"]) / len(t["page_share"]), 3)
+        # Steps per second of the time the ledger booked as training, against the bare loop: below 1, the steps
+        # themselves ran slower with a client (contention the ledger cannot see).
+        if condition + "_training" in training_ratios:
+            result[f"{condition}_training_only_vs_no_viewer"] = round(training_ratios[condition + "_training"]["ratio"],
+                                                                      3)
+    result["no_viewer"] = round(result["no_viewer"], 2)
     return result
 
 
 def print_results(results: dict) -> None:
-    """The table: one row per task and condition, steps/s and the ratio to the same task without a viewer."""
+    """The table: one row per task and condition, steps/s and the ratio to the bare loop's windows beside it."""
     from benchmarks.common import print_table
 
     rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0)}
@@ -299,8 +384,13 @@ def print_results(results: dict) -> None:
     print_table(rows, [("task", "task", "s"), ("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
                        ("vs_no_viewer", "x no viewer", ".3f")])
     for name, r in results.items():
-        print(f"{name}: no viewer {r['no_viewer_before']:.1f} steps/s before the viewer's conditions, "
-              f"{r['no_viewer_after']:.1f} after (drift {100 * r['baseline_drift']:+.1f}%); baseline their mean")
+        print(f"{name}: bare loop {', '.join(f'{v:.1f}' for v in r['no_viewer_windows'])} steps/s in its windows "
+              f"(drift first to last {100 * r['baseline_drift']:+.1f}%); each condition against the bare windows "
+              "beside it")
+        for c in CONDITIONS[2:]:
+            training = r.get(f"{c}_training_only_vs_no_viewer")
+            print(f"  {c}: page share by the viewer's ledger {r[f'{c}_page_share']:.3f}; steps/s of its booked "
+                  f"training time x no viewer {'-' if training is None else format(training, '.3f')}")
 
 
 def parse_args(argv=None):
@@ -317,11 +407,16 @@ def parse_args(argv=None):
                    help="kilonerf: the phase measured")
     p.add_argument("--prep-steps", type=int, default=None,
                    help="kilonerf: steps of each phase before the measured one (500)")
-    p.add_argument("--seconds", type=float, default=None, help="measured time per condition (15)")
-    p.add_argument("--warmup", type=float, default=None, help="unmeasured time first (compiles, first renders; 5)")
+    p.add_argument("--seconds", type=float, default=None, help="measured time per window (3)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="unmeasured time at the start of each viewer window (the client connects, first renders; 1.5)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of alternating windows, each condition once a round beside bare-loop windows (2)")
     p.add_argument("--width", type=int, default=None, help="the client's viewport (1280 x 720)")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--view-share", type=float, default=None,
+                   help="the page's share of the wall time while a client is connected (the viewer's default)")
     p.add_argument("--out", default="out/web_viewer_cost", help="the viewer's and demos' output folder")
     p.add_argument("--quick", action="store_true", help="toy sizes and half-second conditions: checks the tool")
     p.add_argument("--json", default=None, help="write {'tasks': {task: result}} here")
@@ -332,13 +427,15 @@ def parse_args(argv=None):
     if unknown or not tasks:
         p.error(f"--task {args.task!r}: allowed: a comma list of {', '.join(TASKS)}")
     args.tasks = tasks
-    defaults = {"batch": 1 << 18, "size": 256, "seconds": 15.0, "warmup": 5.0, "width": 1280, "height": 720,
-                "prep_steps": 500}
+    defaults = {"batch": 1 << 18, "size": 256, "seconds": 3.0, "warmup": 1.5, "width": 1280, "height": 720,
+                "prep_steps": 500, "rounds": 2}
     for key, value in (QUICK if args.quick else defaults).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.prep_steps < 0:
         p.error(f"--prep-steps must be >= 0, got {args.prep_steps}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 

@@ -12,7 +12,7 @@ import torch
 from .. import chunks, dense_graphs, dense_mlp, gradient_scaling, losses, memory, runtime, second_order
 from ..activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_name
 from ..config import count
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..initialisation import initial_weights
 from ..kernels import mlp_array
 from ..kernels import mlp_fused
@@ -255,6 +255,10 @@ class NetworkArray(Part):
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         setting = runtime.tuning().fused_loss
+        if self.tensor_cores is not None:
+            # the output layer's backward recomputes the prediction and takes the loss's gradient: one pass over
+            # outputs and targets less, with or without the input gradient
+            return True if setting is None else setting
         return self.fused and (self.n_networks > 1 and not need_dx if setting is None else setting)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
@@ -264,11 +268,35 @@ class NetworkArray(Part):
         if kind is None or y.shape[0] == 0 or not self.fuses_loss(need_dx):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         y, target = losses.checked_pair(kind, y, target)
+        if self.tensor_cores is not None:
+            dx, dparams, value = self.tensor_cores.backward_from_loss(ctx.saved, kind, target, need_dx, need_grads,
+                                                                      self.gradient_scale)
+            if self.gradient_scaler is not None:
+                self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+            return dx, (dparams,), value
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
         dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
                                      need_grads, ctx.x_feature_major, loss=(kind, target, parts))
         return self._unpadded(dx, ctx.x_feature_major), (dparams,), parts.sum() / y.numel()
+
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True):
+        """On the tensor cores with a backward that recomputes the forward: routing, weight packing and that
+        backward with the loss inside, and no forward kernel (its output would go unread)."""
+        kind = getattr(loss, "kind", None)
+        tc = self.tensor_cores
+        if tc is None or kind is None or not tc.recomputes() or not x.shape[0] or not self.fuses_loss(need_dx):
+            return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads)
+        self._check_batch(x.shape[0], True)
+        if tuple(target.shape) != (x.shape[0], self.n_output_dims):
+            raise InputError(f"target has shape {tuple(target.shape)}; expected ({x.shape[0]}, "
+                             f"{self.n_output_dims}) for the batch's outputs")
+        _, target = losses.checked_pair(kind, target, target)
+        saved = tc.saved_without_forward(x, ids, self.params.detach(), False)
+        dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale)
+        if self.gradient_scaler is not None:
+            self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+        return dx, (dparams,), value
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""

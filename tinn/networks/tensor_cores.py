@@ -15,6 +15,11 @@ import torch
 
 from ..routing import sorted_bounds
 
+# The backward recomputes the forward up to this hidden width (its weight gradients in registers; at 128, 32
+# samples a block and 8 warps keep them there); wider layers save their pre-activations and go layer by layer.
+# TINN_TC_SAVED_BACKWARD=1 forces the saving path (A/B runs).
+RECOMPUTE_MAX_WIDTH = 128
+
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
 # batch still spreads over every SM.
 MIN_CHUNK, MAX_CHUNK = 256, 2048
@@ -74,13 +79,27 @@ class TensorCorePath:
                                       input_padding=self.input_padding)
         return out
 
+    def recomputes(self) -> bool:
+        """Whether the backward recomputes the forward (the training forward then saves no activations): for
+        the depths whose weight gradients fit one program's registers, hidden layers up to RECOMPUTE_MAX_WIDTH."""
+        return (self.kernels.recomputes(self.shape) and self.shape.width <= RECOMPUTE_MAX_WIDTH
+                and os.environ.get("TINN_TC_SAVED_BACKWARD", "0") != "1")
+
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
         """(out, saved): what the backward needs stays in `saved`."""
         packed = self.kernels.pack_weights(params, self.shape, self.precision)
         tiles, chunks = self._routing(ids, x.device, train=True)
         out, saved = self.kernels.forward(x, x_feature_major, tiles, packed, self.shape, save=True,
-                                          input_padding=self.input_padding)
+                                          input_padding=self.input_padding, recompute=self.recomputes())
         return out, (saved, chunks)
+
+    def saved_without_forward(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
+        """What `backward` needs when it recomputes the forward (`recomputes()`): the routing and the packed
+        weights, without running the forward."""
+        packed = self.kernels.pack_weights(params, self.shape, self.precision)
+        tiles, chunks = self._routing(ids, x.device, train=True)
+        return self.kernels.saved_for_recompute(x, x_feature_major, tiles, packed, self.shape,
+                                                input_padding=self.input_padding), chunks
 
     def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,
                  gradient_scale: float | torch.Tensor):
@@ -88,3 +107,11 @@ class TensorCorePath:
         forward_saved, chunks = saved
         return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,
                                      gradient_scale=gradient_scale)
+
+    def backward_from_loss(self, saved, loss_kind: int, target: torch.Tensor, want_dx: bool, want_params: bool,
+                           gradient_scale: float | torch.Tensor):
+        """(dx or None, dparams or None, mean loss): the backward of tinn loss `loss_kind` against `target`, its
+        gradient taken inside the output layer's kernel."""
+        forward_saved, chunks = saved
+        return self.kernels.backward_from_loss(loss_kind, target, forward_saved, chunks, want_dx=want_dx,
+                                               want_params=want_params, gradient_scale=gradient_scale)

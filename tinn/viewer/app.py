@@ -184,12 +184,13 @@ class Viewer:
         try:
             while not c.quit_requested:
                 web.apply_commands()
-                # Train in short slices so that a camera that starts moving or a control is answered at once.
-                deadline, trained = time.perf_counter() + web.train_budget_s(), 0
+                # Train in short slices so that a camera that starts moving or a control is answered at once; the
+                # page updates when its share of the time has paid for it (`tinn.viewer.budget`).
+                trained = 0
                 while True:
                     step_trained = c.advance(budget_s=FRAME_BUDGET_S)
                     trained += step_trained
-                    if not step_trained or time.perf_counter() >= deadline or web.wants_update():
+                    if not step_trained or c.quit_requested or web.update_due():
                         break
                 if c.finished and not c.paused:
                     if not web.keep_open:
@@ -238,11 +239,15 @@ def run_viewer(trainer, task, steps: int | None = None, batch: int = 1 << 13, ou
 
 
 def serve(source, port: int = 8080, host: str = "127.0.0.1", steps: int | None = None, out_dir: str = "out/viewer",
-          keep_open: bool = False, title: str = "tinn viewer", log=print) -> dict:
+          keep_open: bool = False, title: str = "tinn viewer", log=print, view_share: float | None = None) -> dict:
     """Train `source` (see `tinn.viewer.source`) while serving a page that shows and steers it, at
     http://host:port. Returns the summary once `steps` steps are done (or, with `keep_open` or no `steps`, when
     interrupted). host: 127.0.0.1 by default; any other interface lets whoever reaches the port steer training.
+    view_share: at most about this share of the wall time goes to the page while a browser is connected
+    (`tinn.viewer.budget`, default DEFAULT_VIEW_SHARE; ConfigError outside VIEW_SHARE_RANGE).
     """
-    viewer = Viewer(source, out_dir=out_dir, backend="web", title=title, log=log,
-                    web={"host": host, "port": port, "keep_open": keep_open or steps is None})
+    web = {"host": host, "port": port, "keep_open": keep_open or steps is None}
+    if view_share is not None:
+        web["view_share"] = view_share
+    viewer = Viewer(source, out_dir=out_dir, backend="web", title=title, log=log, web=web)
     return viewer.run(steps)

@@ -23,6 +23,9 @@ def add_viewer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080, help="--viewer web: port")
     p.add_argument("--keep-open", action="store_true",
                    help="--viewer web: at the last step pause and keep serving (resume trains on) until Ctrl+C")
+    p.add_argument("--view-share", type=float, default=None,
+                   help="--viewer web: at most about this share of the wall time goes to the page while a browser "
+                        "is connected (0.01 .. 0.5; default 0.06)")
 
 
 def viewer_kind(args) -> str | None:
@@ -42,6 +45,8 @@ def open_viewer(args, source, out_dir: str, title: str, **kwargs):
     if kind is None:
         return None
     if kind == "web":
-        return Viewer(source, out_dir=out_dir, backend="web", title=title,
-                      web={"host": args.host, "port": args.port, "keep_open": args.keep_open}, **kwargs)
+        web = {"host": args.host, "port": args.port, "keep_open": args.keep_open}
+        if getattr(args, "view_share", None) is not None:
+            web["view_share"] = args.view_share
+        return Viewer(source, out_dir=out_dir, backend="web", title=title, web=web, **kwargs)
     return Viewer(source, out_dir=out_dir, headless=kind == "png", title=title, **kwargs)

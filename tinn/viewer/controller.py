@@ -44,9 +44,8 @@ class ViewerController:
         self.psnr_steps: list[int] = []  # PSNR history: one point per held-out render
         self.psnrs: list[float] = []
         self.network_loss: torch.Tensor | None = None
-        # Whether a front end shows the per-network loss now (the web page only while a browser is connected):
-        # a source may pay for each query (the octree renders its held-out view), so nobody watching, nobody asks.
-        self.network_loss_wanted = True
+        self._network_loss_wanted = True
+        self._network_loss_s = 0.0  # time spent on per-network loss queries since a front end last took it
         self.message = ""
         self.screenshot_requests: list[str] = []
         self._pending: list[torch.Tensor | float] = []  # losses not yet read back (reading syncs the device)
@@ -61,6 +60,26 @@ class ViewerController:
             c2w, target = source.orbit_start()
             self.orbit = OrbitCamera.from_c2w(c2w, target)
         self.base_learning_rate = self.learning_rate  # what the learning-rate scale multiplies
+        self.network_loss_wanted = True
+
+    @property
+    def network_loss_wanted(self) -> bool:
+        """Whether a front end shows the per-network loss now (the web page only while a browser is connected).
+
+        A source may pay for it (the octree renders its held-out view per query, the image trainer computes it in
+        every step): nobody watching, nobody asks, and sources with `want_network_loss` are told so."""
+        return self._network_loss_wanted
+
+    @network_loss_wanted.setter
+    def network_loss_wanted(self, wanted: bool) -> None:
+        self._network_loss_wanted = bool(wanted)
+        if self.can("want_network_loss"):
+            self.source.want_network_loss(self._network_loss_wanted)
+
+    def take_network_loss_s(self) -> float:
+        """Seconds the per-network loss queries took since the last call (a front end books them as its own)."""
+        out, self._network_loss_s = self._network_loss_s, 0.0
+        return out
 
     # ---- what the source offers -----------------------------------------------------------------
     def can(self, capability: str) -> bool:
@@ -237,21 +256,27 @@ class ViewerController:
         return done
 
     def _train(self, n: int) -> int:
-        start = time.perf_counter()
+        start, queried = time.perf_counter(), self._network_loss_s
         for _ in range(n):
             loss = self.source.train_step()
             self._pending.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
             self.step += 1
-            per_net = (self.source.per_network_loss() if self.network_loss_wanted and self.can("per_network_loss")
-                       else None)
-            if per_net is not None:
-                per_net = per_net.detach()
-                self.network_loss = per_net.clone() if self.network_loss is None else \
-                    torch.lerp(per_net, self.network_loss, NETWORK_LOSS_DECAY)
+            if self._network_loss_wanted and self.can("per_network_loss"):
+                self._query_network_loss()
         if n:
             self.version += 1
-        self._pending_time += time.perf_counter() - start
+        self._pending_time += time.perf_counter() - start - (self._network_loss_s - queried)
         return n
+
+    def _query_network_loss(self) -> None:
+        """Fold the source's per-network loss into the running average; its time is the page's, not training's."""
+        start = time.perf_counter()
+        per_net = self.source.per_network_loss()
+        if per_net is not None:
+            per_net = per_net.detach()
+            self.network_loss = per_net.clone() if self.network_loss is None else \
+                torch.lerp(per_net, self.network_loss, NETWORK_LOSS_DECAY)
+        self._network_loss_s += time.perf_counter() - start
 
     def flush(self) -> None:
         """Read back queued losses (one device sync) and update loss, curve and steps/s."""

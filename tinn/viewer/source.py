@@ -10,6 +10,8 @@ and, optionally (the viewer hides the matching panel or control when one is miss
 
     ownership() -> (H, W) ints   which network owns each pixel (network arrays)
     per_network_loss() -> (n,)   each network's loss at the last step
+    want_network_loss(flag)      told whether anyone shows the per-network loss (the web page with no browser
+                                 connected does not): a source that computes it in every step can stop
     learning_rate                read/write attribute
     reset()                      back to the initial parameters and optimizer state
     save_checkpoint(path)
@@ -34,8 +36,8 @@ import torch
 
 from ..trainer import TrainerControls
 
-OPTIONAL = ("ownership", "per_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr", "render_from",
-            "render_camera", "render_points", "level_of_detail")
+OPTIONAL = ("ownership", "per_network_loss", "want_network_loss", "learning_rate", "reset", "save_checkpoint", "psnr",
+            "render_from", "render_camera", "render_points", "level_of_detail")
 
 
 class ImageTrainerSource(TrainerControls):
@@ -61,7 +63,11 @@ class ImageTrainerSource(TrainerControls):
         return self._ownership
 
     def per_network_loss(self) -> torch.Tensor | None:
-        return self.trainer.per_network_loss if self.arrays else None
+        return self.trainer.per_network_loss if self.trainer.track_per_network_loss else None
+
+    def want_network_loss(self, wanted: bool) -> None:
+        """The trainer computes each network's loss in its step (off its fused loss path) only while shown."""
+        self.trainer.track_per_network_loss = self.arrays and bool(wanted)
 
     def reset(self, seed: int | None = None) -> None:
         """Back to the starting parameters; with `seed`, re-draw network weights from that seed instead.

@@ -3,10 +3,10 @@
     tinn.viewer.serve(source, port=8080, steps=2000)        # then open http://127.0.0.1:8080
 
 Each browser gets its own camera: scene sources render from it (orbit with the left button, pan with the right,
-fly with the keyboard); image sources are a plane it looks at (pan and zoom). Renders adapt their resolution so
-that moving the camera stays smooth, and the page takes a bounded share of the time from training once the
-camera rests. The panels (reference, error map and PSNR, per-network loss), the curves and the controls are
-shared by every browser.
+fly with the keyboard); image sources are a plane it looks at (pan and zoom). While a browser is connected the
+page takes at most about `view_share` of the wall time from training, its camera moving or at rest
+(`tinn.viewer.budget`): renders adapt their resolution first, then come less often. The panels (reference, error
+map and PSNR, per-network loss), the curves and the controls are shared by every browser.
 
 Safety: everything a page sends arrives in viser's threads and is only checked and queued there; the training
 thread applies it between steps. Camera values must be finite and in range, controls within their ranges, or
@@ -20,26 +20,21 @@ import math
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .. import runtime
 from . import render
+from .budget import DEFAULT_VIEW_SHARE, PANEL_PERIOD_S, PageSchedule, ViewState
 from .controller import LR_SCALE_RANGE
 from .model import ViewModel, image_plane_home
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
-TARGET_RENDER_S = 1 / 20  # a render while the camera moves: the resolution adapts to take about this long
 MOVING_FOR_S = 0.3  # the camera counts as moving this long after its last update
-TRAIN_SLICE_S = 1 / 30  # training between page updates while a camera moves
-PAGE_SHARE = 0.05  # once the cameras rest, the page takes at most about this share of the time
-MAX_TRAIN_S = 2.0  # ... but the panels refresh at least this often
-PANEL_PERIOD_S = 0.5  # panels, status and curves refresh at most this often
 MAX_SIDE = 1024  # renders never exceed this many pixels per side
-MIN_SCALE = 0.1
 MAX_VIEWPORT = 8192  # larger viewport sizes from a page are refused
 FOV_RANGE = (math.radians(1.0), math.radians(170.0))
 POSITION_LIMIT = 1e6  # camera positions beyond this (world units) are refused
@@ -68,9 +63,12 @@ class BrowserCamera:
     height: int
     seq: int = 0  # bumped on every accepted update
     moved_at: float = 0.0
-    scale: float = 0.5  # render resolution over viewport resolution while moving
-    sent: tuple | None = None  # (parameters version, camera seq, full resolution) of the last frame sent
+    view: ViewState = field(default_factory=ViewState)  # render resolutions and costs, kept across updates
+    sent: tuple | None = None  # (parameters version, camera seq, at rest) of the last frame sent
     last_image: np.ndarray | None = field(default=None, repr=False)
+
+    def moving(self, now: float) -> bool:
+        return now - self.moved_at < MOVING_FOR_S
 
 
 def finite_numbers(values, n: int) -> tuple[float, ...] | None:
@@ -124,6 +122,13 @@ def render_size(camera: BrowserCamera, scale: float) -> tuple[int, int]:
     return max(8, round(w * shrink)), max(8, round(h * shrink))
 
 
+def sync_device() -> None:
+    """Wait for the device's queued work, on a GPU only (on the CPU a call's work is done when it returns):
+    a page update's time must include the renders it launched and not the training launched before it."""
+    if runtime.is_initialized() and runtime.arch() == "cuda":
+        runtime.sync()
+
+
 def thin(xs, ys, n: int = CURVE_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """At most `n` evenly spaced points of a curve, always keeping the last."""
     xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
@@ -134,7 +139,7 @@ def thin(xs, ys, n: int = CURVE_POINTS) -> tuple[np.ndarray, np.ndarray]:
 
 
 class WebFrontend:
-    """Serves the page; the viewer loop calls `apply_commands`, `train_budget_s` and `publish` in turn."""
+    """Serves the page; the viewer loop calls `apply_commands`, trains until `update_due`, then `publish`."""
 
     kind = "web"
     text_status = False
@@ -142,7 +147,9 @@ class WebFrontend:
     running = True
 
     def __init__(self, model: ViewModel, out_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 title: str = "tinn viewer", keep_open: bool = False, log=print):
+                 title: str = "tinn viewer", keep_open: bool = False, log=print,
+                 view_share: float = DEFAULT_VIEW_SHARE, clock=None):
+        self.schedule = PageSchedule(view_share, clock)  # checks view_share before anything is served
         viser = viser_module()
         self.model, self.controller, self.log, self.keep_open = model, model.controller, log, keep_open
         self.snapshot_dir = os.path.join(out_dir, SNAPSHOT_DIR)
@@ -162,8 +169,6 @@ class WebFrontend:
         self.refused = 0  # messages from pages that were checked and dropped
         self.snapshots: list[str] = []
         self.frames_sent = 0
-        self._overhead = 0.0  # seconds the last page update took from training
-        self._panels_at = -math.inf
         self._panel_key = None
         self._build_page(title)
         log(f"tinn.viewer: serving {self.url} (from another machine: ssh -L {self.port}:127.0.0.1:{self.port} "
@@ -261,7 +266,7 @@ class WebFrontend:
         with self.lock:
             old = self.cameras.get(cid)
             new = BrowserCamera(c2w, fov, width, height, seq=0 if old is None else old.seq + 1,
-                                moved_at=time.perf_counter(), scale=0.5 if old is None else old.scale,
+                                moved_at=self.schedule.clock(), view=ViewState() if old is None else old.view,
                                 sent=None if old is None else old.sent,
                                 last_image=None if old is None else old.last_image)
             self.cameras[cid] = new
@@ -273,12 +278,13 @@ class WebFrontend:
     # ---- the training thread's side ------------------------------------------------------------------
     def apply_commands(self) -> None:
         """Run the queued controls; values out of range are refused and the page's widget is set back."""
-        c = self.controller
+        c, start, ran = self.controller, self.schedule.clock(), False
         while True:
             try:
                 action, value = self.commands.get_nowait()
             except queue.Empty:
-                return
+                break
+            ran = True
             if action == "toggle_pause":
                 c.toggle_pause()
             elif action == "snapshot":
@@ -299,63 +305,105 @@ class WebFrontend:
                     self.refused += 1
                     self.lod_slider.value = c.level_of_detail
             self._panel_key = None  # show the effect at once
+            self.schedule.panels_at = -math.inf
+        if ran:  # page time too (a snapshot renders at full size)
+            self.schedule.not_training(self.schedule.clock() - start)
 
     def moving(self) -> bool:
-        now = time.perf_counter()
+        now = self.schedule.clock()
         with self.lock:
-            return any(now - cam.moved_at < MOVING_FOR_S for cam in self.cameras.values())
+            return any(cam.moving(now) for cam in self.cameras.values())
 
-    def train_budget_s(self) -> float:
-        """Training time before the next page update: short while a camera moves, else enough that the page's
-        share of the time stays near PAGE_SHARE."""
-        if self.moving():
-            return TRAIN_SLICE_S
-        return min(MAX_TRAIN_S, max(TRAIN_SLICE_S, self._overhead * (1 - PAGE_SHARE) / PAGE_SHARE))
+    def _training(self) -> bool:
+        """Whether training runs, so that the page's time is taken from it (a paused run's page is free)."""
+        c = self.controller
+        return not (c.paused or c.finished)
 
-    def wants_update(self) -> bool:
-        """Whether a page waits for an answer: a control queued, or a camera moved since its last frame."""
+    def _due_views(self, now: float, training: bool) -> list[tuple[int, BrowserCamera, bool]]:
+        """(client id, camera, moving) of each camera that gets a frame in the next update."""
+        version, due = self.controller.version, []
+        with self.lock:
+            cameras = list(self.cameras.items())
+        for cid, cam in cameras:
+            moving = cam.moving(now)
+            changed = cam.sent != (version, cam.seq, not moving)
+            settling = not moving and cam.sent is not None and not cam.sent[2]  # its first frame at rest
+            if changed and (not training or settling or self.schedule.view_due(cam.view, moving, changed, now)
+                            or self._answers_a_move(cam)):
+                due.append((cid, cam, moving))
+        return due
+
+    @staticmethod
+    def _answers_a_move(cam: BrowserCamera) -> bool:
+        """A camera with no frame yet, or one that starts moving after a frame at rest, is answered at once (the
+        budget pays it back later): interaction must not wait for the training's share."""
+        return cam.sent is None or (cam.sent[2] and cam.sent[1] != cam.seq)
+
+    def _panels_changed(self) -> bool:
+        c = self.controller
+        return (c.version, c.paused, c.message) != self._panel_key
+
+    def update_due(self) -> bool:
+        """Whether the loop should stop training for a page update now: a control is queued, a camera waits for
+        its first answer, or the share has paid for what is due. With no browser: every PANEL_PERIOD_S (the
+        losses are read back then)."""
         if not self.commands.empty():
             return True
-        with self.lock:
-            return any(cam.sent is None or cam.sent[1] != cam.seq for cam in self.cameras.values())
+        now = self.schedule.clock()
+        if not self.server.get_clients():
+            return now - self.schedule.panels_at >= PANEL_PERIOD_S
+        training = self._training()
+        views = self._due_views(now, training)
+        if not training or any(self._answers_a_move(cam) for _, cam, _ in views):
+            return True
+        panels = self.schedule.panels_due(self._panels_changed(), now)
+        if not views and not panels:
+            return False
+        return self.schedule.affords(self._expected_cost(views, panels), now)
+
+    def _expected_cost(self, views, panels: bool) -> float:
+        return sum(cam.view.cost(moving) for _, cam, moving in views) + (self.schedule.panel_cost if panels else 0.0)
 
     def publish(self) -> None:
-        """Send what changed: each browser's render, then (at most every PANEL_PERIOD_S) panels and curves."""
-        start = time.perf_counter()
+        """Send what is due: each browser's render, then (at most every `schedule.panel_period()`) panels and
+        curves; the update's time, device work included, is booked against the page's share."""
+        c, schedule = self.controller, self.schedule
         clients = self.server.get_clients()
-        self.controller.network_loss_wanted = bool(clients)
-        if clients:
-            now = time.perf_counter()
-            key = (self.controller.version, self.controller.paused, self.controller.message)
-            if now - self._panels_at >= PANEL_PERIOD_S and key != self._panel_key:
-                self._publish_panels()
-                self._panel_key, self._panels_at = key, now
-            for cid, client in clients.items():
-                self._publish_view(cid, client)
-        elif time.perf_counter() - self._panels_at >= PANEL_PERIOD_S:
-            # Nobody watching: still read the losses back now and then, so they do not pile up on the device.
-            self.controller.flush()
-            self._panels_at = time.perf_counter()
-        # Smoothed: one slow update (a first render compiles kernels) must not hold training back for long.
-        self._overhead = 0.5 * self._overhead + 0.5 * (time.perf_counter() - start)
-
-    def _publish_view(self, cid: int, client) -> None:
+        c.network_loss_wanted = bool(clients)
+        if not clients:
+            schedule.reset()
+            if schedule.clock() - schedule.panels_at >= PANEL_PERIOD_S:
+                # Nobody watching: still read the losses back now and then, so they do not pile up on the device.
+                c.flush()
+                schedule.panels_at = schedule.clock()
+            return
+        training = self._training()
+        schedule.not_training(c.take_network_loss_s())
+        sync_device()  # what training queued belongs to training
+        now = schedule.clock()
+        views = self._due_views(now, training)
+        panels = schedule.panels_due(self._panels_changed(), now)
         with self.lock:
-            cam = self.cameras.get(cid)
-        if cam is None:
-            return
-        at_rest = time.perf_counter() - cam.moved_at >= MOVING_FOR_S
-        key = (self.controller.version, cam.seq, at_rest)
-        if cam.sent == key or (at_rest and cam.sent is not None and cam.sent[:2] == key[:2] and cam.scale >= 1):
-            return
-        scale = 1.0 if at_rest else cam.scale
-        t0 = time.perf_counter()
-        image = self.render(cam, scale)
-        took = time.perf_counter() - t0
-        if not at_rest:  # adapt the resolution so that renders while moving take about TARGET_RENDER_S
-            cam.scale = min(1.0, max(MIN_SCALE, cam.scale * min(1.4, max(0.7, math.sqrt(TARGET_RENDER_S / took)))))
+            cameras = list(self.cameras.values())
+        # Credit is saved up to one update of everything (cheap panel-only updates must not cap it below a frame).
+        schedule.begin(training, sum(cam.view.cost(cam.moving(now)) for cam in cameras) + schedule.panel_cost)
+        if panels:
+            self._publish_panels()
+        for cid, cam, moving in views:
+            client = clients.get(cid)
+            if client is not None:
+                self._publish_view(cam, client, moving, len(views))
+        sync_device()
+        schedule.end(training)
+
+    def _publish_view(self, cam: BrowserCamera, client, moving: bool, n_views: int) -> None:
+        view = cam.view
+        start = self.schedule.clock()
+        image = self.render(cam, view.scale if moving else view.rest_scale)
         client.scene.set_background_image(image, format="jpeg", jpeg_quality=85)
-        cam.sent, cam.last_image = key, image
+        # The render ends with the image copied to the host, which waits for the device.
+        self.schedule.view_sent(view, moving, self.schedule.clock() - start, n_views)
+        cam.sent, cam.last_image = (self.controller.version, cam.seq, not moving), image
         self.frames_sent += 1
 
     def render(self, cam: BrowserCamera, scale: float = 1.0) -> np.ndarray:
@@ -366,6 +414,8 @@ class WebFrontend:
 
     def _publish_panels(self) -> None:
         c, m = self.controller, self.model
+        start = self.schedule.clock()
+        self._panel_key = (c.version, c.paused, c.message)
         panels, titles = m.panels(*self.panel_hw)
         for name, handle in self.images.items():
             if panels.get(name) is not None and name != "reference":
@@ -375,6 +425,7 @@ class WebFrontend:
         self.psnr_plot.data = thin(c.psnr_steps, c.psnrs)
         self.pause_button.label = "Resume" if c.paused else "Pause"
         self.status.content = "  \n".join(self.status_lines())
+        self.schedule.panels_sent(self.schedule.clock() - start)
 
     def status_lines(self) -> list[str]:
         c = self.controller

@@ -26,6 +26,10 @@ Functional API (nothing here imports Triton until a kernel is needed; `available
         registers and reach dparams in one atomic add per layer. gradient_scale: dy's multiplier before the cast
         to the compute dtype (default 128 for float16, else 1), divided out of the float32 results: a float, or
         a one-value float32 device tensor (a dynamic scaler's), which the kernel reads on the device.
+    backward_from_loss(loss_kind, target, saved, chunks=None, *, want_dx=True, want_params=True,
+                       gradient_scale=None, block_m=None) -> (dx or None, dparams or None, mean loss)
+        the same with dy computed inside the output layer from the recomputed prediction and `target`: the mean
+        of tinn loss `loss_kind` (any of tcnn's, no pdf) over the batch's elements; no dy pass.
     block_m: samples a program multiplies at once (launch.launch_options picks it: 128 or 64 on the GPU, 16
         under the interpreter).
 
@@ -40,7 +44,7 @@ from __future__ import annotations
 
 from .geometry import DEFAULT_GRADIENT_SCALES, MAX_FEATURES, MAX_WIDTH, PRECISIONS, Geometry, supported
 
-_LAUNCH_NAMES = ("pack_weights", "forward", "backward", "Packed", "Saved", "COMPUTE_DTYPES", "default_block_m")
+_LAUNCH_NAMES = ("pack_weights", "forward", "backward", "backward_from_loss", "FUSED_LOSSES", "recomputes", "saved_for_recompute", "Packed", "Saved", "COMPUTE_DTYPES", "default_block_m")
 
 
 def available() -> tuple[bool, str]:

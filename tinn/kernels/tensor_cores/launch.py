@@ -46,6 +46,7 @@ class Saved(NamedTuple):
     tiles: TileRouting
     packed: Packed
     shape: MLPShape
+    recompute: bool = False    # pre is None: the backward recomputes the forward (mlp.recompute_backward_kernel)
 
 
 def _check(shape: MLPShape, precision: str) -> None:
@@ -104,14 +105,16 @@ class LaunchOptions(NamedTuple):
 
 #: The kernels `launch_options` chooses for: a forward that saves nothing, one that saves the pre-activations
 #: for the backward, a backward to the weights only, and one to the inputs too.
-KERNELS = ("inference", "forward", "backward", "backward_dx")
+KERNELS = ("inference", "forward", "backward", "backward_dx", "recompute", "recompute_dx")
 
 # (samples a block, warps, pipeline stages) of each 16-bit kernel, for layers up to 64 wide and up to 128 wide:
 # each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; the design
 # notes give the numbers).
 _TUNED_16BIT = {
-    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1)},
-    128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3)},
+    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1),
+         "recompute": (64, 4, 2), "recompute_dx": (64, 4, 3)},
+    128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3),
+          "recompute": (32, 8, 1), "recompute_dx": (32, 8, 1)},
 }
 
 
@@ -169,9 +172,29 @@ def _feature_strides(x: torch.Tensor, feature_major: bool) -> tuple[int, int]:
     return (x.stride(1), x.stride(0)) if feature_major else (x.stride(0), x.stride(1))
 
 
+def recomputes(shape: MLPShape) -> bool:
+    """Whether `backward` can recompute this shape's forward (mlp.recompute_backward_kernel: every layer's weight
+    gradient in one program's registers), so that a training forward need save no activations."""
+    return shape.n_layers <= mlp.RECOMPUTE_MAX_LAYERS
+
+
+def saved_for_recompute(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape,
+                        *, input_padding: tuple[int, float] = (0, 0.0)) -> Saved:
+    """What `forward(..., save=True, recompute=True)` returns for `backward`, without running the forward: for a
+    caller that needs the gradients only (a training step whose loss the backward computes)."""
+    n_real_in = shape.n_in - input_padding[0]
+    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
+                         f"({'feature' if x_feature_major else 'sample'}-major)")
+    if not recomputes(shape):
+        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
+                         f"has {shape.n_layers}")
+    return Saved(x, x_feature_major, (input_padding[0], float(input_padding[1])), None, tiles, packed, shape, True)
+
+
 def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape, *,
-            save: bool = False, input_padding: tuple[int, float] = (0, 0.0), block_m: int | None = None
-            ) -> tuple[torch.Tensor, Saved | None]:
+            save: bool = False, input_padding: tuple[int, float] = (0, 0.0), block_m: int | None = None,
+            recompute: bool = False) -> tuple[torch.Tensor, Saved | None]:
     """(out, saved): out float32 (batch, n_out) in the caller's sample order; `saved` (with `save`) for backward.
 
     x: (batch, n_real) sample-major or (n_real, batch) feature-major (`x_feature_major`), any float dtype, any
@@ -189,8 +212,12 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     dev = x.device
     out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
     hidden = shape.n_layers - 1
-    pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if save and hidden else None)
-    options = launch_options(g, packed.precision, dev, block_m, "forward" if save else "inference")
+    if recompute and not recomputes(shape):
+        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
+                         f"has {shape.n_layers}")
+    keep = save and not recompute
+    pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if keep and hidden else None)
+    options = launch_options(g, packed.precision, dev, block_m, "forward" if keep else "inference")
     n_tiles = tiles.tile_net.shape[0]
     if batch and n_tiles:
         s_sample, s_feature = _feature_strides(x, x_feature_major)
@@ -205,7 +232,8 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
             out, out.stride(0),
             pre_arg, pre.stride(0) if pre is not None else 0,
             SAVE=pre is not None, WIDE_OFFSETS=wide, **kernel_constants(shape, g, packed.precision, n_real_in, options))
-    saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape) if save else None
+    saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape, recompute) if save \
+        else None
     return out, saved
 
 
@@ -228,9 +256,30 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
     return cached
 
 
+def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *,
+                       want_dx: bool = True, want_params: bool = True,
+                       gradient_scale: float | torch.Tensor | None = None, block_m: int | None = None
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """(dx, dparams, loss): `backward` of the mean loss `loss_kind` (a tinn.kernels.losses id, without a pdf)
+    of the forward's output against `target` (batch, n_out), whose gradient the output layer computes from the
+    prediction it recomputes: no dy is written or read. loss: the mean over the batch's elements, a 0-d float32
+    device tensor (per-chunk sums added by torch, one launch)."""
+    if loss_kind not in FUSED_LOSSES:
+        raise ValueError(f"loss_kind={loss_kind!r}: the kernels compute losses {sorted(FUSED_LOSSES)}")
+    n_chunks = (saved.tiles if chunks is None else chunks).tile_net.shape[0]
+    parts = torch.zeros(max(n_chunks, 1), device=target.device, dtype=torch.float32)
+    dx, dparams = backward(target, saved, chunks, want_dx=want_dx, want_params=want_params,
+                           gradient_scale=gradient_scale, block_m=block_m, _loss=(loss_kind, parts))
+    return dx, dparams, parts.sum() / max(target.numel(), 1)
+
+
+# tinn.kernels.losses ids the kernels compute (mlp._loss_element; all of tcnn's losses, without a pdf)
+FUSED_LOSSES = frozenset(range(9))
+
+
 def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
              want_params: bool = True, gradient_scale: float | torch.Tensor | None = None,
-             block_m: int | None = None
+             block_m: int | None = None, _loss: tuple[int, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
 
@@ -259,6 +308,9 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     if not batch or not n_chunks or not (want_dx or want_params):
         return dx, dparams
     hidden = shape.n_layers - 1
+    if saved.recompute:
+        return _recompute_backward(dy, saved, chunks, batch, dx, dparams, scale, want_dx, want_params, block_m,
+                                   _loss)
     if hidden and saved.pre is None:
         raise ValueError("backward needs a forward run with save=True")
     deltas = torch.empty(batch, g.h, device=dev, dtype=packed.weights.dtype) if hidden else dy
@@ -279,8 +331,36 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         pre, pre.stride(0) if hidden else 0, deltas,
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
-        scale,
+        scale, 1.0 / max(dy.numel(), 1), scale if _loss is None else _loss[1],
         WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
+        LOSS=-1 if _loss is None else _loss[0],
         **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m,
                                                                             "backward_dx" if want_dx else "backward")))
+    return dx, dparams
+
+
+def _recompute_backward(dy, saved: Saved, chunks: TileRouting, batch: int, dx, dparams, scale, want_dx: bool,
+                        want_params: bool, block_m: int | None, loss: tuple[int, torch.Tensor] | None):
+    """`backward` through mlp.recompute_backward_kernel (a forward that saved nothing)."""
+    shape, packed, g, x = saved.shape, saved.packed, saved.packed.geometry, saved.x
+    dev = x.device
+    dx_arg = dx if want_dx else dy
+    dp_arg = dparams if want_params else dy
+    s_x = _feature_strides(x, saved.x_feature_major)
+    s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
+    wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o))
+    kernel = _kernel_for(mlp.recompute_backward_kernel, mlp.recompute_backward_kernel_any_batch, batch, *s_x, *s_dx,
+                         dy.stride(0), dy.stride(1))
+    options = launch_options(g, packed.precision, dev, block_m, "recompute_dx" if want_dx else "recompute")
+    kernel[(chunks.tile_net.shape[0],)](
+        x, *s_x, saved.input_padding[1],
+        packed.weights, packed.weights.stride(0),
+        chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
+        dy, dy.stride(0), dy.stride(1),
+        dx_arg, *s_dx,
+        dp_arg, dparams.stride(0) if want_params else 0,
+        scale, 1.0 / max(dy.numel(), 1), scale if loss is None else loss[1],
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
+        LOSS=-1 if loss is None else loss[0],
+        **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
     return dx, dparams

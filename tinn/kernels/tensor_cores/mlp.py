@@ -236,19 +236,85 @@ def forward_kernel(
                            INTERPRETED_BF16, WIDE_OFFSETS)
 
 
+# Loss ids as tinn.kernels.losses numbers them (a test keeps the two in step); -1: dy comes from the caller.
+NO_LOSS = tl.constexpr(-1)
+L2, L1, RELATIVE_L2, RELATIVE_L1, MAPE, SMAPE, RELATIVE_L2_LUMINANCE, CROSS_ENTROPY, VARIANCE = (
+    tl.constexpr(i) for i in range(9))
+LOSS_EPS = tl.constexpr(0.01)  # tcnn's stabiliser in the relative losses
+
+
+@triton.jit
+def _column(y, cols, c):
+    """y[:, c] of a (BM, K) block as a (BM,) vector."""
+    return tl.sum(tl.where((cols == c)[None, :], y, 0.0), axis=1)
+
+
+@triton.jit
+def _loss_element(p, t, cols, N_OUT: tl.constexpr, LOSS: tl.constexpr):
+    """(loss, d loss / d p) per element of predictions p against targets t, (BM, K) float32, neither divided by
+    the element count: tcnn's formulas (tinn.kernels.losses.element, without a pdf)."""
+    diff = p - t
+    if LOSS == L2:
+        v = diff * diff
+        dv = 2.0 * diff
+    elif LOSS == L1:
+        v = tl.abs(diff)
+        dv = tl.where(diff >= 0.0, 1.0, -1.0)
+    elif LOSS == RELATIVE_L2:
+        s = 1.0 / (p * p + LOSS_EPS)
+        v = diff * diff * s
+        dv = 2.0 * diff * s
+    elif LOSS == RELATIVE_L1:
+        s = 1.0 / (tl.abs(p) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == MAPE:
+        s = 1.0 / (tl.abs(t) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == SMAPE:
+        s = 1.0 / (0.5 * (tl.abs(t) + tl.abs(p)) + LOSS_EPS)
+        v = tl.abs(diff) * s
+        dv = tl.where(diff >= 0.0, s, -s)
+    elif LOSS == RELATIVE_L2_LUMINANCE:
+        # the predicted RGB's luminance (plus the second triple of 6-channel outputs), a constant in the gradient
+        r = _column(p, cols, 0)
+        g = _column(p, cols, 1)
+        b = _column(p, cols, 2)
+        if N_OUT >= 6:
+            r += _column(p, cols, 3)
+            g += _column(p, cols, 4)
+            b += _column(p, cols, 5)
+        lum = 0.299 * r + 0.587 * g + 0.114 * b
+        s = (1.0 / (lum * lum + LOSS_EPS))[:, None]
+        v = diff * diff * s
+        dv = 2.0 * diff * s
+    elif LOSS == CROSS_ENTROPY:
+        v = -t * tl.log(p)
+        dv = -t / p
+    else:  # VARIANCE
+        f = t * t
+        v = f / p - f
+        dv = -f / (p * p)
+    return v, dv
+
+
 @triton.jit
 def _backward_block(
-    acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+    acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
     pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-    start, count, scale, inv_scale,
+    start, count, scale, inv_scale, inv_n, part_ptr,
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, KIN: tl.constexpr, KOUT: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
 ):
-    """Layer L on the chunk's samples t .. t + BM: acc + this block's weight gradient, and the block's deltas
-    of layer L - 1 (stored over the ones it read) or, for layer 0, its dx."""
+    """Layer L on the chunk's samples t .. t + BM: (acc + this block's weight gradient, loss_acc), and the
+    block's deltas of layer L - 1 (stored over the ones it read) or, for layer 0, its dx. With a LOSS, dy_ptr
+    holds the targets: the output layer recomputes the prediction, takes the loss's gradient (times inv_n, the
+    mean's 1 / element count) and adds the block's loss values to loss_acc (BM, KOUT), summed once per chunk:
+    a reduction across the block's threads per block would synchronise them every block."""
     FIRST: tl.constexpr = L == 0
     LAST: tl.constexpr = L == N_LAYERS - 1
     kin = tl.arange(0, KIN)
@@ -268,11 +334,20 @@ def _backward_block(
         y_in = _act(z_in, HIDDEN_ACT)
     h_in = _to_compute(y_in, CDT, INTERPRETED_BF16)
     if LAST:
+        omask = rmask[:, None] & (kout < N_OUT)[None, :]
         g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature,
-                    mask=rmask[:, None] & (kout < N_OUT)[None, :], other=0.0).to(tl.float32) * scale
-        if OUTPUT_ACT != 0:
+                    mask=omask, other=0.0).to(tl.float32)
+        if LOSS != NO_LOSS or OUTPUT_ACT != 0:
             z_out = _dot(h_in, w, IEEE, INTERPRETED_BF16)
-            g = g * _dact(z_out, _act(z_out, OUTPUT_ACT), OUTPUT_ACT)
+            y_out = _act(z_out, OUTPUT_ACT)
+        if LOSS != NO_LOSS:
+            # (masked lanes hold a target of 0 and any prediction: their values and gradients are dropped)
+            v, dv = _loss_element(y_out, g, kout, N_OUT, LOSS)
+            loss_acc += tl.where(omask, v, 0.0)
+            g = tl.where(omask, dv * inv_n, 0.0)
+        g = g * scale
+        if OUTPUT_ACT != 0:
+            g = g * _dact(z_out, y_out, OUTPUT_ACT)
         delta = _to_compute(g, CDT, INTERPRETED_BF16)
     else:
         delta = tl.load(delta_ptr + pos[:, None] * H + kout[None, :], mask=rmask[:, None], other=0.0)
@@ -287,19 +362,20 @@ def _backward_block(
         d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
         tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16),
                  mask=rmask[:, None])
-    return acc
+    return acc, loss_acc
 
 
 @triton.jit
 def _backward_layer(
     x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
     pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
-    start, count, scale, inv_scale,
+    start, count, scale, inv_scale, inv_n, part_ptr,
     L: tl.constexpr, N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
 ):
     """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
     (into delta_ptr) or, for layer 0, dx."""
@@ -313,29 +389,30 @@ def _backward_layer(
     P_OFFSET: tl.constexpr = 0 if FIRST else N_IN * WIDTH + (L - 1) * WIDTH * WIDTH
     w = _load_weight(w_net, W_OFFSET, KIN, KOUT)
     acc = tl.zeros((KIN, KOUT), dtype=tl.float32)
+    loss_acc = tl.zeros((BM, KOUT), dtype=tl.float32)
     # (the interpreter's while loop: see forward_kernel)
     if INTERPRETED:
         t = 0
         while t < count:
-            acc = _backward_block(
-                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+            acc, loss_acc = _backward_block(
+                acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
+                start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
+                KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
+                LOSS)
             t += BM
     else:
         for t in range(0, count, BM):
-            acc = _backward_block(
-                acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
+            acc, loss_acc = _backward_block(
+                acc, loss_acc, t, w, x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature,
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
-                start, count, scale, inv_scale, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN, KOUT,
-                HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS)
+                start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
+                KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
+                LOSS)
     if WANT_PARAMS:
-        kin = tl.arange(0, KIN)
-        kout = tl.arange(0, KOUT)
-        # acc[i, o] is dL/dW[o, i] (times the scale); W is row-major (fan_out, fan_in) in the parameter row.
-        tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
-                      mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :])
+        _add_weight_gradient(dp_net, P_OFFSET, acc, KIN, KOUT, FAN_IN, FAN_OUT, inv_scale)
+    if LAST and LOSS != NO_LOSS:
+        tl.atomic_add(part_ptr, tl.sum(tl.sum(loss_acc, axis=1), axis=0), sem="relaxed")
     # The next layer down reads the deltas this one stored, from other threads of the block.
     tl.debug_barrier()
 
@@ -349,16 +426,19 @@ def backward_kernel(
     pre_ptr, s_pre_layer, delta_ptr,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr,
+    scale_ptr, inv_n, parts_ptr,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
     the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
-    before it meets the compute dtype, and the float32 results by its inverse."""
+    before it meets the compute dtype, and the float32 results by its inverse. With a LOSS (a loss id),
+    dy_ptr points at the targets and the output layer computes dy itself (the mean loss's gradient, inv_n the
+    mean's 1 / element count); the chunk's loss sum goes to parts_ptr[program]."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
     if count == 0:
@@ -375,9 +455,197 @@ def backward_kernel(
         _backward_layer(
             x_ptr, s_x_sample, s_x_feature, pad_value, w_net, dy_ptr, s_dy_sample, s_dy_feature,
             pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
-            start, count, scale, inv_scale,
+            start, count, scale, inv_scale, inv_n, parts_ptr + pid,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
-            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS)
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS, LOSS)
+
+
+# ---- the backward that recomputes the forward ----------------------------------------------------------------
+# For up to three hidden layers a program can hold every layer's weight gradient in registers, so one pass over a
+# chunk's blocks recomputes each block's forward from x, takes the output's gradient (from dy or a loss) and runs
+# the whole backward with the block's activations and deltas in registers: nothing is saved by the forward and
+# no deltas go through memory between layers (the layer-by-layer backward above reads and writes both).
+RECOMPUTE_MAX_LAYERS = 4
+
+
+@triton.jit
+def _hidden_forward(h, w, HIDDEN_ACT: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr,
+                    INTERPRETED_BF16: tl.constexpr):
+    """(z, y, y in CDT) of a hidden layer: z rounded to CDT as the saving forward stores it, y = act(z)."""
+    z = _to_compute(_dot(h, w, IEEE, INTERPRETED_BF16), CDT, INTERPRETED_BF16).to(tl.float32)
+    y = _act(z, HIDDEN_ACT)
+    return z, y, _to_compute(y, CDT, INTERPRETED_BF16)
+
+
+@triton.jit
+def _hidden_backward(d, w, z, y, HIDDEN_ACT: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr,
+                     INTERPRETED_BF16: tl.constexpr):
+    """The delta at a hidden layer's pre-activation z from the delta d at the next layer's (w: that layer's)."""
+    return _to_compute(_dot(d, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z, y, HIDDEN_ACT), CDT,
+                       INTERPRETED_BF16)
+
+
+@triton.jit
+def _recompute_block(
+    acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl,
+    x_ptr, s_x_sample, s_x_feature, pad_value, dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample,
+    s_dx_feature, order_ptr, start, count, scale, inv_scale, inv_n,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr, K0: tl.constexpr,
+    O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr, BM: tl.constexpr, CDT: tl.constexpr,
+    IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr, WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
+):
+    """One block of BM samples: its forward, the output's gradient, every layer's weight gradient added to the
+    accumulators (acc0..acc2: the first hidden-layer matrices, accl: the output layer's) and its dx."""
+    kout = tl.arange(0, O)
+    rows = t + tl.arange(0, BM)
+    rmask = rows < count
+    sidx = tl.load(order_ptr + start + rows, mask=rmask, other=0)
+    if WIDE_OFFSETS:
+        sidx = sidx.to(tl.int64)
+    a0 = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
+                     CDT, INTERPRETED_BF16)
+    h_last = a0
+    if N_LAYERS >= 2:
+        z1, y1, h1 = _hidden_forward(a0, w0, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h1
+    if N_LAYERS >= 3:
+        z2, y2, h2 = _hidden_forward(h1, w1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h2
+    if N_LAYERS >= 4:
+        z3, y3, h3 = _hidden_forward(h2, w2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        h_last = h3
+    z_out = _dot(h_last, wl, IEEE, INTERPRETED_BF16)
+    y_out = _act(z_out, OUTPUT_ACT)
+    omask = rmask[:, None] & (kout < N_OUT)[None, :]
+    g = tl.load(dy_ptr + sidx[:, None] * s_dy_sample + kout[None, :] * s_dy_feature, mask=omask,
+                other=0.0).to(tl.float32)
+    if LOSS != NO_LOSS:
+        v, dv = _loss_element(y_out, g, kout, N_OUT, LOSS)
+        loss_acc += tl.where(omask, v, 0.0)
+        g = tl.where(omask, dv * inv_n, 0.0)
+    g = g * scale
+    if OUTPUT_ACT != 0:
+        g = g * _dact(z_out, y_out, OUTPUT_ACT)
+    d = _to_compute(g, CDT, INTERPRETED_BF16)
+    if WANT_PARAMS:
+        accl += _dot(tl.trans(h_last), d, IEEE, INTERPRETED_BF16)
+    if N_LAYERS >= 4:
+        d = _hidden_backward(d, wl, z3, y3, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc2 += _dot(tl.trans(h2), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w2, z2, y2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc1 += _dot(tl.trans(h1), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w1, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    elif N_LAYERS == 3:
+        d = _hidden_backward(d, wl, z2, y2, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+        if WANT_PARAMS:
+            acc1 += _dot(tl.trans(h1), d, IEEE, INTERPRETED_BF16)
+        d = _hidden_backward(d, w1, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    elif N_LAYERS == 2:
+        d = _hidden_backward(d, wl, z1, y1, HIDDEN_ACT, CDT, IEEE, INTERPRETED_BF16)
+    if N_LAYERS >= 2:
+        if WANT_PARAMS:
+            acc0 += _dot(tl.trans(a0), d, IEEE, INTERPRETED_BF16)
+    if WANT_DX:
+        kin = tl.arange(0, K0)
+        dx = _dot(d, tl.trans(w0), IEEE, INTERPRETED_BF16) * inv_scale
+        tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
+                 mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
+    return acc0, acc1, acc2, accl, loss_acc
+
+
+@triton.jit
+def _add_weight_gradient(dp_net, P_OFFSET: tl.constexpr, acc, KIN: tl.constexpr, KOUT: tl.constexpr,
+                         FAN_IN: tl.constexpr, FAN_OUT: tl.constexpr, inv_scale):
+    """dparams[layer] += acc (acc[i, o] is dL/dW[o, i] times the scale; W row-major (fan_out, fan_in)). Relaxed:
+    nothing in a kernel reads dparams, and an acquire-release atomic would fence memory."""
+    kin = tl.arange(0, KIN)
+    kout = tl.arange(0, KOUT)
+    tl.atomic_add(dp_net + P_OFFSET + kout[None, :] * FAN_IN + kin[:, None], acc * inv_scale,
+                  mask=(kin < FAN_IN)[:, None] & (kout < FAN_OUT)[None, :], sem="relaxed")
+
+
+@triton.jit
+def recompute_backward_kernel(
+    x_ptr, s_x_sample, s_x_feature, pad_value,
+    w_ptr, s_w_net,
+    order_ptr, tile_net_ptr, tile_start_ptr, tile_count_ptr,
+    dy_ptr, s_dy_sample, s_dy_feature,
+    dx_ptr, s_dx_sample, s_dx_feature,
+    dp_ptr, s_dp_net,
+    scale_ptr, inv_n, parts_ptr,
+    N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
+    N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
+    HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
+    BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    LOSS: tl.constexpr,
+):
+    """`backward_kernel`'s results (dx, dparams, loss sums; the same arguments, the same scale handling) for up
+    to RECOMPUTE_MAX_LAYERS layers, from x and the weights alone: each block's forward is recomputed."""
+    pid = tl.program_id(0)
+    count = tl.load(tile_count_ptr + pid)
+    if count == 0:
+        return
+    scale = tl.load(scale_ptr)
+    inv_scale = 1.0 / scale
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    start = tl.load(tile_start_ptr + pid)
+    if WIDE_OFFSETS:
+        start = start.to(tl.int64)
+    w_net = w_ptr + net * s_w_net
+    dp_net = dp_ptr + net * s_dp_net
+    KL: tl.constexpr = K0 if N_LAYERS == 1 else H   # the output layer's fan-in block
+    A0: tl.constexpr = H if N_LAYERS >= 2 else 16    # unused accumulators stay 16 x 16
+    A1: tl.constexpr = H if N_LAYERS >= 3 else 16
+    A2: tl.constexpr = H if N_LAYERS >= 4 else 16
+    wl = _load_weight(w_net, 0 if N_LAYERS == 1 else K0 * H + (N_LAYERS - 2) * H * H, KL, O)
+    w0 = wl
+    w1 = wl
+    w2 = wl
+    if N_LAYERS >= 2:
+        w0 = _load_weight(w_net, 0, K0, H)
+    if N_LAYERS >= 3:
+        w1 = _load_weight(w_net, K0 * H, H, H)
+    if N_LAYERS >= 4:
+        w2 = _load_weight(w_net, K0 * H + H * H, H, H)
+    acc0 = tl.zeros((K0, A0), dtype=tl.float32)
+    acc1 = tl.zeros((A1, A1), dtype=tl.float32)
+    acc2 = tl.zeros((A2, A2), dtype=tl.float32)
+    accl = tl.zeros((KL, O), dtype=tl.float32)
+    loss_acc = tl.zeros((BM, O), dtype=tl.float32)
+    # (the interpreter's while loop: see forward_kernel)
+    if INTERPRETED:
+        t = 0
+        while t < count:
+            acc0, acc1, acc2, accl, loss_acc = _recompute_block(
+                acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
+                dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
+                scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+            t += BM
+    else:
+        for t in range(0, count, BM):
+            acc0, acc1, acc2, accl, loss_acc = _recompute_block(
+                acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
+                dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
+                scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+    if WANT_PARAMS:
+        if N_LAYERS == 1:
+            _add_weight_gradient(dp_net, 0, accl, K0, O, N_IN, N_OUT, inv_scale)
+        else:
+            _add_weight_gradient(dp_net, 0, acc0, K0, H, N_IN, WIDTH, inv_scale)
+            if N_LAYERS >= 3:
+                _add_weight_gradient(dp_net, N_IN * WIDTH, acc1, H, H, WIDTH, WIDTH, inv_scale)
+            if N_LAYERS >= 4:
+                _add_weight_gradient(dp_net, N_IN * WIDTH + WIDTH * WIDTH, acc2, H, H, WIDTH, WIDTH, inv_scale)
+            _add_weight_gradient(dp_net, N_IN * WIDTH + (N_LAYERS - 2) * WIDTH * WIDTH, accl, H, O, WIDTH, N_OUT,
+                                 inv_scale)
+    if LOSS != NO_LOSS:
+        tl.atomic_add(parts_ptr + pid, tl.sum(tl.sum(loss_acc, axis=1), axis=0), sem="relaxed")
 
 
 # Strides that equal the batch size in some layout (feature-major inputs, their gradients, a transposed dy) take
@@ -390,10 +658,19 @@ BATCH_STRIDES = ("s_x_sample", "s_x_feature", "s_dy_sample", "s_dy_feature", "s_
                  "s_out_sample")
 
 
-def _any_batch_variant(kernel):
-    names = [n for n in BATCH_STRIDES if n in kernel.arg_names]
-    return triton.jit(kernel.fn, do_not_specialize_on_alignment=names)
+# Pointers a program reads one value from (its tile, the scale) or adds one value to: their alignment changes
+# no instruction, and the tile lists are slices at offsets that depend on the batch, so no kernel specialises on
+# their alignment either.
+SCALAR_POINTERS = ("tile_net_ptr", "tile_start_ptr", "tile_count_ptr", "scale_ptr", "parts_ptr")
 
 
-forward_kernel_any_batch = _any_batch_variant(forward_kernel)
-backward_kernel_any_batch = _any_batch_variant(backward_kernel)
+def _variant(kernel, names):
+    return triton.jit(kernel.fn, do_not_specialize_on_alignment=[n for n in names if n in kernel.arg_names])
+
+
+forward_kernel_any_batch = _variant(forward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+backward_kernel_any_batch = _variant(backward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+recompute_backward_kernel_any_batch = _variant(recompute_backward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
+forward_kernel = _variant(forward_kernel, SCALAR_POINTERS)
+backward_kernel = _variant(backward_kernel, SCALAR_POINTERS)
+recompute_backward_kernel = _variant(recompute_backward_kernel, SCALAR_POINTERS)

@@ -52,8 +52,10 @@ def _write_tiles(base, n, first, end, n_tiles, slot0, size, net_ptr, start_ptr, 
 
 
 def slots(batch: int, n_networks: int, size: int) -> int:
-    """The tile list's length for one size: every slot a network can reach, and one more."""
-    return batch // size + n_networks + 1
+    """The tile list's length for one size: every slot a network can reach, and one more, rounded up to 4
+    entries so that every list of a shared table starts 16-byte aligned (Triton compiles a kernel once per
+    alignment of its pointer arguments)."""
+    return (batch // size + n_networks + 1 + 3) // 4 * 4
 
 
 def tile_lists(order: torch.Tensor, bounds: torch.Tensor, batch: int, tile_sizes: tuple[int, ...],

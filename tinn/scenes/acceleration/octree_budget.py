@@ -29,7 +29,7 @@ MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP = 8, 19
 # The tree stops where nodes would span fewer footprints of the closest view than this: every node is fit only
 # to the rays that reach it, so within one parameter budget and step count fewer, larger nodes fit better than
 # more, finer ones until a node spans this many footprints (docs/design-notes.md, octree quality).
-DEFAULT_MIN_LEAF_RESOLUTION = 64.0
+DEFAULT_MIN_LEAF_RESOLUTION = 128.0
 
 
 def closest_footprint(images) -> float:

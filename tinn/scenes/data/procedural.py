@@ -15,25 +15,38 @@ from ...render import camera_rays, composite_dense, ray_box, stratified_t
 from .posed_images import PosedImages
 
 
+# The primitives' constant vectors on each device and dtype: `p.new_tensor(...)` per call would copy them from
+# the host every time, a synchronising copy in every training step that queries the scene.
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _vector(p: torch.Tensor, values) -> torch.Tensor:
+    key = (tuple(values), p.device, p.dtype)
+    v = _CONSTANTS.get(key)
+    if v is None:
+        v = _CONSTANTS[key] = torch.tensor(values, dtype=p.dtype, device=p.device)
+    return v
+
+
 def _sphere(p, centre, radius):
-    return (p - p.new_tensor(centre)).norm(dim=-1) - radius
+    return (p - _vector(p, centre)).norm(dim=-1) - radius
 
 
 def _rounded_box(p, centre, half, rounding):
-    q = (p - p.new_tensor(centre)).abs() - (p.new_tensor(half) - rounding)
+    q = (p - _vector(p, centre)).abs() - (_vector(p, half) - rounding)
     outside = q.clamp_min(0.0).norm(dim=-1)
     inside = q.amax(dim=-1).clamp_max(0.0)
     return outside + inside - rounding
 
 
 def _torus_z(p, centre, major, minor):
-    q = p - p.new_tensor(centre)
+    q = p - _vector(p, centre)
     ring = torch.sqrt(q[:, 0] ** 2 + q[:, 1] ** 2 + 1e-12) - major
     return torch.sqrt(ring**2 + q[:, 2] ** 2 + 1e-12) - minor
 
 
 def _capsule(p, a, b, radius):
-    a, b = p.new_tensor(a), p.new_tensor(b)
+    a, b = _vector(p, a), _vector(p, b)
     ab = b - a
     h = (((p - a) @ ab) / (ab @ ab)).clamp(0.0, 1.0)
     return (p - a - h[:, None] * ab).norm(dim=-1) - radius
@@ -94,8 +107,8 @@ class ProceduralScene:
     def color_from_sdfs(self, points: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """color(points) given primitive_sdfs(points) (saves evaluating them twice)."""
         weights = torch.softmax(-d / self.color_blend, dim=1)  # (M, 4): the nearest primitive dominates
-        base = points.new_tensor([c for _, c, _ in self.PRIMITIVES])        # (4, 3)
-        freq = points.new_tensor([f for _, _, f in self.PRIMITIVES])        # (4, 3)
+        base = _vector(points, tuple(c for _, c, _ in self.PRIMITIVES))     # (4, 3)
+        freq = _vector(points, tuple(f for _, _, f in self.PRIMITIVES))     # (4, 3)
         stripes = 0.8 + 0.2 * torch.sin(points @ freq.T)                    # (M, 4)
         return torch.einsum("mk,mk,kc->mc", weights, stripes, base).clamp(0.0, 1.0)
 
