@@ -230,25 +230,27 @@ def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
 
     distiller = Distiller(student, Teacher(), teacher_grid, step_size=0.02, batch=1 << 14, learning_rate=1e-2)
     first = distiller.step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            loss = distiller.step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert float(loss) < float(first)
+    _steps_without_sync(distiller.step, 3)
+    later = [float(distiller.step()) for _ in range(20)]  # it trains (one step's batch is noisy: a mean)
+    assert sum(later[-5:]) / 5 < float(first)
 
     grid = OccupancyGrid.tracking(box_min, box_max, 32, within=teacher_grid)
     tuner = PhotometricTrainer(student, data, n_samples=64, batch_rays=1024, learning_rate=2e-3, occupancy=grid,
                                occupancy_threshold=1.0, occupancy_every=16, seed=3)
     first = tuner.step()  # updates the grid (step 0) and compiles
     tuner.step()
+    loss = _steps_without_sync(tuner.step, 4)
+    assert torch.isfinite(loss) and float(loss) < 2 * float(first)
+
+
+def _steps_without_sync(step, n: int):
+    """`n` calls of `step` under torch's sync debug mode "error" (any host synchronisation raises); the last
+    result."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(4):
-            loss = tuner.step()
+        for _ in range(n):
+            result = step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert torch.isfinite(loss) and float(loss) < 2 * float(first)
+    return result
