@@ -115,6 +115,22 @@ def test_the_trainer_runs_no_forward_when_the_backward_recomputes_it(tuned, monk
     assert abs(v1 - v2) <= 1e-6 * abs(v2) and rel_err(p1, p2) < 1e-6
 
 
+def test_tuning_turns_the_recomputing_backward_off(tuned):
+    """`tuning.tensor_core_recompute=False`: the training forward saves its pre-activations for the layer-by-layer
+    backward, with the same gradients."""
+    grads = []
+    for recompute in (True, False):
+        tuned(precision="float32", kernels="tensor_cores", tensor_core_recompute=recompute)
+        net, x, ids, t, _ = _case("L2", n_networks=3, batch=128)
+        assert net.tensor_cores.recomputes() == recompute
+        y, ctx = net.forward_with_context(x, ids, train=True)
+        saved, _ = ctx.saved
+        assert saved.recompute == recompute and (saved.pre is None) == recompute
+        _, (dp,) = net.backward(ctx, t - y, need_dx=False)
+        grads.append(dp)
+    assert rel_err(grads[0], grads[1]) < 1e-5
+
+
 def test_a_target_of_the_wrong_shape_is_refused_before_the_kernels(tuned):
     from tinn.errors import InputError
     tuned(precision="float32", kernels="tensor_cores")

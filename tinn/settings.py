@@ -33,6 +33,7 @@ the environment's text is converted ("true", "off", "auto", "32"); Python values
 | fused_grad_chunk | 0 | samples per weight-gradient block; 0 = by batch size |
 | fused_staged_weights | "auto" | which fused GEMM kernels stage each layer's weights in shared memory (the others read them through L1): "none", "forward", "backward", "both", or "auto" (the deltas kernel always, the forward for a single network) |
 | fused_loss | None | the Trainer's tinn loss computed inside the fused deltas kernel, which reads the outputs anyway (no loss kernel pass, no gradient buffer); None = always on the tensor-core path (the output layer's kernel recomputes the prediction), and on Taichi's fused kernels for arrays of several networks whose input gradient is not needed (faster there; slower on the image step, one network whose grid needs its input gradient) |
+| tensor_core_recompute | True | the tensor-core backward recomputes the forward where its weight gradients fit one program's registers (up to four weight matrices, hidden widths up to 128), so a training forward saves nothing and the Trainer's step runs no forward; False = the forward saves its pre-activations and the backward goes layer by layer (A/B runs) |
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
@@ -117,6 +118,7 @@ class Tuning(_Checked):
     fused_grad_chunk: int = 0
     fused_staged_weights: str = "auto"
     fused_loss: bool | None = None
+    tensor_core_recompute: bool = True
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     dense_step_graphs: bool | None = None

@@ -105,7 +105,7 @@ def main(argv=None):
     demo_args.batch_seed = demo_args.seed
     train, test = demo.load_data(demo_args)
     pipe = demo.KiloNeRFPipeline(demo_args, train, test)
-    settings = tinn.runtime.settings() if hasattr(tinn.runtime, "settings") else None
+    settings = tinn.runtime.settings()
     print(f"KiloNeRF {pipe.student.n_networks} networks, {train.width}x{train.height}, student path "
           f"{getattr(pipe.student, 'network', pipe.student)!r:.200}; settings {settings}")
     results = {}

@@ -232,10 +232,8 @@ class NetworkArray(Part):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
-            scaler = self.gradient_scaler
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
-            if scaler is not None:  # unscaled by the kernels; any inf or NaN recorded for the step's skip decision
-                scaler.record_non_finite([dparams if need_grads else dx])
+            self._record_overflow(dx, dparams, need_grads)
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
@@ -271,8 +269,7 @@ class NetworkArray(Part):
         if self.tensor_cores is not None:
             dx, dparams, value = self.tensor_cores.backward_from_loss(ctx.saved, kind, target, need_dx, need_grads,
                                                                       self.gradient_scale)
-            if self.gradient_scaler is not None:
-                self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+            self._record_overflow(dx, dparams, need_grads)
             return dx, (dparams,), value
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
@@ -294,9 +291,14 @@ class NetworkArray(Part):
         _, target = losses.checked_pair(kind, target, target)
         saved = tc.saved_without_forward(x, ids, self.params.detach(), False)
         dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale)
+        self._record_overflow(dx, dparams, need_grads)
+        return dx, (dparams,), value
+
+    def _record_overflow(self, dx, dparams, need_grads: bool) -> None:
+        """A tensor-core backward's results (unscaled by the kernels): any inf or NaN recorded with the gradient
+        scaler, for the step's skip decision."""
         if self.gradient_scaler is not None:
             self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
-        return dx, (dparams,), value
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""

@@ -13,11 +13,11 @@ import os
 
 import torch
 
+from .. import runtime
 from ..routing import sorted_bounds
 
 # The backward recomputes the forward up to this hidden width (its weight gradients in registers; at 128, 32
 # samples a block and 8 warps keep them there); wider layers save their pre-activations and go layer by layer.
-# TINN_TC_SAVED_BACKWARD=1 forces the saving path (A/B runs).
 RECOMPUTE_MAX_WIDTH = 128
 
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
@@ -81,9 +81,10 @@ class TensorCorePath:
 
     def recomputes(self) -> bool:
         """Whether the backward recomputes the forward (the training forward then saves no activations): for
-        the depths whose weight gradients fit one program's registers, hidden layers up to RECOMPUTE_MAX_WIDTH."""
-        return (self.kernels.recomputes(self.shape) and self.shape.width <= RECOMPUTE_MAX_WIDTH
-                and os.environ.get("TINN_TC_SAVED_BACKWARD", "0") != "1")
+        the depths whose weight gradients fit one program's registers, hidden layers up to RECOMPUTE_MAX_WIDTH,
+        unless `tuning.tensor_core_recompute` is off."""
+        return (runtime.tuning().tensor_core_recompute and self.kernels.recomputes(self.shape)
+                and self.shape.width <= RECOMPUTE_MAX_WIDTH)
 
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor, x_feature_major: bool):
         """(out, saved): what the backward needs stays in `saved`."""

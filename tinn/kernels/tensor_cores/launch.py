@@ -104,7 +104,8 @@ class LaunchOptions(NamedTuple):
 
 
 #: The kernels `launch_options` chooses for: a forward that saves nothing, one that saves the pre-activations
-#: for the backward, a backward to the weights only, and one to the inputs too.
+#: for the backward, a backward to the weights only, and one to the inputs too, then the same two for the
+#: backward that recomputes the forward.
 KERNELS = ("inference", "forward", "backward", "backward_dx", "recompute", "recompute_dx")
 
 # (samples a block, warps, pipeline stages) of each 16-bit kernel, for layers up to 64 wide and up to 128 wide:
@@ -178,17 +179,24 @@ def recomputes(shape: MLPShape) -> bool:
     return shape.n_layers <= mlp.RECOMPUTE_MAX_LAYERS
 
 
+def _check_recomputes(shape: MLPShape) -> None:
+    if not recomputes(shape):
+        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
+                         f"has {shape.n_layers}")
+
+
+def _check_input(x: torch.Tensor, x_feature_major: bool, n_real_in: int) -> None:
+    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
+                         f"({'feature' if x_feature_major else 'sample'}-major)")
+
+
 def saved_for_recompute(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: Packed, shape: MLPShape,
                         *, input_padding: tuple[int, float] = (0, 0.0)) -> Saved:
     """What `forward(..., save=True, recompute=True)` returns for `backward`, without running the forward: for a
     caller that needs the gradients only (a training step whose loss the backward computes)."""
-    n_real_in = shape.n_in - input_padding[0]
-    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
-        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
-                         f"({'feature' if x_feature_major else 'sample'}-major)")
-    if not recomputes(shape):
-        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
-                         f"has {shape.n_layers}")
+    _check_input(x, x_feature_major, shape.n_in - input_padding[0])
+    _check_recomputes(shape)
     return Saved(x, x_feature_major, (input_padding[0], float(input_padding[1])), None, tiles, packed, shape, True)
 
 
@@ -204,17 +212,14 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
     """
     n_pad, pad_value = input_padding
     n_real_in = shape.n_in - n_pad
-    if x.dim() != 2 or (x.shape[0] if x_feature_major else x.shape[1]) != n_real_in:
-        raise ValueError(f"x has shape {tuple(x.shape)}; expected {n_real_in} features "
-                         f"({'feature' if x_feature_major else 'sample'}-major)")
+    _check_input(x, x_feature_major, n_real_in)
     batch = x.shape[1] if x_feature_major else x.shape[0]
     g = packed.geometry
     dev = x.device
     out = torch.empty(batch, shape.n_out, device=dev, dtype=torch.float32)
     hidden = shape.n_layers - 1
-    if recompute and not recomputes(shape):
-        raise ValueError(f"recompute: the backward recomputes at most {mlp.RECOMPUTE_MAX_LAYERS} layers, the shape "
-                         f"has {shape.n_layers}")
+    if recompute:
+        _check_recomputes(shape)
     keep = save and not recompute
     pre = (torch.empty(hidden, batch, g.h, device=dev, dtype=packed.weights.dtype) if keep and hidden else None)
     options = launch_options(g, packed.precision, dev, block_m, "forward" if keep else "inference")
@@ -307,60 +312,37 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     n_chunks = chunks.tile_net.shape[0]
     if not batch or not n_chunks or not (want_dx or want_params):
         return dx, dparams
+    recompute = saved.recompute
     hidden = shape.n_layers - 1
-    if saved.recompute:
-        return _recompute_backward(dy, saved, chunks, batch, dx, dparams, scale, want_dx, want_params, block_m,
-                                   _loss)
-    if hidden and saved.pre is None:
+    if hidden and saved.pre is None and not recompute:
         raise ValueError("backward needs a forward run with save=True")
-    deltas = torch.empty(batch, g.h, device=dev, dtype=packed.weights.dtype) if hidden else dy
-    pre = saved.pre if hidden else dy
     dx_arg = dx if want_dx else dy
     dp_arg = dparams if want_params else dy
     s_x = _feature_strides(x, saved.x_feature_major)
     s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
-    n_real_in = shape.n_in - saved.input_padding[0]
-    wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o), ((g.h, 1), g.h))
-    kernel = _kernel_for(mlp.backward_kernel, mlp.backward_kernel_any_batch, batch, *s_x, *s_dx, dy.stride(0),
-                         dy.stride(1))
+    s_dy = (dy.stride(0), dy.stride(1))
+    operands = [(s_x, g.k0), (s_dx, g.k0), (s_dy, g.o)]
+    if recompute:  # mlp.recompute_backward_kernel: the forward saved nothing
+        kernels, name, saved_args = (mlp.recompute_backward_kernel, mlp.recompute_backward_kernel_any_batch), \
+            "recompute", ()
+    else:  # the saved pre-activations, and a scratch buffer of deltas by sorted position
+        deltas = torch.empty(batch, g.h, device=dev, dtype=packed.weights.dtype) if hidden else dy
+        pre = saved.pre if hidden else dy
+        kernels, name, saved_args = (mlp.backward_kernel, mlp.backward_kernel_any_batch), "backward", \
+            (pre, pre.stride(0) if hidden else 0, deltas)
+        operands.append(((g.h, 1), g.h))
+    kernel = _kernel_for(*kernels, batch, *s_x, *s_dx, *s_dy)
+    options = launch_options(g, packed.precision, dev, block_m, f"{name}_dx" if want_dx else name)
     kernel[(n_chunks,)](
         x, *s_x, saved.input_padding[1],
         packed.weights, packed.weights.stride(0),
         chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
-        dy, dy.stride(0), dy.stride(1),
-        pre, pre.stride(0) if hidden else 0, deltas,
+        dy, *s_dy,
+        *saved_args,
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
         scale, 1.0 / max(dy.numel(), 1), scale if _loss is None else _loss[1],
-        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
+        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
         LOSS=-1 if _loss is None else _loss[0],
-        **kernel_constants(shape, g, packed.precision, n_real_in, launch_options(g, packed.precision, dev, block_m,
-                                                                            "backward_dx" if want_dx else "backward")))
-    return dx, dparams
-
-
-def _recompute_backward(dy, saved: Saved, chunks: TileRouting, batch: int, dx, dparams, scale, want_dx: bool,
-                        want_params: bool, block_m: int | None, loss: tuple[int, torch.Tensor] | None):
-    """`backward` through mlp.recompute_backward_kernel (a forward that saved nothing)."""
-    shape, packed, g, x = saved.shape, saved.packed, saved.packed.geometry, saved.x
-    dev = x.device
-    dx_arg = dx if want_dx else dy
-    dp_arg = dparams if want_params else dy
-    s_x = _feature_strides(x, saved.x_feature_major)
-    s_dx = _feature_strides(dx, saved.x_feature_major) if want_dx else (0, 0)
-    wide = _wide_offsets(batch, (s_x, g.k0), (s_dx, g.k0), ((dy.stride(0), dy.stride(1)), g.o))
-    kernel = _kernel_for(mlp.recompute_backward_kernel, mlp.recompute_backward_kernel_any_batch, batch, *s_x, *s_dx,
-                         dy.stride(0), dy.stride(1))
-    options = launch_options(g, packed.precision, dev, block_m, "recompute_dx" if want_dx else "recompute")
-    kernel[(chunks.tile_net.shape[0],)](
-        x, *s_x, saved.input_padding[1],
-        packed.weights, packed.weights.stride(0),
-        chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
-        dy, dy.stride(0), dy.stride(1),
-        dx_arg, *s_dx,
-        dp_arg, dparams.stride(0) if want_params else 0,
-        scale, 1.0 / max(dy.numel(), 1), scale if loss is None else loss[1],
-        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=wide,
-        LOSS=-1 if loss is None else loss[0],
         **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
     return dx, dparams
