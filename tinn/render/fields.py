@@ -21,7 +21,7 @@ from ..errors import InputError
 from .compositing import composite
 from .rays import camera_rays, ray_box
 from .pending import PendingCount
-from .sampling import frame_runs, march, stratified_t
+from .sampling import frame_runs, march, ray_offsets, stratified_t
 
 
 def _collective(field) -> bool:
@@ -68,12 +68,8 @@ def sample_rays(box_min, box_max, origins: torch.Tensor, directions: torch.Tenso
     n_candidates = keep.sum()
     if occupancy is not None:
         keep = keep & occupancy.query(points).reshape(keep.shape)
-    if keep.numel() >= 2**31:
-        raise InputError(f"{keep.numel()} samples exceed int32 offsets; render fewer rays at once")
-    ray_offsets = torch.zeros(keep.shape[0] + 1, dtype=torch.int32, device=keep.device)
-    torch.cumsum(keep.sum(dim=1, dtype=torch.int32), 0, out=ray_offsets[1:])
-    return RaySamples(points, deltas.reshape(-1), keep.reshape(-1), ray_offsets, n_candidates,
-                      PendingCount(ray_offsets[-1]))
+    offsets = ray_offsets(keep)
+    return RaySamples(points, deltas.reshape(-1), keep.reshape(-1), offsets, n_candidates, PendingCount(offsets[-1]))
 
 
 def shade(field, samples: RaySamples, background=None) -> RenderedRays:

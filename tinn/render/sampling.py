@@ -41,16 +41,21 @@ def pack(mask: torch.Tensor):
     (R + 1,) int32: ray r owns packed samples ray_offsets[r]:ray_offsets[r + 1]. Gather per-sample data with
     `x.reshape(R * S, ...)[sample_index]`.
     """
+    offsets = ray_offsets(mask)
+    return torch.nonzero(mask.reshape(-1), as_tuple=False).reshape(-1), offsets
+
+
+def ray_offsets(mask: torch.Tensor) -> torch.Tensor:
+    """(R + 1,) int32 offsets of each ray's kept samples in `pack`'s order, from the (R, S) bool mask, on the
+    device (nothing is read back)."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 2:
         raise InputError(f"mask must be a 2-D torch.bool tensor (R, S), got "
                          f"{(mask.dtype, tuple(mask.shape)) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
     if mask.numel() >= 2**31:
         raise InputError(f"mask has {mask.numel()} samples; ray_offsets are int32, pack at most 2**31 - 1 at once")
-    sample_index = torch.nonzero(mask.reshape(-1), as_tuple=False).reshape(-1)
-    counts = mask.sum(dim=1, dtype=torch.int32)
-    ray_offsets = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
-    ray_offsets[1:] = torch.cumsum(counts, dim=0)
-    return sample_index, ray_offsets
+    offsets = torch.zeros(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    torch.cumsum(mask.sum(dim=1, dtype=torch.int32), 0, out=offsets[1:])
+    return offsets
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, t_near: torch.Tensor, t_far: torch.Tensor,
