@@ -99,6 +99,7 @@ class OccupancyGrid(VoxelBox):
         self.updates = 0
         # `sample`'s list of occupied voxels and the state of `occupied` it was listed from (see occupied_voxels)
         self._voxels: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        self._strides_kept: tuple[tuple, torch.Tensor] | None = None  # `query`'s flat-index strides, per device
 
     @classmethod
     def tracking(cls, box_min, box_max, resolution: int, within: "OccupancyGrid | None" = None) -> "OccupancyGrid":
@@ -217,10 +218,10 @@ class OccupancyGrid(VoxelBox):
         """(r * r, r, 1) int64 on `device`: a voxel's flat index is (q * strides).sum(1) (two torch ops instead of
         four and three slices; each is host work a training step pays). Made once per resolution and device."""
         key = (self.resolution, device)
-        kept = self.__dict__.get("_strides_kept")
+        kept = self._strides_kept
         if kept is None or kept[0] != key:
             r = self.resolution
-            kept = self.__dict__["_strides_kept"] = (key, torch.tensor([r * r, r, 1], dtype=torch.int64).to(device))
+            kept = self._strides_kept = (key, torch.tensor([r * r, r, 1], dtype=torch.int64).to(device))
         return kept[1]
 
     def occupied_fraction(self) -> float:
