@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
 from . import buckets
 from . import exchange
+from .optimizer_split import check_split
 from .ownership import Ownership
 from .profile import mark
 from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
@@ -454,13 +455,25 @@ class Replicated(_Collective):
     by 1/world, and the sum are rounded to that dtype, then widened back to float32 for the optimizer).
     Every call's gradients go in one bucket, one all-reduce, issued as soon as the local backward has
     computed them. A float16 network's gradient scaler (dynamic scaling) also checks the reduced gradients,
-    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank."""
+    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank.
 
-    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32"):
+    optimizer_split: whether the optimizer that `build_optimizer` builds (the Trainer builds it there from a config)
+    is split over the ranks, ZeRO stage 1 (tinn/distributed/optimizer_split.py): the gradients are
+    reduce-scattered instead of all-reduced, each rank steps its own slice of the parameters with optimizer
+    state for that slice only, and the updated slices are all-gathered in float32. "auto" (default): split
+    where the optimizer is elementwise (Adam, SGD) and there are several ranks, since the link then carries
+    what a float32 all-reduce carries while the optimizer's pass and state shrink by the world size; the
+    all-reduce otherwise. True: split, and a ConfigError for an optimizer that is not elementwise. False: the
+    all-reduce and the whole optimizer on every rank. While a split optimizer steps this part, the backward
+    leaves the tables' `.grad` None: the reduced gradients are the optimizer's slice."""
+
+    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32",
+                 optimizer_split="auto"):
         if not isinstance(part, Part):
             raise ConfigError(f"Replicated needs a tinn.Part, got {type(part).__name__}")
         if reduce_dtype not in REDUCE_DTYPES:
             raise ConfigError(f"reduce_dtype={reduce_dtype!r} is not supported; allowed: {list(REDUCE_DTYPES)}")
+        optimizer_split = check_split(optimizer_split)
         for t in part.parameter_tables():
             if t is not None and t.dtype != torch.float32:
                 # A compact table's gradient is sparse, and each rank's entries differ: no all-reduce sums them.
@@ -470,6 +483,8 @@ class Replicated(_Collective):
         self._init_group(group, gradients)
         self.inner = part
         self.reduce_dtype = reduce_dtype
+        self.optimizer_split = optimizer_split
+        self._split = None  # the FlatSplit of the split optimizer that steps this part, once one is built
         self.uses_ids = part.uses_ids
         self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
 
@@ -515,15 +530,59 @@ class Replicated(_Collective):
         return dx, self._reduce(grads, need_grads), value
 
 
+    def build_optimizer(self, config=None, named_params=None):
+        """The optimizer of this part's tables from a tcnn-style optimizer config (default Adam): split over the
+        ranks (a `SplitOptimizer`) as `optimizer_split` says, else `create_optimizer(config, named_params)`.
+        The Trainer builds its optimizer here. named_params: default this part's `named_parameters()`; a split
+        optimizer steps every trainable table of the part, so it must name exactly those.
+
+        Raises:
+            ConfigError: optimizer_split=True with an optimizer that is not elementwise, or named_params that
+                are not the part's trainable tables.
+        """
+        from ..optimizers import create_optimizer
+        from .optimizer_split import FlatSplit, SplitOptimizer, refuse_split, splittable
+
+        config = {"otype": "Adam"} if config is None else config
+        named = list(self.named_parameters() if named_params is None else named_params)
+        split = self.optimizer_split
+        if split is True and not splittable(config):
+            raise refuse_split(config)
+        if split == "auto":
+            split = self.world_size > 1 and splittable(config)
+        self._split = None
+        if not split:
+            return create_optimizer(config, named)
+        tables = [t for t in self.parameter_tables() if t is not None and t.requires_grad]
+        names = {id(p): n for n, p in named}
+        if sorted(names) != sorted(id(t) for t in tables):
+            raise ConfigError(f"named_params must be this Replicated part's trainable tables "
+                              f"({[n for n, p in self.named_parameters() if p.requires_grad]}): the split optimizer "
+                              "steps all of them; allowed otherwise: optimizer_split=False")
+        named_tables = [(names[id(t)], t) for t in tables]
+        layout = FlatSplit(named_tables, self.rank, self.world_size, self.collective_device, self._group)
+        optimizer = SplitOptimizer(config, named_tables, layout)
+        self._split = layout
+        return optimizer
+
     def _reduce(self, grads, need_grads: bool) -> tuple:
         """The mean (or sum) over ranks of every table's gradient, in one bucket; every rank takes part, also
-        one without samples (its gradient is zero, as the single-process gradient of its empty batch)."""
+        one without samples (its gradient is zero, as the single-process gradient of its empty batch). With a
+        split optimizer, reduce-scattered into its slice: no table gets a gradient."""
         if not need_grads:
             return grads
         tables = self.inner.parameter_tables()
+        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        if self._split is not None:
+            split = self._split
+            by_table = {id(t): g for t, g in zip(tables, grads) if t is not None}
+            split.reduce_scatter([by_table.get(id(t)) for t in split.tables], scale, REDUCE_DTYPES[self.reduce_dtype],
+                                 "the reduce-scatter of replicated gradients")
+            split.agree_on_overflow(gradient_scaling.scalers_of(self.inner), "the overflow flags' all-reduce")
+            mark(self, "reduce")
+            return (None,) * len(grads)
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
-        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
         reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
                                     "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
         # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so
