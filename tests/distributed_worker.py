@@ -326,6 +326,43 @@ def scenario_split(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+EXCHANGE_DTYPES = {"float16": (torch.float16, torch.bfloat16), "bfloat16": (torch.bfloat16, torch.bfloat16)}
+
+
+def scenario_exchange_dtype(rank, out):
+    """16-bit exchanges (torch ops and the Triton kernels, chunked, owned and shared encodings) through autograd;
+    the float32 exchange on the same batch, and on the batch rounded as the 16-bit exchange rounds it (inputs
+    to the values' dtype, dy to the gradients'); a bad exchange_dtype and ranks that disagree on it."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+
+    dev = tinn.runtime.device()
+    res = {}
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 4))
+    for kernels in ("torch", "triton"):
+        for shared in (False, True):
+            tag = f"{kernels}/{'shared' if shared else 'sharded'}"
+            wide = td.ShardedPart(factory(shared), N_NETWORKS, chunks=2, exchange_kernels=kernels)
+            res[f"{tag}/float32"] = autograd_pass(wide, x, ids, w)
+            for name, (values, grads) in EXCHANGE_DTYPES.items():
+                narrow = td.ShardedPart(factory(shared), N_NETWORKS, chunks=2, exchange_kernels=kernels,
+                                        exchange_dtype=name)
+                res[f"{tag}/{name}"] = autograd_pass(narrow, x, ids, w)
+                res[f"{tag}/{name}/rounded"] = autograd_pass(wide, x.to(values).float(), ids, w.to(grads).float())
+
+    def build(**kw):
+        try:
+            td.ShardedPart(factory(), N_NETWORKS, **kw)
+            return "no error"
+        except ConfigError as e:
+            return str(e)
+
+    res["bad"] = build(exchange_dtype="int8")
+    res["disagree"] = build(exchange_dtype="float16" if rank == 0 else "float32")
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_syncs(rank, out):
     """Host synchronisations of a sharded step on CUDA (torch's sync debug mode): the forward's header is the
     only one; the backward has none, chunked or not."""

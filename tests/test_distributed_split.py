@@ -146,3 +146,4 @@ def test_split_overflow_agreement_and_options(split_run):
         assert res["novograd_auto_split"] is False
     for n, value in split_run[0]["novograd_params"].items():
         assert torch.equal(value, split_run[1]["novograd_params"][n]), n
+

@@ -210,6 +210,14 @@ class ShardedPart(_Collective):
     for small tables (MLPs), rarely for big grids. Every rank must pass the same value.
     exchange_kernels: how the per-sample passes of the exchange run: "auto" (Triton kernels on CUDA, torch
     ops elsewhere), "triton" or "torch".
+    exchange_dtype: the dtype samples cross the link in: "float32" (default: exact), "bfloat16" (inputs,
+    outputs, dy and dx in bfloat16) or "float16" (inputs and outputs in float16, dy and dx in bfloat16: the
+    per-sample gradients of a mean loss over a large batch, around 1e-8, lie below float16's smallest
+    subnormal, while bfloat16 has float32's range). Either halves the bytes per sample. The casts happen in
+    the packing and gathering passes; the local part computes in float32 from inputs rounded to the dtype,
+    which changes nothing for float16 networks whose first layer reads the raw inputs (their kernels round
+    the inputs to float16 themselves) but costs precision where an encoding reads them (a hash grid's
+    positions). Every rank must pass the same value.
     """
 
     input_layouts = (SAMPLE_MAJOR,)
@@ -217,7 +225,7 @@ class ShardedPart(_Collective):
 
     def __init__(self, part_factory, n_networks: int, group=None, *, assignment=None, init: str = "global",
                  gradients: str = "mean", replicated=(), config: dict | None = None, chunks: int = 1,
-                 exchange_kernels: str = "auto"):
+                 exchange_kernels: str = "auto", exchange_dtype: str = "float32"):
         runtime.ensure_init()
         n_networks = int(n_networks)
         if init not in INIT_MODES:
@@ -225,6 +233,7 @@ class ShardedPart(_Collective):
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ConfigError(f"chunks={chunks!r} must be a positive integer (1: no pipelining)")
         self_kernels = buckets.check_kernels(exchange_kernels)
+        values_dtype = buckets.exchange_dtype(exchange_dtype)
         world = world_size(group)
         own_rank = rank(group)
         ownership = (Ownership.contiguous(n_networks, world) if assignment is None
@@ -245,6 +254,10 @@ class ShardedPart(_Collective):
         self.config = config or {}
         self.chunks = chunks
         self.exchange_kernels = self_kernels
+        self.exchange_dtype = exchange_dtype
+        # Forward values (inputs, outputs) and gradients (dy, dx) on the link.
+        self._values_dtype = values_dtype
+        self._grads_dtype = torch.bfloat16 if values_dtype == torch.float16 else values_dtype
         owner, local_ids = ownership.tables(runtime.device())
         self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
         names = dict((id(p), n) for n, p in local.named_parameters())
@@ -284,9 +297,9 @@ class ShardedPart(_Collective):
                 "replicated": [n for n, _ in local.named_parameters() if n not in self.sharded_names]}
 
     def _check_same_everywhere(self) -> None:
-        # The chunk count shapes every rank's header: compared here, not stored with checkpoints (it is no
-        # property of the trained model).
-        mine = dict(self.description(), chunks=self.chunks)
+        # The chunk count shapes every rank's header and the exchange dtype its buffers: compared here, not
+        # stored with checkpoints (neither is a property of the trained model).
+        mine = dict(self.description(), chunks=self.chunks, exchange_dtype=self.exchange_dtype)
         digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()
         everyone = all_gather_objects((digest, mine), "the configuration check at construction", self.group)
         differ = [r for r, (d, _) in enumerate(everyone) if d != digest]
@@ -324,7 +337,7 @@ class ShardedPart(_Collective):
         dev = runtime.device()
         mark(self, "other")
         packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
-                                 self.exchange_kernels)
+                                 self.exchange_kernels, self._values_dtype)
         mark(self, "exchange")
         values = [int(train), call, int(train and need_dx), int(train and need_grads)]
         sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
@@ -340,10 +353,10 @@ class ShardedPart(_Collective):
         # compute stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, "the forward exchange of inputs") for c in range(chunks)]
-        back = torch.empty(x.shape[0], self.n_output_dims, device=dev)
+        back = torch.empty(x.shape[0], self.n_output_dims, dtype=self._values_dtype, device=dev)
         returning, local_ctx = [], []
         for c in range(chunks):
-            x_here, ids_here = buckets.unpack(incoming[c].result(), self.exchange_kernels)
+            x_here, ids_here = buckets.unpack(incoming[c].result(), self.exchange_kernels, self.n_input_dims)
             mark(self, "exchange")
             if plan.n_local(c):
                 y_here, lctx = self.local.forward_with_context(x_here, ids_here, train=train)
@@ -351,7 +364,8 @@ class ShardedPart(_Collective):
                 y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
             mark(self, "compute")
             local_ctx.append(lctx)
-            returning.append(exchange.start_exchange(y_here, recv[c], sent[c], self.collective_device, self.group,
+            returning.append(exchange.start_exchange(y_here.to(self._values_dtype), recv[c], sent[c],
+                                                     self.collective_device, self.group,
                                                      "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
             del x_here, ids_here
         for pending in returning:
@@ -370,17 +384,18 @@ class ShardedPart(_Collective):
         # The mean over ranks, applied to dy (a few values per sample, in the gather that puts it in bucket
         # order) instead of the gradient tables (every parameter): gradients are linear in dy. dx is each
         # caller's own and gets the factor back in the gather that returns it.
-        dy_out = buckets.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels)
+        dy_out = buckets.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels,
+                                     self._grads_dtype)
         incoming = [exchange.start_exchange(dy_out[plan.caller_rows(c)], plan.send[c], plan.recv[c],
                                             self.collective_device, self.group, "the backward exchange of dy")
                     for c in range(plan.chunks)]
         mark(self, "exchange")
         tables = self.local.parameter_tables()
         any_dx, any_grads = plan.any_dx, plan.any_grads
-        dx_back = torch.empty(ctx.batch, self.n_input_dims, device=dev) if any_dx else None
+        dx_back = torch.empty(ctx.batch, self.n_input_dims, dtype=self._grads_dtype, device=dev) if any_dx else None
         returning, grads = [], (None,) * len(tables)
         for c in range(plan.chunks):
-            dy_here = incoming[c].result()
+            dy_here = incoming[c].result().to(torch.float32)
             mark(self, "exchange")
             if plan.n_local(c):
                 dx_here, chunk_grads = self.local.backward(ctx.local[c], dy_here, need_dx=any_dx,
@@ -392,7 +407,8 @@ class ShardedPart(_Collective):
             if any_dx:
                 if dx_here is None:
                     dx_here = torch.zeros(0, self.n_input_dims, device=dev)
-                returning.append(exchange.start_exchange(dx_here, plan.recv[c], plan.send[c], self.collective_device,
+                returning.append(exchange.start_exchange(dx_here.to(self._grads_dtype), plan.recv[c], plan.send[c],
+                                                         self.collective_device,
                                                          self.group, "the backward exchange of dx",
                                                          out=dx_back[plan.caller_rows(c)]))
         reduction = self._start_reduce(tables, grads, any_grads)
