@@ -264,6 +264,22 @@ def scenario_split(rank, out):
                 trainer.optimizer.zero_grad()
             res[f"{case}/{'split' if split else 'allreduce'}"] = entry
 
+    # The phases of split steps: the reduce-scatter and the all-gather count as "reduce", the slice's update as
+    # "optimizer".
+    from tinn.distributed.profile import PhaseTimer
+
+    model, trainer, _ = trained("one_table", SPLIT_ADAM, "float32", True, steps=1)
+    timer = PhaseTimer(cuda=False)
+    model.profiler = timer
+    timer.start()
+    for step in range(2):
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 80 + step))
+        trainer.training_step(x, t, ids)
+    timer.mark("other")
+    model.profiler = None
+    res["profile"] = timer.collect(2)
+    res["profile_marks"] = [phase for phase, _, _ in timer._marks]
+
     # Checkpoints: the gathered (unsplit) state, restored bit for bit into a split and an unsplit trainer.
     a_model, a, _ = trained("two_tables", SPLIT_ADAM, "float32", True, steps=2)
     _, ref, _ = trained("two_tables", SPLIT_ADAM, "float32", False, steps=2)

@@ -102,6 +102,11 @@ def test_split_steps_equal_the_all_reduce_and_one_process(split_run):
                 assert s["state_elements"] == slice_len
             assert s["grads_after_backward"] == [None] * len(s["params"])
             assert s["grad_slice"].shape == (slice_len,) and bool(s["grad_slice"].abs().sum() > 0)
+    for res in split_run:  # per step: the reduce-scatter and the all-gather ("reduce"), the slice's update
+        marks, profile = res["profile_marks"], res["profile"]
+        assert marks.count("reduce") == 4 and marks.count("optimizer") == 2, marks
+        assert marks.index("optimizer") < marks.index("reduce", marks.index("reduce") + 1)
+        assert profile["optimizer"] > 0 and profile["reduce"] > 0 and profile["compute"] > 0
     # The grid's table (6 x 160) ends rank 0's slice of 816 values inside its row 5.
     shapes = [p[1] for p in split_run[0]["two_tables/adam/float32/split"]["pieces"]]
     assert shapes == [(5, 160), (1, 16)]

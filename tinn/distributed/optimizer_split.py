@@ -39,6 +39,7 @@ from ..errors import CheckpointError, ConfigError, InputError
 from ..optimizers.base import Optimizer, is_matrix_param, rows_of
 from ..optimizers.registry import DEFAULT_OPTIMIZER, OPTIMIZERS, create_optimizer
 from .process import all_gather_objects, collective
+from .profile import mark
 
 # torch renamed the flat collectives (the old names warn); either takes (output, input, ..., group=...).
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -112,7 +113,9 @@ class FlatSplit:
     """The flat layout of a Replicated part's tables over the ranks, the reduced gradient slice, and the two
     collectives (reduce-scatter of gradients, all-gather of parameters)."""
 
-    def __init__(self, named_tables: list[tuple[str, torch.Tensor]], rank: int, world: int, device, group):
+    def __init__(self, named_tables: list[tuple[str, torch.Tensor]], rank: int, world: int, device, group,
+                 owner=None):
+        self.owner = owner  # the part whose profiler (tinn/distributed/profile.py) the optimizer's phases go to
         self.names = [n for n, _ in named_tables]
         self.tables = [t for _, t in named_tables]
         self.rank, self.world, self.collective_device, self.group = rank, world, device, group
@@ -260,6 +263,7 @@ class SplitOptimizer(Optimizer):
         split = self.split
         if not split.has_grad:
             return
+        mark(split.owner, "other")
         for piece in split.pieces:
             piece.view.grad = split.grad[piece.flat_lo - split.lo:piece.flat_hi - split.lo].view(piece.view.shape)
         try:
@@ -267,8 +271,10 @@ class SplitOptimizer(Optimizer):
         finally:
             for piece in split.pieces:
                 piece.view.grad = None
+        mark(split.owner, "optimizer")
         split.all_gather_params("the all-gather of the split optimizer's parameters")
         split.has_grad = False
+        mark(split.owner, "reduce")
 
     def zero_grad(self) -> None:
         super().zero_grad()

@@ -576,7 +576,7 @@ class Replicated(_Collective):
                               f"({[n for n, p in self.named_parameters() if p.requires_grad]}): the split optimizer "
                               "steps all of them; allowed otherwise: optimizer_split=False")
         named_tables = [(names[id(t)], t) for t in tables]
-        layout = FlatSplit(named_tables, self.rank, self.world_size, self.collective_device, self._group)
+        layout = FlatSplit(named_tables, self.rank, self.world_size, self.collective_device, self._group, owner=self)
         optimizer = SplitOptimizer(config, named_tables, layout)
         self._split = layout
         return optimizer
