@@ -22,7 +22,9 @@ every rank holds a copy of (a shared encoding, `share_encoding=True`, or any nam
 are all-reduced; tables of owned networks need no reduction.
 
 `Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
-state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower.
+state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower; or,
+where the Trainer builds an elementwise optimizer through the part, reduce-scattered to an optimizer split
+over the ranks (tinn/distributed/optimizer_split.py).
 """
 from __future__ import annotations
 
