@@ -50,6 +50,7 @@ SPLIT_CHOICES = ("auto", True, False)
 
 
 def check_split(value):
+    """`value` if it is one of SPLIT_CHOICES, else a ConfigError naming them."""
     if not any(value is c or (isinstance(c, str) and value == c) for c in SPLIT_CHOICES):
         raise ConfigError(f"optimizer_split={value!r} is not supported; allowed: {list(SPLIT_CHOICES)}")
     return value
@@ -67,6 +68,7 @@ def splittable(config) -> bool:
 
 
 def refuse_split(config) -> ConfigError:
+    """The error for optimizer_split=True with an optimizer that is not elementwise."""
     cls = optimizer_class(config)
     allowed = sorted(k for k, c in OPTIMIZERS.items() if getattr(c, "ELEMENTWISE", False))
     return ConfigError(f"optimizer_split=True needs an elementwise optimizer; {cls.otype} is not (its update of an "
@@ -219,6 +221,7 @@ class FlatSplit:
         return send
 
     def all_gather(self, local: torch.Tensor, what: str) -> torch.Tensor:
+        """Every rank's (slice_len,) `local` end to end: the padded flat vector, on the collective device."""
         full = torch.empty(self.padded, dtype=local.dtype, device=self.collective_device)
         with collective(what, self.group):
             _all_gather(full, local, group=self.group)
