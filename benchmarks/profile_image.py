@@ -74,7 +74,7 @@ def main(argv=None):
             cpu = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:12]
             print("host side (top by CPU time):")
             for e in cpu:
-            print(f"  {e.key[:60]:60s} {e.count / n:6.1f} {e.cpu_time_total / 1e3 / n:8.3f} ms/step")
+                print(f"  {e.key[:60]:60s} {e.count / n:6.1f} {e.cpu_time_total / 1e3 / n:8.3f} ms/step")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"arch": arch, "log2_batch": args.log2_batch, "ms_per_step": timings, "kernels": rows}, f,
