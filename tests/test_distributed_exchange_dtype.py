@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tinn
+
 import distributed_worker as W  # noqa: E402  (tests/ is on sys.path under pytest)
 from test_distributed import cpu_reference, run_ranks  # noqa: E402
 
@@ -15,6 +17,19 @@ def exchange_dtype_run(tmp_path_factory):
     return run_ranks("exchange_dtype", tmp_path_factory.mktemp("exchange_dtype"), TRITON_INTERPRET=1)
 
 
+two_gpus = pytest.mark.skipif(tinn.runtime.arch() != "cuda" or torch.cuda.device_count() < 2
+                              or not torch.distributed.is_nccl_available(),
+                              reason="needs tinn on CUDA, two GPUs and NCCL")
+
+
+@two_gpus
+def test_sixteen_bit_exchange_over_nccl(tmp_path):
+    """The same scenario over NCCL, one GPU per rank: the Triton kernels compiled for the GPU (their bfloat16
+    rounding on the bits included) and the torch ops."""
+    runs = run_ranks("exchange_dtype", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_exchange_dtype(runs, grad_atol=1e-6)
+
+
 @cpu_reference
 def test_sixteen_bit_exchange_rounds_what_crosses_the_link(exchange_dtype_run):
     """A 16-bit exchange computes what the float32 exchange computes from inputs rounded to the values' dtype
@@ -22,6 +37,10 @@ def test_sixteen_bit_exchange_rounds_what_crosses_the_link(exchange_dtype_run):
     returns once: outputs and dx equal those of the float32 exchange on the rounded batch, rounded; table
     gradients equal theirs. Against the float32 exchange on the batch itself they differ by the dtype's
     rounding of the inputs carried through the networks."""
+    _check_exchange_dtype(exchange_dtype_run)
+
+
+def _check_exchange_dtype(exchange_dtype_run, grad_atol: float = 1e-7):
     from tinn.distributed.buckets import EXCHANGE_DTYPES
 
     for r, res in enumerate(exchange_dtype_run):
@@ -36,7 +55,7 @@ def test_sixteen_bit_exchange_rounds_what_crosses_the_link(exchange_dtype_run):
                     assert torch.equal(got["y"], want["y"].to(values).float()), what
                     assert torch.equal(got["dx"], want["dx"].to(grads).float()), what
                     for n, g in want["grads"].items():
-                        torch.testing.assert_close(got["grads"][n], g, rtol=1e-5, atol=1e-7, msg=f"{what} {n}")
+                        torch.testing.assert_close(got["grads"][n], g, rtol=1e-5, atol=grad_atol, msg=f"{what} {n}")
                     # Against the unrounded batch: the inputs' and dy's rounding, carried through the networks.
                     u = 2.0 ** -8 if values == torch.bfloat16 else 2.0 ** -11
                     scale = plain["y"].abs().max()

@@ -9,7 +9,8 @@ and rows put back in the caller's order, each in one pass over the samples.
 `bucket` is a stable counting sort computed on the device: no host synchronisation, counts stay on the
 device until the exchange's header needs them. Rows travel in an exchange dtype (float32, or float16 /
 bfloat16 for half the bytes): `bucket` casts the inputs as it packs them, `unpack` widens them to float32,
-and `gather_rows` writes its output in the dtype asked for, so no cast takes a pass of its own. Two implementations with the same results: Triton kernels
+and `gather_rows` reads rows of any of these dtypes and writes its output in the dtype asked for, so these
+passes cast as they copy. Two implementations with the same results: Triton kernels
 (tinn/distributed/bucket_kernels.py; on CUDA, and under Triton's interpreter in tests) and torch ops (the
 CPU, and any device where Triton is missing). `kernels` chooses: "auto" (Triton on CUDA), "triton", "torch".
 """

@@ -215,11 +215,13 @@ class ShardedPart(_Collective):
     exchange_dtype: the dtype samples cross the link in: "float32" (default: exact), "bfloat16" (inputs,
     outputs, dy and dx in bfloat16) or "float16" (inputs and outputs in float16, dy and dx in bfloat16: the
     per-sample gradients of a mean loss over a large batch, around 1e-8, lie below float16's smallest
-    subnormal, while bfloat16 has float32's range). Either halves the bytes per sample. The casts happen in
-    the packing and gathering passes; the local part computes in float32 from inputs rounded to the dtype,
-    which changes nothing for float16 networks whose first layer reads the raw inputs (their kernels round
-    the inputs to float16 themselves) but costs precision where an encoding reads them (a hash grid's
-    positions). Every rank must pass the same value.
+    subnormal, while bfloat16 has float32's range). Either halves the bytes per sample. The caller's side
+    casts in its packing and gathering passes; the owner widens the inputs as it unpacks them, and takes one
+    pass each to narrow its outputs and dx and to widen dy (its local part reads and writes float32). The
+    local part computes from inputs rounded to the dtype: float16 changes nothing for float16 networks that
+    read the raw inputs (their kernels round them to float16 themselves), bfloat16 keeps 8 bits of mantissa,
+    and either costs precision where an encoding reads the inputs (a hash grid's positions). Every rank must
+    pass the same value.
     """
 
     input_layouts = (SAMPLE_MAJOR,)
