@@ -196,3 +196,52 @@ def tf32_matmuls(allowed: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def waiting_calls(step, busy_ms: float = 100.0) -> list[tuple[str, float]]:
+    """[(function, own ms)] of the calls in one `step` that waited for the device: the GPU is first kept busy
+    for about `busy_ms` (torch.cuda._sleep), so a call that blocks until earlier work finishes takes most of
+    that time, whoever issued the wait (Taichi, the driver, torch). torch's sync debug mode sees only torch's
+    own waits; this sees every one. CUDA only; [] when nothing waited."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(1_000_000 * busy_ms / max(start.elapsed_time(end), 1e-3))
+    torch.cuda._sleep(cycles)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    found = []
+    for (file, line, name), (_, _, own, _, _) in pstats.Stats(profiler).stats.items():
+        if 1e3 * own > busy_ms / 2:
+            found.append((f"{'/'.join(file.split('/')[-2:])}:{line}({name})", 1e3 * own))
+    return sorted(found, key=lambda r: -r[1])
+
+
+def host_table(step, steps: int, top: int) -> list[tuple[str, float, float, float]]:
+    """[(function, calls per step, own ms per step, cumulative ms per step)] of the `top` functions by own time
+    over `steps` steps (cProfile; its own overhead inflates every row by a similar share)."""
+    import cProfile
+    import pstats
+
+    sync()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    sync()
+    rows = []
+    for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items():
+        where = f"{'/'.join(file.split('/')[-2:])}:{line}({name})"
+        rows.append((where, calls / steps, 1e3 * own / steps, 1e3 * cumulative / steps))
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]

@@ -10,7 +10,10 @@ demo), runs the phases before the profiled ones for a few steps (`--prep-steps`)
    a sync after every step (if the two are close, the host is the bottleneck or the step synchronises);
 2. the host synchronisations of one step (torch's sync debug mode: each call that waits for the device);
 3. the device time per kernel over the steps (torch.profiler's CUDA trace), top `--top`, and the device's busy
-   time per step; the difference to the wall time is time the device waited for the host.
+   time per step; the difference to the wall time is time the device waited for the host;
+4. with `--host-profile`, the host's time per step by Python function (cProfile, top `--top` by own time, and
+   the calls of one step that wait for the device, found by keeping the device busy first
+   (`benchmarks.common.waiting_calls`: every wait, not only torch's)): where a host-bound step's time goes.
 
 Run it once per precision (`TINN_SETTINGS=precision=...`) to compare the paths. CUDA only.
 """
@@ -25,6 +28,7 @@ import warnings
 import torch
 
 import tinn  # noqa: E402
+from benchmarks.common import host_table, waiting_calls  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
 
 
@@ -89,6 +93,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prep-steps", type=int, default=200, help="steps of each earlier phase before profiling")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--host-profile", action="store_true", help="also the host's time by Python function")
     p.add_argument("--json", default=None)
     args, demo_argv = p.parse_known_args(argv)
     arch = tinn.init()
@@ -128,6 +133,13 @@ def main(argv=None):
             print(f"   compiled tensor-core kernel variants so far: {r['compiled_variants']}")
             for name, calls, ms in kernels:
                 print(f"   {name[:72]:72s} {calls:5.1f} {ms:8.3f}")
+            if args.host_profile:
+                r["waiting_calls"] = waiting_calls(trainer.step)
+                print(f"   calls that waited for a busy device: {r['waiting_calls'] or 'none'}")
+                r["host"] = host_table(trainer.step, args.steps, args.top)
+                print(f"   host, by function: calls/step, own ms/step, cumulative ms/step")
+                for name, calls, own, cumulative in r["host"]:
+                    print(f"   {name[:72]:72s} {calls:5.1f} {own:8.3f} {cumulative:8.3f}")
         pipe.run_phase()
     if args.json:
         with open(args.json, "w") as f:
