@@ -63,8 +63,22 @@ class TensorCorePath:
         self.shape, self.n_networks, self.precision = shape, n_networks, precision
         self.input_padding = input_padding
         self.kernels = _kernels()
+        self._single_routing: dict = {}  # one network: (batch, device, train) -> its tile lists
 
     def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
+        if self.n_networks == 1:
+            # One network's tiles depend on the batch size alone: built once per size, not per call (each
+            # build is a sort stand-in, a memset and a launch per list, host time a small step notices).
+            key = (ids.shape[0], device, train)
+            kept = self._single_routing.get(key)
+            if kept is None:
+                if len(self._single_routing) >= 4:  # a few batch sizes in turn (training, evaluation)
+                    self._single_routing.clear()
+                kept = self._single_routing[key] = self._build_routing(ids, device, train)
+            return kept
+        return self._build_routing(ids, device, train)
+
+    def _build_routing(self, ids: torch.Tensor, device: torch.device, train: bool):
         from ..kernels.tensor_cores import tiles
         tile = self.kernels.default_block_m(device)
         sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
