@@ -17,14 +17,19 @@ One command measures one GPU and all of them: the one-GPU runs happen on rank 0 
    (the float32 kernels, named: CUDA arrays default to float16) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded
    part's pipelining.
    Strategies (--strategies): "sharded" (a ShardedPart: each rank owns N / world networks, samples travel
-   to their owners) and "replicated" (data parallel: every rank holds the whole array in a Replicated part,
-   computes its own samples, and the gradients are all-reduced, in each of --reduce-dtypes), the latter for
-   the models in --replicated-models. Both scale the same way: strong, N networks and B / world samples per
-   rank; weak, world x N networks and B samples per rank.
+   to their owners, in each of --exchange-dtypes) and "replicated" (data parallel: every rank holds the whole
+   array in a Replicated part, computes its own samples, and the gradients are reduced, in each of
+   --reduce-dtypes; with each of --optimizer-splits: "on", the optimizer split over the ranks, gradients
+   reduce-scattered and parameters all-gathered in float32; "off", an all-reduce and the whole optimizer on
+   every rank), the latter for the models in --replicated-models. Both scale the same way: strong, N networks
+   and B / world samples per rank; weak, world x N networks and B samples per rank.
    Each multi-GPU run is then profiled (--profile-steps steps, after warm-up steps): per step, the time the
-   compute stream spent in the exchange, the local part's compute, the all-reduce of gradients
-   (replicated tables of a sharded part, every table of a replicated one), idle (the header's host round
-   trip) and other (loss, optimizer), from CUDA events (tinn/distributed/profile.py).
+   compute stream spent in the exchange, the local part's compute, the gradients' reduction (replicated
+   tables of a sharded part, every table of a replicated one; with the split optimizer its reduce-scatter
+   and all-gather), idle (the header's host round trip), the optimizer's update and other (loss), from CUDA
+   events (tinn/distributed/profile.py).
+   A sharded run with a 16-bit exchange also reports how far its outputs and gradients on one batch lie from
+   the float32 exchange's (the same networks, the same samples).
 3. A field too big for one GPU: a KiloNeRF-style grid of cells over the procedural scene, every cell a
    tcnn-sized hash grid (16 levels x 2 features, 2^19 entries) + MLP; the cells are split into several arrays
    (z slabs), each a ShardedPart, so that every table stays below 2^31 floats. Trained on the analytic
@@ -72,7 +77,11 @@ def parse_args():
                    help="comma-separated: sharded (ShardedPart), replicated (data parallel, Replicated)")
     p.add_argument("--replicated-models", default="mlp", help="models the replicated strategy runs on")
     p.add_argument("--reduce-dtypes", default="float32,bfloat16",
-                   help="gradient all-reduce dtypes of the replicated runs: float32, bfloat16, float16")
+                   help="gradient reduce dtypes of the replicated runs: float32, bfloat16, float16")
+    p.add_argument("--optimizer-splits", default="on",
+                   help="replicated runs: on (the optimizer split over the ranks), off (all-reduce, whole optimizer)")
+    p.add_argument("--exchange-dtypes", default="float32",
+                   help="sharded runs: the dtype samples cross the link in: float32, float16, bfloat16")
     p.add_argument("--chunks", default="1,4",
                    help="ShardedPart chunks (pipelining) of the MLP-only runs, comma-separated")
     p.add_argument("--grid-chunks", default="1",
@@ -99,12 +108,16 @@ def parse_args():
     args.strategies = names(args.strategies)
     args.replicated_models = names(args.replicated_models)
     args.reduce_dtypes = names(args.reduce_dtypes)
+    args.optimizer_splits = names(args.optimizer_splits)
+    args.exchange_dtypes = names(args.exchange_dtypes)
     allowed = {"models": ("grid", "mlp"), "precisions": ("float32", "float16"),
                "strategies": ("sharded", "replicated"), "replicated-models": ("grid", "mlp"),
-               "reduce-dtypes": ("float32", "bfloat16", "float16")}
+               "reduce-dtypes": ("float32", "bfloat16", "float16"), "optimizer-splits": ("on", "off"),
+               "exchange-dtypes": ("float32", "float16", "bfloat16")}
     given = {"models": args.models, "precisions": args.precisions["mlp"] + args.precisions["grid"],
              "strategies": args.strategies, "replicated-models": args.replicated_models,
-             "reduce-dtypes": args.reduce_dtypes}
+             "reduce-dtypes": args.reduce_dtypes, "optimizer-splits": args.optimizer_splits,
+             "exchange-dtypes": args.exchange_dtypes}
     for option, values in given.items():
         bad = [v for v in values if v not in allowed[option]]
         if bad:
@@ -179,6 +192,20 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int)
     return (time.perf_counter() - t0) / reps
 
 
+def _mark_optimizer(trainer, part) -> None:
+    """The optimizer's step marked as the "optimizer" phase on the part's profiler (the time before it as
+    "other"); a split optimizer's own marks put its all-gather in "reduce". Undone by `del optimizer.step`."""
+    from tinn.distributed.profile import mark
+
+    step = trainer.optimizer.step
+
+    def marked(*a, **kw):
+        mark(part, "other")
+        step(*a, **kw)
+        mark(part, "optimizer")
+    trainer.optimizer.step = marked
+
+
 def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
     """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time:
     averages over `steps` steps, taken after warm-up steps on the same batch."""
@@ -194,6 +221,7 @@ def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, 
             # specialises on sizes): compile them before the profiled steps, with no profiler attached.
             for _ in range(3):
                 trainer.training_step(x, target, ids)
+            _mark_optimizer(trainer, part)
             part.profiler = timer
             tinn.runtime.sync()
             t0 = time.perf_counter()
@@ -205,6 +233,7 @@ def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, 
             wall = (time.perf_counter() - t0) / steps
     finally:
         part.profiler = None
+        trainer.optimizer.__dict__.pop("step", None)
     out = {k: 1e3 * v for k, v in phases.items()}
     out["step_wall_ms"] = 1e3 * wall
     return out
@@ -223,16 +252,41 @@ def _free():
 
 
 def distributed_part(strategy: str, build, n_networks: int, chunks: int, reduce_dtype: str | None,
-                     exchange_kernels: str):
+                     exchange_kernels: str, optimizer_split: str = "on", exchange_dtype: str = "float32"):
     """The array of a multi-GPU run: sharded over the ranks, or replicated on each (data parallel)."""
     if strategy == "replicated":
-        return td.Replicated(build(n_networks), reduce_dtype=reduce_dtype)
-    return td.ShardedPart(build, n_networks, init="local", chunks=chunks, exchange_kernels=exchange_kernels)
+        return td.Replicated(build(n_networks), reduce_dtype=reduce_dtype, optimizer_split=optimizer_split == "on")
+    return td.ShardedPart(build, n_networks, init="local", chunks=chunks, exchange_kernels=exchange_kernels,
+                          exchange_dtype=exchange_dtype)
+
+
+def exchange_accuracy(args, build, n_networks: int, batch: int, dims, chunks: int, exchange_dtype: str) -> dict:
+    """Outputs and table gradients (an L2 loss's) of one batch through a sharded part exchanging in
+    `exchange_dtype`, against the float32 exchange's with the same networks: max |difference| over max |value|
+    of the outputs, and the relative L2 norm of each gradient's difference (max over ranks)."""
+    x, target, ids = _batch(batch, dims, n_networks, seed=11 + td.rank())
+    results = []
+    for dtype in ("float32", exchange_dtype):
+        part = distributed_part("sharded", build, n_networks, chunks, None, args.exchange_kernels,
+                                exchange_dtype=dtype)
+        y, ctx = part.forward_with_context(x, ids, train=True)
+        dy = 2.0 * (y - target) / y.numel()
+        _, grads = part.backward(ctx, dy, need_dx=False)
+        results.append((y, [g.float() for g in grads if g is not None]))
+        del part, ctx
+    (y32, g32), (y16, g16) = results
+    out = {"outputs_max_rel": float((y16 - y32).abs().max() / y32.abs().max().clamp_min(1e-30))}
+    out["gradients_rel_l2"] = [float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(g16, g32)]
+    everyone = gather_objects(out)
+    _free()
+    return {"outputs_max_rel": max(o["outputs_max_rel"] for o in everyone),
+            "gradients_rel_l2": [max(v) for v in zip(*[o["gradients_rel_l2"] for o in everyone])]}
 
 
 def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str = "sharded", chunks: int = 1,
-            reduce_dtype: str | None = None) -> dict:
+            reduce_dtype: str | None = None, optimizer_split: str = "on", exchange_dtype: str = "float32") -> dict:
     """One row: the 1-GPU run (cached per model and precision), the strong and the weak run of `strategy`."""
+    from tinn.distributed.optimizer_split import SplitOptimizer
     from tinn.trainer import Trainer
 
     world, rank = td.world_size(), td.rank()
@@ -252,21 +306,29 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
     t1 = t1_cache[key]
     runs = {}
     for run, n_run, per_rank in (("strong", n, batch // world), ("weak", world * n, batch)):
-        part = distributed_part(strategy, build, n_run, chunks, reduce_dtype, args.exchange_kernels)
+        part = distributed_part(strategy, build, n_run, chunks, reduce_dtype, args.exchange_kernels, optimizer_split,
+                                exchange_dtype)
         trainer = Trainer(part, optimizer=adam)
         t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank))
         prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank) \
             if args.profile_steps else None
         runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof),
-                     "params_per_rank": sum(p.numel() for p in part.parameters())}
+                     "params_per_rank": sum(p.numel() for p in part.parameters()),
+                     "split": isinstance(trainer.optimizer, SplitOptimizer)}
         del part, trainer
         _free()
     t_strong, t_weak = runs["strong"]["step_ms"] / 1e3, runs["weak"]["step_ms"] / 1e3
     replicated = strategy == "replicated"
+    split = replicated and runs["strong"]["split"]
     reduce_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(reduce_dtype, 4)
+    accuracy = None
+    if not replicated and exchange_dtype != "float32":
+        accuracy = exchange_accuracy(args, build, n, min(batch // world, 1 << 18), dims, chunks, exchange_dtype)
     return {
         "model": kind, "precision": precision, "strategy": strategy, "chunks": None if replicated else chunks,
         "reduce_dtype": reduce_dtype, "exchange_kernels": None if replicated else args.exchange_kernels,
+        "optimizer_split": split if replicated else None, "exchange_dtype": None if replicated else exchange_dtype,
+        "exchange_accuracy_vs_float32": accuracy,
         "networks": n, "global_batch": batch, "world_size": world, "dims": list(dims),
         "single_gpu_step_ms": 1e3 * t1, "single_gpu_samples_per_s": batch / t1,
         "strong_step_ms": 1e3 * t_strong, "strong_samples_per_s": batch / t_strong,
@@ -277,11 +339,14 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
         "weak_profile_per_rank": runs["weak"]["profile_per_rank"],
         # Sharded: what crosses the link per sample and step: inputs + the local id out, outputs back (forward);
-        # dy out, nothing back (the trainer needs no dx). Replicated: nothing per sample; the all-reduce's
-        # bucket (every parameter, in the reduce dtype) per step.
-        "exchanged_bytes_per_sample": 0 if replicated else 4 * (dims[0] + 1) + 4 * dims[1] + 4 * dims[1],
+        # dy out, nothing back (the trainer needs no dx). Replicated: nothing per sample; the reduction's
+        # bucket (every parameter, in the reduce dtype) per step, and with the split optimizer the all-gather's
+        # (every parameter in float32).
+        "exchanged_bytes_per_sample": 0 if replicated else td.exchange_bytes_per_sample(
+            dims[0], dims[1], exchange_dtype=exchange_dtype),
         "params_per_rank_strong": runs["strong"]["params_per_rank"],
         "allreduce_bytes_per_step_strong": reduce_bytes * runs["strong"]["params_per_rank"] if replicated else 0,
+        "allgather_bytes_per_step_strong": 4 * runs["strong"]["params_per_rank"] if split else 0,
     }
 
 
@@ -394,22 +459,26 @@ def big_field(args) -> dict:
     }
 
 
+PROFILED = ("exchange", "compute", "reduce", "idle", "optimizer", "other")
+
+
 def _phases(profile) -> str:
     if not profile:
         return ""
-    return " ".join(f"{profile[k]:.2f}" for k in ("exchange", "compute", "reduce", "idle", "other"))
+    return " ".join(f"{profile.get(k, 0.0):.2f}" for k in PROFILED)
 
 
 def summary_table(rows: list[dict], world: int) -> list[str]:
     """The scaling table (rank 0's profile of the strong run: ms per step in each phase)."""
-    head = (f"{'model':<6}{'prec':<9}{'strategy':<20}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
-            f"{'weak ms':>9}{'weak/GPU':>9}   strong-run profile, rank 0, ms: exch compute reduce idle other")
+    head = (f"{'model':<6}{'prec':<9}{'strategy':<30}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
+            f"{'weak ms':>9}{'weak/GPU':>9}   strong-run profile, rank 0, ms: exch compute reduce idle optim other")
     lines = [head]
     for s in rows:
         prof = (s["strong_profile_per_rank"] or [None])[0]
-        how = (f"replicated {s['reduce_dtype']}" if s.get("strategy") == "replicated"
-               else f"sharded chunks={s['chunks']}")
-        lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<20}{s['single_gpu_step_ms']:>10.2f}"
+        how = (f"replicated {s['reduce_dtype']}{' split' if s.get('optimizer_split') else ''}"
+               if s.get("strategy") == "replicated"
+               else f"sharded chunks={s['chunks']} {s.get('exchange_dtype') or 'float32'}")
+        lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<30}{s['single_gpu_step_ms']:>10.2f}"
                      f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
                      f"{s['weak_per_gpu_ratio']:>9.2f}   {_phases(prof)}")
     lines.append(f"targets: strong >= {STRONG_TARGET}x, weak >= {WEAK_TARGET} per GPU; global batch "
@@ -437,15 +506,20 @@ def main():
         for precision in args.precisions[kind]:
             runs = []
             if "sharded" in args.strategies:
-                runs += [dict(strategy="sharded", chunks=c) for c in args.chunks[kind]]
+                runs += [dict(strategy="sharded", chunks=c, exchange_dtype=x) for c in args.chunks[kind]
+                         for x in args.exchange_dtypes]
             if "replicated" in args.strategies and kind in args.replicated_models:
-                runs += [dict(strategy="replicated", reduce_dtype=d) for d in args.reduce_dtypes]
+                runs += [dict(strategy="replicated", reduce_dtype=d, optimizer_split=o) for d in args.reduce_dtypes
+                         for o in args.optimizer_splits]
             for run in runs:
                 s = scaling(args, kind, grid, precision, t1_cache, **run)
                 result["scaling"].append(s)
                 log(f"  {kind} {precision} {' '.join(f'{k}={v}' for k, v in run.items())}: 1 GPU "
                     f"{s['single_gpu_step_ms']:.2f} ms, strong {s['strong_speedup']:.2f}x, weak "
-                    f"{s['weak_per_gpu_ratio']:.2f} per GPU")
+                    f"{s['weak_per_gpu_ratio']:.2f} per GPU"
+                    + (f"; vs the float32 exchange: outputs {s['exchange_accuracy_vs_float32']['outputs_max_rel']:.2e}"
+                       f", gradients {max(s['exchange_accuracy_vs_float32']['gradients_rel_l2']):.2e}"
+                       if s["exchange_accuracy_vs_float32"] else ""))
     b = result["big_field"] = None if args.skip_big else big_field(args)
     if b is not None:
         log(f"big field: {b['cells']} cells in {b['slabs']} slabs, {b['params_total'] / 1e9:.2f} G params, "

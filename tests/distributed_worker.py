@@ -198,6 +198,187 @@ def scenario_replicated(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+SPLIT_ADAM = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 1e-4, "non_matrix_learning_rate_factor": 0.5}
+SPLIT_SGD = {"otype": "SGD", "learning_rate": 0.1}
+# (model, optimizer, reduce dtype) of the split scenario; each is trained with the split on and off.
+SPLIT_CASES = {"two_tables/adam/float32": ("two_tables", SPLIT_ADAM, "float32"),
+               "two_tables/adam/bfloat16": ("two_tables", SPLIT_ADAM, "bfloat16"),
+               "two_tables/sgd/float32": ("two_tables", SPLIT_SGD, "float32"),
+               "one_table/adam/float32": ("one_table", SPLIT_ADAM, "float32")}
+SPLIT_STEPS = 3
+
+
+def split_model(kind: str):
+    """The split scenario's parts: grid + MLP (the split cuts the grid's table mid-row), or one MLP table (its
+    slices are whole rows, all-gathered in place)."""
+    from tinn.networks import NetworkArray
+
+    return replicated_factory() if kind == "two_tables" else NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS,
+                                                                          seed=3)
+
+
+def split_lr_scale(n_rows: int):
+    return torch.linspace(0.5, 1.5, n_rows)
+
+
+def scenario_split(rank, out):
+    """Replicated parts whose optimizer is split over the ranks (ZeRO stage 1) against the all-reduce and the
+    whole optimizer on every rank: Trainer steps, checkpoints of the split state, the overflow agreement, and
+    bad options."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.distributed.optimizer_split import SplitOptimizer
+    from tinn.errors import CheckpointError, ConfigError
+    from tinn.gradient_scaling import GradientScaler
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    res = {}
+
+    def trained(kind, optimizer, reduce_dtype, split, steps=SPLIT_STEPS):
+        model = td.Replicated(split_model(kind), reduce_dtype=reduce_dtype, optimizer_split=split)
+        trainer = Trainer(model, optimizer=optimizer)
+        last = list(model.named_parameters())[-1]
+        trainer.optimizer.set_lr_scale(last[0], split_lr_scale(last[1].shape[0]).to(dev))
+        losses = []
+        for step in range(steps):
+            x, ids, t, _ = (v.to(dev) for v in batch(rank, 70 + step))
+            losses.append(float(trainer.training_step(x, t, ids)))
+        return model, trainer, losses
+
+    for case, (kind, optimizer, reduce_dtype) in SPLIT_CASES.items():
+        for split in (False, True):
+            model, trainer, losses = trained(kind, optimizer, reduce_dtype, split)
+            entry = {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "losses": losses,
+                     "split": isinstance(trainer.optimizer, SplitOptimizer)}
+            if entry["split"]:
+                opt = trainer.optimizer
+                entry["pieces"] = [(p.name, tuple(p.view.shape), p.flat_lo, p.flat_hi) for p in opt.split.pieces]
+                entry["layout"] = (opt.split.numel, opt.split.slice_len)
+                entry["state_elements"] = sum(t.numel() for k, t in opt.inner.state.items() if k.startswith("m."))
+                # After a backward the tables hold no gradient: the reduced one is the optimizer's slice.
+                x, ids, t, _ = (v.to(dev) for v in batch(rank, 79))
+                trainer.training_step(x, t, ids, run_optimizer=False)
+                entry["grads_after_backward"] = [p.grad for p in model.parameters()]
+                entry["grad_slice"] = opt.split.grad.clone()
+                trainer.optimizer.zero_grad()
+            res[f"{case}/{'split' if split else 'allreduce'}"] = entry
+
+    # The phases of split steps: the reduce-scatter and the all-gather count as "reduce", the slice's update as
+    # "optimizer".
+    from tinn.distributed.profile import PhaseTimer
+
+    model, trainer, _ = trained("one_table", SPLIT_ADAM, "float32", True, steps=1)
+    timer = PhaseTimer(cuda=False)
+    model.profiler = timer
+    timer.start()
+    for step in range(2):
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 80 + step))
+        trainer.training_step(x, t, ids)
+    timer.mark("other")
+    model.profiler = None
+    res["profile"] = timer.collect(2)
+    res["profile_marks"] = [phase for phase, _, _ in timer._marks]
+
+    # Checkpoints: the gathered (unsplit) state, restored bit for bit into a split and an unsplit trainer.
+    a_model, a, _ = trained("two_tables", SPLIT_ADAM, "float32", True, steps=2)
+    _, ref, _ = trained("two_tables", SPLIT_ADAM, "float32", False, steps=2)
+    path = os.path.join(out, f"split{rank}.tinn")
+    a.save_checkpoint(path)  # every rank: the state gather is a collective
+    res["saved_state"] = a.optimizer.state_dict()
+    res["allreduce_state"] = ref.optimizer.state_dict()
+    shared = os.path.join(out, "split0.tinn")  # every rank resumes from rank 0's file
+    import torch.distributed as dist
+
+    dist.barrier()
+    b_model = td.Replicated(split_model("two_tables"), optimizer_split=True)
+    b = Trainer(b_model, optimizer=SPLIT_ADAM)
+    b.load_checkpoint(shared)
+    res["restored_state"] = b.optimizer.state_dict()
+    c = Trainer(td.Replicated(split_model("two_tables"), optimizer_split=False), optimizer=SPLIT_ADAM)
+    c.load_checkpoint(shared)
+    res["unsplit_restored_state"] = c.optimizer.state_dict()
+    x, ids, t, _ = (v.to(dev) for v in batch(rank, 90))
+    a.training_step(x, t, ids)
+    b.training_step(x, t, ids)
+    res["same_after_step"] = all(torch.equal(p, q) for p, q in zip(a_model.parameters(), b_model.parameters()))
+    # A state with one wrong shape changes nothing.
+    bad = dict(res["saved_state"])
+    bad["v.inner.network.params"] = bad["v.inner.network.params"][:, :-1]
+    before = b.optimizer.state_dict()
+    try:
+        b.optimizer.load_state_dict(bad)
+        res["bad_state"] = "loaded"
+    except CheckpointError as e:
+        res["bad_state"] = str(e)
+    after = b.optimizer.state_dict()
+    res["bad_state_untouched"] = all(torch.equal(v, after[k]) if isinstance(v, torch.Tensor) else v == after[k]
+                                     for k, v in before.items())
+
+    # Rank 0's scaler saw an overflow: after the reduce-scatter both ranks hold it (both skip the step).
+    model = td.Replicated(split_model("one_table"), optimizer_split=True)
+    model.inner.gradient_scaler = GradientScaler(dev)
+    model.build_optimizer(SPLIT_ADAM)
+    model.inner.gradient_scaler.found_inf.fill_(1.0 if rank == 0 else 0.0)
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 0))
+    (model(x, ids) * w).sum().backward()
+    res["found_inf"] = float(model.inner.gradient_scaler.found_inf)
+
+    def error(build):
+        try:
+            build()
+            return "no error"
+        except ConfigError as e:
+            return str(e)
+
+    res["bad_value"] = error(lambda: td.Replicated(split_model("one_table"), optimizer_split="yes"))
+    res["not_elementwise"] = error(lambda: td.Replicated(split_model("one_table"), optimizer_split=True)
+                                   .build_optimizer({"otype": "Novograd"}))
+    auto = Trainer(td.Replicated(split_model("one_table")), optimizer={"otype": "Novograd", "learning_rate": 1e-2})
+    res["novograd_auto_split"] = isinstance(auto.optimizer, SplitOptimizer)
+    x, ids, t, _ = (v.to(dev) for v in batch(rank, 95))
+    auto.training_step(x, t, ids)
+    res["novograd_params"] = {n: p.detach().clone() for n, p in auto.model.named_parameters()}
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
+EXCHANGE_DTYPES = {"float16": (torch.float16, torch.bfloat16), "bfloat16": (torch.bfloat16, torch.bfloat16)}
+
+
+def scenario_exchange_dtype(rank, out):
+    """16-bit exchanges (torch ops and the Triton kernels, chunked, owned and shared encodings) through autograd;
+    the float32 exchange on the same batch, and on the batch rounded as the 16-bit exchange rounds it (inputs
+    to the values' dtype, dy to the gradients'); a bad exchange_dtype and ranks that disagree on it."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.errors import ConfigError
+
+    dev = tinn.runtime.device()
+    res = {}
+    x, ids, _, w = (v.to(dev) for v in batch(rank, 4))
+    for kernels in ("torch", "triton"):
+        for shared in (False, True):
+            tag = f"{kernels}/{'shared' if shared else 'sharded'}"
+            wide = td.ShardedPart(factory(shared), N_NETWORKS, chunks=2, exchange_kernels=kernels)
+            res[f"{tag}/float32"] = autograd_pass(wide, x, ids, w)
+            for name, (values, grads) in EXCHANGE_DTYPES.items():
+                narrow = td.ShardedPart(factory(shared), N_NETWORKS, chunks=2, exchange_kernels=kernels,
+                                        exchange_dtype=name)
+                res[f"{tag}/{name}"] = autograd_pass(narrow, x, ids, w)
+                res[f"{tag}/{name}/rounded"] = autograd_pass(wide, x.to(values).float(), ids, w.to(grads).float())
+
+    def build(**kw):
+        try:
+            td.ShardedPart(factory(), N_NETWORKS, **kw)
+            return "no error"
+        except ConfigError as e:
+            return str(e)
+
+    res["bad"] = build(exchange_dtype="int8")
+    res["disagree"] = build(exchange_dtype="float16" if rank == 0 else "float32")
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_syncs(rank, out):
     """Host synchronisations of a sharded step on CUDA (torch's sync debug mode): the forward's header is the
     only one; the backward has none, chunked or not."""

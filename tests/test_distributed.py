@@ -244,7 +244,7 @@ def test_contract_announces_dx_and_profiles_phases(pipeline_run):
         for n, g in res["announced"]["grads"].items():
             torch.testing.assert_close(g, want["grads"][n], rtol=1e-5, atol=1e-8, msg=n)
         profile = res["profile"]
-        assert set(profile) == {"exchange", "compute", "reduce", "idle", "other"}
+        assert set(profile) == {"exchange", "compute", "reduce", "idle", "optimizer", "other"}
         assert all(v >= 0 for v in profile.values()) and profile["compute"] > 0 and profile["idle"] > 0
         marks = res["profile_marks"]
         assert marks.count("idle") == 2 and marks[-1] == "other"  # one header per step, none in the backward

@@ -56,3 +56,48 @@ def test_triton_and_torch_bucketing_agree_bit_for_bit():
 def test_bad_exchange_kernels_name_the_choices():
     with pytest.raises(tinn.errors.ConfigError, match=r"exchange_kernels='cub'.*'auto', 'triton', 'torch'"):
         B.check_kernels("cub")
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_here)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [3, 32, 1])
+def test_sixteen_bit_rows_round_the_inputs_once_and_keep_the_ids(kernels, dtype, d):
+    """A 16-bit exchange: the inputs packed rounded to the dtype (odd widths padded with a zero so the id stays
+    aligned), the 32-bit local ids intact, unpacked to float32; the gather rounds scale x row once."""
+    x, ids, owner, local = _case(45, 2, 2, d, n_networks=9, seed=5)
+    x = x * 3.7 - 1.1  # values that the dtype rounds
+    local = local * 40_000 + 77  # ids past 16 bits
+    p = B.bucket(x, ids, owner, local, 2, 2, kernels, dtype=dtype)
+    layout = B.RowLayout.of(d, dtype)
+    assert p.send.dtype == dtype and p.send.shape == (45, d + d % 2 + 2) and layout.width % 2 == 0
+    assert torch.equal(p.send[:, :d], x[p.perm.long()].to(dtype))
+    assert not bool(p.send[:, d:layout.stored].any())  # the padding column is zero
+    want_ids = local[ids.long()][p.perm.long()]
+    assert torch.equal(p.send.view(torch.int32)[:, layout.id_col], want_ids)
+    xs, got_ids = B.unpack(p.send, kernels, d)
+    assert xs.dtype == torch.float32 and torch.equal(xs, x[p.perm.long()].to(dtype).float())
+    assert torch.equal(got_ids, want_ids)
+    back = B.gather_rows(xs, p.dest, 0.3, kernels, dtype=dtype)
+    assert back.dtype == dtype and torch.equal(back, (x.to(dtype).float() * 0.3).to(dtype))
+    wide = B.gather_rows(p.send[:, :d].contiguous(), p.dest, 2.0, kernels)
+    assert wide.dtype == torch.float32 and torch.equal(wide, x.to(dtype).float() * 2.0)
+    # The float32 layout is the narrow one's special case: the id bit-cast into the last column.
+    assert B.RowLayout.of(d) == B.RowLayout(d, torch.float32, d + 1, d + 1, d)
+
+
+@triton_here
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_and_torch_sixteen_bit_packing_agree_bit_for_bit(dtype):
+    x, ids, owner, local = _case(333, 3, 4, 7, n_networks=40, seed=3)
+    a = B.bucket(x, ids, owner, local, 3, 4, "torch", dtype=dtype)
+    b = B.bucket(x, ids, owner, local, 3, 4, "triton", dtype=dtype)
+    for name in ("send", "perm", "dest", "counts"):
+        assert torch.equal(getattr(a, name).view(torch.int16) if name == "send" else getattr(a, name),
+                           getattr(b, name).view(torch.int16) if name == "send" else getattr(b, name)), name
+
+
+def test_bad_exchange_dtype_names_the_choices():
+    with pytest.raises(tinn.errors.ConfigError,
+                       match=r"exchange_dtype='int8' is not supported; allowed: \['float32', 'float16', 'bfloat16'\]"):
+        B.exchange_dtype("int8")
+    assert B.exchange_dtype("bfloat16") == torch.bfloat16

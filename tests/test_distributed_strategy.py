@@ -51,3 +51,24 @@ def test_bad_arguments_name_the_field(kwargs, field):
     args = {"n_params": MLP_PARAMS, "n_input_dims": 32, "n_output_dims": 16, "samples_per_rank": 1 << 20, **kwargs}
     with pytest.raises(ConfigError, match=field):
         td.choose_strategy(**args)
+
+
+def test_sixteen_bit_exchange_and_split_optimizer_bytes():
+    # 16-bit rows: 32 inputs + the 4-byte id, 16 outputs back, 16 dy out (bfloat16 also for float16 values).
+    assert td.exchange_bytes_per_sample(32, 16, exchange_dtype="float16") == 2 * 32 + 4 + 2 * 16 + 2 * 16 == 132
+    assert td.exchange_bytes_per_sample(32, 16, exchange_dtype="bfloat16") == 132
+    assert td.exchange_bytes_per_sample(32, 16, need_dx=True, exchange_dtype="float16") == 132 + 2 * 32
+    assert td.exchange_bytes_per_sample(3, 4, exchange_dtype="bfloat16") == 2 * 4 + 4 + 8 + 8  # 3 inputs padded to 4
+    with pytest.raises(ConfigError, match=r"exchange_dtype='int8'.*'float32', 'float16', 'bfloat16'"):
+        td.exchange_bytes_per_sample(3, 4, exchange_dtype="int8")
+    # Halving the exchange's bytes moves the crossover with the float32 all-reduce to twice the samples.
+    crossover = 2 * MLP_PARAMS * 4 / 132
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) - 1, exchange_dtype="float16") == "sharded"
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) + 1, exchange_dtype="float16") == "replicated"
+    # The split optimizer's bytes: a bfloat16 reduce-scatter and a float32 all-gather, P x 6 against 2 P x 2.
+    split = MLP_PARAMS * (2 + 4) / 260
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(split) - 1, reduce_dtype="bfloat16",
+                              optimizer_split=True) == "sharded"
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(split) + 1, reduce_dtype="bfloat16",
+                              optimizer_split=True) == "replicated"
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(split) - 1, reduce_dtype="bfloat16") == "replicated"

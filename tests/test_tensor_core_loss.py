@@ -115,6 +115,44 @@ def test_the_trainer_runs_no_forward_when_the_backward_recomputes_it(tuned, monk
     assert abs(v1 - v2) <= 1e-6 * abs(v2) and rel_err(p1, p2) < 1e-6
 
 
+@pytest.mark.parametrize("n_networks", [1, 3])
+def test_an_encoded_model_step_runs_no_network_forward(n_networks, tuned, monkeypatch):
+    """A hash grid feeding an array on the tensor cores (handed over feature-major), as tcnn's image sample
+    and the scenes train: the Trainer's step runs the grid's forward and the recomputing backward, no network
+    forward, and ends where the forward-then-backward route does, up to float32's rounding."""
+    from tinn.kernels.tensor_cores import launch
+    from tinn.models import NetworkWithInputEncoding
+    from tinn.part import Part
+    grid = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
+            "base_resolution": 4, "per_level_scale": 2.0}
+    net_cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "ReLU",
+               "output_activation": "None"}
+    gen = torch.Generator().manual_seed(7)
+    x = torch.rand(192, 2, generator=gen).to(DEV)
+    t = torch.rand(192, 3, generator=gen).to(DEV)
+    ids = torch.randint(0, n_networks, (192,), generator=gen).to(torch.int32).to(DEV)
+    states = []
+    for skip in (True, False):
+        tuned(precision="float32", kernels="tensor_cores")
+        model = NetworkWithInputEncoding(2, 3, grid, net_cfg, n_networks=n_networks, seed=5)
+        assert model.network.path == "tensor_cores" and model.fuses_loss()
+        initial_grid = model.parameter_tables()[0].detach().clone()
+        if not skip:
+            monkeypatch.setattr(NetworkWithInputEncoding, "gradients_from_loss", Part.gradients_from_loss)
+        forwards = []
+        original = launch.forward
+        monkeypatch.setattr(launch, "forward", lambda *a, **k: forwards.append(1) or original(*a, **k))
+        trainer = Trainer(model, {"otype": "RelativeL2"}, {"otype": "Adam", "learning_rate": 1e-2})
+        values = [float(trainer.training_step(x, t, ids if n_networks > 1 else None)) for _ in range(2)]
+        assert len(forwards) == (0 if skip else 2)
+        states.append((values, [p.detach().clone() for p in model.parameter_tables()]))
+        monkeypatch.undo()
+    (v1, p1), (v2, p2) = states
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(v1, v2))
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(p1, p2))
+    assert rel_err(p1[0], initial_grid) > 1e-3  # the grid trained too
+
+
 def test_tuning_turns_the_recomputing_backward_off(tuned):
     """`tuning.tensor_core_recompute=False`: the training forward saves its pre-activations for the layer-by-layer
     backward, with the same gradients."""

@@ -157,6 +157,19 @@ class NetworkWithInputEncoding(Part):
                                                                need_grads=need_grads)
         return (*self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding), value)
 
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout="sample_major"):
+        """The encoding's training forward, then the network's `gradients_from_loss` (the tensor cores' backward
+        recomputes the network's forward from the encoding's output: no network forward runs), then the
+        encoding's backward."""
+        need_dh, train_encoding = self._needs(need_dx, need_grads)
+        handover = common_layout(self.encoding, self.network)
+        h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=True, x_layout=x_layout,
+                                                        y_layout=handover)
+        dh, net_grads, value = self.network.gradients_from_loss(h, ids, loss, target, need_dx=need_dh,
+                                                                need_grads=need_grads, x_layout=handover)
+        ctx = Context(encoding=enc_ctx, network=None)
+        return (*self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding), value)
+
     def _needs(self, need_dx, need_grads) -> tuple[bool, bool]:
         """(whether the network's input gradient is needed, whether the encoding trains)."""
         train_encoding = need_grads and any(t is not None and t.requires_grad for t in self.encoding.parameter_tables())

@@ -172,11 +172,13 @@ class Part(torch.nn.Module):
         return dx, grads, result.value
 
     def gradients_from_loss(self, x: torch.Tensor, ids: torch.Tensor, loss, target: torch.Tensor, *,
-                            need_dx: bool, need_grads: bool = True) -> tuple[torch.Tensor | None, tuple, torch.Tensor]:
-        """A training forward of x, then `backward_from_loss`, for a caller that needs only the gradients and the
-        mean loss (the Trainer's step), not the output. Returns dx, the grads and the mean loss (0-d). A part
-        whose backward recomputes the forward from x (the tensor-core MLP) overrides it and runs no forward."""
-        y, ctx = self.forward_with_context(x, ids, train=True)
+                            need_dx: bool, need_grads: bool = True,
+                            x_layout: str = SAMPLE_MAJOR) -> tuple[torch.Tensor | None, tuple, torch.Tensor]:
+        """A training forward of x (in `x_layout`), then `backward_from_loss`, for a caller that needs only the
+        gradients and the mean loss (the Trainer's step), not the output. Returns dx (in x's layout), the grads
+        and the mean loss (0-d). A part whose backward recomputes the forward from x (the tensor-core MLP)
+        overrides it and runs no forward."""
+        y, ctx = self.forward_with_context(x, ids, train=True, x_layout=x_layout)
         return self.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
 
     def backward_backward(self, ctx: Context, dy: torch.Tensor, ddx: torch.Tensor | None, *, need_ddy: bool,

@@ -66,6 +66,15 @@ def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> Lo
     return LossResult(value.detach(), grad)
 
 
+def _build_optimizer(model: torch.nn.Module, config):
+    """The optimizer of `model`'s parameters from a config: the model's own `build_optimizer` where it has one
+    (a Replicated part may split the optimizer over ranks), else `create_optimizer`."""
+    build = getattr(model, "build_optimizer", None)
+    if callable(build):
+        return build(config)
+    return create_optimizer(config, list(model.named_parameters()))
+
+
 # The sections of a trainer config (tcnn's sample config); any other top-level key is an error.
 TRAINER_OPTIONS = ("loss", "optimizer", "encoding", "network")
 
@@ -115,7 +124,7 @@ class Trainer(LearningRateOf):
         self.loss = loss if loss is not None and not isinstance(loss, (dict, Section)) else \
             create_loss({"otype": "L2"} if loss is None else loss)
         self.optimizer = optimizer if optimizer is not None and not isinstance(optimizer, (dict, Section)) else \
-            create_optimizer({"otype": "Adam"} if optimizer is None else optimizer, list(model.named_parameters()))
+            _build_optimizer(model, {"otype": "Adam"} if optimizer is None else optimizer)
         self.config = config or {}
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
@@ -349,7 +358,7 @@ class Trainer(LearningRateOf):
                 reset = getattr(m, "reset_parameters", None)
                 if callable(reset):
                     reset(seed) if isinstance(m, Part) and seed is not None else reset()
-        self.optimizer = create_optimizer(self.optimizer.hyperparams(), list(self.model.named_parameters()))
+        self.optimizer = _build_optimizer(self.model, self.optimizer.hyperparams())
         self.step = 0
         self._attach_scalers(fresh=True)
         self.per_network_loss = None

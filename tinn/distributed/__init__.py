@@ -12,8 +12,9 @@
 One process per GPU; Taichi uses device 0 of the devices a process sees, so `init()` narrows
 CUDA_VISIBLE_DEVICES to the rank's GPU (LOCAL_RANK) before Taichi or torch initialise CUDA. Modules:
 process.py (the process group, timeouts, errors), ownership.py (who owns which network),
-exchange.py (samples to owners and back), sharded.py (ShardedPart, Replicated), checkpoint.py,
-strategy.py (shard or replicate: `choose_strategy`).
+exchange.py (samples to owners and back), sharded.py (ShardedPart, Replicated), optimizer_split.py (a
+Replicated part's optimizer split over the ranks), checkpoint.py, strategy.py (shard or replicate:
+`choose_strategy`).
 Kernel modules are imported only when a sharded part is built, so `init()` can still pin the GPU.
 """
 from .checkpoint import gather_model, gather_state, load_checkpoint, read_manifest, reshard_state, save_checkpoint

@@ -8,8 +8,13 @@ key puts the samples in (chunk, owner) order, so each chunk's samples for each r
     count_kernel:  per block of samples, how many fall in each key             -> block_counts (blocks, K)
     pack_kernel:   each sample's position (block offset + rank inside its block among equal keys),
                    its input row and local id written there; dest[i] = position, perm[position] = i
-    unpack_kernel: a received packed buffer split into inputs and int32 local ids
+    unpack_kernel: a received packed buffer split into float32 inputs and int32 local ids
     gather_kernel: out[i] = src[index[i]] * scale (the return to the caller's order; dy out, dx back)
+
+A packed row (tinn/distributed/buckets.py, `RowLayout`) holds the inputs in the exchange dtype, then the local
+id's 32 bits; the kernels address the id through an int32 view of the same buffer (`ids` pointer, row stride
+ID_ROW, column ID_COL). Values are stored in the element type of the pointer they go to, so the casts to and
+from a 16-bit exchange dtype happen in these passes; arithmetic (the gather's scale) is in float32.
 """
 from __future__ import annotations
 
@@ -28,6 +33,18 @@ def _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K: tl.constexpr):
     return ids, tl.where(mask, owner + world * chunk, K)  # K: out of every bucket
 
 
+@triton.jit
+def _store_rows(ptrs, v, mask, BF16: tl.constexpr):
+    """Store float32 values in the element type of `ptrs`, rounded to nearest even. bfloat16 is rounded on its
+    bits: Triton's interpreter (the CPU tests) truncates a float32 -> bfloat16 conversion."""
+    if BF16:
+        bits = v.to(tl.int32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        tl.store(ptrs, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["n"])
 def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -39,8 +56,9 @@ def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constex
 
 
 @triton.jit(do_not_specialize=["n"])
-def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, dest_ptr, perm_ptr, n, chunks,
-                world, D, K: tl.constexpr, BLOCK: tl.constexpr, DP: tl.constexpr):
+def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, send_ids_ptr, dest_ptr, perm_ptr, n,
+                chunks, world, D, ROW, ID_ROW, ID_COL, DS, K: tl.constexpr, BLOCK: tl.constexpr, DP: tl.constexpr,
+                BF16: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -56,32 +74,34 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, des
     tl.store(perm_ptr + pos, offs.to(tl.int32), mask=mask)
     local = tl.load(local_ptr + ids, mask=mask, other=0)
     cols = tl.arange(0, DP)
-    inside = mask[:, None] & (cols[None, :] < D)
-    rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=inside, other=0.0)
-    tl.store(send_ptr + pos[:, None] * (D + 1) + cols[None, :], rows, mask=inside)
-    tl.store(send_ptr + pos * (D + 1) + D, local.to(tl.float32, bitcast=True), mask=mask)
+    # DS >= D columns are written: a 16-bit row's padding column (odd D) gets a zero.
+    rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=mask[:, None] & (cols[None, :] < D), other=0.0)
+    _store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
+    tl.store(send_ids_ptr + pos * ID_ROW + ID_COL, local, mask=mask)
 
 
 @triton.jit(do_not_specialize=["n"])
-def unpack_kernel(recv_ptr, x_ptr, ids_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
+def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, ids_ptr, n, D, ROW, ID_ROW, ID_COL, BLOCK: tl.constexpr,
+                  DP: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     cols = tl.arange(0, DP)
     inside = mask[:, None] & (cols[None, :] < D)
-    rows = tl.load(recv_ptr + offs[:, None] * (D + 1) + cols[None, :], mask=inside, other=0.0)
-    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows, mask=inside)
-    local = tl.load(recv_ptr + offs * (D + 1) + D, mask=mask, other=0.0)
-    tl.store(ids_ptr + offs, local.to(tl.int32, bitcast=True), mask=mask)
+    rows = tl.load(recv_ptr + offs[:, None] * ROW + cols[None, :], mask=inside, other=0.0)
+    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows.to(tl.float32), mask=inside)
+    local = tl.load(recv_ids_ptr + offs * ID_ROW + ID_COL, mask=mask, other=0)
+    tl.store(ids_ptr + offs, local, mask=mask)
 
 
 @triton.jit(do_not_specialize=["n"])
-def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr):
+def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr,
+                  BF16: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     cols = tl.arange(0, DP)
     inside = mask[:, None] & (cols[None, :] < D)
     index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
-    rows = tl.load(src_ptr + index[:, None] * D + cols[None, :], mask=inside, other=0.0)
-    tl.store(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, mask=inside)
+    rows = tl.load(src_ptr + index[:, None] * D + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+    _store_rows(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, inside, BF16)

@@ -7,7 +7,10 @@ and rows put back in the caller's order, each in one pass over the samples.
     dy_out = gather_rows(dy, packing.perm, 1 / world)    # caller side: dy in bucket order, scaled
 
 `bucket` is a stable counting sort computed on the device: no host synchronisation, counts stay on the
-device until the exchange's header needs them. Two implementations with the same results: Triton kernels
+device until the exchange's header needs them. Rows travel in an exchange dtype (float32, or float16 /
+bfloat16 for half the bytes): `bucket` casts the inputs as it packs them, `unpack` widens them to float32,
+and `gather_rows` reads rows of any of these dtypes and writes its output in the dtype asked for, so these
+passes cast as they copy. Two implementations with the same results: Triton kernels
 (tinn/distributed/bucket_kernels.py; on CUDA, and under Triton's interpreter in tests) and torch ops (the
 CPU, and any device where Triton is missing). `kernels` chooses: "auto" (Triton on CUDA), "triton", "torch".
 """
@@ -20,6 +23,8 @@ import torch
 from ..errors import ConfigError
 
 KERNEL_CHOICES = ("auto", "triton", "torch")
+#: `ShardedPart(exchange_dtype=...)`: the dtypes rows can travel in.
+EXCHANGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Keys (world x chunks) the Triton kernels unroll over; more fall back to torch's sort.
 MAX_TRITON_KEYS = 32
 _BLOCK = 1024
@@ -28,18 +33,50 @@ _BLOCK = 1024
 @dataclass
 class Packing:
     """A batch bucketed by (chunk, owner): `send` rows in key order, each row the sample's inputs and its
-    local id bit-cast into one extra float32 column; `perm[p]` is the sample at position p, `dest[i]` the
-    position of sample i (int32); `counts` (chunks, world) int64 on the device: samples per chunk and owner."""
+    local id (`RowLayout`); `perm[p]` is the sample at position p, `dest[i]` the position of sample i (int32);
+    `counts` (chunks, world) int64 on the device: samples per chunk and owner."""
     send: torch.Tensor
     perm: torch.Tensor
     dest: torch.Tensor
     counts: torch.Tensor
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """A packed row of d inputs in `dtype`: `width` elements of that dtype, the inputs first, the local id's
+    32 bits last, at int32 column `id_col` of the row viewed as `id_row` int32 values. float32: d + 1
+    columns, the id bit-cast into the last. 16-bit: d inputs, a zero when d is odd (the id stays 4-byte
+    aligned), then two columns holding the id."""
+    d: int
+    dtype: torch.dtype
+    width: int
+    id_row: int
+    id_col: int
+
+    @classmethod
+    def of(cls, d: int, dtype: torch.dtype = torch.float32) -> "RowLayout":
+        if dtype == torch.float32:
+            return cls(d, dtype, d + 1, d + 1, d)
+        width = d + d % 2 + 2
+        return cls(d, dtype, width, width // 2, width // 2 - 1)
+
+    @property
+    def stored(self) -> int:
+        """Input columns written (the inputs and a 16-bit row's padding)."""
+        return self.width - (1 if self.dtype == torch.float32 else 2)
+
+
 def check_kernels(kernels: str) -> str:
     if kernels not in KERNEL_CHOICES:
         raise ConfigError(f"exchange_kernels={kernels!r} is not supported; allowed: {list(KERNEL_CHOICES)}")
     return kernels
+
+
+def exchange_dtype(name: str) -> torch.dtype:
+    """The torch dtype of an `exchange_dtype` name."""
+    if not isinstance(name, str) or name not in EXCHANGE_DTYPES:
+        raise ConfigError(f"exchange_dtype={name!r} is not supported; allowed: {list(EXCHANGE_DTYPES)}")
+    return EXCHANGE_DTYPES[name]
 
 
 def _interpreting() -> bool:
@@ -81,19 +118,21 @@ def _dims_block(d: int) -> int:
 
 
 def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_table: torch.Tensor, world: int,
-           chunks: int = 1, kernels: str = "auto") -> Packing:
+           chunks: int = 1, kernels: str = "auto", dtype: torch.dtype = torch.float32) -> Packing:
     """Bucket the samples (x (batch, d) float32, ids (batch,) int32 global ids) by (chunk, owner rank);
-    owner_table / local_table: int32 per global id. Stable: inside a bucket samples keep their order."""
+    owner_table / local_table: int32 per global id. Stable: inside a bucket samples keep their order. The
+    rows are packed in `dtype` (`RowLayout`)."""
     n, d = x.shape
     dev = x.device
     n_keys = world * chunks
+    layout = RowLayout.of(d, dtype)
     if n == 0:
         empty = torch.empty(0, dtype=torch.int32, device=dev)
-        return Packing(torch.empty(0, d + 1, device=dev), empty, empty,
+        return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
                        torch.zeros(chunks, world, dtype=torch.int64, device=dev))
     if use_triton(kernels, dev, n_keys):
-        return _bucket_triton(x, ids, owner_table, local_table, world, chunks)
-    return _bucket_torch(x, ids, owner_table, local_table, world, chunks)
+        return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout)
+    return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout)
 
 
 def _keys_torch(ids, owner_table, world, chunks):
@@ -105,7 +144,7 @@ def _keys_torch(ids, owner_table, world, chunks):
     return key
 
 
-def _bucket_torch(x, ids, owner_table, local_table, world, chunks):
+def _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout):
     n, d = x.shape
     key = _keys_torch(ids, owner_table, world, chunks)
     n_keys = world * chunks
@@ -117,13 +156,14 @@ def _bucket_torch(x, ids, owner_table, local_table, world, chunks):
     counts = (bounds[1:] - bounds[:-1]).view(chunks, world)
     dest = torch.empty_like(perm)
     dest.scatter_(0, perm, torch.arange(n, device=x.device, dtype=perm.dtype))
-    send = torch.empty(n, d + 1, device=x.device)
+    send = torch.empty(n, layout.width, dtype=layout.dtype, device=x.device)
     send[:, :d] = x.index_select(0, perm)
-    send[:, d] = local_table.index_select(0, ids.index_select(0, perm)).view(torch.float32)
+    send[:, d:layout.stored] = 0
+    send.view(torch.int32)[:, layout.id_col] = local_table.index_select(0, ids.index_select(0, perm))
     return Packing(send, perm.to(torch.int32), dest.to(torch.int32), counts)
 
 
-def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
+def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout):
     from . import bucket_kernels
 
     n, d = x.shape
@@ -140,45 +180,55 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks):
     totals = block_counts.sum(0, dtype=torch.int64)
     key_start = torch.cumsum(totals, 0) - totals
     offsets = torch.cumsum(block_counts, 0, dtype=torch.int64) - block_counts + key_start
-    send = torch.empty(n, d + 1, device=dev)
+    send = torch.empty(n, layout.width, dtype=layout.dtype, device=dev)
     dest = torch.empty(n, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
-    bucket_kernels.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send, dest, perm, n,
-                                          chunks, world, d, K=n_keys, BLOCK=block, DP=dims_block)
+    bucket_kernels.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send,
+                                          send.view(torch.int32), dest, perm, n, chunks, world, d, layout.width,
+                                          layout.id_row, layout.id_col, layout.stored, K=n_keys, BLOCK=block,
+                                          DP=dims_block, BF16=layout.dtype == torch.bfloat16)
     return Packing(send, perm, dest, totals.view(chunks, world))
 
 
-def unpack(received: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """A received packed buffer (n, d + 1) as the owner's inputs (n, d) and int32 local ids (n,)."""
-    n, d1 = received.shape
-    d = d1 - 1
+def unpack(received: torch.Tensor, kernels: str = "auto", n_input_dims: int | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A received packed buffer (n, width) as the owner's float32 inputs (n, d) and int32 local ids (n,).
+    n_input_dims: d (needed for 16-bit rows; a float32 row's is its width less one)."""
+    n = received.shape[0]
+    d = received.shape[1] - 1 if n_input_dims is None else n_input_dims
+    layout = RowLayout.of(d, received.dtype)
     dev = received.device
+    words = received.view(torch.int32)
     if n and use_triton(kernels, dev):
         from . import bucket_kernels
 
         x = torch.empty(n, d, device=dev)
         ids = torch.empty(n, dtype=torch.int32, device=dev)
         block = _block(dev, _dims_block(d))
-        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, x, ids, n, d, BLOCK=block,
+        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, words, x, ids, n, d, layout.width,
+                                                                  layout.id_row, layout.id_col, BLOCK=block,
                                                                   DP=_dims_block(d))
         return x, ids
-    return received[:, :d].contiguous(), received[:, d].contiguous().view(torch.int32)
+    return received[:, :d].to(torch.float32).contiguous(), words[:, layout.id_col].contiguous()
 
 
-def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kernels: str = "auto") -> torch.Tensor:
-    """out[i] = src[index[i]] * scale for float32 rows (one pass)."""
+def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kernels: str = "auto",
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """out[i] = src[index[i]] * scale in `dtype` (one pass): src rows of any exchange dtype, the product taken
+    in float32 and rounded once to `dtype`."""
     n = index.shape[0]
     d = src.shape[1]
     dev = src.device
     if n and d and use_triton(kernels, dev):
         from . import bucket_kernels
 
-        out = torch.empty(n, d, device=dev)
+        out = torch.empty(n, d, dtype=dtype, device=dev)
         block = _block(dev, _dims_block(d))
         bucket_kernels.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale),
-                                                                  BLOCK=block, DP=_dims_block(d))
+                                                                  BLOCK=block, DP=_dims_block(d),
+                                                                  BF16=dtype == torch.bfloat16)
         return out
     out = src.index_select(0, index)
     if scale != 1.0:
-        out.mul_(scale)
-    return out
+        out = out.to(torch.float32).mul_(scale)
+    return out.to(dtype)

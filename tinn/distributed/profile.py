@@ -5,18 +5,21 @@
     timer.start()
     ... steps ...
     timer.mark("other")              # the tail of the last step (loss, optimizer) counts as "other"
-    per_step = timer.collect(steps)  # {"exchange": s, "compute": s, "reduce": s, "idle": s, "other": s}
+    per_step = timer.collect(steps)  # seconds per step in each of PHASES
 
 `mark(phase)` says that the time since the previous mark went to `phase`. On CUDA a mark records an event
 on the current stream (the stream Taichi and Triton kernels run on, inside tinn's stream guard), so a
 phase is the span of the compute stream's timeline between two marks: time the stream waited for a
 collective counts as that collective's phase. On the CPU a mark reads the host clock. The phases:
 
-    exchange: bucketing, packing, unpacking, the samples' all_to_alls the stream waits for, the gathers
-    compute:  the local part's forward and backward
-    reduce:   the all-reduce of replicated tables the stream waits for
-    idle:     the header all_to_all and the host's wait for it (the stream has nothing queued meanwhile)
-    other:    everything between the part's calls (loss, optimizer)
+    exchange:  bucketing, packing, unpacking, the samples' all_to_alls the stream waits for, the gathers
+    compute:   the local part's forward and backward
+    reduce:    the all-reduce of replicated tables the stream waits for; with a split optimizer
+               (tinn/distributed/optimizer_split.py) the gradients' reduce-scatter and the parameters' all-gather
+    idle:      the header all_to_all and the host's wait for it (the stream has nothing queued meanwhile)
+    optimizer: the optimizer's update, where marked (the split optimizer marks its own; a caller can mark any
+               optimizer's step, as benchmarks/bench_sharded.py does)
+    other:     everything else between the part's calls (loss, scaler updates)
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import time
 
 import torch
 
-PHASES = ("exchange", "compute", "reduce", "idle", "other")
+PHASES = ("exchange", "compute", "reduce", "idle", "optimizer", "other")
 
 
 class PhaseTimer:

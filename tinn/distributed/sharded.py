@@ -22,7 +22,9 @@ every rank holds a copy of (a shared encoding, `share_encoding=True`, or any nam
 are all-reduced; tables of owned networks need no reduction.
 
 `Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
-state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower.
+state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower; or,
+where the Trainer builds an elementwise optimizer through the part, reduce-scattered to an optimizer split
+over the ranks (tinn/distributed/optimizer_split.py).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from ..errors import ConfigError
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
 from . import buckets
 from . import exchange
+from .optimizer_split import check_split
 from .ownership import Ownership
 from .profile import mark
 from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
@@ -209,6 +212,16 @@ class ShardedPart(_Collective):
     for small tables (MLPs), rarely for big grids. Every rank must pass the same value.
     exchange_kernels: how the per-sample passes of the exchange run: "auto" (Triton kernels on CUDA, torch
     ops elsewhere), "triton" or "torch".
+    exchange_dtype: the dtype samples cross the link in: "float32" (default: exact), "bfloat16" (inputs,
+    outputs, dy and dx in bfloat16) or "float16" (inputs and outputs in float16, dy and dx in bfloat16: the
+    per-sample gradients of a mean loss over a large batch, around 1e-8, lie below float16's smallest
+    subnormal, while bfloat16 has float32's range). Either halves the bytes per sample. The caller's side
+    casts in its packing and gathering passes; the owner widens the inputs as it unpacks them, and takes one
+    pass each to narrow its outputs and dx and to widen dy (its local part reads and writes float32). The
+    local part computes from inputs rounded to the dtype: float16 changes nothing for float16 networks that
+    read the raw inputs (their kernels round them to float16 themselves), bfloat16 keeps 8 bits of mantissa,
+    and either costs precision where an encoding reads the inputs (a hash grid's positions). Every rank must
+    pass the same value.
     """
 
     input_layouts = (SAMPLE_MAJOR,)
@@ -216,7 +229,7 @@ class ShardedPart(_Collective):
 
     def __init__(self, part_factory, n_networks: int, group=None, *, assignment=None, init: str = "global",
                  gradients: str = "mean", replicated=(), config: dict | None = None, chunks: int = 1,
-                 exchange_kernels: str = "auto"):
+                 exchange_kernels: str = "auto", exchange_dtype: str = "float32"):
         runtime.ensure_init()
         n_networks = int(n_networks)
         if init not in INIT_MODES:
@@ -224,6 +237,7 @@ class ShardedPart(_Collective):
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ConfigError(f"chunks={chunks!r} must be a positive integer (1: no pipelining)")
         self_kernels = buckets.check_kernels(exchange_kernels)
+        values_dtype = buckets.exchange_dtype(exchange_dtype)
         world = world_size(group)
         own_rank = rank(group)
         ownership = (Ownership.contiguous(n_networks, world) if assignment is None
@@ -244,6 +258,10 @@ class ShardedPart(_Collective):
         self.config = config or {}
         self.chunks = chunks
         self.exchange_kernels = self_kernels
+        self.exchange_dtype = exchange_dtype
+        # Forward values (inputs, outputs) and gradients (dy, dx) on the link.
+        self._values_dtype = values_dtype
+        self._grads_dtype = torch.bfloat16 if values_dtype == torch.float16 else values_dtype
         owner, local_ids = ownership.tables(runtime.device())
         self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
         names = dict((id(p), n) for n, p in local.named_parameters())
@@ -283,9 +301,9 @@ class ShardedPart(_Collective):
                 "replicated": [n for n, _ in local.named_parameters() if n not in self.sharded_names]}
 
     def _check_same_everywhere(self) -> None:
-        # The chunk count shapes every rank's header: compared here, not stored with checkpoints (it is no
-        # property of the trained model).
-        mine = dict(self.description(), chunks=self.chunks)
+        # The chunk count shapes every rank's header and the exchange dtype its buffers: compared here, not
+        # stored with checkpoints (neither is a property of the trained model).
+        mine = dict(self.description(), chunks=self.chunks, exchange_dtype=self.exchange_dtype)
         digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()
         everyone = all_gather_objects((digest, mine), "the configuration check at construction", self.group)
         differ = [r for r, (d, _) in enumerate(everyone) if d != digest]
@@ -323,7 +341,7 @@ class ShardedPart(_Collective):
         dev = runtime.device()
         mark(self, "other")
         packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
-                                 self.exchange_kernels)
+                                 self.exchange_kernels, self._values_dtype)
         mark(self, "exchange")
         values = [int(train), call, int(train and need_dx), int(train and need_grads)]
         sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
@@ -339,10 +357,10 @@ class ShardedPart(_Collective):
         # compute stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, "the forward exchange of inputs") for c in range(chunks)]
-        back = torch.empty(x.shape[0], self.n_output_dims, device=dev)
+        back = torch.empty(x.shape[0], self.n_output_dims, dtype=self._values_dtype, device=dev)
         returning, local_ctx = [], []
         for c in range(chunks):
-            x_here, ids_here = buckets.unpack(incoming[c].result(), self.exchange_kernels)
+            x_here, ids_here = buckets.unpack(incoming[c].result(), self.exchange_kernels, self.n_input_dims)
             mark(self, "exchange")
             if plan.n_local(c):
                 y_here, lctx = self.local.forward_with_context(x_here, ids_here, train=train)
@@ -350,7 +368,8 @@ class ShardedPart(_Collective):
                 y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
             mark(self, "compute")
             local_ctx.append(lctx)
-            returning.append(exchange.start_exchange(y_here, recv[c], sent[c], self.collective_device, self.group,
+            returning.append(exchange.start_exchange(y_here.to(self._values_dtype), recv[c], sent[c],
+                                                     self.collective_device, self.group,
                                                      "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
             del x_here, ids_here
         for pending in returning:
@@ -369,17 +388,18 @@ class ShardedPart(_Collective):
         # The mean over ranks, applied to dy (a few values per sample, in the gather that puts it in bucket
         # order) instead of the gradient tables (every parameter): gradients are linear in dy. dx is each
         # caller's own and gets the factor back in the gather that returns it.
-        dy_out = buckets.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels)
+        dy_out = buckets.gather_rows(dy, plan.perm, 1.0 / self.world_size if mean else 1.0, self.exchange_kernels,
+                                     self._grads_dtype)
         incoming = [exchange.start_exchange(dy_out[plan.caller_rows(c)], plan.send[c], plan.recv[c],
                                             self.collective_device, self.group, "the backward exchange of dy")
                     for c in range(plan.chunks)]
         mark(self, "exchange")
         tables = self.local.parameter_tables()
         any_dx, any_grads = plan.any_dx, plan.any_grads
-        dx_back = torch.empty(ctx.batch, self.n_input_dims, device=dev) if any_dx else None
+        dx_back = torch.empty(ctx.batch, self.n_input_dims, dtype=self._grads_dtype, device=dev) if any_dx else None
         returning, grads = [], (None,) * len(tables)
         for c in range(plan.chunks):
-            dy_here = incoming[c].result()
+            dy_here = incoming[c].result().to(torch.float32)
             mark(self, "exchange")
             if plan.n_local(c):
                 dx_here, chunk_grads = self.local.backward(ctx.local[c], dy_here, need_dx=any_dx,
@@ -391,7 +411,8 @@ class ShardedPart(_Collective):
             if any_dx:
                 if dx_here is None:
                     dx_here = torch.zeros(0, self.n_input_dims, device=dev)
-                returning.append(exchange.start_exchange(dx_here, plan.recv[c], plan.send[c], self.collective_device,
+                returning.append(exchange.start_exchange(dx_here.to(self._grads_dtype), plan.recv[c], plan.send[c],
+                                                         self.collective_device,
                                                          self.group, "the backward exchange of dx",
                                                          out=dx_back[plan.caller_rows(c)]))
         reduction = self._start_reduce(tables, grads, any_grads)
@@ -454,13 +475,25 @@ class Replicated(_Collective):
     by 1/world, and the sum are rounded to that dtype, then widened back to float32 for the optimizer).
     Every call's gradients go in one bucket, one all-reduce, issued as soon as the local backward has
     computed them. A float16 network's gradient scaler (dynamic scaling) also checks the reduced gradients,
-    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank."""
+    so that every rank takes the same decision to skip a step whose gradients overflowed on any rank.
 
-    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32"):
+    optimizer_split: whether the optimizer that `build_optimizer` builds (the Trainer builds it there from a config)
+    is split over the ranks, ZeRO stage 1 (tinn/distributed/optimizer_split.py): the gradients are
+    reduce-scattered instead of all-reduced, each rank steps its own slice of the parameters with optimizer
+    state for that slice only, and the updated slices are all-gathered in float32. "auto" (default): split
+    where the optimizer is elementwise (Adam, SGD) and there are several ranks, since the link then carries
+    what a float32 all-reduce carries while the optimizer's pass and state shrink by the world size; the
+    all-reduce otherwise. True: split, and a ConfigError for an optimizer that is not elementwise. False: the
+    all-reduce and the whole optimizer on every rank. While a split optimizer steps this part, the backward
+    leaves the tables' `.grad` None: the reduced gradients are the optimizer's slice."""
+
+    def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32",
+                 optimizer_split="auto"):
         if not isinstance(part, Part):
             raise ConfigError(f"Replicated needs a tinn.Part, got {type(part).__name__}")
         if reduce_dtype not in REDUCE_DTYPES:
             raise ConfigError(f"reduce_dtype={reduce_dtype!r} is not supported; allowed: {list(REDUCE_DTYPES)}")
+        optimizer_split = check_split(optimizer_split)
         for t in part.parameter_tables():
             if t is not None and t.dtype != torch.float32:
                 # A compact table's gradient is sparse, and each rank's entries differ: no all-reduce sums them.
@@ -470,6 +503,8 @@ class Replicated(_Collective):
         self._init_group(group, gradients)
         self.inner = part
         self.reduce_dtype = reduce_dtype
+        self.optimizer_split = optimizer_split
+        self._split = None  # the FlatSplit of the split optimizer that steps this part, once one is built
         self.uses_ids = part.uses_ids
         self.input_layouts, self.output_layouts = part.input_layouts, part.output_layouts
 
@@ -515,15 +550,59 @@ class Replicated(_Collective):
         return dx, self._reduce(grads, need_grads), value
 
 
+    def build_optimizer(self, config=None, named_params=None):
+        """The optimizer of this part's tables from a tcnn-style optimizer config (default Adam): split over the
+        ranks (a `SplitOptimizer`) as `optimizer_split` says, else `create_optimizer(config, named_params)`.
+        The Trainer builds its optimizer here. named_params: default this part's `named_parameters()`; a split
+        optimizer steps every trainable table of the part, so it must name exactly those.
+
+        Raises:
+            ConfigError: optimizer_split=True with an optimizer that is not elementwise, or named_params that
+                are not the part's trainable tables.
+        """
+        from ..optimizers import create_optimizer
+        from .optimizer_split import FlatSplit, SplitOptimizer, refuse_split, splittable
+
+        config = {"otype": "Adam"} if config is None else config
+        named = list(self.named_parameters() if named_params is None else named_params)
+        split = self.optimizer_split
+        if split is True and not splittable(config):
+            raise refuse_split(config)
+        if split == "auto":
+            split = self.world_size > 1 and splittable(config)
+        self._split = None
+        if not split:
+            return create_optimizer(config, named)
+        tables = [t for t in self.parameter_tables() if t is not None and t.requires_grad]
+        names = {id(p): n for n, p in named}
+        if sorted(names) != sorted(id(t) for t in tables):
+            raise ConfigError(f"named_params must be this Replicated part's trainable tables "
+                              f"({[n for n, p in self.named_parameters() if p.requires_grad]}): the split optimizer "
+                              "steps all of them; allowed otherwise: optimizer_split=False")
+        named_tables = [(names[id(t)], t) for t in tables]
+        layout = FlatSplit(named_tables, self.rank, self.world_size, self.collective_device, self._group, owner=self)
+        optimizer = SplitOptimizer(config, named_tables, layout)
+        self._split = layout
+        return optimizer
+
     def _reduce(self, grads, need_grads: bool) -> tuple:
         """The mean (or sum) over ranks of every table's gradient, in one bucket; every rank takes part, also
-        one without samples (its gradient is zero, as the single-process gradient of its empty batch)."""
+        one without samples (its gradient is zero, as the single-process gradient of its empty batch). With a
+        split optimizer, reduce-scattered into its slice: no table gets a gradient."""
         if not need_grads:
             return grads
         tables = self.inner.parameter_tables()
+        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        if self._split is not None:
+            split = self._split
+            by_table = {id(t): g for t, g in zip(tables, grads) if t is not None}
+            split.reduce_scatter([by_table.get(id(t)) for t in split.tables], scale, REDUCE_DTYPES[self.reduce_dtype],
+                                 "the reduce-scatter of replicated gradients")
+            split.agree_on_overflow(gradient_scaling.scalers_of(self.inner), "the overflow flags' all-reduce")
+            mark(self, "reduce")
+            return (None,) * len(grads)
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
-        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
         reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
                                     "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
         # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so

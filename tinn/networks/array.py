@@ -277,19 +277,22 @@ class NetworkArray(Part):
                                      need_grads, ctx.x_feature_major, loss=(kind, target, parts))
         return self._unpadded(dx, ctx.x_feature_major), (dparams,), parts.sum() / y.numel()
 
-    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True):
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
         """On the tensor cores with a backward that recomputes the forward: routing, weight packing and that
         backward with the loss inside, and no forward kernel (its output would go unread)."""
         kind = getattr(loss, "kind", None)
         tc = self.tensor_cores
-        if tc is None or kind is None or not tc.recomputes() or not x.shape[0] or not self.fuses_loss(need_dx):
-            return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads)
-        self._check_batch(x.shape[0], True)
-        if tuple(target.shape) != (x.shape[0], self.n_output_dims):
-            raise InputError(f"target has shape {tuple(target.shape)}; expected ({x.shape[0]}, "
+        x_feature_major = x_layout == FEATURE_MAJOR
+        batch = x.shape[1] if x_feature_major else x.shape[0]
+        if tc is None or kind is None or not tc.recomputes() or not batch or not self.fuses_loss(need_dx):
+            return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
+                                               x_layout=x_layout)
+        self._check_batch(batch, True)
+        if tuple(target.shape) != (batch, self.n_output_dims):
+            raise InputError(f"target has shape {tuple(target.shape)}; expected ({batch}, "
                              f"{self.n_output_dims}) for the batch's outputs")
         _, target = losses.checked_pair(kind, target, target)
-        saved = tc.saved_without_forward(x, ids, self.params.detach(), False)
+        saved = tc.saved_without_forward(x, ids, self.params.detach(), x_feature_major)
         dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale)
         self._record_overflow(dx, dparams, need_grads)
         return dx, (dparams,), value

@@ -41,6 +41,7 @@ F32_MAX = 3.4028234663852886e38
 class Adam(LeafOptimizer):
     otype = "Adam"
     COMPACT = True
+    ELEMENTWISE = True
     OPTIONS = ("learning_rate", "beta1", "beta2", "epsilon", "l2_reg", "relative_decay", "absolute_decay",
                "adabound", "clipping_magnitude", "gradient_clipping_magnitude", "non_matrix_learning_rate_factor",
                "non_matrix_l2_reg", "optimize_matrix_params", "optimize_non_matrix_params",

@@ -121,6 +121,9 @@ class Optimizer:
     COMPACT = False
     # Whether its kernels read `step(skip=...)`'s flag on the device (see the module's notes).
     SKIPS_ON_DEVICE = False
+    # Whether each element's update reads only that element's gradient, state and row scale (and counts shared
+    # by the whole tensor): then any slice of a tensor steps as the whole would (tinn/distributed/optimizer_split.py).
+    ELEMENTWISE = False
 
     def __init__(self, named_params, path: str = "optimizer"):
         self.named_params = validate_params(named_params, self.COMPACT, f"{self.otype} ({path})")

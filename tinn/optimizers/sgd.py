@@ -11,6 +11,7 @@ class SGD(LeafOptimizer):
     otype = "SGD"
     OPTIONS = ("learning_rate", "l2_reg")
     SKIPS_ON_DEVICE = True
+    ELEMENTWISE = True
 
     def __init__(self, named_params, cfg: Section):
         super().__init__(named_params, cfg)
