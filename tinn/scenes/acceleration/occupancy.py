@@ -211,7 +211,10 @@ class OccupancyGrid(VoxelBox):
         """The occupied voxels an update evaluates (flat indices, ascending) and which entries are voxels (None:
         all). Listed to the size the last update counted when `occupied` is still what it left (that count was
         started an update ago: reading it does not wait for the device); otherwise (the grid was edited since)
-        to `n_allowed`, a size no list can exceed, padded with an allowed voxel whose result is dropped."""
+        to `n_allowed`, a size no list can exceed, padded with an allowed voxel whose result is dropped.
+        The last update's count rather than always `n_allowed`: an update then evaluates about as many voxels as
+        a list of exactly the chosen ones would (occupied plus the random share), where `n_allowed` would add up
+        to the whole allowed volume again, most of it padding (a grid over the whole box is mostly empty)."""
         occupied = self.occupied
         mask = occupied.reshape(-1) if self.within is None else (occupied & self.within).reshape(-1)
         kept = self._occupied_count
