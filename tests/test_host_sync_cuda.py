@@ -206,8 +206,9 @@ def test_compositing_does_not_sync():
 def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
     """KiloNeRF's phases (tinn/scenes/training), with the input checks as the caller left them (on): the phases
     build their own inputs and run without the checks, and fine-tuning reads the number of samples to evaluate a
-    step after it was counted (an event the device has passed, not a stream sync). Only the steps that update
-    the occupancy grid read the device (every `occupancy_every` steps, none of those below)."""
+    step after it was counted (an event the device has passed, not a stream sync). The occupancy grid's updates
+    (the one for step 16 runs at the end of step 15) read only the count of occupied voxels the update before
+    started, likewise."""
     from tinn.scenes import ProceduralScene, render_views
     from tinn.scenes.acceleration.occupancy import OccupancyGrid
     from tinn.scenes.fields.kilonerf import KiloNeRF
@@ -239,7 +240,8 @@ def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
                                occupancy_threshold=1.0, occupancy_every=16, seed=3)
     first = tuner.step()  # updates the grid (step 0) and compiles
     tuner.step()
-    loss = _steps_without_sync(tuner.step, 4)
+    loss = _steps_without_sync(tuner.step, 16)  # steps 2..17
+    assert grid.updates == 2
     assert torch.isfinite(loss) and float(loss) < 2 * float(first)
 
 

@@ -5,7 +5,9 @@ stalls the host until the device drains, so the host's work and the device's add
 The reads are counted with a torch function mode at the points where torch hands a device value to Python.
 The student runs on the tensor-core path (Triton's interpreter here), the path it takes on a GPU.
 The fine-tuning step reads one count, the number of samples to evaluate, which it drew a step ahead; the
-batches and results are those of drawing each batch in its own step.
+step before a grid update also reads the number of voxels the grid's previous update left occupied (started
+by that update). The batches and results are those of updating the grid and drawing each batch in their own
+step.
 """
 import os
 import traceback
@@ -21,7 +23,7 @@ from tinn.scenes import ProceduralScene, render_views
 from tinn.scenes.acceleration.occupancy import OccupancyGrid
 from tinn.scenes.fields.kilonerf import KiloNeRF
 from tinn.scenes.training import Distiller
-from tinn.scenes.training.photometric import PhotometricTrainer
+from tinn.scenes.training.photometric import PhotometricTrainer, SceneTrainer
 
 DEV = tinn.runtime.device()
 READS = {"item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "tolist", "cpu", "numpy", "unique",
@@ -110,7 +112,14 @@ def test_distillation_steps_read_nothing_from_the_device(tensor_core_student):
 
 
 class OldLoss(PhotometricTrainer):
-    """Each step draws its own batch, and waits for its sample count (the loss as it was written before)."""
+    """Each step updates the grid when it is due, then draws its own batch and waits for its sample count: the
+    plain order of a step, which PhotometricTrainer's step and loss reorder."""
+
+    def step(self):
+        if self._updates_at(self.trainer.step):
+            with tinn.checks.disabled():
+                self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
+        return SceneTrainer.step(self)
 
     def loss(self):
         batch = self.draw_batch()
@@ -118,13 +127,13 @@ class OldLoss(PhotometricTrainer):
         return ((out.rgb - batch.colors) ** 2).mean()
 
 
-def fine_tuning(cls, data, occupancy_every=3):
+def fine_tuning(cls, data, occupancy_every=3, total_steps=None):
     box_min, box_max = data.box_min.to(DEV), data.box_max.to(DEV)
     teacher_grid = OccupancyGrid.from_density(ProceduralScene().density, box_min, box_max, 8, threshold=1.0)
     student = KiloNeRF(box_min, box_max, grid=2, n_frequencies=2, n_neurons=16, n_hidden_layers=1, seed=4)
     grid = OccupancyGrid.tracking(box_min, box_max, 8, within=teacher_grid)
     return cls(student, data, n_samples=12, batch_rays=48, learning_rate=1e-2, occupancy=grid,
-               occupancy_threshold=1.0, occupancy_every=occupancy_every, seed=5)
+               occupancy_threshold=1.0, occupancy_every=occupancy_every, total_steps=total_steps, seed=5)
 
 
 def test_fine_tuning_steps_read_only_the_count_drawn_a_step_ahead(tensor_core_student, counts_by_step):
@@ -138,32 +147,87 @@ def test_fine_tuning_steps_read_only_the_count_drawn_a_step_ahead(tensor_core_st
         del counts[:]
         with HostReads() as mode:
             tuner.step()
-        if step % 3:  # the batch was drawn in the step before, and so was the count read here
+        # Every step, update steps (3, 6) included, evaluates the batch drawn in the step before.
+        if (step + 1) % 3:
             assert mode.reads == [("__int__", "render/pending.py:value")] and counts == [(step - 1, step)]
-        else:  # the grid's update lists the voxels it evaluates, then the step draws its batch itself
-            assert [site for _, site in mode.reads] == ["scenes/acceleration/occupancy.py:update",
-                                                         "render/pending.py:value"]
-            assert counts == [(step, step)]
+        else:  # and runs the next step's grid update, which lists the voxels the previous update left occupied
+            assert mode.reads == [("__int__", "render/pending.py:value")] * 2
+            assert counts == [(step - 1, step), (max(step - 3, 0), step)]
+    assert tuner.occupancy.updates == 3  # steps 0, 3 and 6
+
+
+def test_tracking_updates_only_issue_device_work(counts_by_step):
+    """After the grid is built (it lists the voxels `within` allows), an update reads only the count of occupied
+    voxels the update before started on its way to the host, evaluates each of those voxels plus a fixed random
+    share of the allowed ones, and never one outside `within`."""
+    clock, counts = counts_by_step
+    lo, hi, res = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV), 8
+    teacher_grid = OccupancyGrid.from_density(sphere, lo, hi, res, threshold=1.0, dilate=1)
+    grid = OccupancyGrid.tracking(lo, hi, res, within=teacher_grid)
+    allowed = teacher_grid.occupied.reshape(-1)
+    n_allowed = int(allowed.sum())
+    evaluated = []
+
+    def field(p):  # the sphere, moving a little each update
+        q, _ = grid.voxel_of(p)
+        evaluated.append((q * torch.tensor([res * res, res, 1], device=DEV)).sum(dim=1))
+        return sphere(p - 0.05 * clock["step"])
+
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    with HostReads() as mode:
+        grid.update(field, threshold=1.0, random_share=0.25, generator=gen)
+    assert mode.reads == [] and torch.equal(evaluated[0].sort().values, torch.nonzero(allowed).reshape(-1))
+    for update in range(1, 4):
+        clock["step"] = update
+        before = grid.occupied.reshape(-1).clone()
+        del evaluated[:], counts[:]
+        with HostReads() as mode:
+            grid.update(field, threshold=1.0, random_share=0.25, generator=gen)
+        assert mode.reads == [("__int__", "render/pending.py:value")] and counts == [(update - 1, update)]
+        cells = torch.cat(evaluated)
+        assert cells.numel() == int(before.sum()) + round(0.25 * n_allowed)
+        assert bool(allowed[cells].all())  # only voxels within the teacher's grid
+        assert bool(torch.isin(torch.nonzero(before).reshape(-1), cells).all())  # every occupied voxel
+        assert 0 < int(grid.occupied.sum()) < n_allowed
+    # A grid edited between updates: its occupied voxels are listed to the allowed count (padded), no read.
+    assert not bool(allowed[0])
+    grid.occupied[0, 0, 0] = True  # not allowed: never evaluated nor occupied
+    edited = grid.occupied.reshape(-1) & allowed
+    del evaluated[:]
+    with HostReads() as mode:
+        grid.update(field, threshold=1.0, random_share=0.25, generator=gen)
+    cells = torch.cat(evaluated)
+    assert mode.reads == [] and cells.numel() == n_allowed + round(0.25 * n_allowed)
+    assert bool(allowed[cells].all()) and bool(torch.isin(torch.nonzero(edited).reshape(-1), cells).all())
+    assert not bool(grid.occupied[0, 0, 0])
 
 
 def test_fine_tuning_drawn_ahead_trains_as_drawn_in_each_step():
-    """The same batches, random numbers, grid updates, losses and parameters as drawing each step's batch in the
-    step itself."""
+    """The same batches, random numbers, grid updates, losses and parameters as updating the grid and drawing
+    each step's batch in the step itself, through the planned steps (6) and past them."""
     data = render_views(ProceduralScene(), 2, 10, 10, seed=2, n_samples=32)
-    ahead, own = fine_tuning(PhotometricTrainer, data), fine_tuning(OldLoss, data)
-    for step in range(8):
+    ahead, own = fine_tuning(PhotometricTrainer, data, total_steps=6), fine_tuning(OldLoss, data, total_steps=6)
+    for step in range(9):
         assert torch.equal(ahead.step(), own.step()), step
-    assert torch.equal(ahead.occupancy.occupied, own.occupancy.occupied)
-    assert torch.equal(ahead.occupancy.density, own.occupancy.density)
+        # The plan's last step leaves the grid as it is (step 6 updates it itself, at its start).
+        assert ahead.occupancy.updates == own.occupancy.updates + (step in (2, 8)), step
     for a, b in zip(ahead.field.parameters(), own.field.parameters()):
         assert torch.equal(a, b)
+    own.step()  # step 9 updates the grid as the step before did for it
+    assert ahead.occupancy.updates == own.occupancy.updates
+    assert torch.equal(ahead.occupancy.occupied, own.occupancy.occupied)
+    assert torch.equal(ahead.occupancy.density, own.occupancy.density)
     # A grid changed between steps: the batch drawn ahead is dropped, the step samples the new grid.
     ahead.occupancy.occupied[0, 0, 0] = not bool(ahead.occupancy.occupied[0, 0, 0])
     drawn = ahead._ahead
     ahead.step()
     assert drawn is not None and ahead._ahead is not drawn
+    # Back to step 0, which updates the grid itself (the update run ahead was for the step before the reset).
+    updates = ahead.occupancy.updates
     ahead.reset()
     assert ahead._ahead is None
+    ahead.step()
+    assert ahead.occupancy.updates == updates + 1
 
 
 def test_occupied_voxels_are_listed_once_per_grid_state():

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from ... import checks, runtime
 from ...checks import check_points
 from ...errors import InputError
+from ...render.pending import PendingCount
 
 MAX_RESOLUTION = 1024  # 1024^3 booleans = 1 GiB; more is a mistake, not a scene
 
@@ -99,6 +100,11 @@ class OccupancyGrid(VoxelBox):
         self.updates = 0
         # `sample`'s list of occupied voxels and the state of `occupied` it was listed from (see occupied_voxels)
         self._voxels: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        # `update`'s list of the voxels `within` allows and the state of `within` it was listed from
+        self._allowed: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        # The number of occupied voxels an update left, on its way to the host, and the state of `occupied` it
+        # counts: the next update's size of the occupied part (see update)
+        self._occupied_count: tuple[torch.Tensor, int, PendingCount] | None = None
         self._strides_kept: tuple[tuple, torch.Tensor] | None = None  # `query`'s flat-index strides, per device
 
     @classmethod
@@ -122,20 +128,35 @@ class OccupancyGrid(VoxelBox):
         grid = cls(start.clone(), box_min, box_max)
         grid.density = torch.zeros((resolution,) * 3, dtype=torch.float32, device=lo.device)
         grid.within = allowed
+        grid.allowed_voxels()  # listed here, while the grid is built, so that no update reads the device
         return grid
+
+    def allowed_voxels(self) -> torch.Tensor | None:
+        """Flat indices (int64, ascending) of the voxels a tracking grid may occupy: those of `within`, None
+        where every voxel may be. Listing them reads the device; `within` is fixed for the grid's life, so they
+        are listed once (anew only if `within` is replaced or written in place)."""
+        within = self.within
+        if within is None:
+            return None
+        kept = self._allowed
+        if kept is None or kept[0] is not within or kept[1] != within._version:
+            kept = self._allowed = (within, within._version, torch.nonzero(within.reshape(-1)).reshape(-1))
+        return kept[2]
 
     @torch.no_grad()
     def update(self, density, threshold: float, decay: float = 0.95, random_share: float = 0.5,
                generator: torch.Generator | None = None, chunk: int = 1 << 18) -> torch.Tensor:
         """One tracking step (see the module notes); returns the occupied fraction afterwards as a 0-d tensor on
-        the grid's device (`float()` of it waits for the device; the update itself reads the device once, for the
-        number of voxels it evaluates).
+        the grid's device (`float()` of it waits for the device). The update only issues device work: it reads
+        one count on the host, the number of voxels the previous update left occupied, which reached the host
+        long before (a `PendingCount` started by that update).
 
         `density(points (M, 3)) -> (M,)` is the field's density, called without gradients and without the sync
-        checks (the points are built here, inside the box); `threshold`
-        is the density above which a voxel counts as occupied (capped at the mean tracked density); `decay` in [0, 1) is how much of the
-        tracked value survives one update; `random_share` of the voxels is re-evaluated at random besides
-        the occupied ones (all of them at the first update, so nothing is missed at the start).
+        checks (the points are built here, inside the box); `threshold` is the density above which a voxel counts
+        as occupied (capped at the mean tracked density); `decay` in [0, 1) is how much of the tracked value
+        survives one update; `random_share` of the voxels (of `within`'s, with `within`), drawn without repeats,
+        is re-evaluated besides the occupied ones (all of them at the first update, so nothing is missed at the
+        start).
         """
         if self.density is None:
             raise InputError("update() needs a tracking grid: build it with OccupancyGrid.tracking(...)")
@@ -146,32 +167,63 @@ class OccupancyGrid(VoxelBox):
         if not float(threshold) >= 0.0:
             raise InputError(f"threshold={threshold!r} must be a density >= 0")
         dev = self.occupied.device
-        n = self.occupied.numel()
-        allowed = None if self.within is None else self.within.reshape(-1)
+        allowed = self.allowed_voxels()
+        n_allowed = self.occupied.numel() if allowed is None else allowed.numel()
+        # The voxels to evaluate, in sets whose sizes the host knows without asking the device (asking would
+        # wait until the device has drained; see render/pending.py). `valid` (None: all) drops padding.
         if self.updates == 0:
-            cells = torch.arange(n, device=dev) if allowed is None else torch.nonzero(allowed).reshape(-1)
+            cells, valid = (torch.arange(n_allowed, device=dev) if allowed is None else allowed), None
         else:
-            chosen = torch.rand(n, device=dev, generator=generator) < float(random_share)
-            chosen |= self.occupied.reshape(-1)
-            cells = torch.nonzero(chosen if allowed is None else chosen & allowed).reshape(-1)
-        tracked = self.density.reshape(-1)
-        tracked.mul_(float(decay))
+            occupied, valid = self._occupied_cells(allowed, n_allowed)
+            # A fixed number of distinct random voxels (a permutation's head): the random share exactly.
+            n_drawn = round(float(random_share) * n_allowed)
+            drawn = torch.randperm(n_allowed, device=dev, generator=generator)[:n_drawn]
+            cells = torch.cat([occupied, drawn if allowed is None else allowed[drawn]])
+            if valid is not None:
+                valid = torch.cat([valid, torch.ones_like(drawn, dtype=torch.bool)])
+        values = torch.empty(cells.numel(), dtype=torch.float32, device=dev)
         r = self.resolution
         with checks.disabled():
             for start in range(0, cells.numel(), chunk):
                 pick = cells[start:start + chunk]
                 ijk = torch.stack([pick // (r * r), (pick // r) % r, pick % r], dim=1).float()
                 u = torch.rand(pick.numel(), 3, device=dev, generator=generator)
-                value = density((self.box_min + (ijk + u) * self.voxel_size).contiguous()).reshape(-1).float()
-                tracked[pick] = torch.maximum(tracked[pick], value)
+                values[start:start + chunk] = density((self.box_min + (ijk + u) * self.voxel_size).contiguous()
+                                                      ).reshape(-1).float()
+        if valid is not None:
+            values = torch.where(valid, values, torch.full_like(values, -float("inf")))
+        tracked = self.density.reshape(-1)
+        tracked.mul_(float(decay))
+        # A voxel can be both occupied and drawn at random: the largest of its values is kept, whatever the
+        # order the device writes them in.
+        tracked.scatter_reduce_(0, cells, values, "amax")
         # As instant-ngp: never above the mean tracked density, so a young field whose densities are all
         # below the threshold still keeps its denser half occupied (and trained). Compared on the device: the
         # float32 mean against the threshold rounded to float32, as a comparison with the number would be.
         cut = self.density.mean().clamp(max=float(threshold))
         occupied = self.density > cut
         self.occupied = (occupied if self.within is None else occupied & self.within).contiguous()
+        self._occupied_count = (self.occupied, self.occupied._version, PendingCount(self.occupied.sum()))
         self.updates += 1
         return self.occupied.float().mean()
+
+    def _occupied_cells(self, allowed: torch.Tensor | None, n_allowed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The occupied voxels an update evaluates (flat indices, ascending) and which entries are voxels (None:
+        all). Listed to the size the last update counted when `occupied` is still what it left (that count was
+        started an update ago: reading it does not wait for the device); otherwise (the grid was edited since)
+        to `n_allowed`, a size no list can exceed, padded with an allowed voxel whose result is dropped.
+        The last update's count rather than always `n_allowed`: an update then evaluates about as many voxels as
+        a list of exactly the chosen ones would (occupied plus the random share), where `n_allowed` would add up
+        to the whole allowed volume again, most of it padding (a grid over the whole box is mostly empty)."""
+        occupied = self.occupied
+        mask = occupied.reshape(-1) if self.within is None else (occupied & self.within).reshape(-1)
+        kept = self._occupied_count
+        if kept is not None and kept[0] is occupied and kept[1] == occupied._version:
+            return torch.nonzero_static(mask, size=kept[2].value()).reshape(-1), None
+        cells = torch.nonzero_static(mask, size=n_allowed, fill_value=-1).reshape(-1)
+        valid = cells >= 0
+        first = 0 if allowed is None or n_allowed == 0 else allowed[0]
+        return torch.where(valid, cells, first), valid
 
     @classmethod
     @torch.no_grad()

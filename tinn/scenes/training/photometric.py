@@ -83,10 +83,12 @@ class PhotometricTrainer(SceneTrainer):
     random background per ray: the pixel is composited anew on it and the render uses the same colour, so
     the field cannot paint the fixed background into empty space (instant-ngp does the same).
 
-    Each step draws the next step's rays and samples before evaluating its own (unless the next step updates the
-    occupancy grid first), so that the number of samples to evaluate reaches the host while the device works:
-    the step does not wait for the device. The batches and random numbers are those of drawing each batch in its
-    own step.
+    Each step draws the next step's rays and samples before evaluating its own, so that the number of samples to
+    evaluate reaches the host while the device works: the step does not wait for the device. A step followed by a
+    grid update runs that update after its optimizer step (the field is then what the next step starts with) and
+    then draws the next batch from the updated grid. The batches, random numbers and grid updates are those of
+    updating the grid and drawing each batch in their own step. The last of `total_steps` (when given) leaves an
+    update due next to the step it belongs to, so a phase that ends leaves its grid as its last step left it.
     """
 
     def __init__(self, field, data, n_samples: int, batch_rays: int, learning_rate: float, occupancy=None,
@@ -120,20 +122,42 @@ class PhotometricTrainer(SceneTrainer):
             raise InputError(f"occupancy_every={occupancy_every!r} must be an integer >= 1 (steps)")
         self.occupancy_threshold = occupancy_threshold if tracks else None
         self.occupancy_every = occupancy_every
+        self.total_steps = total_steps
         self._ahead: RayBatch | None = None  # the next step's batch, drawn during this one
+        # (step, grid) of a grid update that the step before ran for that step (see step)
+        self._updated_for: tuple[int, object] | None = None
 
     def _updates_at(self, step: int) -> bool:
         return self.occupancy_threshold is not None and step % self.occupancy_every == 0
 
     def step(self) -> torch.Tensor:
-        if self._updates_at(self.trainer.step):
+        ran = self._updated_for
+        if self._updates_at(self.trainer.step) and not (ran is not None and ran[0] == self.trainer.step
+                                                        and ran[1] is self.occupancy):
+            self._update_grid()
+        loss = super().step()
+        # The next step's update and batch, issued now (the field is what that step starts with, and the
+        # generator draws in the same order: update, then batch), so that the next step finds its batch drawn
+        # and its sample count on the way to the host, as every other step does, and issues its own next batch
+        # before it reads that count.
+        upcoming = self.trainer.step
+        if self._updates_at(upcoming) and upcoming != self.total_steps:
+            self._update_grid()
+            self._updated_for = (upcoming, self.occupancy)
             with checks.disabled():
-                self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
-        return super().step()
+                self._ahead = self.draw_batch()
+        return loss
+
+    def _update_grid(self) -> None:
+        with checks.disabled():
+            self.occupancy.update(self.field.density, self.occupancy_threshold, generator=self.generator)
 
     def reset(self) -> None:
+        """Back to step 0 (see `SceneTrainer.reset`); the grid keeps its state, and a grid update already run for
+        the next step stays run (step 0 updates the grid again)."""
         super().reset()
         self._ahead = None
+        self._updated_for = None
 
     def _batch_key(self) -> tuple:
         """What a batch depends on besides the random numbers: a batch drawn ahead is used only if these are
@@ -160,8 +184,8 @@ class PhotometricTrainer(SceneTrainer):
         ahead, self._ahead = self._ahead, None
         batch = ahead if ahead is not None and _same_key(ahead.key, self._batch_key()) else self.draw_batch()
         # The next step's batch, drawn now (the same random numbers in the same order as drawing it then) unless
-        # that step updates the grid first (the update draws from the generator, and the batch samples the new
-        # grid).
+        # that step updates the grid first: then `step` draws it after the update (the update draws from the
+        # generator, and the batch samples the new grid).
         if not self._updates_at(self.trainer.step + 1):
             self._ahead = self.draw_batch()
         out = shade(self.field, batch.samples, batch.background)
