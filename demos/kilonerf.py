@@ -44,6 +44,15 @@ SMALL = {"grid": 4, "views": 24, "test_views": 2, "res": 32, "samples": 32, "bat
 PHASES = ("teacher", "distill", "finetune")
 
 
+def teacher_precision(choice: str) -> str | None:
+    """The teacher network's precision: a named one, or for "auto" float16 on CUDA (tcnn's; one network there
+    trains as well as in float32 in a third less time, docs/performance.md) unless the process's settings
+    name a precision, which then applies (None)."""
+    if choice != "auto":
+        return choice
+    return "float16" if tinn.runtime.arch() == "cuda" and tinn.runtime.settings().precision == "auto" else None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
@@ -71,6 +80,9 @@ def parse_args(argv=None):
     p.add_argument("--teacher-base", type=int, default=None, help="teacher's coarsest grid resolution (full 16)")
     p.add_argument("--teacher-hidden-layers", type=int, default=None, help="teacher MLP hidden layers (full 2)")
     p.add_argument("--teacher-lr", type=float, default=None, help="teacher learning rate (full 1e-2, small 3e-2)")
+    p.add_argument("--teacher-precision", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="the teacher MLP's precision; auto: tcnn's float16 on CUDA (unless the settings name one), "
+                        "the settings' choice elsewhere")
     p.add_argument("--distill-lr", type=float, default=1e-2)
     p.add_argument("--finetune-lr", type=float, default=2e-3)
     p.add_argument("--finetune-final-lr-factor", type=float, default=0.01,
@@ -174,7 +186,8 @@ class KiloNeRFPipeline:
         self.teacher = HashGridField(train.box_min, train.box_max, n_levels=args.teacher_levels,
                                      log2_hashmap_size=args.teacher_log2_hashmap, base_resolution=args.teacher_base,
                                      finest_resolution=max(4 * args.res, args.teacher_base), n_neurons=64,
-                                     n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1)
+                                     n_hidden_layers=args.teacher_hidden_layers, seed=args.seed + 1,
+                                     precision=teacher_precision(args.teacher_precision))
         self.student = KiloNeRF(train.box_min, train.box_max, grid=args.grid, n_frequencies=args.frequencies,
                                 n_neurons=args.neurons, n_hidden_layers=args.hidden_layers, seed=args.seed + 2)
         if args.shard:
@@ -366,6 +379,7 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
     save_png(os.path.join(out_dir, "heldout_comparison.png"), torch.cat([student_view.rgb, teacher_view.rgb, truth], 1))
     background = test.background.reshape(1, 1, 3).expand_as(test.images[0])
     psnr_student, skipped = pipe.heldout(pipe.student)
+    teacher_network = next(m for m in pipe.teacher.modules() if isinstance(m, tinn.NetworkArray))
     summary = {
         "arch": tinn.runtime.arch(), "scene": args.data or args.scene, "grid": args.grid,
         "n_networks": pipe.student.n_networks, "views": len(pipe.train), "test_views": len(test),
@@ -373,6 +387,7 @@ def report(pipe: KiloNeRFPipeline, out_dir: str, timing_repeats: int) -> dict:
         "steps": dict(pipe.steps),
         "student_network": {"n_frequencies": args.frequencies, "n_neurons": args.neurons,
                             "n_hidden_layers": args.hidden_layers},
+        "teacher_network": {"path": teacher_network.path, "precision": teacher_network.precision},
         "rays_per_step": {"teacher": args.batch_rays, "finetune": args.finetune_rays},
         "psnr_background": sum(psnr(background, image) for image in test.images) / len(test),
         # The teacher as it trains and as instant-ngp renders it: with its tracked density grid (samples in

@@ -414,3 +414,23 @@ def test_tracking_occupancy_follows_a_changing_field():
         reference.update(small, threshold=1.0)
     with pytest.raises(InputError, match="decay"):
         young.update(small, threshold=1.0, decay=1.0)
+
+
+def test_the_teachers_precision_follows_the_demo_option_and_the_settings(tuned):
+    """--teacher-precision: a named precision reaches the teacher's network; "auto" is float16 on CUDA unless
+    the settings name a precision, and the settings' choice elsewhere."""
+    from tinn.scenes.fields import HashGridField
+    demo = load_demo()
+    lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
+    cuda = tinn.runtime.arch() == "cuda"
+    assert demo.teacher_precision("float32") == "float32"
+    assert demo.teacher_precision("auto") == ("float16" if cuda else None)
+    tuned(precision="float32")
+    assert demo.teacher_precision("auto") is None
+    for precision in ("float32", None):
+        field = HashGridField(lo, hi, n_levels=2, log2_hashmap_size=8, base_resolution=4, finest_resolution=8,
+                              n_neurons=16, n_hidden_layers=1, precision=precision)
+        assert field.model.network.precision == "float32"
+    with pytest.raises(tinn.ConfigError, match="precision"):
+        HashGridField(lo, hi, n_levels=2, log2_hashmap_size=8, base_resolution=4, finest_resolution=8,
+                      n_neurons=16, n_hidden_layers=1, precision="float64")

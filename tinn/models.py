@@ -56,6 +56,7 @@ class NetworkWithInputEncoding(Part):
         kernels: force the network's path ("fused", "unfused", ...; see `NetworkArray`).
         tcnn_padding: pad the network's input as tcnn does (see `tcnn_input_padding`), so the same
             parameters give tcnn's function.
+        precision: the network's products' precision (see `NetworkArray`); None for the settings' choice.
 
     Raises:
         ConfigError: a bad config value (the message names the key path and the allowed values), or an
@@ -69,7 +70,7 @@ class NetworkWithInputEncoding(Part):
 
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
-                 kernels: str | None = None, tcnn_padding: bool = False):
+                 kernels: str | None = None, tcnn_padding: bool = False, precision: str | None = None):
         super().__init__(n_input_dims, n_output_dims, n_networks)
         if isinstance(encoding_config, Part):  # a part built by the caller (e.g. a tinn.autodiff part)
             enc = encoding_config
@@ -82,7 +83,7 @@ class NetworkWithInputEncoding(Part):
             self.encoding = create_encoding(n_input_dims, encoding_config,
                                             n_networks=1 if share_encoding else n_networks, seed=seed)
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
-                                    n_networks=n_networks, seed=seed + 1, kernels=kernels,
+                                    n_networks=n_networks, seed=seed + 1, kernels=kernels, precision=precision,
                                     input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
                                     output_padding=(-n_output_dims) % TCNN_ALIGNMENT if tcnn_padding else 0)
         self.seed = seed

@@ -34,11 +34,12 @@ def activate(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class HashGridField(torch.nn.Module):
-    """One multiresolution hash grid + one MLP over the whole box (the teacher of distillation)."""
+    """One multiresolution hash grid + one MLP over the whole box (the teacher of distillation). `precision`:
+    the MLP's (`NetworkArray`'s argument; None for the settings' choice)."""
 
     def __init__(self, box_min, box_max, n_levels: int = 16, n_features_per_level: int = 2,
                  log2_hashmap_size: int = 19, base_resolution: int = 16, finest_resolution: int = 512,
-                 n_neurons: int = 64, n_hidden_layers: int = 2, seed: int = 1337):
+                 n_neurons: int = 64, n_hidden_layers: int = 2, seed: int = 1337, precision: str | None = None):
         super().__init__()
         lo, hi = as_box(box_min, box_max)
         self.register_buffer("box_min", lo)
@@ -51,7 +52,8 @@ class HashGridField(torch.nn.Module):
                                 "per_level_scale": scale}
         self.network_config = {"otype": "FullyFusedMLP", "n_neurons": n_neurons, "n_hidden_layers": n_hidden_layers,
                                "activation": "ReLU", "output_activation": "None"}
-        self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config, seed=seed)
+        self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config, seed=seed,
+                                              precision=precision)
 
     def raw(self, points: torch.Tensor) -> torch.Tensor:
         points = check_points("points", points)
