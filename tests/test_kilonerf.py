@@ -424,6 +424,7 @@ def test_the_teachers_precision_follows_the_demo_option_and_the_settings(tuned):
     lo, hi = torch.full((3,), -1.0, device=DEV), torch.full((3,), 1.0, device=DEV)
     cuda = tinn.runtime.arch() == "cuda"
     assert demo.teacher_precision("float32") == "float32"
+    tuned(precision="auto")
     assert demo.teacher_precision("auto") == ("float16" if cuda else None)
     tuned(precision="float32")
     assert demo.teacher_precision("auto") is None

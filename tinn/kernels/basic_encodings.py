@@ -2,6 +2,7 @@
 import math
 
 from ..backend import ti
+from .launch import fast_kernel
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -16,6 +17,7 @@ def pow2(k):
     return ti.bit_cast(ti.cast(e, ti.i32) << 23, ti.f32)
 
 
+@fast_kernel
 @ti.kernel
 def identity_forward(x: f32_2d, out: f32_2d, scale: ti.f32, offset: ti.f32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):
@@ -32,12 +34,14 @@ def frequency_feature(x: ti.template(), b, j, n_frequencies):
     return ti.sin(x[b, d] * pow2(k) * PI + phase)
 
 
+@fast_kernel
 @ti.kernel
 def frequency_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
     for b, j in ti.ndrange(out.shape[0], out.shape[1]):
         out[b, j] = frequency_feature(x, b, j, n_frequencies)
 
 
+@fast_kernel
 @ti.kernel
 def frequency_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.i32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):
@@ -51,6 +55,7 @@ def frequency_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.i32)
         dx[b, d] = acc
 
 
+@fast_kernel
 @ti.kernel
 def frequency_derivatives(x: f32_2d, fp: f32_2d, fpp: f32_2d, n_frequencies: ti.i32):
     # First and second derivative of every feature with respect to its input dim (double backward).

@@ -16,6 +16,7 @@ stores T_{i+1} per sample so the backward pass needs no division by exp(-x) (whi
 and no subtraction from the total (which loses the small late contributions).
 """
 from ..backend import ti
+from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -41,6 +42,7 @@ def _bg_row(r: ti.i32, n_bg_rows: ti.i32) -> ti.i32:
     return row
 
 
+@fast_kernel
 @ti.kernel
 def composite_forward(sigma: f32_1d, rgb: f32_2d, deltas: f32_1d, t: f32_1d, has_t: ti.i32, offsets: i32_offsets,
                       bg: f32_2d, out_rgb: f32_2d, out_opacity: f32_1d, out_depth: f32_1d, out_t_end: f32_1d,
@@ -75,6 +77,7 @@ def composite_forward(sigma: f32_1d, rgb: f32_2d, deltas: f32_1d, t: f32_1d, has
         out_t_end[r] = trans
 
 
+@fast_kernel
 @ti.kernel
 def composite_backward(sigma: f32_1d, rgb: f32_2d, deltas: f32_1d, t: f32_1d, has_t: ti.i32, offsets: i32_offsets,
                        bg: f32_2d, t_end: f32_1d, trans_after: f32_1d,

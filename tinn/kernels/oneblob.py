@@ -5,6 +5,7 @@ where W is the quartic kernel's CDF (radius 1/n_bins) wrapped around [0, 1] by a
 shifted by -1 and +1, as tcnn does.
 """
 from ..backend import ti
+from .launch import fast_kernel
 
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -47,6 +48,7 @@ def _wrapped_dd(t, n):
     return _cdf_dd(t, n) + _cdf_dd(t - 1.0, n) + _cdf_dd(t + 1.0, n)
 
 
+@fast_kernel
 @ti.kernel
 def oneblob_forward(x: f32_2d, out: f32_2d, n_bins: ti.i32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):
@@ -60,6 +62,7 @@ def oneblob_forward(x: f32_2d, out: f32_2d, n_bins: ti.i32):
             left = right
 
 
+@fast_kernel
 @ti.kernel
 def oneblob_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_bins: ti.i32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):
@@ -74,6 +77,7 @@ def oneblob_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_bins: ti.i32):
         dx[b, d] = acc
 
 
+@fast_kernel
 @ti.kernel
 def oneblob_derivatives(x: f32_2d, fp: f32_2d, fpp: f32_2d, n_bins: ti.i32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):

@@ -140,6 +140,7 @@ def novograd_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, seg_start: i32_1d,
                 w[r, c] = _weight_decay(rel_decay * lr_r, abs_decay * lr_r, w[r, c]) - lr_r * mv
 
 
+@fast_kernel
 @ti.kernel
 def shampoo_moments(w: f32_2d, g: f32_2d, m1: f32_2d, m2: f32_2d, u: f32_2d, l2_reg: ti.f32,
                     a1: ti.f32, b1: ti.f32, a2: ti.f32, b2: ti.f32, epsilon: ti.f32):
@@ -154,6 +155,7 @@ def shampoo_moments(w: f32_2d, g: f32_2d, m1: f32_2d, m2: f32_2d, u: f32_2d, l2_
         u[r, c] = mv / (ti.sqrt(sv) + epsilon)
 
 
+@fast_kernel
 @ti.kernel
 def shampoo_gram(src: f32_2d, off: ti.i32, rows_m: ti.i32, cols_n: ti.i32, L: f32_3d, R: f32_3d,
                  alpha: ti.f32, beta: ti.f32):
@@ -171,6 +173,7 @@ def shampoo_gram(src: f32_2d, off: ti.i32, rows_m: ti.i32, cols_n: ti.i32, L: f3
         R[n, i, j] = beta * R[n, i, j] + alpha * acc
 
 
+@fast_kernel
 @ti.kernel
 def shampoo_layer_step(w: f32_2d, u: f32_2d, sm: f32_2d, off: ti.i32, rows_m: ti.i32, cols_n: ti.i32,
                        L_root: f32_3d, R_root: f32_3d, tmp: f32_3d, lr_scale: f32_1d, lr: ti.f32,
@@ -251,6 +254,7 @@ def lookahead_step(w: f32_2d, slow: f32_2d, skip: i32_1d, pending: i32_1d, step_
             slow[r, c] = nw
 
 
+@fast_kernel
 @ti.kernel
 def accumulate_grad(pool: f32_2d, g: f32_2d, first: ti.i32, inv_n: ti.f32):
     for r, c in ti.ndrange(pool.shape[0], pool.shape[1]):
@@ -260,6 +264,7 @@ def accumulate_grad(pool: f32_2d, g: f32_2d, first: ti.i32, inv_n: ti.f32):
         pool[r, c] = prev + g[r, c] * inv_n
 
 
+@fast_kernel
 @ti.kernel
 def decayed_rate(factor: f64_1d, rate: f32_1d, skip: i32_1d, pending: i32_1d, step_now: ti.i32, start: ti.i32,
                  interval: ti.i32, end: ti.i32, base: ti.f64, base_rate: ti.f64):

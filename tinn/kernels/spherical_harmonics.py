@@ -12,6 +12,7 @@ table keeps compile time small and gives first and second derivatives cheaply, s
 kernel serves forward, input gradients and the second-order (double backward) products.
 """
 from ..backend import ti
+from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -85,12 +86,14 @@ def _sh(mode: ti.template(), x: ti.template(), dy: ti.template(), g: ti.template
             out[b, d] = 4.0 * acc[d]
 
 
+@fast_kernel
 @ti.kernel
 def sh_forward(x: f32_2d, norm: f32_1d, out: f32_2d, degree: ti.i32):
     for b in range(x.shape[0]):
         _sh(FORWARD, x, out, out, norm, out, degree, b)
 
 
+@fast_kernel
 @ti.kernel
 def sh_backward(x: f32_2d, dy: f32_2d, norm: f32_1d, dx: f32_2d, degree: ti.i32):
     """dx = J^T dy."""
@@ -98,6 +101,7 @@ def sh_backward(x: f32_2d, dy: f32_2d, norm: f32_1d, dx: f32_2d, degree: ti.i32)
         _sh(VJP, x, dy, dy, norm, dx, degree, b)
 
 
+@fast_kernel
 @ti.kernel
 def sh_jvp(x: f32_2d, g: f32_2d, norm: f32_1d, out: f32_2d, degree: ti.i32):
     """out = J g (gradient of dx = J^T dy with respect to dy)."""
@@ -105,6 +109,7 @@ def sh_jvp(x: f32_2d, g: f32_2d, norm: f32_1d, out: f32_2d, degree: ti.i32):
         _sh(JVP, x, out, g, norm, out, degree, b)
 
 
+@fast_kernel
 @ti.kernel
 def sh_hvp(x: f32_2d, dy: f32_2d, g: f32_2d, norm: f32_1d, out: f32_2d, degree: ti.i32):
     """out = sum_j dy_j H_j g (gradient of dx = J^T dy with respect to x)."""

@@ -5,6 +5,7 @@ v = x * 2^(k-1) + k/4 (the k/4 phase shift disambiguates locations), y = 4|frac(
 The slope is +-2^(k+1); the second derivative is zero almost everywhere.
 """
 from ..backend import ti
+from .launch import fast_kernel
 
 from .basic_encodings import pow2
 
@@ -23,6 +24,7 @@ def _slope(v, k):
     return s if frac >= 0.5 else -s
 
 
+@fast_kernel
 @ti.kernel
 def triangle_wave_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
     for b, j in ti.ndrange(out.shape[0], out.shape[1]):
@@ -32,6 +34,7 @@ def triangle_wave_forward(x: f32_2d, out: f32_2d, n_frequencies: ti.i32):
         out[b, j] = ti.abs(v - ti.floor(v) - 0.5) * 4.0 - 1.0
 
 
+@fast_kernel
 @ti.kernel
 def triangle_wave_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.i32):
     for b, d in ti.ndrange(x.shape[0], x.shape[1]):
@@ -41,6 +44,7 @@ def triangle_wave_backward(x: f32_2d, dy: f32_2d, dx: f32_2d, n_frequencies: ti.
         dx[b, d] = acc
 
 
+@fast_kernel
 @ti.kernel
 def triangle_wave_derivatives(x: f32_2d, fp: f32_2d, fpp: f32_2d, n_frequencies: ti.i32):
     for b, j in ti.ndrange(fp.shape[0], fp.shape[1]):
