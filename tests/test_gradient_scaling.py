@@ -49,6 +49,28 @@ def test_scale_grows_and_backs_off_by_the_rule():
         GradientScaler(DEV, backoff_factor=1.5)
 
 
+def test_non_finite_values_are_recorded_and_a_growth_that_overflows_is_refused():
+    """record_non_finite flags inf, -inf and NaN (in float32 and float16 gradients) but not float32's largest
+    finite values or subnormals; the flag accumulates until `update`; a growth past float32's range keeps the
+    scale."""
+    scaler = GradientScaler(DEV, init_scale=3.0e38, growth_interval=1)
+    fine = torch.tensor([3.4e38, -3.4e38, 1e-45, 0.0, -0.0], device=DEV)
+    for bad in (math.inf, -math.inf, math.nan):
+        scaler.record_non_finite([fine, None, torch.zeros(0, device=DEV)])
+        assert float(scaler.found_inf) == 0.0
+        g = torch.ones(2, 33, device=DEV)
+        g[1, 17] = bad
+        scaler.record_non_finite([g.half() if bad == -math.inf else g, fine])
+        assert float(scaler.found_inf) == 1.0
+        scaler.record_non_finite([fine])  # stays recorded until the update
+        assert scaler.update() is False and float(scaler.found_inf) == 0.0
+    assert scaler.value == pytest.approx(3.0e38 * 0.5 ** 3, rel=1e-6) and scaler.skipped_steps == 3
+    scaler.load_state_dict({"scale": torch.tensor([3.0e38]), "growth_tracker": torch.tensor([0], dtype=torch.int32),
+                            "skipped_steps": torch.tensor([0], dtype=torch.int32)})
+    assert scaler.update() is True and scaler.value == pytest.approx(3.0e38) and scaler.finite_in_a_row == 0
+    assert float(scaler._inverse) == pytest.approx(1.0 / 3.0e38)
+
+
 def test_only_float16_networks_get_a_dynamic_scaler(tuned):
     for precision, static, expected in [("float16", False, True), ("float16", True, False),
                                         ("bfloat16", False, False), ("float32", False, False)]:

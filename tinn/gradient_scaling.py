@@ -70,25 +70,26 @@ class GradientScaler:
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, self.found_inf, self._inverse)
 
     def record_non_finite(self, tensors) -> None:
-        """Record in `found_inf` whether gradients a kernel already unscaled hold an inf or NaN (their sum is
-        not finite exactly then, short of a float32 overflow of the sum itself). No host sync."""
+        """Record in `found_inf` whether gradients a kernel already unscaled hold an inf or NaN (one launch
+        each, tinn/kernels/gradient_scaling.py). No host sync."""
+        from .kernels.gradient_scaling import record_non_finite
         for t in tensors:
             if t is not None and t.numel():
-                torch.maximum(self.found_inf, t.sum().isfinite().logical_not().float(), out=self.found_inf)
+                values = t if t.dtype == torch.float32 else t.float()
+                record_non_finite(values.contiguous().reshape(-1), self.found_inf.reshape(1))
 
     def update(self, sync: bool = True) -> bool | torch.Tensor:
         """End of a step: set `skip` from `found_inf` (1: the gradients were not finite, the step is to be
         skipped and is counted in `skipped_steps`), back the scale off after a non-finite step, grow it after
-        `growth_interval` finite ones in a row, and clear `found_inf` for the next step. All on the device.
+        `growth_interval` finite ones in a row, and clear `found_inf` for the next step. All on the device, in one
+        launch (tinn/kernels/gradient_scaling.py).
 
         Returns whether the gradients were finite (one host read), or with `sync=False` the (1,) int32 `skip`
         flag itself, for optimizers that read it on the device."""
-        self.skip.copy_(self.found_inf)
-        self._skipped.add_(self.skip)
-        torch._amp_update_scale_(self.scale, self._growth_tracker, self.found_inf, self.growth_factor,
-                                 self.backoff_factor, self.growth_interval)
-        torch.reciprocal(self.scale, out=self._inverse)
-        self.found_inf.zero_()
+        from .kernels.gradient_scaling import update_scale
+        update_scale(self.found_inf.reshape(1), self.scale.reshape(1), self._inverse.reshape(1),
+                     self._growth_tracker.reshape(1), self.skip, self._skipped, self.growth_factor,
+                     self.backoff_factor, self.growth_interval)
         if not sync:
             return self.skip
         return not bool(self.skip.item())
