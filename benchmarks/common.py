@@ -245,3 +245,35 @@ def host_table(step, steps: int, top: int) -> list[tuple[str, float, float, floa
         rows.append((where, calls / steps, 1e3 * own / steps, 1e3 * cumulative / steps))
     rows.sort(key=lambda r: -r[2])
     return rows[:top]
+
+
+def taichi_launch_times(step, steps: int) -> list[tuple[str, float, float]]:
+    """[(kernel, calls per step, host ms per step)] of the Taichi kernels launched through
+    `tinn.kernels.launch.fast_kernel` during `steps` steps, slowest first: which launch a host-bound step waits
+    on (cProfile charges the C++ launch to the wrapper, whatever the kernel)."""
+    import time
+
+    from tinn.kernels.launch import FastKernel
+
+    totals: dict[str, list[float]] = {}
+    original = FastKernel.__call__
+
+    def timed(self, *args):
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args)
+        finally:
+            entry = totals.setdefault(self.__name__, [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
+
+    sync()
+    FastKernel.__call__ = timed
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        FastKernel.__call__ = original
+    sync()
+    rows = [(name, calls / steps, 1e3 * seconds / steps) for name, (calls, seconds) in totals.items()]
+    return sorted(rows, key=lambda r: -r[2])

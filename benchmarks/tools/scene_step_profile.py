@@ -28,7 +28,7 @@ import warnings
 import torch
 
 import tinn  # noqa: E402
-from benchmarks.common import host_table, waiting_calls  # noqa: E402
+from benchmarks.common import host_table, taichi_launch_times, waiting_calls  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
 
 
@@ -136,6 +136,9 @@ def main(argv=None):
             if args.host_profile:
                 r["waiting_calls"] = waiting_calls(trainer.step)
                 print(f"   calls that waited for a busy device: {r['waiting_calls'] or 'none'}")
+                r["taichi_launches"] = taichi_launch_times(trainer.step, args.steps)
+                print("   Taichi launches: " + ", ".join(f"{name} x{calls:g} {ms:.3f} ms"
+                                                        for name, calls, ms in r["taichi_launches"][:8]))
                 r["host"] = host_table(trainer.step, args.steps, args.top)
                 print(f"   host, by function: calls/step, own ms/step, cumulative ms/step")
                 for name, calls, own, cumulative in r["host"]:
