@@ -98,7 +98,7 @@ def _check_split_steps(split_run, atol: float = 1e-6):
         if reduce_dtype == "float32":
             want = _single_process(kind, optimizer)
             for n, value in split[0]["params"].items():
-                assert not torch.equal(value, W.split_model(kind).state_dict()[n[len("inner."):]]), n  # it trained
+                assert not torch.equal(value, W.split_model(kind).state_dict()[n[len("inner."):]].cpu()), n  # it trained
                 torch.testing.assert_close(value, want[n], rtol=1e-4, atol=atol, msg=f"{case} {n}")
         numel, slice_len = split[0]["layout"]
         assert slice_len * WORLD == numel  # no padding needed here (the layout test pads)
