@@ -427,3 +427,26 @@ def test_nan_inputs_propagate_like_torch_when_checks_are_off(otype, cfg, dims):
     with tinn.checks.disabled():
         out = net(y.detach().contiguous())
     assert bool(torch.isnan(out[1]).all()) and not bool(torch.isnan(out[[0, 2, 3]]).any())
+
+
+@pytest.mark.parametrize("kind,n_networks", [("grid", 1), ("grid", 2), ("shared_grid", 2), ("frequency", 2)])
+def test_gradients_from_loss_equals_the_forward_then_backward_from_loss(kind, n_networks):
+    """A composition's `gradients_from_loss` (the encoding's forward, the network's own `gradients_from_loss`, the
+    encoding's backward) gives the input gradient, every table's gradient and the loss of the training forward
+    followed by `backward_from_loss`, whichever layout the encoding hands over."""
+    from tinn.part import Part
+    model = make(kind, n_networks)
+    x, t, ids = batch(model, n_networks, 0)
+    ids = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device) if ids is None else ids.int()
+    loss = tinn.losses.create_loss({"otype": "RelativeL2"})
+    dx, grads, value = model.gradients_from_loss(x, ids, loss, t, need_dx=True)
+    ref_dx, ref_grads, ref_value = Part.gradients_from_loss(model, x, ids, loss, t, need_dx=True)
+    same(value, ref_value, "loss")
+    same(dx, ref_dx, "dx")
+    assert len(grads) == len(ref_grads) == len(model.parameter_tables())
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        same(g, r, f"table {i}")
+    no_dx, table_grads, _ = model.gradients_from_loss(x, ids, loss, t, need_dx=False)
+    assert no_dx is None
+    for i, (g, r) in enumerate(zip(table_grads, grads)):
+        same(g, r, f"table {i} without dx")
