@@ -68,8 +68,11 @@ class TensorCorePath:
     def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
         if self.n_networks == 1:
             # One network's tiles depend on the batch size alone: built once per size, not per call (each
-            # build is a sort stand-in, a memset and a launch per list, host time a small step notices).
-            key = (ids.shape[0], device, train)
+            # build is a sort stand-in, a memset and a launch per list, host time a small step notices). Kept per
+            # stream: lists dropped from the cache may be reused by the allocator only after the work of the
+            # stream that made them, which must then be the only stream that read them.
+            stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+            key = (ids.shape[0], device, stream, train)
             kept = self._single_routing.get(key)
             if kept is None:
                 if len(self._single_routing) >= 4:  # a few batch sizes in turn (training, evaluation)
