@@ -16,15 +16,15 @@ resting, bare, moving, ... `--rounds` times, then bare) and each condition windo
 interpolated between the bare windows beside it; the bare windows' drift is printed. Beside each ratio: the page's
 share of the time by the viewer's own ledger, and the steps per second of the time it booked as training.
 
-The client speaks viser's websocket protocol from Python (no browser needed): it sends camera messages the way
-the page does (scenes: from the held-out view the page opens at, turning around the scene while it moves) and
-reads everything the server sends, as a browser tab would, counting the frames rendered for it. Prints one JSON
+The client speaks viser's websocket protocol from Python (no browser needed; `viewer_client.py`), in a process of
+its own as a browser is: it sends camera messages the way the page does (scenes: from the held-out view the page
+opens at, turning around the scene while it moves) and reads everything the server sends, as a browser tab would,
+counting the frames rendered for it. Prints one JSON
 object per task, then a table; the issue's goal is `resting_client` within 10% of `no_viewer` on the H100.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -33,6 +33,7 @@ import threading
 import time
 
 import tinn  # noqa: E402
+from benchmarks.tools.viewer_client import HeadlessClient, camera_message  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tinn", "configs", "config.json")
 TASKS = ("image", "kilonerf", "octree")
@@ -96,86 +97,6 @@ def scene_cameras(source, degrees_per_move: float = 3.0):
         return {"wxyz": wxyz, "position": position, "fov": fov, "look_at": look_at, "up_direction": (0.0, 0.0, 1.0)}
 
     return camera
-
-
-def frames_in(raw: bytes) -> int:
-    """Background images (the renders) in one message window of viser's wire format: two little-endian lengths
-    (msgpack, zstd-compressed msgpack), the compressed msgpack {"messages": [...]}, then binary buffers. The empty
-    background every client gets on connecting is not a frame."""
-    import msgspec
-    import zstandard
-
-    size, compressed = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
-    inner = zstandard.ZstdDecompressor().decompress(raw[16:16 + compressed], max_output_size=size)
-    return sum(m.get("type") == "BackgroundImageMessage" and m.get("rgb_data") is not None
-               for m in msgspec.msgpack.decode(inner)["messages"])
-
-
-class HeadlessClient:
-    """A websocket client in its own thread: one camera message (or one every `move_every_s`, the next of
-    `camera(k)`), all frames read."""
-
-    DRAIN_S = 0.3  # on stopping: silence from the server this long ends the reading
-
-    def __init__(self, url: str, camera, width: int = 1280, height: int = 720, move_every_s: float | None = None):
-        self.url, self.camera, self.width, self.height, self.move_every_s = url.replace("http", "ws", 1), camera, \
-            width, height, move_every_s
-        self.bytes_received = 0
-        self.messages = 0
-        self.frames = 0
-        self.error: BaseException | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def camera_message(self, k: int) -> bytes:
-        import msgspec
-
-        pose = self.camera(k)
-        return msgspec.msgpack.encode({
-            "type": "ViewerCameraMessage", "wxyz": list(pose["wxyz"]), "position": list(pose["position"]),
-            "fov": pose["fov"], "near": 0.01, "far": 1000.0, "image_height": self.height,
-            "image_width": self.width, "look_at": list(pose["look_at"]), "up_direction": list(pose["up_direction"])})
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except BaseException as exc:  # reported by the measurement, which would otherwise count no frames silently
-            self.error = exc
-
-    async def _run(self) -> None:
-        import viser
-        import websockets
-
-        async with websockets.connect(self.url, subprotocols=[f"viser-v{viser.__version__}"],
-                                      max_size=None) as ws:
-            k = 0
-            await ws.send(self.camera_message(k))
-            last_move = time.perf_counter()
-            while True:
-                stopping = self.stop.is_set()
-                try:
-                    # Once asked to stop, what is still on its way is read until the server falls silent.
-                    raw = await asyncio.wait_for(ws.recv(), timeout=self.DRAIN_S if stopping else 0.05)
-                    self.bytes_received += len(raw)
-                    self.messages += 1
-                    self.frames += frames_in(raw)
-                except asyncio.TimeoutError:
-                    if stopping:
-                        break
-                if not stopping and self.move_every_s and time.perf_counter() - last_move >= self.move_every_s:
-                    k += 1
-                    await ws.send(self.camera_message(k))
-                    last_move = time.perf_counter()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(timeout=10)
-        if self.error is not None and exc[0] is None:
-            raise RuntimeError(f"the headless client failed: {self.error!r}") from self.error
 
 
 # ---- the tasks -------------------------------------------------------------------------------------------
@@ -321,7 +242,10 @@ def measure(task: Task, args, arch: str) -> dict:
         move_every_s = {"served_no_client": None, "resting_client": None, "moving_client": 1 / 30}[condition]
         client, sent = None, web.frames_sent
         if condition != "served_no_client":
-            client = HeadlessClient(web.url, task.camera, args.width, args.height, move_every_s).__enter__()
+            # The moves of the window and its warm-up (and a margin), encoded before the client starts.
+            moves = 1 if move_every_s is None else int((args.warmup + args.seconds) / move_every_s) + 64
+            cameras = [camera_message(task.camera(k), args.width, args.height) for k in range(moves)]
+            client = HeadlessClient(web.url, cameras, move_every_s).__enter__()
         try:
             m = viewer_rate(viewer, args.seconds, args.warmup)
             window = {"condition": condition, "start": m["start"] - clock0, "end": m["end"] - clock0}
