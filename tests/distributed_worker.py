@@ -336,6 +336,10 @@ def scenario_split(rank, out):
                                    .build_optimizer({"otype": "Novograd"}))
     auto = Trainer(td.Replicated(split_model("one_table")), optimizer={"otype": "Novograd", "learning_rate": 1e-2})
     res["novograd_auto_split"] = isinstance(auto.optimizer, SplitOptimizer)
+    res["auto_split_by_reduce_dtype"] = {
+        dtype: isinstance(Trainer(td.Replicated(split_model("one_table"), reduce_dtype=dtype),
+                                  optimizer={"otype": "Adam"}).optimizer, SplitOptimizer)
+        for dtype in ("float32", "bfloat16")}
     x, ids, t, _ = (v.to(dev) for v in batch(rank, 95))
     auto.training_step(x, t, ids)
     res["novograd_params"] = {n: p.detach().clone() for n, p in auto.model.named_parameters()}

@@ -170,12 +170,14 @@ def _check_split_checkpoint(split_run):
 @cpu_reference
 def test_split_overflow_agreement_and_options(split_run):
     """Rank 0's overflow reaches rank 1 through the split backward; optimizer_split=True refuses an optimizer
-    that is not elementwise, "auto" keeps the all-reduce for it; a bad value names the allowed ones."""
+    that is not elementwise, "auto" keeps the all-reduce for it and for a 16-bit reduce (Adam splits with a float32
+    one); a bad value names the allowed ones."""
     assert [r["found_inf"] for r in split_run] == [1.0, 1.0]
     for res in split_run:
         assert "optimizer_split='yes' is not supported; allowed: ['auto', True, False]" in res["bad_value"]
         assert "optimizer_split=True needs an elementwise optimizer; Novograd is not" in res["not_elementwise"]
         assert res["novograd_auto_split"] is False
+        assert res["auto_split_by_reduce_dtype"] == {"float32": True, "bfloat16": False}
     for n, value in split_run[0]["novograd_params"].items():
         assert torch.equal(value, split_run[1]["novograd_params"][n]), n
 

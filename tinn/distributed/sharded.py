@@ -481,9 +481,9 @@ class Replicated(_Collective):
     is split over the ranks, ZeRO stage 1 (tinn/distributed/optimizer_split.py): the gradients are
     reduce-scattered instead of all-reduced, each rank steps its own slice of the parameters with optimizer
     state for that slice only, and the updated slices are all-gathered in float32. "auto" (default): split
-    where the optimizer is elementwise (Adam, SGD) and there are several ranks, since the link then carries
-    what a float32 all-reduce carries while the optimizer's pass and state shrink by the world size; the
-    all-reduce otherwise. True: split, and a ConfigError for an optimizer that is not elementwise. False: the
+    where the optimizer is elementwise (Adam, SGD), the reduce is float32 and there are several ranks, since
+    the link then carries what a float32 all-reduce carries while the optimizer's pass and state shrink by the
+    world size; the all-reduce otherwise (with a 16-bit reduce the split's float32 all-gather sends more). True: split, and a ConfigError for an optimizer that is not elementwise. False: the
     all-reduce and the whole optimizer on every rank. While a split optimizer steps this part, the backward
     leaves the tables' `.grad` None: the reduced gradients are the optimizer's slice."""
 
@@ -569,7 +569,9 @@ class Replicated(_Collective):
         if split is True and not splittable(config):
             raise refuse_split(config)
         if split == "auto":
-            split = self.world_size > 1 and splittable(config)
+            # A 16-bit reduce: the split's float32 all-gather sends more than the 16-bit all-reduce it replaces,
+            # and it measured slower (docs/guides/sharding.md).
+            split = self.world_size > 1 and splittable(config) and self.reduce_dtype == "float32"
         self._split = None
         if not split:
             return create_optimizer(config, named)
