@@ -203,9 +203,6 @@ def waiting_calls(step, busy_ms: float = 100.0) -> list[tuple[str, float]]:
     for about `busy_ms` (torch.cuda._sleep), so a call that blocks until earlier work finishes takes most of
     that time, whoever issued the wait (Taichi, the driver, torch). torch's sync debug mode sees only torch's
     own waits; this sees every one. CUDA only; [] when nothing waited."""
-    import cProfile
-    import pstats
-
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -214,35 +211,34 @@ def waiting_calls(step, busy_ms: float = 100.0) -> list[tuple[str, float]]:
     torch.cuda.synchronize()
     cycles = int(1_000_000 * busy_ms / max(start.elapsed_time(end), 1e-3))
     torch.cuda._sleep(cycles)
+    rows = _profiled(step)
+    torch.cuda.synchronize()
+    found = [(where, 1e3 * own) for where, _, own, _ in rows if 1e3 * own > busy_ms / 2]
+    return sorted(found, key=lambda r: -r[1])
+
+
+def _profiled(run) -> list[tuple[str, int, float, float]]:
+    """[(function as folder/file:line(name), calls, own seconds, cumulative seconds)] of everything `run()`
+    called, by cProfile."""
+    import cProfile
+    import pstats
+
     profiler = cProfile.Profile()
     profiler.enable()
-    step()
+    run()
     profiler.disable()
-    torch.cuda.synchronize()
-    found = []
-    for (file, line, name), (_, _, own, _, _) in pstats.Stats(profiler).stats.items():
-        if 1e3 * own > busy_ms / 2:
-            found.append((f"{'/'.join(file.split('/')[-2:])}:{line}({name})", 1e3 * own))
-    return sorted(found, key=lambda r: -r[1])
+    return [(f"{'/'.join(file.split('/')[-2:])}:{line}({name})", calls, own, cumulative)
+            for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items()]
 
 
 def host_table(step, steps: int, top: int) -> list[tuple[str, float, float, float]]:
     """[(function, calls per step, own ms per step, cumulative ms per step)] of the `top` functions by own time
     over `steps` steps (cProfile; its own overhead inflates every row by a similar share)."""
-    import cProfile
-    import pstats
-
     sync()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(steps):
-        step()
-    profiler.disable()
+    profiled = _profiled(lambda: [step() for _ in range(steps)])
     sync()
-    rows = []
-    for (file, line, name), (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items():
-        where = f"{'/'.join(file.split('/')[-2:])}:{line}({name})"
-        rows.append((where, calls / steps, 1e3 * own / steps, 1e3 * cumulative / steps))
+    rows = [(where, calls / steps, 1e3 * own / steps, 1e3 * cumulative / steps)
+            for where, calls, own, cumulative in profiled]
     rows.sort(key=lambda r: -r[2])
     return rows[:top]
 
@@ -251,8 +247,6 @@ def taichi_launch_times(step, steps: int) -> list[tuple[str, float, float]]:
     """[(kernel, calls per step, host ms per step)] of the Taichi kernels launched through
     `tinn.kernels.launch.fast_kernel` during `steps` steps, slowest first: which launch a host-bound step waits
     on (cProfile charges the C++ launch to the wrapper, whatever the kernel)."""
-    import time
-
     from tinn.kernels.launch import FastKernel
 
     totals: dict[str, list[float]] = {}
