@@ -269,3 +269,18 @@ def test_composite_rejects_bad_input():
         composite(sigma, rgb, deltas, offsets, t=t[:3])
     with pytest.raises(InputError, match="rgb must have shape"):
         composite_dense(sigma[None], rgb, deltas[None])
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_positions_lists_a_masks_true_entries_to_a_given_size(static, monkeypatch):
+    """`sampling.positions`: the True entries' flat positions in order, cut after `size` or padded with the fill
+    value; the same through `torch.nonzero` where torch has no `nonzero_static`."""
+    from tinn.render.sampling import positions
+    if not static:
+        monkeypatch.delattr(torch, "nonzero_static")
+    mask = torch.tensor([[False, True, True], [False, False, True]])
+    assert positions(mask, 3).tolist() == [1, 2, 5]
+    assert positions(mask, 2).tolist() == [1, 2]
+    assert positions(mask, 5).tolist() == [1, 2, 5, -1, -1]
+    assert positions(mask, 4, fill_value=7).tolist() == [1, 2, 5, 7]
+    assert positions(mask, 0).numel() == 0 and positions(mask, 3).dtype == torch.int64

@@ -21,7 +21,7 @@ from ..errors import InputError
 from .compositing import composite
 from .rays import camera_rays, ray_box
 from .pending import PendingCount
-from .sampling import frame_runs, march, ray_offsets, stratified_t
+from .sampling import frame_runs, march, positions, ray_offsets, stratified_t
 
 
 def _collective(field) -> bool:
@@ -76,7 +76,7 @@ def shade(field, samples: RaySamples, background=None) -> RenderedRays:
     """`samples` (from `sample_rays`) through `field`: the kept ones gathered (this waits until the device has
     counted them), evaluated, and composited front to back over `background`; the others count as empty."""
     m = samples.n_kept.value()
-    index = _kept_index(samples.keep, m)
+    index = positions(samples.keep, m)
     if m or _collective(field):  # a sharded field's ranks must all join each call
         sigma, rgb = field(samples.points[index].contiguous())
     else:  # nothing to evaluate: every ray shows the background
@@ -85,14 +85,6 @@ def shade(field, samples: RaySamples, background=None) -> RenderedRays:
     with checks.disabled():  # the offsets were built with the samples: no check (a device sync) needed
         out = composite(sigma, rgb, samples.deltas[index].contiguous(), samples.ray_offsets, background)
     return RenderedRays(out.rgb, out.opacity, samples.n_candidates, m)
-
-
-def _kept_index(keep: torch.Tensor, m: int) -> torch.Tensor:
-    """Positions (int64, ascending) of the m True entries of `keep`, without reading the device: the count is
-    given (torch.nonzero would read it)."""
-    if hasattr(torch, "nonzero_static"):
-        return torch.nonzero_static(keep, size=m).reshape(-1)
-    return torch.nonzero(keep).reshape(-1)
 
 
 def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, n_samples: int, background=None,

@@ -45,6 +45,17 @@ def pack(mask: torch.Tensor):
     return torch.nonzero(mask.reshape(-1), as_tuple=False).reshape(-1), offsets
 
 
+def positions(mask: torch.Tensor, size: int, fill_value: int = -1) -> torch.Tensor:
+    """Flat positions (int64, ascending) of the True entries of `mask`, exactly `size` of them (cut after `size`,
+    padded with `fill_value`), without reading the device: the caller knows the size (torch.nonzero would read
+    the count). A torch without `nonzero_static` gets the same result through `torch.nonzero`, which waits."""
+    flat = mask.reshape(-1)
+    if hasattr(torch, "nonzero_static"):
+        return torch.nonzero_static(flat, size=size, fill_value=fill_value).reshape(-1)
+    found = torch.nonzero(flat).reshape(-1)[:size]
+    return torch.cat([found, found.new_full((size - found.numel(),), fill_value)])
+
+
 def ray_offsets(mask: torch.Tensor) -> torch.Tensor:
     """(R + 1,) int32 offsets of each ray's kept samples in `pack`'s order, from the (R, S) bool mask, on the
     device (nothing is read back)."""

@@ -30,6 +30,7 @@ from ... import checks, runtime
 from ...checks import check_points
 from ...errors import InputError
 from ...render.pending import PendingCount
+from ...render.sampling import positions
 
 MAX_RESOLUTION = 1024  # 1024^3 booleans = 1 GiB; more is a mistake, not a scene
 
@@ -219,8 +220,8 @@ class OccupancyGrid(VoxelBox):
         mask = occupied.reshape(-1) if self.within is None else (occupied & self.within).reshape(-1)
         kept = self._occupied_count
         if kept is not None and kept[0] is occupied and kept[1] == occupied._version:
-            return torch.nonzero_static(mask, size=kept[2].value()).reshape(-1), None
-        cells = torch.nonzero_static(mask, size=n_allowed, fill_value=-1).reshape(-1)
+            return positions(mask, kept[2].value()), None
+        cells = positions(mask, n_allowed)
         valid = cells >= 0
         first = 0 if allowed is None or n_allowed == 0 else allowed[0]
         return torch.where(valid, cells, first), valid
