@@ -38,7 +38,7 @@ from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 from ..optimizers.base import Optimizer, is_matrix_param, rows_of
 from ..optimizers.registry import DEFAULT_OPTIMIZER, OPTIMIZERS, create_optimizer
-from .process import all_gather_objects, collective
+from .process import agree_on_overflow, all_gather_objects, collective
 from .profile import mark
 
 # torch renamed the flat collectives (the old names warn); either takes (output, input, ..., group=...).
@@ -181,15 +181,9 @@ class FlatSplit:
     def agree_on_overflow(self, scalers, what: str) -> None:
         """Every scaler records whether this rank's slice of the reduced gradients is finite, and learns every
         rank's verdict (a max over ranks, on the device): all ranks then skip a step or take it alike."""
-        if not scalers:
-            return
         for s in scalers:
             s.record_non_finite([self.grad])
-        flags = torch.stack([s.found_inf.reshape(()) for s in scalers]).to(self.collective_device)
-        with collective(what, self.group):
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        for s, flag in zip(scalers, flags.to(scalers[0].found_inf.device)):
-            s.found_inf.copy_(flag)
+        agree_on_overflow(scalers, self.collective_device, self.group, what)
 
     # ---- parameters ------------------------------------------------------------------------------
     def _in_place(self) -> bool:

@@ -129,6 +129,19 @@ def collective(what: str, group=None):
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
+def agree_on_overflow(scalers, device: torch.device, group, what: str) -> None:
+    """Every rank's float16 gradient scalers learn whether any rank's gradients overflowed: a max over ranks of
+    each scaler's `found_inf`, on the device (no host sync), so every rank takes the same decision to skip a
+    step and tables several ranks hold are stepped or skipped alike."""
+    if not scalers:
+        return
+    flags = torch.stack([s.found_inf.reshape(()) for s in scalers]).to(device)
+    with collective(what, group):
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    for s, flag in zip(scalers, flags.to(scalers[0].found_inf.device)):
+        s.found_inf.copy_(flag)
+
+
 def all_gather_objects(obj, what: str, group=None) -> list:
     """Every rank's `obj` (small, picklable), in rank order."""
     out = [None] * world_size(group)

@@ -41,7 +41,8 @@ from . import exchange
 from .optimizer_split import check_split
 from .ownership import Ownership
 from .profile import mark
-from .process import all_gather_objects, collective, collective_device, rank, require_group, world_size
+from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
+                      world_size)
 
 GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
@@ -436,15 +437,9 @@ class ShardedPart(_Collective):
         """Every rank's float16 scalers learn whether any rank's gradients overflowed (a max over ranks of their
         `found_inf`, on the device): each rank then makes the same skip decision, so tables every rank holds
         (replicated ones) are stepped or skipped alike and never drift apart. No host sync."""
-        scalers = gradient_scaling.scalers_of(self.local)
-        if not scalers or self.world_size == 1:
-            return
-        import torch.distributed as dist
-        flags = torch.stack([s.found_inf.reshape(()) for s in scalers]).to(self.collective_device)
-        with collective("the overflow flags' all-reduce", self.group):
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        for s, flag in zip(scalers, flags.to(scalers[0].found_inf.device)):
-            s.found_inf.copy_(flag)
+        if self.world_size > 1:
+            agree_on_overflow(gradient_scaling.scalers_of(self.local), self.collective_device, self.group,
+                              "the overflow flags' all-reduce")
 
     def _start_reduce(self, tables, grads, any_grads):
         """Owned tables: as computed (dy carries the mean's scale); replicated ones: summed over ranks
