@@ -136,13 +136,7 @@ class OccupancyGrid(VoxelBox):
         """Flat indices (int64, ascending) of the voxels a tracking grid may occupy: those of `within`, None
         where every voxel may be. Listing them reads the device; `within` is fixed for the grid's life, so they
         are listed once (anew only if `within` is replaced or written in place)."""
-        within = self.within
-        if within is None:
-            return None
-        kept = self._allowed
-        if kept is None or kept[0] is not within or kept[1] != within._version:
-            kept = self._allowed = (within, within._version, torch.nonzero(within.reshape(-1)).reshape(-1))
-        return kept[2]
+        return None if self.within is None else self._listed("_allowed", self.within)
 
     @torch.no_grad()
     def update(self, density, threshold: float, decay: float = 0.95, random_share: float = 0.5,
@@ -284,10 +278,16 @@ class OccupancyGrid(VoxelBox):
         """Flat indices (int64, ascending) of the occupied voxels. Listing them reads the device (their number
         sizes the list), so the list is kept until `occupied` changes (another tensor, or written in place):
         a grid that stays as it is, as in distillation, is listed once."""
-        occupied = self.occupied
-        kept = self._voxels
-        if kept is None or kept[0] is not occupied or kept[1] != occupied._version:
-            kept = self._voxels = (occupied, occupied._version, torch.nonzero(occupied.reshape(-1)).reshape(-1))
+        return self._listed("_voxels", self.occupied)
+
+    def _listed(self, slot: str, mask: torch.Tensor) -> torch.Tensor:
+        """Flat indices (int64, ascending) of `mask`'s True entries, kept in attribute `slot` with the state of
+        `mask` they were listed from, and listed anew (a read of the device) only when it changed: another
+        tensor, or the same one written in place."""
+        kept = getattr(self, slot)
+        if kept is None or kept[0] is not mask or kept[1] != mask._version:
+            kept = (mask, mask._version, torch.nonzero(mask.reshape(-1)).reshape(-1))
+            setattr(self, slot, kept)
         return kept[2]
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
