@@ -46,3 +46,24 @@ def test_a_condition_after_the_last_bare_window_takes_that_window_alone():
     assert interleaved_ratios(windows)["moving_client"]["ratios"] == [pytest.approx(0.8)]
     with pytest.raises(ValueError, match="no_viewer"):
         interleaved_ratios(windows[1:])
+
+
+def test_the_median_ignores_one_window_the_host_slowed():
+    truth = {"served_no_client": 1.0, "resting_client": 0.97, "moving_client": 0.95}
+    windows = drifting_windows(truth, lambda t: 200.0, rounds=5)
+    moving = [w for w in windows if w["condition"] == "moving_client"]
+    moving[2]["rate"] *= 0.6  # one window hit by a pause of the host's own
+    out = interleaved_ratios(windows)
+    assert out["moving_client"]["median"] == pytest.approx(0.95, rel=1e-12)
+    assert out["moving_client"]["ratio"] == pytest.approx(0.95 * (1 - 0.4 / 5), rel=1e-12)
+    assert out["resting_client"]["median"] == pytest.approx(0.97, rel=1e-12)
+
+
+def test_conditions_option_is_checked():
+    from benchmarks.tools.web_viewer_cost import parse_args
+
+    assert parse_args(["--conditions", "resting_client,moving_client"]).conditions == ["resting_client",
+                                                                                      "moving_client"]
+    for bad in ("no_viewer", "moving,resting_client", "moving_client,moving_client", ","):
+        with pytest.raises(SystemExit):
+            parse_args(["--conditions", bad])

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import threading
 import time
 
@@ -190,7 +191,9 @@ def interleaved_ratios(windows: list[dict]) -> dict:
 
     A condition window's baseline is the bare rate at its midpoint, interpolated linearly between the nearest bare
     windows before and after it (the one there is, at either end), so a step rate that drifts steadily as training
-    goes on cancels. Returns {condition: {"ratio": mean of its windows' ratios, "ratios": [...]}}.
+    goes on cancels. Returns {condition: {"ratio": mean of its windows' ratios, "median": their median,
+    "ratios": [...]}}: a window the host slowed for reasons of its own (the bare loop's windows spread by 10-30%
+    on the GPU machines) moves the mean, less the median.
     """
     bare = [(0.5 * (w["start"] + w["end"]), w["rate"]) for w in windows if w["condition"] == "no_viewer"]
     if not bare:
@@ -210,6 +213,7 @@ def interleaved_ratios(windows: list[dict]) -> dict:
         out.setdefault(w["condition"], {"ratios": []})["ratios"].append(w["rate"] / baseline)
     for entry in out.values():
         entry["ratio"] = sum(entry["ratios"]) / len(entry["ratios"])
+        entry["median"] = statistics.median(entry["ratios"])
     return out
 
 
@@ -229,7 +233,9 @@ def measure(task: Task, args, arch: str) -> dict:
     web = viewer.frontend
     result["view_share"] = web.schedule.budget.share
     windows, clock0 = [], time.perf_counter()
-    totals = {c: {"frames_sent": 0, "frames_received": 0, "mbytes": 0.0, "page_share": []} for c in CONDITIONS[2:]}
+    conditions = args.conditions
+    totals = {c: {"frames_sent": 0, "frames_received": 0, "mbytes": 0.0, "page_share": []} for c in conditions
+              if c != "served_no_client"}
     training_windows = []  # steps per second of the viewer's booked training time, beside the bare windows
 
     def bare(first: bool) -> None:
@@ -264,7 +270,7 @@ def measure(task: Task, args, arch: str) -> dict:
 
     try:
         for r in range(args.rounds):
-            for condition in CONDITIONS[1:]:
+            for condition in conditions:
                 bare(first=not windows)
                 served(condition)
         bare(first=False)
@@ -278,10 +284,11 @@ def measure(task: Task, args, arch: str) -> dict:
     result["no_viewer"] = sum(bare_rates) / len(bare_rates)
     result["no_viewer_windows"] = [round(v, 2) for v in bare_rates]
     result["baseline_drift"] = round(bare_rates[-1] / bare_rates[0] - 1.0, 3)
-    for condition in CONDITIONS[1:]:
+    for condition in conditions:
         rates = [w["rate"] for w in windows if w["condition"] == condition]
         result[condition] = round(sum(rates) / len(rates), 2)
         result[f"{condition}_vs_no_viewer"] = round(ratios[condition]["ratio"], 3)
+        result[f"{condition}_median_vs_no_viewer"] = round(ratios[condition]["median"], 3)
         result[f"{condition}_ratios"] = [round(v, 3) for v in ratios[condition]["ratios"]]
     for condition, t in totals.items():
         result[f"{condition}_frames_sent"] = t["frames_sent"]
@@ -293,8 +300,9 @@ def measure(task: Task, args, arch: str) -> dict:
         # Steps per second of the time the ledger booked as training, against the bare loop: below 1, the steps
         # themselves ran slower with a client (contention the ledger cannot see).
         if condition + "_training" in training_ratios:
-            result[f"{condition}_training_only_vs_no_viewer"] = round(training_ratios[condition + "_training"]["ratio"],
-                                                                      3)
+            entry = training_ratios[condition + "_training"]
+            result[f"{condition}_training_only_vs_no_viewer"] = round(entry["ratio"], 3)
+            result[f"{condition}_training_only_ratios"] = [round(v, 3) for v in entry["ratios"]]
     result["no_viewer"] = round(result["no_viewer"], 2)
     return result
 
@@ -303,15 +311,19 @@ def print_results(results: dict) -> None:
     """The table: one row per task and condition, steps/s and the ratio to the bare loop's windows beside it."""
     from benchmarks.common import print_table
 
-    rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0)}
-            for name, r in results.items() for c in CONDITIONS]
+    rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0),
+             "median": r.get(f"{c}_median_vs_no_viewer", 1.0), "windows": str(len(r.get(f"{c}_ratios", []))) if c != "no_viewer" else "-"}
+            for name, r in results.items() for c in CONDITIONS if c in r]
     print_table(rows, [("task", "task", "s"), ("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
-                       ("vs_no_viewer", "x no viewer", ".3f")])
+                       ("vs_no_viewer", "x no viewer (mean)", ".3f"), ("median", "median", ".3f"),
+                       ("windows", "windows", "s")])
     for name, r in results.items():
         print(f"{name}: bare loop {', '.join(f'{v:.1f}' for v in r['no_viewer_windows'])} steps/s in its windows "
               f"(drift first to last {100 * r['baseline_drift']:+.1f}%); each condition against the bare windows "
               "beside it")
         for c in CONDITIONS[2:]:
+            if f"{c}_page_share" not in r:
+                continue
             training = r.get(f"{c}_training_only_vs_no_viewer")
             print(f"  {c}: page share by the viewer's ledger {r[f'{c}_page_share']:.3f}; steps/s of its booked "
                   f"training time x no viewer {'-' if training is None else format(training, '.3f')}")
@@ -336,6 +348,9 @@ def parse_args(argv=None):
                    help="unmeasured time at the start of each viewer window (the client connects, first renders; 1.5)")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of alternating windows, each condition once a round beside bare-loop windows (2)")
+    p.add_argument("--conditions", default=",".join(CONDITIONS[1:]),
+                   help="comma list of the conditions measured each round beside bare-loop windows: "
+                        + ", ".join(CONDITIONS[1:]))
     p.add_argument("--width", type=int, default=None, help="the client's viewport (1280 x 720)")
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--port", type=int, default=0, help="0: any free port")
@@ -351,6 +366,11 @@ def parse_args(argv=None):
     if unknown or not tasks:
         p.error(f"--task {args.task!r}: allowed: a comma list of {', '.join(TASKS)}")
     args.tasks = tasks
+    args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if not args.conditions or any(c not in CONDITIONS[1:] for c in args.conditions) \
+            or len(set(args.conditions)) != len(args.conditions):
+        p.error(f"--conditions {','.join(args.conditions)!r}: allowed: a comma list of distinct "
+                + ", ".join(CONDITIONS[1:]))
     defaults = {"batch": 1 << 18, "size": 256, "seconds": 3.0, "warmup": 1.5, "width": 1280, "height": 720,
                 "prep_steps": 500, "rounds": 2}
     for key, value in (QUICK if args.quick else defaults).items():
