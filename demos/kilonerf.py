@@ -33,8 +33,8 @@ from tinn.progress import ProgressBar  # noqa: E402
 from tinn.viewer.cli import add_viewer_args, open_viewer, viewer_kind  # noqa: E402
 
 # Full size (the defaults) and --small; an explicit flag wins over both.
-FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 4096,
-        "teacher_steps": 2000, "distill_steps": 2000, "finetune_steps": 1000, "distill_batch": 1 << 18,
+FULL = {"grid": 16, "views": 100, "test_views": 4, "res": 100, "samples": 128, "batch_rays": 8192,
+        "teacher_steps": 1000, "distill_steps": 1000, "finetune_steps": 1000, "distill_batch": 1 << 19,
         "finetune_rays": 1 << 16, "hidden_layers": 3, "occupancy_res": 128, "teacher_levels": 16,
         "teacher_log2_hashmap": 19, "teacher_base": 16, "teacher_hidden_layers": 2, "teacher_lr": 1e-2}
 SMALL = {"grid": 4, "views": 24, "test_views": 2, "res": 32, "samples": 32, "batch_rays": 512,
@@ -65,12 +65,12 @@ def parse_args(argv=None):
     p.add_argument("--test-views", type=int, default=None, help="held-out views for PSNR (full size 4)")
     p.add_argument("--res", type=int, default=None, help="image width and height in pixels (full size 100)")
     p.add_argument("--samples", type=int, default=None, help="samples per ray across the scene box (full size 128)")
-    p.add_argument("--batch-rays", type=int, default=None, help="rays per teacher step (full size 4096)")
+    p.add_argument("--batch-rays", type=int, default=None, help="rays per teacher step (full size 8192)")
     p.add_argument("--finetune-rays", type=int, default=None, help="rays per student fine-tuning step (full 2^16)")
-    p.add_argument("--teacher-steps", type=int, default=None, help="teacher training steps (full size 2000)")
-    p.add_argument("--distill-steps", type=int, default=None, help="distillation steps (full size 2000)")
+    p.add_argument("--teacher-steps", type=int, default=None, help="teacher training steps (full size 1000)")
+    p.add_argument("--distill-steps", type=int, default=None, help="distillation steps (full size 1000)")
     p.add_argument("--finetune-steps", type=int, default=None, help="student fine-tuning steps (full size 1000)")
-    p.add_argument("--distill-batch", type=int, default=None, help="points per distillation step (full size 2^18)")
+    p.add_argument("--distill-batch", type=int, default=None, help="points per distillation step (full size 2^19)")
     p.add_argument("--occupancy-res", type=int, default=None, help="occupancy voxels per axis (full size 128)")
     p.add_argument("--frequencies", type=int, default=4, help="Frequency-encoding octaves of each cell's network")
     p.add_argument("--neurons", type=int, default=32, choices=[16, 32, 64], help="width of each cell's network")
