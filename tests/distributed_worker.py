@@ -302,6 +302,8 @@ def scenario_split(rank, out):
     a.training_step(x, t, ids)
     b.training_step(x, t, ids)
     res["same_after_step"] = all(torch.equal(p, q) for p, q in zip(a_model.parameters(), b_model.parameters()))
+    res["after_step_max_diff"] = max(float((p - q).abs().max()) for p, q in zip(a_model.parameters(),
+                                                                               b_model.parameters()))
     # A state with one wrong shape changes nothing.
     bad = dict(res["saved_state"])
     bad["v.inner.network.params"] = bad["v.inner.network.params"][:, :-1]

@@ -131,7 +131,9 @@ def test_split_over_nccl_steps_like_the_all_reduce(tmp_path):
     and the overflow agreement as on the CPU."""
     runs = run_ranks("split", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
     _check_split_steps(runs, atol=1e-5)
-    _check_split_checkpoint(runs)
+    # The grid's backward adds with float atomics on CUDA, in an order that changes run to run (outside
+    # deterministic mode), so the resumed step matches to rounding there; the restored state itself is bit for bit.
+    _check_split_checkpoint(runs, resumed_step_atol=1e-6)
     assert [r["found_inf"] for r in runs] == [1.0, 1.0]
 
 
@@ -144,7 +146,7 @@ def test_split_checkpoint_holds_the_whole_state_bit_for_bit(split_run):
     _check_split_checkpoint(split_run)
 
 
-def _check_split_checkpoint(split_run):
+def _check_split_checkpoint(split_run, resumed_step_atol: float = 0.0):
     for res in split_run:
         saved, ref = res["saved_state"], res["allreduce_state"]
         assert set(saved) == set(ref) and saved["otype"] == "Adam" and saved["step_count"] == 2
@@ -160,7 +162,10 @@ def _check_split_checkpoint(split_run):
             for key, value in saved.items():
                 same = torch.equal(restored[key], value) if isinstance(value, torch.Tensor) else restored[key] == value
                 assert same, key
-        assert res["same_after_step"]
+        if resumed_step_atol == 0.0:
+            assert res["same_after_step"]
+        else:
+            assert res["after_step_max_diff"] <= resumed_step_atol, res["after_step_max_diff"]
         assert "v.inner.network.params" in res["bad_state"] and res["bad_state_untouched"], res["bad_state"]
     for key, value in split_run[0]["saved_state"].items():
         if isinstance(value, torch.Tensor):
