@@ -145,23 +145,45 @@ def sync():
         torch.cuda.synchronize()
 
 
-def plain_rate(source, seconds: float, warm_steps: int = 20) -> float:
-    """Steps/s of the bare loop (losses kept on the device, one sync every 10 steps)."""
+def host_clock() -> tuple[float, float, float]:
+    """(wall, this process's CPU seconds, the machine's stolen and total CPU ticks as a pair packed in a float
+    tuple): read at both ends of a window. CPU seconds count every thread of this process (the viewer's server
+    threads too) and no time the hypervisor gave to another guest."""
+    steal = total = 0.0
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+        steal, total = (fields[7] if len(fields) > 7 else 0.0), sum(fields[:8])
+    except (OSError, ValueError):
+        pass
+    return time.perf_counter(), time.process_time(), steal, total
+
+
+def window_rates(steps: int, start: tuple, end: tuple) -> dict:
+    """Steps per wall second and per CPU second of this process over a window, and the machine's stolen share."""
+    wall, cpu = end[0] - start[0], end[1] - start[1]
+    ticks = end[3] - start[3]
+    return {"rate": steps / wall, "cpu_rate": steps / cpu if cpu > 0 else None,
+            "steal": (end[2] - start[2]) / ticks if ticks > 0 else None}
+
+
+def plain_rate(source, seconds: float, warm_steps: int = 20) -> dict:
+    """The bare loop over `seconds` (losses kept on the device, one sync every 10 steps): `window_rates`."""
     for _ in range(warm_steps):
         source.train_step()
     sync()
-    start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
+    start, n = host_clock(), 0
+    while time.perf_counter() - start[0] < seconds:
         for _ in range(10):
             source.train_step()
         n += 10
         sync()
-    return n / (time.perf_counter() - start)
+    return window_rates(n, start, host_clock())
 
 
 def viewer_rate(viewer, seconds: float, warmup_s: float) -> dict:
     """The web viewer's loop over `seconds` after `warmup_s` (a client connects, first renders): `rate` (steps/s),
-    `start` and `end` (perf_counter), and by the viewer's own ledger (`tinn.viewer.budget`; nothing booked with
+    `cpu_rate` and `steal` (`window_rates`), `start` and `end` (perf_counter), and by the viewer's own ledger (`tinn.viewer.budget`; nothing booked with
     nobody connected) the page's `share` of the time and `training_rate`, steps per second of booked training."""
     c, schedule = viewer.controller, viewer.frontend.schedule
     c.quit_requested = False
@@ -169,18 +191,18 @@ def viewer_rate(viewer, seconds: float, warmup_s: float) -> dict:
 
     def stopper():
         time.sleep(warmup_s)
-        marks["start"] = (time.perf_counter(), c.step, *schedule.totals())
+        marks["start"] = (host_clock(), c.step, *schedule.totals())
         time.sleep(seconds)
-        marks["end"] = (time.perf_counter(), c.step, *schedule.totals())
+        marks["end"] = (host_clock(), c.step, *schedule.totals())
         c.quit()
 
     thread = threading.Thread(target=stopper)
     thread.start()
     viewer._run_web()
     thread.join()
-    (t0, s0, p0, b0), (t1, s1, p1, b1) = marks["start"], marks["end"]
+    (c0, s0, p0, b0), (c1, s1, p1, b1) = marks["start"], marks["end"]
     page, training = p1 - p0, b1 - b0
-    return {"rate": (s1 - s0) / (t1 - t0), "start": t0, "end": t1,
+    return {**window_rates(s1 - s0, c0, c1), "start": c0[0], "end": c1[0],
             "share": page / (page + training) if page + training > 0 else 0.0,
             "training_rate": (s1 - s0) / training if training > 0 else None}
 
@@ -240,9 +262,8 @@ def measure(task: Task, args, arch: str) -> dict:
 
     def bare(first: bool) -> None:
         start = time.perf_counter() - clock0
-        rate = plain_rate(task.source, args.seconds, warm_steps=20 if first else 3)
-        windows.append({"condition": "no_viewer", "start": start, "end": time.perf_counter() - clock0,
-                        "rate": rate})
+        rates = plain_rate(task.source, args.seconds, warm_steps=20 if first else 3)
+        windows.append({"condition": "no_viewer", "start": start, "end": time.perf_counter() - clock0, **rates})
 
     def served(condition: str) -> None:
         move_every_s = {"served_no_client": None, "resting_client": None, "moving_client": 1 / 30}[condition]
@@ -255,7 +276,7 @@ def measure(task: Task, args, arch: str) -> dict:
         try:
             m = viewer_rate(viewer, args.seconds, args.warmup)
             window = {"condition": condition, "start": m["start"] - clock0, "end": m["end"] - clock0}
-            windows.append({**window, "rate": m["rate"]})
+            windows.append({**window, "rate": m["rate"], "cpu_rate": m["cpu_rate"], "steal": m["steal"]})
             if m["training_rate"] is not None:
                 training_windows.append({**window, "condition": condition + "_training", "rate": m["training_rate"]})
         finally:
@@ -278,6 +299,12 @@ def measure(task: Task, args, arch: str) -> dict:
     finally:
         web.close()
     ratios = interleaved_ratios(windows)
+    # Per CPU second of this process: the hosts' own speed changes (another guest's load) move the wall rates of
+    # the bare loop by 10-70% between windows; stolen time does not count here (a slower clock still does).
+    cpu_windows = [{**w, "rate": w["cpu_rate"]} for w in windows if w.get("cpu_rate")]
+    cpu_ratios = interleaved_ratios(cpu_windows) if any(w["condition"] == "no_viewer" for w in cpu_windows) else {}
+    steal = [w["steal"] for w in windows if w.get("steal") is not None]
+    result["steal_share_max"] = round(max(steal), 4) if steal else None
     bare_windows = [w for w in windows if w["condition"] == "no_viewer"]
     training_ratios = interleaved_ratios(bare_windows + training_windows) if training_windows else {}
     bare_rates = [w["rate"] for w in windows if w["condition"] == "no_viewer"]
@@ -289,6 +316,10 @@ def measure(task: Task, args, arch: str) -> dict:
         result[condition] = round(sum(rates) / len(rates), 2)
         result[f"{condition}_vs_no_viewer"] = round(ratios[condition]["ratio"], 3)
         result[f"{condition}_median_vs_no_viewer"] = round(ratios[condition]["median"], 3)
+        if condition in cpu_ratios:
+            result[f"{condition}_cpu_vs_no_viewer"] = round(cpu_ratios[condition]["ratio"], 3)
+            result[f"{condition}_cpu_median_vs_no_viewer"] = round(cpu_ratios[condition]["median"], 3)
+            result[f"{condition}_cpu_ratios"] = [round(v, 3) for v in cpu_ratios[condition]["ratios"]]
         result[f"{condition}_ratios"] = [round(v, 3) for v in ratios[condition]["ratios"]]
     for condition, t in totals.items():
         result[f"{condition}_frames_sent"] = t["frames_sent"]
@@ -312,15 +343,18 @@ def print_results(results: dict) -> None:
     from benchmarks.common import print_table
 
     rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0),
-             "median": r.get(f"{c}_median_vs_no_viewer", 1.0), "windows": str(len(r.get(f"{c}_ratios", []))) if c != "no_viewer" else "-"}
+             "median": r.get(f"{c}_median_vs_no_viewer", 1.0),
+             "cpu": r.get(f"{c}_cpu_vs_no_viewer", 1.0 if c == "no_viewer" else None),
+             "cpu_median": r.get(f"{c}_cpu_median_vs_no_viewer", 1.0 if c == "no_viewer" else None), "windows": str(len(r.get(f"{c}_ratios", []))) if c != "no_viewer" else "-"}
             for name, r in results.items() for c in CONDITIONS if c in r]
     print_table(rows, [("task", "task", "s"), ("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
                        ("vs_no_viewer", "x no viewer (mean)", ".3f"), ("median", "median", ".3f"),
+                       ("cpu", "per CPU s (mean)", ".3f"), ("cpu_median", "median", ".3f"),
                        ("windows", "windows", "s")])
     for name, r in results.items():
         print(f"{name}: bare loop {', '.join(f'{v:.1f}' for v in r['no_viewer_windows'])} steps/s in its windows "
               f"(drift first to last {100 * r['baseline_drift']:+.1f}%); each condition against the bare windows "
-              "beside it")
+              f"beside it; stolen share of the machine's CPU at most {r.get('steal_share_max')}")
         for c in CONDITIONS[2:]:
             if f"{c}_page_share" not in r:
                 continue
