@@ -197,10 +197,7 @@ class FlatSplit:
             with collective(what, self.group):
                 _all_gather(flat, flat[self.lo:self.hi], group=self.group)
             return
-        send = self.gather_slice([p.view for p in self.pieces], torch.float32)
-        full = torch.empty(self.padded, dtype=torch.float32, device=self.collective_device)
-        with collective(what, self.group):
-            _all_gather(full, send, group=self.group)
+        full = self.all_gather(self.gather_slice([p.view for p in self.pieces], torch.float32), what)
         with torch.no_grad():
             for t, offset in zip(self.tables, self.offsets):
                 t.view(-1).copy_(full[offset:offset + t.numel()])
@@ -244,7 +241,9 @@ class SplitOptimizer(Optimizer):
             probe = torch.zeros(1, 1, dtype=torch.float32, device=p.device)
             probe.tinn_matrix = matrix[n]
             probes.append((n, probe))
-        self._probe = create_optimizer(config, probes)
+        # (A fresh optimizer that never steps: its state is read for the layout only, once.)
+        self._probe_state = create_optimizer(config, probes).state_dict()
+        self._state_kinds = self._kinds()
         self._rows = {n: rows_of(p) for n, p in named_params}
         self._lr_scales = {n: torch.ones(self._rows[n], dtype=torch.float32, device=p.device)
                            for n, p in named_params}
@@ -322,7 +321,7 @@ class SplitOptimizer(Optimizer):
         """Every key of the unsplit state: ("element", table) for per-element tensors, ("row", table) for row
         scales, ("scalar", table) for per-table scalars, ("global", None) for the rest."""
         out = {}
-        for key, value in self._probe.state_dict().items():
+        for key, value in self._probe_state.items():
             table = next((t for t, n in sorted(enumerate(self.split.names), key=lambda e: -len(e[1]))
                           if key.endswith("." + n)), None)
             if table is None:
@@ -344,9 +343,9 @@ class SplitOptimizer(Optimizer):
     def _collect(self, out, prefix: str) -> None:
         """The unsplit state's layout (meta tensors of its shapes and dtypes, this rank's scalars), which
         `check_state_dict` compares a state with."""
-        probe = self._probe.state_dict()
+        probe = self._probe_state
         inner = self.inner.state_dict()
-        for key, (kind, table) in self._kinds().items():
+        for key, (kind, table) in self._state_kinds.items():
             if kind == "global":
                 out[prefix + key] = inner[key]
             elif kind == "scalar":
@@ -361,7 +360,7 @@ class SplitOptimizer(Optimizer):
         gathered. A collective: every rank calls it (`trainer.save_checkpoint` on every rank; one file is enough)."""
         split = self.split
         inner = self.inner.state_dict()
-        kinds = self._kinds()
+        kinds = self._state_kinds
         out, scalars = {}, {}
         for key, (kind, table) in kinds.items():
             if kind == "global":
@@ -378,13 +377,13 @@ class SplitOptimizer(Optimizer):
                     out[key] = value
         for key, (kind, table) in kinds.items():
             if kind == "scalar" and out.get(key) is None:
-                out[key] = self._probe.state_dict()[key]  # an empty table: never stepped
+                out[key] = self._probe_state[key]  # an empty table: never stepped
         element_keys = [k for k, (kind, _) in kinds.items() if kind == "element"]
         prefixes = sorted({k[:-len(split.names[kinds[k][1]])] for k in element_keys})
         for prefix in prefixes:  # one gather per state kind ("m.", "v.", ...), over every table that has it
             keys = {kinds[k][1]: k for k in element_keys if k.startswith(prefix)
                     and k[len(prefix):] == split.names[kinds[k][1]]}
-            dtype = self._probe.state_dict()[next(iter(keys.values()))].dtype
+            dtype = self._probe_state[next(iter(keys.values()))].dtype
             local = split.gather_slice([inner[self._piece_key(keys[p.table], p.table, p)] if p.table in keys else None
                                         for p in split.pieces], dtype)
             full = split.all_gather(local, "the split optimizer's state gather")
@@ -398,7 +397,7 @@ class SplitOptimizer(Optimizer):
         """This rank's slices of an unsplit state (checked by `check_state_dict`)."""
         split = self.split
         inner = {}
-        for key, (kind, table) in self._kinds().items():
+        for key, (kind, table) in self._state_kinds.items():
             value = state[prefix + key]
             if kind == "global":
                 inner[key] = value
@@ -417,6 +416,6 @@ class SplitOptimizer(Optimizer):
             self.inner.load_state_dict(inner)
         except CheckpointError as e:
             raise CheckpointError(f"split optimizer: {e}") from None
-        for key, (kind, table) in self._kinds().items():
+        for key, (kind, table) in self._state_kinds.items():
             if kind == "row":
                 self._lr_scales[split.names[table]].copy_(state[prefix + key])

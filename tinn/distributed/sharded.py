@@ -478,8 +478,9 @@ class Replicated(_Collective):
     state for that slice only, and the updated slices are all-gathered in float32. "auto" (default): split
     where the optimizer is elementwise (Adam, SGD), the reduce is float32 and there are several ranks, since
     the link then carries what a float32 all-reduce carries while the optimizer's pass and state shrink by the
-    world size; the all-reduce otherwise (with a 16-bit reduce the split's float32 all-gather sends more). True: split, and a ConfigError for an optimizer that is not elementwise. False: the
-    all-reduce and the whole optimizer on every rank. While a split optimizer steps this part, the backward
+    world size; the all-reduce otherwise (with a 16-bit reduce the split's float32 all-gather sends more).
+    True: split, and a ConfigError for an optimizer that is not elementwise. False: the all-reduce and the
+    whole optimizer on every rank. While a split optimizer steps this part, the backward
     leaves the tables' `.grad` None: the reduced gradients are the optimizer's slice."""
 
     def __init__(self, part: Part, group=None, gradients: str = "mean", reduce_dtype: str = "float32",
@@ -543,7 +544,6 @@ class Replicated(_Collective):
         dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         mark(self, "compute")
         return dx, self._reduce(grads, need_grads), value
-
 
     def build_optimizer(self, config=None, named_params=None):
         """The optimizer of this part's tables from a tcnn-style optimizer config (default Adam): split over the
