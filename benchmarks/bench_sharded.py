@@ -50,6 +50,7 @@ import time
 import torch  # noqa: E402
 
 import tinn.distributed as td  # noqa: E402
+from tinn.distributed.strategy import REDUCE_BYTES  # noqa: E402
 
 MAX_TABLE = (1 << 31) - 1  # floats per table (Taichi indexes ndarrays in 32 bits)
 SCALING_GRID = {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "log2_hashmap_size": 13,
@@ -320,7 +321,7 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
     t_strong, t_weak = runs["strong"]["step_ms"] / 1e3, runs["weak"]["step_ms"] / 1e3
     replicated = strategy == "replicated"
     split = replicated and runs["strong"]["split"]
-    reduce_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(reduce_dtype, 4)
+    reduce_bytes = REDUCE_BYTES.get(reduce_dtype, 4)
     accuracy = None
     if not replicated and exchange_dtype != "float32":
         accuracy = exchange_accuracy(args, build, n, min(batch // world, 1 << 18), dims, chunks, exchange_dtype)

@@ -271,3 +271,19 @@ def taichi_launch_times(step, steps: int) -> list[tuple[str, float, float]]:
     sync()
     rows = [(name, calls / steps, 1e3 * seconds / steps) for name, (calls, seconds) in totals.items()]
     return sorted(rows, key=lambda r: -r[2])
+
+
+def host_profile(step, steps: int, top: int, indent: str = "", max_launches: int | None = None) -> dict:
+    """Where a host-bound step's host time goes, printed and returned: the calls that waited for a busy device
+    (`waiting_calls`), the host time per Taichi launch (`taichi_launch_times`, the slowest `max_launches`
+    printed) and the `top` Python functions by own time (`host_table`), over `steps` steps. CUDA only."""
+    out = {"waiting_calls": waiting_calls(step)}
+    print(f"{indent}calls that waited for a busy device: {out['waiting_calls'] or 'none'}")
+    out["taichi_launches"] = taichi_launch_times(step, steps)
+    print(f"{indent}Taichi launches: " + ", ".join(f"{name} x{calls:g} {ms:.3f} ms"
+                                                    for name, calls, ms in out["taichi_launches"][:max_launches]))
+    out["host"] = host_table(step, steps, top)
+    print(f"{indent}host, by function: calls/step, own ms/step, cumulative ms/step")
+    for name, calls, own, cumulative in out["host"]:
+        print(f"{indent or '  '}{name[:72]:72s} {calls:5.1f} {own:8.3f} {cumulative:8.3f}")
+    return out

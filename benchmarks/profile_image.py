@@ -16,7 +16,7 @@ import time
 import torch
 
 import tinn  # noqa: E402
-from benchmarks.common import host_ms_per_step, host_table, taichi_launch_times, waiting_calls  # noqa: E402
+from benchmarks.common import host_ms_per_step, host_profile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,13 +56,8 @@ def main(argv=None):
 
         rows = []
         if arch == "cuda":
-            timings["waiting_calls"] = waiting_calls(lambda: trainer.training_step(*task.batch(batch)))
-            print(f"calls that waited for a busy device: {timings['waiting_calls'] or 'none'}")
-            launches = taichi_launch_times(lambda: trainer.training_step(*task.batch(batch)), 20)
-            print("Taichi launches: " + ", ".join(f"{name} x{calls:g} {ms:.3f} ms" for name, calls, ms in launches))
-            print("host, by function: calls/step, own ms/step, cumulative ms/step")
-            for name, calls, own, cumulative in host_table(lambda: trainer.training_step(*task.batch(batch)), 20, 25):
-                print(f"  {name[:72]:72s} {calls:5.1f} {own:8.3f} {cumulative:8.3f}")
+            host = host_profile(lambda: trainer.training_step(*task.batch(batch)), 20, 25)
+            timings["waiting_calls"] = host["waiting_calls"]
             from torch.profiler import ProfilerActivity, profile
             n = 10
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -28,7 +28,7 @@ import warnings
 import torch
 
 import tinn  # noqa: E402
-from benchmarks.common import host_table, taichi_launch_times, waiting_calls  # noqa: E402
+from benchmarks.common import host_profile  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
 
 
@@ -134,15 +134,7 @@ def main(argv=None):
             for name, calls, ms in kernels:
                 print(f"   {name[:72]:72s} {calls:5.1f} {ms:8.3f}")
             if args.host_profile:
-                r["waiting_calls"] = waiting_calls(trainer.step)
-                print(f"   calls that waited for a busy device: {r['waiting_calls'] or 'none'}")
-                r["taichi_launches"] = taichi_launch_times(trainer.step, args.steps)
-                print("   Taichi launches: " + ", ".join(f"{name} x{calls:g} {ms:.3f} ms"
-                                                        for name, calls, ms in r["taichi_launches"][:8]))
-                r["host"] = host_table(trainer.step, args.steps, args.top)
-                print(f"   host, by function: calls/step, own ms/step, cumulative ms/step")
-                for name, calls, own, cumulative in r["host"]:
-                    print(f"   {name[:72]:72s} {calls:5.1f} {own:8.3f} {cumulative:8.3f}")
+                r.update(host_profile(trainer.step, args.steps, args.top, indent="   ", max_launches=8))
         pipe.run_phase()
     if args.json:
         with open(args.json, "w") as f:

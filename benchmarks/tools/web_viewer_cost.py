@@ -19,8 +19,8 @@ share of the time by the viewer's own ledger, and the steps per second of the ti
 The client speaks viser's websocket protocol from Python (no browser needed; `viewer_client.py`), in a process of
 its own as a browser is: it sends camera messages the way the page does (scenes: from the held-out view the page
 opens at, turning around the scene while it moves) and reads everything the server sends, as a browser tab would,
-counting the frames rendered for it. Prints one JSON
-object per task, then a table; the issue's goal is `resting_client` within 10% of `no_viewer` on the H100.
+counting the frames rendered for it. Prints one JSON object per task, then a table; the issue's goal is
+`resting_client` within 10% of `no_viewer` on the H100.
 """
 from __future__ import annotations
 
@@ -145,10 +145,10 @@ def sync():
         torch.cuda.synchronize()
 
 
-def host_clock() -> tuple[float, float, float]:
-    """(wall, this process's CPU seconds, the machine's stolen and total CPU ticks as a pair packed in a float
-    tuple): read at both ends of a window. CPU seconds count every thread of this process (the viewer's server
-    threads too) and no time the hypervisor gave to another guest."""
+def host_clock() -> tuple[float, float, float, float]:
+    """(wall seconds, this process's CPU seconds, the machine's stolen CPU ticks, its total CPU ticks), read at
+    both ends of a window. CPU seconds count every thread of this process (the viewer's server threads too) and
+    no time the hypervisor gave to another guest; the ticks are 0 where /proc/stat cannot be read."""
     steal = total = 0.0
     try:
         with open("/proc/stat") as f:
@@ -183,8 +183,9 @@ def plain_rate(source, seconds: float, warm_steps: int = 20) -> dict:
 
 def viewer_rate(viewer, seconds: float, warmup_s: float) -> dict:
     """The web viewer's loop over `seconds` after `warmup_s` (a client connects, first renders): `rate` (steps/s),
-    `cpu_rate` and `steal` (`window_rates`), `start` and `end` (perf_counter), and by the viewer's own ledger (`tinn.viewer.budget`; nothing booked with
-    nobody connected) the page's `share` of the time and `training_rate`, steps per second of booked training."""
+    `cpu_rate` and `steal` (`window_rates`), `start` and `end` (perf_counter), and by the viewer's own ledger
+    (`tinn.viewer.budget`; nothing booked with nobody connected) the page's `share` of the time and
+    `training_rate`, steps per second of booked training."""
     c, schedule = viewer.controller, viewer.frontend.schedule
     c.quit_requested = False
     marks = {}
@@ -299,8 +300,8 @@ def measure(task: Task, args, arch: str) -> dict:
     finally:
         web.close()
     ratios = interleaved_ratios(windows)
-    # Per CPU second of this process: the hosts' own speed changes (another guest's load) move the wall rates of
-    # the bare loop by 10-70% between windows; stolen time does not count here (a slower clock still does).
+    # Per CPU second of this process: the host's own speed changes move the wall rates of the bare loop by
+    # 10-70% between windows; time stolen by other guests does not count here (a slower clock still does).
     cpu_windows = [{**w, "rate": w["cpu_rate"]} for w in windows if w.get("cpu_rate")]
     cpu_ratios = interleaved_ratios(cpu_windows) if any(w["condition"] == "no_viewer" for w in cpu_windows) else {}
     steal = [w["steal"] for w in windows if w.get("steal") is not None]
@@ -314,13 +315,9 @@ def measure(task: Task, args, arch: str) -> dict:
     for condition in conditions:
         rates = [w["rate"] for w in windows if w["condition"] == condition]
         result[condition] = round(sum(rates) / len(rates), 2)
-        result[f"{condition}_vs_no_viewer"] = round(ratios[condition]["ratio"], 3)
-        result[f"{condition}_median_vs_no_viewer"] = round(ratios[condition]["median"], 3)
+        _put_ratios(result, condition, ratios[condition])
         if condition in cpu_ratios:
-            result[f"{condition}_cpu_vs_no_viewer"] = round(cpu_ratios[condition]["ratio"], 3)
-            result[f"{condition}_cpu_median_vs_no_viewer"] = round(cpu_ratios[condition]["median"], 3)
-            result[f"{condition}_cpu_ratios"] = [round(v, 3) for v in cpu_ratios[condition]["ratios"]]
-        result[f"{condition}_ratios"] = [round(v, 3) for v in ratios[condition]["ratios"]]
+            _put_ratios(result, f"{condition}_cpu", cpu_ratios[condition])
     for condition, t in totals.items():
         result[f"{condition}_frames_sent"] = t["frames_sent"]
         result[f"{condition}_frames_received"] = t["frames_received"]
@@ -331,22 +328,32 @@ def measure(task: Task, args, arch: str) -> dict:
         # Steps per second of the time the ledger booked as training, against the bare loop: below 1, the steps
         # themselves ran slower with a client (contention the ledger cannot see).
         if condition + "_training" in training_ratios:
-            entry = training_ratios[condition + "_training"]
-            result[f"{condition}_training_only_vs_no_viewer"] = round(entry["ratio"], 3)
-            result[f"{condition}_training_only_ratios"] = [round(v, 3) for v in entry["ratios"]]
+            _put_ratios(result, f"{condition}_training_only", training_ratios[condition + "_training"])
     result["no_viewer"] = round(result["no_viewer"], 2)
     return result
+
+
+def _put_ratios(result: dict, name: str, entry: dict) -> None:
+    """One `interleaved_ratios` entry into the result: `{name}_vs_no_viewer` (the mean),
+    `{name}_median_vs_no_viewer` and `{name}_ratios` (every window's)."""
+    result[f"{name}_vs_no_viewer"] = round(entry["ratio"], 3)
+    result[f"{name}_median_vs_no_viewer"] = round(entry["median"], 3)
+    result[f"{name}_ratios"] = [round(v, 3) for v in entry["ratios"]]
 
 
 def print_results(results: dict) -> None:
     """The table: one row per task and condition, steps/s and the ratio to the bare loop's windows beside it."""
     from benchmarks.common import print_table
 
-    rows = [{"task": name, "condition": c, "steps_per_s": r[c], "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0),
-             "median": r.get(f"{c}_median_vs_no_viewer", 1.0),
-             "cpu": r.get(f"{c}_cpu_vs_no_viewer", 1.0 if c == "no_viewer" else None),
-             "cpu_median": r.get(f"{c}_cpu_median_vs_no_viewer", 1.0 if c == "no_viewer" else None), "windows": str(len(r.get(f"{c}_ratios", []))) if c != "no_viewer" else "-"}
-            for name, r in results.items() for c in CONDITIONS if c in r]
+    def row(name: str, r: dict, c: str) -> dict:
+        bare = c == "no_viewer"  # the baseline: 1 by definition
+        return {"task": name, "condition": c, "steps_per_s": r[c],
+                "vs_no_viewer": r.get(f"{c}_vs_no_viewer", 1.0), "median": r.get(f"{c}_median_vs_no_viewer", 1.0),
+                "cpu": 1.0 if bare else r.get(f"{c}_cpu_vs_no_viewer"),
+                "cpu_median": 1.0 if bare else r.get(f"{c}_cpu_median_vs_no_viewer"),
+                "windows": "-" if bare else str(len(r.get(f"{c}_ratios", [])))}
+
+    rows = [row(name, r, c) for name, r in results.items() for c in CONDITIONS if c in r]
     print_table(rows, [("task", "task", "s"), ("condition", "condition", "s"), ("steps_per_s", "steps/s", ".1f"),
                        ("vs_no_viewer", "x no viewer (mean)", ".3f"), ("median", "median", ".3f"),
                        ("cpu", "per CPU s (mean)", ".3f"), ("cpu_median", "median", ".3f"),
