@@ -33,10 +33,10 @@ from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
-        "grid_features": 4, "neurons": 32, "occupancy_res": 128}
+        "grid_features": 4, "neurons": 32, "occupancy_res": 128, "final_lr_factor": 0.1}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
-         "grid_features": 2, "neurons": 16, "occupancy_res": 64}
+         "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0}
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
 # sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
@@ -88,14 +88,15 @@ def parse_args(argv=None):
     p.add_argument("--finest-share", type=float, default=None,
                    help="share of each batch from the full-resolution images, the only rays that train the deepest "
                         "nodes (default: the trainer's, 0.8); the coarser pyramid levels split the rest")
-    p.add_argument("--final-lr-factor", type=float, default=1.0,
-                   help="the learning rate decays exponentially to lr times this over --steps (1: constant)")
+    p.add_argument("--final-lr-factor", type=float, default=None,
+                   help="the learning rate decays exponentially to lr times this over --steps (1: constant; full: "
+                        "0.1, small: 1, as a few hundred steps are too few for a decay)")
     p.add_argument("--oversample", type=float, default=2.0,
                    help="with --param-budget: each node's finest grid level is this many times finer than the level "
                         "rule's cells (as a single grid's finest level is finer than a pixel)")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="with --param-budget: the tree stops (below --max-depth) at the depth whose nodes would get "
-                        "fewer level-rule cells than this from the capture (0: --max-depth alone; default 128)")
+                        "fewer level-rule cells than this from the capture (0: --max-depth alone; default 256)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
                         "against 20); default float32, bfloat16 with --scale")
@@ -156,9 +157,8 @@ def apply_defaults(args, on_gpu: bool):
 
 
 def load_scene(args):
-    """(train images, held-out images, points to build the octree over)."""
-    from tinn.scenes.training.octree_training import foreground_points
-
+    """(train images, held-out images, points to build the octree over; None for a capture, whose octree is
+    built over its visual hull once its depth is known)."""
     if args.mesh:
         from tinn.scenes.data.mesh import scene_from_mesh
 
@@ -173,8 +173,7 @@ def load_scene(args):
         down = probe.width // args.res
         train = load_folder(args.data, split="train", downscale=down, max_views=args.views)
         test = load_folder(args.data, split="test", downscale=down, max_views=args.test_views)
-        points = foreground_points(train, resolution=min(2 ** (args.max_depth + 3), 256))
-        return train, test, points
+        return train, test, None
     from tinn.scenes.data.procedural import ProceduralScene, render_views, surface_points
 
     scene = ProceduralScene()
@@ -188,6 +187,7 @@ def build_field(args, train, points):
     from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding,
                                                         capture_depth, closest_footprint, leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
+    from tinn.scenes.training.octree_training import hull_octree
 
     dev = tinn.runtime.device()
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
@@ -199,8 +199,11 @@ def build_field(args, train, points):
         # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
         edge = cube_around(train.box_min.float(), train.box_max.float())[1]
         args.max_depth = min(args.max_depth, capture_depth(edge, closest_footprint(train), args.min_leaf_resolution))
-    tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
-                        args.min_points)
+    if points is None:
+        tree = hull_octree(train, args.max_depth, args.min_points)
+    else:
+        tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
+                            args.min_points)
     if budget is not None:
         leaf = args.leaf_resolution or "auto"
         rule = leaf_resolution(tree, closest_footprint(train)) if leaf == "auto" else float(leaf)

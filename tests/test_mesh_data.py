@@ -448,3 +448,31 @@ def test_photometric_trainer_takes_adam_options_and_names_a_bad_one():
     assert (adam.beta2, adam.l2_reg, adam.beta1) == (0.999, 1e-6, 0.9)  # beta1 still the NeRF default
     with pytest.raises(ConfigError, match="betta2.*did you mean 'beta2'"):
         PhotometricTrainer(field, data, n_samples=4, batch_rays=16, learning_rate=1e-3, adam_options={"betta2": 0.9})
+
+
+def test_surface_points_lie_on_the_triangles_in_proportion_to_their_area():
+    # Two triangles in z = 0 and z = 1, the second with three times the area.
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [3, 0, 1], [0, 1, 1]], dtype=np.float32)
+    f = np.array([[0, 1, 2], [3, 4, 5]], dtype=np.int32)
+    mesh = M.Mesh(v, f, np.ones((2, 9), dtype=np.float32))
+    p = mesh.surface_points(40_000, seed=3).double()
+    assert p.shape == (40_000, 3) and p.dtype == torch.float64
+    top = p[:, 2] == 1
+    assert bool(((p[:, 2] == 0) | top).all())
+    assert abs(float(top.double().mean()) - 0.75) < 0.01
+    # Inside each triangle (barycentric coordinates >= 0), and uniform: the first triangle's quarter nearest its
+    # right angle (x + y < 1/2) holds a quarter of its points.
+    low = p[~top]
+    assert bool(((low[:, 0] >= 0) & (low[:, 1] >= 0) & (low[:, 0] + low[:, 1] <= 1 + 1e-6)).all())
+    assert abs(float((low[:, 0] + low[:, 1] < 0.5).double().mean()) - 0.25) < 0.02
+    high = p[top]
+    assert bool(((high[:, 0] >= 0) & (high[:, 1] >= 0) & (high[:, 0] / 3 + high[:, 1] <= 1 + 1e-6)).all())
+    assert torch.equal(mesh.surface_points(100, seed=1), mesh.surface_points(100, seed=1))
+    assert mesh.surface_points(0).shape == (0, 3)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(InputError, match="n="):
+            mesh.surface_points(bad)
+    flat = M.Mesh(np.zeros((3, 3), dtype=np.float32), np.array([[0, 1, 2]], dtype=np.int32),
+                  np.ones((1, 9), dtype=np.float32))
+    with pytest.raises(InputError, match="no area"):
+        flat.surface_points(10)

@@ -12,8 +12,9 @@ from tinn.scenes.training import lod_eval
 from tinn.scenes.data import mesh as M
 from tinn.scenes.data import PosedImages
 from tinn.scenes.acceleration.octree import Octree
-from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding, capture_depth,
-                                                    closest_footprint, grid_levels_for, leaf_resolution, node_params)
+from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, MAX_FILL_LEVELS, MIN_LEVEL_SCALE,
+                                                    budget_encoding, capture_depth, closest_footprint,
+                                                    grid_levels_for, leaf_resolution, node_params)
 from tinn.scenes.fields.octree_field import OctreeField, finest_grid_resolution
 
 NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 16,
@@ -58,7 +59,7 @@ def test_budget_gives_the_deepest_nodes_cells_of_the_footprint_and_fits_the_budg
     rule = leaf_resolution(tree, footprint)
     assert tree.edge / (rule * 2 ** tree.deepest) == pytest.approx(footprint, rel=2e-6)
     budget = 40_000 * tree.n_nodes
-    enc = budget_encoding(tree.n_nodes, budget, 2 * rule, NETWORK)
+    enc = budget_encoding(tree.n_nodes, budget, 2 * rule, NETWORK, fill_levels=False)
     # The grid reaches the finest resolution asked for, growing by at most 2 per level.
     assert finest_grid_resolution(enc) == pytest.approx(2 * rule, rel=1e-6)
     assert enc["per_level_scale"] <= 2.0 and grid_levels_for(2 * rule)[0] == enc["n_levels"]
@@ -95,23 +96,47 @@ def test_capture_depth_stops_where_nodes_would_get_too_few_cells():
     assert capture_depth(edge, footprint, 16.0, limit=3) == 3
 
 
-def test_an_800_pixel_capture_stops_the_tree_at_depth_2_and_depth_3_has_four_times_the_table_of_depth_4():
+def test_an_800_pixel_capture_stops_the_tree_at_depth_1_and_depth_3_has_four_times_the_table_of_depth_4():
     # The synthetic views' geometry is the mesh captures' (about 1000 footprints across the root at 800 pixels).
     v = views(focal=1111.0)
     footprint = closest_footprint(v)
     edge = 2 * 1.5
     depth = capture_depth(edge, footprint)
-    assert depth == 2 and capture_depth(edge, footprint, 64.0) == 3 and capture_depth(edge, footprint, 32.0) == 4
+    assert depth == 1 and capture_depth(edge, footprint, 128.0) == 2 and capture_depth(edge, footprint, 64.0) == 3
     assert edge / (footprint * 2 ** depth) >= DEFAULT_MIN_LEAF_RESOLUTION > edge / (footprint * 2 ** (depth + 1))
     # Within the teacher's budget (16 levels x 2^19) the bunny's depth-3 tree (132 nodes) gets 2^13 entries per
     # level, its depth-4 tree (627 nodes) 2^11.
     network = dict(NETWORK, n_neurons=32)
     teacher = 12_427_792
-    deep = budget_encoding(627, teacher, 2 * edge / (footprint * 16), network)
-    shallow = budget_encoding(132, teacher, 2 * edge / (footprint * 8), network)
+    deep = budget_encoding(627, teacher, 2 * edge / (footprint * 16), network, fill_levels=False)
+    shallow = budget_encoding(132, teacher, 2 * edge / (footprint * 8), network, fill_levels=False)
     assert (deep["log2_hashmap_size"], shallow["log2_hashmap_size"]) == (11, 13)
     assert shallow["n_levels"] == deep["n_levels"] + 1       # twice the cells per node edge: one level more
     assert 132 * node_params(shallow, network) <= teacher
+
+
+def test_filling_the_budget_adds_levels_between_the_same_resolutions_and_stays_within_it():
+    network = dict(NETWORK, n_neurons=32)
+    teacher = 12_427_792
+    for n_nodes, finest in ((1, 2021.0), (9, 1010.0), (37, 505.0), (132, 252.0)):
+        bare = budget_encoding(n_nodes, teacher, finest, network, fill_levels=False)
+        filled = budget_encoding(n_nodes, teacher, finest, network)
+        # Same table and the same coarsest and finest resolutions; the spare budget became levels.
+        assert filled["log2_hashmap_size"] == bare["log2_hashmap_size"]
+        assert finest_grid_resolution(filled) == pytest.approx(finest, rel=1e-6)
+        assert filled["base_resolution"] == bare["base_resolution"]
+        assert bare["n_levels"] <= filled["n_levels"] <= MAX_FILL_LEVELS
+        assert filled["per_level_scale"] >= MIN_LEVEL_SCALE
+        used = n_nodes * node_params(filled, network)
+        assert n_nodes * node_params(bare, network) <= used <= teacher
+        # It stops only at a limit: one level more would pass the budget, the level cap or the finest spacing.
+        more = filled["n_levels"] + 1
+        denser = dict(filled, n_levels=more, per_level_scale=(finest / filled["base_resolution"]) ** (1 / (more - 1)))
+        assert (more > MAX_FILL_LEVELS or denser["per_level_scale"] < MIN_LEVEL_SCALE
+                or n_nodes * node_params(denser, network) > teacher)
+    # One node of 2^19 entries (the table's cap) used less than half of the teacher's budget before.
+    bare, filled = (budget_encoding(1, teacher, 2021.0, network, fill_levels=f) for f in (False, True))
+    assert node_params(bare, network) < 0.5 * teacher < node_params(filled, network)
 
 
 def test_budget_bad_input():
@@ -232,3 +257,70 @@ def test_blend_weights_inside_the_band_and_own_node_outside():
     torch.testing.assert_close(sigma, own_s)
     with pytest.raises(ConfigError, match="blend_margin"):
         octant_field(0.5)
+
+
+# ---- the tree over a capture's visual hull keeps every node that holds some of the object --------------------
+
+WUSON = "/usr/share/assimp/models/OBJ/WusonOBJ.obj"   # Debian package assimp-testmodels
+
+
+def test_the_hull_octree_prunes_none_of_the_surface_where_voxel_centres_alone_pruned_some(tmp_path):
+    import os
+
+    from conftest import missing_package
+    from tinn.scenes.acceleration.octree import Octree
+    from tinn.scenes.data.formats import load_scene
+    from tinn.scenes.training.octree_training import foreground_points, hull_octree
+
+    if not os.path.isfile(WUSON):
+        missing_package(f"{WUSON} missing (Debian package assimp-testmodels)")
+    dev = tinn.runtime.device()
+    train = load_scene(M.scene_from_mesh(WUSON, tmp_path / "scene", 24, 0, 64), "train").to(dev)
+    surface = M.read_mesh(WUSON).normalised().surface_points(50_000).to(dev)
+    depth = 2
+    # The former rule: 8 voxel centres per leaf edge, undilated. A leaf holding only a sliver of the surface
+    # (between centres) was pruned, and that surface rendered as background.
+    centres = foreground_points(train, resolution=8 * 2 ** depth)
+    former = Octree.build(centres.float(), train.box_min.to(dev), train.box_max.to(dev), depth, 8)
+    lost = float((former.lookup(surface, depth) < 0).float().mean())
+    assert lost > 0.01, lost
+    tree = hull_octree(train, depth, min_points=8)
+    assert tree.deepest == depth and tree.n_nodes > former.n_nodes
+    assert bool((tree.lookup(surface, depth) >= 0).all())
+    # Still a pruned tree: leaves only around the object, not all 64 octants.
+    assert tree.nodes_per_level()[depth] < 0.5 * 8 ** depth
+    with pytest.raises(ConfigError, match="depth"):
+        hull_octree(train, -1)
+
+
+def test_dilated_hull_adds_exactly_the_voxels_next_to_kept_ones(tmp_path):
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+    from tinn.scenes.training.octree_training import foreground_points
+
+    views = render_views(ProceduralScene(), 12, 24, 24, seed=0, n_samples=32)
+    resolution = 16
+    kept = foreground_points(views, resolution=resolution).cpu()
+    dilated = foreground_points(views, resolution=resolution, dilate=1).cpu()
+    lo = views.box_min.float().cpu()
+    voxel = (views.box_max.float().cpu() - lo) / resolution
+
+    def cells(p):
+        return torch.round((p - lo) / voxel - 0.5).long()
+
+    a, b = cells(kept), cells(dilated)
+    grid = torch.zeros((resolution,) * 3, dtype=torch.bool)
+    grid[a[:, 0], a[:, 1], a[:, 2]] = True
+    expected = torch.zeros_like(grid)
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            for dz in (-1, 0, 1):
+                c = a + torch.tensor([dx, dy, dz])
+                inside = ((c >= 0) & (c < resolution)).all(dim=1)
+                expected[c[inside, 0], c[inside, 1], c[inside, 2]] = True
+    got = torch.zeros_like(grid)
+    got[b[:, 0], b[:, 1], b[:, 2]] = True
+    assert b.shape[0] == int(got.sum())                       # each voxel once
+    assert torch.equal(got, expected) and int(got.sum()) > int(grid.sum())
+    for bad in (-1, resolution, 1.5, True):
+        with pytest.raises(ConfigError, match="dilate"):
+            foreground_points(views, resolution=resolution, dilate=bad)

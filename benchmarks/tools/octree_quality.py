@@ -15,7 +15,8 @@ mesh area-filtered at that distance (`tinn.scenes.training.lod_eval`). Prints a 
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
 Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1, --octree-final-lr 1,0.1,
---finest-share 0.53,0.8, --grid-base 2,8, --level-scale 2,1.5, --octree-samples and --oversample take comma lists
+--finest-share 0.53,0.8, --grid-base 2,8, --level-scale 2,1.5, --octree-samples, --oversample, --neurons and
+--octree-hidden take comma lists
 (one octree per combination, each trained for the teacher's time).
 
 Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and
@@ -57,14 +58,14 @@ def parse_args(argv=None):
                    help="an earlier run's JSON: take the teacher and KiloNeRF results (and the teacher's parameter "
                         "budget and time) from it instead of training them again")
     p.add_argument("--octree-lr", type=float, default=1e-2)
-    p.add_argument("--octree-final-lr", default="1",
-                   help="the learning rate decays exponentially to lr times this (1: constant, as the demo); a comma "
-                        "list trains one octree per value (and per --blend-margin)")
+    p.add_argument("--octree-final-lr", default="0.1",
+                   help="the learning rate decays exponentially to lr times this over the training time (1: constant; "
+                        "0.1 as the demo's full size); a comma list trains one octree per value")
     p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
-                        "tinn.scenes.acceleration.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 128)")
+                        "tinn.scenes.acceleration.octree_budget.DEFAULT_MIN_LEAF_RESOLUTION, 256)")
     p.add_argument("--oversample", default="2", help="node grids go this much finer than the level rule's cells "
                    "(comma list: one octree per value)")
     p.add_argument("--finest-share", default="default",
@@ -79,8 +80,10 @@ def parse_args(argv=None):
                    "--samples; comma list)")
     p.add_argument("--blend-margin", default="0",
                    help="blend across node faces (0: off); a comma list trains one octree per value")
-    p.add_argument("--neurons", dest="octree_neurons", type=int, default=32)
-    p.add_argument("--octree-hidden", type=int, default=1)
+    p.add_argument("--neurons", dest="octree_neurons", default="32", help="each node's MLP width (comma list)")
+    p.add_argument("--octree-hidden", default="1", help="each node's MLP hidden layers (comma list)")
+    p.add_argument("--fill-levels", default="1", help="1: the budget rule spends what the table leaves on more "
+                   "grid levels; 0: it does not (comma list)")
     p.add_argument("--pyramid-levels", type=int, default=4)
     p.add_argument("--lod-factors", default="1,2,4,8")
     p.add_argument("--lod-supersample", type=int, default=4)
@@ -97,18 +100,17 @@ def parse_args(argv=None):
 
 def octree_for(args, train, budget: int):
     """The budgeted octree field over the training views' visual hull."""
-    from tinn.scenes.acceleration.octree import Octree, cube_around
+    from tinn.scenes.acceleration.octree import cube_around
     from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint,
                                                         leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
-    from tinn.scenes.training.octree_training import foreground_points
+    from tinn.scenes.training.octree_training import hull_octree
 
     footprint = closest_footprint(train)
     edge = cube_around(train.box_min.float(), train.box_max.float())[1]
     minimum = {} if args.min_leaf_resolution is None else {"min_leaf_resolution": args.min_leaf_resolution}
     depth = min(args.max_depth, capture_depth(edge, footprint, **minimum))
-    points = foreground_points(train, resolution=min(2 ** (depth + 3), 256))
-    tree = Octree.build(points.float(), train.box_min, train.box_max, depth, 8)
+    tree = hull_octree(train, depth, min_points=8)
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.octree_neurons, "n_hidden_layers": args.octree_hidden}
     rule = leaf_resolution(tree, footprint)
@@ -117,13 +119,14 @@ def octree_for(args, train, budget: int):
         options["base_resolution"] = int(args.grid_base)
     if args.level_scale is not None:
         options["max_level_scale"] = args.level_scale
-    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network, **options)
+    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network,
+                               fill_levels=bool(args.fill_levels), **options)
     return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3,
                        blend_margin=args.blend_margin)
 
 
 def train_octree(args, field, train, seconds: float):
-    """Train for about `seconds`: a short probe times a step, the rest runs a decaying schedule sized to fit."""
+    """Train for `seconds` (or --octree-steps steps, the rate decaying over them)."""
     from tinn.scenes.training.octree_training import OctreeTrainer
     from tinn.scenes.training.photometric import decaying_adam
 
@@ -152,23 +155,24 @@ def train_octree(args, field, train, seconds: float):
             probe.step()
         tinn.runtime.sync()
         per_step = (time.perf_counter() - t0) / 5
-        steps = max(10, int(seconds / per_step) - 8)
-    if args.octree_steps or args.octree_final_lr != 1.0:
-        # a fixed count: a decaying rate needs its schedule's length in advance
+    if args.octree_steps:
         main = trainer(steps)
         tinn.runtime.sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             main.step()
     else:
-        # a constant rate: train until the time is spent (steps get cheaper as the occupancy grids empty space,
-        # so a count from the first steps' time left a third of the teacher's time unused)
+        # Train until the time is spent (steps get cheaper as the occupancy grids empty space, so a count from
+        # the first steps' time left a third of the teacher's time unused); a decaying rate follows the time
+        # spent: lr * final^(elapsed / budget), set every 25 steps.
         main = trainer(None)
         tinn.runtime.sync()
         t0 = time.perf_counter()
         steps = 0
         budget = seconds - probe_steps * per_step
-        while time.perf_counter() - t0 < budget:
+        while (elapsed := time.perf_counter() - t0) < budget:
+            if args.octree_final_lr != 1.0:
+                main.learning_rate = args.octree_lr * args.octree_final_lr ** (elapsed / budget)
             for _ in range(25):
                 main.step()
             steps += 25
@@ -214,7 +218,8 @@ def run_mesh(args, name: str, path: str) -> dict:
         variant = argparse.Namespace(**vars(args))
         for key, value in zip(lists, combination):
             setattr(variant, key, value)
-        variant.max_depth = int(variant.max_depth)
+        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
+            setattr(variant, key, int(getattr(variant, key)))
         if variant.octree_samples is not None:
             variant.octree_samples = int(variant.octree_samples)
         octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
@@ -239,7 +244,7 @@ def _reused_baselines(args, name: str, train):
 
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
-                "octree_samples", "oversample")
+                "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels")
 
 
 def _floats(text) -> list[float]:

@@ -71,6 +71,22 @@ class Mesh:
         return Mesh(((self.vertices - (lo + hi) / 2) / half).astype(np.float32), self.faces, self.corner_rgb,
                     self.corner_uv, self.texture)
 
+    def surface_points(self, n: int, seed: int = 0) -> torch.Tensor:
+        """(n, 3) float32 points spread uniformly over the surface: a triangle drawn by area, then a point in it."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InputError(f"n={n!r} must be an integer >= 0")
+        v, f = torch.from_numpy(self.vertices).double(), torch.from_numpy(self.faces).long()
+        a, b, c = v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
+        area = torch.linalg.cross(b - a, c - a).norm(dim=1)
+        if not float(area.sum()) > 0:
+            raise InputError("the mesh's triangles have no area; nothing to sample")
+        g = torch.Generator().manual_seed(seed)
+        tri = torch.multinomial(area, n, replacement=True, generator=g) if n else torch.zeros(0, dtype=torch.long)
+        u, w = torch.rand(n, generator=g, dtype=torch.float64), torch.rand(n, generator=g, dtype=torch.float64)
+        flip = u + w > 1  # reflected into the triangle: uniform over it
+        u[flip], w[flip] = 1 - u[flip], 1 - w[flip]
+        return (a[tri] + u[:, None] * (b[tri] - a[tri]) + w[:, None] * (c[tri] - a[tri])).float()
+
 
 SHADINGS = ("smooth", "flat")
 DEFAULT_CREASE_DEGREES = 60.0
