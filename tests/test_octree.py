@@ -429,6 +429,37 @@ def test_far_camera_selects_only_the_levels_of_the_formula_and_touches_few_param
     assert far["param_bytes_touched"] <= 0.15 * far["param_bytes_total"]
 
 
+def test_views_beyond_the_roots_scale_are_supersampled_and_averaged_per_pixel():
+    from tinn.render.octree import MAX_SUPERSAMPLE, supersample_for
+
+    field = blob_field(2)
+    focal, size = 18.0, 12
+    background = torch.tensor([0.3, 0.6, 0.9], device=DEV)
+    # The box [-1, 1]^3: its nearest point is at distance - 1 along the axis; k doubles until that footprint,
+    # divided by k, is within the root's scale.
+    for distance in (2.6, 6.0, 30.0, 300.0):
+        radius = (distance - 1.0) * 0.5 / focal
+        want = 1
+        while radius / want > field.lod_root_size and want < MAX_SUPERSAMPLE:
+            want *= 2
+        assert supersample_for(field, _look_at_origin(distance), focal) == want, distance
+    assert supersample_for(field, _look_at_origin(2.6), focal) == 1
+    assert supersample_for(field, _look_at_origin(300.0), focal) == MAX_SUPERSAMPLE
+    c2w = _look_at_origin(2.6)
+    fine = field.render_image(c2w, 2 * size, 2 * size, 2 * focal, 24, background=background, occupancy=None,
+                              supersample=1)
+    frame = field.render_image(c2w, size, size, focal, 24, background=background, occupancy=None, supersample=2)
+    assert frame["supersample"] == 2 and frame["image"].shape == (size, size, 3)
+    assert torch.allclose(frame["image"], fine["image"].view(size, 2, size, 2, 3).mean(dim=(1, 3)), atol=1e-6)
+    assert torch.equal(frame["first_node"], fine["first_node"][1::2, 1::2])
+    assert frame["touched"].tolist() == fine["touched"].tolist() and frame["n_evaluated"] == fine["n_evaluated"]
+    auto = field.render_image(c2w, size, size, focal, 24, background=background, occupancy=None)
+    assert auto["supersample"] == 1
+    for bad in (0, 17, 1.5, True, "max"):
+        with pytest.raises(InputError, match="supersample"):
+            field.render_image(c2w, 4, 4, 4.0, 8, supersample=bad)
+
+
 def test_render_image_bad_input():
     from tinn.scenes.acceleration.occupancy import OccupancyGrid
 

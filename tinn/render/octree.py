@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..scenes.acceleration.occupancy import OccupancyGrid
     from ..scenes.acceleration.octree_occupancy import LevelOccupancy
 
-__all__ = ["RayBatchResult", "render_rays", "render_image", "assign_nodes", "first_node_per_ray"]
+__all__ = ["RayBatchResult", "render_rays", "render_image", "supersample_for", "assign_nodes", "first_node_per_ray"]
 
 
 class RayBatchResult(NamedTuple):
@@ -116,13 +116,37 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_ra
     return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets)
 
 
+# The most rays per pixel side `render_image` casts for a view beyond the root's scale.
+MAX_SUPERSAMPLE = 4
+
+
+def supersample_for(field, c2w: torch.Tensor, focal: float) -> int:
+    """Rays per pixel side a view needs so that no sample's footprint is wider than the root's scale: 1 where the
+    box's nearest point has a footprint of at most `field.lod_root_size` (the root, level 0, is trained from
+    footprints up to that, by the coarsest pyramid level), else the power of two that brings it there (at most
+    MAX_SUPERSAMPLE). A node drawn with wider footprints than it was fit to aliases (thin parts and edges come
+    and go between pixels), where the truth at that distance is their average."""
+    tree = field.octree
+    origin = c2w[:3, 3].to(tree.box_min)
+    outside = torch.maximum(tree.box_min - origin, origin - tree.box_max).clamp(min=0.0)
+    radius = float(outside.norm()) * pixel_radius(focal)
+    ratio = radius / field.lod_root_size
+    k = 1
+    while ratio > k and k < MAX_SUPERSAMPLE:
+        k *= 2
+    return k
+
+
 @torch.no_grad()
 def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                  background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
-                 early_stop: float = 1e-4, segments: int = 2) -> dict:
+                 early_stop: float = 1e-4, segments: int = 2, supersample="auto") -> dict:
     """Render one view of the octree field. Returns image (H, W, 3), first_node (H, W) (the node met first along
-    each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame) and n_evaluated
-    (samples the networks evaluated).
+    each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame), n_evaluated
+    (samples the networks evaluated) and supersample (rays per pixel side).
+
+    supersample: k x k rays per pixel, averaged (a box filter: the pixel's area); "auto" takes
+    `supersample_for` the view, which is 1 unless the whole box is farther than the root's scale reaches.
 
     The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
     emit: only samples that have a node, nothing of size rays x samples). occupancy: "auto" (the field's
@@ -135,6 +159,18 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
         if occupancy != "auto":
             raise InputError(f"occupancy={occupancy!r}; allowed: 'auto', None, a LevelOccupancy or an OccupancyGrid")
         occupancy = field.occupancy
+    if isinstance(supersample, str) and supersample == "auto":
+        supersample = supersample_for(field, c2w, focal)
+    if isinstance(supersample, bool) or not isinstance(supersample, int) or not 1 <= supersample <= 16:
+        raise InputError(f"supersample={supersample!r}; allowed: 'auto' or an integer in 1..16")
+    if supersample > 1:
+        k = supersample
+        fine = render_image(field, c2w, width * k, height * k, focal * k, n_samples, background, chunk, occupancy,
+                            early_stop, segments, supersample=1)
+        # The centre ray of each pixel names its first node (the pixel's own ray when k = 1).
+        return {"image": fine["image"].view(height, k, width, k, 3).mean(dim=(1, 3)),
+                "first_node": fine["first_node"][k // 2::k, k // 2::k].contiguous(), "touched": fine["touched"],
+                "n_evaluated": fine["n_evaluated"], "supersample": k}
     runs = frame_runs(n_samples, segments, early_stop, chunk)
     origins, directions = camera_rays(c2w, width, height, focal)
     dev, n_rays = origins.device, origins.shape[0]
@@ -167,7 +203,8 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
                 first[start:end] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
     image = color + trans[:, None] * bg
     return {"image": image.view(height, width, 3), "first_node": first.view(height, width),
-            "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum())}
+            "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum()),
+            "supersample": 1}
 
 
 def _march(field, origins, directions, t_near, t_far, radius, rays, first_bin, end_bin, n_samples, occupancy,

@@ -184,10 +184,10 @@ class OctreeField(torch.nn.Module):
 
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                      background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
-                     early_stop: float = 1e-4, segments: int = 2) -> dict:
+                     early_stop: float = 1e-4, segments: int = 2, supersample="auto") -> dict:
         """`tinn.render.octree.render_image` of this field: one view, its first nodes and the nodes it touched."""
         return octree_rendering.render_image(self, c2w, width, height, focal, n_samples, background, chunk, occupancy,
-                                             early_stop, segments)
+                                             early_stop, segments, supersample)
 
     def touched_report(self, touched: torch.Tensor) -> dict:
         """Distinct nodes and parameters a frame evaluated, against the whole array; nodes touched per depth."""
