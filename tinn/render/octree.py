@@ -179,7 +179,10 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
         raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
     radius = ray_radius(pixel_radius(focal), n_rays, dev)
     t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
-    touched = torch.zeros(field.n_nodes, dtype=torch.int64, device=dev)  # evaluated samples per node
+    # A mark per node evaluated: plain stores of one value, where a per-node count (bincount) made every sample
+    # an atomic add on one of a few counters, which serialise.
+    touched = torch.zeros(field.n_nodes, dtype=torch.bool, device=dev)
+    n_evaluated = 0
     color = torch.zeros(n_rays, 3, device=dev)
     trans = torch.ones(n_rays, device=dev)
     first = torch.full((n_rays,), -1, dtype=torch.int32, device=dev)
@@ -191,7 +194,8 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
             for a, b in runs:
                 node_ids, local, deltas, offsets = _march(field, origins, directions, t_near, t_far, radius, rays,
                                                           a, b, n_samples, occupancy, trans, early_stop)
-                touched += torch.bincount(node_ids, minlength=field.n_nodes)
+                touched[node_ids] = True
+                n_evaluated += node_ids.numel()
                 if node_ids.numel():
                     sigma, rgb = field.query_in_nodes(local, node_ids)
                 else:
@@ -203,7 +207,7 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
                 first[start:end] = torch.where(seen >= 0, seen, first_node_per_ray(node_ids, offsets))
     image = color + trans[:, None] * bg
     return {"image": image.view(height, width, 3), "first_node": first.view(height, width),
-            "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": int(touched.sum()),
+            "touched": torch.nonzero(touched).squeeze(1).to(torch.int32), "n_evaluated": n_evaluated,
             "supersample": 1}
 
 
