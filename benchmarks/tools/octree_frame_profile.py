@@ -22,6 +22,9 @@ def main(argv=None):
     p.add_argument("--mesh", default="duck", help="a name (bunny, duck, wuson) or a path")
     p.add_argument("--seconds", type=float, default=10.0, help="octree training time before the frame")
     p.add_argument("--top", type=int, default=14)
+    p.add_argument("--segments", default=None,
+                   help="comma list: the frame also timed with these early-termination runs (the first is profiled; "
+                        "default: octree_quality.py's --octree-segments)")
     ours, rest = p.parse_known_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         args = oq.parse_args(["--views", "100", "--test-views", "1", "--samples", "256", "--frequencies", "6",
@@ -44,17 +47,21 @@ def main(argv=None):
     field = oq.octree_for(args, train, budget)
     oq.train_octree(args, field, train, ours.seconds)
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
-    render = {"segments": demo.render_segments(args), "early_stop": args.early_stop}
-
-    def frame():
-        return field.render_image(test.c2w[0], test.width, test.height, test.focal, args.samples,
-                                  background=test.background.float(), **render)
-
+    choices = [int(v) for v in ours.segments.split(",")] if ours.segments else [args.octree_segments]
     enc = field.encoding_config
-    seconds = seconds_per_frame(frame, 5)
-    out = frame()
     print(f"{os.path.basename(args.mesh)}: {field.n_nodes} nodes, {enc['n_levels']} levels x 2^"
-          f"{enc['log2_hashmap_size']}; frame {1e3 * seconds:.2f} ms, {out['n_evaluated']} samples evaluated")
+          f"{enc['log2_hashmap_size']}")
+    for segments in reversed(choices):  # the profiled one (the first) last, so `frame` is it
+        render = {"segments": segments, "early_stop": args.early_stop}
+
+        def frame(render=render):
+            return field.render_image(test.c2w[0], test.width, test.height, test.focal, args.samples,
+                                      background=test.background.float(), **render)
+
+        seconds = seconds_per_frame(frame, 5)
+        out = frame()
+        print(f"  {segments} run(s): frame {1e3 * seconds:.2f} ms, {out['n_evaluated']} samples evaluated, "
+              f"PSNR {float(-10 * torch.log10(((out['image'] - test.images[0].to(out['image'])) ** 2).mean())):.2f}")
     if tinn.runtime.arch() != "cuda":
         return  # the kernel table is CUDA's
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -82,6 +82,9 @@ def parse_args(argv=None):
                    help="blend across node faces (0: off); a comma list trains one octree per value")
     p.add_argument("--neurons", dest="octree_neurons", default="32", help="each node's MLP width (comma list)")
     p.add_argument("--octree-hidden", default="1", help="each node's MLP hidden layers (comma list)")
+    p.add_argument("--octree-segments", type=int, default=2,
+                   help="early-termination runs of an octree frame (demos/octree_lod.py's default: 2; one run "
+                        "evaluates every occupied sample behind the surface too)")
     p.add_argument("--fill-levels", default="1", help="1: the budget rule spends what the table leaves on more "
                    "grid levels; 0: it does not (comma list)")
     p.add_argument("--pyramid-levels", type=int, default=4)
@@ -275,7 +278,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     t1 = time.perf_counter()
     field.occupancy = field.build_occupancy(args.occupancy_res, args.samples, args.alpha_threshold)
     occupancy_s = time.perf_counter() - t1
-    render = {"segments": load_file("demos/kilonerf.py").render_segments(args), "early_stop": args.early_stop}
+    render = {"segments": args.octree_segments, "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
