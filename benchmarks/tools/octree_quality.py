@@ -15,8 +15,8 @@ mesh area-filtered at that distance (`tinn.scenes.training.lod_eval`). Prints a 
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
 Octree variants after one teacher: --max-depth 4,3, --blend-margin 0,0.1, --octree-final-lr 1,0.1,
---finest-share 0.53,0.8, --grid-base 2,8, --level-scale 2,1.5, --octree-samples, --oversample, --neurons and
---octree-hidden take comma lists
+--finest-share 0.53,0.8, --grid-base 2,8, --level-scale 2,1.5, --octree-samples, --oversample, --neurons,
+--octree-hidden and --fill-levels take comma lists
 (one octree per combination, each trained for the teacher's time).
 
 Meshes: --meshes takes comma-separated paths or the names bunny, duck, wuson (Debian glmark2-data and

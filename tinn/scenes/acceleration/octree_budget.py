@@ -106,8 +106,8 @@ def budget_encoding(n_nodes: int, param_budget: int, finest_resolution: float, n
     2^k entries per level (k in 8..19) with n_nodes * `node_params` <= param_budget. With `fill_levels`, what
     the power-of-two table leaves of the budget goes to more levels between the same resolutions, up to
     MAX_FILL_LEVELS levels and down to a growth of MIN_LEVEL_SCALE per level: a single grid of the same memory
-    has 16 levels, and the filled budget measured 0.6-1 dB better than the unused one. A budget too small for
-    the smallest table is an error naming the least budget that fits."""
+    has 16 levels, and a spent budget measured better than an unused one (docs/design-notes.md, octree quality).
+    A budget too small for the smallest table is an error naming the least budget that fits."""
     if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 1:
         raise ConfigError(f"n_nodes={n_nodes!r} must be an integer >= 1")
     if isinstance(param_budget, bool) or not isinstance(param_budget, int) or param_budget < 1:

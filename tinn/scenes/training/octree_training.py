@@ -216,10 +216,10 @@ def foreground_points(images, resolution: int = 64, tolerance: float = 0.05, kee
     return centres[keep]
 
 
-# Hull voxels per edge of a deepest node, and the most per box edge: sampled at voxel centres only, a hull 8
-# voxels per leaf edge pruned leaves that hold about 1% of a mesh's surface (a sliver of it under a face of the
-# leaf, between centres), which then renders as background (docs/design-notes.md, octree quality). Voxels finer
-# than HULL_VOXELS_PER_PIXEL per pixel of the widest image carve nothing more.
+# Hull voxels per edge of a deepest node, and the most per box edge: sampled at voxel centres only, a coarser
+# hull pruned leaves that hold a sliver of the surface under one of their faces, between centres, and that
+# surface then renders as background (docs/design-notes.md, octree quality). Voxels finer than
+# HULL_VOXELS_PER_PIXEL per pixel of the image width carve nothing more.
 HULL_VOXELS_PER_LEAF, MAX_HULL_RESOLUTION, HULL_VOXELS_PER_PIXEL = 32, 256, 2
 
 
