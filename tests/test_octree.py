@@ -682,3 +682,20 @@ def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
     assert torch.equal(whole["touched"], pieces["touched"]) and whole["n_evaluated"] == pieces["n_evaluated"] > 0
     with pytest.raises(InputError, match="n_samples"):
         field.render_image(c2w, 4, 4, 12.0, 0)
+
+
+def test_the_demos_full_size_decays_its_rate_and_the_small_size_keeps_it_constant():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import octree_lod
+
+    full = octree_lod.parse_args(["--full"])
+    octree_lod.apply_defaults(full, on_gpu=False)
+    small = octree_lod.parse_args(["--small"])
+    octree_lod.apply_defaults(small, on_gpu=False)
+    assert (full.final_lr_factor, small.final_lr_factor) == (0.1, 1.0)
+    mine = octree_lod.parse_args(["--full", "--final-lr-factor", "0.5"])
+    octree_lod.apply_defaults(mine, on_gpu=False)
+    assert mine.final_lr_factor == 0.5
