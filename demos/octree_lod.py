@@ -183,9 +183,9 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.acceleration.octree import Octree, cube_around
-    from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budget_encoding,
-                                                        capture_depth, closest_footprint, leaf_resolution)
+    from tinn.scenes.acceleration.octree import Octree
+    from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree,
+                                                        closest_footprint, leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
     from tinn.scenes.training.octree_training import hull_octree
 
@@ -195,27 +195,28 @@ def build_field(args, train, points):
     budget = param_budget(args, train)
     if args.min_leaf_resolution is None:
         args.min_leaf_resolution = DEFAULT_MIN_LEAF_RESOLUTION
-    if budget is not None and args.min_leaf_resolution > 0:
-        # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
-        edge = cube_around(train.box_min.float(), train.box_max.float())[1]
-        args.max_depth = min(args.max_depth, capture_depth(edge, closest_footprint(train), args.min_leaf_resolution))
-    if points is None:
-        tree = hull_octree(train, args.max_depth, args.min_points)
-    else:
-        tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
-                            args.min_points)
     if budget is not None:
+        # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
         leaf = args.leaf_resolution or "auto"
-        rule = leaf_resolution(tree, closest_footprint(train)) if leaf == "auto" else float(leaf)
-        encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network,
-                                   n_features=args.grid_features, table_dtype=args.table_dtype)
+        built = budgeted_octree(train, budget, network, max_depth=args.max_depth,
+                                min_leaf_resolution=args.min_leaf_resolution, min_points=args.min_points,
+                                oversample=args.oversample, points=None if points is None else points.to(dev),
+                                lod_resolution=None if leaf == "auto" else float(leaf),
+                                n_features=args.grid_features, table_dtype=args.table_dtype)
+        tree, encoding = built.tree, built.encoding
+        args.max_depth = built.depth
         args.grid_levels, args.log2_hashmap = encoding["n_levels"], encoding["log2_hashmap_size"]
-        args.lod_resolution = args.lod_resolution or rule
+        args.lod_resolution = args.lod_resolution or built.lod_resolution
         # One pyramid level per octree level: coarser images would only train the root again.
         args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
                             blend_margin=args.blend_margin)
         return _sharded(args, field, tree, encoding, network)
+    if points is None:
+        tree = hull_octree(train, args.max_depth, args.min_points)
+    else:
+        tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
+                            args.min_points)
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.

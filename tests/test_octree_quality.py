@@ -324,3 +324,37 @@ def test_dilated_hull_adds_exactly_the_voxels_next_to_kept_ones(tmp_path):
     for bad in (-1, resolution, 1.5, True):
         with pytest.raises(ConfigError, match="dilate"):
             foreground_points(views, resolution=resolution, dilate=bad)
+
+
+def test_budgeted_octree_chains_the_capture_depth_the_hull_and_the_budget():
+    from tinn.scenes.acceleration.octree import cube_around
+    from tinn.scenes.acceleration.octree_budget import budgeted_octree
+    from tinn.scenes.data.procedural import ProceduralScene, render_views, surface_points
+    from tinn.scenes.training.octree_training import hull_octree
+
+    images = render_views(ProceduralScene(), 12, 48, 48, seed=0, n_samples=32)
+    footprint = closest_footprint(images)
+    edge = cube_around(images.box_min.float(), images.box_max.float())[1]
+    budget = 3_000_000
+    built = budgeted_octree(images, budget, NETWORK, max_depth=3, min_leaf_resolution=8.0)
+    assert built.depth == min(3, capture_depth(edge, footprint, 8.0)) >= 1
+    hull = hull_octree(images, built.depth)
+    assert torch.equal(built.tree.children, hull.children)                   # the same hull and tree
+    assert built.lod_resolution == pytest.approx(leaf_resolution(built.tree, footprint))
+    assert finest_grid_resolution(built.encoding) == pytest.approx(2.0 * built.lod_resolution, rel=1e-6)
+    assert built.tree.n_nodes * node_params(built.encoding, NETWORK) <= budget
+    # min_leaf_resolution 0: the depth limit alone; a given lod_resolution replaces the rule's; points replace
+    # the hull; encoding options reach budget_encoding.
+    deep = budgeted_octree(images, budget, NETWORK, max_depth=2, min_leaf_resolution=0)
+    assert deep.depth == 2
+    fixed = budgeted_octree(images, budget, NETWORK, max_depth=1, lod_resolution=5.0, oversample=3.0,
+                            fill_levels=False, n_features=4)
+    assert fixed.lod_resolution == 5.0 and finest_grid_resolution(fixed.encoding) == pytest.approx(15.0, rel=1e-6)
+    assert fixed.encoding["n_features_per_level"] == 4
+    points = surface_points(ProceduralScene(), 2000, seed=3).to(images.box_min.device)
+    from_points = budgeted_octree(images, budget, NETWORK, max_depth=2, min_leaf_resolution=0, points=points,
+                                  min_points=4)
+    assert torch.equal(from_points.tree.children,
+                       Octree.build(points, images.box_min, images.box_max, 2, 4).children)
+    with pytest.raises(ConfigError, match="oversample"):
+        budgeted_octree(images, budget, NETWORK, oversample=0.0)

@@ -102,29 +102,21 @@ def parse_args(argv=None):
 
 
 def octree_for(args, train, budget: int):
-    """The budgeted octree field over the training views' visual hull."""
-    from tinn.scenes.acceleration.octree import cube_around
-    from tinn.scenes.acceleration.octree_budget import (budget_encoding, capture_depth, closest_footprint,
-                                                        leaf_resolution)
+    """The budgeted octree field over the training views' visual hull (`budgeted_octree`, as the demo builds)."""
+    from tinn.scenes.acceleration.octree_budget import DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree
     from tinn.scenes.fields.octree_field import OctreeField
-    from tinn.scenes.training.octree_training import hull_octree
 
-    footprint = closest_footprint(train)
-    edge = cube_around(train.box_min.float(), train.box_max.float())[1]
-    minimum = {} if args.min_leaf_resolution is None else {"min_leaf_resolution": args.min_leaf_resolution}
-    depth = min(args.max_depth, capture_depth(edge, footprint, **minimum))
-    tree = hull_octree(train, depth, min_points=8)
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                "n_neurons": args.octree_neurons, "n_hidden_layers": args.octree_hidden}
-    rule = leaf_resolution(tree, footprint)
-    options = {}
+    options = {"fill_levels": bool(args.fill_levels)}
     if args.grid_base is not None:
         options["base_resolution"] = int(args.grid_base)
     if args.level_scale is not None:
         options["max_level_scale"] = args.level_scale
-    encoding = budget_encoding(tree.n_nodes, budget, rule * args.oversample, network,
-                               fill_levels=bool(args.fill_levels), **options)
-    return OctreeField(tree, encoding, network, lod_resolution=rule, seed=args.seed + 3,
+    minimum = DEFAULT_MIN_LEAF_RESOLUTION if args.min_leaf_resolution is None else args.min_leaf_resolution
+    built = budgeted_octree(train, budget, network, max_depth=args.max_depth, min_leaf_resolution=minimum,
+                            oversample=args.oversample, **options)
+    return OctreeField(built.tree, built.encoding, network, lod_resolution=built.lod_resolution, seed=args.seed + 3,
                        blend_margin=args.blend_margin)
 
 

@@ -16,11 +16,12 @@ would each be fit to fewer rays and share the budget with more nodes, and cost s
 nodes' grids already hold. `budget_encoding` turns that
 resolution and a parameter budget for the whole array into one node's hash-grid config: levels from `base_resolution` up to the leaf resolution
 (growth at most `max_level_scale` per level), and the largest table that keeps every node's grid and MLP within
-the budget.
+the budget. `budgeted_octree` chains the three for a capture: the one rule the demo and the benchmarks build by.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from ...errors import ConfigError, InputError
 from ...render import pixel_radius
@@ -146,3 +147,43 @@ def single_grid_params(finest_resolution: int, n_levels: int = 16, log2_hashmap_
     scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
     return grid_layout(3, n_levels, n_features, log2_hashmap_size, base_resolution, scale, "Hash").n_params
 
+
+
+class BudgetedOctree(NamedTuple):
+    tree: object            # tinn.scenes.acceleration.octree.Octree
+    encoding: dict          # every node's HashGrid config
+    lod_resolution: float   # the level rule's cells per node edge (OctreeField's lod_resolution)
+    depth: int              # the depth limit the capture allowed (the tree may stop above it where nodes are empty)
+
+
+def budgeted_octree(images, param_budget: int, network: dict, max_depth: int = 16,
+                    min_leaf_resolution: float = DEFAULT_MIN_LEAF_RESOLUTION, min_points: int = 8,
+                    oversample: float = 2.0, points=None, lod_resolution: float | None = None,
+                    **encoding_options) -> BudgetedOctree:
+    """The octree and node grid of posed images within `param_budget` parameters: the tree as deep as the
+    capture feeds (`capture_depth`, at most `max_depth`; `min_leaf_resolution` 0 leaves `max_depth` alone),
+    built over `points` or else the views' visual hull (`hull_octree`); the level rule's cells per node edge
+    from the closest view (`leaf_resolution`, unless `lod_resolution` is given); each node's grid `oversample`
+    times finer than that, its levels and table from the budget (`budget_encoding`, which takes
+    `encoding_options`: n_features, base_resolution, max_level_scale, table_dtype, fill_levels)."""
+    import torch
+
+    from ..training.octree_training import hull_octree
+    from .octree import Octree, cube_around
+
+    if not (isinstance(oversample, (int, float)) and math.isfinite(oversample) and oversample > 0):
+        raise ConfigError(f"oversample={oversample!r} must be a number > 0")
+    footprint = closest_footprint(images)
+    depth = max_depth
+    if min_leaf_resolution > 0:
+        edge = cube_around(images.box_min.float(), images.box_max.float())[1]
+        depth = min(max_depth, capture_depth(edge, footprint, min_leaf_resolution))
+    if points is None:
+        tree = hull_octree(images, depth, min_points)
+    else:
+        dev = torch.as_tensor(points).device
+        tree = Octree.build(torch.as_tensor(points).float(), images.box_min.to(dev), images.box_max.to(dev), depth,
+                            min_points)
+    rule = leaf_resolution(tree, footprint) if lod_resolution is None else float(lod_resolution)
+    encoding = budget_encoding(tree.n_nodes, param_budget, rule * oversample, network, **encoding_options)
+    return BudgetedOctree(tree, encoding, rule, depth)
