@@ -399,6 +399,24 @@ def test_forward_checks_finite_inputs_and_full_ids():
         net.double()(x.double(), torch.zeros(5, dtype=torch.int32, device=x.device))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_finds_every_nan_and_infinity_wherever_it_is(dtype):
+    dev = tinn.runtime.device()
+    x = (torch.rand(300, 7, device=dev) * 2e3 - 1e3).to(dtype)
+    assert x.dtype == dtype and bool(tinn.checks.all_finite(x))
+    assert bool(tinn.checks.all_finite(torch.empty(0, 3, device=dev, dtype=dtype)))
+    big = torch.full((4,), float(torch.finfo(dtype).max), device=dev, dtype=dtype)
+    assert bool(tinn.checks.all_finite(torch.cat([big, -big])))         # the largest finite values are finite
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for where in ((0, 0), (299, 6), (150, 3)):
+            y = x.clone()
+            y[where] = bad
+            assert not bool(tinn.checks.all_finite(y)), (bad, where)
+    y = x.clone()
+    y[7, 1], y[8, 2] = float("inf"), -float("inf")                      # both ends infinite
+    assert not bool(tinn.checks.all_finite(y))
+
+
 def test_trainer_checks_full_int64_ids():
     trainer = Trainer(NetworkArray(2, 3, NET, n_networks=4))
     x = torch.rand(5, 2, device=tinn.runtime.device())

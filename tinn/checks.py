@@ -53,6 +53,15 @@ def check_points(name: str, points) -> torch.Tensor:
     return points
 
 
+def all_finite(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor (no sync): whether every value of `t` is finite. One min/max pass over `t`, as NaN
+    propagates through both reductions and an infinity becomes the minimum or the maximum: `isfinite(t).all()`
+    is an elementwise pass writing a mask of t's size, then a reduction over it."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    return torch.isfinite(torch.stack(torch.aminmax(t))).all()
+
+
 def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False) -> torch.Tensor:
     """A (batch, n_dims) float32 tensor on tinn's device, contiguous (copied only if it was not)."""
     if not isinstance(t, torch.Tensor):
@@ -64,7 +73,7 @@ def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False)
     if n_dims is not None and t.shape[1] != n_dims:
         raise InputError(f"{name} has last dimension {t.shape[1]}; expected {n_dims}")
     check_device(name, t)
-    if check_finite and _enabled["sync_checks"] and t.numel() and not bool(torch.isfinite(t).all()):
+    if check_finite and _enabled["sync_checks"] and t.numel() and not bool(all_finite(t)):
         raise InputError(f"{name} contains NaN or Inf")
     return t.contiguous()
 
@@ -125,7 +134,7 @@ def part_inputs(owner: str, x, ids, n_dims: int, n_networks: int) -> tuple[torch
     with disabled():
         ids32 = net_ids(ids, batch, n_networks)
     if _enabled["sync_checks"] and batch:
-        conditions = [torch.isfinite(x).all()]
+        conditions = [all_finite(x)]
         if ids is not None:
             lo, hi = torch.aminmax(ids)
             conditions += [lo >= 0, hi < n_networks]
@@ -144,7 +153,7 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     """
     if not _enabled["sync_checks"] or inputs.shape[0] == 0:
         return
-    conditions = [torch.isfinite(inputs).all(), torch.isfinite(targets).all()]
+    conditions = [all_finite(inputs), all_finite(targets)]
     # (ids are the caller's, before any cast: see net_ids)
     if ids is not None:
         lo, hi = torch.aminmax(ids)

@@ -154,7 +154,7 @@ class Octree:
             raise InputError(f"max_depth={max_depth!r} must be an integer in 0..{MAX_DEPTH}")
         if not isinstance(min_points, int) or isinstance(min_points, bool) or min_points < 0:
             raise InputError(f"min_points={min_points!r} must be an integer >= 0")
-        if points.numel() and not bool(torch.isfinite(points).all()):
+        if points.numel() and not bool(checks.all_finite(points)):
             raise InputError("points contains NaN or Inf")
         points = points[inside_box(points, box_min, box_max)]
         if points.shape[0] == 0:

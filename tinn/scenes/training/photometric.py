@@ -110,7 +110,7 @@ class PhotometricTrainer(SceneTrainer):
         self.t_near, self.t_far = ray_box(self.origins, self.directions, field.box_min, field.box_max)
         # Checked once here: the steps run without the sync checks.
         data_tensors = (self.origins, self.directions, self.colors) + (() if self.alpha is None else (self.alpha,))
-        if not bool(torch.stack([torch.isfinite(t).all() for t in data_tensors]).all()):
+        if not bool(torch.stack([checks.all_finite(t) for t in data_tensors]).all()):
             raise InputError("the training data's rays, colours or alphas contain NaN or Inf")
         self.trainer = Trainer(field, self.loss,
                                decaying_adam(learning_rate, total_steps, final_lr_factor, **(adam_options or {})))
