@@ -144,6 +144,8 @@ def test_budget_bad_input():
         budget_encoding(100, 10, 32.0, NETWORK)
     with pytest.raises(ConfigError, match="n_nodes"):
         budget_encoding(0, 10 ** 6, 32.0, NETWORK)
+    with pytest.raises(ConfigError, match="fill_levels"):
+        budget_encoding(1, 10 ** 6, 32.0, NETWORK, fill_levels="yes")
     with pytest.raises(InputError, match="footprint"):
         leaf_resolution(sphere_tree(1), 0.0)
 

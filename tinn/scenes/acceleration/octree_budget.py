@@ -113,6 +113,8 @@ def budget_encoding(n_nodes: int, param_budget: int, finest_resolution: float, n
         raise ConfigError(f"n_nodes={n_nodes!r} must be an integer >= 1")
     if isinstance(param_budget, bool) or not isinstance(param_budget, int) or param_budget < 1:
         raise ConfigError(f"param_budget={param_budget!r} must be an integer >= 1")
+    if not isinstance(fill_levels, bool):
+        raise ConfigError(f"fill_levels={fill_levels!r} must be True or False")
     n_levels, scale = grid_levels_for(finest_resolution, base_resolution, max_level_scale)
     best = None
     for log2 in range(MIN_LOG2_HASHMAP, MAX_LOG2_HASHMAP + 1):
