@@ -1,5 +1,7 @@
 """How much of a mesh's surface an octree over its views' visual hull leaves in pruned space (where it renders as
-background), for hull voxel resolutions, dilations and depths, against `hull_octree`'s own choice.
+background), for hull voxel resolutions, dilations and depths, against `hull_octree`'s own choice; and how
+unevenly the surface spreads over the deepest nodes (the largest and smallest share, an even share, and the
+share of the busiest quarter of them), each of which holds a table of one fixed size.
 
 The mesh is rendered into --views views at --res, the hull sampled at each voxel resolution (voxel centres,
 `foreground_points`), the tree built over it (`Octree.build`, min 8 points a split), and points spread over the
@@ -40,7 +42,8 @@ def main(argv=None):
     from tinn.scenes.training.octree_training import foreground_points, hull_octree
 
     dev = tinn.runtime.device()
-    print(f"{'mesh':>10s} {'depth':>5s} {'hull':>9s} {'dilate':>6s} | {'nodes per depth':<22s} {'surface pruned':>14s}")
+    print(f"{'mesh':>10s} {'depth':>5s} {'hull':>9s} {'dilate':>6s} | {'nodes per depth':<22s} {'surface pruned':>14s} | "
+          f"surface share of the deepest nodes: {'most':>6s} {'least':>6s} {'even':>6s} {'top 1/4':>7s}")
     for name in args.meshes.split(","):
         path = MESHES.get(name, name)
         with tempfile.TemporaryDirectory() as tmp:
@@ -50,9 +53,15 @@ def main(argv=None):
         label = os.path.splitext(os.path.basename(path))[0]
 
         def row(depth, hull, dilate, tree):
-            lost = float((tree.lookup(surface, depth) < 0).float().mean())
+            ids = tree.lookup(surface, depth)
+            lost = float((ids < 0).float().mean())
+            # How unevenly the surface spreads over the deepest nodes (each holds one fixed-size table).
+            counts = torch.bincount(ids[ids >= 0].long(), minlength=tree.n_nodes)[tree.depth == tree.deepest]
+            share = (counts.double() / max(1, int(counts.sum()))).sort(descending=True).values
+            quarter = float(share[:max(1, share.numel() // 4)].sum())
             print(f"{label:>10s} {depth:5d} {hull:>9s} {dilate:>6s} | {str(tree.nodes_per_level()):<22s} "
-                  f"{100 * lost:13.3f}%", flush=True)
+                  f"{100 * lost:13.3f}% | {100 * float(share[0]):6.1f}% {100 * float(share[-1]):6.2f}% "
+                  f"{100 / share.numel():6.1f}% {100 * quarter:7.0f}%", flush=True)
 
         for depth in (int(d) for d in args.depths.split(",")):
             for resolution in (int(r) for r in args.hull_resolutions.split(",")):
