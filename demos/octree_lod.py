@@ -183,11 +183,10 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.acceleration.octree import Octree
     from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree,
                                                         closest_footprint, leaf_resolution)
     from tinn.scenes.fields.octree_field import OctreeField
-    from tinn.scenes.training.octree_training import hull_octree
+    from tinn.scenes.training.octree_training import octree_over
 
     dev = tinn.runtime.device()
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
@@ -212,11 +211,7 @@ def build_field(args, train, points):
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
                             blend_margin=args.blend_margin)
         return _sharded(args, field, tree, encoding, network)
-    if points is None:
-        tree = hull_octree(train, args.max_depth, args.min_points)
-    else:
-        tree = Octree.build(points.to(dev).float(), train.box_min.to(dev), train.box_max.to(dev), args.max_depth,
-                            args.min_points)
+    tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.

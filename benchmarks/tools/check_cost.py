@@ -7,21 +7,16 @@ reduction), and a whole checked `NetworkArray` forward against the same call wit
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import tinn
+from benchmarks.common import time_fn
 
 
-def ms(fn, reps: int = 20) -> float:
-    fn()
-    tinn.runtime.sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    tinn.runtime.sync()
-    return (time.perf_counter() - t0) / reps * 1e3
+def ms(fn) -> float:
+    """Median milliseconds of 20 calls, each with device syncs around it."""
+    return 1e3 * time_fn(fn, reps=20)
 
 
 def main(argv=None):

@@ -27,14 +27,8 @@ def main(argv=None):
                         "default: octree_quality.py's --octree-segments)")
     ours, rest = p.parse_known_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        args = oq.parse_args(["--views", "100", "--test-views", "1", "--samples", "256", "--frequencies", "6",
-                              "--out", tmp] + rest)
-        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
-            setattr(args, key, int(oq._values(getattr(args, key))[0]))
-        for key in ("oversample", "octree_final_lr", "blend_margin"):
-            setattr(args, key, oq._values(getattr(args, key))[0])
-        for key in ("finest_share", "grid_base", "level_scale", "octree_samples"):
-            setattr(args, key, oq._values(getattr(args, key))[0])
+        args = next(oq.variants(oq.parse_args(["--views", "100", "--test-views", "1", "--samples", "256",
+                                               "--frequencies", "6", "--out", tmp] + rest)))  # lists: the first
         tinn.init(args.arch)
         demo = oq.load_file("demos/kilonerf.py")
         args.mesh, args.data = oq.MESHES.get(ours.mesh, ours.mesh), None

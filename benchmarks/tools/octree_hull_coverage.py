@@ -19,11 +19,6 @@ import torch
 
 import tinn
 
-MESHES = {"bunny": "/usr/share/glmark2/models/bunny.obj",
-          "duck": "/usr/share/assimp/models/Collada/duck.dae",
-          "wuson": "/usr/share/assimp/models/OBJ/WusonOBJ.obj"}
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--meshes", default="bunny,duck,wuson", help="names (bunny, duck, wuson) or paths, comma list")
@@ -36,6 +31,7 @@ def main(argv=None):
     p.add_argument("--arch", default=None)
     args = p.parse_args(argv)
     tinn.init(args.arch)
+    from benchmarks.tools.octree_quality import MESHES
     from tinn.scenes.acceleration.octree import Octree
     from tinn.scenes.data.formats import load_scene
     from tinn.scenes.data.mesh import read_mesh, scene_from_mesh

@@ -207,17 +207,7 @@ def run_mesh(args, name: str, path: str) -> dict:
         print(f"[{name}] teacher and KiloNeRF from {args.reuse_baselines}: teacher {teacher['psnr']:.2f} dB")
     teacher_params, teacher_s = teacher["params"], teacher["seconds"]
 
-    octrees = []
-    lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS}
-    for combination in itertools.product(*lists.values()):
-        variant = argparse.Namespace(**vars(args))
-        for key, value in zip(lists, combination):
-            setattr(variant, key, value)
-        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
-            setattr(variant, key, int(getattr(variant, key)))
-        if variant.octree_samples is not None:
-            variant.octree_samples = int(variant.octree_samples)
-        octrees.append(run_octree(variant, name, path, train, test, teacher_params, teacher_s))
+    octrees = [run_octree(variant, name, path, train, test, teacher_params, teacher_s) for variant in variants(args)]
     return {"mesh": path, "res": train.width, "views": len(train), "test_views": len(test),
             "teacher": teacher, "kilonerf": kilonerf, "octree": octrees}
 
@@ -240,6 +230,21 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels")
+
+
+def variants(args):
+    """One copy of `args` per combination of the variant lists (VARIANT_KEYS), each list's value in place and
+    the integer options as ints."""
+    lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS}
+    for combination in itertools.product(*lists.values()):
+        variant = argparse.Namespace(**vars(args))
+        for key, value in zip(lists, combination):
+            setattr(variant, key, value)
+        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
+            setattr(variant, key, int(getattr(variant, key)))
+        if variant.octree_samples is not None:
+            variant.octree_samples = int(variant.octree_samples)
+        yield variant
 
 
 def _floats(text) -> list[float]:

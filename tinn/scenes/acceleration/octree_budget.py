@@ -164,14 +164,12 @@ def budgeted_octree(images, param_budget: int, network: dict, max_depth: int = 1
                     **encoding_options) -> BudgetedOctree:
     """The octree and node grid of posed images within `param_budget` parameters: the tree as deep as the
     capture feeds (`capture_depth`, at most `max_depth`; `min_leaf_resolution` 0 leaves `max_depth` alone),
-    built over `points` or else the views' visual hull (`hull_octree`); the level rule's cells per node edge
+    built over `points` or else the views' visual hull (`octree_over`); the level rule's cells per node edge
     from the closest view (`leaf_resolution`, unless `lod_resolution` is given); each node's grid `oversample`
     times finer than that, its levels and table from the budget (`budget_encoding`, which takes
     `encoding_options`: n_features, base_resolution, max_level_scale, table_dtype, fill_levels)."""
-    import torch
-
-    from ..training.octree_training import hull_octree
-    from .octree import Octree, cube_around
+    from ..training.octree_training import octree_over
+    from .octree import cube_around
 
     if not (isinstance(oversample, (int, float)) and math.isfinite(oversample) and oversample > 0):
         raise ConfigError(f"oversample={oversample!r} must be a number > 0")
@@ -180,12 +178,7 @@ def budgeted_octree(images, param_budget: int, network: dict, max_depth: int = 1
     if min_leaf_resolution > 0:
         edge = cube_around(images.box_min.float(), images.box_max.float())[1]
         depth = min(max_depth, capture_depth(edge, footprint, min_leaf_resolution))
-    if points is None:
-        tree = hull_octree(images, depth, min_points)
-    else:
-        dev = torch.as_tensor(points).device
-        tree = Octree.build(torch.as_tensor(points).float(), images.box_min.to(dev), images.box_max.to(dev), depth,
-                            min_points)
+    tree = octree_over(images, depth, min_points, points)
     rule = leaf_resolution(tree, footprint) if lod_resolution is None else float(lod_resolution)
     encoding = budget_encoding(tree.n_nodes, param_budget, rule * oversample, network, **encoding_options)
     return BudgetedOctree(tree, encoding, rule, depth)

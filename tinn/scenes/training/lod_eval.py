@@ -122,7 +122,7 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
         rows.append({"factor": float(factor), "distance": distance, "level": level,
                      "psnr": window_psnr(pred, target, float(factor)),
                      "window": list(central_window(pred, float(factor)).shape[:2]),
-                     "supersample": frame.get("supersample", 1),
+                     "supersample": frame["supersample"],
                      "fraction_touched": report["fraction_touched"], "params_touched": report["params_touched"],
                      "nodes_touched_per_depth": report["nodes_touched_per_depth"]})
     return rows
@@ -131,7 +131,7 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
 def format_curve(rows: list[dict]) -> str:
     lines = ["distance x  distance  level  rays/px  PSNR dB  window   params touched"]
     for r in rows:
-        k = r.get("supersample", 1)
+        k = r["supersample"]
         lines.append(f"{r['factor']:>10g}  {r['distance']:8.2f}  {r['level']:5d}  {k * k:7d}  {r['psnr']:7.2f}  "
                      f"{r['window'][1]:>3d}x{r['window'][0]:<3d}  {100 * r['fraction_touched']:5.1f}%")
     return "\n".join(lines)

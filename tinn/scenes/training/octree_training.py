@@ -237,3 +237,15 @@ def hull_octree(images, depth: int, min_points: int = 8):
     points = foreground_points(images, resolution=resolution, dilate=1)
     dev = points.device
     return Octree.build(points.float(), images.box_min.to(dev), images.box_max.to(dev), depth, min_points)
+
+
+def octree_over(images, depth: int, min_points: int = 8, points=None):
+    """The octree `depth` deep over `points` when given (a scene's surface points), else over the posed images'
+    visual hull (`hull_octree`)."""
+    if points is None:
+        return hull_octree(images, depth, min_points)
+    from ..acceleration.octree import Octree
+
+    points = torch.as_tensor(points)
+    return Octree.build(points.float(), images.box_min.to(points.device), images.box_max.to(points.device), depth,
+                        min_points)
