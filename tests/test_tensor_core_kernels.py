@@ -135,9 +135,13 @@ def run(n_in=5, n_out=3, width=24, hidden_layers=2, hidden="ReLU", output="None"
             assert torch.all(dparams[empty] == 0)
         else:
             assert dparams is None
-        # Inference: the same kernel without saving, the same numbers.
+        # Inference: the same kernel without saving, the same numbers; also through tiles of several blocks
+        # each (as inference routes them), which the programs walk block by block.
         inferred, none = tc.forward(x_in, feature_major, tiles, packed, net.shape, input_padding=pad, block_m=BM)
         assert none is None and torch.equal(inferred, out)
+        (long_tiles,) = route_fused(net_ids, n_networks, (3 * BM,))
+        inferred, _ = tc.forward(x_in, feature_major, long_tiles, packed, net.shape, input_padding=pad, block_m=BM)
+        assert torch.equal(inferred, out)
     return out, dx, dparams, ref, net, net_ids
 
 
@@ -335,3 +339,18 @@ def test_the_backward_recomputes_up_to_four_layers():
     packed = tc.pack_weights(net.params.detach(), net.shape, "float32")
     with pytest.raises(ValueError, match="recomputes at most 4 layers"):
         tc.forward(torch.zeros(4, 5), False, tiles, packed, net.shape, save=True, recompute=True)
+
+
+def test_inference_tiles_keep_the_gpu_busy_then_grow_to_the_longest():
+    """An inference program walks a tile block by block: tiles are whole blocks, as long as the batch still makes
+    INFERENCE_PROGRAMS of them, at most MAX_INFERENCE_TILE samples, and never shorter than one block."""
+    from tinn.networks.tensor_cores import INFERENCE_PROGRAMS, MAX_INFERENCE_TILE, inference_tile
+    for block in (16, 64, 128):
+        for batch in (0, 1, 100, 2**16, 2**19, 2**20 + 7, 2**22, 3 * 10**6, 2**27):
+            tile = inference_tile(batch, block)
+            assert tile % block == 0 and block <= tile <= max(block, MAX_INFERENCE_TILE)
+            if tile > block:
+                assert batch // tile >= INFERENCE_PROGRAMS
+            if tile + block <= MAX_INFERENCE_TILE:
+                assert batch // (tile + block) < INFERENCE_PROGRAMS
+    assert [inference_tile(1 << k, 128) for k in (18, 20, 21, 22, 24)] == [128, 256, 512, 1024, 1024]

@@ -50,6 +50,18 @@ def unavailable_reason(arch: str, shape) -> str | None:
     return None
 
 
+# Inference tiles: a program takes up to this many samples of one network, block after block, so that it loads
+# the first and last layers' weights once for them and its next block's loads overlap this block's products;
+# shorter where the batch would then not spread over the GPU (about 4096 programs).
+MAX_INFERENCE_TILE = 1024
+INFERENCE_PROGRAMS = 4096
+
+
+def inference_tile(batch: int, block: int) -> int:
+    """Samples per inference tile: a multiple of the kernel's `block`, at most MAX_INFERENCE_TILE."""
+    return max(block, min(MAX_INFERENCE_TILE, batch // INFERENCE_PROGRAMS) // block * block)
+
+
 def chunk_size(batch: int, tile: int) -> int:
     """Samples per backward chunk, a multiple of the forward's tile."""
     want = min(MAX_CHUNK, max(MIN_CHUNK, batch // 1024))
@@ -84,9 +96,10 @@ class TensorCorePath:
     def _build_routing(self, ids: torch.Tensor, device: torch.device, train: bool):
         from ..kernels.tensor_cores import tiles
         tile = self.kernels.default_block_m(device)
-        sizes = (tile, chunk_size(ids.shape[0], tile)) if train else (tile,)
+        batch = ids.shape[0]
+        sizes = (tile, chunk_size(batch, tile)) if train else (inference_tile(batch, tile),)
         order, bounds = sorted_bounds(ids, self.n_networks)
-        return tiles.tile_lists(order, bounds, ids.shape[0], sizes, interpreted())
+        return tiles.tile_lists(order, bounds, batch, sizes, interpreted())
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor,
                   x_feature_major: bool) -> torch.Tensor:
