@@ -70,8 +70,9 @@ def pack_weights(params: torch.Tensor, shape: MLPShape, precision: str, pad_outp
     if n and g.packed_size:
         source = _pack_sources(g, params.device)
         block = 1024
-        mlp.pack_kernel[(n, triton.cdiv(g.packed_size, block))](
-            params, params.stride(0), params.stride(1), source, packed, packed.stride(0), g.packed_size,
+        n_blocks = triton.cdiv(g.packed_size, block)
+        mlp.pack_kernel[(n * n_blocks,)](
+            params, params.stride(0), params.stride(1), source, packed, packed.stride(0), g.packed_size, n_blocks,
             CDT=_TRITON_DTYPES[packed.dtype], INTERPRETED_BF16=_interpreting() and precision == "bfloat16",
             BLOCK=block)
     return Packed(packed, g, precision, params.shape[1])
@@ -109,10 +110,10 @@ class LaunchOptions(NamedTuple):
 KERNELS = ("inference", "forward", "backward", "backward_dx", "recompute", "recompute_dx")
 
 # (samples a block, warps, pipeline stages) of each 16-bit kernel, for layers up to 64 wide and up to 128 wide:
-# each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; the design
-# notes give the numbers).
+# each kernel's fastest in a sweep of the three on sm_90 (benchmarks/tools/tensor_core_tuning.py; inference over
+# its longer tiles, benchmarks/tools/inference_check.py; the design notes give the numbers).
 _TUNED_16BIT = {
-    64: {"inference": (128, 4, 2), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1),
+    64: {"inference": (128, 4, 3), "forward": (64, 4, 2), "backward": (64, 4, 1), "backward_dx": (64, 4, 1),
          "recompute": (64, 4, 2), "recompute_dx": (64, 4, 3)},
     128: {"inference": (128, 4, 1), "forward": (64, 4, 1), "backward": (128, 8, 3), "backward_dx": (128, 8, 3),
           "recompute": (32, 8, 1), "recompute_dx": (32, 8, 1)},

@@ -139,11 +139,15 @@ def _load_weight(w_ptr, OFFSET: tl.constexpr, KIN: tl.constexpr, KOUT: tl.conste
 
 
 @triton.jit
-def pack_kernel(p_ptr, s_p_net, s_p_col, source_ptr, out_ptr, s_out_net, size,
+def pack_kernel(p_ptr, s_p_net, s_p_col, source_ptr, out_ptr, s_out_net, size, n_blocks,
                 CDT: tl.constexpr, INTERPRETED_BF16: tl.constexpr, BLOCK: tl.constexpr):
-    """out[n, j] = params[n, source[j]] in the compute dtype, 0 where source[j] < 0 (the blocks' padding)."""
-    net = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    """out[n, j] = params[n, source[j]] in the compute dtype, 0 where source[j] < 0 (the blocks' padding).
+    One program per (network, block of BLOCK elements), a network's blocks consecutive: programs start in
+    that order, so the blocks that gather from one network's parameter row (transposed, strided reads) run
+    together and find it in L2. (A 1-D grid: a second axis would cap the networks at 65535.)"""
+    pid = tl.program_id(0).to(tl.int64)
+    net = pid // n_blocks
+    j = (pid % n_blocks).to(tl.int32) * BLOCK + tl.arange(0, BLOCK)
     inside = j < size
     column = tl.load(source_ptr + j, mask=inside, other=-1)
     v = tl.load(p_ptr + net * s_p_net + column * s_p_col, mask=column >= 0, other=0.0)
