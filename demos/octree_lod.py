@@ -39,10 +39,11 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
          "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0}
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
-# sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks.
-# The capture feeds the deepest nodes: 384-pixel views (a depth-5 node then spans about 12 footprints of the
-# closest view), and the level rule is set from that footprint (`lod_from_capture`), so the full-resolution
-# views train the deepest nodes and each pyramid level one depth above.
+# sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks. It shows scale,
+# not quality: 384-pixel views (a depth-5 node then spans about 12 footprints of the closest view) cannot feed a
+# thousand nodes, and the same preset cut at depth 3 scores far higher (docs/guides/big-arrays.md). The level
+# rule is set from that footprint (`lod_from_capture`), so the full-resolution views train the deepest nodes and
+# each pyramid level one depth above.
 SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, batch=4096, res=384,
              pyramid_levels=6, grid_levels=16, grid_features=2, log2_hashmap=None, base_resolution=16,
              per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True)
