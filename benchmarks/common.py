@@ -6,6 +6,7 @@ import contextlib
 import functools
 import gc
 import json
+import os
 import statistics
 import time
 
@@ -110,6 +111,23 @@ def time_pipelined_blocks(fn, warmup: int = 2, steps: int = 10, blocks: int = 3)
     return means
 
 
+def gpu_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds between CUDA events recorded around each of `reps` calls of fn(), after `warmup`
+    unmeasured ones: the GPU time of the work fn issues, plus any gap while the host issues it. CUDA only."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def pipelined_ms(fn, steps: int, blocks: int = 3) -> float:
     """Milliseconds per call, calls issued back to back with one sync per block: the median block's mean."""
     return 1e3 * statistics.median(time_pipelined_blocks(fn, warmup=0, steps=steps, blocks=blocks))
@@ -166,7 +184,9 @@ def cuda_kernels(fn, n: int = 10) -> list[dict]:
 
 
 def write_json(path: str | None, payload: dict) -> None:
+    """`payload` as indented JSON at `path` (its folder made if missing); nothing for None."""
     if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(payload, f, indent=1)
 

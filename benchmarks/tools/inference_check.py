@@ -20,7 +20,7 @@ import torch
 
 import tinn
 
-from benchmarks.common import cuda_kernels, write_json
+from benchmarks.common import cuda_kernels, gpu_ms, write_json
 
 CASES = ((4096, 64), (64, 64), (4096, 128))
 BATCH = 1 << 22
@@ -37,20 +37,6 @@ def wall_ms(fn, reps: int = 20) -> tuple[float, float]:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[3:]) * 1e3, min(times[3:]) * 1e3
-
-
-def gpu_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def make_ids(kind: str, n: int, dev) -> torch.Tensor:

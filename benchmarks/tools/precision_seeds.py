@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 
+from benchmarks.common import write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMOS = {  # the demo's script and the summary.json key of the PSNR compared
     "image": (os.path.join(ROOT, "demos", "mlp_learning_an_image.py"), "final_psnr"),
@@ -109,10 +111,7 @@ def main(argv=None) -> dict:
         against = "" if prec == ref else f"{r['diff_mean']:+.2f} / {r['diff_median']:+.2f} dB"
         print(f"| {prec} | {', '.join(f'{v:.2f}' for v in r['psnr'])} | {r['mean']:.2f} | {against} |")
     result = {"demo": args.demo, "seeds": args.seeds, "extra_args": extra, "precisions": rows}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return result
 
 

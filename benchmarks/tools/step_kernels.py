@@ -11,25 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
 
 import tinn  # noqa: E402
-
-
-def gpu_ms(fn, reps: int = 20) -> float:
-    times = []
-    for _ in range(reps + 2):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[2:])
+from benchmarks.common import gpu_ms  # noqa: E402
 
 
 def main(argv=None):

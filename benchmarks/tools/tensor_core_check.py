@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -36,6 +35,7 @@ from tinn.activations import ACTIVATIONS  # noqa: E402
 from tinn.networks import NetworkArray  # noqa: E402
 from tinn.routing import route_fused  # noqa: E402
 
+from benchmarks.common import gpu_ms  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
 
 activation = load_file("tests/reference.py").activation
@@ -224,21 +224,6 @@ def run_checks(tc, quick: bool, batch: int | None = None):
 
 
 # ---- timings --------------------------------------------------------------------------------------------
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def grouped_layout(x, ids, n_networks):
     """x sorted by network and padded to the largest count: (N, M, n_in), the index to scatter back."""
     counts = torch.bincount(ids.long(), minlength=n_networks)
@@ -288,27 +273,27 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
         print(f"{label:18s} {method:18s} {precision:9s} {what:22s} {ms:9.3f} ms", flush=True)
 
     route = lambda: route_fused(ids, n_networks, (TILE, CHUNK))  # noqa: E731
-    add("tinn-tc", "-", "route (sort + tiles)", time_ms(route, reps))
+    add("tinn-tc", "-", "route (sort + tiles)", gpu_ms(route, reps))
     tiles, chunks = route()
     for p in precisions:
         packed = tc.pack_weights(params, net.shape, p)
-        add("tinn-tc", p, "pack weights", time_ms(lambda: tc.pack_weights(params, net.shape, p), reps))
+        add("tinn-tc", p, "pack weights", gpu_ms(lambda: tc.pack_weights(params, net.shape, p), reps))
         if p in ("float16", "bfloat16"):  # the last layer's block not padded to the hidden width
             narrow = tc.pack_weights(params, net.shape, p, pad_output_to_hidden=False)
-            add("tinn-tc narrow-out", p, "inference", time_ms(
+            add("tinn-tc narrow-out", p, "inference", gpu_ms(
                 lambda: tc.forward(x, False, tiles, narrow, net.shape), reps))
             _, saved = tc.forward(x, False, tiles, narrow, net.shape, save=True)
-            add("tinn-tc narrow-out", p, "backward (dparams)", time_ms(
+            add("tinn-tc narrow-out", p, "backward (dparams)", gpu_ms(
                 lambda: tc.backward(dy, saved, chunks, want_dx=False), reps))
             del saved, narrow
-        add("tinn-tc", p, "inference", time_ms(lambda: tc.forward(x, False, tiles, packed, net.shape), reps))
-        add("tinn-tc", p, "inference + route", time_ms(
+        add("tinn-tc", p, "inference", gpu_ms(lambda: tc.forward(x, False, tiles, packed, net.shape), reps))
+        add("tinn-tc", p, "inference + route", gpu_ms(
             lambda: tc.forward(x, False, route()[0], packed, net.shape), reps))
-        add("tinn-tc", p, "forward (save)", time_ms(
+        add("tinn-tc", p, "forward (save)", gpu_ms(
             lambda: tc.forward(x, False, tiles, packed, net.shape, save=True), reps))
         _, saved = tc.forward(x, False, tiles, packed, net.shape, save=True)
-        add("tinn-tc", p, "backward (dparams)", time_ms(lambda: tc.backward(dy, saved, chunks, want_dx=False), reps))
-        add("tinn-tc", p, "backward (dx+dparams)", time_ms(lambda: tc.backward(dy, saved, chunks), reps))
+        add("tinn-tc", p, "backward (dparams)", gpu_ms(lambda: tc.backward(dy, saved, chunks, want_dx=False), reps))
+        add("tinn-tc", p, "backward (dx+dparams)", gpu_ms(lambda: tc.backward(dy, saved, chunks), reps))
         del saved
 
         def step():
@@ -316,7 +301,7 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
             pk = tc.pack_weights(params, net.shape, p)
             _, s = tc.forward(x, False, t, pk, net.shape, save=True)
             return tc.backward(dy, s, c, want_dx=False)
-        add("tinn-tc", p, "step fwd+bwd (+route)", time_ms(step, reps))
+        add("tinn-tc", p, "step fwd+bwd (+route)", gpu_ms(step, reps))
         torch.cuda.empty_cache()
 
     # torch baselines on pre-grouped samples (the grouping itself not timed)
@@ -336,8 +321,8 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
             prec = "float16" if autocast else ("tf32" if tf32 else "float32")
             with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
                 with torch.no_grad():
-                    add(f"torch {name}", prec, "inference", time_ms(lambda: bmm_mlp(xg, weights), reps))
-                add(f"torch {name}", prec, "fwd+bwd (autograd)", time_ms(bmm_train, reps))
+                    add(f"torch {name}", prec, "inference", gpu_ms(lambda: bmm_mlp(xg, weights), reps))
+                add(f"torch {name}", prec, "fwd+bwd (autograd)", gpu_ms(bmm_train, reps))
         torch.backends.cuda.matmul.allow_tf32 = False
         del xg, dyg
         torch.cuda.empty_cache()
@@ -354,13 +339,13 @@ def bench_config(tc, n_networks, width, routing, reps, batch, precisions):
             wb = [net.weights(l).detach().transpose(1, 2).contiguous().bfloat16() for l in range(net.n_layers)]
             wbg = [w.clone().requires_grad_() for w in wb]
             with torch.no_grad():
-                add("torch grouped_mm", "bfloat16", "inference", time_ms(lambda: grouped_mm_mlp(xs, wb, offs), reps))
+                add("torch grouped_mm", "bfloat16", "inference", gpu_ms(lambda: grouped_mm_mlp(xs, wb, offs), reps))
 
             def gmm_train():
                 for w in wbg:
                     w.grad = None
                 (grouped_mm_mlp(xs, wbg, offs).float() * dys.float()).sum().backward()
-            add("torch grouped_mm", "bfloat16", "fwd+bwd (autograd)", time_ms(gmm_train, reps))
+            add("torch grouped_mm", "bfloat16", "fwd+bwd (autograd)", gpu_ms(gmm_train, reps))
         except Exception as e:  # not on this GPU / torch build
             print(f"{label}: torch._grouped_mm: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     return rows

@@ -26,17 +26,13 @@ import torch
 
 import tinn
 
-from benchmarks.tools.tensor_core_check import make_ids, time_ms
+from benchmarks.common import gpu_ms
+from benchmarks.tools.tensor_core_check import make_ids
 
 
 # The sweep's kernels and the names launch.launch_options knows them by.
 SWEPT = {"inference": "inference", "forward_save": "forward", "backward_params": "backward",
          "backward_all": "backward_dx", "recompute_params": "recompute", "recompute_all": "recompute_dx"}
-
-
-def gpu_ms(fn, reps: int = 10) -> float:
-    """Median CUDA-event milliseconds of `fn` after two warm-up calls (tensor_core_check's timer)."""
-    return time_ms(fn, reps, warmup=2)
 
 
 def step_profile(net, batch: int, n_networks: int, steps: int) -> dict:

@@ -34,6 +34,7 @@ import threading
 import time
 
 import tinn  # noqa: E402
+from benchmarks.common import write_json  # noqa: E402
 from benchmarks.tools.viewer_client import HeadlessClient, camera_message  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tinn", "configs", "config.json")
@@ -443,10 +444,7 @@ def main(argv=None) -> dict:
     print()
     print_results(results)
     out = {"arch": arch, "tasks": results}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     return out
 
 
