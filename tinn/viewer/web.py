@@ -259,7 +259,7 @@ class WebFrontend:
         checked = camera_from_browser(camera.wxyz, camera.position, camera.fov, camera.image_width,
                                       camera.image_height)
         if checked is None:
-            self.refused += 1
+            self._refuse()
             return
         c2w, fov, width, height = checked
         cid = camera.client.client_id
@@ -270,6 +270,12 @@ class WebFrontend:
                                 sent=None if old is None else old.sent,
                                 last_image=None if old is None else old.last_image)
             self.cameras[cid] = new
+
+    def _refuse(self) -> None:
+        """Count a refused message. viser's thread (cameras) and the training thread (controls) both count, and
+        `+=` on an attribute is a read and a write the other thread can fall between: under the lock."""
+        with self.lock:
+            self.refused += 1
 
     def _queue(self, action: str, value=None) -> None:
         """viser's thread: queue a control for the training thread (which checks its value)."""
@@ -298,11 +304,11 @@ class WebFrontend:
                 ok = isinstance(value, float) and math.isfinite(value) and lo <= value <= hi and \
                     c.set_learning_rate_scale(min(max(10.0 ** value, LR_SCALE_RANGE[0]), LR_SCALE_RANGE[1]))
                 if not ok:
-                    self.refused += 1
+                    self._refuse()
                     self.lr_slider.value = math.log10(c.learning_rate_scale)
             elif action == "lod":
                 if not c.set_level_of_detail(value):
-                    self.refused += 1
+                    self._refuse()
                     self.lod_slider.value = c.level_of_detail
             self._panel_key = None  # show the effect at once
             self.schedule.panels_at = -math.inf
