@@ -10,6 +10,11 @@ kernels of five calls, so the forward kernel and the sort can be told from the h
 --tile-sweep: the forward kernel alone (CUDA events, medians) over the routing's sort, for inference tiles of
 128 to 2048 samples and the kernel's block, warps and pipeline stages; the fastest few per case, beside the
 tile `tinn.networks.tensor_cores.inference_tile` picks with the tuned options.
+
+--parts: instead, the call's parts one by one (CUDA events, medians), for the 4096 x 64 and 64 x 64 cases with
+interleaved ids and ids already sorted: the whole call with the checks on and off, the sort, the sort with its
+bounds, the tile list, the weight packing, the forward kernel on float32 and on float16 inputs, the NaN/Inf scan
+of x, and a copy of x (what moving 512 MB each way costs on the machine).
 """
 import argparse
 import statistics
@@ -42,6 +47,8 @@ def wall_ms(fn, reps: int = 20) -> tuple[float, float]:
 def make_ids(kind: str, n: int, dev) -> torch.Tensor:
     if kind == "interleaved":
         return (torch.arange(BATCH, device=dev) % n).to(torch.int32)
+    if kind == "sorted":
+        return (torch.arange(BATCH, device=dev) * n // BATCH).to(torch.int32)
     gen = torch.Generator(device=dev).manual_seed(0)
     weights = torch.rand(n, device=dev, generator=gen) ** 3 + 0.01
     return torch.multinomial(weights, BATCH, replacement=True, generator=gen).to(torch.int32)
@@ -74,13 +81,58 @@ def tile_sweep(net, x, ids) -> list[dict]:
     return rows
 
 
+def parts(dev) -> list[dict]:
+    """`--parts`: GPU ms of each part of an inference call (module docstring)."""
+    from tinn import routing
+    from tinn.kernels.tensor_cores import launch, tiles
+    from tinn.networks import NetworkArray
+    from tinn.networks.tensor_cores import inference_tile
+
+    rows = []
+    for n, width in CASES[:2]:
+        net = NetworkArray(32, 16, {"n_neurons": width, "n_hidden_layers": 2}, n_networks=n)
+        tc, params = net.tensor_cores, net.params.detach()
+        x = torch.rand(BATCH, 32, device=dev)
+        x16 = x.half()
+        tile = inference_tile(BATCH, launch.default_block_m(dev))
+        for kind in ("interleaved", "sorted"):
+            ids = make_ids(kind, n, dev)
+            order, bounds = routing.sorted_bounds(ids, n)
+            (tile_list,) = tiles.tile_lists(order, bounds, BATCH, (tile,), False)
+            packed = launch.pack_weights(params, tc.shape, tc.precision)
+            timed = {
+                "whole inference (checks on)": lambda: net.inference(x, ids),
+                "whole inference (checks off)": lambda: net.inference(x, ids),
+                "sort keys+sort": lambda: torch.sort(routing.sort_keys(ids, n), stable=True),
+                "sorted_bounds": lambda: routing.sorted_bounds(ids, n),
+                "tile_lists": lambda: tiles.tile_lists(order, bounds, BATCH, (tile,), False),
+                "pack_weights": lambda: launch.pack_weights(params, tc.shape, tc.precision),
+                "forward kernel, fp32 x": lambda: launch.forward(x, False, tile_list, packed, tc.shape,
+                                                                 input_padding=tc.input_padding),
+                "forward kernel, fp16 x": lambda: launch.forward(x16, False, tile_list, packed, tc.shape,
+                                                                 input_padding=tc.input_padding),
+                "all_finite(x)": lambda: tinn.checks.all_finite(x),
+                "copy x (bandwidth ref)": lambda: x.clone(),
+            }
+            for name, fn in timed.items():
+                with torch.no_grad(), tinn.checks.disabled(name != "whole inference (checks on)"):
+                    ms = gpu_ms(fn, reps=30)
+                rows.append(dict(networks=n, width=width, ids=kind, part=name, ms=ms))
+                print(f"N={n} w={width} ids={kind:11s} {name:32s} {ms:7.3f} ms")
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tile-sweep", action="store_true")
+    p.add_argument("--parts", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if tinn.init() != "cuda":
         sys.exit("inference_check.py needs CUDA")
+    if args.parts:
+        write_json(args.json, {"batch": BATCH, "parts": parts(tinn.runtime.device())})
+        return
     from tinn.kernels.tensor_cores import launch
     from tinn.networks import NetworkArray
     from tinn.networks.tensor_cores import inference_tile
