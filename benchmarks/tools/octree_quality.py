@@ -49,8 +49,11 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 add_help=False)
     p.add_argument("--meshes", default="bunny,duck,wuson")
-    p.add_argument("--time-factor", type=float, default=1.0,
-                   help="the octree trains for the teacher's time times this")
+    p.add_argument("--time-factor", default="1",
+                   help="the octree trains for the teacher's time times this (comma list: one octree per value)")
+    p.add_argument("--budget-factor", default="1",
+                   help="the octree's parameter budget is the teacher's parameter count times this (comma list: one "
+                        "octree per value; above 1 it measures what more capacity would buy)")
     p.add_argument("--octree-steps", type=int, default=None,
                    help="train every octree for this many steps instead of the teacher's time (a shared machine's "
                         "load makes equal times unequal work)")
@@ -229,7 +232,8 @@ def _reused_baselines(args, name: str, train):
 
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
-                "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels")
+                "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
+                "budget_factor")
 
 
 def variants(args):
@@ -264,7 +268,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     from tinn.scenes.training.octree_training import evaluate
     from tinn.render import seconds_per_frame
 
-    field = octree_for(args, train, teacher_params)
+    field = octree_for(args, train, int(teacher_params * args.budget_factor))
     octree_params = field.n_params()
     enc = field.encoding_config
     finest = enc["base_resolution"] * enc["per_level_scale"] ** (enc["n_levels"] - 1)

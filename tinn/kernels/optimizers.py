@@ -38,18 +38,32 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr_factor: f3
 
 
 @ti.func
+def bias_correction(t, beta1, beta2):
+    """Adam's bias correction at step t: sqrt(1 - beta2^t) / (1 - beta1^t)."""
+    tf = ti.cast(t, ti.f32)
+    return ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
+
+
+@ti.func
 def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
                 lower, upper):
     """tcnn's Adam on one element: (new weight, new m, new v) from the weight, its gradient, its moments and
     the step count t used for bias correction; lr_r is the learning rate with the row's scale applied."""
+    return adam_update_corrected(wv, grad, m_old, v_old, lr_r * bias_correction(t, beta1, beta2), l2_reg, beta1,
+                                 beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+
+
+@ti.func
+def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                          grad_clip, lower, upper):
+    """`adam_update` with the bias-corrected rate lr_t given: a tensor whose elements share one step count
+    computes it once per launch (two `pow` calls per element were most of the CPU's Adam)."""
     grad += l2_reg * wv
     if grad_clip != 0.0:
         # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
         grad = ti.select(grad >= 0.0, ti.min(grad, grad_clip), ti.max(grad, -grad_clip))
     mv = beta1 * m_old + (1.0 - beta1) * grad
     vv = beta2 * v_old + (1.0 - beta2) * grad * grad
-    tf = ti.cast(t, ti.f32)
-    lr_t = lr_r * ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
     eff = ti.min(ti.max(lr_t / (ti.sqrt(vv) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
     nw = _weight_decay(rel_decay * lr_t, abs_decay * lr_t, wv) - eff * mv
     if clip != 0.0:
@@ -58,60 +72,76 @@ def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, 
 
 
 @ti.func
+def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
+    """The bias correction of a tensor with one step count (step_now > 0): step_now, the steps asked of it (kept
+    on the host), less `pending`, those of them skipped on the device and not yet settled by the host
+    (LeafOptimizer.settle). 0 for a tensor whose elements count their own steps (step_now == 0)."""
+    correction = 0.0
+    if step_now != 0:
+        correction = bias_correction(step_now - pending[0], beta1, beta2)
+    return correction
+
+
+@ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), r, c, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
+                  lr_scale: ti.template(), i, cols, lr, l2_reg, skip_zero, step_now, correction,
                   skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip,
                   grad_clip, lower, upper):
-    grad = g[r, c]
+    grad = g[i]
     if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
-        # A tensor whose elements are never skipped shares one step count: step_now, the steps asked of it
-        # (kept on the host), less `pending`, those of them skipped on the device and not yet settled by the
-        # host (LeafOptimizer.settle). Skipping zero gradients gives every element its own count.
-        t = step_now - pending[0]
+        # A tensor whose elements are never skipped shares one step count, whose correction the launch computed
+        # (`_shared_correction`); skipping zero gradients gives every element its own count.
+        rate = correction
         if step_now == 0:
-            t = steps[r, c] + 1
-            steps[r, c] = t
-        nw, mv, vv = adam_update(w[r, c], grad, m[r, c], v[r, c], t, lr * lr_factor[0] * lr_scale[r], l2_reg, beta1,
-                                 beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
-        m[r, c] = mv
-        v[r, c] = vv
-        w[r, c] = nw
+            t = steps[i] + 1
+            steps[i] = t
+            rate = bias_correction(t, beta1, beta2)
+        nw, mv, vv = adam_update_corrected(w[i], grad, m[i], v[i], lr * lr_factor[0] * lr_scale[i // cols] * rate,
+                                           l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
+                                           lower, upper)
+        m[i] = mv
+        v[i] = vv
+        w[i] = nw
 
 
+# The Adam kernels walk a table's (rows, cols) elements as one flat range of its contiguous storage: on the CPU a
+# 2-D index costs as much as the update (docs/performance.md, the CPU's Adam). `cols` finds an element's row for
+# its learning-rate scale.
 @fast_kernel
 @ti.kernel
-def adam_step(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d,
+def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scale: f32_1d, cols: ti.i32,
               lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
               lr_factor: f32_1d, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
-    """tcnn Adam. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params (network weights) take
-    l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero, leave elements whose
-    gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move nor age their
-    moments, hence the per-element step counter used for bias correction."""
-    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
-                      beta1, beta2,
-                      epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    """tcnn Adam on a (rows, cols) table given flat. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params
+    (network weights) take l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero,
+    leave elements whose gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move
+    nor age their moments, hence the per-element step counter used for bias correction."""
+    correction = _shared_correction(step_now, pending, beta1, beta2)
+    for i in range(w.shape[0]):
+        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, correction, skip,
+                      lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
 @ti.kernel
-def adam_step_pair(w: f32_2d, g: f32_2d, m: f32_2d, v: f32_2d, steps: i32_2d, lr_scale: f32_1d, lr: ti.f32,
-                   l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
-                   lr_factor: f32_1d, w2: f32_2d, g2: f32_2d, m2: f32_2d, v2: f32_2d, steps2: i32_2d, lr_scale2: f32_1d,
-                   lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32, step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d,
-                   lr_factor2: f32_1d, beta1: ti.f32,
+def adam_step_pair(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scale: f32_1d, cols: ti.i32,
+                   lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
+                   lr_factor: f32_1d, w2: f32_1d, g2: f32_1d, m2: f32_1d, v2: f32_1d, steps2: i32_1d,
+                   lr_scale2: f32_1d, cols2: ti.i32, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32,
+                   step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d, lr_factor2: f32_1d, beta1: ti.f32,
                    beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
-    for r, c in ti.ndrange(w.shape[0], w.shape[1]):
-        _adam_element(w, g, m, v, steps, lr_scale, r, c, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor,
-                      beta1, beta2,
-                      epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
-    for r, c in ti.ndrange(w2.shape[0], w2.shape[1]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r, c, lr2, l2_reg2, skip_zero2, step_now2, pending2, skip2,
-                      lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    correction = _shared_correction(step_now, pending, beta1, beta2)
+    correction2 = _shared_correction(step_now2, pending2, beta1, beta2)
+    for i in range(w.shape[0]):
+        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, correction, skip,
+                      lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    for i in range(w2.shape[0]):
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, cols2, lr2, l2_reg2, skip_zero2, step_now2, correction2,
+                      skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel

@@ -101,13 +101,23 @@ class Adam(LeafOptimizer):
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            optimizer_kernels.adam_step_pair(*todo[0], *todo[1], *hyper)
+            optimizer_kernels.adam_step_pair(*self._flat(todo[0]), *self._flat(todo[1]), *hyper)
             return
         for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
             w = operands[0]
-            per_element = operands[4] is not self._no_steps
-            chunks.launch_by_rows(optimizer_kernels.adam_step, w.shape[0], w.shape[1], (*operands, *hyper),
-                                  sliced=range(6) if per_element else (0, 1, 2, 3, 5))
+            for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
+                optimizer_kernels.adam_step(*self._flat(operands, lo, hi), *hyper)
+
+    def _flat(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
+        """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables flat and the row
+        length after the row scales (w, g, m, v, steps, lr_scale, cols, lr, ...)."""
+        w, g, m, v, steps, lr_scale, *rest = operands
+        if hi is not None or lo:
+            w, g, m, v, lr_scale = w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr_scale[lo:hi]
+            if steps is not self._no_steps:
+                steps = steps[lo:hi]
+        return (w.view(-1), g.view(-1), m.view(-1), v.view(-1), steps.view(-1), lr_scale, max(1, w.shape[1]),
+                *rest)
 
     def _update_sparse(self, name, w, g, lr_scale) -> None:
         """A compact table: its entries with a gradient, row chunk by row chunk (tinn/chunks.py)."""
