@@ -86,9 +86,6 @@ def parse_args(argv=None):
                    help="band inside each node face (in node edges) where samples blend with the node across it, so "
                         "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
     p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate of the node array")
-    p.add_argument("--tracking-res", default="auto",
-                   help="voxels per axis of the occupancy grid that tracks the field while it trains, so that steps "
-                        "skip empty space ('auto': from the capture's width, none with --shard; 0: every sample)")
     p.add_argument("--finest-share", type=float, default=None,
                    help="share of each batch from the full-resolution images, the only rays that train the deepest "
                         "nodes (default: the trainer's, 0.8); the coarser pyramid levels split the rest")
@@ -239,10 +236,8 @@ def build_trainer(args, field, train):
     optimizer = decaying_adam(args.lr, args.steps if args.final_lr_factor != 1.0 else None, args.final_lr_factor,
                               **adam)
     share = {} if args.finest_share is None else {"finest_share": args.finest_share}
-    tracking = args.tracking_res if args.tracking_res == "auto" else int(args.tracking_res)
     return OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer,
-                         occupancy_resolution=tracking, **share)
+                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer, **share)
 
 
 def param_budget(args, train):

@@ -90,9 +90,6 @@ def parse_args(argv=None):
                         "evaluates every occupied sample behind the surface too)")
     p.add_argument("--fill-levels", default="1", help="1: the budget rule spends what the table leaves on more "
                    "grid levels; 0: it does not (comma list)")
-    p.add_argument("--tracking-res", default="auto",
-                   help="voxels per axis of the occupancy grid tracking the octree while it trains ('auto': the "
-                        "trainer's rule; 0: none, every sample evaluated); a comma list trains one octree per value")
     p.add_argument("--pyramid-levels", type=int, default=4)
     p.add_argument("--lod-factors", default="1,2,4,8")
     p.add_argument("--lod-supersample", type=int, default=4)
@@ -141,7 +138,7 @@ def train_octree(args, field, train, seconds: float):
         return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.octree_samples or args.samples,
                              batch_rays=batch, optimizer_config=decaying_adam(args.octree_lr, total,
                                                                               args.octree_final_lr, l2_reg=1e-6),
-                             seed=args.seed, occupancy_resolution=args.tracking_res, **options)
+                             seed=args.seed, **options)
 
     probe_steps = 0 if args.octree_steps else 8
     if args.octree_steps:
@@ -236,15 +233,13 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor", "tracking_res")
+                "budget_factor")
 
 
 def variants(args):
     """One copy of `args` per combination of the variant lists (VARIANT_KEYS), each list's value in place and
     the integer options as ints."""
-    lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS if key != "tracking_res"}
-    lists["tracking_res"] = [v.strip() if v.strip() == "auto" else int(v) for v in str(args.tracking_res).split(",")
-                             if v.strip()]
+    lists = {key: _values(getattr(args, key)) for key in VARIANT_KEYS}
     for combination in itertools.product(*lists.values()):
         variant = argparse.Namespace(**vars(args))
         for key, value in zip(lists, combination):
@@ -306,15 +301,13 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
 
 
 def _variant_label(args) -> str:
-    def shown(value):
-        return value if isinstance(value, str) else f"{value:g}"
-    return ", ".join(f"{key.replace('_', '-')} {shown(getattr(args, key))}" for key in VARIANT_KEYS
+    return ", ".join(f"{key.replace('_', '-')} {getattr(args, key):g}" for key in VARIANT_KEYS
                      if getattr(args, key) is not None)
 
 
 def print_table(results: dict) -> None:
     print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, variant | octree finest dB "
-          "(s, steps, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
+          "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         t, k = r["teacher"], r["kilonerf"]
@@ -324,8 +317,7 @@ def print_table(results: dict) -> None:
             print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
                   f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
                   f"| {o['nodes']}, {o['label']} "
-                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['steps']}, {o['param_bytes'] / 2**20:.1f}, "
-                  f"{o['frame_ms']:.1f}) "
+                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
                   f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
 
 

@@ -155,20 +155,6 @@ class OctreeField(torch.nn.Module):
                                                                                           w[:, None] * rgb_n)
         return sigma, rgb
 
-    @torch.no_grad()
-    def union_density(self, points: torch.Tensor) -> torch.Tensor:
-        """(M,) the largest density the nodes of any depth give each point (0 where every depth's space is
-        pruned): what an occupancy grid tracking the field while it trains keeps, the coarse nodes' halo included,
-        so that skipping leaves every depth's samples where that depth has matter. One batch per depth, with no
-        host wait (pruned points are evaluated by the root and dropped)."""
-        best = torch.zeros(points.shape[0], device=points.device)
-        for depth in range(self.octree.deepest + 1):
-            ids = self.octree.lookup(points, depth)
-            found = ids >= 0
-            sigma = self.query(points, torch.where(found, ids, torch.zeros_like(ids)))[0]
-            best = torch.maximum(best, torch.where(found, sigma.float(), torch.zeros_like(best)))
-        return best
-
     def build_occupancy(self, resolution: int, n_samples: int, alpha_threshold: float = 0.01, n_jitter: int = 4,
                         dilate: int = 1) -> LevelOccupancy:
         """Occupancy grids over the octree's box, one per depth (`LevelOccupancy`): voxels where one render step

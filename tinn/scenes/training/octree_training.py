@@ -7,17 +7,10 @@ level gets trained (coarse nodes learn the low-pass scene the coarse images show
 rays of one pyramid level train only the nodes of one octree depth, so the share is the fraction of the steps
 the finest nodes see.
 The loss is photometric L2 through `tinn.render.composite`; torch autograd carries it into the node array.
-
-While it trains, an occupancy grid follows the field (instant-ngp's tracking grid, `OccupancyGrid.update`, over
-the largest density any depth's nodes give, `OctreeField.union_density`): samples in voxels no depth fills are
-not evaluated, so a step costs what the scene's matter costs rather than what the box's volume does, and the
-octree takes more steps in the same time (docs/design-notes.md, octree quality: its finest level was bound by
-its training time, not by its parameters).
 """
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import torch
@@ -28,18 +21,11 @@ from ...trainer import Trainer
 from ...render import pixel_radius
 from ...tasks.image import psnr
 from .photometric import SceneTrainer
-from ..acceleration.occupancy import OccupancyGrid
 from ..fields.octree_field import OctreeField, photometric_loss
 
 # The full resolution's share of an OctreeTrainer batch: its rays are the only ones that train the finest
 # nodes, which draw the closest views (docs/design-notes.md, octree quality).
 DEFAULT_FINEST_SHARE = 0.8
-
-# The tracking grid's voxels per axis ("auto"): about one per 8 pixels of the capture's width, a power of two in
-# [MIN_TRACKING_RESOLUTION, MAX_TRACKING_RESOLUTION] (800 pixels: 128, the KiloNeRF teacher's grid), and its update
-# interval in steps, as the teacher's.
-MIN_TRACKING_RESOLUTION, MAX_TRACKING_RESOLUTION, PIXELS_PER_VOXEL = 16, 128, 8
-DEFAULT_OCCUPANCY_EVERY = 16
 
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
                      "l2_reg": 1e-6}
@@ -121,24 +107,14 @@ class PyramidRays:
 
 class OctreeTrainer(SceneTrainer):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels.
-    `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k).
-
-    occupancy_resolution: voxels per axis of the grid that tracks the field and skips empty space in training
-    (`tracking_resolution`: "auto" sizes it from the capture; None or 0: every sample in a node is evaluated);
-    it is updated every `occupancy_every` steps, a voxel counting as occupied where one step of the longest
-    sample spacing would reach `alpha_threshold` (`occupancy` holds it)."""
+    `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k)."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
                  batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
-                 random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE,
-                 occupancy_resolution: int | str | None = "auto", occupancy_every: int = DEFAULT_OCCUPANCY_EVERY,
-                 alpha_threshold: float = 0.01):
-        for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1),
-                                ("occupancy_every", occupancy_every, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                 random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE):
+        for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
+            if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
-        if not (isinstance(alpha_threshold, (int, float)) and 0.0 < alpha_threshold < 1.0):
-            raise ConfigError(f"alpha_threshold={alpha_threshold!r} must be a number in (0, 1)")
         self.field, self.n_samples, self.batch_rays = field, n_samples, batch_rays
         self.rays = PyramidRays(images, pyramid_levels, finest_share)
         self.background = images.background.to(runtime.device()).float()
@@ -148,14 +124,6 @@ class OctreeTrainer(SceneTrainer):
         self.trainer = Trainer(field.model, self.loss, self.optimizer_config)
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
         self.train_seconds = 0.0
-        resolution = tracking_resolution(occupancy_resolution, images.width, field)
-        self.occupancy = None if not resolution else \
-            OccupancyGrid.tracking(field.octree.box_min, field.octree.box_max, resolution)
-        # Occupied: one step of the longest sample spacing (box diagonal / n_samples) through the voxel's densest
-        # point found would reach alpha_threshold (as `OctreeField.build_occupancy` and the KiloNeRF teacher).
-        spacing = float((field.octree.box_max - field.octree.box_min).norm()) / n_samples
-        self.occupancy_threshold = -math.log1p(-float(alpha_threshold)) / spacing
-        self.occupancy_every = occupancy_every
 
     def loss(self) -> torch.Tensor:
         origins, directions, colors, radius, alpha = self.rays.sample_rgba(self.batch_rays, self.generator)
@@ -165,47 +133,14 @@ class OctreeTrainer(SceneTrainer):
             colors = colors + (1.0 - alpha) * (background - self.background)
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
             result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
-                                            background=background, generator=self.generator,
-                                            occupancy=self.occupancy)
+                                            background=background, generator=self.generator)
         return photometric_loss(result.rgb, colors)
 
     def step(self) -> torch.Tensor:
         t0 = time.perf_counter()
-        if self.occupancy is not None and self.trainer.step % self.occupancy_every == 0:
-            with checks.disabled():  # the grid's points lie in the box by construction
-                self.occupancy.update(self.field.union_density, self.occupancy_threshold, generator=self.generator)
         loss = super().step()
         self.train_seconds += time.perf_counter() - t0
         return loss
-
-
-def tracking_resolution(value, width: int, field) -> int:
-    """Voxels per axis of the grid that tracks an octree while it trains (0: none). "auto": one per
-    PIXELS_PER_VOXEL pixels of the capture's width, a power of two in [MIN_TRACKING_RESOLUTION,
-    MAX_TRACKING_RESOLUTION], and none for a field whose nodes are sharded over processes (each rank would track
-    its own grid, and the ranks' updates would call the sharded part a different number of times)."""
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        if value != "auto":
-            raise ConfigError(f"occupancy_resolution={value!r}; allowed: 'auto', None, 0 or an integer in 2..512")
-        if _sharded(field.model):
-            return 0
-        target = max(1, width // PIXELS_PER_VOXEL)
-        return min(MAX_TRACKING_RESOLUTION, max(MIN_TRACKING_RESOLUTION, 1 << (target - 1).bit_length()))
-    if isinstance(value, bool) or not isinstance(value, int) or not (value == 0 or 2 <= value <= 512):
-        raise ConfigError(f"occupancy_resolution={value!r}; allowed: 'auto', None, 0 or an integer in 2..512")
-    if value and _sharded(field.model):
-        raise ConfigError("occupancy_resolution: a field whose nodes are sharded over processes trains without a "
-                          "tracking grid (each rank would track its own); allowed there: None or 0")
-    return value
-
-
-def _sharded(model) -> bool:
-    """Whether `model` is a part whose networks are spread over processes (tinn.distributed; a model can be one
-    only if that module was imported). Its forward is a collective: every rank must call it equally often."""
-    module = sys.modules.get("tinn.distributed.sharded")
-    return module is not None and isinstance(model, module.ShardedPart)
 
 
 @torch.no_grad()
