@@ -245,6 +245,26 @@ def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
     assert torch.isfinite(loss) and float(loss) < 2 * float(first)
 
 
+def test_octree_training_steps_do_not_sync():
+    """An octree step evaluates the batch it assigned to nodes a step earlier: the number of samples to evaluate
+    was counted then, so reading it waits on an event the device has passed, not on the device."""
+    from tinn.scenes import ProceduralScene, render_views
+    from tinn.scenes.acceleration.octree import Octree
+    from tinn.scenes.fields.octree_field import OctreeField
+    from tinn.scenes.training.octree_training import OctreeTrainer, foreground_points
+
+    data = render_views(ProceduralScene(), 4, 32, 32, seed=1, n_samples=64)
+    dev = tinn.runtime.device()
+    tree = Octree.build(foreground_points(data, resolution=16, dilate=1), data.box_min.to(dev), data.box_max.to(dev),
+                        max_depth=2, min_points=1)
+    field = OctreeField(tree, seed=3)
+    trainer = OctreeTrainer(field, data, pyramid_levels=2, n_samples=32, batch_rays=512, seed=2)
+    first = trainer.step()  # compiles
+    trainer.step()
+    loss = _steps_without_sync(trainer.step, 4)
+    assert torch.isfinite(loss) and float(loss) < 2 * float(first)
+
+
 def _steps_without_sync(step, n: int):
     """`n` calls of `step` under torch's sync debug mode "error" (any host synchronisation raises); the last
     result."""

@@ -672,6 +672,32 @@ def test_octree_trainer_gives_the_finest_nodes_most_of_every_batch_by_default():
     assert halving.rays.level_counts(70) == [40, 20, 10]
 
 
+def test_octree_trainer_evaluates_each_batch_as_if_drawn_in_its_own_step():
+    """The trainer draws and assigns the next step's batch before evaluating its own: the losses are those of
+    drawing each batch in its step and rendering it with `render_rays` (the same random numbers in the same
+    order), and one step's batch is left drawn ahead."""
+    from tinn.scenes.training.octree_training import OctreeTrainer, photometric_loss
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+
+    field = blob_field(4)
+    views = render_views(ProceduralScene(), 2, 8, 8, seed=3, n_samples=32)
+    ahead = OctreeTrainer(field, views, pyramid_levels=2, n_samples=12, batch_rays=64, seed=7)
+    losses = [float(ahead.loss()) for _ in range(3)]
+    assert ahead._ahead is not None
+    plain = OctreeTrainer(field, views, pyramid_levels=2, n_samples=12, batch_rays=64, seed=7)
+    expected = []
+    for _ in range(3):
+        origins, directions, colors, radius, alpha = plain.rays.sample_rgba(64, plain.generator)
+        background = plain.background
+        if plain.random_background:
+            background = torch.rand(64, 3, device=colors.device, generator=plain.generator)
+            colors = colors + (1.0 - alpha) * (background - plain.background)
+        result = field.render_rays(origins, directions, radius, 12, jitter=True, background=background,
+                                   generator=plain.generator)
+        expected.append(float(photometric_loss(result.rgb, colors)))
+    assert losses == expected and len(set(losses)) == 3
+
+
 def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
     field = blob_field(3)
     c2w = _look_at_origin(2.6)

@@ -64,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--octree-final-lr", default="0.1",
                    help="the learning rate decays exponentially to lr times this over the training time (1: constant; "
                         "0.1 as the demo's full size); a comma list trains one octree per value")
-    p.add_argument("--octree-batch", type=int, default=None, help="rays per octree step (default: --batch-rays)")
+    p.add_argument("--octree-batch", default="default",
+                   help="rays per octree step ('default': --batch-rays; comma list)")
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
@@ -123,22 +124,36 @@ def octree_for(args, train, budget: int):
                        blend_margin=args.blend_margin)
 
 
-def train_octree(args, field, train, seconds: float):
-    """Train for `seconds` (or --octree-steps steps, the rate decaying over them)."""
+def single_grid_budget(args, train) -> int:
+    """The grid parameters of the KiloNeRF demo's teacher for this capture (its table alone): the budget an octree
+    gets without a teacher trained beside it."""
+    from tinn.scenes.acceleration.octree_budget import single_grid_params
+
+    return single_grid_params(max(4 * train.width, args.teacher_base), args.teacher_levels, args.teacher_log2_hashmap,
+                              args.teacher_base)
+
+
+def octree_trainer(args, field, train, total_steps: int | None):
+    """The variant's `OctreeTrainer`: one pyramid level per octree level, the rate decaying over `total_steps`
+    (None: constant)."""
     from tinn.scenes.training.octree_training import OctreeTrainer
     from tinn.scenes.training.photometric import decaying_adam
 
     levels = min(args.pyramid_levels, field.octree.deepest + 1)  # one pyramid level per octree level
     while levels > 1 and train.width % 2 ** (levels - 1):
         levels -= 1
-    batch = args.octree_batch or args.batch_rays
+    options = {} if args.finest_share is None else {"finest_share": args.finest_share or None}
+    return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.octree_samples or args.samples,
+                         batch_rays=args.octree_batch or args.batch_rays,
+                         optimizer_config=decaying_adam(args.octree_lr, total_steps, args.octree_final_lr,
+                                                        l2_reg=1e-6),
+                         seed=args.seed, **options)
 
+
+def train_octree(args, field, train, seconds: float):
+    """Train for `seconds` (or --octree-steps steps, the rate decaying over them)."""
     def trainer(total):
-        options = {} if args.finest_share is None else {"finest_share": args.finest_share or None}
-        return OctreeTrainer(field, train, pyramid_levels=levels, n_samples=args.octree_samples or args.samples,
-                             batch_rays=batch, optimizer_config=decaying_adam(args.octree_lr, total,
-                                                                              args.octree_final_lr, l2_reg=1e-6),
-                             seed=args.seed, **options)
+        return octree_trainer(args, field, train, total)
 
     probe_steps = 0 if args.octree_steps else 8
     if args.octree_steps:
@@ -177,8 +192,7 @@ def train_octree(args, field, train, seconds: float):
             tinn.runtime.sync()
     tinn.runtime.sync()
     return {"steps": steps + probe_steps, "seconds": time.perf_counter() - t0 + probe_steps * per_step,
-            "pyramid_levels": levels,
-            "batch_rays": batch}
+            "pyramid_levels": main.rays.n_levels, "batch_rays": main.batch_rays}
 
 
 def run_mesh(args, name: str, path: str) -> dict:
@@ -233,7 +247,7 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor")
+                "budget_factor", "octree_batch")
 
 
 def variants(args):
@@ -246,8 +260,9 @@ def variants(args):
             setattr(variant, key, value)
         for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
             setattr(variant, key, int(getattr(variant, key)))
-        if variant.octree_samples is not None:
-            variant.octree_samples = int(variant.octree_samples)
+        for key in ("octree_samples", "octree_batch"):
+            if getattr(variant, key) is not None:
+                setattr(variant, key, int(getattr(variant, key)))
         yield variant
 
 
@@ -307,7 +322,7 @@ def _variant_label(args) -> str:
 
 def print_table(results: dict) -> None:
     print("| mesh | res | teacher dB (s, MiB) | KiloNeRF dB (s) | octree: nodes, variant | octree finest dB "
-          "(s, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
+          "(s, steps, MiB, ms/frame) | gap to teacher | LoD curve: factor level dB touched |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         t, k = r["teacher"], r["kilonerf"]
@@ -317,7 +332,8 @@ def print_table(results: dict) -> None:
             print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
                   f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
                   f"| {o['nodes']}, {o['label']} "
-                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['param_bytes'] / 2**20:.1f}, {o['frame_ms']:.1f}) "
+                  f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['steps']}, {o['param_bytes'] / 2**20:.1f}, "
+                  f"{o['frame_ms']:.1f}) "
                   f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
 
 

@@ -96,7 +96,10 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
             t = steps[i] + 1
             steps[i] = t
             rate = bias_correction(t, beta1, beta2)
-        nw, mv, vv = adam_update_corrected(w[i], grad, m[i], v[i], lr * lr_factor[0] * lr_scale[i // cols] * rate,
+        row = 0
+        if cols != w.shape[0]:  # a table of several rows (one per network); one row needs no division
+            row = i // cols
+        nw, mv, vv = adam_update_corrected(w[i], grad, m[i], v[i], lr * lr_factor[0] * lr_scale[row] * rate,
                                            l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
                                            lower, upper)
         m[i] = mv

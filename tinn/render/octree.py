@@ -3,7 +3,9 @@ picks, and only samples that land in a node are evaluated.
 
 `render_rays` (training): stratified samples, one Taichi kernel assigns every sample its node (level, walk,
 occupancy test, local coordinates; `tinn.kernels.octree.assign_samples`), the assigned samples are packed, the
-node array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays.
+node array evaluates them in one call (ragged routing by node id), and one compositing pass finishes the rays. It
+is `assign_rays` then `shade_assigned`: a training step can assign its next batch before evaluating its own, so
+that the number of assigned samples (which sizes the evaluation) reaches the host without the host waiting.
 `render_image` (viewing) marches the rays instead (`tinn.kernels.octree.march_count` / `march_emit`: only
 samples that have a node are produced), with empty-space skipping (an occupancy grid per octree depth) and early
 ray termination: the samples of a ray are taken in `segments` runs front to back, and rays whose transmittance
@@ -19,13 +21,15 @@ from .. import checks
 from ..errors import InputError
 from .compositing import composite
 from .rays import camera_rays, pixel_radius, ray_box
-from .sampling import frame_runs, pack, stratified_t
+from .pending import PendingCount
+from .sampling import frame_runs, positions, ray_offsets, stratified_t
 
 if TYPE_CHECKING:
     from ..scenes.acceleration.occupancy import OccupancyGrid
     from ..scenes.acceleration.octree_occupancy import LevelOccupancy
 
-__all__ = ["RayBatchResult", "render_rays", "render_image", "supersample_for", "assign_nodes", "first_node_per_ray"]
+__all__ = ["RayBatchResult", "AssignedRays", "render_rays", "assign_rays", "shade_assigned", "render_image",
+           "supersample_for", "assign_nodes", "first_node_per_ray"]
 
 
 class RayBatchResult(NamedTuple):
@@ -77,14 +81,39 @@ def assign_nodes(field, origins: torch.Tensor, directions: torch.Tensor, t: torc
     return node, local
 
 
-def _evaluate(field, origins, directions, t, deltas, radius, occupancy):
-    """Assign, pack and evaluate one batch of samples: (sigma, rgb, deltas, node_ids, ray_offsets), packed."""
+class AssignedRays(NamedTuple):
+    """A batch of rays' samples with their nodes (`assign_rays`), not yet gathered or evaluated."""
+    node: torch.Tensor          # (R, S) int32: every sample's node, -1 where nothing is evaluated
+    local: torch.Tensor         # (R * S, 3) local coordinates in the sample's node
+    deltas: torch.Tensor        # (R * S,) bin lengths
+    ray_offsets: torch.Tensor   # (R + 1,) int32: ray r owns assigned samples ray_offsets[r]:ray_offsets[r + 1]
+    n_assigned: PendingCount    # the number of assigned samples, on its way to the host
+
+
+def assign_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
+                jitter: bool = False, generator: torch.Generator | None = None,
+                occupancy: LevelOccupancy | OccupancyGrid | None = None) -> AssignedRays:
+    """`render_rays`' samples and their nodes, chosen on the device without waiting for it (`shade_assigned`
+    evaluates them). The nodes depend on the tree and `occupancy` only, not on the networks' parameters, so a
+    batch may be assigned a step ahead of its evaluation."""
+    radius = ray_radius(pixel_radius, origins.shape[0], origins.device)
+    t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
+    t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
     node, local = assign_nodes(field, origins, directions, t, deltas, radius, occupancy)
-    sample_index, ray_offsets = pack(node >= 0)
-    node_ids = node.reshape(-1)[sample_index]
+    offsets = ray_offsets(node >= 0)
+    return AssignedRays(node, local, deltas.reshape(-1), offsets, PendingCount(offsets[-1]))
+
+
+def shade_assigned(field, rays: AssignedRays, background: torch.Tensor | None = None) -> RayBatchResult:
+    """`rays` (from `assign_rays`) through the field: the assigned samples gathered (this waits until the device
+    has counted them), evaluated by their nodes and composited front to back over `background`; gradients flow
+    to the node networks."""
+    index = positions(rays.node >= 0, rays.n_assigned.value())
+    node_ids = rays.node.reshape(-1)[index]
     with checks.disabled():  # ids come from the octree: in range by construction
-        sigma, rgb = field.query_in_nodes(local[sample_index], node_ids)
-    return sigma, rgb, deltas.reshape(-1)[sample_index].contiguous(), node_ids, ray_offsets
+        sigma, rgb = field.query_in_nodes(rays.local[index], node_ids)
+    out = composite(sigma, rgb, rays.deltas[index].contiguous(), rays.ray_offsets, background)
+    return RayBatchResult(out.rgb, out.opacity, node_ids, rays.ray_offsets)
 
 
 def ray_radius(pixel_radius, n_rays: int, dev) -> torch.Tensor:
@@ -108,12 +137,8 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_ra
     pixel_radius: a float, or an (R,) tensor (rays from several pyramid levels in one batch). With an
     `occupancy` grid, samples in its empty voxels are not evaluated.
     """
-    radius = ray_radius(pixel_radius, origins.shape[0], origins.device)
-    t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
-    t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
-    sigma, rgb, d, node_ids, ray_offsets = _evaluate(field, origins, directions, t, deltas, radius, occupancy)
-    out = composite(sigma, rgb, d, ray_offsets, background)
-    return RayBatchResult(out.rgb, out.opacity, node_ids, ray_offsets)
+    return shade_assigned(field, assign_rays(field, origins, directions, pixel_radius, n_samples, jitter, generator,
+                                             occupancy), background)
 
 
 # The most rays per pixel side `render_image` casts for a view beyond the root's scale.

@@ -18,6 +18,7 @@ import torch
 from ... import checks, runtime
 from ...errors import ConfigError, InputError
 from ...trainer import Trainer
+from ...render import octree as octree_rendering
 from ...render import pixel_radius
 from ...tasks.image import psnr
 from .photometric import SceneTrainer
@@ -124,16 +125,32 @@ class OctreeTrainer(SceneTrainer):
         self.trainer = Trainer(field.model, self.loss, self.optimizer_config)
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
         self.train_seconds = 0.0
+        self._ahead: tuple | None = None  # the next step's batch, drawn during this one (see loss)
 
-    def loss(self) -> torch.Tensor:
+    def draw_batch(self) -> tuple:
+        """`batch_rays` random pyramid rays (on random backgrounds where the images have alpha), assigned to their
+        nodes: (target colours, background, `AssignedRays`); only device work is issued."""
         origins, directions, colors, radius, alpha = self.rays.sample_rgba(self.batch_rays, self.generator)
         background = self.background
         if self.random_background:
             background = torch.rand(colors.shape[0], 3, device=colors.device, generator=self.generator)
             colors = colors + (1.0 - alpha) * (background - self.background)
+        assigned = octree_rendering.assign_rays(self.field, origins, directions, radius, self.n_samples, jitter=True,
+                                                generator=self.generator)
+        return colors, background, assigned
+
+    def loss(self) -> torch.Tensor:
+        """The step's batch was drawn and assigned during the step before (the nodes do not depend on the
+        parameters), and the next one is drawn now, before this one is evaluated: its number of samples reaches
+        the host while the device works, so the host does not wait for the device within a step. The batches
+        and random numbers are those of drawing each batch in its own step."""
+        batch, self._ahead = self._ahead, None
+        if batch is None:
+            batch = self.draw_batch()
+        self._ahead = self.draw_batch()
+        colors, background, assigned = batch
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
-            result = self.field.render_rays(origins, directions, radius, self.n_samples, jitter=True,
-                                            background=background, generator=self.generator)
+            result = octree_rendering.shade_assigned(self.field, assigned, background)
         return photometric_loss(result.rgb, colors)
 
     def step(self) -> torch.Tensor:
