@@ -71,6 +71,15 @@ def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, ep
     return nw, mv, vv
 
 
+def _hoisted() -> bool:
+    """Whether an Adam launch computes a shared step count's bias correction once, before its loop (the CPU,
+    where two `pow` calls per element were most of the update), rather than in every element (CUDA, where the
+    update is bound by memory and the prelude would be one more task per launch)."""
+    from .. import runtime
+
+    return runtime.arch() != "cuda"
+
+
 @ti.func
 def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
     """The bias correction of a tensor with one step count (step_now > 0): step_now, the steps asked of it (kept
@@ -84,9 +93,9 @@ def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), i, cols, lr, l2_reg, skip_zero, step_now, correction,
-                  skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay, abs_decay, clip,
-                  grad_clip, lower, upper):
+                  lr_scale: ti.template(), i, cols, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
+                  correction, skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay,
+                  abs_decay, clip, grad_clip, lower, upper):
     grad = g[i]
     if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
         # A tensor whose elements are never skipped shares one step count, whose correction the launch computed
@@ -96,6 +105,8 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
             t = steps[i] + 1
             steps[i] = t
             rate = bias_correction(t, beta1, beta2)
+        elif ti.static(not _hoisted()):
+            rate = _shared_correction(step_now, pending, beta1, beta2)
         row = 0
         if cols != w.shape[0]:  # a table of several rows (one per network); one row needs no division
             row = i // cols
@@ -120,10 +131,12 @@ def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scal
     (network weights) take l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero,
     leave elements whose gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move
     nor age their moments, hence the per-element step counter used for bias correction."""
-    correction = _shared_correction(step_now, pending, beta1, beta2)
+    correction = 0.0
+    if ti.static(_hoisted()):
+        correction = _shared_correction(step_now, pending, beta1, beta2)
     for i in range(w.shape[0]):
-        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, correction, skip,
-                      lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, pending, correction,
+                      skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
 
 
 @fast_kernel
@@ -137,14 +150,18 @@ def adam_step_pair(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
-    correction = _shared_correction(step_now, pending, beta1, beta2)
-    correction2 = _shared_correction(step_now2, pending2, beta1, beta2)
+    correction = 0.0
+    correction2 = 0.0
+    if ti.static(_hoisted()):
+        correction = _shared_correction(step_now, pending, beta1, beta2)
+        correction2 = _shared_correction(step_now2, pending2, beta1, beta2)
     for i in range(w.shape[0]):
-        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, correction, skip,
-                      lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, pending, correction,
+                      skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
     for i in range(w2.shape[0]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, cols2, lr2, l2_reg2, skip_zero2, step_now2, correction2,
-                      skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, cols2, lr2, l2_reg2, skip_zero2, step_now2, pending2,
+                      correction2, skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
+                      lower, upper)
 
 
 @fast_kernel
