@@ -71,10 +71,12 @@ def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, ep
     return nw, mv, vv
 
 
-def _hoisted() -> bool:
-    """Whether an Adam launch computes a shared step count's bias correction once, before its loop (the CPU,
-    where two `pow` calls per element were most of the update), rather than in every element (CUDA, where the
-    update is bound by memory and the prelude would be one more task per launch)."""
+def _flat() -> bool:
+    """Whether the Adam kernels walk a table as one flat range and compute a shared step count's bias correction
+    once, before the loop (the CPU: a 2-D index cost as much as the update there, and two `pow` calls per element
+    were most of the rest), rather than as (row, column) threads each computing it (CUDA: the update is bound by
+    memory, a flat index's row costs a division, and the prelude would be one more task per launch; measured
+    slower there)."""
     from .. import runtime
 
     return runtime.arch() != "cuda"
@@ -93,23 +95,21 @@ def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
 
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
-                  lr_scale: ti.template(), i, cols, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
+                  lr_scale: ti.template(), i, row, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
                   correction, skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay,
                   abs_decay, clip, grad_clip, lower, upper):
+    """Element i (flat) of a table, in row `row`."""
     grad = g[i]
     if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
-        # A tensor whose elements are never skipped shares one step count, whose correction the launch computed
-        # (`_shared_correction`); skipping zero gradients gives every element its own count.
+        # A tensor whose elements are never skipped shares one step count (whose correction a flat launch
+        # computed once, `_shared_correction`); skipping zero gradients gives every element its own count.
         rate = correction
         if step_now == 0:
             t = steps[i] + 1
             steps[i] = t
             rate = bias_correction(t, beta1, beta2)
-        elif ti.static(not _hoisted()):
+        elif ti.static(not _flat()):
             rate = _shared_correction(step_now, pending, beta1, beta2)
-        row = 0
-        if cols != w.shape[0]:  # a table of several rows (one per network); one row needs no division
-            row = i // cols
         nw, mv, vv = adam_update_corrected(w[i], grad, m[i], v[i], lr * lr_factor[0] * lr_scale[row] * rate,
                                            l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
                                            lower, upper)
@@ -118,9 +118,17 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
         w[i] = nw
 
 
-# The Adam kernels walk a table's (rows, cols) elements as one flat range of its contiguous storage: on the CPU a
-# 2-D index costs as much as the update (docs/performance.md, the CPU's Adam). `cols` finds an element's row for
-# its learning-rate scale.
+@ti.func
+def _row_of(i, cols, n):
+    """The row of flat element i of a table of n elements in rows of `cols` (no division for one row)."""
+    row = 0
+    if cols != n:
+        row = i // cols
+    return row
+
+
+# The Adam kernels take a (rows, cols) table's contiguous storage flat and `cols`; `_flat` decides how they walk it
+# (docs/performance.md, the CPU's Adam).
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scale: f32_1d, cols: ti.i32,
@@ -131,12 +139,17 @@ def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scal
     (network weights) take l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero,
     leave elements whose gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move
     nor age their moments, hence the per-element step counter used for bias correction."""
-    correction = 0.0
-    if ti.static(_hoisted()):
+    if ti.static(_flat()):
         correction = _shared_correction(step_now, pending, beta1, beta2)
-    for i in range(w.shape[0]):
-        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, pending, correction,
-                      skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+        for i in range(w.shape[0]):
+            _adam_element(w, g, m, v, steps, lr_scale, i, _row_of(i, cols, w.shape[0]), lr, l2_reg, skip_zero,
+                          step_now, pending, correction, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay,
+                          clip, grad_clip, lower, upper)
+    else:
+        for r, c in ti.ndrange(w.shape[0] // cols, cols):
+            _adam_element(w, g, m, v, steps, lr_scale, r * cols + c, r, lr, l2_reg, skip_zero, step_now, pending,
+                          0.0, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
+                          upper)
 
 
 @fast_kernel
@@ -150,18 +163,26 @@ def adam_step_pair(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
-    correction = 0.0
-    correction2 = 0.0
-    if ti.static(_hoisted()):
+    if ti.static(_flat()):
         correction = _shared_correction(step_now, pending, beta1, beta2)
         correction2 = _shared_correction(step_now2, pending2, beta1, beta2)
-    for i in range(w.shape[0]):
-        _adam_element(w, g, m, v, steps, lr_scale, i, cols, lr, l2_reg, skip_zero, step_now, pending, correction,
-                      skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
-    for i in range(w2.shape[0]):
-        _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, cols2, lr2, l2_reg2, skip_zero2, step_now2, pending2,
-                      correction2, skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
-                      lower, upper)
+        for i in range(w.shape[0]):
+            _adam_element(w, g, m, v, steps, lr_scale, i, _row_of(i, cols, w.shape[0]), lr, l2_reg, skip_zero,
+                          step_now, pending, correction, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay,
+                          clip, grad_clip, lower, upper)
+        for i in range(w2.shape[0]):
+            _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, _row_of(i, cols2, w2.shape[0]), lr2, l2_reg2,
+                          skip_zero2, step_now2, pending2, correction2, skip2, lr_factor2, beta1, beta2, epsilon,
+                          rel_decay, abs_decay, clip, grad_clip, lower, upper)
+    else:
+        for r, c in ti.ndrange(w.shape[0] // cols, cols):
+            _adam_element(w, g, m, v, steps, lr_scale, r * cols + c, r, lr, l2_reg, skip_zero, step_now, pending,
+                          0.0, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
+                          upper)
+        for r, c in ti.ndrange(w2.shape[0] // cols2, cols2):
+            _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r * cols2 + c, r, lr2, l2_reg2, skip_zero2, step_now2,
+                          pending2, 0.0, skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                          grad_clip, lower, upper)
 
 
 @fast_kernel
