@@ -5,6 +5,7 @@ once. It runs one thread per element; torch sums the per-element values.
 """
 from ..backend import ti
 
+from .arch import walks_rows
 from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
@@ -92,16 +93,28 @@ def loss_forward(kind: ti.i32, pred: f32_2d, target: f32_2d, pdf: f32_2d, use_pd
                  grad: f32_2d, value: f32_2d):
     """grad[b, d] = d(mean loss)/d pred[b, d] (already divided by N); value[b, d] = loss[b, d] (not divided).
 
-    One thread per element: consecutive threads touch consecutive addresses (coalesced),
-    where a thread per sample strided by the row length.
+    On CUDA one thread per element: consecutive threads touch consecutive addresses (coalesced), where a thread
+    per sample strided by the row length. On the CPU one task per sample walks its row (`arch.walks_rows`: the
+    2-D struct-for's per-element index arithmetic cost more than the loss).
     """
-    for b, d in pred:
-        q = 1.0
-        if use_pdf != 0:
-            q = pdf[b, d]
-        v, dv = element(kind, pred, b, d, target[b, d], q)
-        value[b, d] = v
-        grad[b, d] = dv * inv_n
+    if ti.static(walks_rows()):
+        for b in range(pred.shape[0]):
+            for d in range(pred.shape[1]):
+                _loss_element(kind, pred, target, pdf, use_pdf, inv_n, grad, value, b, d)
+    else:
+        for b, d in pred:
+            _loss_element(kind, pred, target, pdf, use_pdf, inv_n, grad, value, b, d)
+
+
+@ti.func
+def _loss_element(kind, pred: ti.template(), target: ti.template(), pdf: ti.template(), use_pdf, inv_n,
+                  grad: ti.template(), value: ti.template(), b, d):
+    q = 1.0
+    if use_pdf != 0:
+        q = pdf[b, d]
+    v, dv = element(kind, pred, b, d, target[b, d], q)
+    value[b, d] = v
+    grad[b, d] = dv * inv_n
 
 
 @fast_kernel

@@ -12,6 +12,7 @@ Loops are plain ndrange loops (no static unrolling) to keep compile time small.
 """
 from ..backend import ti
 
+from .arch import walks_rows
 from .launch import fast_kernel
 
 f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
@@ -73,13 +74,10 @@ def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, ep
 
 def _flat() -> bool:
     """Whether the Adam kernels walk a table as one flat range and compute a shared step count's bias correction
-    once, before the loop (the CPU: a 2-D index cost as much as the update there, and two `pow` calls per element
-    were most of the rest), rather than as (row, column) threads each computing it (CUDA: the update is bound by
-    memory, a flat index's row costs a division, and the prelude would be one more task per launch; measured
-    slower there)."""
-    from .. import runtime
-
-    return runtime.arch() != "cuda"
+    once, before the loop (the CPU, `arch.walks_rows`: two `pow` calls per element were most of the rest there),
+    rather than as (row, column) threads each computing it (CUDA: the update is bound by memory, a flat index's row
+    costs a division, and the prelude would be one more task per launch; measured slower there)."""
+    return walks_rows()
 
 
 @ti.func
