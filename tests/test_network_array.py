@@ -219,3 +219,38 @@ def test_tensor_on_wrong_device_is_named():
     net = NetworkArray(3, 2, {"n_neurons": 16, "n_hidden_layers": 1})
     with pytest.raises(InputError, match="input is on .* but tinn runs on"):
         net(torch.empty(4, 3, device=other))
+
+
+def test_batched_gemm_buckets_uneven_counts_and_matches_float64():
+    """The CPU's batched GEMMs pad each bucket of networks to its own largest count (counts within a factor of
+    two), so very uneven counts cost under twice the real rows instead of falling back to per-sample kernels;
+    outputs and weight gradients still match float64, and networks without samples get zero gradients."""
+    from tinn.networks.batched_gemm import Batch
+
+    n_networks = 9
+    counts = [400, 3, 1, 0, 57, 200, 30, 9, 120]
+    ids = torch.cat([torch.full((c,), k, dtype=torch.int32) for k, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(1))].to(tinn.runtime.device())
+    batch = Batch(ids, n_networks)
+    assert batch.padding(ids.numel()) < 2.0
+    assert sum(n for _, n, _, _ in batch.buckets) == n_networks - 1  # the empty network takes no rows
+    for nets, _, m, _ in batch.buckets:
+        bucket_counts = [counts[k] for k in nets.tolist()]
+        assert max(bucket_counts) == m and 2 * min(bucket_counts) > m
+    even = Batch(torch.arange(36, dtype=torch.int32, device=ids.device) % 4, 4)
+    assert [(nets, n, m) for nets, n, m, _ in even.buckets] == [(None, 4, 9)] and even.padding(36) == 1.0
+
+    cfg = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "None", "n_neurons": 16,
+           "n_hidden_layers": 2}
+    net = NetworkArray(5, 3, cfg, n_networks=n_networks, seed=4, kernels="batched_gemm")
+    x = torch.rand(ids.numel(), 5, device=ids.device).requires_grad_()
+    y = net(x, ids)
+    dy = torch.rand_like(y)
+    y.backward(dy)
+    p64 = net.params.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y64 = mlp_array(net, p64, x64, ids, "Tanh", "None")
+    y64.backward(dy.double())
+    assert rel_err(y.detach(), y64.detach()) < TOL
+    assert rel_err(x.grad, x64.grad) < TOL and rel_err(net.params.grad, p64.grad) < TOL
+    assert torch.all(net.params.grad[3] == 0)

@@ -1,12 +1,14 @@
 """An array of networks as batched GEMMs through torch (the CPU's BLAS): the CPU's path for arrays.
 
 Taichi's CPU code for the per-sample kernels is scalar, while the BLAS behind `torch.bmm` uses the vector
-units. Samples are grouped by network into a zero-padded (N, M, features) batch, M the largest network's
-count, and every layer is one `bmm` over the N networks; the outputs go back to the caller's order. The
-backward is torch autograd over the same ops (weight gradients are bmm's too). Padding rows cost work
-(their dy is zero, so they add nothing to any gradient): where the padded batch would be more than
-`MAX_PADDING` times the real one (very uneven counts), the call returns None and the array runs Taichi's
-kernels instead.
+units. Samples are grouped by network into zero-padded (n, M, features) batches and every layer is one `bmm` per
+batch; the outputs go back to the caller's order. The backward is torch autograd over the same ops (weight
+gradients are bmm's too). Padding rows cost work (their dy is zero, so they add nothing to any gradient), so the
+networks are bucketed by sample count: bucket j holds the networks whose count lies in (M / 2^(j+1), M / 2^j],
+M the largest, padded to its own largest count, which keeps the padding under twice the real rows however
+uneven the counts (one bucket, the whole array in its order, when the counts are equal). Networks without
+samples take no rows. Where the padded rows would still be more than `MAX_PADDING` times the real ones, the
+call returns None and the array runs Taichi's kernels instead.
 """
 from __future__ import annotations
 
@@ -20,31 +22,64 @@ MAX_PADDING = 4.0
 
 
 class Batch:
-    """Where each sample sits in the padded (N, M, .) batch: network and row, and the sorted order."""
+    """Where each sample sits in the padded batches: one flat (rows, .) buffer holding every bucket's (n, M, .)
+    block one after the other (`buckets`: the bucket's networks, or None for the whole array in its order, its
+    network count, its rows per network and its first row)."""
 
     def __init__(self, ids: torch.Tensor, n_networks: int):
         order, counts = sort_by_network(ids, n_networks)
         order = order.long()
-        self.rows = int(counts.max()) if counts.numel() else 0
+        counts = counts.long()
+        self.n_networks = n_networks
+        self.buckets: list[tuple[torch.Tensor | None, int, int, int]] = []
+        self.rows = 0
+        if not ids.shape[0]:
+            self.slot = order
+            return
+        largest = int(counts.max())
+        present = counts > 0
+        # Bucket j: counts in (largest / 2^(j+1), largest / 2^j]; found exactly in integers (c * 2^j >= largest
+        # and c * 2^(j+1) < largest fails), not through a floating-point logarithm.
+        j = 0
+        remaining = present.clone()
+        net_base = torch.zeros_like(counts)
+        while bool(remaining.any()):
+            members = remaining & (counts * (1 << (j + 1)) > largest)
+            if bool(members.any()):
+                nets = torch.nonzero(members).reshape(-1)
+                m = int(counts[nets].max())
+                whole = nets.numel() == n_networks  # every network, in order: the weights need no gathering
+                net_base[nets] = self.rows + torch.arange(nets.numel(), device=ids.device) * m
+                self.buckets.append((None if whole else nets, nets.numel(), m, self.rows))
+                self.rows += nets.numel() * m
+                remaining &= ~members
+            j += 1
         starts = torch.cumsum(counts, 0) - counts
         net = ids.long()[order]
-        # Each sample's row of the flattened (N * M) batch, in the caller's order.
+        # Each sample's row of the flat buffer, in the caller's order.
         self.slot = torch.empty_like(order)
-        self.slot[order] = net * self.rows + (torch.arange(ids.shape[0], device=ids.device) - starts[net])
-        self.n_networks = n_networks
+        self.slot[order] = net_base[net] + (torch.arange(ids.shape[0], device=ids.device) - starts[net])
 
     def padding(self, batch: int) -> float:
-        return self.n_networks * self.rows / max(batch, 1)
+        return self.rows / max(batch, 1)
 
-    def scatter(self, x: torch.Tensor) -> torch.Tensor:
-        """(batch, k) rows in the caller's order -> (N, M, k), zeros in the padding rows."""
-        padded = x.new_zeros(self.n_networks * self.rows, x.shape[1])
+    def scatter(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(batch, k) rows in the caller's order -> each bucket's (n, M, k) block, zeros in the padding rows."""
+        padded = x.new_zeros(self.rows, x.shape[1])
         padded.index_copy_(0, self.slot, x)
-        return padded.view(self.n_networks, self.rows, x.shape[1])
+        return [padded[first:first + n * m].view(n, m, x.shape[1]) for _, n, m, first in self.buckets]
 
-    def gather(self, y: torch.Tensor) -> torch.Tensor:
-        """(N, M, k) -> (batch, k) rows in the caller's order."""
-        return y.reshape(-1, y.shape[2]).index_select(0, self.slot)
+    def gather(self, ys: list[torch.Tensor]) -> torch.Tensor:
+        """Each bucket's (n, M, k) block -> (batch, k) rows in the caller's order."""
+        flat = [y.reshape(-1, y.shape[2]) for y in ys]
+        return (torch.cat(flat) if len(flat) > 1 else flat[0]).index_select(0, self.slot)
+
+    def run(self, x: torch.Tensor, weights: list[torch.Tensor], shape) -> torch.Tensor:
+        """The MLP of every sample, bucket by bucket: one bmm per layer and bucket."""
+        outs = []
+        for h, (nets, _, _, _) in zip(self.scatter(x), self.buckets):
+            outs.append(mlp(h, weights if nets is None else [w.index_select(0, nets) for w in weights], shape))
+        return self.gather(outs)
 
 
 def layer_weights(params: torch.Tensor, shape) -> list[torch.Tensor]:
@@ -79,8 +114,7 @@ class BatchedGemmPath:
         if batch is None:
             return None
         with torch.no_grad():
-            return batch.gather(mlp(batch.scatter(x), layer_weights(params, self.shape),
-                                    self.shape))
+            return batch.run(x, layer_weights(params, self.shape), self.shape)
 
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor):
         """(out, saved) or None where the padding would cost too much."""
@@ -90,8 +124,7 @@ class BatchedGemmPath:
         with torch.enable_grad():
             x_leaf = x.detach().requires_grad_()
             p_leaf = params.detach().requires_grad_()
-            y = batch.gather(mlp(batch.scatter(x_leaf), layer_weights(p_leaf, self.shape),
-                                 self.shape))
+            y = batch.run(x_leaf, layer_weights(p_leaf, self.shape), self.shape)
         return y.detach(), (y, x_leaf, p_leaf)
 
     @staticmethod
