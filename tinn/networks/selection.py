@@ -6,8 +6,8 @@ Paths:
 - "fused": Taichi's fused CUDA kernels (one launch for all layers, float32 SIMT).
 - "unfused": Taichi's per-layer kernels, any arch (the CPU's path for arrays; deterministic mode's).
 - "dense": a single network as vendor GEMMs (the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`).
-- "batched_gemm": an array as torch batched GEMMs over samples grouped and padded per network (the CPU's BLAS;
-  `batched_gemm.py`), Taichi's unfused kernels for a call whose counts are too uneven.
+- "batched_gemm": an array as torch batched GEMMs over samples grouped and padded per network, the networks
+  bucketed by sample count so that padding stays under twice the real rows (the CPU's BLAS; `batched_gemm.py`).
 
 The rule follows measurements (docs/design-notes.md). The default precision ("auto", `default_precision`) is
 tcnn's float16 for an array of networks on CUDA whose shape the tensor-core kernels take (hidden width 16 to 128,
