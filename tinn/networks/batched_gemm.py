@@ -37,14 +37,13 @@ class Batch:
             self.slot = order
             return
         largest = int(counts.max())
-        present = counts > 0
-        # Bucket j: counts in (largest / 2^(j+1), largest / 2^j]; found exactly in integers (c * 2^j >= largest
-        # and c * 2^(j+1) < largest fails), not through a floating-point logarithm.
+        # Bucket j: counts in (largest / 2^(j+1), largest / 2^j], found exactly in integers (for an integer c,
+        # c > largest / 2^(j+1) is c > largest >> (j + 1)), not through a floating-point logarithm.
         j = 0
-        remaining = present.clone()
+        remaining = counts > 0  # networks without samples take no rows
         net_base = torch.zeros_like(counts)
         while bool(remaining.any()):
-            members = remaining & (counts * (1 << (j + 1)) > largest)
+            members = remaining & (counts > (largest >> (j + 1)))
             if bool(members.any()):
                 nets = torch.nonzero(members).reshape(-1)
                 m = int(counts[nets].max())
