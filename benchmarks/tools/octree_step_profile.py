@@ -19,7 +19,7 @@ import sys
 import tinn  # noqa: E402
 from benchmarks.common import host_profile  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
-from benchmarks.tools.scene_step_profile import host_syncs, kernel_table, wall_ms  # noqa: E402
+from benchmarks.tools.scene_step_profile import measure_step  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -45,11 +45,8 @@ def main(argv=None) -> dict:
           f"{trainer.n_samples} samples a step")
     for _ in range(ours.warmup):  # compiles, and lets the field leave its start
         trainer.step()
-    r = {"pipelined_ms": wall_ms(trainer.step, ours.steps, False),
-         "synced_ms": wall_ms(trainer.step, ours.steps, True),
-         "syncs": host_syncs(trainer.step)}
-    kernels, busy = kernel_table(trainer.step, ours.steps, ours.top)
-    r["device_busy_ms"], r["kernels"] = busy, kernels
+    r = measure_step(trainer.step, ours.steps, ours.top)
+    kernels, busy = r["kernels"], r["device_busy_ms"]
     print(f"{r['pipelined_ms']:.2f} ms/step pipelined, {r['synced_ms']:.2f} synced each step, device busy "
           f"{busy:.2f} ms; {len(r['syncs'])} host syncs per step")
     for message in r["syncs"]:

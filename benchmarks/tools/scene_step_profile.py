@@ -76,6 +76,15 @@ def kernel_table(step, steps: int, top: int) -> tuple[list[tuple[str, int, float
     return rows[:top], sum(r[2] for r in rows)
 
 
+def measure_step(step, steps: int, top: int) -> dict:
+    """A step's wall ms issued back to back and synced after each, the host syncs of one step (`host_syncs`), and
+    `kernel_table`'s `top` kernels and device busy ms per step."""
+    r = {"pipelined_ms": wall_ms(step, steps, False), "synced_ms": wall_ms(step, steps, True),
+         "syncs": host_syncs(step)}
+    r["kernels"], r["device_busy_ms"] = kernel_table(step, steps, top)
+    return r
+
+
 def compiled_variants() -> dict[str, int]:
     """Compiled variants of each tensor-core kernel so far (a count that grows during training is a JIT pause)."""
     from tinn.kernels.tensor_cores import mlp
@@ -121,11 +130,8 @@ def main(argv=None):
             trainer = pipe.trainers[phase]
             for _ in range(3):  # compiles
                 trainer.step()
-            r = {"pipelined_ms": wall_ms(trainer.step, args.steps, False),
-                 "synced_ms": wall_ms(trainer.step, args.steps, True),
-                 "syncs": host_syncs(trainer.step)}
-            kernels, busy = kernel_table(trainer.step, args.steps, args.top)
-            r["device_busy_ms"], r["kernels"] = busy, kernels
+            r = measure_step(trainer.step, args.steps, args.top)
+            kernels, busy = r["kernels"], r["device_busy_ms"]
             r["compiled_variants"] = compiled_variants()
             results[phase] = r
             print(f"\n== {phase}: {r['pipelined_ms']:.2f} ms/step pipelined, {r['synced_ms']:.2f} synced each step, "
