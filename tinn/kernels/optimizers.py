@@ -57,8 +57,9 @@ def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, 
 @ti.func
 def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
                           grad_clip, lower, upper):
-    """`adam_update` with the bias-corrected rate lr_t given: a tensor whose elements share one step count
-    computes it once per launch (two `pow` calls per element were most of the CPU's Adam)."""
+    """`adam_update` with the bias-corrected rate lr_t given, so that a tensor whose elements share one step count
+    can compute the correction once per launch (the CPU's launches do: two `pow` calls per element were most of
+    its Adam)."""
     grad += l2_reg * wv
     if grad_clip != 0.0:
         # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
@@ -126,7 +127,7 @@ def _row_of(i, cols, n):
 
 
 # The Adam kernels take a (rows, cols) table's contiguous storage flat and `cols`; `_flat` decides how they walk it
-# (docs/performance.md, the CPU's Adam).
+# (docs/performance.md, "Arrays on the CPU").
 @fast_kernel
 @ti.kernel
 def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scale: f32_1d, cols: ti.i32,
