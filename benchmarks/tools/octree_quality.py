@@ -60,7 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--reuse-baselines", default=None,
                    help="an earlier run's JSON: take the teacher and KiloNeRF results (and the teacher's parameter "
                         "budget and time) from it instead of training them again")
-    p.add_argument("--octree-lr", type=float, default=1e-2)
+    p.add_argument("--octree-lr", default="0.01", help="the octree's initial learning rate (comma list: one octree "
+                   "per value)")
     p.add_argument("--octree-final-lr", default="0.1",
                    help="the learning rate decays exponentially to lr times this over the training time (1: constant; "
                         "0.1 as the demo's full size); a comma list trains one octree per value")
@@ -245,7 +246,7 @@ def _reused_baselines(args, name: str, train):
     return record["teacher"], record["kilonerf"]
 
 
-VARIANT_KEYS = ("max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
+VARIANT_KEYS = ("octree_lr", "max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
                 "budget_factor", "octree_batch")
 
