@@ -710,7 +710,7 @@ def test_marched_frames_do_not_depend_on_the_chunk_of_rays():
         field.render_image(c2w, 4, 4, 12.0, 0)
 
 
-def test_the_demos_full_size_decays_its_rate_and_the_small_size_keeps_it_constant():
+def test_the_demos_full_size_decays_a_higher_rate_and_the_small_size_keeps_it_constant():
     import os
     import sys
 
@@ -722,6 +722,10 @@ def test_the_demos_full_size_decays_its_rate_and_the_small_size_keeps_it_constan
     small = octree_lod.parse_args(["--small"])
     octree_lod.apply_defaults(small, on_gpu=False)
     assert (full.final_lr_factor, small.final_lr_factor) == (0.1, 1.0)
-    mine = octree_lod.parse_args(["--full", "--final-lr-factor", "0.5"])
+    assert (full.lr, small.lr) == (3e-2, 1e-2)   # the decaying full size starts higher (measured at 800 pixels)
+    scale = octree_lod.parse_args(["--scale"])
+    octree_lod.apply_defaults(scale, on_gpu=False)
+    assert scale.lr == 1e-2
+    mine = octree_lod.parse_args(["--full", "--final-lr-factor", "0.5", "--lr", "0.02"])
     octree_lod.apply_defaults(mine, on_gpu=False)
-    assert mine.final_lr_factor == 0.5
+    assert (mine.final_lr_factor, mine.lr) == (0.5, 0.02)

@@ -60,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--reuse-baselines", default=None,
                    help="an earlier run's JSON: take the teacher and KiloNeRF results (and the teacher's parameter "
                         "budget and time) from it instead of training them again")
-    p.add_argument("--octree-lr", default="0.01", help="the octree's initial learning rate (comma list: one octree "
+    p.add_argument("--octree-lr", default="0.03", help="the octree's initial learning rate (comma list: one octree "
                    "per value)")
     p.add_argument("--octree-final-lr", default="0.1",
                    help="the learning rate decays exponentially to lr times this over the training time (1: constant; "
