@@ -33,7 +33,7 @@ from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
-        "grid_features": 4, "neurons": 32, "occupancy_res": 128, "final_lr_factor": 0.1, "lr": 3e-2}
+        "grid_features": 4, "neurons": 32, "occupancy_res": 128, "final_lr_factor": 0.1, "lr": 1e-2}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
          "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0, "lr": 1e-2}
@@ -46,7 +46,12 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # each pyramid level one depth above.
 SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, batch=4096, res=384,
              pyramid_levels=6, grid_levels=16, grid_features=2, log2_hashmap=None, base_resolution=16,
-             per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True, lr=1e-2)
+             per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True)
+# The initial rate of a capture's octree at full size (its grids budgeted to the single-grid teacher's parameters,
+# the rate decaying to 0.1x): 0.01 / 0.02 / 0.03 / 0.05 on the bunny, the duck and the Wuson mesh at 800 pixels,
+# 0.03 best or within 0.1 dB on each (docs/design-notes.md, octree quality). The procedural scene's fixed small
+# grids keep 0.01 (0.03 there: finest level -0.25 dB, 4x the distance +2.1 dB, one run each).
+CAPTURE_LR = 3e-2
 
 
 def parse_args(argv=None):
@@ -86,8 +91,8 @@ def parse_args(argv=None):
                    help="band inside each node face (in node edges) where samples blend with the node across it, so "
                         "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
     p.add_argument("--lr", type=float, default=None,
-                   help="the node array's initial Adam learning rate (full size 3e-2, decaying to 0.1x: measured best "
-                        "at 800 pixels on three meshes; small and --scale 1e-2)")
+                   help="the node array's initial Adam learning rate (default 1e-2; a capture, --data or --mesh, at "
+                        "full size 3e-2, decaying to 0.1x)")
     p.add_argument("--finest-share", type=float, default=None,
                    help="share of each batch from the full-resolution images, the only rays that train the deepest "
                         "nodes (default: the trainer's, 0.8); the coarser pyramid levels split the rest")
@@ -148,6 +153,8 @@ def apply_defaults(args, on_gpu: bool):
     defaults.setdefault("table_dtype", "float32")
     if args.data and not small:
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
+    if (args.data or args.mesh) and not (small or args.scale):
+        defaults["lr"] = CAPTURE_LR
     for key, value in defaults.items():
         attr = {"n_points": "points"}.get(key, key)
         if getattr(args, attr, None) is None:
