@@ -187,7 +187,7 @@ class NetworkArray(Part):
                 out, held_buffers = replayed
                 return out, Context(x=x, ids=ids, params=params, held_buffers=held_buffers,
                                     x_feature_major=x_feature_major)
-        if self.batched is not None:  # None back: the padded batch would cost too much, Taichi's kernels run
+        if self.batched is not None:  # None back: an empty batch, which Taichi's kernels run
             if not train:
                 out = self.batched.inference(x, ids, params)
                 if out is not None:

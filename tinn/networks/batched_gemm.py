@@ -7,8 +7,7 @@ gradients are bmm's too). Padding rows cost work (their dy is zero, so they add 
 networks are bucketed by sample count: bucket j holds the networks whose count lies in (M / 2^(j+1), M / 2^j],
 M the largest, padded to its own largest count, which keeps the padding under twice the real rows however
 uneven the counts (one bucket, the whole array in its order, when the counts are equal). Networks without
-samples take no rows. Where the padded rows would still be more than `MAX_PADDING` times the real ones, the
-call returns None and the array runs Taichi's kernels instead.
+samples take no rows. An empty batch returns None, and the array runs Taichi's kernels for it.
 """
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ import torch
 from ..activations import TORCH_ACTIVATIONS
 from ..kernels.mlp_array import layer_shapes
 from ..routing import sort_by_network
-
-MAX_PADDING = 4.0
 
 
 class Batch:
@@ -105,8 +102,7 @@ class BatchedGemmPath:
         self.shape, self.n_networks = shape, n_networks
 
     def _batch(self, ids: torch.Tensor) -> Batch | None:
-        batch = Batch(ids, self.n_networks)
-        return batch if ids.shape[0] and batch.padding(ids.shape[0]) <= MAX_PADDING else None
+        return Batch(ids, self.n_networks) if ids.shape[0] else None
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor) -> torch.Tensor | None:
         batch = self._batch(ids)
@@ -116,7 +112,7 @@ class BatchedGemmPath:
             return batch.run(x, layer_weights(params, self.shape), self.shape)
 
     def forward_train(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor):
-        """(out, saved) or None where the padding would cost too much."""
+        """(out, saved), or None for an empty batch."""
         batch = self._batch(ids)
         if batch is None:
             return None
