@@ -101,14 +101,14 @@ class Adam(LeafOptimizer):
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            optimizer_kernels.adam_step_pair(*self._flat(todo[0]), *self._flat(todo[1]), *hyper)
+            optimizer_kernels.adam_step_pair(*self._kernel_arguments(todo[0]), *self._kernel_arguments(todo[1]), *hyper)
             return
         for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
             w = operands[0]
             for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
-                optimizer_kernels.adam_step(*self._flat(operands, lo, hi), *hyper)
+                optimizer_kernels.adam_step(*self._kernel_arguments(operands, lo, hi), *hyper)
 
-    def _flat(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
+    def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
         """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables flat and the row
         length after the row scales (w, g, m, v, steps, lr_scale, cols, lr, ...)."""
         w, g, m, v, steps, lr_scale, *rest = operands
