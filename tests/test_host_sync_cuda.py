@@ -245,9 +245,11 @@ def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
     assert torch.isfinite(loss) and float(loss) < 2 * float(first)
 
 
-def test_octree_training_steps_do_not_sync():
-    """An octree step evaluates the batch it assigned to nodes a step earlier: the number of samples to evaluate
-    was counted then, so reading it waits on an event the device has passed, not on the device."""
+@pytest.mark.parametrize("batches_per_draw", [1, 3])
+def test_octree_training_steps_do_not_sync(batches_per_draw):
+    """An octree step evaluates a batch assigned to nodes at least a step earlier: the number of samples to
+    evaluate was counted then, so reading it waits on an event the device has passed, not on the device. Batches
+    drawn several at a time: the steps cross draws."""
     from tinn.scenes import ProceduralScene, render_views
     from tinn.scenes.acceleration.octree import Octree
     from tinn.scenes.fields.octree_field import OctreeField
@@ -258,10 +260,11 @@ def test_octree_training_steps_do_not_sync():
     tree = Octree.build(foreground_points(data, resolution=16, dilate=1), data.box_min.to(dev), data.box_max.to(dev),
                         max_depth=2, min_points=1)
     field = OctreeField(tree, seed=3)
-    trainer = OctreeTrainer(field, data, pyramid_levels=2, n_samples=32, batch_rays=512, seed=2)
+    trainer = OctreeTrainer(field, data, pyramid_levels=2, n_samples=32, batch_rays=512, seed=2,
+                            batches_per_draw=batches_per_draw)
     first = trainer.step()  # compiles
     trainer.step()
-    loss = _steps_without_sync(trainer.step, 4)
+    loss = _steps_without_sync(trainer.step, 7)
     assert torch.isfinite(loss) and float(loss) < 2 * float(first)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tinn
-from tinn.errors import InputError
+from tinn.errors import ConfigError, InputError
 from tinn.scenes.acceleration.octree import Octree, levels_for_radius
 
 BOX = ([-1.0, -1.0, -1.0], [1.0, 1.0, 1.0])
@@ -696,6 +696,56 @@ def test_octree_trainer_evaluates_each_batch_as_if_drawn_in_its_own_step():
                                    generator=plain.generator)
         expected.append(float(photometric_loss(result.rgb, colors)))
     assert losses == expected and len(set(losses)) == 3
+
+
+def test_octree_trainer_drawing_several_batches_at_once_trains_as_drawing_each_alone(tuned):
+    """Batches drawn three at a time (one set of launches) give the losses and parameters of batches drawn one
+    at a time, step by step through parameter updates; a bad count is refused by name."""
+    from tinn.scenes.training.octree_training import OctreeTrainer
+
+    tuned(deterministic=True)  # bit-identical runs on CUDA too (no float atomics)
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+
+    views = render_views(ProceduralScene(), 2, 8, 8, seed=3, n_samples=32)
+    runs = {}
+    for per_draw in (1, 3):
+        field = blob_field(4)
+        trainer = OctreeTrainer(field, views, pyramid_levels=2, n_samples=12, batch_rays=48, seed=7,
+                                batches_per_draw=per_draw)
+        assert trainer.batches_per_draw == per_draw
+        runs[per_draw] = ([float(trainer.step()) for _ in range(7)], field.model.state_dict())
+    assert runs[1][0] == runs[3][0] and len(set(runs[1][0])) == 7
+    for name, value in runs[1][1].items():
+        assert torch.equal(value, runs[3][1][name]), name
+    assert OctreeTrainer(blob_field(4), views, pyramid_levels=2, n_samples=12, batch_rays=48).batches_per_draw == 8
+    for bad in (0, 2.0, True):
+        with pytest.raises(ConfigError, match="batches_per_draw"):
+            OctreeTrainer(blob_field(4), views, pyramid_levels=2, n_samples=12, batch_rays=48, batches_per_draw=bad)
+
+
+def test_split_assigned_gives_each_batch_as_assigned_alone():
+    from tinn.render import octree as octree_rendering
+
+    field = blob_field(2)
+    origins, directions = aimed_rays(30, seed=4)
+    radius = torch.full((30,), 0.004, device=DEV)
+    uniforms = torch.rand(30, 16, generator=torch.Generator().manual_seed(1)).to(DEV)
+    together = octree_rendering.assign_rays(field, origins, directions, radius, 16, jitter=True, uniforms=uniforms)
+    parts = octree_rendering.split_assigned(together, 3)
+    assert len(parts) == 3 and sum(p.n_assigned.value() for p in parts) == together.n_assigned.value()
+    for b, part in enumerate(parts):
+        rows = slice(10 * b, 10 * (b + 1))
+        alone = octree_rendering.assign_rays(field, origins[rows], directions[rows], radius[rows], 16, jitter=True,
+                                             uniforms=uniforms[rows].contiguous())
+        assert torch.equal(part.node, alone.node) and torch.equal(part.ray_offsets, alone.ray_offsets)
+        assert torch.equal(part.deltas, alone.deltas)
+        kept = alone.node.reshape(-1) >= 0
+        assert torch.equal(part.local[kept], alone.local[kept])
+        assert part.n_assigned.value() == alone.n_assigned.value() > 0
+    with pytest.raises(InputError, match="n_batches=4"):
+        octree_rendering.split_assigned(together, 4)
+    with pytest.raises(InputError, match="uniforms must have shape"):
+        octree_rendering.assign_rays(field, origins, directions, radius, 16, jitter=True, uniforms=uniforms[:, :8])
 
 
 def test_marched_frames_do_not_depend_on_the_chunk_of_rays():

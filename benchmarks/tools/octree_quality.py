@@ -83,6 +83,8 @@ def parse_args(argv=None):
                    "budget rule's; comma list)")
     p.add_argument("--octree-samples", default="default", help="samples per ray of the octree trainer ('default': "
                    "--samples; comma list)")
+    p.add_argument("--batches-per-draw", default="default", help="steps whose batches the octree trainer draws at "
+                   "once ('default': the trainer's; 1: each the step before its own; comma list)")
     p.add_argument("--blend-margin", default="0",
                    help="blend across node faces (0: off); a comma list trains one octree per value")
     p.add_argument("--neurons", dest="octree_neurons", default="32", help="each node's MLP width (comma list)")
@@ -148,7 +150,7 @@ def octree_trainer(args, field, train, total_steps: int | None):
                          batch_rays=args.octree_batch or args.batch_rays,
                          optimizer_config=decaying_adam(args.octree_lr, total_steps, args.octree_final_lr,
                                                         l2_reg=1e-6),
-                         seed=args.seed, **options)
+                         seed=args.seed, batches_per_draw=args.batches_per_draw, **options)
 
 
 def train_octree(args, field, train, seconds: float):
@@ -248,7 +250,7 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("octree_lr", "max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor", "octree_batch")
+                "budget_factor", "octree_batch", "batches_per_draw")
 
 
 def variants(args):
@@ -261,7 +263,7 @@ def variants(args):
             setattr(variant, key, value)
         for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
             setattr(variant, key, int(getattr(variant, key)))
-        for key in ("octree_samples", "octree_batch"):
+        for key in ("octree_samples", "octree_batch", "batches_per_draw"):
             if getattr(variant, key) is not None:
                 setattr(variant, key, int(getattr(variant, key)))
         yield variant

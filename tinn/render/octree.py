@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from ..scenes.acceleration.occupancy import OccupancyGrid
     from ..scenes.acceleration.octree_occupancy import LevelOccupancy
 
-__all__ = ["RayBatchResult", "AssignedRays", "render_rays", "assign_rays", "shade_assigned", "render_image",
-           "supersample_for", "assign_nodes", "first_node_per_ray"]
+__all__ = ["RayBatchResult", "AssignedRays", "render_rays", "assign_rays", "split_assigned", "shade_assigned",
+           "render_image", "supersample_for", "assign_nodes", "first_node_per_ray"]
 
 
 class RayBatchResult(NamedTuple):
@@ -92,16 +92,39 @@ class AssignedRays(NamedTuple):
 
 def assign_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_radius, n_samples: int,
                 jitter: bool = False, generator: torch.Generator | None = None,
-                occupancy: LevelOccupancy | OccupancyGrid | None = None) -> AssignedRays:
+                occupancy: LevelOccupancy | OccupancyGrid | None = None,
+                uniforms: torch.Tensor | None = None) -> AssignedRays:
     """`render_rays`' samples and their nodes, chosen on the device without waiting for it (`shade_assigned`
     evaluates them). The nodes depend on the tree and `occupancy` only, not on the networks' parameters, so a
-    batch may be assigned a step ahead of its evaluation."""
+    batch may be assigned a step ahead of its evaluation, and several batches at once (`split_assigned`).
+    `uniforms`: the jitter's (R, n_samples) random numbers, drawn by the caller (`stratified_t`)."""
     radius = ray_radius(pixel_radius, origins.shape[0], origins.device)
     t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
-    t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator)
+    t, deltas = stratified_t(t_near, t_far, n_samples, jitter, generator, uniforms)
     node, local = assign_nodes(field, origins, directions, t, deltas, radius, occupancy)
     offsets = ray_offsets(node >= 0)
     return AssignedRays(node, local, deltas.reshape(-1), offsets, PendingCount(offsets[-1]))
+
+
+def split_assigned(rays: AssignedRays, n_batches: int) -> list[AssignedRays]:
+    """`rays` assigned together, as `n_batches` batches of equally many consecutive rays, each as `assign_rays`
+    would have assigned it alone: views of the samples, offsets from the batch's first ray, and each batch's count
+    on its way to the host. Assigning several steps' batches at once issues the work of one."""
+    n_rays, n_samples = rays.node.shape
+    if n_batches < 1 or n_rays % n_batches:
+        raise InputError(f"n_batches={n_batches} must divide the {n_rays} rays into equal batches")
+    per = n_rays // n_batches
+    if n_batches == 1:
+        return [rays]
+    firsts = rays.ray_offsets[0:n_rays:per]                                   # (n_batches,)
+    counts = rays.ray_offsets[per::per] - firsts
+    batches = []
+    for b in range(n_batches):
+        rows, samples = slice(b * per, (b + 1) * per), slice(b * per * n_samples, (b + 1) * per * n_samples)
+        offsets = rays.ray_offsets[b * per:(b + 1) * per + 1] - firsts[b:b + 1]
+        batches.append(AssignedRays(rays.node[rows], rays.local[samples], rays.deltas[samples], offsets,
+                                    PendingCount(counts[b])))
+    return batches
 
 
 def shade_assigned(field, rays: AssignedRays, background: torch.Tensor | None = None) -> RayBatchResult:

@@ -6,12 +6,14 @@ import torch
 from ..errors import InputError
 
 
-def stratified_t(t_near: torch.Tensor, t_far: torch.Tensor, n_samples: int, jitter: bool, generator=None):
+def stratified_t(t_near: torch.Tensor, t_far: torch.Tensor, n_samples: int, jitter: bool, generator=None,
+                 uniforms: torch.Tensor | None = None):
     """n_samples equal bins between t_near and t_far per ray; one sample per bin.
 
     Returns t (R, S) (bin midpoints, or a uniform point in each bin with jitter) and deltas (R, S), the bin
     lengths used by the compositing quadrature. Rays that miss (t_far <= t_near) get deltas 0, so they composite
-    to pure background. `generator` is a torch.Generator on the rays' device (used only with jitter).
+    to pure background. `generator` is a torch.Generator on the rays' device (used only with jitter);
+    `uniforms` (R, S), jitter's random numbers drawn by the caller instead (a batch drawn in parts).
     """
     for name, v in (("t_near", t_near), ("t_far", t_far)):
         if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.dim() != 1:
@@ -25,7 +27,11 @@ def stratified_t(t_near: torch.Tensor, t_far: torch.Tensor, n_samples: int, jitt
     length = (t_far - t_near).clamp_min(0.0)
     step = (length / n_samples)[:, None]
     k = torch.arange(n_samples, dtype=t_near.dtype, device=t_near.device)[None, :]
-    if jitter:
+    if jitter and uniforms is not None:
+        if uniforms.shape != (t_near.shape[0], n_samples):
+            raise InputError(f"uniforms must have shape ({t_near.shape[0]}, {n_samples}), got {tuple(uniforms.shape)}")
+        u = uniforms
+    elif jitter:
         u = torch.rand(t_near.shape[0], n_samples, dtype=t_near.dtype, device=t_near.device, generator=generator)
     else:
         u = torch.full((1, n_samples), 0.5, dtype=t_near.dtype, device=t_near.device)

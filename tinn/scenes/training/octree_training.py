@@ -28,6 +28,10 @@ from ..fields.octree_field import OctreeField, photometric_loss
 # nodes, which draw the closest views (docs/design-notes.md, octree quality).
 DEFAULT_FINEST_SHARE = 0.8
 
+# Batches an OctreeTrainer draws at once (`batches_per_draw=None`): up to this many, within this many samples
+# (each sample's node, local coordinates and bin length held until its step).
+MAX_BATCHES_PER_DRAW, MAX_DRAWN_SAMPLES = 8, 1 << 24
+
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
                      "l2_reg": 1e-6}
 
@@ -66,7 +70,8 @@ class PyramidRays:
                                  for c, level in zip(counts, self.levels)])
         alphas = [level.to(dev).alphas() for level in self.levels]
         self.alpha = torch.cat(alphas).float().contiguous() if all(a is not None for a in alphas) else None
-        self._level_of_slot = (None, None)  # (batch size, level of every batch slot), rebuilt when the size changes
+        # ((batch size, rays drawn), level of every slot), rebuilt when either changes
+        self._level_of_slot = (None, None)
 
     @property
     def n_levels(self) -> int:
@@ -94,12 +99,19 @@ class PyramidRays:
 
     def sample_rgba(self, n_rays: int, generator: torch.Generator | None = None):
         """`sample`, plus the rays' pixel coverage (n_rays, 1) when the images have alpha (else None)."""
+        return self.rays_at(torch.rand(n_rays, device=self.counts.device, generator=generator), n_rays)
+
+    def rays_at(self, u: torch.Tensor, n_rays: int):
+        """`sample_rgba`'s rays for its uniform numbers `u`, for one or several batches of n_rays back to back
+        (each batch `level_counts(n_rays)` rays from each pyramid level)."""
         dev = self.counts.device
-        if self._level_of_slot[0] != n_rays:
+        if u.dim() != 1 or u.shape[0] % n_rays:
+            raise InputError(f"u must have shape (k * {n_rays},), got {tuple(u.shape)}")
+        if self._level_of_slot[0] != (n_rays, u.shape[0]):
             counts = torch.tensor(self.level_counts(n_rays), device=dev)
-            self._level_of_slot = (n_rays, torch.repeat_interleave(torch.arange(self.n_levels, device=dev), counts))
+            level = torch.repeat_interleave(torch.arange(self.n_levels, device=dev), counts)
+            self._level_of_slot = ((n_rays, u.shape[0]), level.repeat(u.shape[0] // n_rays))
         level = self._level_of_slot[1]
-        u = torch.rand(n_rays, device=dev, generator=generator)
         count = self.counts[level]
         idx = self.offsets[level] + torch.minimum((u * count).long(), count - 1)
         alpha = None if self.alpha is None else self.alpha[idx]
@@ -108,11 +120,14 @@ class PyramidRays:
 
 class OctreeTrainer(SceneTrainer):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels.
-    `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k)."""
+    `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k).
+    `batches_per_draw`: how many steps' batches are drawn and assigned at once (None: MAX_BATCHES_PER_DRAW
+    within MAX_DRAWN_SAMPLES samples; 1: each the step before its own)."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
                  batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
-                 random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE):
+                 random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE,
+                 batches_per_draw: int | None = None):
         for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
@@ -124,30 +139,59 @@ class OctreeTrainer(SceneTrainer):
         self.optimizer_config = dict(optimizer_config or DEFAULT_OPTIMIZER)
         self.trainer = Trainer(field.model, self.loss, self.optimizer_config)
         self.generator = torch.Generator(device=runtime.device()).manual_seed(seed)
+        self.batches_per_draw = self._batches_per_draw(batches_per_draw)
         self.train_seconds = 0.0
-        self._ahead: tuple | None = None  # the next step's batch, drawn during this one (see loss)
+        self._ahead: list[tuple] = []  # batches drawn and not yet evaluated, the next step's first (see loss)
+
+    def _batches_per_draw(self, wanted: int | None) -> int:
+        if wanted is None:
+            return max(1, min(MAX_BATCHES_PER_DRAW, MAX_DRAWN_SAMPLES // (self.batch_rays * self.n_samples)))
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
+            raise ConfigError(f"batches_per_draw={wanted!r} must be an integer >= 1 (or None: up to "
+                              f"{MAX_BATCHES_PER_DRAW}, within {MAX_DRAWN_SAMPLES} samples)")
+        return wanted
 
     def draw_batch(self) -> tuple:
         """`batch_rays` random pyramid rays (on random backgrounds where the images have alpha), assigned to their
         nodes: (target colours, background, `AssignedRays`); only device work is issued."""
-        origins, directions, colors, radius, alpha = self.rays.sample_rgba(self.batch_rays, self.generator)
+        return self.draw_batches(1)[0]
+
+    def draw_batches(self, n_batches: int) -> list[tuple]:
+        """`draw_batch` for the next `n_batches` steps at once: the random numbers of each batch drawn as that
+        batch alone would draw them, in the same order, then the rays of all of them gathered, cut by the box,
+        sampled and assigned to their nodes together (one set of launches for all)."""
+        n_rays, dev, gen = self.batch_rays, self.rays.counts.device, self.generator
+        ray_u, backgrounds, jitter = [], [], []
+        for _ in range(n_batches):
+            ray_u.append(torch.rand(n_rays, device=dev, generator=gen))
+            if self.random_background:
+                backgrounds.append(torch.rand(n_rays, 3, device=dev, generator=gen))
+            jitter.append(torch.rand(n_rays, self.n_samples, device=dev, generator=gen))
+        cat = (lambda parts: parts[0]) if n_batches == 1 else torch.cat
+        origins, directions, colors, radius, alpha = self.rays.rays_at(cat(ray_u), n_rays)
         background = self.background
         if self.random_background:
-            background = torch.rand(colors.shape[0], 3, device=colors.device, generator=self.generator)
+            background = cat(backgrounds)
             colors = colors + (1.0 - alpha) * (background - self.background)
         assigned = octree_rendering.assign_rays(self.field, origins, directions, radius, self.n_samples, jitter=True,
-                                                generator=self.generator)
-        return colors, background, assigned
+                                                uniforms=cat(jitter))
+        batches = octree_rendering.split_assigned(assigned, n_batches)
+        rows = [slice(b * n_rays, (b + 1) * n_rays) for b in range(n_batches)]
+        return [(colors[r], background[r] if self.random_background else background, a)
+                for r, a in zip(rows, batches)]
 
     def loss(self) -> torch.Tensor:
-        """The step's batch was drawn and assigned during the step before (the nodes do not depend on the
-        parameters), and the next one is drawn now, before this one is evaluated: its number of samples reaches
-        the host while the device works, so the host does not wait for the device within a step. The batches
-        and random numbers are those of drawing each batch in its own step."""
-        batch, self._ahead = self._ahead, None
-        if batch is None:
-            batch = self.draw_batch()
-        self._ahead = self.draw_batch()
+        """The step's batch was drawn and assigned before this step (the nodes do not depend on the parameters):
+        `batches_per_draw` batches at a time, the next draw issued in the step that takes the last of the
+        previous one, before that batch is evaluated: the counts of assigned samples reach the host while the
+        device works, so the host does not wait for the device within a step, and one draw's torch ops and
+        launches serve several steps (the host's issue time bounds a step). The batches and random numbers are
+        those of drawing each batch in its own step."""
+        if not self._ahead:
+            self._ahead = self.draw_batches(self.batches_per_draw)
+        batch = self._ahead.pop(0)
+        if not self._ahead:
+            self._ahead = self.draw_batches(self.batches_per_draw)
         colors, background, assigned = batch
         with checks.disabled():  # shapes and ids come from this pipeline; skip the syncing scans
             result = octree_rendering.shade_assigned(self.field, assigned, background)
