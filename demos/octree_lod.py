@@ -272,7 +272,8 @@ def _sharded(args, field, tree, encoding, network):
         from tinn.models import NetworkWithInputEncoding
 
         field.model = td.ShardedPart(lambda n: NetworkWithInputEncoding(3, 4, encoding, network, n_networks=n,
-                                                                        seed=args.seed + 1), tree.n_nodes,
+                                                                        seed=args.seed + 1, group_by_network=False),
+                                     tree.n_nodes,
                                      config={"encoding": encoding, "network": network})
     return field
 

@@ -218,14 +218,16 @@ def test_cpu_input_to_cuda_facade_backpropagates_to_the_cpu_tensor(kind):
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-@pytest.mark.parametrize("n_networks", [1, 3])
-def test_grid_model_gradients_match_float64(kernels, n_networks):
+@pytest.mark.parametrize("n_networks,grouped", [(1, False), (3, False), (3, True)])
+def test_grid_model_gradients_match_float64(kernels, n_networks, grouped, tuned):
     """A hash grid feeding the network (feature-major where the path reads it): output, input and both tables'
-    gradients against the float64 grid lookup and MLP."""
+    gradients against the float64 grid lookup and MLP, with the batch in the caller's order and grouped by
+    network (`tuning.group_by_network`)."""
     from test_encodings_grid import ref_grid
     from tinn.models import NetworkWithInputEncoding
     if kernels == "batched_gemm" and n_networks == 1:
         pytest.skip("batched GEMMs are the path of arrays")
+    tuned(precision="float32", group_by_network=grouped)  # (`tuned` starts from the process's settings each call)
     grid = {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 8,
             "base_resolution": 4, "per_level_scale": 2.0}
     model = NetworkWithInputEncoding(3, 2, grid, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1,
@@ -236,6 +238,7 @@ def test_grid_model_gradients_match_float64(kernels, n_networks):
     x = torch.rand(150, 3, device=dev(), requires_grad=True)
     ids = ragged_ids(150, n_networks, seed=4)
     dy = torch.randn(150, 2, device=dev())
+    assert model.groups_by_network() == grouped
     model(x, ids).backward(dy)
     xd = x.detach().cpu().double().requires_grad_()
     pe = model.encoding.params.detach().cpu().double().requires_grad_()

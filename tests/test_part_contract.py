@@ -451,13 +451,14 @@ def test_nan_inputs_propagate_like_torch_when_checks_are_off(otype, cfg, dims):
     assert bool(torch.isnan(out[1]).all()) and not bool(torch.isnan(out[[0, 2, 3]]).any())
 
 
-@pytest.mark.parametrize("kind,n_networks", [("grid", 1), ("grid", 2), ("shared_grid", 2), ("frequency", 2)])
-def test_gradients_from_loss_equals_the_forward_then_backward_from_loss(kind, n_networks, tuned):
+@pytest.mark.parametrize("kind,n_networks,grouped", [("grid", 1, False), ("grid", 2, False), ("grid", 2, True),
+                                                     ("shared_grid", 2, False), ("frequency", 2, False)])
+def test_gradients_from_loss_equals_the_forward_then_backward_from_loss(kind, n_networks, grouped, tuned):
     """A composition's `gradients_from_loss` (the encoding's forward, the network's own `gradients_from_loss`, the
     encoding's backward) gives the input gradient, every table's gradient and the loss of the training forward
-    followed by `backward_from_loss`, whichever layout the encoding hands over."""
+    followed by `backward_from_loss`, whichever layout the encoding hands over, grouped by network or not."""
     from tinn.part import Part
-    tuned(deterministic=True)
+    tuned(deterministic=True, group_by_network=grouped)
     model = make(kind, n_networks)
     x, t, ids = batch(model, n_networks, 0)
     ids = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device) if ids is None else ids.int()

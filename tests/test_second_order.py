@@ -60,9 +60,11 @@ def _model_reference(model, encoding, x, ids, enc_params, net_params):
     return mlp_array(model.network, net_params, h, ids, "Tanh", "None")
 
 
-@pytest.mark.parametrize("encoding,n_networks,share", [("grid", 1, False), ("grid", 3, False), ("grid", 3, True),
-                                                       ("frequency", 3, False)])
-def test_model_eikonal_gradients_match_float64(encoding, n_networks, share):
+@pytest.mark.parametrize("encoding,n_networks,share,grouped", [
+    ("grid", 1, False, False), ("grid", 3, False, False), ("grid", 3, False, True), ("grid", 3, True, False),
+    ("frequency", 3, False, False)])
+def test_model_eikonal_gradients_match_float64(encoding, n_networks, share, grouped, tuned):
+    tuned(group_by_network=grouped)  # grouped: the batch runs in network order (`tuning.group_by_network`)
     enc_cfg = GRID if encoding == "grid" else {"otype": "Frequency", "n_frequencies": 2}
     model = NetworkWithInputEncoding(3, 1, enc_cfg, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1,
                                                      "activation": "Tanh"},

@@ -8,6 +8,13 @@ with tables (grids) get one table per network unless `share_encoding=True`.
 The model is itself a part (tinn/part.py): it runs the encoding's contract, hands
 its output to the network in a layout both take (a grid's feature-major features
 go straight into the fused network), and runs the two backward passes in reverse.
+
+An array whose networks own their encodings' tables (a hash grid per network) runs
+on the batch grouped by network id (`tuning.group_by_network`): one sort, the inputs
+gathered into that order and the outputs (and input gradients) put back. A warp's
+table lookups then stay in one network's tables, and the network reads its inputs
+contiguously, where ids in the caller's order scatter both over every network's
+memory.
 """
 from __future__ import annotations
 
@@ -15,12 +22,13 @@ import math
 
 import torch
 
-from . import checks, tcnn_layout
+from . import checks, runtime, tcnn_layout
 from .encodings import create_encoding
 from .encodings.basic import FrequencyEncoding
 from .errors import ConfigError
 from .networks import NetworkArray
-from .part import Context, Part, accumulate, common_layout, has_hooks
+from .part import SAMPLE_MAJOR, Context, Part, accumulate, common_layout, has_hooks
+from .routing import sort_by_network
 
 
 TCNN_ALIGNMENT = 16  # tcnn's MLPs take inputs in multiples of 16
@@ -57,6 +65,9 @@ class NetworkWithInputEncoding(Part):
         tcnn_padding: pad the network's input as tcnn does (see `tcnn_input_padding`), so the same
             parameters give tcnn's function.
         precision: the network's products' precision (see `NetworkArray`); None for the settings' choice.
+        group_by_network: run the parts on the batch grouped by network id (the module's notes); None for
+            `tuning.group_by_network`. False suits callers whose batches already come in runs of one network
+            (an octree's samples along its rays).
 
     Raises:
         ConfigError: a bad config value (the message names the key path and the allowed values), or an
@@ -70,8 +81,13 @@ class NetworkWithInputEncoding(Part):
 
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
-                 kernels: str | None = None, tcnn_padding: bool = False, precision: str | None = None):
+                 kernels: str | None = None, tcnn_padding: bool = False, precision: str | None = None,
+                 group_by_network: bool | None = None):
         super().__init__(n_input_dims, n_output_dims, n_networks)
+        if group_by_network not in (None, True, False):
+            raise ConfigError(f"group_by_network={group_by_network!r}; allowed: None (tuning.group_by_network), "
+                              "True or False")
+        self.group_by_network = group_by_network
         if isinstance(encoding_config, Part):  # a part built by the caller (e.g. a tinn.autodiff part)
             enc = encoding_config
             want = 1 if share_encoding else n_networks
@@ -128,7 +144,35 @@ class NetworkWithInputEncoding(Part):
                 return self.network(h, ids)
         return super().run_checked(x, ids)
 
+    def groups_by_network(self) -> bool:
+        """Whether the parts run on the batch grouped by network id (the module's notes): the model's own
+        `group_by_network`, else `tuning.group_by_network`, else (None) on CUDA where every network owns its
+        encoding's tables."""
+        if self.n_networks == 1:
+            return False
+        wanted = self.group_by_network if self.group_by_network is not None else runtime.tuning().group_by_network
+        if wanted is not None:
+            return bool(wanted)
+        return (runtime.device().type == "cuda" and self.encoding.n_networks > 1
+                and any(t is not None for t in self.encoding.parameter_tables()))
+
+    def _group_order(self, ids, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR) -> torch.Tensor | None:
+        """int64 positions of the batch's samples grouped by network id (stable), or None where the parts run
+        on the caller's order (a single network, feature-major inputs or outputs, grouping off)."""
+        if ids.shape[0] < 2 or x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR or not self.groups_by_network():
+            return None
+        return sort_by_network(ids, self.n_networks)[0].long()
+
     def forward_with_context(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
+        order = self._group_order(ids, x_layout, y_layout)
+        if order is None:
+            return self._forward_parts(x, ids, train, x_layout, y_layout)
+        y, ctx = self._forward_parts(_rows(x, order), ids[order], train, x_layout, y_layout)
+        if ctx is not None:
+            ctx.order = order
+        return _ungrouped(y, order), ctx
+
+    def _forward_parts(self, x, ids, train, x_layout, y_layout):
         if not train and x_layout == "sample_major" and self._frequencies_fuse(x):
             # Inference of Frequency -> fused MLP: the network's kernel encodes the raw inputs as it loads
             # them, so the (batch, 2 * octaves * dims) features never go through memory.
@@ -144,24 +188,33 @@ class NetworkWithInputEncoding(Part):
                 fuses(x.shape[1], self.encoding.n_frequencies))
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        order = getattr(ctx, "order", None)
+        dy = _rows(dy, order)
         need_dh, train_encoding = self._needs(need_dx, need_grads)
         dh, net_grads = self.network.backward(ctx.network, dy, need_dx=need_dh, need_grads=need_grads)
-        return self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
+        dx, grads = self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
+        return _ungrouped(dx, order), grads
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         return self.network.fuses_loss(self._needs(need_dx, True)[0])
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
         """The network's backward takes the loss (the fused MLP computes its gradient in its own kernel)."""
+        order = getattr(ctx, "order", None)
+        y, target = _rows(y, order), _rows(target, order)
         need_dh, train_encoding = self._needs(need_dx, need_grads)
         dh, net_grads, value = self.network.backward_from_loss(ctx.network, y, loss, target, need_dx=need_dh,
                                                                need_grads=need_grads)
-        return (*self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding), value)
+        dx, grads = self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
+        return _ungrouped(dx, order), grads, value
 
     def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout="sample_major"):
         """The encoding's training forward, then the network's `gradients_from_loss` (the tensor cores' backward
         recomputes the network's forward from the encoding's output: no network forward runs), then the
         encoding's backward."""
+        order = self._group_order(ids, x_layout)
+        if order is not None:
+            x, ids, target = _rows(x, order), ids[order], _rows(target, order)
         need_dh, train_encoding = self._needs(need_dx, need_grads)
         handover = common_layout(self.encoding, self.network)
         h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=True, x_layout=x_layout,
@@ -169,7 +222,8 @@ class NetworkWithInputEncoding(Part):
         dh, net_grads, value = self.network.gradients_from_loss(h, ids, loss, target, need_dx=need_dh,
                                                                 need_grads=need_grads, x_layout=handover)
         ctx = Context(encoding=enc_ctx, network=None)
-        return (*self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding), value)
+        dx, grads = self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
+        return _ungrouped(dx, order), grads, value
 
     def _needs(self, need_dx, need_grads) -> tuple[bool, bool]:
         """(whether the network's input gradient is needed, whether the encoding trains)."""
@@ -186,6 +240,8 @@ class NetworkWithInputEncoding(Part):
         """The chain rule through both parts: dx = J_E^T dh with dh = J_N^T dy, so <ddx, dx> reaches
         the encoding directly (its own second derivative, with dh as its dy) and the network through
         ddh = J_E ddx; the network's answer for its input h flows back to x through J_E^T."""
+        order = getattr(ctx, "order", None)
+        dy, ddx = _rows(dy, order), _rows(ddx, order)
         enc, net = self.encoding, self.network
         dh, _ = net.backward(ctx.network, dy, need_dx=True, need_grads=False)
         ddh, a_x, a_enc = enc.backward_backward(ctx.encoding, dh, ddx, need_ddy=True, need_dx=need_dx,
@@ -199,7 +255,7 @@ class NetworkWithInputEncoding(Part):
             c_x, c_enc = enc.backward(ctx.encoding, b_h, need_dx=need_dx, need_grads=need_dtables)
         d_x = accumulate(a_x, c_x) if need_dx else None
         d_enc = tuple(accumulate(a, c) for a, c in zip(a_enc or (None,) * len(enc_tables), c_enc))
-        return b_dy, d_x, d_enc + tuple(b_net)
+        return _ungrouped(b_dy, order), _ungrouped(d_x, order), d_enc + tuple(b_net)
 
     def memory_bytes(self) -> int:
         return self.encoding.memory_bytes() + self.network.memory_bytes()
@@ -209,3 +265,20 @@ class NetworkWithInputEncoding(Part):
             self.encoding.n_params_per_network() if self.encoding.n_networks > 1 else 0)
 
 
+def _rows(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:
+    """t[order] for the grouped order (contiguous). A 2-D tensor is gathered through its transpose: torch's
+    row gather of rows a multiple of 16 bytes long (a 4-wide float32 output's gradient) runs a vectorized kernel
+    that measured 17x slower than indexing the transposed tensor's columns (1.5M rows: 0.93 against 0.055 ms,
+    one H100; docs/design-notes.md), and the copy back to rows is one more pass at memory speed."""
+    if t is None or order is None:
+        return t
+    if t.dim() == 2:
+        return t.t()[:, order].t().contiguous()
+    return t[order]
+
+
+def _ungrouped(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:
+    """Rows of `t` computed for the samples at `order` (grouped by network), put back in the caller's order."""
+    if t is None or order is None:
+        return t
+    return torch.empty_like(t).index_copy_(0, order, t)

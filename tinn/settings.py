@@ -39,6 +39,7 @@ the environment's text is converted ("true", "off", "auto", "32"); Python values
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
+| group_by_network | None | an encoded array's batch grouped by network id before its encoding runs (one sort; inputs gathered, outputs and input gradients put back), so a warp's table lookups stay in one network's tables; None = on CUDA where every network owns its encoding's tables (`NetworkWithInputEncoding.groups_by_network`) |
 | feature_lanes | None | one thread per (level, sample, feature) in the grid's table gradient; None = on CUDA only |
 | level_tasks | None | on the CPU, the grid's table gradient as one task per level without atomics; None = where the CPU runs no more threads than the grid has levels |
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
@@ -124,6 +125,7 @@ class Tuning(_Checked):
     dense_step_graphs: bool | None = None
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
+    group_by_network: bool | None = None
     feature_lanes: bool | None = None
     level_tasks: bool | None = None
     fast_launch: bool = True

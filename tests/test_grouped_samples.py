@@ -1,0 +1,87 @@
+"""`tuning.group_by_network`: an encoded array runs its batch grouped by network id (one sort, inputs gathered,
+outputs and input gradients put back). The values are those of the caller's order: outputs exactly, gradients to
+float32 summation order; float64 references for the grouped path are in test_gradient_paths.py,
+test_second_order.py and test_part_contract.py."""
+import pytest
+import torch
+
+import tinn
+from reference import rel_err
+from tinn.errors import ConfigError
+from tinn.models import NetworkWithInputEncoding
+from tinn.trainer import Trainer
+
+DEV = tinn.runtime.device()
+GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 9, "base_resolution": 4,
+        "per_level_scale": 1.6}
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "ReLU",
+       "output_activation": "None"}
+
+
+def data(size=3000, n_networks=5, seed=2):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(size, 3, generator=gen)
+    t = torch.rand(size, 4, generator=gen)
+    ids = torch.multinomial(torch.tensor([5.0, 1.0, 0.0, 2.0, 0.5][:n_networks]), size, replacement=True,
+                            generator=gen).int()
+    return x.to(DEV), t.to(DEV), ids.to(DEV)
+
+
+def run(grouped, tuned, steps=3):
+    tuned(group_by_network=grouped)
+    model = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=5, seed=4)
+    assert model.groups_by_network() == grouped
+    x, t, ids = data()
+    with torch.no_grad():
+        first = model(x, ids)
+    xg = x.clone().requires_grad_()
+    (model(xg, ids) * t).sum().backward()
+    trainer = Trainer(model, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    losses = [float(trainer.training_step(x, t, ids)) for _ in range(steps)]
+    return first, xg.grad, losses
+
+
+def test_grouped_batches_give_the_callers_order_outputs_gradients_and_training(tuned):
+    plain_y, plain_dx, plain_losses = run(False, tuned)
+    grouped_y, grouped_dx, grouped_losses = run(True, tuned)
+    assert torch.equal(grouped_y, plain_y)  # each output is its own sample's, whatever the batch order
+    assert rel_err(grouped_dx, plain_dx) < 1e-5
+    assert grouped_losses == pytest.approx(plain_losses, rel=1e-4) and grouped_losses[-1] < grouped_losses[0]
+
+
+def test_who_groups_by_default(tuned):
+    """Auto: on CUDA, for arrays whose networks own their encodings' tables; never for one network or a
+    parameter-free or shared encoding."""
+    tuned(group_by_network=None)
+    own = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3)
+    shared = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, share_encoding=True)
+    frequency = NetworkWithInputEncoding(3, 4, {"otype": "Frequency", "n_frequencies": 2}, NET, n_networks=3)
+    single = NetworkWithInputEncoding(3, 4, GRID, NET)
+    assert own.groups_by_network() == (DEV.type == "cuda")
+    assert not shared.groups_by_network() and not frequency.groups_by_network() and not single.groups_by_network()
+    tuned(group_by_network=True)
+    assert own.groups_by_network() and shared.groups_by_network() and not single.groups_by_network()
+    # A model's own choice wins over the tuning's: an octree's samples come along rays, in runs of one node.
+    assert not NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, group_by_network=False).groups_by_network()
+    tuned(group_by_network=False)
+    assert NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, group_by_network=True).groups_by_network()
+    with pytest.raises(ConfigError, match="group_by_network"):
+        NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, group_by_network="yes")
+
+
+def test_an_octree_field_keeps_its_rays_order():
+    from test_octree import blob_field
+    assert blob_field(1).model.group_by_network is False
+
+
+def test_rows_are_gathered_exactly_whatever_their_width():
+    from tinn.models import _rows, _ungrouped
+    gen = torch.Generator().manual_seed(3)
+    order = torch.randperm(50, generator=gen).to(DEV)
+    for width in (1, 3, 4, 16):
+        t = torch.rand(50, width, generator=gen).to(DEV)
+        rows = _rows(t, order)
+        assert rows.is_contiguous() and torch.equal(rows, t[order])
+        assert torch.equal(_ungrouped(rows, order), t)
+    ids = torch.arange(50, device=DEV)
+    assert torch.equal(_rows(ids, order), order) and _rows(None, order) is None and _rows(ids, None) is ids
