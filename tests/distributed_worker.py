@@ -61,6 +61,7 @@ def scenario_equal(rank, out):
         model = td.ShardedPart(factory(shared), N_NETWORKS, config={"shared": shared})
         tag = "shared" if shared else "sharded"
         res[f"{tag}/init"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        res[f"{tag}/grouped"] = model.local.groups_by_network()  # (tuning.group_by_network, from TINN_SETTINGS)
         x, ids, _, w = batch(rank, 0)
         res[f"{tag}/autograd"] = autograd_pass(model, x, ids, w)
         x, ids, _, w = batch(rank, 1, skew=True)

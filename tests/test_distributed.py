@@ -34,7 +34,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **env) -> list[dict]:
+def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, settings: str = "", **env) -> list[dict]:
+    """`settings`: TINN_SETTINGS fields for the ranks on top of this process's."""
     os.makedirs(out, exist_ok=True)
     port = _free_port()
     procs = []
@@ -44,6 +45,7 @@ def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **en
     tinn_settings = os.environ.get("TINN_SETTINGS", "")
     if precision != "auto" and "precision" not in tinn_settings:
         tinn_settings = ",".join(filter(None, [tinn_settings, f"precision={precision}"]))
+    tinn_settings = ",".join(filter(None, [tinn_settings, settings]))
     for r in range(world):
         # The scenario's own settings (env) win over the defaults here, which win over this process's environment.
         e = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
@@ -74,9 +76,15 @@ def run_ranks(scenario: str, out, timeout: float = 240, world: int = WORLD, **en
     return results
 
 
-@pytest.fixture(scope="module")
-def equal_run(tmp_path_factory):
-    return run_ranks("equal", tmp_path_factory.mktemp("equal"))
+@pytest.fixture(scope="module", params=[False, True], ids=["caller_order", "grouped"])
+def equal_run(request, tmp_path_factory):
+    """The `equal` scenario, its local models in the caller's order and grouped by network id
+    (`tuning.group_by_network`, the CUDA default for grid arrays)."""
+    grouped = request.param
+    results = run_ranks("equal", tmp_path_factory.mktemp("equal"),
+                        settings=f"group_by_network={'true' if grouped else 'false'}")
+    assert all(r[f"{tag}/grouped"] == grouped for r in results for tag in ("sharded", "shared"))
+    return results
 
 
 def _full(shared: bool):
