@@ -13,11 +13,10 @@ kernel and the device's busy time (the rest of a step is the device waiting for 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import tinn  # noqa: E402
-from benchmarks.common import host_profile  # noqa: E402
+from benchmarks.common import host_profile, write_json  # noqa: E402
 from benchmarks.loading import load_file  # noqa: E402
 from benchmarks.tools.scene_step_profile import measure_step  # noqa: E402
 
@@ -55,9 +54,7 @@ def main(argv=None) -> dict:
         print(f"   {name[:72]:72s} {calls:5.1f} {ms:8.3f}")
     if ours.host_profile:
         r.update(host_profile(trainer.step, ours.steps, ours.top, indent="   ", max_launches=10))
-    if ours.json:
-        with open(ours.json, "w") as f:
-            json.dump(r, f, indent=1)
+    write_json(ours.json, r)
     return r
 
 

@@ -27,7 +27,6 @@ class Batch:
         order, counts = sort_by_network(ids, n_networks)
         order = order.long()
         counts = counts.long()
-        self.n_networks = n_networks
         self.buckets: list[tuple[torch.Tensor | None, int, int, int]] = []
         self.rows = 0
         if not ids.shape[0]:
