@@ -612,19 +612,73 @@ def scenario_overflow(rank, out):
 
 
 def scenario_disagree(rank, out):
-    """Rank 0 runs a training forward, rank 1 an inference one: both raise instead of deadlocking later."""
+    """Rank 0 runs a training forward, rank 1 an inference one: both raise instead of deadlocking later. Then
+    rank 0 takes a step with the loss at the owners while rank 1 runs a training forward: both raise too."""
     import tinn.distributed as td
     from tinn.errors import DistributedError
+    from tinn.losses import Loss
 
     model = td.ShardedPart(factory(), N_NETWORKS)
-    x, ids, _, _ = batch(rank, 0)
-    try:
-        with torch.set_grad_enabled(rank == 0):
-            model(x, ids)
-        result = "no error"
-    except DistributedError as e:
-        result = f"DistributedError: {e}"
-    torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
+    x, ids, t, _ = batch(rank, 0)
+    results = []
+    for call in ("grad_mode", "loss_at_owners"):
+        try:
+            if call == "grad_mode":
+                with torch.set_grad_enabled(rank == 0):
+                    model(x, ids)
+            elif rank == 0:
+                model.gradients_from_loss(x, ids, Loss("L2"), t, need_dx=False)
+            else:
+                model.forward_with_context(x, ids, train=True)
+            results.append("no error")
+        except DistributedError as e:
+            results.append(f"DistributedError: {e}")
+    torch.save({"result": results[0], "loss_at_owners": results[1]}, os.path.join(out, f"rank{rank}.pt"))
+
+
+# The loss at the owners: (name, ShardedPart keywords) and per-rank batch sizes.
+OWNER_LOSS_CASES = {"mean": {}, "sum": {"gradients": "sum"}, "chunks3": {"chunks": 3},
+                    "uneven3": {"chunks": 3, "assignment": UNEVEN}}
+OWNER_LOSS_BATCHES = {"equal": (BATCH, BATCH), "unequal": (BATCH, 13), "empty": (BATCH, 0)}
+
+
+def scenario_owner_loss(rank, out):
+    """`ShardedPart.gradients_from_loss` (each sample's loss where its network lives) against the forward and
+    `backward_from_loss` of the same part, on equal, unequal and empty per-rank batches; and Trainer steps
+    through it against steps through the forward (the part's `fuses_loss` forced off)."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.losses import Loss
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    res = {}
+    for name, kw in OWNER_LOSS_CASES.items():
+        model = td.ShardedPart(factory(), N_NETWORKS, config={"case": name}, **kw)
+        res[f"{name}/fuses"] = model.fuses_loss()
+        for case, sizes in OWNER_LOSS_BATCHES.items():
+            for otype in ("L2", "RelativeL2"):
+                loss = Loss(otype)
+                x, ids, t, _ = (v.to(dev) for v in batch(rank, 30, size=sizes[rank]))
+                _, at_owners, value = model.gradients_from_loss(x, ids, loss, t, need_dx=False)
+                y, ctx = model.forward_with_context(x, ids, train=True)
+                _, forward, own = model.backward_from_loss(ctx, y, loss, t, need_dx=False)
+                res[f"{name}/{case}/{otype}"] = {"at_owners": [g.clone() for g in at_owners],
+                                                 "forward": [g.clone() for g in forward],
+                                                 "value": float(value), "own": float(own)}
+    runs = {}
+    for fused in (True, False):
+        model = td.ShardedPart(factory(), N_NETWORKS, config={"fused": fused})
+        if not fused:
+            model.fuses_loss = lambda need_dx=False: False  # the forward, the loss, then the backward
+        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+        losses = []
+        for step in range(3):
+            x, ids, t, _ = (v.to(dev) for v in batch(rank, 40 + step, size=BATCH if rank == 0 else 13))
+            losses.append(float(trainer.training_step(x, t, ids)))
+        runs[fused] = {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    res["trainer"] = runs
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
 def scenario_shutdown(rank, out):

@@ -379,9 +379,10 @@ def test_trainer_steps_equal_unsharded(equal_run, shared):
         for n, p in full.named_parameters():
             torch.testing.assert_close(res[f"{tag}/trained"][f"local.{n}"], _rows(n, p.detach(), owned[r], shared),
                                        rtol=1e-4, atol=1e-6, msg=n)
-    # Each rank's loss is its own batch's; their mean is the unsharded loss.
-    torch.testing.assert_close(torch.tensor([sum(x) / WORLD for x in zip(*[r[f"{tag}/losses"] for r in equal_run])]),
-                               torch.tensor(losses), rtol=1e-5, atol=1e-7)
+    # The Trainer's step computes each sample's loss at its owner and returns the mean over ranks of each rank's
+    # loss, the same on every rank: with equal batches, the unsharded loss.
+    for r, res in enumerate(equal_run):
+        torch.testing.assert_close(torch.tensor(res[f"{tag}/losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-7)
     # The empty rank's trainer step: gradients are half the unsharded gradient of rank 0's batch.
     trainer.optimizer.zero_grad()
     x, ids, t, _ = W.batch(0, 20)
@@ -483,6 +484,66 @@ def test_ranks_out_of_step_raise_together(tmp_path):
     for r in range(WORLD):
         assert res[r]["result"].startswith(f"DistributedError: rank {r}: ranks disagree"), res[r]
         assert "gradients enabled per rank = [1, 0]" in res[r]["result"]
+        # A step with the loss at the owners on one rank, a forward on the other: the header's call kind differs.
+        assert res[r]["loss_at_owners"].startswith(f"DistributedError: rank {r}: ranks disagree"), res[r]
+        assert "call kind" in res[r]["loss_at_owners"] and "per rank = [1, 0]" in res[r]["loss_at_owners"]
+
+
+@pytest.fixture(scope="module")
+def owner_loss_run(tmp_path_factory):
+    return run_ranks("owner_loss", tmp_path_factory.mktemp("owner_loss"))
+
+
+@pytest.mark.parametrize("case", list(W.OWNER_LOSS_BATCHES))
+@pytest.mark.parametrize("name", list(W.OWNER_LOSS_CASES))
+def test_loss_at_owners_equals_forward_then_backward(owner_loss_run, name, case):
+    """Each sample's loss computed by its network's owner gives the gradients of the forward, the caller's loss
+    and the backward: with equal, unequal and empty per-rank batches (each sample weighted by its own rank's
+    batch), "mean" and "sum" over ranks, and chunked, uneven ownership. The value returned is the same on every
+    rank: the mean (the sum) over ranks of each rank's own loss."""
+    _check_owner_loss(owner_loss_run, name, case, rtol=1e-5, atol=1e-8)
+
+
+def _check_owner_loss(results, name, case, rtol, atol):
+    combine = sum if name == "sum" else (lambda v: sum(v) / WORLD)
+    for otype in ("L2", "RelativeL2"):
+        runs = [r[f"{name}/{case}/{otype}"] for r in results]
+        assert results[0][f"{name}/fuses"]
+        for r, run in enumerate(runs):
+            assert len(run["at_owners"]) == len(run["forward"]) == 2
+            for got, want in zip(run["at_owners"], run["forward"]):
+                assert float(want.abs().max()) > 0, (r, otype)
+                torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=f"rank {r} {otype}")
+        want_value = combine([run["own"] for run in runs])
+        for run in runs:
+            assert run["value"] == pytest.approx(want_value, rel=rtol), otype
+
+
+@two_gpus
+def test_loss_at_owners_over_nccl_equals_forward_then_backward(tmp_path):
+    """The same scenario over NCCL, one GPU per rank (the Triton bucketing of inputs and targets together)."""
+    runs = run_ranks("owner_loss", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    for name in W.OWNER_LOSS_CASES:
+        for case in W.OWNER_LOSS_BATCHES:
+            _check_owner_loss(runs, name, case, rtol=1e-4, atol=1e-7)
+    _check_owner_loss_trainer(runs, rtol=1e-4, atol=1e-6)
+
+
+def test_trainer_steps_with_the_loss_at_owners_equal_steps_through_the_forward(owner_loss_run):
+    """Three Adam steps with unequal per-rank batches: parameters and losses as the forward's path gives them."""
+    _check_owner_loss_trainer(owner_loss_run, rtol=1e-4, atol=1e-6)
+
+
+def _check_owner_loss_trainer(owner_loss_run, rtol, atol):
+    for r, res in enumerate(owner_loss_run):
+        fused, plain = res["trainer"][True], res["trainer"][False]
+        for n, p in plain["params"].items():
+            torch.testing.assert_close(fused["params"][n], p, rtol=rtol, atol=atol, msg=f"rank {r} {n}")
+    # The forward's path returns each rank's own loss; the loss at the owners, their mean on every rank.
+    for step in range(3):
+        own = [res["trainer"][False]["losses"][step] for res in owner_loss_run]
+        for res in owner_loss_run:
+            assert res["trainer"][True]["losses"][step] == pytest.approx(sum(own) / WORLD, rel=rtol)
 
 
 @pytest.mark.slow

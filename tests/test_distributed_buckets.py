@@ -45,6 +45,21 @@ def test_bucket_is_a_stable_sort_by_chunk_and_owner(kernels, n, world, chunks, d
 
 
 @triton_here
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_here)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,e", [(3, 4), (32, 16), (1, 2)])
+def test_extra_columns_pack_as_if_joined_to_the_inputs(kernels, dtype, d, e):
+    """A loss's targets packed after the inputs (`extra`) give the rows of the joined (d + e)-column inputs, and
+    unpack as d + e columns."""
+    x, ids, owner, local = _case(61, 2, 2, d + e, seed=d)
+    joined = B.bucket(x, ids, owner, local, 2, 2, kernels, dtype)
+    apart = B.bucket(x[:, :d].contiguous(), ids, owner, local, 2, 2, kernels, dtype, extra=x[:, d:].contiguous())
+    for name in ("send", "perm", "dest", "counts"):
+        assert torch.equal(getattr(apart, name), getattr(joined, name)), name
+    xs, got_ids = B.unpack(apart.send, kernels, d + e)
+    assert torch.equal(xs.cpu(), x.to(dtype).float().cpu()[apart.perm.long().cpu()])
+
+
 def test_triton_and_torch_bucketing_agree_bit_for_bit():
     x, ids, owner, local = _case(333, 3, 4, 6, n_networks=40, seed=3)
     a = B.bucket(x, ids, owner, local, 3, 4, "torch")

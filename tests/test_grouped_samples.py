@@ -85,3 +85,38 @@ def test_rows_are_gathered_exactly_whatever_their_width():
         assert torch.equal(_ungrouped(rows, order), t)
     ids = torch.arange(50, device=DEV)
     assert torch.equal(_rows(ids, order), order) and _rows(None, order) is None and _rows(ids, None) is ids
+
+
+def test_a_grouped_batch_is_sorted_once(tuned, monkeypatch):
+    """The grouping's sort reaches the network's routing (`routing.grouped`): a grouped training step and
+    forward sort the ids once, where the network would otherwise sort the grouped ids again."""
+    sorts = []
+    original = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1) or original(*a, **k))
+    x, t, ids = data()
+    counts = {}
+    for grouped in (True, False):
+        tuned(group_by_network=grouped)
+        model = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=5, seed=4)
+        trainer = Trainer(model, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+        sorts.clear()
+        trainer.training_step(x, t, ids)
+        model.forward_with_context(x, ids, train=True)
+        counts[grouped] = len(sorts)
+    assert counts == {True: 2, False: 2}  # one sort per call either way: the grouping's, or the network's
+
+
+def test_the_grouped_hint_holds_for_that_tensor_only():
+    from tinn import routing
+    ids = torch.tensor([0, 0, 1, 2, 2, 2], dtype=torch.int32, device=DEV)
+    order, bounds = routing.sorted_bounds(ids, 3)
+    fake = torch.tensor([0, 3, 3, 5], device=DEV)  # not these ids' bounds: shows which path answered
+    with routing.grouped(ids, fake):
+        hinted_order, hinted = routing.sorted_bounds(ids, 3)
+        assert torch.equal(hinted, fake) and torch.equal(hinted_order.cpu(), torch.arange(6, dtype=torch.int32))
+        assert torch.equal(routing.sorted_bounds(ids.clone(), 3)[1], bounds)  # equal values, another tensor
+        assert torch.equal(routing.sorted_bounds(ids, 4)[1].cpu(), torch.tensor([0, 2, 3, 6, 6]))  # other count
+        ids[0] = 1  # changed in place: sorted again
+        assert torch.equal(routing.sorted_bounds(ids, 3)[1].cpu(), torch.tensor([0, 1, 3, 6]))
+        ids[0] = 0
+    assert torch.equal(routing.sorted_bounds(ids, 3)[1], bounds)  # outside the block

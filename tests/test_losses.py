@@ -122,6 +122,32 @@ def test_mean_is_over_every_output_element(device):
     np.testing.assert_allclose(res.grad.cpu().numpy(), (g_ref / 40).numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("otype", ["L2", "RelativeL1"])
+def test_mean_over_a_larger_batch_divides_by_its_count(otype, device):
+    """A loss averaged over n elements (a piece of a larger batch evaluated apart): the value is the piece's sum
+    over n and the gradient 1/n, in float64's values; evaluate, the differentiable call and averaged_over agree."""
+    p, t, _ = _data(8, 5, seed=3, positive=False)
+    loss = Loss(otype).averaged_over(100)
+    assert loss.mean_over == 100 and Loss(otype).mean_over is None and "mean_over=100" in repr(loss)
+    res = loss.evaluate(p.to(device), t.to(device))
+    v_ref, g_ref = reference(otype, p, t, torch.ones_like(p))
+    assert res.value.item() == pytest.approx(v_ref.sum().item() / 100, rel=1e-6)
+    np.testing.assert_allclose(res.grad.cpu().numpy(), (g_ref / 100).numpy(), rtol=1e-5)
+    pd = p.to(device).requires_grad_()
+    value = loss(pd, t.to(device))
+    value.backward()
+    assert value.item() == pytest.approx(res.value.item(), rel=1e-6)
+    np.testing.assert_allclose(pd.grad.cpu().numpy(), res.grad.cpu().numpy(), rtol=1e-6)
+    empty = loss.evaluate(torch.zeros(0, 5, device=device), torch.zeros(0, 5, device=device))
+    assert empty.value.item() == 0.0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
+def test_a_bad_mean_over_is_refused_by_name(bad):
+    with pytest.raises(ConfigError, match=r"mean_over=.*allowed: None .* or a positive integer"):
+        Loss("L2", mean_over=bad)
+
+
 def test_relative_l2_luminance_uses_luminance_of_prediction(device):
     p = torch.tensor([[0.2, 0.4, 0.6]], device=device)
     t = torch.tensor([[0.0, 0.0, 0.0]], device=device)

@@ -173,3 +173,22 @@ def test_loss_inside_the_deltas_kernel_matches_float64(otype, tuned):
     loss = Loss(otype)
 
     check_loss_inside_backward(net, x, ids, t, loss, lambda p, q, w: _value64(otype, p, q, w), "ReLU", out_act, TOL)
+
+
+def test_a_loss_averaged_over_a_larger_batch_scales_the_fused_gradients(tuned):
+    """The deltas kernel takes the loss's `mean_over`: gradients and value scale by batch x dims / mean_over."""
+    tuned(fused_loss=True)
+    net = NetworkArray(5, 4, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=7, seed=3)
+    assert net.fused and net.fuses_loss(need_dx=True)
+    dev = tinn.runtime.device()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(1001, 5, generator=gen).to(dev)
+    ids = torch.randint(0, 7, (1001,), generator=gen, dtype=torch.int32).to(dev)
+    t = torch.rand(1001, 4, generator=gen).to(dev)
+    results = []
+    for loss in (Loss("L2"), Loss("L2").averaged_over(3 * t.numel())):
+        y, ctx = net.forward_with_context(x, ids, train=True)
+        results.append(net.backward_from_loss(ctx, y, loss, t, need_dx=True))
+    (dx, (dp,), value), (dx3, (dp3,), value3) = results
+    assert rel_err(dp3 * 3, dp) < 1e-6 and rel_err(dx3 * 3, dx) < 1e-6
+    assert abs(float(value3) * 3 - float(value)) <= 1e-6 * abs(float(value))

@@ -85,6 +85,25 @@ def test_a_trainer_step_with_the_loss_inside_equals_the_separate_loss(tuned):
     assert abs(v1 - v2) <= 1e-6 * abs(v2) and rel_err(p1, p2) < 1e-6
 
 
+@pytest.mark.parametrize("route", ["backward_from_loss", "gradients_from_loss"])
+def test_a_loss_averaged_over_a_larger_batch_scales_the_gradients(route, tuned):
+    """The kernels take the loss's `mean_over` (a sharded array's owners average over the senders' batches): the
+    gradients and the value scale by batch x dims / mean_over against the batch's own mean."""
+    tuned(precision="float32", kernels="tensor_cores")
+    net, x, ids, t, _ = _case("L2", n_networks=3, batch=200, hidden_layers=1)
+    count = 5 * t.numel()
+    results = []
+    for loss in (Loss("L2"), Loss("L2").averaged_over(count)):
+        if route == "backward_from_loss":
+            y, ctx = net.forward_with_context(x, ids, train=True)
+            results.append(net.backward_from_loss(ctx, y, loss, t, need_dx=True))
+        else:
+            results.append(net.gradients_from_loss(x, ids, loss, t, need_dx=True))
+    (dx, (dp,), value), (dx5, (dp5,), value5) = results
+    assert rel_err(dp5 * 5, dp) < 1e-6 and rel_err(dx5 * 5, dx) < 1e-6
+    assert abs(float(value5) * 5 - float(value)) <= 1e-6 * abs(float(value))
+
+
 def test_a_loss_the_kernels_do_not_know_is_refused():
     from tinn.kernels.tensor_cores import launch
     with pytest.raises(ValueError, match=r"loss_kind=42.*losses \[0, 1"):

@@ -64,7 +64,8 @@ def checked_pair(kind: int, pred, target) -> tuple[torch.Tensor, torch.Tensor]:
     return pred, target
 
 
-def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=None) -> LossResult:
+def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=None,
+              mean_over: int | None = None) -> LossResult:
     pred, target = checked_pair(kind, pred, target)
     use_pdf = data_pdf is not None
     pdf = checks.float_input("data_pdf", data_pdf.detach(), pred.shape[1]) if use_pdf else pred
@@ -75,9 +76,13 @@ def _evaluate(kind: int, pred, target, data_pdf=None, net_ids=None, n_networks=N
     grad = torch.empty_like(pred)
     elements = torch.empty_like(pred)
     if n_total:
-        loss_kernels.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / n_total, grad, elements)
+        loss_kernels.loss_forward(kind, pred, target, pdf, int(use_pdf), 1.0 / (mean_over or n_total), grad,
+                                  elements)
     # One reduction op (host time counts in a small step); an empty batch has loss 0, not mean()'s NaN.
-    value = elements.mean() if n_total else elements.new_zeros(())
+    if not n_total:
+        value = elements.new_zeros(())
+    else:
+        value = elements.mean() if mean_over is None else elements.sum() / mean_over
     per_network = None if n_networks is None else per_network_means(elements, net_ids, n_networks)
     return LossResult(value, grad, per_network)
 
@@ -95,8 +100,8 @@ def per_network_means(elements: torch.Tensor, net_ids, n_networks: int) -> torch
 
 class _LossFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, pred, target, data_pdf, kind):
-        res = _evaluate(kind, pred, target, data_pdf)
+    def forward(ctx, pred, target, data_pdf, kind, mean_over):
+        res = _evaluate(kind, pred, target, data_pdf, mean_over=mean_over)
         ctx.save_for_backward(res.grad)
         return res.value
 
@@ -104,17 +109,31 @@ class _LossFn(torch.autograd.Function):
     def backward(ctx, dvalue):
         (grad,) = ctx.saved_tensors
         # Targets and pdfs get no gradient (tcnn does not provide one either).
-        return grad * dvalue, None, None, None
+        return grad * dvalue, None, None, None, None
 
 
 class Loss:
-    """A tcnn loss. Stateless apart from its type; see the module docstring for formulas."""
+    """A tcnn loss. Stateless apart from its type; see the module docstring for formulas.
 
-    def __init__(self, otype: str):
+    mean_over: the number of elements the mean divides by; None (default) for the batch's own (batch x dims).
+    A part that evaluates pieces of a larger batch in different places (a sharded array computing each
+    sample's loss where its network lives) sets it to the whole batch's count, so that the pieces' values and
+    gradients add up to the whole batch's (`averaged_over`)."""
+
+    def __init__(self, otype: str, mean_over: int | None = None):
         if otype not in LOSSES:
             raise ConfigError(f"unknown loss {otype!r}; allowed: {list(LOSSES)}")
+        if mean_over is not None and (isinstance(mean_over, bool) or not isinstance(mean_over, int)
+                                      or mean_over < 1):
+            raise ConfigError(f"mean_over={mean_over!r}; allowed: None (the batch's element count) or a positive "
+                              "integer")
         self.otype = otype
         self.kind = LOSSES[otype]
+        self.mean_over = mean_over
+
+    def averaged_over(self, n_elements: int) -> "Loss":
+        """This loss with its mean taken over `n_elements` elements, whatever the batch it evaluates."""
+        return Loss(self.otype, int(n_elements))
 
     def evaluate(self, pred: torch.Tensor, target: torch.Tensor, net_ids: torch.Tensor | None = None,
                  n_networks: int | None = None, data_pdf: torch.Tensor | None = None) -> LossResult:
@@ -122,17 +141,18 @@ class Loss:
 
         `data_pdf` (like target) is tcnn's optional per-element sampling pdf.
         """
-        return _evaluate(self.kind, pred, target, data_pdf, net_ids, n_networks)
+        return _evaluate(self.kind, pred, target, data_pdf, net_ids, n_networks, self.mean_over)
 
     def __call__(self, pred: torch.Tensor, target: torch.Tensor, data_pdf: torch.Tensor | None = None) -> torch.Tensor:
         """Differentiable mean loss (0-d tensor); gradients flow to `pred` only."""
-        return _LossFn.apply(pred, target, data_pdf, self.kind)
+        return _LossFn.apply(pred, target, data_pdf, self.kind, self.mean_over)
 
     def hyperparams(self) -> dict:
         return {"otype": self.otype}
 
     def __repr__(self) -> str:
-        return f"Loss(otype={self.otype!r})"
+        extra = "" if self.mean_over is None else f", mean_over={self.mean_over}"
+        return f"Loss(otype={self.otype!r}{extra})"
 
 
 def create_loss(config: dict | Section | None = None, path: str = "loss") -> Loss:

@@ -18,17 +18,18 @@ memory.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
-from . import checks, runtime, tcnn_layout
+from . import checks, routing, runtime, tcnn_layout
 from .encodings import create_encoding
 from .encodings.basic import FrequencyEncoding
 from .errors import ConfigError
 from .networks import NetworkArray
 from .part import SAMPLE_MAJOR, Context, Part, accumulate, common_layout, has_hooks
-from .routing import sort_by_network
+from .routing import sorted_bounds
 
 
 TCNN_ALIGNMENT = 16  # tcnn's MLPs take inputs in multiples of 16
@@ -156,18 +157,23 @@ class NetworkWithInputEncoding(Part):
         return (runtime.device().type == "cuda" and self.encoding.n_networks > 1
                 and any(t is not None for t in self.encoding.parameter_tables()))
 
-    def _group_order(self, ids, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR) -> torch.Tensor | None:
-        """int64 positions of the batch's samples grouped by network id (stable), or None where the parts run
-        on the caller's order (a single network, feature-major inputs or outputs, grouping off)."""
+    def _grouping(self, ids, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
+        """(int64 positions of the batch's samples grouped by network id (stable), the grouped ids, their
+        per-network bounds), or None where the parts run on the caller's order (a single network, feature-major
+        inputs or outputs, grouping off)."""
         if ids.shape[0] < 2 or x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR or not self.groups_by_network():
             return None
-        return sort_by_network(ids, self.n_networks)[0].long()
+        order, bounds = sorted_bounds(ids, self.n_networks)
+        order = order.long()
+        return order, ids[order], bounds
 
     def forward_with_context(self, x, ids, *, train, x_layout="sample_major", y_layout="sample_major"):
-        order = self._group_order(ids, x_layout, y_layout)
-        if order is None:
+        grouping = self._grouping(ids, x_layout, y_layout)
+        if grouping is None:
             return self._forward_parts(x, ids, train, x_layout, y_layout)
-        y, ctx = self._forward_parts(_rows(x, order), ids[order], train, x_layout, y_layout)
+        order, grouped_ids, bounds = grouping
+        with routing.grouped(grouped_ids, bounds):  # the network's routing reuses this sort
+            y, ctx = self._forward_parts(_rows(x, order), grouped_ids, train, x_layout, y_layout)
         if ctx is not None:
             ctx.order = order
         return _ungrouped(y, order), ctx
@@ -212,15 +218,20 @@ class NetworkWithInputEncoding(Part):
         """The encoding's training forward, then the network's `gradients_from_loss` (the tensor cores' backward
         recomputes the network's forward from the encoding's output: no network forward runs), then the
         encoding's backward."""
-        order = self._group_order(ids, x_layout)
-        if order is not None:
-            x, ids, target = _rows(x, order), ids[order], _rows(target, order)
+        grouping = self._grouping(ids, x_layout)
+        order = None
+        hint = contextlib.nullcontext()
+        if grouping is not None:
+            order, ids, bounds = grouping
+            x, target = _rows(x, order), _rows(target, order)
+            hint = routing.grouped(ids, bounds)  # the network's routing reuses this sort
         need_dh, train_encoding = self._needs(need_dx, need_grads)
         handover = common_layout(self.encoding, self.network)
         h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=True, x_layout=x_layout,
                                                         y_layout=handover)
-        dh, net_grads, value = self.network.gradients_from_loss(h, ids, loss, target, need_dx=need_dh,
-                                                                need_grads=need_grads, x_layout=handover)
+        with hint:
+            dh, net_grads, value = self.network.gradients_from_loss(h, ids, loss, target, need_dx=need_dh,
+                                                                    need_grads=need_grads, x_layout=handover)
         ctx = Context(encoding=enc_ctx, network=None)
         dx, grads = self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
         return _ungrouped(dx, order), grads, value

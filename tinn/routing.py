@@ -6,9 +6,28 @@ backward kernels reduce weight gradients per tile.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
+
+# (ids, bounds) of a batch its caller has already grouped by network (`grouped`), or None.
+_GROUPED: contextvars.ContextVar = contextvars.ContextVar("tinn_grouped_ids", default=None)
+
+
+@contextlib.contextmanager
+def grouped(net_ids: torch.Tensor, bounds: torch.Tensor):
+    """Within the block, `sorted_bounds` of this very ids tensor returns the identity order and `bounds`
+    without sorting: a caller that grouped a batch by network (an encoded array's `group_by_network`) hands
+    its sort to the parts it runs, whose routing would otherwise sort the grouped ids again (a radix sort of
+    several launches, host time that a step waiting on its host pays). The tensor is matched by identity, and
+    its version: an in-place change to the ids voids the hint."""
+    token = _GROUPED.set((net_ids, net_ids._version, bounds))
+    try:
+        yield
+    finally:
+        _GROUPED.reset(token)
 
 
 @dataclass
@@ -34,6 +53,9 @@ def sorted_bounds(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor,
     """(order, bounds): int32 sample indices grouped by network id (stable), and int64 (n_networks + 1,) bounds:
     network n's samples are order[bounds[n]:bounds[n + 1]]."""
     batch = net_ids.shape[0]
+    hint = _GROUPED.get()
+    if hint is not None and hint[0] is net_ids and hint[1] == net_ids._version and hint[2].shape[0] == n_networks + 1:
+        return torch.arange(batch, dtype=torch.int32, device=net_ids.device), hint[2]
     if n_networks == 1:
         # torch.full/zeros, not torch.tensor([0, batch], device=...): a tensor from host data is a blocking copy,
         # which waits for the GPU to finish the previous step before this one can be issued.

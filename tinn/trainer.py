@@ -183,7 +183,11 @@ class Trainer(LearningRateOf):
 
     def _uses_contract(self, batch: int) -> bool:
         model = self.model
-        if not isinstance(model, Part) or not model.direct_training or batch == 0:
+        if not isinstance(model, Part) or not model.direct_training:
+            return False
+        # An empty batch goes through autograd, except for a part whose ranks must all make the same calls (a
+        # sharded array): its steps take the same path whatever a rank's batch.
+        if batch == 0 and not getattr(model, "collective_calls", False):
             return False
         if not any(t is not None and t.requires_grad for t in model.parameter_tables()):
             return False

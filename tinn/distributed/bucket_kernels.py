@@ -7,8 +7,9 @@ key puts the samples in (chunk, owner) order, so each chunk's samples for each r
 
     count_kernel:  per block of samples, how many fall in each key             -> block_counts (blocks, K)
     pack_kernel:   each sample's position (block offset + rank inside its block among equal keys),
-                   its input row and local id written there; dest[i] = position, perm[position] = i
-    unpack_kernel: a received packed buffer split into float32 inputs and int32 local ids
+                   its input row (and extra columns after it) and local id written there; dest[i] = position,
+                   perm[position] = i
+    unpack_kernel: a received packed buffer split into float32 inputs (and extra columns) and int32 local ids
     gather_kernel: out[i] = src[index[i]] * scale (the return to the caller's order; dy out, dx back)
 
 A packed row (tinn/distributed/buckets.py, `RowLayout`) holds the inputs in the exchange dtype, then the local
@@ -56,9 +57,9 @@ def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constex
 
 
 @triton.jit(do_not_specialize=["n"])
-def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, send_ids_ptr, dest_ptr, perm_ptr, n,
-                chunks, world, D, ROW, ID_ROW, ID_COL, DS, K: tl.constexpr, BLOCK: tl.constexpr, DP: tl.constexpr,
-                BF16: tl.constexpr):
+def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, extra_ptr, offsets_ptr, send_ptr, send_ids_ptr, dest_ptr,
+                perm_ptr, n, chunks, world, D, E, ROW, ID_ROW, ID_COL, DS, K: tl.constexpr, BLOCK: tl.constexpr,
+                DP: tl.constexpr, BF16: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -74,22 +75,26 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, offsets_ptr, send_ptr, sen
     tl.store(perm_ptr + pos, offs.to(tl.int32), mask=mask)
     local = tl.load(local_ptr + ids, mask=mask, other=0)
     cols = tl.arange(0, DP)
-    # DS >= D columns are written: a 16-bit row's padding column (odd D) gets a zero.
+    # DS >= D + E columns are written: a 16-bit row's padding column (odd D + E) gets a zero. Columns D.. come
+    # from `extra` (E per sample; none when E = 0).
     rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=mask[:, None] & (cols[None, :] < D), other=0.0)
+    tail = mask[:, None] & (cols[None, :] >= D) & (cols[None, :] < D + E)
+    rows += tl.load(extra_ptr + offs[:, None] * E + (cols[None, :] - D), mask=tail, other=0.0)
     _store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
     tl.store(send_ids_ptr + pos * ID_ROW + ID_COL, local, mask=mask)
 
 
 @triton.jit(do_not_specialize=["n"])
-def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, ids_ptr, n, D, ROW, ID_ROW, ID_COL, BLOCK: tl.constexpr,
-                  DP: tl.constexpr):
+def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, extra_ptr, ids_ptr, n, D, E, ROW, ID_ROW, ID_COL,
+                  BLOCK: tl.constexpr, DP: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     cols = tl.arange(0, DP)
-    inside = mask[:, None] & (cols[None, :] < D)
-    rows = tl.load(recv_ptr + offs[:, None] * ROW + cols[None, :], mask=inside, other=0.0)
-    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows.to(tl.float32), mask=inside)
+    inside = mask[:, None] & (cols[None, :] < D + E)
+    rows = tl.load(recv_ptr + offs[:, None] * ROW + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows, mask=inside & (cols[None, :] < D))
+    tl.store(extra_ptr + offs[:, None] * E + (cols[None, :] - D), rows, mask=inside & (cols[None, :] >= D))
     local = tl.load(recv_ids_ptr + offs * ID_ROW + ID_COL, mask=mask, other=0)
     tl.store(ids_ptr + offs, local, mask=mask)
 

@@ -118,21 +118,25 @@ def _dims_block(d: int) -> int:
 
 
 def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_table: torch.Tensor, world: int,
-           chunks: int = 1, kernels: str = "auto", dtype: torch.dtype = torch.float32) -> Packing:
+           chunks: int = 1, kernels: str = "auto", dtype: torch.dtype = torch.float32,
+           extra: torch.Tensor | None = None) -> Packing:
     """Bucket the samples (x (batch, d) float32, ids (batch,) int32 global ids) by (chunk, owner rank);
     owner_table / local_table: int32 per global id. Stable: inside a bucket samples keep their order. The
-    rows are packed in `dtype` (`RowLayout`)."""
+    rows are packed in `dtype` (`RowLayout`). extra: (batch, e) float32 columns packed after each row's
+    inputs, as if x had d + e columns (a loss's targets travelling with the inputs), without a pass joining
+    them first."""
     n, d = x.shape
+    e = 0 if extra is None else extra.shape[1]
     dev = x.device
     n_keys = world * chunks
-    layout = RowLayout.of(d, dtype)
+    layout = RowLayout.of(d + e, dtype)
     if n == 0:
         empty = torch.empty(0, dtype=torch.int32, device=dev)
         return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
                        torch.zeros(chunks, world, dtype=torch.int64, device=dev))
     if use_triton(kernels, dev, n_keys):
-        return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout)
-    return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout)
+        return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extra)
+    return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra)
 
 
 def _keys_torch(ids, owner_table, world, chunks):
@@ -144,7 +148,7 @@ def _keys_torch(ids, owner_table, world, chunks):
     return key
 
 
-def _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout):
+def _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra=None):
     n, d = x.shape
     key = _keys_torch(ids, owner_table, world, chunks)
     n_keys = world * chunks
@@ -158,18 +162,22 @@ def _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout):
     dest.scatter_(0, perm, torch.arange(n, device=x.device, dtype=perm.dtype))
     send = torch.empty(n, layout.width, dtype=layout.dtype, device=x.device)
     send[:, :d] = x.index_select(0, perm)
+    if extra is not None:
+        send[:, d:d + extra.shape[1]] = extra.index_select(0, perm)
+        d += extra.shape[1]
     send[:, d:layout.stored] = 0
     send.view(torch.int32)[:, layout.id_col] = local_table.index_select(0, ids.index_select(0, perm))
     return Packing(send, perm.to(torch.int32), dest.to(torch.int32), counts)
 
 
-def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout):
+def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extra=None):
     from . import bucket_kernels
 
     n, d = x.shape
+    e = 0 if extra is None else extra.shape[1]
     dev = x.device
     n_keys = world * chunks
-    dims_block = _dims_block(d)
+    dims_block = _dims_block(d + e)
     block = _block(dev, dims_block)
     blocks = (n + block - 1) // block
     block_counts = torch.empty(blocks, n_keys, dtype=torch.int32, device=dev)
@@ -179,12 +187,16 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout):
     # samples in earlier blocks. A (blocks, keys) table: a few small torch ops, no pass over the samples.
     totals = block_counts.sum(0, dtype=torch.int64)
     key_start = torch.cumsum(totals, 0) - totals
-    offsets = torch.cumsum(block_counts, 0, dtype=torch.int64) - block_counts + key_start
+    # The scan runs along the blocks with the keys as the outer dimension: torch's scan along a tensor's first
+    # dimension parallelises over the other one, here a handful of keys (0.18 ms for 2^21 samples on an H200).
+    offsets = (torch.cumsum(block_counts.t(), 1, dtype=torch.int64).t() - block_counts + key_start).contiguous()
     send = torch.empty(n, layout.width, dtype=layout.dtype, device=dev)
     dest = torch.empty(n, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
-    bucket_kernels.pack_kernel[(blocks,)](ids, owner_table, local_table, x.contiguous(), offsets, send,
-                                          send.view(torch.int32), dest, perm, n, chunks, world, d, layout.width,
+    x = x.contiguous()
+    bucket_kernels.pack_kernel[(blocks,)](ids, owner_table, local_table, x, x if extra is None else extra.contiguous(),
+                                          offsets, send, send.view(torch.int32), dest, perm, n, chunks, world, d, e,
+                                          layout.width,
                                           layout.id_row, layout.id_col, layout.stored, K=n_keys, BLOCK=block,
                                           DP=dims_block, BF16=layout.dtype == torch.bfloat16)
     return Packing(send, perm, dest, totals.view(chunks, world))
@@ -194,22 +206,32 @@ def unpack(received: torch.Tensor, kernels: str = "auto", n_input_dims: int | No
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """A received packed buffer (n, width) as the owner's float32 inputs (n, d) and int32 local ids (n,).
     n_input_dims: d (needed for 16-bit rows; a float32 row's is its width less one)."""
-    n = received.shape[0]
     d = received.shape[1] - 1 if n_input_dims is None else n_input_dims
-    layout = RowLayout.of(d, received.dtype)
+    x, _, ids = unpack_split(received, d, 0, kernels)
+    return x, ids
+
+
+def unpack_split(received: torch.Tensor, d: int, e: int, kernels: str = "auto"
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A received buffer packed with `extra` columns (`bucket`) as float32 inputs (n, d), the extra columns
+    (n, e) and int32 local ids (n,), each contiguous, in one pass."""
+    n = received.shape[0]
+    layout = RowLayout.of(d + e, received.dtype)
     dev = received.device
     words = received.view(torch.int32)
     if n and use_triton(kernels, dev):
         from . import bucket_kernels
 
         x = torch.empty(n, d, device=dev)
+        extra = torch.empty(n, e, device=dev)
         ids = torch.empty(n, dtype=torch.int32, device=dev)
-        block = _block(dev, _dims_block(d))
-        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, words, x, ids, n, d, layout.width,
-                                                                  layout.id_row, layout.id_col, BLOCK=block,
-                                                                  DP=_dims_block(d))
-        return x, ids
-    return received[:, :d].to(torch.float32).contiguous(), words[:, layout.id_col].contiguous()
+        block = _block(dev, _dims_block(d + e))
+        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, words, x, extra if e else x, ids, n, d, e,
+                                                                  layout.width, layout.id_row, layout.id_col,
+                                                                  BLOCK=block, DP=_dims_block(d + e))
+        return x, extra, ids
+    rows = received[:, :d + e].to(torch.float32)
+    return rows[:, :d].contiguous(), rows[:, d:].contiguous(), words[:, layout.id_col].contiguous()
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kernels: str = "auto",

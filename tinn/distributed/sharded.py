@@ -46,6 +46,23 @@ from .process import (agree_on_overflow, all_gather_objects, collective, collect
 
 GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
+# What a call's header announces (ShardedPart._route): a forward, or a step with the loss at the owners.
+_FORWARD, _LOSS_AT_OWNERS = 0, 1
+
+
+def _part(t: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows of t (the whole tensor, not a view, when they are all of it: the usual case of one piece)."""
+    return t if rows.start == 0 and rows.stop == t.shape[0] else t[rows]
+
+
+def _runs(counts: list[int], weights: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of consecutive sending ranks with the same weight (their rows are consecutive)."""
+    out, lo = [], 0
+    for r in range(1, len(counts) + 1):
+        if r == len(counts) or weights[r] != weights[lo]:
+            out.append((lo, r))
+            lo = r
+    return out
 
 
 def _replicated_by_default(part: Part) -> set[int]:
@@ -338,26 +355,9 @@ class ShardedPart(_Collective):
         ask for dx / table gradients. Every rank announces both in the forward's header, so the backward
         needs no header (and no host synchronisation); a backward asking for dx that no rank announced
         raises a ConfigError (autograd calls announce what autograd will ask for)."""
-        call = self._next_call()
         dev = runtime.device()
-        mark(self, "other")
-        packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
-                                 self.exchange_kernels, self._values_dtype)
-        mark(self, "exchange")
-        values = [int(train), call, int(train and need_dx), int(train and need_grads)]
-        sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
-                                                  "the forward header")
-        mark(self, "idle")
         chunks = self.chunks
-        exchange.check_agreement(received, values[:2], ["gradients enabled", "call number"], self.rank,
-                                 "the forward header", first=chunks)
-        recv = received[:, :chunks].t().tolist()
-        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 2].max()),
-                             any_grads=bool(received[:, chunks + 3].max()))
-        # Every chunk's inputs are sent at once: the communication stream works through them while the
-        # compute stream runs the chunks that already arrived.
-        incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
-                                            self.group, "the forward exchange of inputs") for c in range(chunks)]
+        packing, plan, incoming, _ = self._route(x, ids, _FORWARD, train, need_dx, need_grads, "inputs")
         back = torch.empty(x.shape[0], self.n_output_dims, dtype=self._values_dtype, device=dev)
         returning, local_ctx = [], []
         for c in range(chunks):
@@ -369,7 +369,7 @@ class ShardedPart(_Collective):
                 y_here, lctx = torch.zeros(0, self.n_output_dims, device=dev), None
             mark(self, "compute")
             local_ctx.append(lctx)
-            returning.append(exchange.start_exchange(y_here.to(self._values_dtype), recv[c], sent[c],
+            returning.append(exchange.start_exchange(y_here.to(self._values_dtype), plan.recv[c], plan.send[c],
                                                      self.collective_device, self.group,
                                                      "the forward exchange of outputs", out=back[plan.caller_rows(c)]))
             del x_here, ids_here
@@ -378,6 +378,90 @@ class ShardedPart(_Collective):
         y = buckets.gather_rows(back, packing.dest, 1.0, self.exchange_kernels)
         mark(self, "exchange")
         return y, (Context(plan=plan, local=local_ctx, batch=x.shape[0]) if train else None)
+
+    def _route(self, x, ids, kind: int, train: bool, need_dx: bool, need_grads: bool, what: str, extra=None):
+        """Bucket the inputs (and `extra` columns after them: targets) by owner, exchange the header and start
+        every chunk's exchange of the rows: (packing, plan, the chunks' pending exchanges, the batch size of
+        every rank). `kind` (_FORWARD, _LOSS_AT_OWNERS) travels in the header, so that ranks making
+        different calls raise instead of exchanging mismatched rows."""
+        call = self._next_call()
+        mark(self, "other")
+        packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
+                                 self.exchange_kernels, self._values_dtype, extra=extra)
+        mark(self, "exchange")
+        values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
+        sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
+                                                  "the forward header")
+        mark(self, "idle")
+        chunks = self.chunks
+        exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
+                                 "or the Trainer's step with the loss at the owners)"], self.rank,
+                                 "the forward header", first=chunks)
+        recv = received[:, :chunks].t().tolist()
+        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 3].max()),
+                             any_grads=bool(received[:, chunks + 4].max()))
+        # Every chunk's rows are sent at once: the communication stream works through them while the compute
+        # stream runs the chunks that already arrived.
+        incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
+                                            self.group, f"the forward exchange of {what}") for c in range(chunks)]
+        return packing, plan, incoming, received[:, chunks + 5].tolist()
+
+    def fuses_loss(self, need_dx: bool = False) -> bool:
+        """Whether the Trainer's step computes each sample's loss where its network lives
+        (`gradients_from_loss`): without dx, and with samples crossing the link in float32 (targets travel
+        with the inputs, and a 16-bit target would change the loss)."""
+        return not need_dx and self._values_dtype == torch.float32
+
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
+        """The Trainer's step with the loss computed where each sample's network lives: the targets travel with
+        the inputs, each owner runs its local part's `gradients_from_loss` on the samples it receives, and
+        neither outputs nor dy cross the link (two of the step's three exchanges, and the forward's kernels
+        where the local part's backward recomputes them). The gradients equal `backward_from_loss` after a
+        forward: each sample's loss is weighted as in its own rank's mean (the owner's loss averages over the
+        sending rank's batch), times 1 / world for `gradients="mean"`. The loss returned is the one those
+        gradients belong to, the same on every rank: the mean over ranks of each rank's mean loss ("sum":
+        their sum). Other calls (dx wanted, a loss that is not a tinn Loss, 16-bit exchanges) take the
+        forward and `backward_from_loss`."""
+        from ..losses import Loss
+
+        if need_dx or not isinstance(loss, Loss) or not self.fuses_loss() or x_layout != SAMPLE_MAJOR:
+            return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
+                                               x_layout=x_layout)
+        dev = runtime.device()
+        d, o = self.n_input_dims, self.n_output_dims
+        _, plan, incoming, batches = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
+                                                 "inputs and targets", extra=target.to(torch.float32))
+        self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
+        world = self.world_size
+        mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
+        tables = self.local.parameter_tables()
+        grads = (None,) * len(tables)
+        value = None
+        for c in range(plan.chunks):
+            x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels)
+            mark(self, "exchange")
+            # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together.
+            start = 0
+            for lo, hi in _runs(plan.recv[c], mean_over):
+                stop = start + sum(plan.recv[c][lo:hi])
+                if stop > start:
+                    piece = slice(start, stop)
+                    _, piece_grads, piece_value = self.local.gradients_from_loss(
+                        _part(x_here, piece), _part(ids_here, piece), loss.averaged_over(mean_over[lo]),
+                        _part(target_here, piece), need_dx=False, need_grads=plan.any_grads)
+                    grads = tuple(accumulate(a, g) for a, g in zip(grads, piece_grads))
+                    value = piece_value if value is None else value + piece_value
+                start = stop
+            mark(self, "compute")
+            del x_here, target_here, ids_here
+        reduction = self._start_reduce(tables, grads, plan.any_grads)
+        value = torch.zeros((), device=dev) if value is None else value
+        value = _Reduction([value.reshape(1)], 1.0, self.collective_device, self.group,
+                           "the all-reduce of the step's loss").result()[0].reshape(()).to(dev)
+        grads = reduction()
+        self._agree_on_overflow()
+        mark(self, "reduce")
+        return None, (grads if need_grads else (None,) * len(tables)), value
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         # Counted, not exchanged: a rank that skipped a backward is caught by the next forward's header.
@@ -542,6 +626,18 @@ class Replicated(_Collective):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         mark(self, "other")
         dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        mark(self, "compute")
+        return dx, self._reduce(grads, need_grads), value
+
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
+        """The inner part's `gradients_from_loss` (the tensor-core MLP's backward recomputes the forward: no
+        forward kernel runs), then the all-reduce. The loss returned is this rank's own."""
+        if not (x.shape[0] if x_layout == SAMPLE_MAJOR else x.shape[1]):
+            return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
+                                               x_layout=x_layout)
+        mark(self, "other")
+        dx, grads, value = self.inner.gradients_from_loss(x, ids, loss, target, need_dx=need_dx,
+                                                          need_grads=need_grads, x_layout=x_layout)
         mark(self, "compute")
         return dx, self._reduce(grads, need_grads), value
 

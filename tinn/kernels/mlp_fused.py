@@ -683,10 +683,10 @@ def run_forward(x, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, 
 
 def run_backward_deltas(dy, tiles, params, shape: MLPShape, geometry: Geometry, *, acts, out, deltas, dout, dx,
                         want_dx: bool, x_feature_major: bool, loss=None):
-    """`loss` = (loss id, target, loss_parts): the output's gradient from that loss (dy unused), its per-warp sums
-    into loss_parts, zeros of WARPS floats per tile (see backward_deltas)."""
-    kind, target, parts = loss if loss is not None else (-1, out, out[0, :1])
-    inv_n = 1.0 / max(1, out.shape[0] * out.shape[1])
+    """`loss` = (loss id, target, loss_parts, 1 / the elements its mean divides by): the output's gradient from
+    that loss (dy unused), its per-warp sums into loss_parts, zeros of WARPS floats per tile (see
+    backward_deltas)."""
+    kind, target, parts, inv_n = loss if loss is not None else (-1, out, out[0, :1], 1.0)
     for lo, hi in chunks.row_spans(params.shape[0], params.shape[1], "the network parameters"):
         backward_deltas(dy, tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
                         params if hi - lo == params.shape[0] else params[lo:hi], acts, out, deltas, dout,

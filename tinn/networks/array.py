@@ -266,16 +266,18 @@ class NetworkArray(Part):
         if kind is None or y.shape[0] == 0 or not self.fuses_loss(need_dx):
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         y, target = losses.checked_pair(kind, y, target)
+        mean_over = getattr(loss, "mean_over", None)
         if self.tensor_cores is not None:
             dx, dparams, value = self.tensor_cores.backward_from_loss(ctx.saved, kind, target, need_dx, need_grads,
-                                                                      self.gradient_scale)
+                                                                      self.gradient_scale, mean_over)
             self._record_overflow(dx, dparams, need_grads)
             return dx, (dparams,), value
         tiles = ctx.routing[1]
         parts = torch.zeros(tiles.tile_net.shape[0] * mlp_fused.WARPS, device=y.device)
+        count = mean_over or y.numel()
         dx, dparams = self._backward(y, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre, y, ctx.routing, need_dx,
-                                     need_grads, ctx.x_feature_major, loss=(kind, target, parts))
-        return self._unpadded(dx, ctx.x_feature_major), (dparams,), parts.sum() / y.numel()
+                                     need_grads, ctx.x_feature_major, loss=(kind, target, parts, 1.0 / count))
+        return self._unpadded(dx, ctx.x_feature_major), (dparams,), parts.sum() / count
 
     def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
         """On the tensor cores with a backward that recomputes the forward: routing, weight packing and that
@@ -293,7 +295,8 @@ class NetworkArray(Part):
                              f"{self.n_output_dims}) for the batch's outputs")
         _, target = losses.checked_pair(kind, target, target)
         saved = tc.saved_without_forward(x, ids, self.params.detach(), x_feature_major)
-        dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale)
+        dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale,
+                                                   getattr(loss, "mean_over", None))
         self._record_overflow(dx, dparams, need_grads)
         return dx, (dparams,), value
 

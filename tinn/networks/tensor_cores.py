@@ -140,9 +140,11 @@ class TensorCorePath:
                                      gradient_scale=gradient_scale)
 
     def backward_from_loss(self, saved, loss_kind: int, target: torch.Tensor, want_dx: bool, want_params: bool,
-                           gradient_scale: float | torch.Tensor):
+                           gradient_scale: float | torch.Tensor, mean_over: int | None = None):
         """(dx or None, dparams or None, mean loss): the backward of tinn loss `loss_kind` against `target`, its
-        gradient taken inside the output layer's kernel."""
+        gradient taken inside the output layer's kernel; the mean over `mean_over` elements where given
+        (tinn.losses.Loss), else over the batch's."""
         forward_saved, chunks = saved
         return self.kernels.backward_from_loss(loss_kind, target, forward_saved, chunks, want_dx=want_dx,
-                                               want_params=want_params, gradient_scale=gradient_scale)
+                                               want_params=want_params, gradient_scale=gradient_scale,
+                                               mean_over=mean_over)

@@ -264,19 +264,21 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
 
 def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *,
                        want_dx: bool = True, want_params: bool = True,
-                       gradient_scale: float | torch.Tensor | None = None, block_m: int | None = None
-                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+                       gradient_scale: float | torch.Tensor | None = None, block_m: int | None = None,
+                       mean_over: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """(dx, dparams, loss): `backward` of the mean loss `loss_kind` (a tinn.kernels.losses id, without a pdf)
     of the forward's output against `target` (batch, n_out), whose gradient the output layer computes from the
-    prediction it recomputes: no dy is written or read. loss: the mean over the batch's elements, a 0-d float32
-    device tensor (per-chunk sums added by torch, one launch)."""
+    prediction it recomputes: no dy is written or read. loss: the mean over the batch's elements (over
+    `mean_over` elements where given: tinn.losses.Loss), a 0-d float32 device tensor (per-chunk sums added by
+    torch, one launch)."""
     if loss_kind not in FUSED_LOSSES:
         raise ValueError(f"loss_kind={loss_kind!r}: the kernels compute losses {sorted(FUSED_LOSSES)}")
     n_chunks = (saved.tiles if chunks is None else chunks).tile_net.shape[0]
     parts = torch.zeros(max(n_chunks, 1), device=target.device, dtype=torch.float32)
+    count = mean_over or max(target.numel(), 1)
     dx, dparams = backward(target, saved, chunks, want_dx=want_dx, want_params=want_params,
-                           gradient_scale=gradient_scale, block_m=block_m, _loss=(loss_kind, parts))
-    return dx, dparams, parts.sum() / max(target.numel(), 1)
+                           gradient_scale=gradient_scale, block_m=block_m, _loss=(loss_kind, parts, 1.0 / count))
+    return dx, dparams, parts.sum() / count
 
 
 # tinn.kernels.losses ids the kernels compute (mlp._loss_element; all of tcnn's losses, without a pdf)
@@ -285,7 +287,7 @@ FUSED_LOSSES = frozenset(range(9))
 
 def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
              want_params: bool = True, gradient_scale: float | torch.Tensor | None = None,
-             block_m: int | None = None, _loss: tuple[int, torch.Tensor] | None = None
+             block_m: int | None = None, _loss: tuple[int, torch.Tensor, float] | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
 
@@ -342,7 +344,7 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         *saved_args,
         dx_arg, *s_dx,
         dp_arg, dparams.stride(0) if want_params else 0,
-        scale, 1.0 / max(dy.numel(), 1), scale if _loss is None else _loss[1],
+        scale, 1.0 / max(dy.numel(), 1) if _loss is None else _loss[2], scale if _loss is None else _loss[1],
         WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
         LOSS=-1 if _loss is None else _loss[0],
         **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
