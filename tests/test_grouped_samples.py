@@ -2,6 +2,8 @@
 outputs and input gradients put back). The values are those of the caller's order: outputs exactly, gradients to
 float32 summation order; float64 references for the grouped path are in test_gradient_paths.py,
 test_second_order.py and test_part_contract.py."""
+import os
+
 import pytest
 import torch
 
@@ -85,6 +87,25 @@ def test_rows_are_gathered_exactly_whatever_their_width():
         assert torch.equal(_ungrouped(rows, order), t)
     ids = torch.arange(50, device=DEV)
     assert torch.equal(_rows(ids, order), order) and _rows(None, order) is None and _rows(ids, None) is ids
+
+
+@pytest.mark.skipif(DEV.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton runs on CUDA, or in its interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_row_gather_copies_rows_exactly(dtype):
+    """The GPU's gather (tinn/kernels/row_gather.py): rows of every width, int32 and int64 indices, repeated
+    indices, a scale, another output dtype, and an empty index."""
+    from tinn.kernels.row_gather import gather_rows
+    gen = torch.Generator().manual_seed(5)
+    for width in (1, 3, 4, 16, 33):
+        t = torch.rand(70, width, generator=gen).to(dtype).to(DEV)
+        index = torch.randint(0, 70, (90,), generator=gen).to(DEV)
+        for idx in (index, index.int()):
+            got = gather_rows(t, idx)
+            assert got.dtype == dtype and got.is_contiguous() and torch.equal(got, t[index.long()]), width
+        halved = gather_rows(t, index, 0.5, torch.float32)
+        assert torch.equal(halved, t[index.long()].float() * 0.5)
+    assert gather_rows(t, index[:0]).shape == (0, 33)
 
 
 def test_a_grouped_batch_is_sorted_once(tuned, monkeypatch):

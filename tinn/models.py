@@ -19,6 +19,7 @@ memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -277,15 +278,30 @@ class NetworkWithInputEncoding(Part):
 
 
 def _rows(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:
-    """t[order] for the grouped order (contiguous). A 2-D tensor is gathered through its transpose: torch's
-    row gather of rows a multiple of 16 bytes long (a 4-wide float32 output's gradient) runs a vectorized kernel
-    that measured 17x slower than indexing the transposed tensor's columns (1.5M rows: 0.93 against 0.055 ms,
-    one H100; docs/design-notes.md), and the copy back to rows is one more pass at memory speed."""
+    """t[order] for the grouped order (contiguous). A 2-D tensor on the GPU is gathered in one Triton pass
+    (tinn/kernels/row_gather.py), elsewhere through its transpose: torch's row gather of rows a multiple of 16
+    bytes long (a 4-wide float32 output's gradient) runs a vectorized kernel that measured 17x slower than
+    indexing the transposed tensor's columns (1.5M rows: 0.93 against 0.055 ms, one H100; docs/design-notes.md),
+    and the copy back to rows is one more pass at memory speed."""
     if t is None or order is None:
         return t
     if t.dim() == 2:
+        if t.is_cuda and _triton_here():
+            from .kernels.row_gather import gather_rows
+            return gather_rows(t, order)
         return t.t()[:, order].t().contiguous()
     return t[order]
+
+
+@functools.cache
+def _triton_here() -> bool:
+    """Whether Triton imports (torch's CUDA builds ship it)."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # an ImportError, or a broken install raising anything else
+        return False
+    return True
 
 
 def _ungrouped(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:

@@ -10,7 +10,8 @@ key puts the samples in (chunk, owner) order, so each chunk's samples for each r
                    its input row (and extra columns after it) and local id written there; dest[i] = position,
                    perm[position] = i
     unpack_kernel: a received packed buffer split into float32 inputs (and extra columns) and int32 local ids
-    gather_kernel: out[i] = src[index[i]] * scale (the return to the caller's order; dy out, dx back)
+
+The rows' return to the caller's order (dy out, dx back) is tinn/kernels/row_gather.py's gather.
 
 A packed row (tinn/distributed/buckets.py, `RowLayout`) holds the inputs in the exchange dtype, then the local
 id's 32 bits; the kernels address the id through an int32 view of the same buffer (`ids` pointer, row stride
@@ -22,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..kernels.row_gather import store_rows
+
 # The sample count `n` changes from step to step in scenes; Triton would specialise on its divisibility by 16
 # and compile a kernel again mid-training, so no kernel here specialises on it.
 
@@ -32,18 +35,6 @@ def _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, K: tl.constexpr):
     owner = tl.load(owner_ptr + ids, mask=mask, other=0)
     chunk = ((offs.to(tl.int64) * chunks) // n).to(tl.int32)
     return ids, tl.where(mask, owner + world * chunk, K)  # K: out of every bucket
-
-
-@triton.jit
-def _store_rows(ptrs, v, mask, BF16: tl.constexpr):
-    """Store float32 values in the element type of `ptrs`, rounded to nearest even. bfloat16 is rounded on its
-    bits: Triton's interpreter (the CPU tests) truncates a float32 -> bfloat16 conversion."""
-    if BF16:
-        bits = v.to(tl.int32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        tl.store(ptrs, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True), mask=mask)
-    else:
-        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -80,7 +71,7 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, extra_ptr, offsets_ptr, se
     rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=mask[:, None] & (cols[None, :] < D), other=0.0)
     tail = mask[:, None] & (cols[None, :] >= D) & (cols[None, :] < D + E)
     rows += tl.load(extra_ptr + offs[:, None] * E + (cols[None, :] - D), mask=tail, other=0.0)
-    _store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
+    store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
     tl.store(send_ids_ptr + pos * ID_ROW + ID_COL, local, mask=mask)
 
 
@@ -97,16 +88,3 @@ def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, extra_ptr, ids_ptr, n, D, E, RO
     tl.store(extra_ptr + offs[:, None] * E + (cols[None, :] - D), rows, mask=inside & (cols[None, :] >= D))
     local = tl.load(recv_ids_ptr + offs * ID_ROW + ID_COL, mask=mask, other=0)
     tl.store(ids_ptr + offs, local, mask=mask)
-
-
-@triton.jit(do_not_specialize=["n"])
-def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr,
-                  BF16: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    cols = tl.arange(0, DP)
-    inside = mask[:, None] & (cols[None, :] < D)
-    index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
-    rows = tl.load(src_ptr + index[:, None] * D + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-    _store_rows(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, inside, BF16)

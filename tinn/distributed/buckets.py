@@ -27,7 +27,6 @@ KERNEL_CHOICES = ("auto", "triton", "torch")
 EXCHANGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Keys (world x chunks) the Triton kernels unroll over; more fall back to torch's sort.
 MAX_TRITON_KEYS = 32
-_BLOCK = 1024
 
 
 @dataclass
@@ -106,15 +105,13 @@ def use_triton(kernels: str, device: torch.device, n_keys: int = 1) -> bool:
 
 
 def _block(device: torch.device, dims_block: int) -> int:
-    """Samples per program: up to _BLOCK, fewer for wide rows (a tile of BLOCK x dims values lives in
-    registers); 16 under Triton's interpreter (numpy: small blocks, quick tests)."""
-    if device.type != "cuda":
-        return 16
-    return max(64, min(_BLOCK, 8192 // dims_block))
+    from ..kernels.row_gather import block_size
+    return block_size(device, dims_block)
 
 
 def _dims_block(d: int) -> int:
-    return max(2, 1 << (max(d, 1) - 1).bit_length())
+    from ..kernels.row_gather import dims_block
+    return dims_block(d)
 
 
 def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_table: torch.Tensor, world: int,
@@ -242,14 +239,8 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kern
     d = src.shape[1]
     dev = src.device
     if n and d and use_triton(kernels, dev):
-        from . import bucket_kernels
-
-        out = torch.empty(n, d, dtype=dtype, device=dev)
-        block = _block(dev, _dims_block(d))
-        bucket_kernels.gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale),
-                                                                  BLOCK=block, DP=_dims_block(d),
-                                                                  BF16=dtype == torch.bfloat16)
-        return out
+        from ..kernels.row_gather import gather_rows as gather
+        return gather(src, index, scale, dtype)
     out = src.index_select(0, index)
     if scale != 1.0:
         out = out.to(torch.float32).mul_(scale)

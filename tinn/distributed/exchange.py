@@ -30,10 +30,11 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str
-                    ) -> tuple[list[list[int]], torch.Tensor]:
+                    ) -> tuple[list[list[int]], list[list[int]]]:
     """Send (count for rank j per chunk, *values) to every rank j; `counts` (chunks, world) on any device.
-    Returns (sent counts [chunk][rank], the (world, chunks + len(values)) int64 rows received; row i: what
-    rank i sent here), both on the host, read in one synchronisation."""
+    Returns (sent counts [chunk][rank], the world rows of chunks + len(values) ints received; row i: what
+    rank i sent here), Python lists read in one synchronisation (the host reads them right after it, while the
+    device waits: list indexing costs far less host time than indexing a CPU tensor)."""
     chunks, world = counts.shape
     header = torch.empty(world, chunks + len(values), dtype=torch.int64, device=device)
     header[:, :chunks] = _to(counts, device).t()
@@ -42,16 +43,16 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
     received = torch.empty_like(header)
     with collective(what, group):
         dist.all_to_all_single(received, header, group=group)
-        both = torch.stack([header, received]).cpu()
-    return both[0, :, :chunks].t().tolist(), both[1]
+        mine, got = torch.stack([header, received]).cpu().tolist()
+    return [[row[c] for row in mine] for c in range(chunks)], got
 
 
-def check_agreement(received: torch.Tensor, mine: list[int], names: list[str], rank: int, what: str,
+def check_agreement(received: list[list[int]], mine: list[int], names: list[str], rank: int, what: str,
                     first: int = 1) -> None:
     """Every rank must have sent the same values as this one (columns `first`...); else all ranks raise alike
     (each sees every other rank's values)."""
     for k, name in enumerate(names):
-        column = received[:, first + k].tolist()
+        column = [row[first + k] for row in received]
         if any(v != mine[k] for v in column):
             raise DistributedError(f"rank {rank}: ranks disagree in {what}: {name} per rank = {column}; every rank "
                                    "must make the same calls in the same order (a forward with gradients on every "

@@ -397,14 +397,14 @@ class ShardedPart(_Collective):
         exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
                                  "or the Trainer's step with the loss at the owners)"], self.rank,
                                  "the forward header", first=chunks)
-        recv = received[:, :chunks].t().tolist()
-        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=bool(received[:, chunks + 3].max()),
-                             any_grads=bool(received[:, chunks + 4].max()))
+        recv = [[row[c] for row in received] for c in range(chunks)]
+        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=any(row[chunks + 3] for row in received),
+                             any_grads=any(row[chunks + 4] for row in received))
         # Every chunk's rows are sent at once: the communication stream works through them while the compute
         # stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, f"the forward exchange of {what}") for c in range(chunks)]
-        return packing, plan, incoming, received[:, chunks + 5].tolist()
+        return packing, plan, incoming, [row[chunks + 5] for row in received]
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         """Whether the Trainer's step computes each sample's loss where its network lives
