@@ -339,12 +339,12 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
         "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
         "weak_profile_per_rank": runs["weak"]["profile_per_rank"],
-        # Sharded: what crosses the link per sample and step: inputs + the local id out, outputs back (forward);
-        # dy out, nothing back (the trainer needs no dx). Replicated: nothing per sample; the reduction's
-        # bucket (every parameter, in the reduce dtype) per step, and with the split optimizer the all-gather's
-        # (every parameter in float32).
+        # Sharded: what crosses the link per sample and step: the Trainer's step with the loss at the owners
+        # sends inputs, targets and the local id, nothing back (a float32 exchange); else inputs + the id out,
+        # outputs back, dy out. Replicated: nothing per sample; the reduction's bucket (every parameter, in the
+        # reduce dtype) per step, and with the split optimizer the all-gather's (every parameter in float32).
         "exchanged_bytes_per_sample": 0 if replicated else td.exchange_bytes_per_sample(
-            dims[0], dims[1], exchange_dtype=exchange_dtype),
+            dims[0], dims[1], exchange_dtype=exchange_dtype, loss_at_owners=True),
         "params_per_rank_strong": runs["strong"]["params_per_rank"],
         "allreduce_bytes_per_step_strong": reduce_bytes * runs["strong"]["params_per_rank"] if replicated else 0,
         "allgather_bytes_per_step_strong": 4 * runs["strong"]["params_per_rank"] if split else 0,

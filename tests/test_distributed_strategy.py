@@ -16,6 +16,19 @@ def test_exchange_bytes_count_inputs_id_outputs_dy_and_optional_dx():
     assert td.exchange_bytes_per_sample(32, 16, need_dx=True) == 260 + 4 * 32
 
 
+def test_the_trainers_step_sends_inputs_and_targets_one_way():
+    """With the loss at the owners: inputs, targets and the id out, nothing back; dx or a 16-bit exchange take the
+    forward and backward's exchanges."""
+    assert td.exchange_bytes_per_sample(3, 4, loss_at_owners=True) == 4 * (3 + 4 + 1) == 32
+    assert td.exchange_bytes_per_sample(32, 16, loss_at_owners=True) == 196
+    assert td.exchange_bytes_per_sample(32, 16, need_dx=True, loss_at_owners=True) == 260 + 4 * 32
+    assert td.exchange_bytes_per_sample(32, 16, exchange_dtype="float16", loss_at_owners=True) == 132
+    crossover = 2 * MLP_PARAMS * 4 / 196
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) - 1, loss_at_owners=True) == "sharded"
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) + 1, loss_at_owners=True) == "replicated"
+    assert td.choose_strategy(MLP_PARAMS, 32, 16, int(crossover) - 1) == "replicated"  # 260 B without it
+
+
 def test_rule_compares_exchange_bytes_with_twice_the_reduced_parameters():
     # MLP array, 2^21 samples per rank: 545 MB exchanged against 2 x 117 MB reduced -> replicate.
     assert td.choose_strategy(MLP_PARAMS, 32, 16, 1 << 21) == "replicated"
