@@ -678,6 +678,17 @@ def scenario_owner_loss(rank, out):
             losses.append(float(trainer.training_step(x, t, ids)))
         runs[fused] = {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
     res["trainer"] = runs
+    # Targets of the wrong width, or batch: refused on every rank before any collective (no rank waits).
+    from tinn.errors import InputError
+    model = td.ShardedPart(factory(), N_NETWORKS, config={"bad_targets": True})
+    x, ids, t, _ = (v.to(dev) for v in batch(rank, 50))
+    for name, bad in (("bad_width", t[:, :2]), ("bad_batch", t[:-1])):
+        try:
+            model.gradients_from_loss(x, ids, Loss("L2"), bad, need_dx=False)
+            res[name] = "no error"
+        except InputError as e:
+            res[name] = str(e)
+    res["after_bad"] = float(model.gradients_from_loss(x, ids, Loss("L2"), t, need_dx=False)[2])
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 

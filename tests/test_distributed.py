@@ -534,6 +534,13 @@ def test_trainer_steps_with_the_loss_at_owners_equal_steps_through_the_forward(o
     _check_owner_loss_trainer(owner_loss_run, rtol=1e-4, atol=1e-6)
 
 
+def test_loss_at_owners_refuses_bad_targets_before_exchanging(owner_loss_run):
+    for res in owner_loss_run:
+        assert res["bad_width"] == "target has last dimension 2; expected 3", res["bad_width"]
+        assert res["bad_batch"] == f"target has batch {W.BATCH - 1}; expected {W.BATCH} to match x"
+        assert res["after_bad"] > 0  # the ranks are still in step
+
+
 def _check_owner_loss_trainer(owner_loss_run, rtol, atol):
     for r, res in enumerate(owner_loss_run):
         fused, plain = res["trainer"][True], res["trainer"][False]

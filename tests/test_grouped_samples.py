@@ -127,6 +127,18 @@ def test_a_grouped_batch_is_sorted_once(tuned, monkeypatch):
     assert counts == {True: 2, False: 2}  # one sort per call either way: the grouping's, or the network's
 
 
+def test_a_grouped_model_runs_under_inference_mode(tuned):
+    """torch.inference_mode's tensors keep no version counter: the grouping's hint holds by identity there."""
+    tuned(group_by_network=True)
+    model = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=5, seed=4)
+    x, _, ids = data(300)
+    with torch.no_grad():
+        want = model(x, ids)
+    with torch.inference_mode():
+        got = model(x, ids)
+    assert torch.equal(got, want)
+
+
 def test_the_grouped_hint_holds_for_that_tensor_only():
     from tinn import routing
     ids = torch.tensor([0, 0, 1, 2, 2, 2], dtype=torch.int32, device=DEV)

@@ -22,8 +22,9 @@ def grouped(net_ids: torch.Tensor, bounds: torch.Tensor):
     without sorting: a caller that grouped a batch by network (an encoded array's `group_by_network`) hands
     its sort to the parts it runs, whose routing would otherwise sort the grouped ids again (a radix sort of
     several launches, host time that a step waiting on its host pays). The tensor is matched by identity, and
-    its version: an in-place change to the ids voids the hint."""
-    token = _GROUPED.set((net_ids, net_ids._version, bounds))
+    its version: an in-place change to the ids voids the hint (an inference-mode tensor keeps no version; the
+    identity alone holds there)."""
+    token = _GROUPED.set((net_ids, _version(net_ids), bounds))
     try:
         yield
     finally:
@@ -49,12 +50,17 @@ def sort_by_network(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tenso
     return order, bounds[1:] - bounds[:-1]
 
 
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place version counter; -1 for an inference-mode tensor, which keeps none."""
+    return -1 if t.is_inference() else t._version
+
+
 def sorted_bounds(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, bounds): int32 sample indices grouped by network id (stable), and int64 (n_networks + 1,) bounds:
     network n's samples are order[bounds[n]:bounds[n + 1]]."""
     batch = net_ids.shape[0]
     hint = _GROUPED.get()
-    if hint is not None and hint[0] is net_ids and hint[1] == net_ids._version and hint[2].shape[0] == n_networks + 1:
+    if hint is not None and hint[0] is net_ids and hint[1] == _version(net_ids) and hint[2].shape[0] == n_networks + 1:
         return torch.arange(batch, dtype=torch.int32, device=net_ids.device), hint[2]
     if n_networks == 1:
         # torch.full/zeros, not torch.tensor([0, batch], device=...): a tensor from host data is a blocking copy,

@@ -33,8 +33,8 @@ import json
 
 import torch
 
-from .. import gradient_scaling, runtime
-from ..errors import ConfigError
+from .. import checks, gradient_scaling, runtime
+from ..errors import ConfigError, InputError
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
 from . import buckets
 from . import exchange
@@ -429,8 +429,13 @@ class ShardedPart(_Collective):
                                                x_layout=x_layout)
         dev = runtime.device()
         d, o = self.n_input_dims, self.n_output_dims
+        # Checked before any collective: the targets are packed into the rows the owners split at d + o columns.
+        x = checks.float_input("x", x, d)
+        target = checks.float_input("target", target, o)
+        if target.shape[0] != x.shape[0]:
+            raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
         _, plan, incoming, batches = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
-                                                 "inputs and targets", extra=target.to(torch.float32))
+                                                 "inputs and targets", extra=target)
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
         world = self.world_size
         mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
