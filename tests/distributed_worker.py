@@ -191,6 +191,13 @@ def scenario_replicated(rank, out):
         x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
         res["losses"].append(float(trainer.training_step(x, t, ids)))
     res["trained"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # An empty batch on rank 1: both ranks' Trainers take the same path (the contract), and the reduced gradient
+    # is half rank 0's (the optimizer unsplit, so that the tables hold the reduced gradient).
+    model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3), optimizer_split=False)
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    x, ids, t, _ = (v.to(dev) for v in batch(rank, 70, size=BATCH if rank == 0 else 0))
+    trainer.training_step(x, t, ids, run_optimizer=False)
+    res["empty_grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
     try:
         td.Replicated(replicated_factory(), reduce_dtype="int8")
         res["bad_dtype"] = "no error"

@@ -317,6 +317,13 @@ def _check_replicated(runs, atol: float = 1e-9, trained_atol: float = 1e-6):
                                        msg=n)
     torch.testing.assert_close(torch.tensor([sum(x) / WORLD for x in zip(*[r["losses"] for r in runs])]),
                                torch.tensor(losses), rtol=1e-5, atol=1e-7)
+    net = NetworkArray(2, 3, W.NETWORK, n_networks=W.N_NETWORKS, seed=3)
+    x, ids, t, _ = (v.to(dev) for v in W.batch(0, 70))
+    Trainer(net, optimizer={"otype": "Adam"}).training_step(x, t, ids, run_optimizer=False)
+    for res in runs:
+        for n, p in net.named_parameters():
+            torch.testing.assert_close(res["empty_grads"][f"inner.{n}"], p.grad.cpu() / WORLD, rtol=1e-5,
+                                       atol=atol, msg=n)
 
 
 @cpu_reference
