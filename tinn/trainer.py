@@ -206,7 +206,8 @@ class Trainer(LearningRateOf):
 
         Returns:
             The loss as a 0-d tensor; reading it (`float(loss)`) waits for the device, so the caller
-            decides when to sync.
+            decides when to sync. On a sharded array (`tinn.distributed.ShardedPart`) whose step computes each
+            loss where its network lives, the mean over ranks of each rank's loss, the same on every rank.
 
         Raises:
             InputError: wrong shapes or dtypes, mismatched batches, ids out of range, or non-finite
