@@ -19,7 +19,6 @@ memory.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import torch
@@ -28,6 +27,7 @@ from . import checks, routing, runtime, tcnn_layout
 from .encodings import create_encoding
 from .encodings.basic import FrequencyEncoding
 from .errors import ConfigError
+from .kernels import triton_available
 from .networks import NetworkArray
 from .part import SAMPLE_MAJOR, Context, Part, accumulate, common_layout, has_hooks
 from .routing import sorted_bounds
@@ -286,22 +286,13 @@ def _rows(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | 
     if t is None or order is None:
         return t
     if t.dim() == 2:
-        if t.is_cuda and _triton_here():
+        if t.is_cuda and triton_available():
             from .kernels.row_gather import gather_rows
             return gather_rows(t, order)
         return t.t()[:, order].t().contiguous()
     return t[order]
 
 
-@functools.cache
-def _triton_here() -> bool:
-    """Whether Triton imports (torch's CUDA builds ship it)."""
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # an ImportError, or a broken install raising anything else
-        return False
-    return True
 
 
 def _ungrouped(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..kernels import triton_available
 
 KERNEL_CHOICES = ("auto", "triton", "torch")
 #: `ShardedPart(exchange_dtype=...)`: the dtypes rows can travel in.
@@ -83,15 +84,6 @@ def _interpreting() -> bool:
 
     from . import bucket_kernels
     return isinstance(bucket_kernels.pack_kernel, InterpretedFunction)
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception:  # an ImportError, or a broken install raising anything else
-        return False
-    return True
 
 
 def use_triton(kernels: str, device: torch.device, n_keys: int = 1) -> bool:
