@@ -106,6 +106,12 @@ def test_the_triton_row_gather_copies_rows_exactly(dtype):
         halved = gather_rows(t, index, 0.5, torch.float32)
         assert torch.equal(halved, t[index.long()].float() * 0.5)
     assert gather_rows(t, index[:0]).shape == (0, 33)
+    from tinn.kernels.row_gather import scatter_rows
+    order = torch.randperm(70, generator=gen).to(DEV)
+    for idx in (order, order.int()):
+        back = scatter_rows(t[order], idx)
+        assert back.dtype == dtype and torch.equal(back, t)
+    assert scatter_rows(t[:0], order[:0]).shape == (0, 33)
 
 
 def test_a_grouped_batch_is_sorted_once(tuned, monkeypatch):

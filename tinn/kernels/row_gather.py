@@ -1,5 +1,6 @@
 """Rows gathered by index in one pass on the GPU (Triton): out[i] = src[index[i]] * scale, cast to the output's
-dtype as it is written. Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
+dtype as it is written; and put back by a permutation, out[index[i]] = src[i]. Imported only where Triton runs
+(CUDA, or its CPU interpreter in tests).
 
 torch's row gather (`index_select`, advanced indexing) of narrow rows runs far below memory speed on the GPU:
 a batch grouped by network moves inputs and targets of 3 to 16 floats a sample, and the sharded exchange moves
@@ -40,6 +41,18 @@ def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr,
     store_rows(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, inside, BF16)
 
 
+@triton.jit(do_not_specialize=["n"])
+def scatter_kernel(src_ptr, index_ptr, out_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    cols = tl.arange(0, DP)
+    inside = mask[:, None] & (cols[None, :] < D)
+    index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
+    rows = tl.load(src_ptr + offs[:, None] * D + cols[None, :], mask=inside, other=0.0)
+    tl.store(out_ptr + index[:, None] * D + cols[None, :], rows, mask=inside)
+
+
 def dims_block(d: int) -> int:
     """The row's columns rounded up to a power of two (a program's tile width)."""
     return max(2, 1 << (max(d, 1) - 1).bit_length())
@@ -64,4 +77,16 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0,
         block = block_size(src.device, dp)
         gather_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, float(scale), BLOCK=block,
                                                    DP=dp, BF16=out.dtype == torch.bfloat16)
+    return out
+
+
+def scatter_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """out[index[i]] = src[i] for a permutation `index` (int32 or int64) of src's rows: every row of out is
+    written once (rows `index` misses are left uninitialised)."""
+    n, d = src.shape
+    out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    if n and d:
+        dp = dims_block(d)
+        block = block_size(src.device, dp)
+        scatter_kernel[((n + block - 1) // block,)](src.contiguous(), index, out, n, d, BLOCK=block, DP=dp)
     return out
