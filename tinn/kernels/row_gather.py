@@ -28,27 +28,30 @@ def store_rows(ptrs, v, mask, BF16: tl.constexpr):
         tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n"])
-def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr,
-                  BF16: tl.constexpr):
+@triton.jit
+def _block_of_rows(index_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
+    """This program's rows (offs), the columns of its tile (cols), which of the tile's values exist (inside) and
+    the rows' indices (int64)."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     cols = tl.arange(0, DP)
     inside = mask[:, None] & (cols[None, :] < D)
     index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
+    return offs, cols, inside, index
+
+
+@triton.jit(do_not_specialize=["n"])
+def gather_kernel(src_ptr, index_ptr, out_ptr, n, D, scale, BLOCK: tl.constexpr, DP: tl.constexpr,
+                  BF16: tl.constexpr):
+    offs, cols, inside, index = _block_of_rows(index_ptr, n, D, BLOCK, DP)
     rows = tl.load(src_ptr + index[:, None] * D + cols[None, :], mask=inside, other=0.0).to(tl.float32)
     store_rows(out_ptr + offs[:, None] * D + cols[None, :], rows * scale, inside, BF16)
 
 
 @triton.jit(do_not_specialize=["n"])
 def scatter_kernel(src_ptr, index_ptr, out_ptr, n, D, BLOCK: tl.constexpr, DP: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    cols = tl.arange(0, DP)
-    inside = mask[:, None] & (cols[None, :] < D)
-    index = tl.load(index_ptr + offs, mask=mask, other=0).to(tl.int64)
+    offs, cols, inside, index = _block_of_rows(index_ptr, n, D, BLOCK, DP)
     rows = tl.load(src_ptr + offs[:, None] * D + cols[None, :], mask=inside, other=0.0)
     tl.store(out_ptr + index[:, None] * D + cols[None, :], rows, mask=inside)
 
