@@ -13,7 +13,8 @@ gradients wanted by the backward) and a call number counting forwards and backwa
 disagree all raise a DistributedError instead of deadlocking. That header is the one host
 synchronisation of a training step (tinn/distributed/exchange.py says why); the backward has none.
 With `chunks` > 1 each rank's batch is exchanged and computed in pieces, the exchange of one piece
-overlapping the computation of the previous one.
+overlapping the computation of the previous one. The Trainer's step (`gradients_from_loss`) sends each sample's
+target with its inputs and computes the loss at the owner: one exchange instead of three.
 
 Gradients follow torch's DistributedDataParallel: the gradient of a table is the mean over ranks of
 each rank's loss gradient (`gradients="mean"`; "sum" for losses that already sum over ranks). With
