@@ -286,13 +286,18 @@ def _rows(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | 
     if t is None or order is None:
         return t
     if t.dim() == 2:
-        if t.is_cuda and triton_available():
+        if _triton_rows(t):
             from .kernels.row_gather import gather_rows
             return gather_rows(t, order)
         return t.t()[:, order].t().contiguous()
     return t[order]
 
 
+def _triton_rows(t: torch.Tensor) -> bool:
+    """Whether t's rows move through tinn/kernels/row_gather.py: 2-D, on the GPU, in a dtype its gather carries
+    exactly (its arithmetic is float32)."""
+    return (t.dim() == 2 and t.is_cuda and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and triton_available())
 
 
 def _ungrouped(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:
@@ -300,7 +305,7 @@ def _ungrouped(t: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tens
     the GPU in one Triton pass (torch's `index_copy_` of narrow rows runs far below memory speed there)."""
     if t is None or order is None:
         return t
-    if t.dim() == 2 and t.is_cuda and triton_available():
+    if _triton_rows(t):
         from .kernels.row_gather import scatter_rows
         return scatter_rows(t, order)
     return torch.empty_like(t).index_copy_(0, order, t)
