@@ -36,6 +36,7 @@ import torch
 
 from .. import checks, gradient_scaling, runtime
 from ..errors import ConfigError, InputError
+from ..losses import Loss
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
 from . import buckets
 from . import exchange
@@ -49,11 +50,6 @@ GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
 # What a call's header announces (ShardedPart._route): a forward, or a step with the loss at the owners.
 _FORWARD, _LOSS_AT_OWNERS = 0, 1
-
-
-def _part(t: torch.Tensor, rows: slice) -> torch.Tensor:
-    """Rows of t (the whole tensor, not a view, when they are all of it: the usual case of one piece)."""
-    return t if rows.start == 0 and rows.stop == t.shape[0] else t[rows]
 
 
 def _runs(counts: list[int], weights: list[int]) -> list[tuple[int, int]]:
@@ -423,8 +419,6 @@ class ShardedPart(_Collective):
         gradients belong to, the same on every rank: the mean over ranks of each rank's mean loss ("sum":
         their sum). Other calls (dx wanted, a loss that is not a tinn Loss, 16-bit exchanges) take the
         forward and `backward_from_loss`."""
-        from ..losses import Loss
-
         if need_dx or not isinstance(loss, Loss) or not self.fuses_loss() or x_layout != SAMPLE_MAJOR:
             return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
                                                x_layout=x_layout)
@@ -453,8 +447,8 @@ class ShardedPart(_Collective):
                 if stop > start:
                     piece = slice(start, stop)
                     _, piece_grads, piece_value = self.local.gradients_from_loss(
-                        _part(x_here, piece), _part(ids_here, piece), loss.averaged_over(mean_over[lo]),
-                        _part(target_here, piece), need_dx=False, need_grads=plan.any_grads)
+                        x_here[piece], ids_here[piece], loss.averaged_over(mean_over[lo]), target_here[piece],
+                        need_dx=False, need_grads=plan.any_grads)
                     grads = tuple(accumulate(a, g) for a, g in zip(grads, piece_grads))
                     value = piece_value if value is None else value + piece_value
                 start = stop
