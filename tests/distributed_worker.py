@@ -7,6 +7,7 @@ compare with the unsharded array in its own process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -24,11 +25,11 @@ NETWORK = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1, "activa
 BATCH = 40
 
 
-def factory(share_encoding=False, network=NETWORK):
+def factory(share_encoding=False, network=NETWORK, group_by_network=None):
     from tinn.models import NetworkWithInputEncoding
 
     return lambda n: NetworkWithInputEncoding(2, 3, ENCODING, network, n_networks=n, seed=11,
-                                              share_encoding=share_encoding)
+                                              share_encoding=share_encoding, group_by_network=group_by_network)
 
 
 def batch(rank: int, step: int, size: int = BATCH, skew: bool = False):
@@ -644,9 +645,28 @@ def scenario_disagree(rank, out):
 
 
 # The loss at the owners: (name, ShardedPart keywords) and per-rank batch sizes.
+# "grouped": the local part groups its batch by network (as on CUDA), so the rows the owners unpack grouped by
+# network reach it without a sort; with the Triton kernels where they run (their interpreter in the gloo tests).
 OWNER_LOSS_CASES = {"mean": {}, "sum": {"gradients": "sum"}, "chunks3": {"chunks": 3},
-                    "uneven3": {"chunks": 3, "assignment": UNEVEN}}
+                    "uneven3": {"chunks": 3, "assignment": UNEVEN},
+                    "grouped": {"group_by_network": True, "chunks": 2, "assignment": UNEVEN,
+                                "exchange_kernels": "triton"}}
 OWNER_LOSS_BATCHES = {"equal": (BATCH, BATCH), "unequal": (BATCH, 13), "empty": (BATCH, 0)}
+
+
+@contextlib.contextmanager
+def _counting_sorts():
+    """[calls of torch.sort] within the block."""
+    calls, sort = [0], torch.sort
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return sort(*args, **kwargs)
+    torch.sort = counted
+    try:
+        yield calls
+    finally:
+        torch.sort = sort
 
 
 def scenario_owner_loss(rank, out):
@@ -655,19 +675,27 @@ def scenario_owner_loss(rank, out):
     through it against steps through the forward (the part's `fuses_loss` forced off)."""
     import tinn
     import tinn.distributed as td
+    from tinn.distributed import buckets as B
     from tinn.losses import Loss
     from tinn.trainer import Trainer
 
     dev = tinn.runtime.device()
     res = {}
     for name, kw in OWNER_LOSS_CASES.items():
-        model = td.ShardedPart(factory(), N_NETWORKS, config={"case": name}, **kw)
+        kw = dict(kw)
+        grouping = kw.pop("group_by_network", None)
+        if kw.get("exchange_kernels") == "triton" and not B.use_triton("triton", dev):
+            kw.pop("exchange_kernels")
+        model = td.ShardedPart(factory(group_by_network=grouping), N_NETWORKS, config={"case": name}, **kw)
         res[f"{name}/fuses"] = model.fuses_loss()
+        res[f"{name}/by_network"] = model._by_network
         for case, sizes in OWNER_LOSS_BATCHES.items():
             for otype in ("L2", "RelativeL2"):
                 loss = Loss(otype)
                 x, ids, t, _ = (v.to(dev) for v in batch(rank, 30, size=sizes[rank]))
-                _, at_owners, value = model.gradients_from_loss(x, ids, loss, t, need_dx=False)
+                with _counting_sorts() as sorts:
+                    _, at_owners, value = model.gradients_from_loss(x, ids, loss, t, need_dx=False)
+                res[f"{name}/{case}/{otype}/sorts"] = sorts[0]
                 y, ctx = model.forward_with_context(x, ids, train=True)
                 _, forward, own = model.backward_from_loss(ctx, y, loss, t, need_dx=False)
                 res[f"{name}/{case}/{otype}"] = {"at_owners": [g.clone() for g in at_owners],

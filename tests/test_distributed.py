@@ -498,7 +498,7 @@ def test_ranks_out_of_step_raise_together(tmp_path):
 
 @pytest.fixture(scope="module")
 def owner_loss_run(tmp_path_factory):
-    return run_ranks("owner_loss", tmp_path_factory.mktemp("owner_loss"))
+    return run_ranks("owner_loss", tmp_path_factory.mktemp("owner_loss"), TRITON_INTERPRET=1)
 
 
 @pytest.mark.parametrize("case", list(W.OWNER_LOSS_BATCHES))
@@ -513,6 +513,10 @@ def test_loss_at_owners_equals_forward_then_backward(owner_loss_run, name, case)
 
 def _check_owner_loss(results, name, case, rtol, atol):
     combine = sum if name == "sum" else (lambda v: sum(v) / WORLD)
+    # Every case's senders sort their rows by network too (the owners unpack them grouped); L = the most networks
+    # a rank owns.
+    uneven = "assignment" in W.OWNER_LOSS_CASES[name]
+    assert results[0][f"{name}/by_network"] == (max(map(W.UNEVEN.count, (0, 1))) if uneven else W.N_NETWORKS // WORLD)
     for otype in ("L2", "RelativeL2"):
         runs = [r[f"{name}/{case}/{otype}"] for r in results]
         assert results[0][f"{name}/fuses"]
@@ -521,6 +525,10 @@ def _check_owner_loss(results, name, case, rtol, atol):
             for got, want in zip(run["at_owners"], run["forward"]):
                 assert float(want.abs().max()) > 0, (r, otype)
                 torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=f"rank {r} {otype}")
+        if name == "grouped":
+            # The local part groups its batch by network: the senders' sort is the step's only one, the owners'
+            # rows arriving grouped (the rank with no samples sorts none).
+            assert [r[f"{name}/{case}/{otype}/sorts"] for r in results] == [int(n > 0) for n in W.OWNER_LOSS_BATCHES[case]]
         want_value = combine([run["own"] for run in runs])
         for run in runs:
             assert run["value"] == pytest.approx(want_value, rel=rtol), otype

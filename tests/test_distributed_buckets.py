@@ -116,3 +116,80 @@ def test_bad_exchange_dtype_names_the_choices():
                        match=r"exchange_dtype='int8' is not supported; allowed: \['float32', 'float16', 'bfloat16'\]"):
         B.exchange_dtype("int8")
     assert B.exchange_dtype("bfloat16") == torch.bfloat16
+
+
+def _owned_case(n, world, chunks, d, n_networks=11, seed=0):
+    """A batch and ownership tables as tinn.distributed.Ownership builds them: local id = rank among the owner's
+    networks. Returns (x, ids, owner, local, L = the most networks a rank owns)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=g)
+    owner = torch.randint(0, world, (n_networks,), generator=g, dtype=torch.int32)
+    local = torch.empty_like(owner)
+    for r in range(world):
+        local[owner == r] = torch.arange(int((owner == r).sum()), dtype=torch.int32)
+    ids = torch.randint(0, n_networks, (n,), generator=g, dtype=torch.int32)
+    most = max(int((owner == r).sum()) for r in range(world))
+    return [t.to(DEV) for t in (x, ids, owner, local)] + [most]
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_here)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,world,chunks,d,e", [(61, 2, 1, 3, 4), (100, 3, 2, 5, 0), (9, 4, 1, 1, 2), (0, 2, 2, 3, 1),
+                                                (300, 2, 3, 32, 16)])
+def test_bucket_by_network_sorts_each_bucket_by_local_network(kernels, dtype, n, world, chunks, d, e):
+    """`by_network=L`: a stable sort by (chunk, owner, local id), the samples per (chunk, owner, local network),
+    and the same rows as the plain packing of that order."""
+    x, ids, owner, local, most = _owned_case(n, world, chunks, d + e, seed=n)
+    xs, extra = x[:, :d].contiguous(), (x[:, d:].contiguous() if e else None)
+    p = B.bucket(xs, ids, owner, local, world, chunks, kernels, dtype, extra=extra, by_network=most)
+    chunk = torch.arange(n, device=DEV) * chunks // max(n, 1)
+    key = ((owner[ids.long()].long() + world * chunk) * most + local[ids.long()].long()).cpu()
+    want_perm = torch.sort(key, stable=True).indices
+    assert torch.equal(p.perm.long().cpu(), want_perm)
+    assert torch.equal(p.dest.long().cpu()[want_perm], torch.arange(n))
+    assert torch.equal(p.network_counts.reshape(-1).cpu(), torch.bincount(key, minlength=world * chunks * most))
+    assert torch.equal(p.counts.cpu(), p.network_counts.sum(2).cpu()) and p.counts.shape == (chunks, world)
+    plain = B.bucket(xs, ids, owner, local, world, chunks, "torch", dtype, extra=extra)
+    # Each sample's packed row (its inputs, extra columns, padding and local id) as the plain packing writes it.
+    assert torch.equal(p.send[p.dest.long()], plain.send[plain.dest.long()])
+    assert torch.equal(p.send.float().cpu()[:, :d + e], x.to(dtype).float().cpu()[want_perm])
+
+
+def test_triton_and_torch_bucketing_by_network_agree_bit_for_bit():
+    x, ids, owner, local, most = _owned_case(333, 3, 2, 6, n_networks=40, seed=3)
+    if not B.use_triton("triton", DEV):
+        pytest.skip("Triton runs neither on CUDA nor in its interpreter here")
+    a = B.bucket(x, ids, owner, local, 3, 2, "torch", by_network=most)
+    b = B.bucket(x, ids, owner, local, 3, 2, "triton", by_network=most)
+    for name in ("send", "perm", "dest", "counts", "network_counts"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_here)])
+@pytest.mark.parametrize("sizes,runs", [((40, 13), [(0, 2)]), ((40, 13), [(0, 1), (1, 2)]), ((0, 25, 7), [(0, 3)]),
+                                         ((9, 0, 30, 4), [(0, 2), (2, 3), (3, 4)]), ((17,), [(0, 1)])])
+def test_unpack_merges_the_senders_rows_grouped_by_network(kernels, sizes, runs):
+    """An owner receiving each rank's rows sorted by local network unpacks them as a stable sort by network of
+    each run of ranks' rows gives them (runs in order), with each run's network bounds."""
+    n_local, d, e = 5, 3, 2
+    pieces, counts = [], []
+    for s, size in enumerate(sizes):
+        x, ids, _, _, _ = _owned_case(size, 1, 1, d + e, n_networks=n_local, seed=10 + s)
+        identity = torch.arange(n_local, dtype=torch.int32, device=DEV)
+        p = B.bucket(x[:, :d].contiguous(), ids, torch.zeros_like(identity), identity, 1, 1, kernels,
+                     extra=x[:, d:].contiguous(), by_network=n_local)
+        pieces.append(p.send)
+        counts.append(p.network_counts[0, 0])
+    received = torch.cat(pieces)
+    merge = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local)
+    got = B.unpack_split(received, d, e, kernels, merge)
+    plain = [t.cpu() for t in B.unpack_split(received, d, e, "torch")]
+    start = 0
+    for r, (lo, hi) in enumerate(runs):
+        stop = start + sum(sizes[lo:hi])
+        order = torch.sort(plain[2][start:stop], stable=True).indices + start
+        for want, have in zip(plain, got):
+            assert torch.equal(have.cpu()[start:stop], want[order])
+        want_bounds = torch.searchsorted(plain[2][order].long(), torch.arange(n_local + 1))
+        assert torch.equal(merge.bounds[r].cpu(), want_bounds), r
+        start = stop

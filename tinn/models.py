@@ -161,9 +161,13 @@ class NetworkWithInputEncoding(Part):
     def _grouping(self, ids, x_layout=SAMPLE_MAJOR, y_layout=SAMPLE_MAJOR):
         """(int64 positions of the batch's samples grouped by network id (stable), the grouped ids, their
         per-network bounds), or None where the parts run on the caller's order (a single network, feature-major
-        inputs or outputs, grouping off)."""
+        inputs or outputs, grouping off). Positions None: the caller's `routing.grouped` block says the batch
+        comes grouped already."""
         if ids.shape[0] < 2 or x_layout != SAMPLE_MAJOR or y_layout != SAMPLE_MAJOR or not self.groups_by_network():
             return None
+        bounds = routing.grouped_bounds(ids, self.n_networks)
+        if bounds is not None:  # the caller grouped the batch already: no sort, and no rows to move
+            return None, ids, bounds
         order, bounds = sorted_bounds(ids, self.n_networks)
         order = order.long()
         return order, ids[order], bounds

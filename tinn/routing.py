@@ -55,13 +55,21 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+def grouped_bounds(net_ids: torch.Tensor, n_networks: int) -> torch.Tensor | None:
+    """The bounds a caller's `grouped` block gave for this very ids tensor (already grouped by network), or None."""
+    hint = _GROUPED.get()
+    if hint is not None and hint[0] is net_ids and hint[1] == _version(net_ids) and hint[2].shape[0] == n_networks + 1:
+        return hint[2]
+    return None
+
+
 def sorted_bounds(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, bounds): int32 sample indices grouped by network id (stable), and int64 (n_networks + 1,) bounds:
     network n's samples are order[bounds[n]:bounds[n + 1]]."""
     batch = net_ids.shape[0]
-    hint = _GROUPED.get()
-    if hint is not None and hint[0] is net_ids and hint[1] == _version(net_ids) and hint[2].shape[0] == n_networks + 1:
-        return torch.arange(batch, dtype=torch.int32, device=net_ids.device), hint[2]
+    bounds = grouped_bounds(net_ids, n_networks)
+    if bounds is not None:
+        return torch.arange(batch, dtype=torch.int32, device=net_ids.device), bounds
     if n_networks == 1:
         # torch.full/zeros, not torch.tensor([0, batch], device=...): a tensor from host data is a blocking copy,
         # which waits for the GPU to finish the previous step before this one can be issued.

@@ -9,7 +9,11 @@ key puts the samples in (chunk, owner) order, so each chunk's samples for each r
     pack_kernel:   each sample's position (block offset + rank inside its block among equal keys),
                    its input row (and extra columns after it) and local id written there; dest[i] = position,
                    perm[position] = i
-    unpack_kernel: a received packed buffer split into float32 inputs (and extra columns) and int32 local ids
+    pack_sorted_kernel: the same rows written at the positions of a sort already made (`perm`): the packing
+                   by (chunk, owner, local network) of tinn/distributed/buckets.py's `bucket(by_network=...)`
+    unpack_kernel: a received packed buffer split into float32 inputs (and extra columns) and int32 local ids,
+                   each row written where it goes (its own row, or its place in the batch grouped by network
+                   across the sending ranks: row i + delta[sender, local id])
 
 The rows' return to the caller's order (dy out, dx back) is tinn/kernels/row_gather.py's gather.
 
@@ -47,6 +51,22 @@ def count_kernel(ids_ptr, owner_ptr, counts_ptr, n, chunks, world, K: tl.constex
         tl.store(counts_ptr + pid * K + k, tl.sum((key == k).to(tl.int32), axis=0))
 
 
+@triton.jit
+def _write_rows(local_ptr, ids, x_ptr, extra_ptr, send_ptr, send_ids_ptr, sample, pos, mask, D, E, ROW, ID_ROW, ID_COL,
+                DS, DP: tl.constexpr, BF16: tl.constexpr):
+    """Packed rows of the samples `sample` (their inputs, `extra` columns and local ids; global ids `ids`) written
+    at rows `pos` of the send buffer."""
+    local = tl.load(local_ptr + ids, mask=mask, other=0)
+    cols = tl.arange(0, DP)
+    # DS >= D + E columns are written: a 16-bit row's padding column (odd D + E) gets a zero. Columns D.. come
+    # from `extra` (E per sample; none when E = 0).
+    rows = tl.load(x_ptr + sample[:, None] * D + cols[None, :], mask=mask[:, None] & (cols[None, :] < D), other=0.0)
+    tail = mask[:, None] & (cols[None, :] >= D) & (cols[None, :] < D + E)
+    rows += tl.load(extra_ptr + sample[:, None] * E + (cols[None, :] - D), mask=tail, other=0.0)
+    store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
+    tl.store(send_ids_ptr + pos * ID_ROW + ID_COL, local, mask=mask)
+
+
 @triton.jit(do_not_specialize=["n"])
 def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, extra_ptr, offsets_ptr, send_ptr, send_ids_ptr, dest_ptr,
                 perm_ptr, n, chunks, world, D, E, ROW, ID_ROW, ID_COL, DS, K: tl.constexpr, BLOCK: tl.constexpr,
@@ -64,27 +84,41 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, extra_ptr, offsets_ptr, se
         pos = tl.where(hit, base + before, pos)
     tl.store(dest_ptr + offs, pos.to(tl.int32), mask=mask)
     tl.store(perm_ptr + pos, offs.to(tl.int32), mask=mask)
-    local = tl.load(local_ptr + ids, mask=mask, other=0)
-    cols = tl.arange(0, DP)
-    # DS >= D + E columns are written: a 16-bit row's padding column (odd D + E) gets a zero. Columns D.. come
-    # from `extra` (E per sample; none when E = 0).
-    rows = tl.load(x_ptr + offs[:, None] * D + cols[None, :], mask=mask[:, None] & (cols[None, :] < D), other=0.0)
-    tail = mask[:, None] & (cols[None, :] >= D) & (cols[None, :] < D + E)
-    rows += tl.load(extra_ptr + offs[:, None] * E + (cols[None, :] - D), mask=tail, other=0.0)
-    store_rows(send_ptr + pos[:, None] * ROW + cols[None, :], rows, mask[:, None] & (cols[None, :] < DS), BF16)
-    tl.store(send_ids_ptr + pos * ID_ROW + ID_COL, local, mask=mask)
+    _write_rows(local_ptr, ids, x_ptr, extra_ptr, send_ptr, send_ids_ptr, offs, pos, mask, D, E, ROW, ID_ROW, ID_COL,
+                DS, DP, BF16)
 
 
 @triton.jit(do_not_specialize=["n"])
-def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, extra_ptr, ids_ptr, n, D, E, ROW, ID_ROW, ID_COL,
-                  BLOCK: tl.constexpr, DP: tl.constexpr):
+def pack_sorted_kernel(perm_ptr, ids_ptr, local_ptr, x_ptr, extra_ptr, send_ptr, send_ids_ptr, dest_ptr, n, D, E, ROW,
+                       ID_ROW, ID_COL, DS, BLOCK: tl.constexpr, DP: tl.constexpr, BF16: tl.constexpr):
+    pid = tl.program_id(0)
+    pos = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = pos < n
+    sample = tl.load(perm_ptr + pos, mask=mask, other=0).to(tl.int64)
+    tl.store(dest_ptr + sample, pos.to(tl.int32), mask=mask)
+    ids = tl.load(ids_ptr + sample, mask=mask, other=0)
+    _write_rows(local_ptr, ids, x_ptr, extra_ptr, send_ptr, send_ids_ptr, sample, pos, mask, D, E, ROW, ID_ROW,
+                ID_COL, DS, DP, BF16)
+
+
+@triton.jit(do_not_specialize=["n"])
+def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, extra_ptr, ids_ptr, starts_ptr, delta_ptr, n, D, E, ROW, ID_ROW,
+                  ID_COL, L, BLOCK: tl.constexpr, DP: tl.constexpr, WORLD: tl.constexpr):
+    """WORLD = 0: row i stays row i. Else the rows of rank s start at starts[s] (s < WORLD), each rank's sorted
+    by local id, and row i of rank s with local id m goes to row i + delta[s * L + m]."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    local = tl.load(recv_ids_ptr + offs * ID_ROW + ID_COL, mask=mask, other=0)
+    pos = offs
+    if WORLD > 0:
+        sender = tl.zeros([BLOCK], dtype=tl.int64)
+        for s in tl.static_range(1, WORLD):
+            sender += (offs >= tl.load(starts_ptr + s)).to(tl.int64)
+        pos = offs + tl.load(delta_ptr + sender * L + local, mask=mask, other=0)
     cols = tl.arange(0, DP)
     inside = mask[:, None] & (cols[None, :] < D + E)
     rows = tl.load(recv_ptr + offs[:, None] * ROW + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-    tl.store(x_ptr + offs[:, None] * D + cols[None, :], rows, mask=inside & (cols[None, :] < D))
-    tl.store(extra_ptr + offs[:, None] * E + (cols[None, :] - D), rows, mask=inside & (cols[None, :] >= D))
-    local = tl.load(recv_ids_ptr + offs * ID_ROW + ID_COL, mask=mask, other=0)
-    tl.store(ids_ptr + offs, local, mask=mask)
+    tl.store(x_ptr + pos[:, None] * D + cols[None, :], rows, mask=inside & (cols[None, :] < D))
+    tl.store(extra_ptr + pos[:, None] * E + (cols[None, :] - D), rows, mask=inside & (cols[None, :] >= D))
+    tl.store(ids_ptr + pos, local, mask=mask)

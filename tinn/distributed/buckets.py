@@ -3,11 +3,18 @@ and rows put back in the caller's order, each in one pass over the samples.
 
     packing = bucket(x, ids, owner_table, local_table, world, chunks, kernels)
     x_here, ids_here = unpack(received)                  # owner side
+    packing = bucket(..., by_network=L)                  # also by local network inside each (chunk, owner)
+    merge = merge_by_network(counts_here, runs, n_local) # owner side: where each received row goes so that the
+    x_here, extra, ids_here = unpack_split(received, d, e, merge=merge)  # senders' rows come grouped by network
     y = gather_rows(back, packing.dest)                  # caller side: outputs in the caller's order
     dy_out = gather_rows(dy, packing.perm, 1 / world)    # caller side: dy in bucket order, scaled
 
 `bucket` is a stable counting sort computed on the device: no host synchronisation, counts stay on the
-device until the exchange's header needs them. Rows travel in an exchange dtype (float32, or float16 /
+device until the exchange's header needs them. With `by_network` it sorts by (chunk, owner, local network)
+instead (torch's radix sort), and counts each bucket's samples per local network: an owner receiving every
+rank's rows sorted by network can then unpack them straight into the batch grouped by network (each network's
+rows in sending-rank order, then in each sender's order: the order a stable sort of the received rows by
+network gives), so its local part needs no sort and no gathers of its own. Rows travel in an exchange dtype (float32, or float16 /
 bfloat16 for half the bytes): `bucket` casts the inputs as it packs them, `unpack` widens them to float32,
 and `gather_rows` reads rows of any of these dtypes and writes its output in the dtype asked for, so these
 passes cast as they copy. Two implementations with the same results: Triton kernels
@@ -34,11 +41,13 @@ MAX_TRITON_KEYS = 32
 class Packing:
     """A batch bucketed by (chunk, owner): `send` rows in key order, each row the sample's inputs and its
     local id (`RowLayout`); `perm[p]` is the sample at position p, `dest[i]` the position of sample i (int32);
-    `counts` (chunks, world) int64 on the device: samples per chunk and owner."""
+    `counts` (chunks, world) int64 on the device: samples per chunk and owner; `network_counts` (chunks, world,
+    L) int64, packed by network only (`bucket(by_network=L)`): samples per chunk, owner and local network."""
     send: torch.Tensor
     perm: torch.Tensor
     dest: torch.Tensor
     counts: torch.Tensor
+    network_counts: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -108,12 +117,13 @@ def _dims_block(d: int) -> int:
 
 def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_table: torch.Tensor, world: int,
            chunks: int = 1, kernels: str = "auto", dtype: torch.dtype = torch.float32,
-           extra: torch.Tensor | None = None) -> Packing:
+           extra: torch.Tensor | None = None, by_network: int = 0) -> Packing:
     """Bucket the samples (x (batch, d) float32, ids (batch,) int32 global ids) by (chunk, owner rank);
     owner_table / local_table: int32 per global id. Stable: inside a bucket samples keep their order. The
     rows are packed in `dtype` (`RowLayout`). extra: (batch, e) float32 columns packed after each row's
     inputs, as if x had d + e columns (a loss's targets travelling with the inputs), without a pass joining
-    them first."""
+    them first. by_network = L > 0 (every local id below L): inside each bucket, sorted by local id too
+    (stable), with `network_counts`."""
     n, d = x.shape
     e = 0 if extra is None else extra.shape[1]
     dev = x.device
@@ -121,8 +131,11 @@ def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_
     layout = RowLayout.of(d + e, dtype)
     if n == 0:
         empty = torch.empty(0, dtype=torch.int32, device=dev)
+        network_counts = torch.zeros(chunks, world, by_network, dtype=torch.int64, device=dev) if by_network else None
         return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
-                       torch.zeros(chunks, world, dtype=torch.int64, device=dev))
+                       torch.zeros(chunks, world, dtype=torch.int64, device=dev), network_counts)
+    if by_network:
+        return _bucket_by_network(x, ids, owner_table, local_table, world, chunks, layout, extra, by_network, kernels)
     if use_triton(kernels, dev, n_keys):
         return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extra)
     return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra)
@@ -150,12 +163,7 @@ def _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra
     dest = torch.empty_like(perm)
     dest.scatter_(0, perm, torch.arange(n, device=x.device, dtype=perm.dtype))
     send = torch.empty(n, layout.width, dtype=layout.dtype, device=x.device)
-    send[:, :d] = x.index_select(0, perm)
-    if extra is not None:
-        send[:, d:d + extra.shape[1]] = extra.index_select(0, perm)
-        d += extra.shape[1]
-    send[:, d:layout.stored] = 0
-    send.view(torch.int32)[:, layout.id_col] = local_table.index_select(0, ids.index_select(0, perm))
+    _pack_rows_torch(send, layout, x, extra, local_table, ids, perm)
     return Packing(send, perm.to(torch.int32), dest.to(torch.int32), counts)
 
 
@@ -191,6 +199,84 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extr
     return Packing(send, perm, dest, totals.view(chunks, world))
 
 
+def _bucket_by_network(x, ids, owner_table, local_table, world, chunks, layout, extra, n_local, kernels):
+    """The stable sort by (chunk, owner, local id) as torch's radix sort of one key (narrowed to the bytes its
+    range needs: one pass per byte), the counts from a binary search of every boundary in the sorted keys, then
+    one packing pass in sorted order (Triton where it runs)."""
+    n, d = x.shape
+    dev = x.device
+    n_bins = world * chunks * n_local
+    key = _keys_torch(ids, owner_table, world, chunks) * n_local + local_table.index_select(0, ids)
+    narrow = torch.uint8 if n_bins < 255 else torch.int16 if n_bins < 32767 else torch.int32
+    sorted_keys, perm = torch.sort(key.to(narrow), stable=True)
+    bounds = torch.searchsorted(sorted_keys, torch.arange(n_bins + 1, device=dev, dtype=narrow))
+    network_counts = (bounds[1:] - bounds[:-1]).view(chunks, world, n_local)
+    counts = network_counts.sum(2)
+    perm = perm.to(torch.int32)
+    send = torch.empty(n, layout.width, dtype=layout.dtype, device=dev)
+    dest = torch.empty(n, dtype=torch.int32, device=dev)
+    if use_triton(kernels, dev):
+        from . import bucket_kernels
+
+        e = 0 if extra is None else extra.shape[1]
+        dims_block = _dims_block(d + e)
+        block = _block(dev, dims_block)
+        x = x.contiguous()
+        bucket_kernels.pack_sorted_kernel[((n + block - 1) // block,)](
+            perm, ids.contiguous(), local_table, x, x if extra is None else extra.contiguous(), send,
+            send.view(torch.int32), dest, n, d, e, layout.width, layout.id_row, layout.id_col, layout.stored,
+            BLOCK=block, DP=dims_block, BF16=layout.dtype == torch.bfloat16)
+        return Packing(send, perm, dest, counts, network_counts)
+    index = perm.long()
+    dest[index] = torch.arange(n, dtype=torch.int32, device=dev)
+    _pack_rows_torch(send, layout, x, extra, local_table, ids, index)
+    return Packing(send, perm, dest, counts, network_counts)
+
+
+def _pack_rows_torch(send, layout, x, extra, local_table, ids, index):
+    """send[p] = the packed row of sample index[p]."""
+    d = x.shape[1]
+    send[:, :d] = x.index_select(0, index)
+    if extra is not None:
+        send[:, d:d + extra.shape[1]] = extra.index_select(0, index)
+        d += extra.shape[1]
+    send[:, d:layout.stored] = 0
+    send.view(torch.int32)[:, layout.id_col] = local_table.index_select(0, ids.index_select(0, index))
+
+
+@dataclass
+class Merge:
+    """Where an owner's received rows go so that they come grouped by local network (`merge_by_network`): rank
+    s's rows start at received row `starts[s]`; row i of rank s with local id m goes to row i + delta[s, m].
+    `bounds[r]`: (n_local + 1,) int64 network bounds of run r's rows, relative to the run's first row."""
+    starts: torch.Tensor
+    delta: torch.Tensor
+    bounds: list[torch.Tensor]
+
+
+def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], recv: list[int],
+                     n_local: int) -> Merge:
+    """network_counts (world, L) int64: rows each rank sent here per local network, each rank's rows sorted by
+    local id (`bucket(by_network=L)`). runs: consecutive ranges [lo, hi) of sending ranks whose rows stay apart
+    (each run's rows are grouped by network among themselves, after the earlier runs' rows; one run (0, world)
+    groups them all); recv: the rows each rank sent (on the host). A handful of torch ops on (world, L) tables."""
+    world, width = network_counts.shape
+    flat = network_counts.reshape(-1)
+    received_at = (torch.cumsum(flat, 0) - flat).view(world, width)  # where rank s's rows of network m start
+    deltas, bounds = [], []
+    base = 0
+    for lo, hi in runs:
+        k = hi - lo
+        by_network = network_counts[lo:hi].t().reshape(-1)  # the run's counts in merged order: network, then rank
+        ends = torch.cumsum(by_network, 0).view(width, k)
+        starts = ends - by_network.view(width, k)
+        deltas.append(starts.t() + base - received_at[lo:hi])
+        bounds.append(torch.cat([torch.zeros(1, dtype=torch.int64, device=flat.device), ends[:n_local, -1]]))
+        base += sum(recv[lo:hi])
+    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas)
+    return Merge(received_at[:, 0].contiguous(), delta.contiguous(), bounds)
+
+
 def unpack(received: torch.Tensor, kernels: str = "auto", n_input_dims: int | None = None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """A received packed buffer (n, width) as the owner's float32 inputs (n, d) and int32 local ids (n,).
@@ -200,27 +286,40 @@ def unpack(received: torch.Tensor, kernels: str = "auto", n_input_dims: int | No
     return x, ids
 
 
-def unpack_split(received: torch.Tensor, d: int, e: int, kernels: str = "auto"
+def unpack_split(received: torch.Tensor, d: int, e: int, kernels: str = "auto", merge: Merge | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A received buffer packed with `extra` columns (`bucket`) as float32 inputs (n, d), the extra columns
-    (n, e) and int32 local ids (n,), each contiguous, in one pass."""
+    (n, e) and int32 local ids (n,), each contiguous, in one pass; with `merge` (`merge_by_network`), each row
+    written at its place in the batch grouped by network."""
     n = received.shape[0]
     layout = RowLayout.of(d + e, received.dtype)
     dev = received.device
     words = received.view(torch.int32)
-    if n and use_triton(kernels, dev):
+    world = 0 if merge is None else merge.starts.shape[0]
+    if n and use_triton(kernels, dev, world):
         from . import bucket_kernels
 
         x = torch.empty(n, d, device=dev)
         extra = torch.empty(n, e, device=dev)
         ids = torch.empty(n, dtype=torch.int32, device=dev)
         block = _block(dev, _dims_block(d + e))
-        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](received, words, x, extra if e else x, ids, n, d, e,
-                                                                  layout.width, layout.id_row, layout.id_col,
-                                                                  BLOCK=block, DP=_dims_block(d + e))
+        starts, delta = (ids, ids) if merge is None else (merge.starts, merge.delta)
+        bucket_kernels.unpack_kernel[((n + block - 1) // block,)](
+            received, words, x, extra if e else x, ids, starts, delta, n, d, e, layout.width, layout.id_row,
+            layout.id_col, 0 if merge is None else merge.delta.shape[1], BLOCK=block, DP=_dims_block(d + e),
+            WORLD=world)
         return x, extra, ids
     rows = received[:, :d + e].to(torch.float32)
-    return rows[:, :d].contiguous(), rows[:, d:].contiguous(), words[:, layout.id_col].contiguous()
+    x, extra, ids = rows[:, :d].contiguous(), rows[:, d:].contiguous(), words[:, layout.id_col].contiguous()
+    if merge is None or not n:
+        return x, extra, ids
+    i = torch.arange(n, device=dev)
+    sender = torch.searchsorted(merge.starts, i, right=True) - 1
+    pos = i + merge.delta[sender, ids.long()]
+    out = [torch.empty_like(t) for t in (x, extra, ids)]
+    for o, t in zip(out, (x, extra, ids)):
+        o[pos] = t
+    return tuple(out)
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: float = 1.0, kernels: str = "auto",

@@ -29,22 +29,33 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str
-                    ) -> tuple[list[list[int]], list[list[int]]]:
-    """Send (count for rank j per chunk, *values) to every rank j; `counts` (chunks, world) on any device.
-    Returns (sent counts [chunk][rank], the world rows of chunks + len(values) ints received; row i: what
-    rank i sent here), Python lists read in one synchronisation (the host reads them right after it, while the
-    device waits: list indexing costs far less host time than indexing a CPU tensor)."""
+def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
+                    payload: torch.Tensor | None = None
+                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
+    """Send (count for rank j per chunk, *values, payload[j]) to every rank j; `counts` (chunks, world) on any
+    device; `payload` (world, payload_width) int64 (zeros when None) rides along for the device only (per-network
+    counts), so the header keeps one size whatever the call: ranks making different calls still exchange
+    headers of one shape, and raise on what they read. Returns (sent counts [chunk][rank], the world rows of
+    chunks + len(values) ints received, row i: what rank i sent here, and the payloads received, (world,
+    payload_width) on `device`), the lists read in one synchronisation (the host reads them right after it,
+    while the device waits: list indexing costs far less host time than indexing a CPU tensor)."""
     chunks, world = counts.shape
-    header = torch.empty(world, chunks + len(values), dtype=torch.int64, device=device)
+    read = chunks + len(values)
+    header = torch.empty(world, read + payload_width, dtype=torch.int64, device=device)
     header[:, :chunks] = _to(counts, device).t()
     for k, v in enumerate(values):
         header[:, chunks + k] = int(v)
+    if payload_width:
+        if payload is None:
+            header[:, read:] = 0
+        else:
+            header[:, read:] = _to(payload, device)
     received = torch.empty_like(header)
     with collective(what, group):
         dist.all_to_all_single(received, header, group=group)
-        mine, got = torch.stack([header, received]).cpu().tolist()
-    return [[row[c] for row in mine] for c in range(chunks)], got
+        both = torch.stack([header, received])
+        mine, got = (both[:, :, :read] if payload_width else both).cpu().tolist()
+    return [[row[c] for row in mine] for c in range(chunks)], got, received[:, read:]
 
 
 def check_agreement(received: list[list[int]], mine: list[int], names: list[str], rank: int, what: str,

@@ -29,12 +29,13 @@ over the ranks (tinn/distributed/optimizer_split.py).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 
 import torch
 
-from .. import checks, gradient_scaling, runtime
+from .. import checks, gradient_scaling, routing, runtime
 from ..errors import ConfigError, InputError
 from ..losses import Loss
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
@@ -50,6 +51,10 @@ GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
 # What a call's header announces (ShardedPart._route): a forward, or a step with the loss at the owners.
 _FORWARD, _LOSS_AT_OWNERS = 0, 1
+# The step with the loss at the owners sorts each rank's samples by (owner, local network) before sending them
+# (`buckets.bucket(by_network=...)`), and each header carries the per-network counts: up to this many
+# (chunk, owner, network) bins, beyond which the header would outweigh what the owners save.
+_MAX_NETWORK_BINS = 1 << 20
 
 
 def _runs(counts: list[int], weights: list[int]) -> list[tuple[int, int]]:
@@ -279,6 +284,8 @@ class ShardedPart(_Collective):
         self._grads_dtype = torch.bfloat16 if values_dtype == torch.float16 else values_dtype
         owner, local_ids = ownership.tables(runtime.device())
         self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
+        most = max(len(ownership.owned(r)) for r in range(world))
+        self._by_network = most if 1 < most and world * chunks * most <= _MAX_NETWORK_BINS else 0
         names = dict((id(p), n) for n, p in local.named_parameters())
         replicated = set(replicated)
         unknown = sorted(replicated - set(names.values()))
@@ -354,7 +361,7 @@ class ShardedPart(_Collective):
         raises a ConfigError (autograd calls announce what autograd will ask for)."""
         dev = runtime.device()
         chunks = self.chunks
-        packing, plan, incoming, _ = self._route(x, ids, _FORWARD, train, need_dx, need_grads, "inputs")
+        packing, plan, incoming, _, _ = self._route(x, ids, _FORWARD, train, need_dx, need_grads, "inputs")
         back = torch.empty(x.shape[0], self.n_output_dims, dtype=self._values_dtype, device=dev)
         returning, local_ctx = [], []
         for c in range(chunks):
@@ -376,21 +383,27 @@ class ShardedPart(_Collective):
         mark(self, "exchange")
         return y, (Context(plan=plan, local=local_ctx, batch=x.shape[0]) if train else None)
 
-    def _route(self, x, ids, kind: int, train: bool, need_dx: bool, need_grads: bool, what: str, extra=None):
+    def _route(self, x, ids, kind: int, train: bool, need_dx: bool, need_grads: bool, what: str, extra=None,
+               by_network: bool = False):
         """Bucket the inputs (and `extra` columns after them: targets) by owner, exchange the header and start
         every chunk's exchange of the rows: (packing, plan, the chunks' pending exchanges, the batch size of
-        every rank). `kind` (_FORWARD, _LOSS_AT_OWNERS) travels in the header, so that ranks making
-        different calls raise instead of exchanging mismatched rows."""
+        every rank, and with `by_network` the (world, chunks, L) per-network counts each rank sent here, else
+        None). `kind` (_FORWARD, _LOSS_AT_OWNERS) travels in the header, so that ranks making different calls
+        raise instead of exchanging mismatched rows; the header has one size for every kind."""
         call = self._next_call()
         mark(self, "other")
+        width = self._by_network
+        by_network = by_network and width > 0
         packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
-                                 self.exchange_kernels, self._values_dtype, extra=extra)
+                                 self.exchange_kernels, self._values_dtype, extra=extra,
+                                 by_network=width if by_network else 0)
         mark(self, "exchange")
         values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
-        sent, received = exchange.exchange_header(values, packing.counts, self.collective_device, self.group,
-                                                  "the forward header")
-        mark(self, "idle")
         chunks = self.chunks
+        payload = packing.network_counts.transpose(0, 1).reshape(self.world_size, -1) if by_network else None
+        sent, received, payloads = exchange.exchange_header(values, packing.counts, self.collective_device,
+                                                            self.group, "the forward header", chunks * width, payload)
+        mark(self, "idle")
         exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
                                  "or the Trainer's step with the loss at the owners)"], self.rank,
                                  "the forward header", first=chunks)
@@ -401,7 +414,8 @@ class ShardedPart(_Collective):
         # stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, f"the forward exchange of {what}") for c in range(chunks)]
-        return packing, plan, incoming, [row[chunks + 5] for row in received]
+        network_counts = payloads.view(self.world_size, chunks, width).to(runtime.device()) if by_network else None
+        return packing, plan, incoming, [row[chunks + 5] for row in received], network_counts
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         """Whether the Trainer's step computes each sample's loss where its network lives
@@ -429,8 +443,8 @@ class ShardedPart(_Collective):
         target = checks.float_input("target", target, o)
         if target.shape[0] != x.shape[0]:
             raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
-        _, plan, incoming, batches = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
-                                                 "inputs and targets", extra=target)
+        _, plan, incoming, batches, network_counts = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
+                                                                 "inputs and targets", extra=target, by_network=True)
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
         world = self.world_size
         mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
@@ -438,17 +452,24 @@ class ShardedPart(_Collective):
         grads = (None,) * len(tables)
         value = None
         for c in range(plan.chunks):
-            x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels)
+            # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together,
+            # and with the per-network counts they unpack grouped by network (the local part's sort, done).
+            runs = _runs(plan.recv[c], mean_over)
+            merge = None if network_counts is None else \
+                buckets.merge_by_network(network_counts[:, c], runs, plan.recv[c], self.local.n_networks)
+            x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels,
+                                                                 merge)
             mark(self, "exchange")
-            # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together.
             start = 0
-            for lo, hi in _runs(plan.recv[c], mean_over):
+            for r, (lo, hi) in enumerate(runs):
                 stop = start + sum(plan.recv[c][lo:hi])
                 if stop > start:
                     piece = slice(start, stop)
-                    _, piece_grads, piece_value = self.local.gradients_from_loss(
-                        x_here[piece], ids_here[piece], loss.averaged_over(mean_over[lo]), target_here[piece],
-                        need_dx=False, need_grads=plan.any_grads)
+                    piece_ids = ids_here[piece]
+                    with routing.grouped(piece_ids, merge.bounds[r]) if merge else contextlib.nullcontext():
+                        _, piece_grads, piece_value = self.local.gradients_from_loss(
+                            x_here[piece], piece_ids, loss.averaged_over(mean_over[lo]), target_here[piece],
+                            need_dx=False, need_grads=plan.any_grads)
                     grads = tuple(accumulate(a, g) for a, g in zip(grads, piece_grads))
                     value = piece_value if value is None else value + piece_value
                 start = stop
