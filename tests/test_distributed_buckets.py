@@ -181,7 +181,11 @@ def test_unpack_merges_the_senders_rows_grouped_by_network(kernels, sizes, runs)
         pieces.append(p.send)
         counts.append(p.network_counts[0, 0])
     received = torch.cat(pieces)
-    merge = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local)
+    merge = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local, kernels)
+    reference = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local, "torch")
+    for name in ("starts", "delta"):  # one run: the Triton program's tables, against the torch ops'
+        assert torch.equal(getattr(merge, name), getattr(reference, name)), name
+    assert all(torch.equal(a, b) for a, b in zip(merge.bounds, reference.bounds))
     got = B.unpack_split(received, d, e, kernels, merge)
     plain = [t.cpu() for t in B.unpack_split(received, d, e, "torch")]
     start = 0

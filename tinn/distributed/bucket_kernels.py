@@ -9,8 +9,10 @@ key puts the samples in (chunk, owner) order, so each chunk's samples for each r
     pack_kernel:   each sample's position (block offset + rank inside its block among equal keys),
                    its input row (and extra columns after it) and local id written there; dest[i] = position,
                    perm[position] = i
-    pack_sorted_kernel: the same rows written at the positions of a sort already made (`perm`): the packing
-                   by (chunk, owner, local network) of tinn/distributed/buckets.py's `bucket(by_network=...)`
+    pack_at_kernel: the same rows written at the positions of a sort already made (`dest`): the packing by
+                   (chunk, owner, local network) of tinn/distributed/buckets.py's `pack_by_network`
+    merge_kernel:  one program computing the tables with which an owner unpacks every rank's rows grouped by
+                   network (`merge_by_network`)
     unpack_kernel: a received packed buffer split into float32 inputs (and extra columns) and int32 local ids,
                    each row written where it goes (its own row, or its place in the batch grouped by network
                    across the sending ranks: row i + delta[sender, local id])
@@ -89,16 +91,15 @@ def pack_kernel(ids_ptr, owner_ptr, local_ptr, x_ptr, extra_ptr, offsets_ptr, se
 
 
 @triton.jit(do_not_specialize=["n"])
-def pack_sorted_kernel(perm_ptr, ids_ptr, local_ptr, x_ptr, extra_ptr, send_ptr, send_ids_ptr, dest_ptr, n, D, E, ROW,
-                       ID_ROW, ID_COL, DS, BLOCK: tl.constexpr, DP: tl.constexpr, BF16: tl.constexpr):
+def pack_at_kernel(dest_ptr, ids_ptr, local_ptr, x_ptr, extra_ptr, send_ptr, send_ids_ptr, n, D, E, ROW, ID_ROW, ID_COL,
+                   DS, BLOCK: tl.constexpr, DP: tl.constexpr, BF16: tl.constexpr):
     pid = tl.program_id(0)
-    pos = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = pos < n
-    sample = tl.load(perm_ptr + pos, mask=mask, other=0).to(tl.int64)
-    tl.store(dest_ptr + sample, pos.to(tl.int32), mask=mask)
-    ids = tl.load(ids_ptr + sample, mask=mask, other=0)
-    _write_rows(local_ptr, ids, x_ptr, extra_ptr, send_ptr, send_ids_ptr, sample, pos, mask, D, E, ROW, ID_ROW,
-                ID_COL, DS, DP, BF16)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    pos = tl.load(dest_ptr + offs, mask=mask, other=0).to(tl.int64)
+    ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+    _write_rows(local_ptr, ids, x_ptr, extra_ptr, send_ptr, send_ids_ptr, offs, pos, mask, D, E, ROW, ID_ROW, ID_COL,
+                DS, DP, BF16)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -122,3 +123,35 @@ def unpack_kernel(recv_ptr, recv_ids_ptr, x_ptr, extra_ptr, ids_ptr, starts_ptr,
     tl.store(x_ptr + pos[:, None] * D + cols[None, :], rows, mask=inside & (cols[None, :] < D))
     tl.store(extra_ptr + pos[:, None] * E + (cols[None, :] - D), rows, mask=inside & (cols[None, :] >= D))
     tl.store(ids_ptr + pos, local, mask=mask)
+
+
+@triton.jit
+def merge_kernel(counts_ptr, starts_ptr, delta_ptr, bounds_ptr, L: tl.constexpr, WORLD: tl.constexpr,
+                 WP: tl.constexpr, BN: tl.constexpr):
+    """One program: the tables of tinn/distributed/buckets.py's `merge_by_network` for one run of every sender,
+    from counts (WORLD, L): where each sender's rows start, delta[s, m] and the network bounds (L + 1,). L is a
+    constant (one per sharded part; Triton's CPU interpreter takes no argument as a loop bound)."""
+    s = tl.arange(0, WP)
+    senders = s < WORLD
+    totals = tl.zeros([WP], dtype=tl.int64)
+    for n0 in range(0, L, BN):
+        n = n0 + tl.arange(0, BN)
+        h = tl.load(counts_ptr + s[:, None] * L + n[None, :], mask=senders[:, None] & (n[None, :] < L), other=0)
+        totals += tl.sum(h, axis=1)
+    piece = tl.cumsum(totals, axis=0) - totals  # where each sender's rows start
+    tl.store(starts_ptr + s, piece, mask=senders)
+    merged = tl.sum(tl.zeros([WP], dtype=tl.int64), axis=0)  # rows of the networks before this block
+    sent = tl.zeros([WP], dtype=tl.int64)  # each sender's rows of the networks before this block
+    for n0 in range(0, L, BN):
+        n = n0 + tl.arange(0, BN)
+        inside = senders[:, None] & (n[None, :] < L)
+        h = tl.load(counts_ptr + s[:, None] * L + n[None, :], mask=inside, other=0)
+        per_network = tl.sum(h, axis=0)
+        start = merged + tl.cumsum(per_network, axis=0) - per_network  # network n's first merged row
+        before = tl.cumsum(h, axis=0) - h                               # earlier senders' rows of network n
+        received_at = piece[:, None] + sent[:, None] + tl.cumsum(h, axis=1) - h
+        tl.store(delta_ptr + s[:, None] * L + n[None, :], start[None, :] + before - received_at, mask=inside)
+        tl.store(bounds_ptr + n, start, mask=n < L)
+        merged += tl.sum(per_network, axis=0)
+        sent += tl.sum(h, axis=1)
+    tl.store(bounds_ptr + L, merged)

@@ -11,7 +11,8 @@ and rows put back in the caller's order, each in one pass over the samples.
 
 `bucket` is a stable counting sort computed on the device: no host synchronisation, counts stay on the
 device until the exchange's header needs them. With `by_network` it sorts by (chunk, owner, local network)
-instead (torch's radix sort), and counts each bucket's samples per local network: an owner receiving every
+instead (torch's radix sort), and counts each bucket's samples per local network, in two steps
+(`count_by_network`, then `pack_by_network`: the header needs only the counts): an owner receiving every
 rank's rows sorted by network can then unpack them straight into the batch grouped by network (each network's
 rows in sending-rank order, then in each sender's order: the order a stable sort of the received rows by
 network gives), so its local part needs no sort and no gathers of its own. Rows travel in an exchange dtype (float32, or float16 /
@@ -135,7 +136,8 @@ def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_
         return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
                        torch.zeros(chunks, world, dtype=torch.int64, device=dev), network_counts)
     if by_network:
-        return _bucket_by_network(x, ids, owner_table, local_table, world, chunks, layout, extra, by_network, kernels)
+        return pack_by_network(count_by_network(x, ids, owner_table, local_table, world, chunks, by_network, kernels,
+                                                dtype, extra))
     if use_triton(kernels, dev, n_keys):
         return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extra)
     return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra)
@@ -199,38 +201,61 @@ def _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extr
     return Packing(send, perm, dest, totals.view(chunks, world))
 
 
-def _bucket_by_network(x, ids, owner_table, local_table, world, chunks, layout, extra, n_local, kernels):
-    """The stable sort by (chunk, owner, local id) as torch's radix sort of one key (narrowed to the bytes its
-    range needs: one pass per byte), the counts from a binary search of every boundary in the sorted keys, then
-    one packing pass in sorted order (Triton where it runs)."""
-    n, d = x.shape
-    dev = x.device
+@dataclass
+class Counted:
+    """A batch counted by (chunk, owner, local network) and not packed yet (`count_by_network`, then
+    `pack_by_network`): the counts are all an exchange's header needs, so the sort and the packing can be queued
+    after the header and run on the device while the host reads it."""
+    x: torch.Tensor
+    ids: torch.Tensor
+    extra: torch.Tensor | None
+    key: torch.Tensor
+    counts: torch.Tensor
+    network_counts: torch.Tensor
+    layout: RowLayout
+    local_table: torch.Tensor
+    kernels: str
+
+
+def count_by_network(x, ids, owner_table, local_table, world, chunks, n_local, kernels="auto",
+                     dtype=torch.float32, extra=None) -> Counted:
+    """Each sample's key (chunk, owner, local id) in the narrowest integer type its range fits (torch's GPU sort
+    is a radix sort, one pass per key byte), and the samples per key: one atomic histogram (of a fixed size:
+    bincount on CUDA reads the largest key back to the host)."""
     n_bins = world * chunks * n_local
     key = _keys_torch(ids, owner_table, world, chunks) * n_local + local_table.index_select(0, ids)
     narrow = torch.uint8 if n_bins < 255 else torch.int16 if n_bins < 32767 else torch.int32
-    sorted_keys, perm = torch.sort(key.to(narrow), stable=True)
-    bounds = torch.searchsorted(sorted_keys, torch.arange(n_bins + 1, device=dev, dtype=narrow))
-    network_counts = (bounds[1:] - bounds[:-1]).view(chunks, world, n_local)
-    counts = network_counts.sum(2)
-    perm = perm.to(torch.int32)
-    send = torch.empty(n, layout.width, dtype=layout.dtype, device=dev)
+    network_counts = torch.zeros(n_bins, dtype=torch.int64, device=x.device)
+    network_counts.index_add_(0, key, torch.ones((), dtype=torch.int64, device=x.device).expand(key.shape[0]))
+    network_counts = network_counts.view(chunks, world, n_local)
+    e = 0 if extra is None else extra.shape[1]
+    return Counted(x, ids, extra, key.to(narrow), network_counts.sum(2), network_counts,
+                   RowLayout.of(x.shape[1] + e, dtype), local_table, kernels)
+
+
+def pack_by_network(c: Counted) -> Packing:
+    """The stable sort of `count_by_network`'s keys (torch's radix sort), then one packing pass: each sample's row
+    read in sample order and written at its sorted position (Triton where it runs)."""
+    x, ids, extra, layout = c.x, c.ids, c.extra, c.layout
+    n, d = x.shape
+    dev = x.device
+    _, perm = torch.sort(c.key, stable=True)
     dest = torch.empty(n, dtype=torch.int32, device=dev)
-    if use_triton(kernels, dev):
+    dest.scatter_(0, perm, torch.arange(n, dtype=torch.int32, device=dev))
+    send = torch.empty(n, layout.width, dtype=layout.dtype, device=dev)
+    if n and use_triton(c.kernels, dev):
         from . import bucket_kernels
 
         e = 0 if extra is None else extra.shape[1]
         dims_block = _dims_block(d + e)
         block = _block(dev, dims_block)
-        x = x.contiguous()
-        bucket_kernels.pack_sorted_kernel[((n + block - 1) // block,)](
-            perm, ids.contiguous(), local_table, x, x if extra is None else extra.contiguous(), send,
-            send.view(torch.int32), dest, n, d, e, layout.width, layout.id_row, layout.id_col, layout.stored,
+        bucket_kernels.pack_at_kernel[((n + block - 1) // block,)](
+            dest, ids.contiguous(), c.local_table, x.contiguous(), x if extra is None else extra.contiguous(), send,
+            send.view(torch.int32), n, d, e, layout.width, layout.id_row, layout.id_col, layout.stored,
             BLOCK=block, DP=dims_block, BF16=layout.dtype == torch.bfloat16)
-        return Packing(send, perm, dest, counts, network_counts)
-    index = perm.long()
-    dest[index] = torch.arange(n, dtype=torch.int32, device=dev)
-    _pack_rows_torch(send, layout, x, extra, local_table, ids, index)
-    return Packing(send, perm, dest, counts, network_counts)
+    else:
+        _pack_rows_torch(send, layout, x, extra, c.local_table, ids, perm)
+    return Packing(send, perm.to(torch.int32), dest, c.counts, c.network_counts)
 
 
 def _pack_rows_torch(send, layout, x, extra, local_table, ids, index):
@@ -255,12 +280,25 @@ class Merge:
 
 
 def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], recv: list[int],
-                     n_local: int) -> Merge:
+                     n_local: int, kernels: str = "auto") -> Merge:
     """network_counts (world, L) int64: rows each rank sent here per local network, each rank's rows sorted by
     local id (`bucket(by_network=L)`). runs: consecutive ranges [lo, hi) of sending ranks whose rows stay apart
     (each run's rows are grouped by network among themselves, after the earlier runs' rows; one run (0, world)
-    groups them all); recv: the rows each rank sent (on the host). A handful of torch ops on (world, L) tables."""
+    groups them all); recv: the rows each rank sent (on the host). One Triton program for one run (the tables
+    are computed after the header, where every launch is host time the device waits for), else a handful of
+    torch ops on (world, L) tables."""
     world, width = network_counts.shape
+    dev = network_counts.device
+    if len(runs) == 1 and use_triton(kernels, dev, world):
+        from . import bucket_kernels
+
+        starts = torch.empty(world, dtype=torch.int64, device=dev)
+        delta = torch.empty(world, width, dtype=torch.int64, device=dev)
+        bounds = torch.empty(width + 1, dtype=torch.int64, device=dev)
+        wp = max(2, 1 << (world - 1).bit_length())
+        bucket_kernels.merge_kernel[(1,)](network_counts.contiguous(), starts, delta, bounds, L=width, WORLD=world,
+                                          WP=wp, BN=max(16, min(1024, 2048 // wp)))
+        return Merge(starts, delta, [bounds[:n_local + 1]])
     flat = network_counts.reshape(-1)
     received_at = (torch.cumsum(flat, 0) - flat).view(world, width)  # where rank s's rows of network m start
     deltas, bounds = [], []

@@ -30,15 +30,18 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
-                    payload: torch.Tensor | None = None
-                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
+                    payload: torch.Tensor | None = None, meanwhile=None
+                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor, object]:
     """Send (count for rank j per chunk, *values, payload[j]) to every rank j; `counts` (chunks, world) on any
     device; `payload` (world, payload_width) int64 (zeros when None) rides along for the device only (per-network
     counts), so the header keeps one size whatever the call: ranks making different calls still exchange
     headers of one shape, and raise on what they read. Returns (sent counts [chunk][rank], the world rows of
-    chunks + len(values) ints received, row i: what rank i sent here, and the payloads received, (world,
-    payload_width) on `device`), the lists read in one synchronisation (the host reads them right after it,
-    while the device waits: list indexing costs far less host time than indexing a CPU tensor)."""
+    chunks + len(values) ints received, row i: what rank i sent here, the payloads received, (world,
+    payload_width) on `device`, and what `meanwhile()` returned), the lists read in one synchronisation (the host
+    reads them right after it, while the device waits: list indexing costs far less host time than indexing a
+    CPU tensor). `meanwhile`: work queued on the GPU after the header's copy to the host, whose kernels run
+    while the host reads the header and issues what follows (the rows' sort and packing), instead of the device
+    idling until the host's next launch."""
     chunks, world = counts.shape
     read = chunks + len(values)
     header = torch.empty(world, read + payload_width, dtype=torch.int64, device=device)
@@ -54,8 +57,18 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
     with collective(what, group):
         dist.all_to_all_single(received, header, group=group)
         both = torch.stack([header, received])
-        mine, got = (both[:, :, :read] if payload_width else both).cpu().tolist()
-    return [[row[c] for row in mine] for c in range(chunks)], got, received[:, read:]
+        both = both[:, :, :read] if payload_width else both
+        if meanwhile is not None and both.is_cuda:
+            host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+            host.copy_(both, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            later = meanwhile()
+            copied.synchronize()
+        else:
+            host, later = both.cpu(), None if meanwhile is None else meanwhile()
+        mine, got = host.tolist()
+    return [[row[c] for row in mine] for c in range(chunks)], got, received[:, read:], later
 
 
 def check_agreement(received: list[list[int]], mine: list[int], names: list[str], rank: int, what: str,

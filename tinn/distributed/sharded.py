@@ -394,15 +394,24 @@ class ShardedPart(_Collective):
         mark(self, "other")
         width = self._by_network
         by_network = by_network and width > 0
-        packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, self.chunks,
-                                 self.exchange_kernels, self._values_dtype, extra=extra,
-                                 by_network=width if by_network else 0)
+        chunks = self.chunks
+        if by_network:
+            # Counted now, sorted and packed on the device while the host reads the header.
+            counted = buckets.count_by_network(x, ids, self._owner, self._local_ids, self.world_size, chunks, width,
+                                               self.exchange_kernels, self._values_dtype, extra)
+            counts, payload = counted.counts, counted.network_counts.transpose(0, 1).reshape(self.world_size, -1)
+            meanwhile = lambda: buckets.pack_by_network(counted)  # noqa: E731
+        else:
+            packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, chunks,
+                                     self.exchange_kernels, self._values_dtype, extra=extra)
+            counts, payload, meanwhile = packing.counts, None, None
         mark(self, "exchange")
         values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
-        chunks = self.chunks
-        payload = packing.network_counts.transpose(0, 1).reshape(self.world_size, -1) if by_network else None
-        sent, received, payloads = exchange.exchange_header(values, packing.counts, self.collective_device,
-                                                            self.group, "the forward header", chunks * width, payload)
+        sent, received, payloads, packed = exchange.exchange_header(values, counts, self.collective_device,
+                                                                    self.group, "the forward header", chunks * width,
+                                                                    payload, meanwhile)
+        if by_network:
+            packing = packed
         mark(self, "idle")
         exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
                                  "or the Trainer's step with the loss at the owners)"], self.rank,
@@ -456,7 +465,8 @@ class ShardedPart(_Collective):
             # and with the per-network counts they unpack grouped by network (the local part's sort, done).
             runs = _runs(plan.recv[c], mean_over)
             merge = None if network_counts is None else \
-                buckets.merge_by_network(network_counts[:, c], runs, plan.recv[c], self.local.n_networks)
+                buckets.merge_by_network(network_counts[:, c], runs, plan.recv[c], self.local.n_networks,
+                                         self.exchange_kernels)
             x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels,
                                                                  merge)
             mark(self, "exchange")
