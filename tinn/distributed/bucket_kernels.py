@@ -155,3 +155,16 @@ def merge_kernel(counts_ptr, starts_ptr, delta_ptr, bounds_ptr, L: tl.constexpr,
         merged += tl.sum(per_network, axis=0)
         sent += tl.sum(h, axis=1)
     tl.store(bounds_ptr + L, merged)
+
+
+@triton.jit(do_not_specialize=["n"])
+def network_keys_kernel(ids_ptr, owner_ptr, local_ptr, key_ptr, hist_ptr, n, chunks, world, L, BLOCK: tl.constexpr):
+    """Each sample's key (chunk, owner, local id) = (owner + world * chunk) * L + local id, stored in the element
+    type of `key_ptr` (the narrow sort key), and counted into hist (an atomic add per sample)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    ids, key = _keys(ids_ptr, owner_ptr, offs, mask, n, chunks, world, 0)
+    key = key * L + tl.load(local_ptr + ids, mask=mask, other=0)
+    tl.store(key_ptr + offs, key.to(key_ptr.dtype.element_ty), mask=mask)
+    tl.atomic_add(hist_ptr + key, 1, mask=mask, sem="relaxed")

@@ -220,16 +220,29 @@ class Counted:
 def count_by_network(x, ids, owner_table, local_table, world, chunks, n_local, kernels="auto",
                      dtype=torch.float32, extra=None) -> Counted:
     """Each sample's key (chunk, owner, local id) in the narrowest integer type its range fits (torch's GPU sort
-    is a radix sort, one pass per key byte), and the samples per key: one atomic histogram (of a fixed size:
-    bincount on CUDA reads the largest key back to the host)."""
+    is a radix sort, one pass per key byte), and the samples per key: one atomic histogram of a fixed size
+    (bincount on CUDA reads the largest key back to the host), in one Triton pass where it runs."""
     n_bins = world * chunks * n_local
-    key = _keys_torch(ids, owner_table, world, chunks) * n_local + local_table.index_select(0, ids)
     narrow = torch.uint8 if n_bins < 255 else torch.int16 if n_bins < 32767 else torch.int32
-    network_counts = torch.zeros(n_bins, dtype=torch.int64, device=x.device)
-    network_counts.index_add_(0, key, torch.ones((), dtype=torch.int64, device=x.device).expand(key.shape[0]))
-    network_counts = network_counts.view(chunks, world, n_local)
+    n = ids.shape[0]
+    dev = x.device
+    if n and use_triton(kernels, dev):
+        from . import bucket_kernels
+
+        key = torch.empty(n, dtype=narrow, device=dev)
+        network_counts = torch.zeros(n_bins, dtype=torch.int32, device=dev)
+        block = 1024 if dev.type == "cuda" else 16
+        bucket_kernels.network_keys_kernel[((n + block - 1) // block,)](ids.contiguous(), owner_table, local_table, key,
+                                                                        network_counts, n, chunks, world, n_local,
+                                                                        BLOCK=block)
+    else:
+        wide = _keys_torch(ids, owner_table, world, chunks) * n_local + local_table.index_select(0, ids)
+        network_counts = torch.zeros(n_bins, dtype=torch.int32, device=dev)
+        network_counts.index_add_(0, wide, torch.ones((), dtype=torch.int32, device=dev).expand(n))
+        key = wide.to(narrow)
+    network_counts = network_counts.view(chunks, world, n_local).to(torch.int64)
     e = 0 if extra is None else extra.shape[1]
-    return Counted(x, ids, extra, key.to(narrow), network_counts.sum(2), network_counts,
+    return Counted(x, ids, extra, key, network_counts.sum(2), network_counts,
                    RowLayout.of(x.shape[1] + e, dtype), local_table, kernels)
 
 

@@ -37,11 +37,12 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
     counts), so the header keeps one size whatever the call: ranks making different calls still exchange
     headers of one shape, and raise on what they read. Returns (sent counts [chunk][rank], the world rows of
     chunks + len(values) ints received, row i: what rank i sent here, the payloads received, (world,
-    payload_width) on `device`, and what `meanwhile()` returned), the lists read in one synchronisation (the host
-    reads them right after it, while the device waits: list indexing costs far less host time than indexing a
-    CPU tensor). `meanwhile`: work queued on the GPU after the header's copy to the host, whose kernels run
-    while the host reads the header and issues what follows (the rows' sort and packing), instead of the device
-    idling until the host's next launch."""
+    payload_width) on `device`, and what `meanwhile(payloads received)` returned), the lists read in one
+    synchronisation (the host reads them right after it, while the device waits: list indexing costs far less
+    host time than indexing a CPU tensor). `meanwhile`: work queued on the GPU after the header's copy to the
+    host, whose kernels run while the host reads the header and issues what follows (the rows' sort and
+    packing), instead of the device idling until the host's next launch; its launches' host time passes while
+    the device is still busy with what came before the header."""
     chunks, world = counts.shape
     read = chunks + len(values)
     header = torch.empty(world, read + payload_width, dtype=torch.int64, device=device)
@@ -63,10 +64,10 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
             host.copy_(both, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            later = meanwhile()
+            later = meanwhile(received[:, read:])
             copied.synchronize()
         else:
-            host, later = both.cpu(), None if meanwhile is None else meanwhile()
+            host, later = both.cpu(), None if meanwhile is None else meanwhile(received[:, read:])
         mine, got = host.tolist()
     return [[row[c] for row in mine] for c in range(chunks)], got, received[:, read:], later
 

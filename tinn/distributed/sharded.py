@@ -400,18 +400,18 @@ class ShardedPart(_Collective):
             counted = buckets.count_by_network(x, ids, self._owner, self._local_ids, self.world_size, chunks, width,
                                                self.exchange_kernels, self._values_dtype, extra)
             counts, payload = counted.counts, counted.network_counts.transpose(0, 1).reshape(self.world_size, -1)
-            meanwhile = lambda: buckets.pack_by_network(counted)  # noqa: E731
+            meanwhile = lambda received: self._pack_and_merge(counted, received)  # noqa: E731
         else:
             packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, chunks,
                                      self.exchange_kernels, self._values_dtype, extra=extra)
             counts, payload, meanwhile = packing.counts, None, None
         mark(self, "exchange")
         values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
-        sent, received, payloads, packed = exchange.exchange_header(values, counts, self.collective_device,
-                                                                    self.group, "the forward header", chunks * width,
-                                                                    payload, meanwhile)
+        sent, received, _, packed = exchange.exchange_header(values, counts, self.collective_device, self.group,
+                                                             "the forward header", chunks * width, payload, meanwhile)
+        grouping = None
         if by_network:
-            packing = packed
+            packing, grouping = packed
         mark(self, "idle")
         exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
                                  "or the Trainer's step with the loss at the owners)"], self.rank,
@@ -423,8 +423,19 @@ class ShardedPart(_Collective):
         # stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, f"the forward exchange of {what}") for c in range(chunks)]
-        network_counts = payloads.view(self.world_size, chunks, width).to(runtime.device()) if by_network else None
-        return packing, plan, incoming, [row[chunks + 5] for row in received], network_counts
+        return packing, plan, incoming, [row[chunks + 5] for row in received], grouping
+
+    def _pack_and_merge(self, counted, received):
+        """Queued while the host reads the header: this rank's rows sorted and packed, and each chunk's merge tables
+        for the usual case of one run of senders (every rank's batch the same size), computed before the header
+        says whether it holds. Returns (packing, ((world, chunks, L) per-network counts received, [chunk's merge
+        for one run]))."""
+        world, chunks = self.world_size, self.chunks
+        packing = buckets.pack_by_network(counted)
+        network_counts = received.view(world, chunks, self._by_network).to(runtime.device())
+        one_run = [buckets.merge_by_network(network_counts[:, c], [(0, world)], [0] * world, self.local.n_networks,
+                                            self.exchange_kernels) for c in range(chunks)]
+        return packing, (network_counts, one_run)
 
     def fuses_loss(self, need_dx: bool = False) -> bool:
         """Whether the Trainer's step computes each sample's loss where its network lives
@@ -452,8 +463,8 @@ class ShardedPart(_Collective):
         target = checks.float_input("target", target, o)
         if target.shape[0] != x.shape[0]:
             raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
-        _, plan, incoming, batches, network_counts = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
-                                                                 "inputs and targets", extra=target, by_network=True)
+        _, plan, incoming, batches, grouping = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
+                                                           "inputs and targets", extra=target, by_network=True)
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
         world = self.world_size
         mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
@@ -464,9 +475,11 @@ class ShardedPart(_Collective):
             # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together,
             # and with the per-network counts they unpack grouped by network (the local part's sort, done).
             runs = _runs(plan.recv[c], mean_over)
-            merge = None if network_counts is None else \
-                buckets.merge_by_network(network_counts[:, c], runs, plan.recv[c], self.local.n_networks,
-                                         self.exchange_kernels)
+            merge = None
+            if grouping is not None:
+                network_counts, one_run = grouping
+                merge = one_run[c] if len(runs) == 1 else buckets.merge_by_network(
+                    network_counts[:, c], runs, plan.recv[c], self.local.n_networks, self.exchange_kernels)
             x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels,
                                                                  merge)
             mark(self, "exchange")
