@@ -668,7 +668,8 @@ def scenario_disagree(rank, out):
 OWNER_LOSS_CASES = {"mean": {}, "sum": {"gradients": "sum"}, "chunks3": {"chunks": 3},
                     "uneven3": {"chunks": 3, "assignment": UNEVEN},
                     "grouped": {"group_by_network": True, "chunks": 2, "assignment": UNEVEN,
-                                "exchange_kernels": "triton"}}
+                                "exchange_kernels": "triton"},
+                    "unsorted": {"max_network_bins": 0}}
 OWNER_LOSS_BATCHES = {"equal": (BATCH, BATCH), "unequal": (BATCH, 13), "empty": (BATCH, 0)}
 
 
@@ -694,6 +695,7 @@ def scenario_owner_loss(rank, out):
     import tinn
     import tinn.distributed as td
     from tinn.distributed import buckets as B
+    from tinn.distributed import sharded
     from tinn.losses import Loss
     from tinn.trainer import Trainer
 
@@ -704,7 +706,16 @@ def scenario_owner_loss(rank, out):
         grouping = kw.pop("group_by_network", None)
         if kw.get("exchange_kernels") == "triton" and not B.use_triton("triton", dev):
             kw.pop("exchange_kernels")
-        model = td.ShardedPart(factory(group_by_network=grouping), N_NETWORKS, config={"case": name}, **kw)
+        # "unsorted": more (chunk, owner, network) bins than the header carries (here: any), so the rows travel
+        # sorted by owner alone and the owners' local parts group them.
+        limit = None
+        if "max_network_bins" in kw:
+            limit, sharded._MAX_NETWORK_BINS = sharded._MAX_NETWORK_BINS, kw.pop("max_network_bins")
+        try:
+            model = td.ShardedPart(factory(group_by_network=grouping), N_NETWORKS, config={"case": name}, **kw)
+        finally:
+            if limit is not None:
+                sharded._MAX_NETWORK_BINS = limit
         res[f"{name}/fuses"] = model.fuses_loss()
         res[f"{name}/by_network"] = model._by_network
         for case, sizes in OWNER_LOSS_BATCHES.items():

@@ -2,7 +2,10 @@
 
 A forward buckets the caller's samples by (chunk, owner) on the device (tinn/distributed/buckets.py),
 then exchanges a small header: every rank sends every rank its sample count per chunk, the flags and a
-call number (one all_to_all_single of int64). Reading it is the step's one host synchronisation: the
+call number (one all_to_all_single of int64), and, in every call of a part whose Trainer step sends rows
+grouped by network, a payload of per-network counts the host does not read (zeros in a forward: the header
+keeps one size, so ranks making different calls raise instead of exchanging mismatched tensors). Reading it is
+the step's one host synchronisation: the
 owner's local part sizes its buffers and kernel launches by the count it receives, and torch's
 all_to_all_single takes split sizes from the host. Everything after runs without the host waiting:
 one payload all_to_all per chunk carries the inputs with the local ids bit-cast into one extra float32
