@@ -52,8 +52,8 @@ INIT_MODES = ("global", "local")
 # What a call's header announces (ShardedPart._route): a forward, or a step with the loss at the owners.
 _FORWARD, _LOSS_AT_OWNERS = 0, 1
 # The step with the loss at the owners sorts each rank's samples by (owner, local network) before sending them
-# (`buckets.bucket(by_network=...)`), and each header carries the per-network counts: up to this many
-# (chunk, owner, network) bins, beyond which the header would outweigh what the owners save.
+# (`buckets.count_by_network`, `pack_by_network`), and each header carries the per-network counts: up to this
+# many (chunk, owner, network) bins, beyond which the header would outweigh what the owners save.
 _MAX_NETWORK_BINS = 1 << 20
 
 
@@ -387,9 +387,9 @@ class ShardedPart(_Collective):
                by_network: bool = False):
         """Bucket the inputs (and `extra` columns after them: targets) by owner, exchange the header and start
         every chunk's exchange of the rows: (packing, plan, the chunks' pending exchanges, the batch size of
-        every rank, and with `by_network` the (world, chunks, L) per-network counts each rank sent here, else
-        None). `kind` (_FORWARD, _LOSS_AT_OWNERS) travels in the header, so that ranks making different calls
-        raise instead of exchanging mismatched rows; the header has one size for every kind."""
+        every rank, and with `by_network` the grouping `_pack_and_merge` returns, else None). `kind` (_FORWARD,
+        _LOSS_AT_OWNERS) travels in the header, so that ranks making different calls raise instead of
+        exchanging mismatched rows; the header has one size for every kind."""
         call = self._next_call()
         mark(self, "other")
         width = self._by_network
@@ -473,7 +473,7 @@ class ShardedPart(_Collective):
         value = None
         for c in range(plan.chunks):
             # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together,
-            # and with the per-network counts they unpack grouped by network (the local part's sort, done).
+            # and with the per-network counts they unpack grouped by network (the sort the local part would run).
             runs = _runs(plan.recv[c], mean_over)
             merge = None
             if grouping is not None:
