@@ -19,9 +19,10 @@ network gives), so its local part needs no sort and no gathers of its own.
 
 Rows travel in an exchange dtype (float32, or float16 / bfloat16 for half the bytes): `bucket` casts the
 inputs as it packs them, `unpack` widens them to float32, and `gather_rows` reads rows of any of these dtypes
-and writes its output in the dtype asked for, so these passes cast as they copy. Two implementations with the same results: Triton kernels
-(tinn/distributed/bucket_kernels.py; on CUDA, and under Triton's interpreter in tests) and torch ops (the
-CPU, and any device where Triton is missing). `kernels` chooses: "auto" (Triton on CUDA), "triton", "torch".
+and writes its output in the dtype asked for, so these passes cast as they copy. Two implementations with the
+same results: Triton kernels (tinn/distributed/bucket_kernels.py; on CUDA, and under Triton's interpreter in
+tests) and torch ops (the CPU, and any device where Triton is missing). `kernels` chooses: "auto" (Triton on
+CUDA), "triton", "torch".
 """
 from __future__ import annotations
 
