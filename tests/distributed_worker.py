@@ -742,13 +742,17 @@ def scenario_owner_loss(rank, out):
             losses.append(float(trainer.training_step(x, t, ids)))
         runs[fused] = {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
     res["trainer"] = runs
-    # Targets of the wrong width, or batch: refused on every rank before any collective (no rank waits).
+    # Targets of the wrong width or batch, ids out of range or of the wrong batch: refused on every rank before any
+    # collective (no rank waits; an id past the tables would be read out of bounds by the bucketing kernels).
     from tinn.errors import InputError
     model = td.ShardedPart(factory(), N_NETWORKS, config={"bad_targets": True})
     x, ids, t, _ = (v.to(dev) for v in batch(rank, 50))
-    for name, bad in (("bad_width", t[:, :2]), ("bad_batch", t[:-1])):
+    past = ids.clone()
+    past[3] = N_NETWORKS
+    for name, bad_t, bad_ids in (("bad_width", t[:, :2], ids), ("bad_batch", t[:-1], ids), ("bad_ids", t, past),
+                                 ("short_ids", t, ids[:-1])):
         try:
-            model.gradients_from_loss(x, ids, Loss("L2"), bad, need_dx=False)
+            model.gradients_from_loss(x, bad_ids, Loss("L2"), bad_t, need_dx=False)
             res[name] = "no error"
         except InputError as e:
             res[name] = str(e)

@@ -555,6 +555,8 @@ def test_loss_at_owners_refuses_bad_targets_before_exchanging(owner_loss_run):
     for res in owner_loss_run:
         assert res["bad_width"] == "target has last dimension 2; expected 3", res["bad_width"]
         assert res["bad_batch"] == f"target has batch {W.BATCH - 1}; expected {W.BATCH} to match x"
+        assert res["bad_ids"] == f"net_ids contains {W.N_NETWORKS}; allowed: 0 <= id < n_networks={W.N_NETWORKS}"
+        assert res["short_ids"] == f"net_ids must have shape ({W.BATCH},) to match the batch, got ({W.BATCH - 1},)"
         assert res["after_bad"] > 0  # the ranks are still in step
 
 

@@ -463,6 +463,7 @@ class ShardedPart(_Collective):
         target = checks.float_input("target", target, o)
         if target.shape[0] != x.shape[0]:
             raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
+        ids = checks.net_ids(ids, x.shape[0], self.n_networks)  # the bucketing kernels index tables by id
         _, plan, incoming, batches, grouping = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
                                                            "inputs and targets", extra=target, by_network=True)
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
