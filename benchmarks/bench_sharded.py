@@ -461,6 +461,7 @@ def big_field(args) -> dict:
 
 
 PROFILED = ("exchange", "compute", "reduce", "idle", "optimizer", "other")
+_PROFILE_HEAD = "strong-run profile, rank 0, ms: exch compute reduce idle optim other"
 
 
 def _phases(profile) -> str:
@@ -470,9 +471,11 @@ def _phases(profile) -> str:
 
 
 def summary_table(rows: list[dict], world: int) -> list[str]:
-    """The scaling table (rank 0's profile of the strong run: ms per step in each phase)."""
+    """The scaling table (rank 0's profile of the strong run: ms per step in each phase; the other ranks' on a line
+    each below it, since a rank that reaches a collective first waits there for the slowest)."""
     head = (f"{'model':<6}{'prec':<9}{'strategy':<30}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
-            f"{'weak ms':>9}{'weak/GPU':>9}   strong-run profile, rank 0, ms: exch compute reduce idle optim other")
+            f"{'weak ms':>9}{'weak/GPU':>9}   {_PROFILE_HEAD}")
+    column = len(head) - len(_PROFILE_HEAD)  # where the profile column starts
     lines = [head]
     for s in rows:
         prof = (s["strong_profile_per_rank"] or [None])[0]
@@ -482,6 +485,9 @@ def summary_table(rows: list[dict], world: int) -> list[str]:
         lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<30}{s['single_gpu_step_ms']:>10.2f}"
                      f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
                      f"{s['weak_per_gpu_ratio']:>9.2f}   {_phases(prof)}")
+        for r, other in enumerate((s["strong_profile_per_rank"] or [])[1:], start=1):
+            if other:
+                lines.append(f"{f'rank {r}:':>{column - 1}} {_phases(other)}")
     lines.append(f"targets: strong >= {STRONG_TARGET}x, weak >= {WEAK_TARGET} per GPU; global batch "
                  f"{rows[0]['global_batch'] if rows else 0}, {rows[0]['networks'] if rows else 0} networks")
     return lines

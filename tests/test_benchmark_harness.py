@@ -249,3 +249,21 @@ def test_web_viewer_client_cameras_show_the_poses_they_stand_for():
     # a quarter turn about world z: the same height and distance, still looking at the centre
     assert torch.allclose(c2w[:3, 3].double(), axis_rotation((0, 0, 1), 90) @ start[:3, 3], atol=1e-5)
     assert torch.allclose(-c2w[:3, 2].double(), -c2w[:3, 3].double() / c2w[:3, 3].norm(), atol=1e-5)
+
+
+def test_sharded_table_shows_every_ranks_phases_under_the_profile_column():
+    """bench_sharded's table: rank 0's phases on the row, each other rank's on a line below, in the same column (a
+    rank that reaches a collective first waits there, so one rank's phases do not tell where the step goes)."""
+    from benchmarks import bench_sharded
+
+    phases = [dict(zip(bench_sharded.PROFILED, (r + 0.5, 3.25, 0.125, 0.5, 2.25, 0.0625))) for r in range(3)]
+    row = {"model": "grid", "precision": "float16", "strategy": "sharded", "chunks": 1, "exchange_dtype": "float32",
+           "single_gpu_step_ms": 12.0, "strong_step_ms": 7.0, "strong_speedup": 12 / 7, "weak_step_ms": 13.0,
+           "weak_per_gpu_ratio": 12 / 13, "global_batch": 1 << 22, "networks": 4096,
+           "strong_profile_per_rank": phases}
+    head, first, *others, targets = bench_sharded.summary_table([row], 3)
+    column = head.index("strong-run profile")
+    assert first[column:] == "0.50 3.25 0.12 0.50 2.25 0.06"
+    assert [line[column:] for line in others] == ["1.50 3.25 0.12 0.50 2.25 0.06", "2.50 3.25 0.12 0.50 2.25 0.06"]
+    assert [line[:column].strip() for line in others] == ["rank 1:", "rank 2:"]
+    assert targets.startswith("targets:")
