@@ -197,3 +197,15 @@ def test_unpack_merges_the_senders_rows_grouped_by_network(kernels, sizes, runs)
         want_bounds = torch.searchsorted(plain[2][order].long(), torch.arange(n_local + 1))
         assert torch.equal(merge.bounds[r].cpu(), want_bounds), r
         start = stop
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_here)])
+def test_merge_tables_past_the_one_program_limit_go_through_torch(kernels, monkeypatch):
+    """More (rank, network) counts than one program scans: the torch ops' tables, the same ones."""
+    g = torch.Generator().manual_seed(5)
+    counts = torch.randint(0, 4, (3, 40), generator=g).to(DEV)
+    want = B.merge_by_network(counts, [(0, 3)], [int(c) for c in counts.sum(1)], 33, "torch")
+    monkeypatch.setattr(B, "MAX_MERGE_PROGRAM_BINS", 3 * 40 - 1)
+    got = B.merge_by_network(counts, [(0, 3)], [int(c) for c in counts.sum(1)], 33, kernels)
+    assert torch.equal(got.starts, want.starts) and torch.equal(got.delta, want.delta)
+    assert torch.equal(got.bounds[0], want.bounds[0]) and got.bounds[0].shape == (34,)

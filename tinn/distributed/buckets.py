@@ -38,6 +38,8 @@ KERNEL_CHOICES = ("auto", "triton", "torch")
 EXCHANGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Keys (world x chunks) the Triton kernels unroll over; more fall back to torch's sort.
 MAX_TRITON_KEYS = 32
+# (rank, network) counts the one-program merge tables scan; more go through torch's parallel scans.
+MAX_MERGE_PROGRAM_BINS = 1 << 16
 
 
 @dataclass
@@ -299,12 +301,12 @@ def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], 
     """network_counts (world, L) int64: rows each rank sent here per local network, each rank's rows sorted by
     local id (`bucket(by_network=L)`). runs: consecutive ranges [lo, hi) of sending ranks whose rows stay apart
     (each run's rows are grouped by network among themselves, after the earlier runs' rows; one run (0, world)
-    groups them all); recv: the rows each rank sent (on the host). One Triton program for one run (the tables
-    are computed after the header, where every launch is host time the device waits for), else a handful of
-    torch ops on (world, L) tables."""
+    groups them all); recv: the rows each rank sent (on the host). One Triton program for one run of up to
+    MAX_MERGE_PROGRAM_BINS counts (one launch instead of a dozen: the tables are computed around the header, where
+    launches cost the step host time), else a handful of torch ops on (world, L) tables."""
     world, width = network_counts.shape
     dev = network_counts.device
-    if len(runs) == 1 and use_triton(kernels, dev, world):
+    if len(runs) == 1 and world * width <= MAX_MERGE_PROGRAM_BINS and use_triton(kernels, dev, world):
         from . import bucket_kernels
 
         starts = torch.empty(world, dtype=torch.int64, device=dev)
