@@ -181,8 +181,8 @@ def test_unpack_merges_the_senders_rows_grouped_by_network(kernels, sizes, runs)
         pieces.append(p.send)
         counts.append(p.network_counts[0, 0])
     received = torch.cat(pieces)
-    merge = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local, kernels)
-    reference = B.merge_by_network(torch.stack(counts), runs, list(sizes), n_local, "torch")
+    merge = B.merge_by_network(torch.stack(counts), runs, n_local, kernels)
+    reference = B.merge_by_network(torch.stack(counts), runs, n_local, "torch")
     for name in ("starts", "delta"):  # one run: the Triton program's tables, against the torch ops'
         assert torch.equal(getattr(merge, name), getattr(reference, name)), name
     assert all(torch.equal(a, b) for a, b in zip(merge.bounds, reference.bounds))
@@ -204,8 +204,8 @@ def test_merge_tables_past_the_one_program_limit_go_through_torch(kernels, monke
     """More (rank, network) counts than one program scans: the torch ops' tables, the same ones."""
     g = torch.Generator().manual_seed(5)
     counts = torch.randint(0, 4, (3, 40), generator=g).to(DEV)
-    want = B.merge_by_network(counts, [(0, 3)], [int(c) for c in counts.sum(1)], 33, "torch")
+    want = B.merge_by_network(counts, [(0, 3)], 33, "torch")
     monkeypatch.setattr(B, "MAX_MERGE_PROGRAM_BINS", 3 * 40 - 1)
-    got = B.merge_by_network(counts, [(0, 3)], [int(c) for c in counts.sum(1)], 33, kernels)
+    got = B.merge_by_network(counts, [(0, 3)], 33, kernels)
     assert torch.equal(got.starts, want.starts) and torch.equal(got.delta, want.delta)
     assert torch.equal(got.bounds[0], want.bounds[0]) and got.bounds[0].shape == (34,)

@@ -235,7 +235,7 @@ def count_by_network(x, ids, owner_table, local_table, world, chunks, n_local, k
 
         key = torch.empty(n, dtype=narrow, device=dev)
         network_counts = torch.zeros(n_bins, dtype=torch.int32, device=dev)
-        block = 1024 if dev.type == "cuda" else 16
+        block = _block(dev, 1)
         bucket_kernels.network_keys_kernel[((n + block - 1) // block,)](ids.contiguous(), owner_table, local_table, key,
                                                                         network_counts, n, chunks, world, n_local,
                                                                         BLOCK=block)
@@ -296,12 +296,12 @@ class Merge:
     bounds: list[torch.Tensor]
 
 
-def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], recv: list[int],
-                     n_local: int, kernels: str = "auto") -> Merge:
+def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], n_local: int,
+                     kernels: str = "auto") -> Merge:
     """network_counts (world, L) int64: rows each rank sent here per local network, each rank's rows sorted by
     local id (`bucket(by_network=L)`). runs: consecutive ranges [lo, hi) of sending ranks whose rows stay apart
     (each run's rows are grouped by network among themselves, after the earlier runs' rows; one run (0, world)
-    groups them all); recv: the rows each rank sent (on the host). One Triton program for one run of up to
+    groups them all). One Triton program for one run of up to
     MAX_MERGE_PROGRAM_BINS counts (one launch instead of a dozen: the tables are computed around the header, where
     launches cost the step host time), else a handful of torch ops on (world, L) tables."""
     world, width = network_counts.shape
@@ -319,15 +319,14 @@ def merge_by_network(network_counts: torch.Tensor, runs: list[tuple[int, int]], 
     flat = network_counts.reshape(-1)
     received_at = (torch.cumsum(flat, 0) - flat).view(world, width)  # where rank s's rows of network m start
     deltas, bounds = [], []
-    base = 0
     for lo, hi in runs:
         k = hi - lo
         by_network = network_counts[lo:hi].t().reshape(-1)  # the run's counts in merged order: network, then rank
         ends = torch.cumsum(by_network, 0).view(width, k)
         starts = ends - by_network.view(width, k)
-        deltas.append(starts.t() + base - received_at[lo:hi])
+        # The run's rows start where its first rank's rows do.
+        deltas.append(starts.t() + received_at[lo, 0] - received_at[lo:hi])
         bounds.append(torch.cat([torch.zeros(1, dtype=torch.int64, device=flat.device), ends[:n_local, -1]]))
-        base += sum(recv[lo:hi])
     delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas)
     return Merge(received_at[:, 0].contiguous(), delta.contiguous(), bounds)
 

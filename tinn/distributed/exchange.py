@@ -34,13 +34,13 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
                     payload: torch.Tensor | None = None, meanwhile=None
-                    ) -> tuple[list[list[int]], list[list[int]], torch.Tensor, object]:
+                    ) -> tuple[list[list[int]], list[list[int]], object]:
     """Send (count for rank j per chunk, *values, payload[j]) to every rank j; `counts` (chunks, world) on any
     device; `payload` (world, payload_width) int64 (zeros when None) rides along for the device only (per-network
     counts), so the header keeps one size whatever the call: ranks making different calls still exchange
     headers of one shape, and raise on what they read. Returns (sent counts [chunk][rank], the world rows of
-    chunks + len(values) ints received, row i: what rank i sent here, the payloads received, (world,
-    payload_width) on `device`, and what `meanwhile(payloads received)` returned), the lists read in one
+    chunks + len(values) ints received, row i: what rank i sent here, and what `meanwhile(the (world,
+    payload_width) payloads received, on `device`)` returned), the lists read in one
     synchronisation (the host reads them right after it, while the device waits: list indexing costs far less
     host time than indexing a CPU tensor). `meanwhile`: work queued on the GPU after the header's copy to the
     host, whose kernels run while the host reads the header and issues what follows (the rows' sort and
@@ -72,7 +72,7 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
         else:
             host, later = both.cpu(), None if meanwhile is None else meanwhile(received[:, read:])
         mine, got = host.tolist()
-    return [[row[c] for row in mine] for c in range(chunks)], got, received[:, read:], later
+    return [[row[c] for row in mine] for c in range(chunks)], got, later
 
 
 def check_agreement(received: list[list[int]], mine: list[int], names: list[str], rank: int, what: str,

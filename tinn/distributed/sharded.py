@@ -407,7 +407,7 @@ class ShardedPart(_Collective):
             counts, payload, meanwhile = packing.counts, None, None
         mark(self, "exchange")
         values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
-        sent, received, _, packed = exchange.exchange_header(values, counts, self.collective_device, self.group,
+        sent, received, packed = exchange.exchange_header(values, counts, self.collective_device, self.group,
                                                              "the forward header", chunks * width, payload, meanwhile)
         grouping = None
         if by_network:
@@ -433,7 +433,7 @@ class ShardedPart(_Collective):
         world, chunks = self.world_size, self.chunks
         packing = buckets.pack_by_network(counted)
         network_counts = received.view(world, chunks, self._by_network).to(runtime.device())
-        one_run = [buckets.merge_by_network(network_counts[:, c], [(0, world)], [0] * world, self.local.n_networks,
+        one_run = [buckets.merge_by_network(network_counts[:, c], [(0, world)], self.local.n_networks,
                                             self.exchange_kernels) for c in range(chunks)]
         return packing, (network_counts, one_run)
 
@@ -480,7 +480,7 @@ class ShardedPart(_Collective):
             if grouping is not None:
                 network_counts, one_run = grouping
                 merge = one_run[c] if len(runs) == 1 else buckets.merge_by_network(
-                    network_counts[:, c], runs, plan.recv[c], self.local.n_networks, self.exchange_kernels)
+                    network_counts[:, c], runs, self.local.n_networks, self.exchange_kernels)
             x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels,
                                                                  merge)
             mark(self, "exchange")
