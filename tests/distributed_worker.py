@@ -395,18 +395,18 @@ def scenario_exchange_dtype(rank, out):
 
 
 @contextlib.contextmanager
-def _counting_event_waits():
-    """[calls of torch.cuda.Event.synchronize] within the block."""
-    calls, wait = [0], torch.cuda.Event.synchronize
+def _counting_calls(owner, name: str):
+    """[calls of owner.name] within the block (a function or method, called through `owner`)."""
+    calls, original = [0], getattr(owner, name)
 
-    def counted(self):
+    def counted(*args, **kwargs):
         calls[0] += 1
-        return wait(self)
-    torch.cuda.Event.synchronize = counted
+        return original(*args, **kwargs)
+    setattr(owner, name, counted)
     try:
         yield calls
     finally:
-        torch.cuda.Event.synchronize = wait
+        setattr(owner, name, original)
 
 
 def scenario_syncs(rank, out):
@@ -443,7 +443,7 @@ def scenario_syncs(rank, out):
                 before = syncs()
                 # The step's header is read after its copy to the host, waited for through an event, which the
                 # sync debug mode does not see: counted here.
-                with _counting_event_waits() as waits:
+                with _counting_calls(torch.cuda.Event, "synchronize") as waits:
                     trainer.training_step(x, t, ids)
                 step = syncs() - before + waits[0]
             finally:
@@ -673,21 +673,6 @@ OWNER_LOSS_CASES = {"mean": {}, "sum": {"gradients": "sum"}, "chunks3": {"chunks
 OWNER_LOSS_BATCHES = {"equal": (BATCH, BATCH), "unequal": (BATCH, 13), "empty": (BATCH, 0)}
 
 
-@contextlib.contextmanager
-def _counting_sorts():
-    """[calls of torch.sort] within the block."""
-    calls, sort = [0], torch.sort
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return sort(*args, **kwargs)
-    torch.sort = counted
-    try:
-        yield calls
-    finally:
-        torch.sort = sort
-
-
 def scenario_owner_loss(rank, out):
     """`ShardedPart.gradients_from_loss` (each sample's loss where its network lives) against the forward and
     `backward_from_loss` of the same part, on equal, unequal and empty per-rank batches; and Trainer steps
@@ -722,7 +707,7 @@ def scenario_owner_loss(rank, out):
             for otype in ("L2", "RelativeL2"):
                 loss = Loss(otype)
                 x, ids, t, _ = (v.to(dev) for v in batch(rank, 30, size=sizes[rank]))
-                with _counting_sorts() as sorts:
+                with _counting_calls(torch, "sort") as sorts:
                     _, at_owners, value = model.gradients_from_loss(x, ids, loss, t, need_dx=False)
                 res[f"{name}/{case}/{otype}/sorts"] = sorts[0]
                 y, ctx = model.forward_with_context(x, ids, train=True)
