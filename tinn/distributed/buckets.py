@@ -134,14 +134,13 @@ def bucket(x: torch.Tensor, ids: torch.Tensor, owner_table: torch.Tensor, local_
     dev = x.device
     n_keys = world * chunks
     layout = RowLayout.of(d + e, dtype)
-    if n == 0:
-        empty = torch.empty(0, dtype=torch.int32, device=dev)
-        network_counts = torch.zeros(chunks, world, by_network, dtype=torch.int64, device=dev) if by_network else None
-        return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
-                       torch.zeros(chunks, world, dtype=torch.int64, device=dev), network_counts)
     if by_network:
         return pack_by_network(count_by_network(x, ids, owner_table, local_table, world, chunks, by_network, kernels,
                                                 dtype, extra))
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return Packing(torch.empty(0, layout.width, dtype=dtype, device=dev), empty, empty,
+                       torch.zeros(chunks, world, dtype=torch.int64, device=dev))
     if use_triton(kernels, dev, n_keys):
         return _bucket_triton(x, ids, owner_table, local_table, world, chunks, layout, extra)
     return _bucket_torch(x, ids, owner_table, local_table, world, chunks, layout, extra)
