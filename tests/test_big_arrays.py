@@ -199,8 +199,14 @@ def test_training_in_chunks_follows_the_one_launch_run(tuned):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("otype", ["Adam", "SGD", "Novograd", "EMA"])
-def test_optimizer_step_over_chunks_equals_one_launch(otype, tuned):
+@pytest.mark.parametrize("otype, triton", [("Adam", False), ("Adam", True), ("SGD", False), ("Novograd", False),
+                                           ("EMA", False)])
+def test_optimizer_step_over_chunks_equals_one_launch(otype, triton, tuned):
+    """Chunked steps equal one launch bit for bit; Adam on both launch paths (`tuning.triton_optimizer`)."""
+    if triton:
+        from tinn.kernels import triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
     gen = torch.Generator().manual_seed(9)
     values = [torch.randn(7, 33, generator=gen).to(DEV), torch.randn(5, 12, generator=gen).to(DEV)]
     grads = [torch.randn(v.shape, generator=gen).to(DEV) for v in values]
@@ -210,7 +216,7 @@ def test_optimizer_step_over_chunks_equals_one_launch(otype, tuned):
         config = {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Adam", "learning_rate": 1e-2}}
 
     def steps(limit):
-        tuned(table_chunk_elements=limit)
+        tuned(table_chunk_elements=limit, triton_optimizer=triton)
         params = [torch.nn.Parameter(v.clone()) for v in values]
         opt = create_optimizer(config, [("network.params", params[0]), ("encoding.params", params[1])])
         opt.set_lr_scale("network.params", torch.linspace(0.5, 2.0, 7, device=DEV))

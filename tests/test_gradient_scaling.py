@@ -201,8 +201,8 @@ class _WeightedL2:
         return self.weight * ((pred - target) ** 2).sum()
 
 
-def _f16_trainer(tuned, optimizer, seed=3):
-    tuned(precision="float16", gradient_scaling="dynamic")
+def _f16_trainer(tuned, optimizer, seed=3, **tuning):
+    tuned(precision="float16", gradient_scaling="dynamic", **tuning)
     net = NetworkArray(2, 1, NET, seed=seed)
     assert net.precision == "float16" and net.gradient_scaler is not None
     return Trainer(net, _WeightedL2(), optimizer)
@@ -249,7 +249,29 @@ def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
     """Steps good, overflowing, good: the overflowing one leaves parameters and optimizer state bit-identical
     (moments and step counts too) and halves the scale, and the run then equals one that never took it (given
     the same scale), as torch's GradScaler with a fused optimizer."""
-    trainer = _f16_trainer(tuned, optimizer)
+    _check_overflow_skipped(tuned, optimizer, triton_optimizer=False)
+
+
+ADAM_OVER_TRITON = [o for o in SKIP_OPTIMIZERS if o["otype"] in ("Adam", "EMA", "ExponentialDecay")]
+
+
+@pytest.mark.parametrize("optimizer", ADAM_OVER_TRITON, ids=[o["otype"] for o in ADAM_OVER_TRITON])
+def test_an_overflowing_step_is_skipped_exactly_by_adams_triton_launch(tuned, optimizer):
+    """The same through Adam's Triton launch (tinn/kernels/adam_triton.py): the skip flag, the pending step
+    counts and a rate computed on the device, read by that kernel."""
+    from tinn.kernels import adam_triton, triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    launches = []
+    with pytest.MonkeyPatch.context() as patch:
+        original = adam_triton.adam_step
+        patch.setattr(adam_triton, "adam_step", lambda *a: (launches.append(1), original(*a)))
+        _check_overflow_skipped(tuned, optimizer, triton_optimizer=True)
+    assert launches
+
+
+def _check_overflow_skipped(tuned, optimizer, **tuning):
+    trainer = _f16_trainer(tuned, optimizer, **tuning)
     assert trainer.optimizer.skips_on_device == (optimizer["otype"] not in ON_HOST)
     trainer.training_step(*_batch(0))
     before = _snapshot(trainer)
@@ -262,7 +284,7 @@ def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
         trainer.training_step(*_batch(i))
     assert trainer.optimizer.step_count == 3
 
-    reference = _f16_trainer(tuned, optimizer)
+    reference = _f16_trainer(tuned, optimizer, **tuning)
     reference.training_step(*_batch(0))
     reference.model.gradient_scaler.load_state_dict({"value": 64.0, "finite_in_a_row": 0, "skipped_steps": 1})
     for i in (2, 3):

@@ -11,6 +11,25 @@ from tinn.optimizers import create_optimizer
 N_STEPS = 25
 
 
+@pytest.fixture(params=["taichi", "triton"])
+def adam_kernels(request, tuned, monkeypatch):
+    """Adam's two launch paths (`tuning.triton_optimizer`): Taichi's kernels, and one Triton launch (the CUDA
+    default; Triton's interpreter on the CPU). A test on the Triton path must have launched it."""
+    launches = []
+    if request.param == "triton":
+        from tinn.kernels import triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
+        from tinn.kernels import adam_triton
+        original = adam_triton.adam_step
+        monkeypatch.setattr(adam_triton, "adam_step", lambda tables, hyper: (launches.append(len(tables)),
+                                                                              original(tables, hyper)))
+    tuned(triton_optimizer=request.param == "triton")
+    yield request.param
+    if request.param == "triton":
+        assert launches, "the Triton path was never launched"
+
+
 def make_params(device, shapes=(("network.params", (3, 8)), ("encoding.params", (3, 5))), seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(n, torch.nn.Parameter(torch.randn(*s, generator=g).to(device))) for n, s in shapes]
@@ -61,7 +80,7 @@ def test_sgd_matches_torch(device):
     assert not torch.allclose(named[0][1].detach().cpu(), make_params("cpu")[0][1])  # it moved
 
 
-def test_adam_matches_torch_when_epsilon_is_negligible(device):
+def test_adam_matches_torch_when_epsilon_is_negligible(device, adam_kernels):
     # Matrix params only (tcnn skips zero grads of non-matrix params; torch does not).
     named = make_params(device, shapes=(("network.params", (4, 6)), ("network.bias", (4,))))
     ref = [torch.nn.Parameter(p.detach().cpu().clone()) for _, p in named]
@@ -123,7 +142,7 @@ def adam_reference(w, grads_fn, n_steps, lr, b1=0.9, b2=0.999, eps=1e-8, l2=1e-8
     dict(adabound=True, b2=0.99),
     dict(clip=0.3),
 ])
-def test_adam_options_match_float64_reference(variant, device):
+def test_adam_options_match_float64_reference(variant, device, adam_kernels):
     named = make_params(device, shapes=(("network.params", (3, 7)),), seed=4)
     w0 = named[0][1].detach().cpu().clone()
     cfg = {"otype": "Adam", "learning_rate": 2e-2, "beta1": 0.9, "beta2": variant.get("b2", 0.999),
@@ -140,7 +159,7 @@ def test_adam_options_match_float64_reference(variant, device):
         np.testing.assert_allclose(traj[step]["network.params"].numpy(), ref[step].numpy(), rtol=1e-4, atol=3e-6)
 
 
-def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(device):
+def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(device, adam_kernels):
     named = make_params(device, shapes=(("encoding.params", (4, 6)),), seed=5)
     w0 = named[0][1].detach().cpu().clone()
     sparse = (torch.rand(4, 6, generator=torch.Generator().manual_seed(9)) > 0.4).float()
@@ -159,7 +178,7 @@ def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(dev
 
 
 @pytest.mark.parametrize("skip_zero", [True, False])
-def test_adam_non_matrix_l2_gradient_clipping_and_zero_grad_skipping(skip_zero, device):
+def test_adam_non_matrix_l2_gradient_clipping_and_zero_grad_skipping(skip_zero, device, adam_kernels):
     """tcnn's non-matrix options: non_matrix_l2_reg (not l2_reg) regularises encoding tables, zero-gradient
     entries move only when skip_zero_grad_non_matrix_params is false, and gradient_clipping_magnitude
     clamps the regularised gradient of both kinds before the moments."""
@@ -212,9 +231,10 @@ def test_wrappers_default_to_a_nested_adam(device):
     np.testing.assert_allclose(traj[-1]["network.params"].numpy(), ref[-1].numpy(), rtol=1e-5, atol=1e-7)
 
 
-def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatch):
+def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatch, adam_kernels):
     """An encoding and a network (the usual model) are updated by one launch: each matches the float64
     reference, and the bits equal those of one launch per tensor."""
+    from tinn.kernels import adam_triton
     from tinn.kernels import optimizers as optimizer_kernels
     cfg = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 0.1, "relative_decay": 0.05,
            "non_matrix_learning_rate_factor": 0.5}
@@ -225,9 +245,15 @@ def test_adam_updates_two_tensors_in_one_launch_like_one_each(device, monkeypatc
         w0 = {n: p.detach().cpu().clone() for n, p in named}
         opt = create_optimizer(cfg, named)
         launches = []
-        for kernel in ("adam_step", "adam_step_pair"):
-            monkeypatch.setattr(optimizer_kernels, kernel, (lambda k, name: lambda *a: (launches.append(name), k(*a)))(
-                getattr(optimizer_kernels, kernel), kernel))
+        if adam_kernels == "triton":  # the launch's table count names it
+            monkeypatch.setattr(adam_triton, "adam_step", (lambda k: lambda tables, hyper: (
+                launches.append("adam_step_pair" if len(tables) == 2 else "adam_step"), k(tables, hyper)))(
+                adam_triton.adam_step))
+        else:
+            for kernel in ("adam_step", "adam_step_pair"):
+                monkeypatch.setattr(optimizer_kernels, kernel, (lambda k, name: lambda *a: (launches.append(name),
+                                                                                           k(*a)))(
+                    getattr(optimizer_kernels, kernel), kernel))
         if not pair:  # one optimizer per tensor: the single-tensor kernel
             opts = [create_optimizer(cfg, [item]) for item in named]
             opt.step = lambda: [o.step() for o in opts]
@@ -299,6 +325,11 @@ def _resume_check(cfg, device, n_first=12, n_second=13, sparse=None):
 def test_state_dict_round_trip_resumes_bit_exactly(cfg, device):
     sparse = {"encoding.params": (torch.arange(15).reshape(3, 5) % 3 != 0).float()}
     _resume_check(cfg, device, sparse=sparse)
+
+
+def test_adam_resumes_bit_exactly_on_both_launch_paths(device, adam_kernels):
+    sparse = {"encoding.params": (torch.arange(15).reshape(3, 5) % 3 != 0).float()}
+    _resume_check({"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 1e-3}, device, sparse=sparse)
 
 
 @pytest.mark.parametrize("cfg, match", [

@@ -41,7 +41,8 @@ def row_spans(n_rows: int, row_elements: int, what: str = "table") -> tuple[tupl
 
 def single(table) -> bool:
     """Whether `table` (rows, ...) is indexed by one launch."""
-    return len(row_spans(table.shape[0], table[0].numel() if table.shape[0] else 0)) == 1
+    rows = table.shape[0]
+    return len(row_spans(rows, table.numel() // rows if rows else 0)) == 1
 
 
 def launch_by_rows(kernel, n_rows: int, row_elements: int, args: tuple, sliced: tuple[int, ...]) -> None:

@@ -29,13 +29,24 @@ import zlib
 
 import torch
 
-from .. import chunks
+from .. import chunks, runtime
 from ..config import Section
 from ..kernels import compact as compact_kernels
 from ..kernels import optimizers as optimizer_kernels
+from ..kernels import triton_available
 from .base import LeafOptimizer, is_matrix_param, no_skip
 
 F32_MAX = 3.4028234663852886e38
+
+
+def _triton_launch(device: torch.device) -> bool:
+    """Whether Adam's dense tables step through one Triton launch (`tuning.triton_optimizer`): None = on CUDA
+    where Triton imports; True = wherever Triton can run (CUDA, or its CPU interpreter in tests)."""
+    choice = runtime.tuning().triton_optimizer
+    if choice is False or (choice is None and device.type != "cuda") or not triton_available():
+        return False
+    from ..kernels import adam_triton
+    return adam_triton.usable(device)
 
 
 class Adam(LeafOptimizer):
@@ -100,6 +111,9 @@ class Adam(LeafOptimizer):
         (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
+        if todo and _triton_launch(todo[0][0].device):
+            self._update_all_triton(todo, hyper)
+            return
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
             optimizer_kernels.adam_step_pair(*self._kernel_arguments(todo[0]), *self._kernel_arguments(todo[1]), *hyper)
             return
@@ -107,6 +121,27 @@ class Adam(LeafOptimizer):
             w = operands[0]
             for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
                 optimizer_kernels.adam_step(*self._kernel_arguments(operands, lo, hi), *hyper)
+
+    def _update_all_triton(self, todo, hyper) -> None:
+        """`_update_all` through tinn/kernels/adam_triton.py: two single-chunk tables in one launch, as the pair."""
+        from ..kernels import adam_triton
+        if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
+            adam_triton.adam_step([self._triton_arguments(operands) for operands in todo], hyper)
+            return
+        for operands in todo:
+            w = operands[0]
+            for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
+                adam_triton.adam_step([self._triton_arguments(operands, lo, hi)], hyper)
+
+    def _triton_arguments(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
+        """`_kernel_arguments` for tinn/kernels/adam_triton.py, which reads the (rows, cols) tables through their
+        pointers: no flat views to make (each costs the host a torch call)."""
+        w, g, m, v, steps, lr_scale, *rest = operands
+        if hi is not None or lo:
+            w, g, m, v, lr_scale = w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr_scale[lo:hi]
+            if steps is not self._no_steps:
+                steps = steps[lo:hi]
+        return (w, g, m, v, steps, lr_scale, max(1, w.shape[1]), *rest)
 
     def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
         """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables flat and the row

@@ -1,0 +1,135 @@
+"""tcnn's Adam as one Triton launch on CUDA: the same elementwise update as `optimizers.adam_step` /
+`adam_step_pair` (Taichi), for one or two tables a launch. Imported only where Triton runs (CUDA, or its CPU
+interpreter in tests).
+
+Why a second copy of the update: Adam runs once per training step on every model, and Taichi's launch path costs
+the host about 7 us per tensor argument and 2 us per scalar (it fills and copies an argument buffer and queries
+each pointer); the pair's 20 tensors and 17 scalars took 0.25 ms of host time a step, more than the update itself
+on a small model. A Triton launch of the same arguments costs a fifth of that (docs/design-notes.md, "Adam as one
+Triton launch"). Taichi's kernels stay the CPU's and the reference the tests compare this one with.
+
+Semantics, per element i of a table viewed flat in rows of `cols` (row = i // cols):
+- nothing changes where `skip[0]` is set (a gradient scaler's overflow verdict), nor, with `skip_zero`, where the
+  gradient is exactly zero (hash-grid entries no sample touched);
+- the bias correction's step count is `step_now - pending[0]` for a table counted as a whole (`step_now` > 0),
+  else the element's own count `steps[i] + 1`, stored back;
+- the rate is `lr * lr_factor[0] * lr_scale[row]` times the correction, then tcnn's update (L2 term, gradient
+  clipping, moments, AdaBound clamp, decoupled decays, weight clipping), as `optimizers.adam_update_corrected`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # elements a program updates
+
+
+@triton.jit
+def _power(base, exponent):
+    """base ** exponent in float64 for int32 exponents >= 0, by squaring (31 bits of the exponent)."""
+    result = exponent.to(tl.float64) * 0.0 + 1.0  # shaped as the exponent: a scalar or a block
+    square = base
+    e = exponent
+    for _ in tl.static_range(31):
+        result = tl.where((e & 1) != 0, result * square, result)
+        square = square * square
+        e = e >> 1
+    return result
+
+
+@triton.jit
+def _correction(t, beta1, beta2):
+    """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) at step count t >= 1, in float32. The powers are
+    taken in float64: with beta2 = 0.999, 1 - beta2^t cancels most of a float32 power's digits (a float32 pow
+    errs by up to 1e-5 here, Taichi's fast-math one more; tcnn's powf by 7e-6), and Triton's CPU interpreter has
+    no pow to call."""
+    one_minus_2 = 1.0 - _power(tl.cast(beta2, tl.float64), t)
+    one_minus_1 = 1.0 - _power(tl.cast(beta1, tl.float64), t)
+    return (tl.sqrt(one_minus_2) / one_minus_1).to(tl.float32)
+
+
+@triton.jit
+def _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n, cols,
+           lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
+           upper, BLOCK: tl.constexpr):
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    grad = tl.load(g_ptr + offs, mask=inside, other=0.0)
+    active = inside & (tl.load(skip_ptr) == 0)
+    if skip_zero != 0:
+        active = active & (grad != 0.0)
+    # Tables are launched in chunks of fewer than 2^31 elements (tinn/chunks.py): the row fits 32 bits.
+    scale = tl.load(lr_scale_ptr + offs.to(tl.int32) // cols, mask=active, other=0.0)
+    rate = lr * tl.load(lr_factor_ptr) * scale
+    if step_now == 0:  # every element counts its own steps
+        t = tl.load(steps_ptr + offs, mask=active, other=0) + 1
+        tl.store(steps_ptr + offs, t, mask=active)
+        rate = rate * _correction(t, beta1, beta2)
+    else:
+        rate = rate * _correction(step_now - tl.load(pending_ptr), beta1, beta2)
+    w = tl.load(w_ptr + offs, mask=active, other=0.0)
+    m = tl.load(m_ptr + offs, mask=active, other=0.0)
+    v = tl.load(v_ptr + offs, mask=active, other=0.0)
+    grad = grad + l2_reg * w
+    if grad_clip != 0.0:  # tcnn clips after the L2 term, before the moments
+        grad = tl.where(grad >= 0.0, tl.minimum(grad, grad_clip), tl.maximum(grad, -grad_clip))
+    m = beta1 * m + (1.0 - beta1) * grad
+    v = beta2 * v + (1.0 - beta2) * grad * grad
+    step = tl.minimum(tl.maximum(rate / (tl.sqrt(v) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
+    decay = rel_decay * rate
+    shrink = abs_decay * rate
+    w = (1.0 - decay) * w - tl.where(w >= 0.0, shrink, -shrink) - step * m
+    if clip != 0.0:
+        w = tl.minimum(tl.maximum(w, -clip), clip)
+    tl.store(m_ptr + offs, m, mask=active)
+    tl.store(v_ptr + offs, v, mask=active)
+    tl.store(w_ptr + offs, w, mask=active)
+
+
+@triton.jit(do_not_specialize=["n", "cols", "skip_zero", "step_now", "n2", "cols2", "skip_zero2", "step_now2",
+                               "programs"])
+def adam_kernel(w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n, cols,
+                lr, l2_reg, skip_zero, step_now,
+                w2_ptr, g2_ptr, m2_ptr, v2_ptr, steps2_ptr, lr_scale2_ptr, pending2_ptr, skip2_ptr, lr_factor2_ptr, n2,
+                cols2, lr2, l2_reg2, skip_zero2, step_now2,
+                programs, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper,
+                BLOCK: tl.constexpr):
+    """Programs [0, programs) update the first table, the rest the second (absent where n2 == 0)."""
+    pid = tl.program_id(0)
+    if pid < programs:
+        _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n,
+               cols, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
+               lower, upper, BLOCK)
+    else:
+        _table(pid - programs, w2_ptr, g2_ptr, m2_ptr, v2_ptr, steps2_ptr, lr_scale2_ptr, pending2_ptr, skip2_ptr,
+               lr_factor2_ptr, n2, cols2, lr2, l2_reg2, skip_zero2, step_now2, beta1, beta2, epsilon, rel_decay,
+               abs_decay, clip, grad_clip, lower, upper, BLOCK)
+
+
+def _table_arguments(table) -> tuple:
+    """One table's kernel arguments from the Taichi kernels' order (w, g, m, v, steps, lr_scale, cols, lr, l2_reg,
+    skip_zero, step_now, pending, skip, lr_factor)."""
+    w, g, m, v, steps, lr_scale, cols, lr, l2_reg, skip_zero, step_now, pending, skip, lr_factor = table
+    return (w, g, m, v, steps, lr_scale, pending, skip, lr_factor, w.numel(), int(cols), float(lr), float(l2_reg),
+            int(skip_zero), int(step_now))
+
+
+def adam_step(tables, hyper) -> None:
+    """Adam on one or two tables in one launch. `tables`: each table's arguments as `optimizers.adam_step` takes
+    them up to `lr_factor`; `hyper`: (beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)."""
+    if not 1 <= len(tables) <= 2:
+        raise ValueError(f"adam_step takes one or two tables a launch, got {len(tables)}")
+    first = _table_arguments(tables[0])
+    second = _table_arguments(tables[1]) if len(tables) == 2 else first[:9] + (0,) + first[10:]
+    programs = triton.cdiv(first[9], BLOCK)
+    total = programs + triton.cdiv(second[9], BLOCK)
+    if total == 0:
+        return
+    adam_kernel[(total,)](*first, *second, programs, *(float(h) for h in hyper), BLOCK=BLOCK)
+
+
+def usable(device: torch.device) -> bool:
+    """Whether this launch can take the tables of `device`: CUDA, or any device under Triton's CPU interpreter."""
+    from ..networks.tensor_cores import interpreted
+    return device.type == "cuda" or interpreted()
