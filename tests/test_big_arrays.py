@@ -202,7 +202,7 @@ def test_training_in_chunks_follows_the_one_launch_run(tuned):
 @pytest.mark.parametrize("otype, triton", [("Adam", False), ("Adam", True), ("SGD", False), ("Novograd", False),
                                            ("EMA", False)])
 def test_optimizer_step_over_chunks_equals_one_launch(otype, triton, tuned):
-    """Chunked steps equal one launch bit for bit; Adam on both launch paths (`tuning.triton_optimizer`)."""
+    """Chunked steps equal one launch bit for bit; Adam on both launch paths (`tuning.triton_step_kernels`)."""
     if triton:
         from tinn.kernels import triton_available
         if not triton_available():
@@ -216,7 +216,7 @@ def test_optimizer_step_over_chunks_equals_one_launch(otype, triton, tuned):
         config = {"otype": "EMA", "decay": 0.9, "nested": {"otype": "Adam", "learning_rate": 1e-2}}
 
     def steps(limit):
-        tuned(table_chunk_elements=limit, triton_optimizer=triton)
+        tuned(table_chunk_elements=limit, triton_step_kernels=triton)
         params = [torch.nn.Parameter(v.clone()) for v in values]
         opt = create_optimizer(config, [("network.params", params[0]), ("encoding.params", params[1])])
         opt.set_lr_scale("network.params", torch.linspace(0.5, 2.0, 7, device=DEV))

@@ -29,7 +29,25 @@ def expected_scale(init, flags, growth=2.0, backoff=0.5, interval=3):
     return scale
 
 
-def test_scale_grows_and_backs_off_by_the_rule():
+@pytest.fixture(params=["taichi", "triton"])
+def scaler_kernels(request, tuned, monkeypatch):
+    """The scaler's two device steps on both launch paths (`tuning.triton_step_kernels`): Taichi's kernels, and
+    Triton's (the CUDA default; its interpreter on the CPU). A test on the Triton path must have launched it."""
+    launches = []
+    if request.param == "triton":
+        from tinn.kernels import scaler_triton, triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
+        for name in ("record_non_finite", "update_scale"):
+            original = getattr(scaler_triton, name)
+            monkeypatch.setattr(scaler_triton, name, (lambda f: lambda *a: (launches.append(1), f(*a)))(original))
+    tuned(triton_step_kernels=request.param == "triton")
+    yield request.param
+    if request.param == "triton":
+        assert launches, "the Triton path was never launched"
+
+
+def test_scale_grows_and_backs_off_by_the_rule(scaler_kernels):
     scaler = GradientScaler(DEV, init_scale=128.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
     flags = [True, True, True, False, True, True, False, False, True, True, True, True, True, True]
     good = torch.ones(5, device=DEV)
@@ -49,7 +67,7 @@ def test_scale_grows_and_backs_off_by_the_rule():
         GradientScaler(DEV, backoff_factor=1.5)
 
 
-def test_non_finite_values_are_recorded_and_a_growth_that_overflows_is_refused():
+def test_non_finite_values_are_recorded_and_a_growth_that_overflows_is_refused(scaler_kernels):
     """record_non_finite flags inf, -inf and NaN (in float32 and float16 gradients) but not float32's largest
     finite values or subnormals; the flag accumulates until `update`; a growth past float32's range keeps the
     scale."""
@@ -69,6 +87,20 @@ def test_non_finite_values_are_recorded_and_a_growth_that_overflows_is_refused()
                             "skipped_steps": torch.tensor([0], dtype=torch.int32)})
     assert scaler.update() is True and scaler.value == pytest.approx(3.0e38) and scaler.finite_in_a_row == 0
     assert float(scaler._inverse) == pytest.approx(1.0 / 3.0e38)
+
+
+def test_a_non_finite_value_is_found_in_any_block_of_a_long_tensor(scaler_kernels):
+    """The check covers every value of a tensor longer than one program's block, wherever the bad one sits."""
+    scaler = GradientScaler(DEV)
+    n = 3 * 4096 + 5
+    for where in (0, 4095, 4096, 2 * 4096 + 17, n - 1):
+        g = torch.ones(n, device=DEV)
+        scaler.record_non_finite([g])
+        assert float(scaler.found_inf) == 0.0
+        g[where] = math.nan
+        scaler.record_non_finite([g])
+        assert float(scaler.found_inf) == 1.0, where
+        assert scaler.update() is False
 
 
 def test_only_float16_networks_get_a_dynamic_scaler(tuned):
@@ -249,7 +281,7 @@ def test_an_overflowing_step_is_skipped_exactly(tuned, optimizer):
     """Steps good, overflowing, good: the overflowing one leaves parameters and optimizer state bit-identical
     (moments and step counts too) and halves the scale, and the run then equals one that never took it (given
     the same scale), as torch's GradScaler with a fused optimizer."""
-    _check_overflow_skipped(tuned, optimizer, triton_optimizer=False)
+    _check_overflow_skipped(tuned, optimizer, triton_step_kernels=False)
 
 
 ADAM_OVER_TRITON = [o for o in SKIP_OPTIMIZERS if o["otype"] in ("Adam", "EMA", "ExponentialDecay")]
@@ -266,7 +298,7 @@ def test_an_overflowing_step_is_skipped_exactly_by_adams_triton_launch(tuned, op
     with pytest.MonkeyPatch.context() as patch:
         original = adam_triton.adam_step
         patch.setattr(adam_triton, "adam_step", lambda *a: (launches.append(1), original(*a)))
-        _check_overflow_skipped(tuned, optimizer, triton_optimizer=True)
+        _check_overflow_skipped(tuned, optimizer, triton_step_kernels=True)
     assert launches
 
 

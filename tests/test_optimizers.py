@@ -13,7 +13,7 @@ N_STEPS = 25
 
 @pytest.fixture(params=["taichi", "triton"])
 def adam_kernels(request, tuned, monkeypatch):
-    """Adam's two launch paths (`tuning.triton_optimizer`): Taichi's kernels, and one Triton launch (the CUDA
+    """Adam's two launch paths (`tuning.triton_step_kernels`): Taichi's kernels, and one Triton launch (the CUDA
     default; Triton's interpreter on the CPU). A test on the Triton path must have launched it."""
     launches = []
     if request.param == "triton":
@@ -24,7 +24,7 @@ def adam_kernels(request, tuned, monkeypatch):
         original = adam_triton.adam_step
         monkeypatch.setattr(adam_triton, "adam_step", lambda tables, hyper: (launches.append(len(tables)),
                                                                               original(tables, hyper)))
-    tuned(triton_optimizer=request.param == "triton")
+    tuned(triton_step_kernels=request.param == "triton")
     yield request.param
     if request.param == "triton":
         assert launches, "the Triton path was never launched"

@@ -61,6 +61,9 @@ class GradientScaler:
         self.skip = torch.zeros(1, dtype=torch.int32, device=device)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self._skipped = torch.zeros(1, dtype=torch.int32, device=device)
+        # The (1,) views the kernels take, made once: each view is a torch call of host time in every step.
+        self._update_operands = (self.found_inf.reshape(1), self.scale.reshape(1), self._inverse.reshape(1),
+                                 self._growth_tracker.reshape(1), self.skip, self._skipped)
 
     def unscale_(self, tensors) -> None:
         """Divide float32 gradients that carry the scale by it, in place, and record whether any value is
@@ -69,14 +72,23 @@ class GradientScaler:
         if tensors:
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, self.found_inf, self._inverse)
 
+    def _kernels(self):
+        """The module of the two device steps: Triton's on CUDA (`tuning.triton_step_kernels`), else Taichi's."""
+        from .kernels import triton_step_kernels
+        if triton_step_kernels(self.scale.device):
+            from .kernels import scaler_triton
+            return scaler_triton
+        from .kernels import gradient_scaling
+        return gradient_scaling
+
     def record_non_finite(self, tensors) -> None:
         """Record in `found_inf` whether gradients a kernel already unscaled hold an inf or NaN (one launch
-        each, tinn/kernels/gradient_scaling.py). No host sync."""
-        from .kernels.gradient_scaling import record_non_finite
+        each, tinn/kernels/scaler_triton.py or gradient_scaling.py). No host sync."""
+        record = self._kernels().record_non_finite
         for t in tensors:
             if t is not None and t.numel():
                 values = t if t.dtype == torch.float32 else t.float()
-                record_non_finite(values.contiguous().reshape(-1), self.found_inf.reshape(1))
+                record(values.contiguous().reshape(-1), self._update_operands[0])
 
     def update(self, sync: bool = True) -> bool | torch.Tensor:
         """End of a step: set `skip` from `found_inf` (1: the gradients were not finite, the step is to be
@@ -86,10 +98,8 @@ class GradientScaler:
 
         Returns whether the gradients were finite (one host read), or with `sync=False` the (1,) int32 `skip`
         flag itself, for optimizers that read it on the device."""
-        from .kernels.gradient_scaling import update_scale
-        update_scale(self.found_inf.reshape(1), self.scale.reshape(1), self._inverse.reshape(1),
-                     self._growth_tracker.reshape(1), self.skip, self._skipped, self.growth_factor,
-                     self.backoff_factor, self.growth_interval)
+        self._kernels().update_scale(*self._update_operands, self.growth_factor, self.backoff_factor,
+                                     self.growth_interval)
         if not sync:
             return self.skip
         return not bool(self.skip.item())

@@ -1,4 +1,4 @@
-"""Adam's two launch paths side by side in one process (`tuning.triton_optimizer`: Taichi's kernel, one Triton
+"""Adam's two launch paths side by side in one process (`tuning.triton_step_kernels`: Taichi's kernel, one Triton
 launch), alternating in rounds because a host's speed drifts within a process and differs between processes.
 
     python -m benchmarks.tools.optimizer_launch [--rounds 4] [--steps 100] [--json out.json]
@@ -88,17 +88,17 @@ def main(argv=None) -> dict:
         measured = {name: {"wall": [], "host": [], "opt": []} for name, _ in PATHS}
         with tinn.checks.disabled():
             for name, flag in PATHS:  # compile both paths before timing
-                tinn.settings.install(tinn.settings.installed().replace(triton_optimizer=flag))
+                tinn.settings.install(tinn.settings.installed().replace(triton_step_kernels=flag))
                 for _ in range(5):
                     step()
             for _ in range(args.rounds):
                 for name, flag in PATHS:
-                    tinn.settings.install(tinn.settings.installed().replace(triton_optimizer=flag))
+                    tinn.settings.install(tinn.settings.installed().replace(triton_step_kernels=flag))
                     measured[name]["wall"].append(pipelined_ms(step, args.steps))
                     measured[name]["host"].append(host_ms_per_step(step))
                     measured[name]["opt"].append(optimizer_host_us(trainer))
             for name, flag in PATHS:
-                tinn.settings.install(tinn.settings.installed().replace(triton_optimizer=flag))
+                tinn.settings.install(tinn.settings.installed().replace(triton_step_kernels=flag))
                 rows.append({"case": label, "path": name,
                              "wall_ms": statistics.median(measured[name]["wall"]),
                              "wall_spread_ms": [min(measured[name]["wall"]), max(measured[name]["wall"])],

@@ -17,3 +17,20 @@ def triton_available() -> bool:
     except Exception:  # an ImportError, or a broken install raising anything else
         return False
     return True
+
+
+def triton_step_kernels(device) -> bool:
+    """Whether a training step's bookkeeping kernels (Adam's dense tables, the gradient scaler's checks) run as
+    Triton launches on `device` (`tuning.triton_step_kernels`): None = on CUDA where Triton imports; True =
+    wherever Triton runs (CUDA, or its CPU interpreter in tests); False = never."""
+    from .. import runtime
+    choice = runtime.tuning().triton_step_kernels
+    if choice is False or (choice is None and device.type != "cuda") or not triton_available():
+        return False
+    return device.type == "cuda" or _interpreting()
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs its CPU interpreter (it reads TRITON_INTERPRET as it decorates a kernel)."""
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

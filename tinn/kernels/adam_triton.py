@@ -5,8 +5,8 @@ interpreter in tests).
 Why a second copy of the update: Adam runs once per training step on every model, and Taichi's launch path costs
 the host about 7 us per tensor argument and 2 us per scalar (it fills and copies an argument buffer and queries
 each pointer); the pair's 20 tensors and 17 scalars took 0.25 ms of host time a step, more than the update itself
-on a small model. A Triton launch of the same arguments costs a fifth of that (docs/design-notes.md, "Adam as one
-Triton launch"). Taichi's kernels stay the CPU's and the reference the tests compare this one with.
+on a small model. A Triton launch of the same arguments costs a fifth of that (docs/design-notes.md, "A step's
+bookkeeping as Triton launches"). Taichi's kernels stay the CPU's and the reference the tests compare this one with.
 
 Semantics, per element i of a table viewed flat in rows of `cols` (row = i // cols):
 - nothing changes where `skip[0]` is set (a gradient scaler's overflow verdict), nor, with `skip_zero`, where the
@@ -18,7 +18,6 @@ Semantics, per element i of a table viewed flat in rows of `cols` (row = i // co
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -127,9 +126,3 @@ def adam_step(tables, hyper) -> None:
     if total == 0:
         return
     adam_kernel[(total,)](*first, *second, programs, *(float(h) for h in hyper), BLOCK=BLOCK)
-
-
-def usable(device: torch.device) -> bool:
-    """Whether this launch can take the tables of `device`: CUDA, or any device under Triton's CPU interpreter."""
-    from ..networks.tensor_cores import interpreted
-    return device.type == "cuda" or interpreted()

@@ -29,24 +29,14 @@ import zlib
 
 import torch
 
-from .. import chunks, runtime
+from .. import chunks
 from ..config import Section
 from ..kernels import compact as compact_kernels
 from ..kernels import optimizers as optimizer_kernels
-from ..kernels import triton_available
+from ..kernels import triton_step_kernels
 from .base import LeafOptimizer, is_matrix_param, no_skip
 
 F32_MAX = 3.4028234663852886e38
-
-
-def _triton_launch(device: torch.device) -> bool:
-    """Whether Adam's dense tables step through one Triton launch (`tuning.triton_optimizer`): None = on CUDA
-    where Triton imports; True = wherever Triton can run (CUDA, or its CPU interpreter in tests)."""
-    choice = runtime.tuning().triton_optimizer
-    if choice is False or (choice is None and device.type != "cuda") or not triton_available():
-        return False
-    from ..kernels import adam_triton
-    return adam_triton.usable(device)
 
 
 class Adam(LeafOptimizer):
@@ -111,7 +101,7 @@ class Adam(LeafOptimizer):
         (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         hyper = self._hyper()
-        if todo and _triton_launch(todo[0][0].device):
+        if todo and triton_step_kernels(todo[0][0].device):
             self._update_all_triton(todo, hyper)
             return
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
