@@ -1,11 +1,13 @@
-"""Adam's two launch paths side by side in one process (`tuning.triton_step_kernels`: Taichi's kernel, one Triton
-launch), alternating in rounds because a host's speed drifts within a process and differs between processes.
+"""A step's bookkeeping kernels (Adam, the gradient scaler) on both launch paths side by side in one process
+(`tuning.triton_step_kernels`: Taichi's kernels, Triton launches), alternating in rounds because a host's speed
+drifts within a process and differs between processes.
 
-    python -m benchmarks.tools.optimizer_launch [--rounds 4] [--steps 100] [--json out.json]
+    python -m benchmarks.tools.triton_step_kernels [--rounds 4] [--steps 100] [--json out.json]
 
-Cases: tcnn's image step (`config_hash.json`, 2^18 samples) in float32 and bfloat16, and an array of 4096 MLPs
-(32 -> 2 x 64 -> 16) on 2^22 samples. Per case and path: the step's wall time (steps issued back to back), its host
-time alone, `optimizer.step()`'s own host time, and the optimizer kernel's device time (torch.profiler). CUDA only.
+Cases: tcnn's image step (`config_hash.json`, 2^18 samples) in float32, float16 (with the gradient scaler) and
+bfloat16, and an array of 4096 MLPs (32 -> 2 x 64 -> 16, float16 on the tensor cores with the scaler) on 2^22
+samples. Per case and path: the step's wall time (steps issued back to back), its host time alone,
+`optimizer.step()`'s own host time, and Adam's device time (torch.profiler). CUDA only.
 """
 from __future__ import annotations
 
@@ -73,10 +75,10 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if tinn.init() != "cuda":
-        sys.exit("optimizer_launch needs CUDA (the Triton path's default and torch.profiler's CUDA trace)")
+        sys.exit("triton_step_kernels needs CUDA (the Triton path's default and torch.profiler's CUDA trace)")
     base = tinn.settings.installed()
-    cases = {"image float32": lambda: image_case("float32"), "image bfloat16": lambda: image_case("bfloat16"),
-             "array 4096 x 64": array_case}
+    cases = {"image float32": lambda: image_case("float32"), "image float16": lambda: image_case("float16"),
+             "image bfloat16": lambda: image_case("bfloat16"), "array 4096 x 64": array_case}
     rows = []
     for label, build in cases.items():
         trainer, batches = build()
@@ -106,7 +108,7 @@ def main(argv=None) -> dict:
                              "optimizer_host_us": statistics.median(measured[name]["opt"]),
                              "optimizer_device_ms": optimizer_kernel_ms(step)})
         tinn.settings.install(base)
-    print_table(rows, [("case", "case", "s"), ("path", "Adam launch", "s"), ("wall_ms", "step ms", ".3f"),
+    print_table(rows, [("case", "case", "s"), ("path", "launches", "s"), ("wall_ms", "step ms", ".3f"),
                        ("host_ms", "host ms", ".3f"), ("optimizer_host_us", "optimizer.step() host us", ".1f"),
                        ("optimizer_device_ms", "Adam device ms", ".3f")])
     payload = {"device": torch.cuda.get_device_name(), "rounds": args.rounds, "steps": args.steps, "rows": rows}
