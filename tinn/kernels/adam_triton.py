@@ -55,32 +55,34 @@ def _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     grad = tl.load(g_ptr + offs, mask=inside, other=0.0)
-    active = inside & (tl.load(skip_ptr) == 0)
-    if skip_zero != 0:
-        active = active & (grad != 0.0)
+    # Masks and clamps are built from blocks, not from comparisons of the scalar arguments alone: Triton's CPU
+    # interpreter keeps those as Python booleans, and newer versions then widen a mask combined with one to int64.
+    zeros = tl.zeros_like(offs)
+    no_value = zeros.to(tl.float32)  # a float block of zeros (not grad * 0: that is NaN where grad is not finite)
+    active = inside & (tl.load(skip_ptr) + zeros == 0) & ((grad != 0.0) | (zeros + skip_zero == 0))
+    own = active & (zeros + step_now == 0)  # the elements that count their own steps
     # Tables are launched in chunks of fewer than 2^31 elements (tinn/chunks.py): the row fits 32 bits.
     scale = tl.load(lr_scale_ptr + offs.to(tl.int32) // cols, mask=active, other=0.0)
-    rate = lr * tl.load(lr_factor_ptr) * scale
-    if step_now == 0:  # every element counts its own steps
-        t = tl.load(steps_ptr + offs, mask=active, other=0) + 1
-        tl.store(steps_ptr + offs, t, mask=active)
-        rate = rate * _correction(t, beta1, beta2)
-    else:
-        rate = rate * _correction(step_now - tl.load(pending_ptr), beta1, beta2)
+    t = tl.load(steps_ptr + offs, mask=own, other=0) + 1
+    tl.store(steps_ptr + offs, t, mask=own)
+    correction = no_value + _correction(step_now - tl.load(pending_ptr), beta1, beta2)  # shared: once a program
+    if step_now == 0:
+        correction = _correction(t, beta1, beta2)
+    rate = lr * tl.load(lr_factor_ptr) * scale * correction
     w = tl.load(w_ptr + offs, mask=active, other=0.0)
     m = tl.load(m_ptr + offs, mask=active, other=0.0)
     v = tl.load(v_ptr + offs, mask=active, other=0.0)
     grad = grad + l2_reg * w
-    if grad_clip != 0.0:  # tcnn clips after the L2 term, before the moments
-        grad = tl.where(grad >= 0.0, tl.minimum(grad, grad_clip), tl.maximum(grad, -grad_clip))
+    # tcnn clips after the L2 term, before the moments (0: off)
+    clipped = tl.where(grad >= 0.0, tl.minimum(grad, grad_clip), tl.maximum(grad, -grad_clip))
+    grad = tl.where(no_value + grad_clip != 0.0, clipped, grad)
     m = beta1 * m + (1.0 - beta1) * grad
     v = beta2 * v + (1.0 - beta2) * grad * grad
     step = tl.minimum(tl.maximum(rate / (tl.sqrt(v) + epsilon), lower), upper)  # AdaBound clamp (no-op by default)
     decay = rel_decay * rate
     shrink = abs_decay * rate
     w = (1.0 - decay) * w - tl.where(w >= 0.0, shrink, -shrink) - step * m
-    if clip != 0.0:
-        w = tl.minimum(tl.maximum(w, -clip), clip)
+    w = tl.where(no_value + clip != 0.0, tl.minimum(tl.maximum(w, -clip), clip), w)
     tl.store(m_ptr + offs, m, mask=active)
     tl.store(v_ptr + offs, v, mask=active)
     tl.store(w_ptr + offs, w, mask=active)
