@@ -119,6 +119,20 @@ def _check_split_steps(split_run, atol: float = 1e-6):
     assert shapes == [(5, 160), (1, 16)]
 
 
+@cpu_reference
+def test_split_steps_through_the_triton_step_kernels(tmp_path):
+    """The split scenario with Adam and the gradient scaler's checks as Triton launches (`tuning.triton_step_kernels`,
+    the CUDA default; Triton's interpreter here): the same steps, checkpoints and overflow agreement as through
+    Taichi's kernels, against the same one-process reference (which steps through Taichi's)."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    runs = run_ranks("split", tmp_path, settings="triton_step_kernels=true")
+    _check_split_steps(runs)
+    _check_split_checkpoint(runs)
+    assert [r["found_inf"] for r in runs] == [1.0, 1.0]
+
+
 two_gpus = pytest.mark.skipif(tinn.runtime.arch() != "cuda" or torch.cuda.device_count() < 2
                               or not torch.distributed.is_nccl_available(),
                               reason="needs tinn on CUDA, two GPUs and NCCL")
