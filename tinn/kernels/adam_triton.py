@@ -40,9 +40,9 @@ def _power(base, exponent):
 @triton.jit
 def _correction(t, beta1, beta2):
     """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) at step count t >= 1, in float32. The powers are
-    taken in float64: with beta2 = 0.999, 1 - beta2^t cancels most of a float32 power's digits (a float32 pow
-    errs by up to 1e-5 here, Taichi's fast-math one more; tcnn's powf by 7e-6), and Triton's CPU interpreter has
-    no pow to call."""
+    taken in float64: with beta2 = 0.999, 1 - beta2^t cancels most of a float32 power's digits (over t up to 20000
+    its relative error reached 7e-6 with a correctly rounded float32 powf and 1.4e-5 with float32 squaring), and
+    Triton's CPU interpreter has no pow to call."""
     one_minus_2 = 1.0 - _power(tl.cast(beta2, tl.float64), t)
     one_minus_1 = 1.0 - _power(tl.cast(beta1, tl.float64), t)
     return (tl.sqrt(one_minus_2) / one_minus_1).to(tl.float32)
