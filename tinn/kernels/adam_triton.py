@@ -3,10 +3,10 @@
 interpreter in tests).
 
 Why a second copy of the update: Adam runs once per training step on every model, and Taichi's launch path costs
-the host about 7 us per tensor argument and 2 us per scalar (it fills and copies an argument buffer and queries
-each pointer); the pair's 20 tensors and 17 scalars took 0.25 ms of host time a step, more than the update itself
-on a small model. A Triton launch of the same arguments costs a fifth of that (docs/design-notes.md, "A step's
-bookkeeping as Triton launches"). Taichi's kernels stay the CPU's and the reference the tests compare this one with.
+the host time for every tensor and scalar argument (it fills and copies an argument buffer and queries each
+pointer), which with the pair's twenty tensors made it a step's costliest launch; a Triton launch of the same
+arguments costs a fraction of that (measured in docs/design-notes.md, "A step's bookkeeping as Triton launches").
+Taichi's kernels stay the CPU's and the reference the tests compare this one with.
 
 Semantics, per element i of a table viewed flat in rows of `cols` (row = i // cols):
 - nothing changes where `skip[0]` is set (a gradient scaler's overflow verdict), nor, with `skip_zero`, where the
@@ -40,8 +40,7 @@ def _power(base, exponent):
 @triton.jit
 def _correction(t, beta1, beta2):
     """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) at step count t >= 1, in float32. The powers are
-    taken in float64: with beta2 = 0.999, 1 - beta2^t cancels most of a float32 power's digits (over t up to 20000
-    its relative error reached 7e-6 with a correctly rounded float32 powf and 1.4e-5 with float32 squaring), and
+    taken in float64: with beta2 near 1, 1 - beta2^t cancels most of a float32 power's digits (design notes), and
     Triton's CPU interpreter has no pow to call."""
     one_minus_2 = 1.0 - _power(tl.cast(beta2, tl.float64), t)
     one_minus_1 = 1.0 - _power(tl.cast(beta1, tl.float64), t)
