@@ -93,13 +93,20 @@ def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
 
 
 @ti.func
+def _nonzero(v) -> ti.i32:
+    """Whether v is not +-0 (NaN included), on its bits: under fast math `v != 0.0` may be folded as if NaN could
+    not occur, and skip a NaN gradient as if it were zero (tcnn's Adam updates with it)."""
+    return ti.cast((ti.bit_cast(v, ti.i32) & 0x7FFFFFFF) != 0, ti.i32)
+
+
+@ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
                   lr_scale: ti.template(), i, row, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
                   correction, skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay,
                   abs_decay, clip, grad_clip, lower, upper):
     """Element i (flat) of a table, in row `row`."""
     grad = g[i]
-    if skip[0] == 0 and (skip_zero == 0 or grad != 0.0):
+    if skip[0] == 0 and (skip_zero == 0 or _nonzero(grad)):
         # A tensor whose elements are never skipped shares one step count (whose correction a flat launch
         # computed once, `_shared_correction`); skipping zero gradients gives every element its own count.
         rate = correction
