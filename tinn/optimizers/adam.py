@@ -98,51 +98,46 @@ class Adam(LeafOptimizer):
 
     def _update_all(self, updates, skip=None) -> None:
         """Two updated tensors (an encoding and its network, the usual model) share one launch
-        (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each."""
+        (`adam_step_pair`): the same elementwise update, less host time. Otherwise one launch each, per row
+        chunk of tables past the chunk limit (tinn/chunks.py). On CUDA the launches are Triton's
+        (`tuning.triton_step_kernels`, tinn/kernels/adam_triton.py), else Taichi's."""
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
+        if not todo:
+            return
         hyper = self._hyper()
-        if todo and triton_step_kernels(todo[0][0].device):
-            self._update_all_triton(todo, hyper)
-            return
+        triton = triton_step_kernels(todo[0][0].device)
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            optimizer_kernels.adam_step_pair(*self._kernel_arguments(todo[0]), *self._kernel_arguments(todo[1]), *hyper)
-            return
-        for operands in todo:  # tables past the chunk limit: one launch per row chunk (tinn/chunks.py)
-            w = operands[0]
-            for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
-                optimizer_kernels.adam_step(*self._kernel_arguments(operands, lo, hi), *hyper)
-
-    def _update_all_triton(self, todo, hyper) -> None:
-        """`_update_all` through tinn/kernels/adam_triton.py: two single-chunk tables in one launch, as the pair."""
-        from ..kernels import adam_triton
-        if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
-            adam_triton.adam_step([self._triton_arguments(operands) for operands in todo], hyper)
+            self._launch([self._kernel_arguments(operands, flat=not triton) for operands in todo], hyper, triton)
             return
         for operands in todo:
             w = operands[0]
             for lo, hi in chunks.row_spans(w.shape[0], w.shape[1]):
-                adam_triton.adam_step([self._triton_arguments(operands, lo, hi)], hyper)
+                self._launch([self._kernel_arguments(operands, lo, hi, flat=not triton)], hyper, triton)
 
-    def _triton_arguments(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
-        """`_kernel_arguments` for tinn/kernels/adam_triton.py, which reads the (rows, cols) tables through their
-        pointers: no flat views to make (each costs the host a torch call)."""
+    @staticmethod
+    def _launch(tables, hyper, triton: bool) -> None:
+        """One launch over one or two tables' kernel arguments."""
+        if triton:
+            from ..kernels import adam_triton
+            adam_triton.adam_step(tables, hyper)
+        elif len(tables) == 2:
+            optimizer_kernels.adam_step_pair(*tables[0], *tables[1], *hyper)
+        else:
+            optimizer_kernels.adam_step(*tables[0], *hyper)
+
+    def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None, flat: bool = True) -> tuple:
+        """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables (flat for Taichi's
+        kernels; Triton's read the (rows, cols) tables through their pointers, and each view costs the host a torch
+        call) and the row length after the row scales (w, g, m, v, steps, lr_scale, cols, lr, ...)."""
         w, g, m, v, steps, lr_scale, *rest = operands
         if hi is not None or lo:
             w, g, m, v, lr_scale = w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr_scale[lo:hi]
             if steps is not self._no_steps:
                 steps = steps[lo:hi]
-        return (w, g, m, v, steps, lr_scale, max(1, w.shape[1]), *rest)
-
-    def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None) -> tuple:
-        """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables flat and the row
-        length after the row scales (w, g, m, v, steps, lr_scale, cols, lr, ...)."""
-        w, g, m, v, steps, lr_scale, *rest = operands
-        if hi is not None or lo:
-            w, g, m, v, lr_scale = w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], lr_scale[lo:hi]
-            if steps is not self._no_steps:
-                steps = steps[lo:hi]
-        return (w.view(-1), g.view(-1), m.view(-1), v.view(-1), steps.view(-1), lr_scale, max(1, w.shape[1]),
-                *rest)
+        cols = max(1, w.shape[1])
+        if flat:
+            w, g, m, v, steps = w.view(-1), g.view(-1), m.view(-1), v.view(-1), steps.view(-1)
+        return (w, g, m, v, steps, lr_scale, cols, *rest)
 
     def _update_sparse(self, name, w, g, lr_scale) -> None:
         """A compact table: its entries with a gradient, row chunk by row chunk (tinn/chunks.py)."""
