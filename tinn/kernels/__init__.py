@@ -28,10 +28,11 @@ def triton_step_kernels(device) -> bool:
     choice = runtime.tuning().triton_step_kernels
     if choice is False or (choice is None and device.type != "cuda") or not triton_available():
         return False
-    return device.type == "cuda" or _interpreting()
+    return device.type == "cuda" or triton_interpreted()
 
 
-def _interpreting() -> bool:
-    """Whether Triton runs its CPU interpreter (it reads TRITON_INTERPRET as it decorates a kernel)."""
+def triton_interpreted() -> bool:
+    """Whether Triton runs its CPU interpreter (tests on machines without a GPU; it reads TRITON_INTERPRET as it
+    decorates a kernel)."""
     import os
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -11,8 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .gradient_scaling import EXPONENT
+
 BLOCK = 4096  # values a program checks
-EXPONENT = 0x7F800000
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -9,11 +9,10 @@ other path. tcnn's constant input columns are appended inside the kernels (no pa
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import runtime
+from ..kernels import triton_interpreted
 from ..routing import sorted_bounds
 
 # The backward recomputes the forward up to this hidden width (its weight gradients in registers; at 128, 32
@@ -30,15 +29,10 @@ def _kernels():
     return tensor_cores
 
 
-def interpreted() -> bool:
-    """Whether Triton runs its CPU interpreter (tests on machines without a GPU)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def unavailable_reason(arch: str, shape) -> str | None:
     """None where the tensor-core kernels can run an array of this shape here, else why not (for messages).
     On the CPU they run only in Triton's interpreter (tests at toy sizes), and are never chosen by default."""
-    if arch != "cuda" and not interpreted():
+    if arch != "cuda" and not triton_interpreted():
         return "the tensor-core kernels need the CUDA arch"
     kernels = _kernels()
     ok, reason = kernels.available()
@@ -99,7 +93,7 @@ class TensorCorePath:
         batch = ids.shape[0]
         sizes = (tile, chunk_size(batch, tile)) if train else (inference_tile(batch, tile),)
         order, bounds = sorted_bounds(ids, self.n_networks)
-        return tiles.tile_lists(order, bounds, batch, sizes, interpreted())
+        return tiles.tile_lists(order, bounds, batch, sizes, triton_interpreted())
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor,
                   x_feature_major: bool) -> torch.Tensor:
