@@ -153,6 +153,18 @@ def test_otype_aliases_and_defaults():
 # ---------------------------------------------------------------------------------------------------------
 # Hash / index on known values: tables hold their own entry numbers, Nearest lookups read them back
 # ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(params=["taichi", "triton"])
+def grid_path(request, tuned):
+    """The lookup's and table gradient's two launch paths (`tuning.triton_grid_kernels`): Taichi's kernels, and
+    Triton's (the CUDA default; its interpreter on the CPU)."""
+    if request.param == "triton":
+        from tinn.kernels import triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
+    tuned(triton_grid_kernels=request.param == "triton")
+    return request.param
+
+
 def _entry_numbered(enc):
     with torch.no_grad():
         enc.params.copy_(torch.arange(enc.params.numel(), dtype=torch.float32, device=DEV).view_as(enc.params))
@@ -163,7 +175,7 @@ def _at_vertex(coords, scale):
     return torch.tensor(coords, dtype=torch.float32, device=DEV) / scale
 
 
-def test_coherent_prime_hash_known_values():
+def test_coherent_prime_hash_known_values(grid_path):
     # level 0: 8^3 = 512 dense entries; level 1: scale 8*8-1 = 63, 64^3 > 2^10 -> hashed into 1024 entries
     enc = GridEncoding(3, n_levels=2, n_features_per_level=1, log2_hashmap_size=10, base_resolution=8,
                        per_level_scale=8.0, interpolation="Nearest")
@@ -191,7 +203,7 @@ def test_coherent_prime_hash_known_values():
     assert torch.count_nonzero(x.grad) == 0  # nearest lookups are piecewise constant
 
 
-def test_dense_and_tiled_index_known_values():
+def test_dense_and_tiled_index_known_values(grid_path):
     dense = GridEncoding(2, n_levels=1, n_features_per_level=1, base_resolution=16, grid_type="Dense",
                          interpolation="Nearest")
     _entry_numbered(dense)
@@ -209,7 +221,7 @@ def test_dense_and_tiled_index_known_values():
     assert f4(_at_vertex([[3, 5]], 15.0))[0].tolist() == [332.0, 333.0, 334.0, 335.0]
 
 
-def test_4d_hash_matches_reference_entries():
+def test_4d_hash_matches_reference_entries(grid_path):
     enc = GridEncoding(4, n_levels=2, n_features_per_level=1, log2_hashmap_size=7, base_resolution=4,
                        per_level_scale=4.0, interpolation="Nearest")
     assert enc.layout.level_is_hashed(1)
@@ -276,7 +288,7 @@ def test_pcg32_reference_matches_stepping_one_by_one():
 
 @pytest.mark.parametrize("hash_type", ["Rng", "BaseConvert", "Prime", "ReversedPrime"])
 @pytest.mark.parametrize("n_dims", [2, 3, 4])
-def test_hash_types_match_reference_entries(hash_type, n_dims):
+def test_hash_types_match_reference_entries(hash_type, n_dims, grid_path):
     """Each hash's table entries at known vertices of a hashed level (tables numbered by entry, Nearest
     lookups read the entry back)."""
     enc = GridEncoding(n_dims, n_levels=2, n_features_per_level=1, log2_hashmap_size=7, base_resolution=4,
@@ -358,16 +370,52 @@ def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interp
 # ---------------------------------------------------------------------------------------------------------
 # Forward / backward / double backward against the reference
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("lanes,level_tasks", [(True, False), (False, False), (False, True)],
-                         ids=["feature-lanes", "sample-threads", "level-tasks"])
+@pytest.fixture
+def triton_grid_launches(monkeypatch):
+    """Counts the Triton grid kernels' launches by name (skips where Triton is not installed)."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.kernels import grid_triton
+    launches = []
+    for name in ("grid_forward", "grid_backward_table"):
+        original = getattr(grid_triton, name)
+        monkeypatch.setattr(grid_triton, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
+    return launches
+
+
+@pytest.mark.parametrize("lanes,level_tasks,triton", [(True, False, False), (False, False, False),
+                                                      (False, True, False), (None, None, True)],
+                         ids=["feature-lanes", "sample-threads", "level-tasks", "triton"])
 @pytest.mark.parametrize("n_dims,kw,n_networks", CONFIGS, ids=IDS)
-def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, level_tasks, tuned):
+def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, level_tasks, triton, tuned, request):
     # Every kernel family of the table gradient: one thread per (level, sample, feature), one per (level,
-    # sample), and on the CPU one task per level walking the samples without atomics.
-    tuned(feature_lanes=lanes, level_tasks=level_tasks)
+    # sample), on the CPU one task per level walking the samples without atomics, and the Triton launches of
+    # the lookup and the table gradient (CUDA's default; Triton's interpreter on the CPU).
+    tuned(feature_lanes=lanes, level_tasks=level_tasks, triton_grid_kernels=triton)
+    launches = request.getfixturevalue("triton_grid_launches") if triton else None
     enc = make(n_dims, n_networks, **kw)
+    if triton:
+        x, ids = inputs(enc, 96)
+        (enc(x, ids) * 1.0).sum().backward()
+        # The table gradient stays Taichi's for a single grid with at least a quarter of its levels summed in
+        # shared memory first (CUDA only; elsewhere no level is).
+        shared = enc._shared_levels if enc.n_networks == 1 else 0
+        expected = ["grid_forward"] + ([] if shared and 4 * shared >= enc.n_levels else ["grid_backward_table"])
+        assert launches == expected, launches
+        enc.params.grad = None
+        launches.clear()
+        run_checks(n_dims, kw, enc)
+        assert "grid_forward" in launches
+        return
+    run_checks(n_dims, kw, enc)
     assert enc.feature_lanes is lanes
     assert enc.level_tasks is (level_tasks and tinn.runtime.arch() == "cpu")
+
+
+def run_checks(n_dims, kw, enc):
+    """The features, the table gradient alone and with the input gradient, and the input gradient, against
+    the float64 reference."""
     x, ids = inputs(enc, 96)
     xr = x.double().requires_grad_(True)
     pr = enc.params.detach().double().requires_grad_(True)
@@ -476,7 +524,7 @@ def test_gradient_of_parameter_gradient():
 # ---------------------------------------------------------------------------------------------------------
 # Arrays of grids
 # ---------------------------------------------------------------------------------------------------------
-def test_array_of_grids_equals_separate_grids():
+def test_array_of_grids_equals_separate_grids(grid_path):
     kw = dict(n_levels=4, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4, per_level_scale=2.0)
     n = 5
     array = make(3, n, seed=11, **kw)
@@ -502,15 +550,17 @@ def test_array_of_grids_equals_separate_grids():
     torch.testing.assert_close(x1.grad, dx, rtol=1e-6, atol=1e-6)
 
 
-def test_array_routes_each_sample_to_its_own_grid():
+def test_array_routes_each_sample_to_its_own_grid(grid_path):
     enc = GridEncoding(2, n_networks=3, n_levels=2, n_features_per_level=1, base_resolution=4, grid_type="Dense")
     with torch.no_grad():
         enc.params.copy_(torch.tensor([[1.0], [2.0], [3.0]]).expand_as(enc.params))
     x = torch.rand(6, 2, device=DEV)
     ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEV)
-    # constant tables interpolate to themselves: the output is the table's constant
-    assert enc(x, ids)[:, 0].tolist() == [3.0, 1.0, 2.0, 2.0, 1.0, 3.0]
-    assert enc(x, ids.long())[:, 1].tolist() == [3.0, 1.0, 2.0, 2.0, 1.0, 3.0]  # int64 ids are accepted too
+    # constant tables interpolate to themselves (to rounding: the weights' sum is 1 within an ulp): the output is
+    # the table's constant
+    routed = torch.tensor([3.0, 1.0, 2.0, 2.0, 1.0, 3.0], device=DEV)
+    torch.testing.assert_close(enc(x, ids)[:, 0], routed, rtol=0, atol=1e-6)
+    torch.testing.assert_close(enc(x, ids.long())[:, 1], routed, rtol=0, atol=1e-6)  # int64 ids are accepted too
     with pytest.raises(InputError, match="net_ids contains 3"):
         enc(x, torch.full((6,), 3, dtype=torch.int32, device=DEV))
     with pytest.raises(InputError, match="net_ids is required"):

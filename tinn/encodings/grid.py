@@ -19,7 +19,7 @@ from ..kernels import deterministic as deterministic_kernels
 from ..kernels import grid_encoding
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, SecondOrderError, to_layout
 from .base import Encoding
-from .grid_layout import (GRID_TYPES, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
+from .grid_layout import (GRID_TYPES, HASH_RNG, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
                           default_per_level_scale, grid_layout, hash_code)
 
 _OTYPE_DEFAULT_TYPE = {"Grid": "Hash", "HashGrid": "Hash", "DenseGrid": "Dense", "TiledGrid": "Tiled"}
@@ -218,13 +218,18 @@ class GridEncoding(Encoding):
     def _kernel_table(self):
         """The per-level table the kernels read (see tinn/kernels/grid_encoding.py), as a persistent Taichi
         ndarray on the device: cheaper to pass per launch than torch tensors, and it never changes."""
+        return grid_encoding.make_table(self._meta_values())
+
+    def _meta_values(self) -> np.ndarray:
+        """The kernels' per-level table: (entry offset, resolution, entries, float32 bits of the scale) per level,
+        and the hash's per-dimension factors in the last row."""
         meta = np.zeros((self.n_levels + 1, 4), dtype=np.int32)
         for i, lv in enumerate(self.layout.levels):
             meta[i, :3] = (lv.offset, lv.resolution, lv.size)
             meta[i, 3] = np.array(lv.scale, dtype=np.float32).view(np.int32)
         factors = hash_code(self.hash, self.n_input_dims)[1]
         meta[-1, :self.n_input_dims] = np.array(factors, dtype=np.uint32).view(np.int32)  # read back as uint32
-        return grid_encoding.make_table(meta)
+        return meta
 
     def _shared_level_count(self) -> int:
         """Coarse levels whose parameter gradient a CUDA block sums in shared memory first (single grid only)."""
@@ -232,9 +237,31 @@ class GridEncoding(Encoding):
             return 0
         return grid_encoding.shared_levels([lv.size for lv in self.layout.levels], self.n_features_per_level)
 
+    def _triton_levels(self, table: torch.Tensor):
+        """The per-level table on the device (`grid_triton.LevelTable`) when a lookup or table gradient into
+        `table` can run as a Triton launch (`tuning.triton_grid_kernels`; a float32 table and a hash other than
+        Rng), else None: Taichi's kernels."""
+        from ..kernels import triton_grid_kernels
+        if table.dtype != torch.float32 or self._hashing == HASH_RNG or not triton_grid_kernels(table.device):
+            return None
+        levels = self.__dict__.get("_levels_on_device")
+        if levels is None or levels.device != table.device:
+            from ..kernels import grid_triton
+            levels = self._levels_on_device = grid_triton.LevelTable(self._meta_values(), table.device)
+        return levels
+
+    def _triton_table_gradient(self, dtable: torch.Tensor, n_shared: int):
+        """`_triton_levels` for the table gradient, except where Taichi's kernel is faster: a single grid whose
+        coarse levels a block sums in shared memory first (`grid_encoding.grid_backward_shared`), when they are
+        at least a quarter of its levels (design notes, "The grid's hot launches through Triton")."""
+        if n_shared and 4 * n_shared >= self.n_levels:
+            return None
+        return self._triton_levels(dtable)
+
     def __getstate__(self):  # pickling (torch.save(module)): backend-specific state is rebuilt, not serialised
         state = self.__dict__.copy()
         state.pop("_meta", None)
+        state.pop("_levels_on_device", None)
         state.pop("_shared_levels", None)
         return state
 
@@ -345,7 +372,13 @@ class GridEncoding(Encoding):
         chunks.check_batch(type(self).__name__, x.shape[0], max(self.n_output_dims, self.n_input_dims),
                            f"features ({self.n_output_dims}, batch)")
         out_t = torch.empty(self.n_output_dims, x.shape[0], dtype=torch.float32, device=x.device)
-        if x.shape[0]:
+        levels = self._triton_levels(table) if x.shape[0] else None
+        if levels is not None:
+            from ..kernels import grid_triton
+            for lo, hi, rows in _chunk_views(table):
+                grid_triton.grid_forward(x, ids, rows(table), offset, levels, out_t, f, interp, gtype,
+                                         self.n_input_dims, lo, self._hashing)
+        elif x.shape[0]:
             cells, compact = _kernel_cells(table)
             for lo, hi, rows in _chunk_views(table):
                 grid_encoding.grid_forward(x, ids, rows(cells), offset, self._meta, out_t, f, interp, gtype,
@@ -398,6 +431,12 @@ class GridEncoding(Encoding):
                                gtype, n_shared, lo):
         """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
         is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
+        levels = self._triton_table_gradient(dparams, n_shared) if want_params and not want_x else None
+        if levels is not None:
+            from ..kernels import grid_triton
+            grid_triton.grid_backward_table(x, net_ids, off, levels, dy_t, dparams, f, interp, gtype,
+                                            self.n_input_dims, lo, self._hashing)
+            return
         if want_params and not want_x and self.level_tasks:
             grid_encoding.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,
                                                self.n_input_dims, lo, self._hashing)

@@ -25,7 +25,17 @@ def triton_step_kernels(device) -> bool:
     Triton launches on `device` (`tuning.triton_step_kernels`): None = on CUDA where Triton imports; True =
     wherever Triton runs (CUDA, or its CPU interpreter in tests); False = never."""
     from .. import runtime
-    choice = runtime.tuning().triton_step_kernels
+    return _triton_chosen(runtime.tuning().triton_step_kernels, device)
+
+
+def triton_grid_kernels(device) -> bool:
+    """Whether a grid encoding's lookup and table gradient run as Triton launches on `device` where the grid's
+    options allow it (`tuning.triton_grid_kernels`; the same three choices as `triton_step_kernels`)."""
+    from .. import runtime
+    return _triton_chosen(runtime.tuning().triton_grid_kernels, device)
+
+
+def _triton_chosen(choice, device) -> bool:
     if choice is False or (choice is None and device.type != "cuda") or not triton_available():
         return False
     return device.type == "cuda" or triton_interpreted()

@@ -1,0 +1,206 @@
+"""The multiresolution grid's lookup and table gradient as Triton launches on CUDA: the same arithmetic as
+`grid_encoding.grid_forward` and `grid_encoding.grid_backward_lanes` (Taichi), for float32 tables and the prime
+or base-convert hashes. Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
+
+Why a second copy: a training step with a grid issues its lookup and its table gradient every step, and Taichi's
+launch path costs the host several times a Triton launch's time for the same arguments (design notes, "The grid's
+hot launches through Triton"); on the GPU the two versions do the same loads and atomics. Taichi's kernels stay the
+CPU's, the reference of the tests, and the path of every option this one leaves out (compact tables, input
+gradients, second order, the fixed-order sum, stochastic interpolation, the Rng hash).
+
+One program covers `BLOCK` samples of one level (levels on the launch grid's second axis, so neighbouring
+programs read the same level's table, as the Taichi kernels' level-major threads do). Table rows are chunk views
+(tinn/chunks.py): row `net_ids[b] - net_lo` of the view, skipped when outside it. Features travel feature-major,
+`out_t[level * F + f, b]`, as in the Taichi kernels. Index arithmetic is tcnn's, in uint32 with wraparound.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NEAREST, LINEAR, SMOOTHSTEP = 0, 1, 2          # grid_encoding's interpolation codes
+HASH, DENSE, TILED = 0, 1, 2                   # grid_encoding's grid types
+HASH_XOR, HASH_SUM = 0, 1                      # grid_layout.hash_code's combinations (HASH_RNG stays Taichi's)
+MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)
+BLOCK = 128  # samples a forward program covers; (sample, feature) lanes a backward program covers
+
+
+@triton.jit
+def _axis(x_ptr, b64, inside, scale, zf, d: tl.constexpr, D: tl.constexpr, INTERP: tl.constexpr):
+    """Cell coordinate, interpolation weight and NaN flag of each sample along axis `d` (zeros past `D`); the
+    +0.5 staggers the levels against each other (tcnn)."""
+    p = zf
+    if d < D:
+        p = tl.load(x_ptr + b64 * D + d, mask=inside, other=0.0) * scale + 0.5
+    fl = tl.floor(p)
+    t = p - fl
+    if INTERP == 2:  # Smoothstep
+        t = t * t * (3.0 - 2.0 * t)
+    return fl.to(tl.int32), t, (p != p)
+
+
+@triton.jit
+def _corner_entry(c0, c1, c2, c3, corner: tl.constexpr, res_u, size_u, hashed, pow2, factors_ptr,
+                  D: tl.constexpr, H: tl.constexpr):
+    """The table entry (uint32 block) of `corner` of each sample's cell: the dense index where the level's
+    vertices fit in 32 bits and the level is not hashed, else tcnn's spatial hash, wrapped to the level's size."""
+    u0 = (c0 + (corner & 1)).to(tl.uint32, bitcast=True)
+    index = u0
+    stride = res_u
+    hashed_index = u0 * tl.load(factors_ptr).to(tl.uint32, bitcast=True)
+    if D > 1:
+        u1 = (c1 + ((corner >> 1) & 1)).to(tl.uint32, bitcast=True)
+        index = index + u1 * stride
+        stride = stride * res_u
+        term = u1 * tl.load(factors_ptr + 1).to(tl.uint32, bitcast=True)
+        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+    if D > 2:
+        u2 = (c2 + ((corner >> 2) & 1)).to(tl.uint32, bitcast=True)
+        index = index + u2 * stride
+        stride = stride * res_u
+        term = u2 * tl.load(factors_ptr + 2).to(tl.uint32, bitcast=True)
+        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+    if D > 3:
+        u3 = (c3 + ((corner >> 3) & 1)).to(tl.uint32, bitcast=True)
+        index = index + u3 * stride
+        term = u3 * tl.load(factors_ptr + 3).to(tl.uint32, bitcast=True)
+        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+    index = tl.where(hashed, hashed_index, index)
+    wrapped = tl.where(pow2, index & (size_u - 1), index % tl.maximum(size_u, 1))
+    return tl.where(index >= size_u, wrapped, index)
+
+
+@triton.jit
+def _weight(s0, s1, s2, s3, corner: tl.constexpr, D: tl.constexpr):
+    """The N-linear weight of `corner` (from each axis' weight s or 1 - s)."""
+    w = s0 if (corner & 1) else 1.0 - s0
+    if D > 1:
+        w = w * (s1 if ((corner >> 1) & 1) else 1.0 - s1)
+    if D > 2:
+        w = w * (s2 if ((corner >> 2) & 1) else 1.0 - s2)
+    if D > 3:
+        w = w * (s3 if ((corner >> 3) & 1) else 1.0 - s3)
+    return w
+
+
+@triton.jit
+def _level(x_ptr, ids_ptr, meta_ptr, level, n, n_rows, net_lo, row_stride, param_offset, grid_type, b,
+           D: tl.constexpr, F: tl.constexpr, INTERP: tl.constexpr, DENSE_LIMIT: tl.constexpr):
+    """What both kernels compute first for their level and samples `b` (a block): the samples' rows in the view,
+    cells and per-axis weights, and the level's table constants."""
+    zeros = b * 0
+    inside = b < n
+    net = tl.load(ids_ptr + b, mask=inside, other=0) - net_lo
+    live = inside & (net >= 0) & (net < n_rows)
+    first = tl.load(meta_ptr + level * 4)
+    res = tl.load(meta_ptr + level * 4 + 1)
+    size = tl.load(meta_ptr + level * 4 + 2)
+    scale = tl.load(meta_ptr + level * 4 + 3).to(tl.float32, bitcast=True)
+    b64 = b.to(tl.int64)
+    zf = zeros.to(tl.float32)
+    c0, s0, n0 = _axis(x_ptr, b64, inside, scale, zf, 0, D, INTERP)
+    c1, s1, n1 = _axis(x_ptr, b64, inside, scale, zf, 1, D, INTERP)
+    c2, s2, n2 = _axis(x_ptr, b64, inside, scale, zf, 2, D, INTERP)
+    c3, s3, n3 = _axis(x_ptr, b64, inside, scale, zf, 3, D, INTERP)
+    res_u = (zeros + res).to(tl.uint32, bitcast=True)
+    size_u = (zeros + size).to(tl.uint32, bitcast=True)
+    # The level's dense vertex count res^D in uint32 (0xFFFFFFFF past the resolution that keeps it in 32 bits);
+    # a hashed type hashes where its table is smaller than that.
+    dense = res_u
+    for _ in tl.static_range(D - 1):
+        dense = dense * res_u
+    dense = tl.where(res_u <= DENSE_LIMIT, dense, (zeros - 1).to(tl.uint32, bitcast=True))
+    hashed = (zeros + grid_type == 0) & (size_u < dense)
+    pow2 = (size_u & (size_u - 1)) == 0
+    row = net.to(tl.int64) * row_stride + param_offset + first * F
+    return live, n0 | n1 | n2 | n3, c0, c1, c2, c3, s0, s1, s2, s3, res_u, size_u, hashed, pow2, row
+
+
+@triton.jit
+def _grid_forward(x_ptr, ids_ptr, table_ptr, meta_ptr, factors_ptr, out_ptr, n, n_rows, net_lo, row_stride,
+                  param_offset, grid_type, D: tl.constexpr, F: tl.constexpr, INTERP: tl.constexpr, H: tl.constexpr,
+                  BLOCK: tl.constexpr, DENSE_LIMIT: tl.constexpr):
+    level = tl.program_id(1)
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live, nan, c0, c1, c2, c3, s0, s1, s2, s3, res_u, size_u, hashed, pow2, row = _level(
+        x_ptr, ids_ptr, meta_ptr, level, n, n_rows, net_lo, row_stride, param_offset, grid_type, b,
+        D, F, INTERP, DENSE_LIMIT)
+    f = tl.arange(0, F)
+    if INTERP == 0:  # Nearest: corner 0 alone; a NaN coordinate gives NaN features, as torch ops would
+        e = _corner_entry(c0, c1, c2, c3, 0, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+        cols = row + e.to(tl.int64) * F
+        acc = tl.load(table_ptr + cols[:, None] + f[None, :], mask=live[:, None], other=0.0)
+        acc = tl.where(nan[:, None], float("nan"), acc)
+    else:
+        acc = tl.zeros([BLOCK, F], dtype=tl.float32)
+        for corner in tl.static_range(1 << D):
+            e = _corner_entry(c0, c1, c2, c3, corner, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+            w = _weight(s0, s1, s2, s3, corner, D)
+            cols = row + e.to(tl.int64) * F
+            values = tl.load(table_ptr + cols[:, None] + f[None, :], mask=live[:, None], other=0.0)
+            acc += w[:, None] * values
+    out = out_ptr + (level * F + f)[None, :].to(tl.int64) * n + b[:, None]
+    tl.store(out, acc, mask=live[:, None])
+
+
+@triton.jit
+def _grid_backward_table(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_ptr, n, n_rows, net_lo, row_stride,
+                         param_offset, grid_type, D: tl.constexpr, F: tl.constexpr, INTERP: tl.constexpr,
+                         H: tl.constexpr, BLOCK: tl.constexpr, DENSE_LIMIT: tl.constexpr):
+    # One lane per (sample, feature), features of a sample on neighbouring lanes: a corner's F adds then go to
+    # neighbouring words from neighbouring threads and reach L2 as one request (the Taichi kernel's feature lanes).
+    # The lanes of one sample repeat its cell's arithmetic, which costs less than the requests it saves.
+    level = tl.program_id(1)
+    lane = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    b = (lane // F).to(tl.int32)
+    f = (lane % F).to(tl.int32)
+    live, nan, c0, c1, c2, c3, s0, s1, s2, s3, res_u, size_u, hashed, pow2, row = _level(
+        x_ptr, ids_ptr, meta_ptr, level, n, n_rows, net_lo, row_stride, param_offset, grid_type, b,
+        D, F, INTERP, DENSE_LIMIT)
+    dy = tl.load(dy_ptr + (level * F + f).to(tl.int64) * n + b, mask=live, other=0.0)
+    # Zero upstream gradients add nothing: skipped, as the Taichi kernels skip them (fewer atomics).
+    send = live & (dy != 0.0)
+    row = row + f
+    if INTERP == 0:
+        e = _corner_entry(c0, c1, c2, c3, 0, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+        tl.atomic_add(grad_ptr + row + e.to(tl.int64) * F, dy, mask=send, sem="relaxed")
+    else:
+        for corner in tl.static_range(1 << D):
+            e = _corner_entry(c0, c1, c2, c3, corner, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+            w = _weight(s0, s1, s2, s3, corner, D)
+            tl.atomic_add(grad_ptr + row + e.to(tl.int64) * F, w * dy, mask=send, sem="relaxed")
+
+
+class LevelTable:
+    """The per-level table (tinn/kernels/grid_encoding.py's `meta`, a numpy int32 array) on a device, with its
+    last row (the hash factors) as a view made once: every launch passes both."""
+
+    def __init__(self, meta, device):
+        self.meta = torch.as_tensor(meta, dtype=torch.int32).to(device).contiguous()
+        self.factors = self.meta[-1]
+        self.n_levels = self.meta.shape[0] - 1
+        self.device = self.meta.device
+
+
+def _scalars(x, table, param_offset, grid_type, net_lo):
+    return x.shape[0], table.shape[0], net_lo, table.stride(0), param_offset, grid_type
+
+
+def grid_forward(x, net_ids, table, param_offset, levels: LevelTable, out_t, F, interp, grid_type, D, net_lo,
+                 hashing):
+    """`out_t[level * F + f, b]` = sample b's features, for the samples whose row lies in the view `table`
+    (as `grid_encoding.grid_forward`; float32 table, `hashing` HASH_XOR or HASH_SUM)."""
+    grid = (triton.cdiv(x.shape[0], BLOCK), levels.n_levels)
+    _grid_forward[grid](x, net_ids, table, levels.meta, levels.factors, out_t,
+                        *_scalars(x, table, param_offset, grid_type, net_lo), D=D, F=F, INTERP=interp, H=hashing,
+                        BLOCK=BLOCK, DENSE_LIMIT=MAX_DENSE_BASE[D])
+
+
+def grid_backward_table(x, net_ids, param_offset, levels: LevelTable, dy_t, dtable, F, interp, grid_type, D, net_lo,
+                        hashing):
+    """Adds every level's table gradient into the view `dtable` (atomics; as `grid_encoding.grid_backward_lanes`)."""
+    grid = (triton.cdiv(x.shape[0] * F, BLOCK), levels.n_levels)
+    _grid_backward_table[grid](x, net_ids, levels.meta, levels.factors, dy_t, dtable,
+                               *_scalars(x, dtable, param_offset, grid_type, net_lo), D=D, F=F, INTERP=interp,
+                               H=hashing, BLOCK=BLOCK, DENSE_LIMIT=MAX_DENSE_BASE[D])
