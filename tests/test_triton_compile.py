@@ -1,0 +1,21 @@
+"""Triton kernels compiled for the GPU on a machine without one: Triton's CPU interpreter, which runs the other
+tests' Triton paths, accepts code the GPU compiler refuses, so each kernel family is also compiled to a GPU binary
+here (Triton's bundled ptxas), in a process without TRITON_INTERPRET."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tinn.kernels import triton_available
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
+def test_grid_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.tools.grid_compile", "--arch", "90"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.stdout.count("ok _grid_") == 14 and "0 failed" in run.stdout
