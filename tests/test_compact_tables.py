@@ -13,7 +13,8 @@ from tinn.optimizers import create_optimizer
 from tinn.part import SecondOrderError
 from tinn.trainer import Trainer
 
-from test_encodings_grid import CONFIGS, IDS, inputs, ref_grid
+from test_encodings_grid import (CONFIGS, IDS, grid_path, inputs, ref_grid,  # noqa: F401 (fixtures)
+                                 triton_grid_launches)
 
 DEV = tinn.runtime.device()
 
@@ -36,7 +37,9 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n_dims,kw,n_networks", CONFIGS, ids=IDS)
-def test_lookup_and_sparse_gradient_match_float64(n_dims, kw, n_networks):
+def test_lookup_and_sparse_gradient_match_float64(n_dims, kw, n_networks, grid_path, request):
+    # The lookup on both launch paths (Triton's reads the bfloat16 bits itself); the sparse gradient is Taichi's.
+    launches = request.getfixturevalue("triton_grid_launches") if grid_path == "triton" else None
     c, f = compact_and_float(n_dims, n_networks, **kw)
     x, ids = inputs(c, 96)
     xr = x.double().requires_grad_(True)
@@ -63,6 +66,8 @@ def test_lookup_and_sparse_gradient_match_float64(n_dims, kw, n_networks):
         torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-4, atol=1e-4 * float(xr.grad.abs().max()))
     # The float32 table with the same values gives the same features.
     torch.testing.assert_close(f(x.detach(), ids), y.detach(), rtol=0, atol=1e-6)
+    if launches is not None:
+        assert launches.count("grid_forward") == 2 and "grid_backward_table" not in launches, launches
 
 
 def test_bfloat16_rounding_nearest_and_stochastic():

@@ -35,11 +35,13 @@ def main(argv=None) -> int:
     target = GPUTarget("cuda", args.arch, 32)
     failures = 0
     for d, f, interp, hashing in VARIANTS:
-        for kernel, block in ((g._grid_forward, {"BLOCK": g.BLOCK}),
+        compact = d == 3 and f == 2  # the lookup of a compact table (bfloat16 bits in int16) once
+        for kernel, block in ((g._grid_forward, {"BLOCK": g.BLOCK, "BF16": compact}),
                               (g._grid_backward_table, {"BLOCK": g.BLOCK})):
             consts = dict(D=d, F=f, INTERP=interp, H=hashing, DENSE_LIMIT=g.MAX_DENSE_BASE[d], **block)
-            signature = {name: ("constexpr" if name in consts else pointers.get(name, "i64" if name == "row_stride"
-                                                                                  else "i32"))
+            types = dict(pointers, table_ptr="*i16" if compact else "*fp32")
+            signature = {name: ("constexpr" if name in consts else types.get(name, "i64" if name == "row_stride"
+                                                                               else "i32"))
                          for name in kernel.arg_names}
             label = f"{kernel.__name__} D={d} F={f} interpolation={interp} hash={hashing}"
             try:

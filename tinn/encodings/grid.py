@@ -239,10 +239,11 @@ class GridEncoding(Encoding):
 
     def _triton_levels(self, table: torch.Tensor):
         """The per-level table on the device (`grid_triton.LevelTable`) when a lookup or table gradient into
-        `table` can run as a Triton launch (`tuning.triton_grid_kernels`; a float32 table and a hash other than
-        Rng), else None: Taichi's kernels."""
+        `table` can run as a Triton launch (`tuning.triton_grid_kernels`; a float32 table, or for the lookup a
+        compact one, and a hash other than Rng), else None: Taichi's kernels."""
         from ..kernels import triton_grid_kernels
-        if table.dtype != torch.float32 or self._hashing == HASH_RNG or not triton_grid_kernels(table.device):
+        if (table.dtype not in (torch.float32, torch.bfloat16) or self._hashing == HASH_RNG
+                or not triton_grid_kernels(table.device)):
             return None
         levels = self.__dict__.get("_levels_on_device")
         if levels is None or levels.device != table.device:
@@ -254,7 +255,7 @@ class GridEncoding(Encoding):
         """`_triton_levels` for the table gradient, except where Taichi's kernel is faster: a single grid whose
         coarse levels a block sums in shared memory first (`grid_encoding.grid_backward_shared`), when they are
         at least a quarter of its levels (design notes, "The grid's hot launches through Triton")."""
-        if n_shared and 4 * n_shared >= self.n_levels:
+        if dtable.dtype != torch.float32 or (n_shared and 4 * n_shared >= self.n_levels):
             return None
         return self._triton_levels(dtable)
 

@@ -1,6 +1,6 @@
 """The multiresolution grid's lookup and table gradient as Triton launches on CUDA: the same arithmetic as
-`grid_encoding.grid_forward` and `grid_encoding.grid_backward_lanes` (Taichi), for float32 tables and the prime
-or base-convert hashes. Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
+`grid_encoding.grid_forward` and `grid_encoding.grid_backward_lanes` (Taichi), for float32 tables (the lookup also
+for compact bfloat16 ones) and the prime or base-convert hashes. Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
 
 Why a second copy: a training step with a grid issues its lookup and its table gradient every step, and Taichi's
 launch path costs the host several times a Triton launch's time for the same arguments (design notes, "The grid's
@@ -118,9 +118,19 @@ def _level(x_ptr, ids_ptr, meta_ptr, level, n, n_rows, net_lo, row_stride, param
 
 
 @triton.jit
+def _table_values(table_ptr, cols, live, BF16: tl.constexpr):
+    """Float32 values at table columns `cols` (a [samples, F] block) of the samples `live`; a compact table holds
+    bfloat16 bits in int16."""
+    values = tl.load(table_ptr + cols, mask=live, other=0)
+    if BF16:
+        values = values.to(tl.bfloat16, bitcast=True)
+    return values.to(tl.float32)
+
+
+@triton.jit
 def _grid_forward(x_ptr, ids_ptr, table_ptr, meta_ptr, factors_ptr, out_ptr, n, n_rows, net_lo, row_stride,
                   param_offset, grid_type, D: tl.constexpr, F: tl.constexpr, INTERP: tl.constexpr, H: tl.constexpr,
-                  BLOCK: tl.constexpr, DENSE_LIMIT: tl.constexpr):
+                  BF16: tl.constexpr, BLOCK: tl.constexpr, DENSE_LIMIT: tl.constexpr):
     level = tl.program_id(1)
     b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live, nan, c0, c1, c2, c3, s0, s1, s2, s3, res_u, size_u, hashed, pow2, row = _level(
@@ -130,7 +140,7 @@ def _grid_forward(x_ptr, ids_ptr, table_ptr, meta_ptr, factors_ptr, out_ptr, n, 
     if INTERP == 0:  # Nearest: corner 0 alone; a NaN coordinate gives NaN features, as torch ops would
         e = _corner_entry(c0, c1, c2, c3, 0, res_u, size_u, hashed, pow2, factors_ptr, D, H)
         cols = row + e.to(tl.int64) * F
-        acc = tl.load(table_ptr + cols[:, None] + f[None, :], mask=live[:, None], other=0.0)
+        acc = _table_values(table_ptr, cols[:, None] + f[None, :], live[:, None], BF16)
         acc = tl.where(nan[:, None], float("nan"), acc)
     else:
         acc = tl.zeros([BLOCK, F], dtype=tl.float32)
@@ -138,7 +148,7 @@ def _grid_forward(x_ptr, ids_ptr, table_ptr, meta_ptr, factors_ptr, out_ptr, n, 
             e = _corner_entry(c0, c1, c2, c3, corner, res_u, size_u, hashed, pow2, factors_ptr, D, H)
             w = _weight(s0, s1, s2, s3, corner, D)
             cols = row + e.to(tl.int64) * F
-            values = tl.load(table_ptr + cols[:, None] + f[None, :], mask=live[:, None], other=0.0)
+            values = _table_values(table_ptr, cols[:, None] + f[None, :], live[:, None], BF16)
             acc += w[:, None] * values
     out = out_ptr + (level * F + f)[None, :].to(tl.int64) * n + b[:, None]
     tl.store(out, acc, mask=live[:, None])
@@ -190,11 +200,13 @@ def _scalars(x, table, param_offset, grid_type, net_lo):
 def grid_forward(x, net_ids, table, param_offset, levels: LevelTable, out_t, F, interp, grid_type, D, net_lo,
                  hashing):
     """`out_t[level * F + f, b]` = sample b's features, for the samples whose row lies in the view `table`
-    (as `grid_encoding.grid_forward`; float32 table, `hashing` HASH_XOR or HASH_SUM)."""
+    (as `grid_encoding.grid_forward`; a float32 table, or a compact one's bfloat16 values; `hashing` HASH_XOR or
+    HASH_SUM)."""
     grid = (triton.cdiv(x.shape[0], BLOCK), levels.n_levels)
-    _grid_forward[grid](x, net_ids, table, levels.meta, levels.factors, out_t,
-                        *_scalars(x, table, param_offset, grid_type, net_lo), D=D, F=F, INTERP=interp, H=hashing,
-                        BLOCK=BLOCK, DENSE_LIMIT=MAX_DENSE_BASE[D])
+    compact = table.dtype == torch.bfloat16
+    _grid_forward[grid](x, net_ids, table.view(torch.int16) if compact else table, levels.meta, levels.factors,
+                        out_t, *_scalars(x, table, param_offset, grid_type, net_lo), D=D, F=F, INTERP=interp,
+                        H=hashing, BF16=compact, BLOCK=BLOCK, DENSE_LIMIT=MAX_DENSE_BASE[D])
 
 
 def grid_backward_table(x, net_ids, param_offset, levels: LevelTable, dy_t, dtable, F, interp, grid_type, D, net_lo,
