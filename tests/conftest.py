@@ -97,3 +97,29 @@ def float32_networks_on_cuda(request):
     settings.install(original.replace(precision="float32"))
     yield
     settings.install(original)
+
+
+@pytest.fixture(params=["taichi", "triton"])
+def grid_path(request, tuned):
+    """The lookup's and table gradient's two launch paths (`tuning.triton_grid_kernels`): Taichi's kernels, and
+    Triton's (the CUDA default; its interpreter on the CPU)."""
+    if request.param == "triton":
+        from tinn.kernels import triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
+    tuned(triton_grid_kernels=request.param == "triton")
+    return request.param
+
+
+@pytest.fixture
+def triton_grid_launches(monkeypatch):
+    """Counts the Triton grid kernels' launches by name (skips where Triton is not installed)."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.kernels import grid_triton
+    launches = []
+    for name in ("grid_forward", "grid_backward_table"):
+        original = getattr(grid_triton, name)
+        monkeypatch.setattr(grid_triton, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
+    return launches

@@ -13,8 +13,7 @@ from tinn.optimizers import create_optimizer
 from tinn.part import SecondOrderError
 from tinn.trainer import Trainer
 
-from test_encodings_grid import (CONFIGS, IDS, grid_path, inputs, ref_grid,  # noqa: F401 (fixtures)
-                                 triton_grid_launches)
+from test_encodings_grid import CONFIGS, IDS, inputs, ref_grid
 
 DEV = tinn.runtime.device()
 

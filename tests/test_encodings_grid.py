@@ -153,18 +153,6 @@ def test_otype_aliases_and_defaults():
 # ---------------------------------------------------------------------------------------------------------
 # Hash / index on known values: tables hold their own entry numbers, Nearest lookups read them back
 # ---------------------------------------------------------------------------------------------------------
-@pytest.fixture(params=["taichi", "triton"])
-def grid_path(request, tuned):
-    """The lookup's and table gradient's two launch paths (`tuning.triton_grid_kernels`): Taichi's kernels, and
-    Triton's (the CUDA default; its interpreter on the CPU)."""
-    if request.param == "triton":
-        from tinn.kernels import triton_available
-        if not triton_available():
-            pytest.skip("Triton is not installed")
-    tuned(triton_grid_kernels=request.param == "triton")
-    return request.param
-
-
 def _entry_numbered(enc):
     with torch.no_grad():
         enc.params.copy_(torch.arange(enc.params.numel(), dtype=torch.float32, device=DEV).view_as(enc.params))
@@ -370,20 +358,6 @@ def test_stochastic_interpolation_sends_each_gradient_to_the_drawn_corner(interp
 # ---------------------------------------------------------------------------------------------------------
 # Forward / backward / double backward against the reference
 # ---------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def triton_grid_launches(monkeypatch):
-    """Counts the Triton grid kernels' launches by name (skips where Triton is not installed)."""
-    from tinn.kernels import triton_available
-    if not triton_available():
-        pytest.skip("Triton is not installed")
-    from tinn.kernels import grid_triton
-    launches = []
-    for name in ("grid_forward", "grid_backward_table"):
-        original = getattr(grid_triton, name)
-        monkeypatch.setattr(grid_triton, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
-    return launches
-
-
 @pytest.mark.parametrize("lanes,level_tasks,triton", [(True, False, False), (False, False, False),
                                                       (False, True, False), (None, None, True)],
                          ids=["feature-lanes", "sample-threads", "level-tasks", "triton"])
