@@ -351,12 +351,17 @@ def test_zero_copy_inputs_outputs_params_and_gradients(monkeypatch, tuned):
 
 
 @needs_grid
-def test_zero_copy_grid_table(monkeypatch):
-    from tinn.kernels import grid_encoding
+def test_zero_copy_grid_table(monkeypatch, grid_path):
+    # The lookup's kernel, on either launch path (Taichi's, or Triton's: CUDA's default), reads the parameter
+    # and input tensors' own storage.
+    if grid_path == "triton":
+        from tinn.kernels import grid_triton as module
+    else:
+        from tinn.kernels import grid_encoding as module
 
     log = {}
     name = "grid_forward"
-    _record(monkeypatch, grid_encoding, name, log)
+    _record(monkeypatch, module, name, log)
     enc = tcnn.Encoding(2, GRID, n_networks=2)
     x, ids = rand(256, 2, seed=2), rand_ids(256, 2)
     with torch.no_grad():
