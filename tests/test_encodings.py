@@ -248,7 +248,10 @@ def test_composite_reductions_and_explicit_ranges():
     assert torch.equal(concat(x), x[:, [2, 0, 1]])
 
 
-def test_composite_owns_one_parameter_table_for_nested_grids():
+def test_composite_owns_one_parameter_table_for_nested_grids(grid_path, request):
+    # The nested grids look up and differentiate their columns of the shared table (an offset into each row) on
+    # both launch paths.
+    launches = request.getfixturevalue("triton_grid_launches") if grid_path == "triton" else None
     grid_cfg = {"otype": "HashGrid", "n_levels": 3, "log2_hashmap_size": 8, "base_resolution": 4}
     cfg = {"otype": "Composite", "nested": [
         dict(grid_cfg, n_dims_to_encode=3),
@@ -289,6 +292,13 @@ def test_composite_owns_one_parameter_table_for_nested_grids():
     torch.testing.assert_close(enc.params.grad, torch.cat([s1.params.grad, s2.params.grad], dim=1), rtol=1e-6,
                                atol=1e-6)
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    # The table gradient alone (no input gradient), the training case.
+    enc.params.grad = None
+    (enc(x, ids) * w).sum().backward()
+    torch.testing.assert_close(enc.params.grad, torch.cat([s1.params.grad, s2.params.grad], dim=1), rtol=1e-6,
+                               atol=1e-6)
+    if launches is not None:
+        assert "grid_forward" in launches and "grid_backward_table" in launches, launches
 
 
 @pytest.mark.parametrize("cfg,pattern", [

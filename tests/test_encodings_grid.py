@@ -440,6 +440,22 @@ def test_table_gradient_of_samples_sharing_cells_matches_reference(order, tuned,
     assert "grid_backward_table" in triton_grid_launches
 
 
+@pytest.mark.parametrize("levels,shared,triton", [(16, 0, True), (16, 1, True), (16, 3, True), (16, 4, False),
+                                                   (16, 6, False), (4, 1, False)])
+def test_single_grid_with_many_shared_memory_levels_keeps_taichis_table_gradient(levels, shared, triton, tuned):
+    """The table gradient's choice on CUDA: Triton's global atomics, except for a single grid with at least a quarter
+    of its levels summed in a block's shared memory first by Taichi's kernel (which measured faster there). The
+    count comes from the device; here it is given, and the rule alone is checked (the lookup has no exception)."""
+    tuned(triton_grid_kernels=True)
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    enc = make(2, 1, n_levels=levels, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4)
+    assert (enc._triton_table_gradient(enc.params.detach(), shared) is not None) is triton
+    assert enc._triton_levels(enc.params.detach()) is not None
+    assert enc._triton_table_gradient(enc.params.detach().to(torch.float64), 0) is None  # float32 tables only
+
+
 @pytest.mark.parametrize("setting,threads_per_level,expected", [
     (None, "few", True), (None, "many", False), (True, "many", True), (False, "few", False)])
 def test_level_tasks_where_no_thread_idles(setting, threads_per_level, expected, tuned, monkeypatch):
