@@ -177,6 +177,28 @@ def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(dev
     assert (final[3] - w0[3]).abs().max() > 0.05
 
 
+def test_adam_bias_corrections_past_the_first_table_match_float64(device, tuned):
+    """Taichi's Adam reads the bias correction of a step count from a table the optimizer keeps (every count asked
+    so far, in float64 once) and grows by doubling: a run past its first 1024 entries, with per-element counts (an
+    encoding table skipping zero gradients, so its counts fall behind) and one shared count (the network), against
+    the float64 reference."""
+    tuned(triton_step_kernels=False)
+    named = make_params(device, shapes=(("network.params", (2, 3)), ("encoding.params", (2, 4))), seed=6)
+    w0 = {n: p.detach().cpu().clone() for n, p in named}
+    sparse = {"encoding.params": (torch.rand(2, 4, generator=torch.Generator().manual_seed(2)) > 0.3).float()}
+    opt = create_optimizer({"otype": "Adam", "learning_rate": 1e-3, "l2_reg": 0.0}, named)
+    grad_fn = quad_grads(named, seed=7)
+    n_steps = 1100
+    traj = run_tinn(opt, named, grad_fn, n_steps=n_steps, sparse=sparse)
+    assert opt._corrections.shape[0] == 2048  # grown once, past the first 1024 counts
+    for name, matrix in (("network.params", True), ("encoding.params", False)):
+        ref = adam_reference(w0[name], lambda w: grad_fn({name: w})[name], n_steps, 1e-3, l2=0.0, matrix=matrix,
+                             sparse=sparse.get(name))
+        for step in (0, 1023, 1024, n_steps - 1):
+            np.testing.assert_allclose(traj[step][name].numpy(), ref[step].numpy(), rtol=1e-4, atol=2e-5,
+                                       err_msg=f"{name} at step {step + 1}")
+
+
 @pytest.mark.parametrize("skip_zero", [True, False])
 def test_adam_non_matrix_l2_gradient_clipping_and_zero_grad_skipping(skip_zero, device, adam_kernels):
     """tcnn's non-matrix options: non_matrix_l2_reg (not l2_reg) regularises encoding tables, zero-gradient

@@ -82,13 +82,20 @@ def _flat() -> bool:
 
 
 @ti.func
-def _shared_correction(step_now, pending: ti.template(), beta1, beta2):
+def _correction_at(corrections: ti.template(), t):
+    """Adam's bias correction at step count t, from the table the optimizer keeps (`Adam._correction_table`: every
+    count up to the steps asked so far, computed in float64 once); a count past its end takes the last entry."""
+    return corrections[ti.min(t, corrections.shape[0] - 1)]
+
+
+@ti.func
+def _shared_correction(step_now, pending: ti.template(), corrections: ti.template()):
     """The bias correction of a tensor with one step count (step_now > 0): step_now, the steps asked of it (kept
     on the host), less `pending`, those of them skipped on the device and not yet settled by the host
     (LeafOptimizer.settle). 0 for a tensor whose elements count their own steps (step_now == 0)."""
     correction = 0.0
     if step_now != 0:
-        correction = bias_correction(step_now - pending[0], beta1, beta2)
+        correction = _correction_at(corrections, step_now - pending[0])
     return correction
 
 
@@ -102,8 +109,8 @@ def _nonzero(v) -> ti.i32:
 @ti.func
 def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.template(), steps: ti.template(),
                   lr_scale: ti.template(), i, row, lr, l2_reg, skip_zero, step_now, pending: ti.template(),
-                  correction, skip: ti.template(), lr_factor: ti.template(), beta1, beta2, epsilon, rel_decay,
-                  abs_decay, clip, grad_clip, lower, upper):
+                  correction, skip: ti.template(), lr_factor: ti.template(), corrections: ti.template(), beta1, beta2,
+                  epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper):
     """Element i (flat) of a table, in row `row`."""
     grad = g[i]
     if skip[0] == 0 and (skip_zero == 0 or _nonzero(grad)):
@@ -113,9 +120,9 @@ def _adam_element(w: ti.template(), g: ti.template(), m: ti.template(), v: ti.te
         if step_now == 0:
             t = steps[i] + 1
             steps[i] = t
-            rate = bias_correction(t, beta1, beta2)
+            rate = _correction_at(corrections, t)
         elif ti.static(not _flat()):
-            rate = _shared_correction(step_now, pending, beta1, beta2)
+            rate = _shared_correction(step_now, pending, corrections)
         nw, mv, vv = adam_update_corrected(w[i], grad, m[i], v[i], lr * lr_factor[0] * lr_scale[row] * rate,
                                            l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
                                            lower, upper)
@@ -139,23 +146,23 @@ def _row_of(i, cols, n):
 @ti.kernel
 def adam_step(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr_scale: f32_1d, cols: ti.i32,
               lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
-              lr_factor: f32_1d, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
+              lr_factor: f32_1d, corrections: f32_1d, beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32,
               rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """tcnn Adam on a (rows, cols) table given flat. `lr`, `l2_reg` and `skip_zero` are per tensor: matrix params
     (network weights) take l2_reg, non-matrix params (encoding tables) non_matrix_l2_reg and, with skip_zero,
     leave elements whose gradient is exactly 0 alone: hash-grid entries untouched by a batch must neither move
     nor age their moments, hence the per-element step counter used for bias correction."""
     if ti.static(_flat()):
-        correction = _shared_correction(step_now, pending, beta1, beta2)
+        correction = _shared_correction(step_now, pending, corrections)
         for i in range(w.shape[0]):
             _adam_element(w, g, m, v, steps, lr_scale, i, _row_of(i, cols, w.shape[0]), lr, l2_reg, skip_zero,
-                          step_now, pending, correction, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay,
-                          clip, grad_clip, lower, upper)
+                          step_now, pending, correction, skip, lr_factor, corrections, beta1, beta2, epsilon,
+                          rel_decay, abs_decay, clip, grad_clip, lower, upper)
     else:
         for r, c in ti.ndrange(w.shape[0] // cols, cols):
             _adam_element(w, g, m, v, steps, lr_scale, r * cols + c, r, lr, l2_reg, skip_zero, step_now, pending,
-                          0.0, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
-                          upper)
+                          0.0, skip, lr_factor, corrections, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                          grad_clip, lower, upper)
 
 
 @fast_kernel
@@ -164,31 +171,31 @@ def adam_step_pair(w: f32_1d, g: f32_1d, m: f32_1d, v: f32_1d, steps: i32_1d, lr
                    lr: ti.f32, l2_reg: ti.f32, skip_zero: ti.i32, step_now: ti.i32, pending: i32_1d, skip: i32_1d,
                    lr_factor: f32_1d, w2: f32_1d, g2: f32_1d, m2: f32_1d, v2: f32_1d, steps2: i32_1d,
                    lr_scale2: f32_1d, cols2: ti.i32, lr2: ti.f32, l2_reg2: ti.f32, skip_zero2: ti.i32,
-                   step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d, lr_factor2: f32_1d, beta1: ti.f32,
-                   beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
+                   step_now2: ti.i32, pending2: i32_1d, skip2: i32_1d, lr_factor2: f32_1d, corrections: f32_1d,
+                   beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
                    grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """`adam_step` of two parameter tensors (an encoding and its network) in one launch: Taichi's
     launch path costs tens of microseconds of host time, a sizeable part of a small training step."""
     if ti.static(_flat()):
-        correction = _shared_correction(step_now, pending, beta1, beta2)
-        correction2 = _shared_correction(step_now2, pending2, beta1, beta2)
+        correction = _shared_correction(step_now, pending, corrections)
+        correction2 = _shared_correction(step_now2, pending2, corrections)
         for i in range(w.shape[0]):
             _adam_element(w, g, m, v, steps, lr_scale, i, _row_of(i, cols, w.shape[0]), lr, l2_reg, skip_zero,
-                          step_now, pending, correction, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay,
-                          clip, grad_clip, lower, upper)
+                          step_now, pending, correction, skip, lr_factor, corrections, beta1, beta2, epsilon,
+                          rel_decay, abs_decay, clip, grad_clip, lower, upper)
         for i in range(w2.shape[0]):
             _adam_element(w2, g2, m2, v2, steps2, lr_scale2, i, _row_of(i, cols2, w2.shape[0]), lr2, l2_reg2,
-                          skip_zero2, step_now2, pending2, correction2, skip2, lr_factor2, beta1, beta2, epsilon,
-                          rel_decay, abs_decay, clip, grad_clip, lower, upper)
+                          skip_zero2, step_now2, pending2, correction2, skip2, lr_factor2, corrections, beta1, beta2,
+                          epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
     else:
         for r, c in ti.ndrange(w.shape[0] // cols, cols):
             _adam_element(w, g, m, v, steps, lr_scale, r * cols + c, r, lr, l2_reg, skip_zero, step_now, pending,
-                          0.0, skip, lr_factor, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
-                          upper)
+                          0.0, skip, lr_factor, corrections, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                          grad_clip, lower, upper)
         for r, c in ti.ndrange(w2.shape[0] // cols2, cols2):
             _adam_element(w2, g2, m2, v2, steps2, lr_scale2, r * cols2 + c, r, lr2, l2_reg2, skip_zero2, step_now2,
-                          pending2, 0.0, skip2, lr_factor2, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
-                          grad_clip, lower, upper)
+                          pending2, 0.0, skip2, lr_factor2, corrections, beta1, beta2, epsilon, rel_decay, abs_decay,
+                          clip, grad_clip, lower, upper)
 
 
 @fast_kernel

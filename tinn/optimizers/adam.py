@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import torch
 
 from .. import chunks
@@ -65,6 +66,7 @@ class Adam(LeafOptimizer):
         self.optimize_matrix_params = cfg.boolean("optimize_matrix_params", True)
         self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
         self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
+        self._corrections = None  # Taichi's kernels' bias corrections by step count (`_correction_table`)
         self._no_steps = None
         for name, p in self.named_params:
             self.new_state("m", name, dtype=p.dtype)
@@ -104,8 +106,10 @@ class Adam(LeafOptimizer):
         todo = [self._operands(*update, skip) for update in updates if self._optimized(update[0])]
         if not todo:
             return
-        hyper = self._hyper()
-        triton = triton_step_kernels(todo[0][0].device)
+        device = todo[0][0].device
+        triton = triton_step_kernels(device)
+        # Triton's kernel takes the correction's powers itself, in float64; Taichi's read them from a table.
+        hyper = self._hyper() if triton else (self._correction_table(device),) + self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
             self._launch([self._kernel_arguments(operands, flat=not triton) for operands in todo], hyper, triton)
             return
@@ -116,7 +120,8 @@ class Adam(LeafOptimizer):
 
     @staticmethod
     def _launch(tables, hyper, triton: bool) -> None:
-        """One launch over one or two tables' kernel arguments."""
+        """One launch over one or two tables' kernel arguments (`hyper`: what they share, the correction table
+        first for Taichi's kernels)."""
         if triton:
             from ..kernels import adam_triton
             adam_triton.adam_step(tables, hyper)
@@ -124,6 +129,25 @@ class Adam(LeafOptimizer):
             optimizer_kernels.adam_step_pair(*tables[0], *tables[1], *hyper)
         else:
             optimizer_kernels.adam_step(*tables[0], *hyper)
+
+    def _correction_table(self, device) -> torch.Tensor:
+        """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) for every step count t up to the steps asked so
+        far (entry t; entry 0 unused), for Taichi's kernels. Computed in float64 and rounded once, as the Triton
+        kernel computes it: with beta2 near 1 a float32 power loses most of 1 - beta2^t's digits, and two powers an
+        element were most of a hash grid's Adam on the CPU, where every entry counts its own steps (design notes).
+        Grown by doubling, so a new table is made a logarithmic number of times."""
+        need = int(self.scalars["step_count"]) + 1
+        table = self._corrections
+        if table is None or table.shape[0] < need or table.device != device:
+            size = max(need, 1024, 2 * (0 if table is None else table.shape[0]))
+            t = np.arange(size, dtype=np.float64)
+            # The betas as the kernels receive them (float32), in float64 arithmetic, as the Triton kernel takes them.
+            beta1, beta2 = (float(np.float32(b)) for b in (self.beta1, self.beta2))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+            values[0] = 0.0
+            self._corrections = table = torch.from_numpy(values.astype(np.float32)).to(device)
+        return table
 
     def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None, flat: bool = True) -> tuple:
         """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables (flat for Taichi's
