@@ -51,6 +51,11 @@ def _image(o: Options) -> list[str]:
     return ["--json", o.json_path] + quick + _arch(o)
 
 
+def _grid_kernels(o: Options) -> list[str]:
+    quick = ["--rounds", "1", "--steps", "5"] if o.quick else []
+    return ["--json", o.json_path] + quick
+
+
 def _arrays(o: Options) -> list[str]:
     quick = ["--networks", "1,4", "--log2-samples", "8", "--reps", "1", "--no-vmap", "--no-grouped"] if o.quick else []
     return ["--json", o.json_path] + quick + _arch(o)
@@ -112,6 +117,9 @@ SUITES = {s.name: s for s in [
     Suite("tensor_cores", "benchmarks.tools.tensor_core_check",
           "tensor-core (Triton) MLP-array kernels against torch's GEMMs, each precision", _tensor_cores,
           needs="cuda"),
+    Suite("grid_kernels", "benchmarks.tools.grid_kernels",
+          "the grid's lookup and table gradient, Taichi's kernels against Triton launches, alternating in one "
+          "process: per call and in tcnn's image step", _grid_kernels, needs="cuda"),
     Suite("web_viewer", "benchmarks.tools.web_viewer_cost",
           "what the web viewer costs training (image, KiloNeRF, octree): steps/s with no viewer, served, a client "
           "resting and moving", _web_viewer),

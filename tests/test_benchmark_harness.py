@@ -41,8 +41,8 @@ def test_list_names_every_suite_on_one_line(capsys):
     assert cli.main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(SUITES)
-    expected = {"image", "arrays", "grid", "scenes", "sharded", "startup", "tensor_cores", "web_viewer", "tcnn",
-                "octree_quality"}
+    expected = {"image", "arrays", "grid", "scenes", "sharded", "startup", "tensor_cores", "grid_kernels",
+                "web_viewer", "tcnn", "octree_quality"}
     assert set(SUITES) == expected
 
 
