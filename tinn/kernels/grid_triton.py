@@ -41,31 +41,29 @@ def _axis(x_ptr, b64, inside, scale, zf, d: tl.constexpr, D: tl.constexpr, INTER
 
 
 @triton.jit
+def _add_axis(index, stride, hashed_index, c, corner: tl.constexpr, d: tl.constexpr, res_u, factors_ptr,
+              H: tl.constexpr):
+    """Axis `d` of a corner's vertex added to its dense index (coordinate times the stride so far) and to its hash
+    (the coordinate times the axis' factor, XOR-ed or summed); returns (index, next stride, hash)."""
+    u = (c + ((corner >> d) & 1)).to(tl.uint32, bitcast=True)
+    term = u * tl.load(factors_ptr + d).to(tl.uint32, bitcast=True)
+    hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+    return index + u * stride, stride * res_u, hashed_index
+
+
+@triton.jit
 def _corner_entry(c0, c1, c2, c3, corner: tl.constexpr, res_u, size_u, hashed, pow2, factors_ptr,
                   D: tl.constexpr, H: tl.constexpr):
     """The table entry (uint32 block) of `corner` of each sample's cell: the dense index where the level's
     vertices fit in 32 bits and the level is not hashed, else tcnn's spatial hash, wrapped to the level's size."""
-    u0 = (c0 + (corner & 1)).to(tl.uint32, bitcast=True)
-    index = u0
-    stride = res_u
-    hashed_index = u0 * tl.load(factors_ptr).to(tl.uint32, bitcast=True)
+    zero = res_u * 0
+    index, stride, hashed_index = _add_axis(zero, zero + 1, zero, c0, corner, 0, res_u, factors_ptr, H)
     if D > 1:
-        u1 = (c1 + ((corner >> 1) & 1)).to(tl.uint32, bitcast=True)
-        index = index + u1 * stride
-        stride = stride * res_u
-        term = u1 * tl.load(factors_ptr + 1).to(tl.uint32, bitcast=True)
-        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+        index, stride, hashed_index = _add_axis(index, stride, hashed_index, c1, corner, 1, res_u, factors_ptr, H)
     if D > 2:
-        u2 = (c2 + ((corner >> 2) & 1)).to(tl.uint32, bitcast=True)
-        index = index + u2 * stride
-        stride = stride * res_u
-        term = u2 * tl.load(factors_ptr + 2).to(tl.uint32, bitcast=True)
-        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+        index, stride, hashed_index = _add_axis(index, stride, hashed_index, c2, corner, 2, res_u, factors_ptr, H)
     if D > 3:
-        u3 = (c3 + ((corner >> 3) & 1)).to(tl.uint32, bitcast=True)
-        index = index + u3 * stride
-        term = u3 * tl.load(factors_ptr + 3).to(tl.uint32, bitcast=True)
-        hashed_index = (hashed_index + term) if H == 1 else (hashed_index ^ term)
+        index, stride, hashed_index = _add_axis(index, stride, hashed_index, c3, corner, 3, res_u, factors_ptr, H)
     index = tl.where(hashed, hashed_index, index)
     wrapped = tl.where(pow2, index & (size_u - 1), index % tl.maximum(size_u, 1))
     return tl.where(index >= size_u, wrapped, index)
