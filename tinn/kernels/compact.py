@@ -17,7 +17,7 @@ from ..backend import ti
 
 from .image_sampling import pcg_hash
 from .launch import fast_kernel
-from .optimizers import adam_update
+from .optimizers import adam_update_corrected
 
 i16_1d = ti.types.ndarray(dtype=ti.i16, ndim=1)
 i16_2d = ti.types.ndarray(dtype=ti.i16, ndim=2)
@@ -72,20 +72,23 @@ def round_stochastic(x: f32_1d, out: i16_1d, seed: ti.u32):
 @fast_kernel
 @ti.kernel
 def adam_sparse_bf16(w: i16_2d, m: i16_2d, v: i16_2d, rows: i64_1d, cols: i64_1d, g: i16_1d, lr_scale: f32_1d,
-                     row_lo: ti.i64, lr: ti.f32, l2_reg: ti.f32, step: ti.i32, seed: ti.u32, beta1: ti.f32,
-                     beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, clip: ti.f32,
-                     grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
+                     row_lo: ti.i64, lr: ti.f32, l2_reg: ti.f32, step: ti.i32, correction: ti.f32, seed: ti.u32,
+                     beta1: ti.f32, beta2: ti.f32, epsilon: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32,
+                     clip: ti.f32, grad_clip: ti.f32, lower: ti.f32, upper: ti.f32):
     """Adam on the elements (rows[k], cols[k]) of a bfloat16 table with gradient g[k] (bfloat16 bits; each
     element at most once). `w`, `m`, `v` are the row-chunk views starting at table row `row_lo`
-    (tinn/chunks.py): elements of other rows are left to their chunk's launch. lr_scale has every row."""
+    (tinn/chunks.py): elements of other rows are left to their chunk's launch. lr_scale has every row. The table
+    counts one step for all its elements: `step` (which also seeds the rounding) and its bias correction,
+    computed on the host (`Adam._correction_table`'s value)."""
     for k in range(rows.shape[0]):
         r = rows[k] - row_lo
         if r >= 0 and r < w.shape[0]:
             rr = ti.cast(r, ti.i32)
             c = ti.cast(cols[k], ti.i32)
-            nw, mv, vv = adam_update(bf16_value(w[rr, c]), bf16_value(g[k]), bf16_value(m[rr, c]),
-                                     bf16_value(v[rr, c]), step, lr * lr_scale[rows[k]], l2_reg, beta1, beta2,
-                                     epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
+            nw, mv, vv = adam_update_corrected(bf16_value(w[rr, c]), bf16_value(g[k]), bf16_value(m[rr, c]),
+                                               bf16_value(v[rr, c]), lr * lr_scale[rows[k]] * correction, l2_reg,
+                                               beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
+                                               upper)
             m[rr, c] = bf16_nearest(mv)
             v[rr, c] = bf16_nearest(vv)
             # A fresh random word per (element, step): the element's flat position and the step, hashed.

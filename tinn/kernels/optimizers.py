@@ -39,27 +39,11 @@ def sgd_step(w: f32_2d, g: f32_2d, lr_scale: f32_1d, skip: i32_1d, lr_factor: f3
 
 
 @ti.func
-def bias_correction(t, beta1, beta2):
-    """Adam's bias correction at step t: sqrt(1 - beta2^t) / (1 - beta1^t)."""
-    tf = ti.cast(t, ti.f32)
-    return ti.sqrt(1.0 - ti.pow(beta2, tf)) / (1.0 - ti.pow(beta1, tf))
-
-
-@ti.func
-def adam_update(wv, grad, m_old, v_old, t, lr_r, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
-                lower, upper):
-    """tcnn's Adam on one element: (new weight, new m, new v) from the weight, its gradient, its moments and
-    the step count t used for bias correction; lr_r is the learning rate with the row's scale applied."""
-    return adam_update_corrected(wv, grad, m_old, v_old, lr_r * bias_correction(t, beta1, beta2), l2_reg, beta1,
-                                 beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)
-
-
-@ti.func
 def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
                           grad_clip, lower, upper):
-    """`adam_update` with the bias-corrected rate lr_t given, so that a tensor whose elements share one step count
-    can compute the correction once per launch (the CPU's launches do: two `pow` calls per element were most of
-    its Adam)."""
+    """tcnn's Adam on one element: (new weight, new m, new v) from the weight, its gradient and its moments, with
+    the bias-corrected rate lr_t given (the learning rate, the row's scale and the correction of the element's step
+    count, read from the optimizer's table: `_correction_at`)."""
     grad += l2_reg * wv
     if grad_clip != 0.0:
         # tcnn clips after the L2 term, before the moments: copysign(min(|g|, clip), g)
@@ -74,10 +58,10 @@ def adam_update_corrected(wv, grad, m_old, v_old, lr_t, l2_reg, beta1, beta2, ep
 
 
 def _flat() -> bool:
-    """Whether the Adam kernels walk a table as one flat range and compute a shared step count's bias correction
-    once, before the loop (the CPU, `arch.walks_rows`: two `pow` calls per element were most of the rest there),
-    rather than as (row, column) threads each computing it (CUDA: the update is bound by memory, a flat index's row
-    costs a division, and the prelude would be one more task per launch; measured slower there)."""
+    """Whether the Adam kernels walk a table as one flat range and look up a shared step count's bias correction
+    once, before the loop (the CPU, `arch.walks_rows`), rather than as (row, column) threads each looking it up
+    (CUDA: the update is bound by memory, a flat index's row costs a division, and the prelude would be one more
+    task per launch; measured slower there)."""
     return walks_rows()
 
 

@@ -140,14 +140,17 @@ class Adam(LeafOptimizer):
         table = self._corrections
         if table is None or table.shape[0] < need or table.device != device:
             size = max(need, 1024, 2 * (0 if table is None else table.shape[0]))
-            t = np.arange(size, dtype=np.float64)
-            # The betas as the kernels receive them (float32), in float64 arithmetic, as the Triton kernel takes them.
-            beta1, beta2 = (float(np.float32(b)) for b in (self.beta1, self.beta2))
             with np.errstate(divide="ignore", invalid="ignore"):
-                values = np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+                values = self._bias_corrections(np.arange(size, dtype=np.float64))
             values[0] = 0.0
             self._corrections = table = torch.from_numpy(values.astype(np.float32)).to(device)
         return table
+
+    def _bias_corrections(self, t):
+        """sqrt(1 - beta2^t) / (1 - beta1^t) in float64, of the betas as the kernels receive them (float32), as the
+        Triton kernel takes them."""
+        beta1, beta2 = (float(np.float32(b)) for b in (self.beta1, self.beta2))
+        return np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
 
     def _kernel_arguments(self, operands, lo: int = 0, hi: int | None = None, flat: bool = True) -> tuple:
         """A tensor's kernel arguments for rows lo .. hi, as the kernels take them: its tables (flat for Taichi's
@@ -175,9 +178,10 @@ class Adam(LeafOptimizer):
         m, v = self.state[f"m.{name}"].view(torch.int16), self.state[f"v.{name}"].view(torch.int16)
         bits = w.view(torch.int16)
         seed = zlib.crc32(name.encode())  # stochastic rounding: a stream of its own per tensor
+        correction = float(np.float32(self._bias_corrections(np.float64(step))))
         for lo, hi in chunks.row_spans(w.shape[0], w.shape[1], f"the table {name!r}"):
             compact_kernels.adam_sparse_bf16(bits[lo:hi], m[lo:hi], v[lo:hi], rows, cols, values, lr_scale, lo, lr,
-                                             l2_reg, step, seed, *self._hyper())
+                                             l2_reg, step, correction, seed, *self._hyper())
 
     def _rate_and_l2(self, name) -> tuple[float, float]:
         """A tensor's share of the learning rate and its L2 term: tcnn's for matrix params, the non-matrix ones
