@@ -13,9 +13,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
-def test_grid_kernels_compile_for_sm90():
+def test_triton_kernels_compile_for_sm90():
+    """The grid's kernels in every variant of the tool, Adam's and the gradient scaler's."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "benchmarks.tools.grid_compile", "--arch", "90"], cwd=ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "benchmarks.tools.triton_compile", "--arch", "90"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert run.stdout.count("ok _grid_") == 14 and "0 failed" in run.stdout
+    assert run.stdout.count("ok grid _grid_") == 14 and "0 failed" in run.stdout
+    assert "ok adam adam_kernel" in run.stdout
+    assert "ok scaler record_kernel" in run.stdout and "ok scaler update_kernel" in run.stdout
