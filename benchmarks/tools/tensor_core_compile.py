@@ -3,8 +3,8 @@ shared memory beyond a block's limit before a run on the device.
 
     python -m benchmarks.tools.tensor_core_compile [--arch 90] [--quick]
 
-For each shape and precision it compiles the forward (training and inference) and the backward (dx and
-dparams) with the launchers' options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block
+For each shape and precision it compiles the forward (training and inference), the backward (dx and
+dparams) and the backward that recomputes the forward with the loss inside (dparams) with the launchers' options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block
 against the limit (227 KiB on sm_90), and the registers and spills that Triton's bundled ptxas reports.
 Compiling takes seconds to tens of seconds per kernel. --narrow-output: the last layer's block not padded to
 the hidden one (pack_weights(pad_output_to_hidden=False)).
@@ -30,7 +30,7 @@ POINTER = {"float32": "*fp32", "tf32": "*fp32", "float16": "*fp16", "bfloat16": 
 # Pointer arguments in the compute dtype (the others are float32, or int32 routing arrays).
 COMPUTE_POINTERS = {"w_ptr", "pre_ptr", "delta_ptr"}
 INT_POINTERS = {"order_ptr", "tile_net_ptr", "tile_start_ptr", "tile_count_ptr"}
-FLOATS = {"pad_value", "scale", "inv_scale"}
+FLOATS = {"pad_value", "scale", "inv_scale", "inv_n"}
 
 
 def compile_kernel(fn, constants: dict, precision: str, arch: int):
@@ -90,7 +90,10 @@ def main():
             base.update(INTERPRETED=False, INTERPRETED_BF16=False, WIDE_OFFSETS=False)
             kernels = [("forward train", mlp.forward_kernel, dict(base, SAVE=True)),
                        ("forward infer", mlp.forward_kernel, dict(base, SAVE=False)),
-                       ("backward", mlp.backward_kernel, dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True))]
+                       ("backward", mlp.backward_kernel,
+                        dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True, LOSS=-1)),
+                       ("recompute bwd", mlp.recompute_backward_kernel,
+                        dict(base, WIDTH=shape.width, WANT_DX=False, WANT_PARAMS=True, LOSS=0))]
             for label, fn, constants in kernels:
                 t0 = time.time()
                 try:
