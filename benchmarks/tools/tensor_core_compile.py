@@ -4,16 +4,14 @@ shared memory beyond a block's limit before a run on the device.
     python -m benchmarks.tools.tensor_core_compile [--arch 90] [--quick]
 
 For each shape and precision it compiles the forward (training and inference), the backward (dx and
-dparams) and the backward that recomputes the forward with the loss inside (dparams) with the launchers' options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block
-against the limit (227 KiB on sm_90), and the registers and spills that Triton's bundled ptxas reports.
+dparams) and the backward that recomputes the forward with the loss inside (dparams) with the launchers'
+options (tinn/kernels/tensor_cores/launch.py) and prints shared memory per block against the limit (227 KiB
+on sm_90), and the registers and local memory (spills) per thread of the compiled binary.
 Compiling takes seconds to tens of seconds per kernel. --narrow-output: the last layer's block not padded to
 the hidden one (pack_weights(pad_output_to_hidden=False)).
 """
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 import time
 
 
@@ -22,6 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from benchmarks.tools.triton_compile import resource_usage  # noqa: E402
 from tinn.kernels.mlp_array import MLPShape  # noqa: E402
 from tinn.kernels.tensor_cores import Geometry, launch, mlp  # noqa: E402
 
@@ -51,23 +50,6 @@ def compile_kernel(fn, constants: dict, precision: str, arch: int):
             signature[name] = "i32"
     return triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", arch, 32),
                           options=options)
-
-
-def ptxas_report(kernel, arch: int) -> str:
-    """Registers and spill bytes per thread of a compiled kernel, from ptxas -v on its PTX."""
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        return "(no ptxas)"
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(kernel.asm["ptx"])
-    try:
-        done = subprocess.run([ptxas, "-v", "--gpu-name", f"sm_{arch}a" if arch == 90 else f"sm_{arch}", f.name,
-                               "-o", os.devnull], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
-    regs = [line.split("Used ")[1].split(" registers")[0] for line in done.stderr.splitlines() if "Used " in line]
-    spills = [line.split(",")[1].strip().split(" ")[0] for line in done.stderr.splitlines() if "spill stores" in line]
-    return f"regs {regs[0] if regs else '?':>3s} spill {spills[0] if spills else '?':>4s} B"
 
 
 def main():
@@ -100,7 +82,7 @@ def main():
                     kernel = compile_kernel(fn, constants, precision, args.arch)
                     shared = kernel.metadata.shared
                     ok = shared <= limit
-                    note = f"shared {shared:7d} B{'' if ok else ' > limit'} {ptxas_report(kernel, args.arch)}"
+                    note = f"shared {shared:7d} B{'' if ok else ' > limit'} {resource_usage(kernel)}"
                 except Exception as e:  # a compile error: report it and go on with the others
                     ok, note = False, f"compile error: {type(e).__name__}: {str(e).splitlines()[-1][:150]}"
                 failures += not ok

@@ -6,7 +6,7 @@ the gradient scaler) for a GPU target without a GPU.
 Triton's CPU interpreter runs a kernel's Python line by line, so it accepts code the GPU compiler refuses (a
 variable whose block shape differs between the branches of an `if`, for one). This compiles each kernel, the grid's
 for each input-dimension count and a spread of feature counts, interpolations and hashes, down to the GPU binary
-with Triton's bundled ptxas, and prints warps and shared memory; a failure names the variant. Run it without
+with Triton's bundled ptxas, and prints warps, shared memory, registers and local memory; a failure names the variant. Run it without
 TRITON_INTERPRET (the tests start it in a process of its own). The tensor-core kernels have their own, slower
 check (`benchmarks/tools/tensor_core_compile.py`).
 """
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 GRID_VARIANTS = [  # (D, F, interpolation code, hash combination)
     (2, 2, 1, 0), (3, 2, 1, 0), (4, 2, 1, 0), (3, 4, 2, 1), (2, 1, 0, 0), (3, 8, 1, 1), (2, 8, 2, 0)]
@@ -59,6 +62,24 @@ def scaler_kernels():
            {"EXPONENT": s.EXPONENT})
 
 
+def resource_usage(compiled) -> str:
+    """Registers and local memory (spills) per thread of a compiled kernel, read from its cubin with Triton's
+    bundled cuobjdump (its bundled ptxas may be older than the PTX version the compiler emits)."""
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    cubin = compiled.asm.get("cubin")
+    if not cubin or not os.path.exists(tool):
+        return "regs ? local ?"
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    regs, local = re.search(r"REG:(\d+)", out), re.search(r"LOCAL:(\d+)", out)
+    return f"regs {regs.group(1) if regs else '?':>3s} local {local.group(1) if local else '?':>4s} B"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
@@ -94,7 +115,7 @@ def main(argv=None) -> int:
                 print(f"FAILED {label}: {type(error).__name__}: {error}")
                 continue
             meta = compiled.metadata
-            print(f"ok {family} {label}: {meta.num_warps} warps, {meta.shared} B shared")
+            print(f"ok {family} {label}: {meta.num_warps} warps, {meta.shared} B shared, {resource_usage(compiled)}")
     print(f"{failures} failed")
     return 1 if failures else 0
 
