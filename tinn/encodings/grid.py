@@ -16,7 +16,7 @@ from .. import chunks, memory, runtime
 from ..config import Section, count
 from ..errors import ConfigError
 from ..kernels import deterministic as deterministic_kernels
-from ..kernels import grid_encoding
+from ..kernels import grid_encoding, triton_grid_kernels
 from ..part import FEATURE_MAJOR, SAMPLE_MAJOR, Context, SecondOrderError, to_layout
 from .base import Encoding
 from .grid_layout import (GRID_TYPES, HASH_RNG, HASH_TYPES, INTERPOLATIONS, MAX_N_LEVELS, GridLayout,
@@ -241,7 +241,6 @@ class GridEncoding(Encoding):
         """The per-level table on the device (`grid_triton.LevelTable`) when a lookup or table gradient into
         `table` can run as a Triton launch (`tuning.triton_grid_kernels`; a float32 table, or for the lookup a
         compact one, and a hash other than Rng), else None: Taichi's kernels."""
-        from ..kernels import triton_grid_kernels
         if (table.dtype not in (torch.float32, torch.bfloat16) or self._hashing == HASH_RNG
                 or not triton_grid_kernels(table.device)):
             return None

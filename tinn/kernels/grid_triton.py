@@ -1,6 +1,7 @@
 """The multiresolution grid's lookup and table gradient as Triton launches on CUDA: the same arithmetic as
 `grid_encoding.grid_forward` and `grid_encoding.grid_backward_lanes` (Taichi), for float32 tables (the lookup also
-for compact bfloat16 ones) and the prime or base-convert hashes. Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
+for compact bfloat16 ones) and the prime or base-convert hashes. Imported only where Triton runs (CUDA, or its CPU
+interpreter in tests).
 
 Why a second copy: a training step with a grid issues its lookup and its table gradient every step, and Taichi's
 launch path costs the host several times a Triton launch's time for the same arguments (design notes, "The grid's
@@ -11,7 +12,9 @@ gradients, second order, the fixed-order sum, stochastic interpolation, the Rng 
 One program covers `BLOCK` samples of one level (levels on the launch grid's second axis, so neighbouring
 programs read the same level's table, as the Taichi kernels' level-major threads do). Table rows are chunk views
 (tinn/chunks.py): row `net_ids[b] - net_lo` of the view, skipped when outside it. Features travel feature-major,
-`out_t[level * F + f, b]`, as in the Taichi kernels. Index arithmetic is tcnn's, in uint32 with wraparound.
+`out_t[level * F + f, b]`, as in the Taichi kernels. Index arithmetic is tcnn's, in uint32 with wraparound. The
+kernels take grid_encoding's codes: interpolation 0 Nearest, 1 Linear, 2 Smoothstep; grid type 0 Hash; hash
+combination (grid_layout.hash_code) 0 XOR, 1 sum.
 """
 from __future__ import annotations
 
@@ -19,10 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-NEAREST, LINEAR, SMOOTHSTEP = 0, 1, 2          # grid_encoding's interpolation codes
-HASH, DENSE, TILED = 0, 1, 2                   # grid_encoding's grid types
-HASH_XOR, HASH_SUM = 0, 1                      # grid_layout.hash_code's combinations (HASH_RNG stays Taichi's)
-MAX_DENSE_BASE = (0x0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF)
+from .grid_encoding import MAX_DENSE_BASE
+
 BLOCK = 128  # samples a forward program covers; (sample, feature) lanes a backward program covers
 
 
