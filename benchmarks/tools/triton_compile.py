@@ -48,7 +48,8 @@ def adam_kernels():
         types.update({f"{name}{suffix}": "i32" for name in ("n", "cols", "skip_zero", "step_now")})
         types.update({f"{name}{suffix}": "fp32" for name in ("lr", "l2_reg")})
     types.update({name: "fp32" for name in ("beta1", "beta2", "epsilon", "rel_decay", "abs_decay", "clip",
-                                            "grad_clip", "lower", "upper")}, programs="i32")
+                                            "grad_clip", "lower", "upper")}, programs="i32",
+                 corrections_ptr="*fp32", n_corrections="i32")
     yield "adam_kernel", a.adam_kernel, types, {"BLOCK": a.BLOCK}
 
 

@@ -12,7 +12,10 @@ Semantics, per element i of a table viewed flat in rows of `cols` (row = i // co
 - nothing changes where `skip[0]` is set (a gradient scaler's overflow verdict), nor, with `skip_zero`, where the
   gradient is exactly zero (hash-grid entries no sample touched);
 - the bias correction's step count is `step_now - pending[0]` for a table counted as a whole (`step_now` > 0),
-  else the element's own count `steps[i] + 1`, stored back;
+  else the element's own count `steps[i] + 1`, stored back; the correction at that count is read from the
+  optimizer's table (`Adam._correction_table`: float64 values rounded once, as Taichi's kernels read them), not
+  computed per element: two float64 powers an element made the update bound by float64 arithmetic rather than
+  by memory;
 - the rate is `lr * lr_factor[0] * lr_scale[row]` times the correction, then tcnn's update (L2 term, gradient
   clipping, moments, AdaBound clamp, decoupled decays, weight clipping), as `optimizers.adam_update_corrected`.
 """
@@ -25,32 +28,9 @@ BLOCK = 1024  # elements a program updates
 
 
 @triton.jit
-def _power(base, exponent):
-    """base ** exponent in float64 for int32 exponents >= 0, by squaring (31 bits of the exponent)."""
-    result = exponent.to(tl.float64) * 0.0 + 1.0  # shaped as the exponent: a scalar or a block
-    square = base
-    e = exponent
-    for _ in tl.static_range(31):
-        result = tl.where((e & 1) != 0, result * square, result)
-        square = square * square
-        e = e >> 1
-    return result
-
-
-@triton.jit
-def _correction(t, beta1, beta2):
-    """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) at step count t >= 1, in float32. The powers are
-    taken in float64: with beta2 near 1, 1 - beta2^t cancels most of a float32 power's digits (design notes), and
-    Triton's CPU interpreter has no pow to call."""
-    one_minus_2 = 1.0 - _power(tl.cast(beta2, tl.float64), t)
-    one_minus_1 = 1.0 - _power(tl.cast(beta1, tl.float64), t)
-    return (tl.sqrt(one_minus_2) / one_minus_1).to(tl.float32)
-
-
-@triton.jit
 def _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n, cols,
-           lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower,
-           upper, BLOCK: tl.constexpr):
+           lr, l2_reg, skip_zero, step_now, corrections_ptr, n_corrections, beta1, beta2, epsilon, rel_decay,
+           abs_decay, clip, grad_clip, lower, upper, BLOCK: tl.constexpr):
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     grad = tl.load(g_ptr + offs, mask=inside, other=0.0)
@@ -64,9 +44,11 @@ def _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr
     scale = tl.load(lr_scale_ptr + offs.to(tl.int32) // cols, mask=active, other=0.0)
     t = tl.load(steps_ptr + offs, mask=own, other=0) + 1
     tl.store(steps_ptr + offs, t, mask=own)
-    correction = no_value + _correction(step_now - tl.load(pending_ptr), beta1, beta2)  # shared: once a program
-    if step_now == 0:
-        correction = _correction(t, beta1, beta2)
+    # One count for the table (step_now > 0, its skipped steps pending) or the element's own; a count past the
+    # table's end takes its last entry, as Taichi's kernels do.
+    count = tl.where(zeros + step_now == 0, t, zeros + step_now - tl.load(pending_ptr))
+    count = tl.minimum(tl.maximum(count, 0), n_corrections - 1)
+    correction = tl.load(corrections_ptr + count, mask=active, other=0.0)
     rate = lr * tl.load(lr_factor_ptr) * scale * correction
     w = tl.load(w_ptr + offs, mask=active, other=0.0)
     m = tl.load(m_ptr + offs, mask=active, other=0.0)
@@ -88,23 +70,23 @@ def _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr
 
 
 @triton.jit(do_not_specialize=["n", "cols", "skip_zero", "step_now", "n2", "cols2", "skip_zero2", "step_now2",
-                               "programs"])
+                               "programs", "n_corrections"])
 def adam_kernel(w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n, cols,
                 lr, l2_reg, skip_zero, step_now,
                 w2_ptr, g2_ptr, m2_ptr, v2_ptr, steps2_ptr, lr_scale2_ptr, pending2_ptr, skip2_ptr, lr_factor2_ptr, n2,
                 cols2, lr2, l2_reg2, skip_zero2, step_now2,
-                programs, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper,
-                BLOCK: tl.constexpr):
+                programs, corrections_ptr, n_corrections, beta1, beta2, epsilon, rel_decay, abs_decay, clip,
+                grad_clip, lower, upper, BLOCK: tl.constexpr):
     """Programs [0, programs) update the first table, the rest the second (absent where n2 == 0)."""
     pid = tl.program_id(0)
     if pid < programs:
         _table(pid, w_ptr, g_ptr, m_ptr, v_ptr, steps_ptr, lr_scale_ptr, pending_ptr, skip_ptr, lr_factor_ptr, n,
-               cols, lr, l2_reg, skip_zero, step_now, beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip,
-               lower, upper, BLOCK)
+               cols, lr, l2_reg, skip_zero, step_now, corrections_ptr, n_corrections, beta1, beta2, epsilon, rel_decay,
+               abs_decay, clip, grad_clip, lower, upper, BLOCK)
     else:
         _table(pid - programs, w2_ptr, g2_ptr, m2_ptr, v2_ptr, steps2_ptr, lr_scale2_ptr, pending2_ptr, skip2_ptr,
-               lr_factor2_ptr, n2, cols2, lr2, l2_reg2, skip_zero2, step_now2, beta1, beta2, epsilon, rel_decay,
-               abs_decay, clip, grad_clip, lower, upper, BLOCK)
+               lr_factor2_ptr, n2, cols2, lr2, l2_reg2, skip_zero2, step_now2, corrections_ptr, n_corrections, beta1,
+               beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper, BLOCK)
 
 
 def _table_arguments(table) -> tuple:
@@ -117,7 +99,8 @@ def _table_arguments(table) -> tuple:
 
 def adam_step(tables, hyper) -> None:
     """Adam on one or two tables in one launch. `tables`: each table's arguments as `optimizers.adam_step` takes
-    them up to `lr_factor`; `hyper`: (beta1, beta2, epsilon, rel_decay, abs_decay, clip, grad_clip, lower, upper)."""
+    them up to `lr_factor`; `hyper`: (the bias corrections by step count, beta1, beta2, epsilon, rel_decay, abs_decay,
+    clip, grad_clip, lower, upper), as Taichi's kernels take them."""
     if not 1 <= len(tables) <= 2:
         raise ValueError(f"adam_step takes one or two tables a launch, got {len(tables)}")
     first = _table_arguments(tables[0])
@@ -126,4 +109,6 @@ def adam_step(tables, hyper) -> None:
     total = programs + triton.cdiv(second[9], BLOCK)
     if total == 0:
         return
-    adam_kernel[(total,)](*first, *second, programs, *(float(h) for h in hyper), BLOCK=BLOCK)
+    corrections, *scalars = hyper
+    adam_kernel[(total,)](*first, *second, programs, corrections, corrections.shape[0], *(float(h) for h in scalars),
+                          BLOCK=BLOCK)

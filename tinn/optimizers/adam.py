@@ -66,7 +66,7 @@ class Adam(LeafOptimizer):
         self.optimize_matrix_params = cfg.boolean("optimize_matrix_params", True)
         self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
         self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
-        self._corrections = None  # Taichi's kernels' bias corrections by step count (`_correction_table`)
+        self._corrections = None  # the kernels' bias corrections by step count (`_correction_table`)
         self._no_steps = None
         for name, p in self.named_params:
             self.new_state("m", name, dtype=p.dtype)
@@ -108,8 +108,7 @@ class Adam(LeafOptimizer):
             return
         device = todo[0][0].device
         triton = triton_step_kernels(device)
-        # Triton's kernel takes the correction's powers itself, in float64; Taichi's read them from a table.
-        hyper = self._hyper() if triton else (self._correction_table(device),) + self._hyper()
+        hyper = (self._correction_table(device),) + self._hyper()
         if len(todo) == 2 and all(chunks.single(operands[0]) for operands in todo):
             self._launch([self._kernel_arguments(operands, flat=not triton) for operands in todo], hyper, triton)
             return
@@ -121,7 +120,7 @@ class Adam(LeafOptimizer):
     @staticmethod
     def _launch(tables, hyper, triton: bool) -> None:
         """One launch over one or two tables' kernel arguments (`hyper`: what they share, the correction table
-        first for Taichi's kernels)."""
+        first)."""
         if triton:
             from ..kernels import adam_triton
             adam_triton.adam_step(tables, hyper)
@@ -132,9 +131,9 @@ class Adam(LeafOptimizer):
 
     def _correction_table(self, device) -> torch.Tensor:
         """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) for every step count t up to the steps asked so
-        far (entry t; entry 0 unused), for Taichi's kernels. Computed in float64 and rounded once, as the Triton
-        kernel computes it: with beta2 near 1 a float32 power loses most of 1 - beta2^t's digits, and two powers an
-        element were most of a hash grid's Adam on the CPU, where every entry counts its own steps (design notes).
+        far (entry t; entry 0 unused), for both launch paths. Computed in float64 and rounded once: with beta2 near 1 a
+        float32 power loses most of 1 - beta2^t's digits, and two powers an element (float32 on the CPU, float64
+        on CUDA) were most of a hash grid's Adam, where every entry counts its own steps (design notes).
         Grown by doubling, so a new table is made a logarithmic number of times."""
         need = int(self.scalars["step_count"]) + 1
         table = self._corrections
@@ -147,8 +146,7 @@ class Adam(LeafOptimizer):
         return table
 
     def _bias_corrections(self, t):
-        """sqrt(1 - beta2^t) / (1 - beta1^t) in float64, of the betas as the kernels receive them (float32), as the
-        Triton kernel takes them."""
+        """sqrt(1 - beta2^t) / (1 - beta1^t) in float64, of the betas as the kernels receive them (float32)."""
         beta1, beta2 = (float(np.float32(b)) for b in (self.beta1, self.beta2))
         return np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
 
