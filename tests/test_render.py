@@ -114,6 +114,28 @@ def test_pack_keeps_masked_samples_front_to_back():
 # ---------------------------------------------------------------------------------------------------------
 # Compositing
 # ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(params=["taichi", "triton"])
+def compositing_path(request, tuned, monkeypatch):
+    """Compositing's two launch paths (`tuning.triton_render_kernels`): Taichi's kernels, and Triton's (the CUDA
+    default; its interpreter on the CPU) with blocks of 4 samples, so that rays span one block, several, or a
+    last one partly filled. A test on the Triton path must have launched both of its kernels."""
+    launches = set()
+    if request.param == "triton":
+        from tinn.kernels import triton_available
+        if not triton_available():
+            pytest.skip("Triton is not installed")
+        from tinn.kernels import compositing_triton
+        monkeypatch.setattr(compositing_triton, "BLOCK", 4)
+        for name in ("composite_forward", "composite_backward"):
+            original = getattr(compositing_triton, name)
+            monkeypatch.setattr(compositing_triton, name,
+                                lambda *a, _f=original, _n=name: (launches.add(_n), _f(*a))[1])
+    tuned(triton_render_kernels=request.param == "triton")
+    yield request.param
+    if request.param == "triton":
+        assert launches, "the Triton compositing was never launched"
+
+
 def ref_composite(sigma, rgb, deltas, offsets, background, t):
     """The compositing formula, ray by ray, in plain torch (float64 inputs give a float64 reference)."""
     out_rgb, out_op, out_depth = [], [], []
@@ -145,7 +167,7 @@ def make_rays(seed=0):
 
 
 @pytest.mark.parametrize("bg_kind", ["none", "shared", "per_ray"])
-def test_composite_forward_matches_formula(bg_kind):
+def test_composite_forward_matches_formula(bg_kind, compositing_path):
     sigma, rgb, deltas, offsets, t, g = make_rays()
     n_rays = len(offsets) - 1
     bg = {"none": None, "shared": torch.tensor([0.2, 0.5, 0.9]), "per_ray": torch.rand(n_rays, 3, generator=g)}[bg_kind]
@@ -164,7 +186,7 @@ def test_composite_forward_matches_formula(bg_kind):
 
 
 @pytest.mark.parametrize("bg_kind", ["shared", "per_ray"])
-def test_composite_gradients_match_autograd(bg_kind):
+def test_composite_gradients_match_autograd(bg_kind, compositing_path):
     sigma, rgb, deltas, offsets, t, g = make_rays(1)
     n_rays = len(offsets) - 1
     bg = torch.tensor([0.3, 0.6, 0.1]) if bg_kind == "shared" else torch.rand(n_rays, 3, generator=g)
@@ -189,7 +211,7 @@ def test_composite_gradients_match_autograd(bg_kind):
     assert float(grads[1][3].norm()) == pytest.approx(float(g_rgb[2].norm()), rel=1e-4)
 
 
-def test_composite_gradients_only_where_asked():
+def test_composite_gradients_only_where_asked(compositing_path):
     """Each input asked for alone gets the float64 reference's gradient, the others none; without `t` there
     is no depth."""
     sigma, rgb, deltas, offsets, t, g = make_rays(2)
@@ -208,7 +230,7 @@ def test_composite_gradients_only_where_asked():
         assert all(leaves[k].grad is None for k in inputs if k != asked)
 
 
-def test_composite_background_as_numbers_equals_the_tensor():
+def test_composite_background_as_numbers_equals_the_tensor(compositing_path):
     """A background given as numbers composites as the same tensor would (and None as black); a render
     loop passing the same numbers reuses one device tensor instead of copying them every call."""
     sigma, rgb, deltas, offsets, t, _ = make_rays(5)
@@ -223,7 +245,7 @@ def test_composite_background_as_numbers_equals_the_tensor():
     assert torch.equal(composite(sigma, rgb, deltas, offsets, background=per_ray, t=t).rgb, as_tensor.rgb)
 
 
-def test_composite_dense_equals_packed():
+def test_composite_dense_equals_packed(compositing_path):
     g = torch.Generator().manual_seed(4)
     n_rays, n_samples = 5, 9
     sigma = (torch.rand(n_rays, n_samples, generator=g) * 3).to(DEV)
@@ -241,6 +263,37 @@ def test_composite_dense_equals_packed():
     ref_rgb, _, _ = ref_composite(sigma.reshape(-1).double(), rgb.reshape(-1, 3).double(), deltas.reshape(-1).double(),
                                   offsets, bg.double(), t.reshape(-1).double())
     torch.testing.assert_close(dense.rgb.double(), ref_rgb, rtol=1e-5, atol=1e-6)
+
+
+def test_composite_long_rays_match_float64_on_both_paths(compositing_path):
+    """Rays longer than a block (Triton's: several blocks of 4 here, the transmittance and the suffix sums carried
+    across them): a 300-sample ray through thin medium, one that turns opaque part-way (T underflows to 0), and a
+    ray of one sample, forward and every gradient against the float64 reference."""
+    g = torch.Generator().manual_seed(11)
+    counts = [300, 57, 1, 30]
+    m = sum(counts)
+    offsets = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
+    sigma = torch.rand(m, generator=g) * 0.05
+    sigma[300 + 20:300 + 25] = 400.0  # an opaque wall inside the second ray
+    sigma[358:] = torch.rand(30, generator=g) * 3
+    deltas = torch.rand(m, generator=g) * 0.05 + 0.01
+    rgb, t = torch.rand(m, 3, generator=g), torch.rand(m, generator=g) * 4
+    bg = torch.rand(len(counts), 3, generator=g)
+    g_rgb, g_op, g_depth = torch.randn(len(counts), 3, generator=g), torch.randn(len(counts), generator=g), \
+        torch.randn(len(counts), generator=g)
+    leaves = [x.to(DEV).requires_grad_() for x in (sigma, rgb, deltas, t, bg)]
+    out = composite(leaves[0], leaves[1], leaves[2], offsets.to(DEV), background=leaves[4], t=leaves[3])
+    loss = (out.rgb * g_rgb.to(DEV)).sum() + (out.opacity * g_op.to(DEV)).sum() + (out.depth * g_depth.to(DEV)).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    leaves64 = [x.double().requires_grad_() for x in (sigma, rgb, deltas, t, bg)]
+    ref = ref_composite(leaves64[0], leaves64[1], leaves64[2], offsets, leaves64[4], leaves64[3])
+    for got, want in zip((out.rgb, out.opacity, out.depth), ref):
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+    loss64 = (ref[0] * g_rgb.double()).sum() + (ref[1] * g_op.double()).sum() + (ref[2] * g_depth.double()).sum()
+    for name, got, want in zip(("sigma", "rgb", "deltas", "t", "background"), grads,
+                               torch.autograd.grad(loss64, leaves64)):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert float(out.opacity[1]) == pytest.approx(1.0, abs=1e-6)  # the wall stops the second ray
 
 
 def test_composite_rejects_bad_input():

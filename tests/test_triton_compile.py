@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
 def test_triton_kernels_compile_for_sm90():
-    """The grid's kernels in every variant of the tool, Adam's and the gradient scaler's."""
+    """The grid's kernels in every variant of the tool, Adam's, the gradient scaler's and compositing's."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "benchmarks.tools.triton_compile", "--arch", "90"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -22,6 +22,7 @@ def test_triton_kernels_compile_for_sm90():
     assert run.stdout.count("ok grid _grid_") == 14 and "0 failed" in run.stdout
     assert "ok adam adam_kernel" in run.stdout
     assert "ok scaler record_kernel" in run.stdout and "ok scaler update_kernel" in run.stdout
+    assert run.stdout.count("ok render _") == 4
 
 
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")

@@ -45,6 +45,7 @@ the environment's text is converted ("true", "off", "auto", "32"); Python values
 | fast_launch | True | the lean launch path of tinn/kernels/launch.py |
 | triton_step_kernels | None | a training step's bookkeeping kernels, Adam's dense tables (`tinn/kernels/adam_triton.py`) and the gradient scaler's checks (`tinn/kernels/scaler_triton.py`), as Triton launches instead of Taichi's kernels, whose launch costs the host several times more; None = on CUDA where Triton imports; True = also under Triton's CPU interpreter (tests); False = Taichi's kernels everywhere |
 | triton_grid_kernels | None | a grid encoding's lookup and table gradient (`tinn/kernels/grid_triton.py`) as Triton launches instead of Taichi's kernels, for float32 tables (the lookup also for compact ones) and every hash but Rng; input gradients, second order, a compact table's sparse gradient, the fixed-order sum and stochastic interpolation stay Taichi's; None = on CUDA where Triton imports; True = also under Triton's CPU interpreter (tests); False = Taichi's kernels everywhere |
+| triton_render_kernels | None | a scene's volume compositing, forward and backward (`tinn/kernels/compositing_triton.py`), as Triton launches that take a ray's samples a block at a time with scans, instead of Taichi's kernels, which walk each ray in one thread; None = on CUDA where Triton imports; True = also under Triton's CPU interpreter (tests); False = Taichi's kernels everywhere |
 | gpu_max_reg | 0 | register cap per thread for CUDA kernels; 0 = Taichi's default |
 | ir_optimization | None | the kernel language's own IR optimisation passes (Taichi's `advanced_optimization`, before LLVM's) for every kernel (True) or none (False); None = all kernels but those as fast without them (`fast_kernel(ir_passes=False)`: the fused MLP forward and weight gradients, the grid encoding's; on Taichi), which then compile several times faster |
 | table_chunk_elements | 2^30 | most elements of a per-network table (parameters, gradients, optimizer state) one kernel launch indexes; bigger tables run in row chunks (tinn/chunks.py) |
@@ -133,6 +134,7 @@ class Tuning(_Checked):
     fast_launch: bool = True
     triton_step_kernels: bool | None = None
     triton_grid_kernels: bool | None = None
+    triton_render_kernels: bool | None = None
     gpu_max_reg: int = 0
     ir_optimization: bool | None = None
     # Taichi 1.7.4 indexes ndarrays and counts loops in 32 bits (tinn/chunks.py); tests set it tiny to cross

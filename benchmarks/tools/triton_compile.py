@@ -1,7 +1,7 @@
-"""Compile tinn's Triton kernels of the grid encoding (tinn/kernels/grid_triton.py) and of a step's bookkeeping (Adam,
-the gradient scaler) for a GPU target without a GPU.
+"""Compile tinn's Triton kernels of the grid encoding (tinn/kernels/grid_triton.py), of a step's bookkeeping (Adam,
+the gradient scaler) and of volume compositing (tinn/kernels/compositing_triton.py) for a GPU target without a GPU.
 
-    python -m benchmarks.tools.triton_compile [--arch 90] [--families grid,adam,scaler]
+    python -m benchmarks.tools.triton_compile [--arch 90] [--families grid,adam,scaler,render]
 
 Triton's CPU interpreter runs a kernel's Python line by line, so it accepts code the GPU compiler refuses (a
 variable whose block shape differs between the branches of an `if`, for one). This compiles each kernel, the grid's
@@ -21,7 +21,7 @@ import tempfile
 
 GRID_VARIANTS = [  # (D, F, interpolation code, hash combination)
     (2, 2, 1, 0), (3, 2, 1, 0), (4, 2, 1, 0), (3, 4, 2, 1), (2, 1, 0, 0), (3, 8, 1, 1), (2, 8, 2, 0)]
-FAMILIES = ("grid", "adam", "scaler")
+FAMILIES = ("grid", "adam", "scaler", "render")
 
 
 def grid_kernels():
@@ -51,6 +51,17 @@ def adam_kernels():
                                             "grad_clip", "lower", "upper")}, programs="i32",
                  corrections_ptr="*fp32", n_corrections="i32")
     yield "adam_kernel", a.adam_kernel, types, {"BLOCK": a.BLOCK}
+
+
+def render_kernels():
+    from tinn.kernels import compositing_triton as c
+    f32 = {f"{name}_ptr": "*fp32" for name in ("sigma", "rgb", "deltas", "t", "bg", "out_rgb", "out_opacity",
+                                               "out_depth", "out_t_end", "trans_after", "t_end", "g_rgb_ray",
+                                               "g_opacity", "g_depth", "g_sigma", "g_rgb", "g_deltas", "g_t")}
+    types = dict(f32, offsets_ptr="*i32", n_bg_rows="i32")
+    for has_t in (False, True):
+        for kernel in (c._forward, c._backward):
+            yield f"{kernel.__name__} HAS_T={has_t}", kernel, types, {"HAS_T": has_t, "BLOCK": c.BLOCK}
 
 
 def scaler_kernels():
@@ -96,7 +107,7 @@ def main(argv=None) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sources = {"grid": grid_kernels, "adam": adam_kernels, "scaler": scaler_kernels}
+    sources = {"grid": grid_kernels, "adam": adam_kernels, "scaler": scaler_kernels, "render": render_kernels}
     target = GPUTarget("cuda", args.arch, 32)
     failures = 0
     for family in families:

@@ -35,6 +35,13 @@ def triton_grid_kernels(device) -> bool:
     return _triton_chosen(runtime.tuning().triton_grid_kernels, device)
 
 
+def triton_render_kernels(device) -> bool:
+    """Whether a scene's volume compositing runs as Triton launches on `device` (`tuning.triton_render_kernels`;
+    the same three choices as `triton_step_kernels`)."""
+    from .. import runtime
+    return _triton_chosen(runtime.tuning().triton_render_kernels, device)
+
+
 def _triton_chosen(choice, device) -> bool:
     if choice is False or (choice is None and device.type != "cuda") or not triton_available():
         return False

@@ -1,4 +1,5 @@
-"""Alpha compositing of packed samples along rays (Taichi forward, hand-written backward).
+"""Alpha compositing of packed samples along rays (hand-written forward and backward: Triton launches on CUDA,
+Taichi's kernels elsewhere).
 
 alpha_i = 1 - exp(-sigma_i delta_i), T_i = prod_{j<i} (1 - alpha_j), w_i = T_i alpha_i,
 C = sum_i w_i c_i + (1 - sum_i w_i) background, opacity = sum_i w_i, depth = sum_i w_i t_i.
@@ -14,12 +15,22 @@ from torch.autograd.function import once_differentiable
 from .. import checks, runtime
 from ..errors import InputError
 from ..kernels import compositing as compositing_kernels
+from ..kernels import triton_render_kernels
 
 
 class Composited(NamedTuple):
     rgb: torch.Tensor                # (R, 3)
     opacity: torch.Tensor            # (R,)  = 1 - T_end
     depth: Optional[torch.Tensor]    # (R,)  = sum_i w_i t_i (not normalised by opacity); None without t
+
+
+def _kernels(device):
+    """The module of the two compositing kernels: Triton's on CUDA (`tuning.triton_render_kernels`), else Taichi's
+    (the same arguments)."""
+    if triton_render_kernels(device):
+        from ..kernels import compositing_triton
+        return compositing_triton
+    return compositing_kernels
 
 
 class _CompositeFn(torch.autograd.Function):
@@ -35,9 +46,9 @@ class _CompositeFn(torch.autograd.Function):
         t_end = torch.empty(n_rays, dtype=torch.float32, device=dev)
         trans_after = torch.empty(sigma.shape[0], dtype=torch.float32, device=dev)
         if n_rays:
-            compositing_kernels.composite_forward(sigma.detach(), rgb.detach(), deltas.detach(), t_arg, int(has_t),
-                                                  ray_offsets, background.detach(), out_rgb, opacity, depth, t_end,
-                                                  trans_after)
+            _kernels(dev).composite_forward(sigma.detach(), rgb.detach(), deltas.detach(), t_arg, int(has_t),
+                                            ray_offsets, background.detach(), out_rgb, opacity, depth, t_end,
+                                            trans_after)
         ctx.save_for_backward(sigma, rgb, deltas, t_arg, ray_offsets, background, t_end, trans_after)
         ctx.has_t = has_t
         if not has_t:
@@ -59,9 +70,9 @@ class _CompositeFn(torch.autograd.Function):
         g_t = torch.empty(m if ctx.has_t else 1, dtype=torch.float32, device=dev)
         g_depth = g_depth if ctx.has_t else torch.zeros(1, dtype=torch.float32, device=dev)
         if n_rays:
-            compositing_kernels.composite_backward(sigma, rgb, deltas, t_arg, int(ctx.has_t), ray_offsets, background,
-                                                   t_end, trans_after, g_rgb_ray.contiguous(), g_opacity.contiguous(),
-                                                   g_depth.contiguous(), g_sigma, g_rgb, g_deltas, g_t)
+            _kernels(dev).composite_backward(sigma, rgb, deltas, t_arg, int(ctx.has_t), ray_offsets, background,
+                                             t_end, trans_after, g_rgb_ray.contiguous(), g_opacity.contiguous(),
+                                             g_depth.contiguous(), g_sigma, g_rgb, g_deltas, g_t)
         need = ctx.needs_input_grad
         g_bg = None
         if need[5]:
