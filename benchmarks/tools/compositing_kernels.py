@@ -91,7 +91,7 @@ def main() -> None:
             settings.install(base.replace(triton_render_kernels=path == "triton"))
             out, grads = run_once(batch, weights)
             outputs[path] = [out.rgb, out.opacity, out.depth, *grads]
-        difference = max(float((a - b).abs().max()) for a, b in zip(outputs["taichi"], outputs["triton"]))
+        difference = max(float((a - b).detach().abs().max()) for a, b in zip(outputs["taichi"], outputs["triton"]))
         rows = {"taichi": [], "triton": []}
         for _ in range(args.rounds):
             for path in rows:

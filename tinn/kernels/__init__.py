@@ -1,6 +1,7 @@
 """Taichi kernels, and the Triton kernels of the GPU's matrix products and row passes (tensor_cores/,
-row_gather.py) and of a training step's bookkeeping on CUDA (adam_triton.py, scaler_triton.py: Taichi's launch costs
-the host more). Everything Taichi- or Triton-specific lives in this package; the Python API around it only
+row_gather.py), of a training step's bookkeeping (adam_triton.py, scaler_triton.py), of the grid's lookup and table
+gradient (grid_triton.py) and of volume compositing (compositing_triton.py) on CUDA, where Taichi's launch costs the
+host more or its kernels use the GPU less. Everything Taichi- or Triton-specific lives in this package; the Python API around it only
 validates, allocates torch tensors and launches."""
 import functools
 
