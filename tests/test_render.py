@@ -296,6 +296,24 @@ def test_composite_long_rays_match_float64_on_both_paths(compositing_path):
     assert float(out.opacity[1]) == pytest.approx(1.0, abs=1e-6)  # the wall stops the second ray
 
 
+def test_composite_infinite_density_makes_its_sample_opaque(compositing_path):
+    """A density that overflowed to inf (exp of a large raw output) hides what lies behind it, on both paths as in
+    the float64 reference: finite colours, opacity 1, and the colour gradients of the samples behind it zero."""
+    sigma, rgb, deltas, offsets, t, g = make_rays(3)
+    sigma = sigma.clone()
+    sigma[5] = float("inf")  # the second sample of the 7-sample ray (samples 4 to 10)
+    rgb = rgb.clone().requires_grad_()
+    out = composite(sigma, rgb, deltas, offsets, background=torch.ones(3, device=DEV), t=t)
+    ref = ref_composite(sigma.double(), rgb.detach().double(), deltas.double(), offsets,
+                        torch.ones(3, dtype=torch.float64, device=DEV), t.double())
+    for got, want in zip((out.rgb, out.opacity, out.depth), ref):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.detach().double(), want, rtol=1e-5, atol=1e-6)
+    assert float(out.opacity[3]) == 1.0
+    (g_rgb,) = torch.autograd.grad(out.rgb.sum(), rgb)
+    assert torch.isfinite(g_rgb).all() and float(g_rgb[6:11].abs().max()) == 0.0
+
+
 def test_composite_rejects_bad_input():
     sigma, rgb, deltas, offsets, t, _ = make_rays()
     with pytest.raises(InputError, match="rgb must have shape"):

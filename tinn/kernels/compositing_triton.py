@@ -5,7 +5,7 @@ Imported only where Triton runs (CUDA, or its CPU interpreter in tests).
 Why a second copy: Taichi's kernels give each ray one thread that walks its samples one by one, so a batch of a few
 thousand rays keeps a few percent of the GPU's threads busy, each waiting on its loads in turn; and Taichi's launch
 costs the host several times a Triton launch's time (design notes, "A step's bookkeeping as Triton launches"). Here
-one program takes one ray, `BLOCK` samples at a time: the transmittance is an exclusive scan of sigma * delta within
+one program takes one ray, `BLOCK` samples at a time: the transmittance is exp of scans of sigma * delta within
 the block, carried from block to block, and the backward's suffix sums are reverse scans walked from the ray's last
 block to its first. Taichi's kernels stay the CPU's path and the tests' second reference.
 
@@ -44,10 +44,14 @@ def _forward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, out_rgb
         inside = i < end
         i64 = i.to(tl.int64)
         x = tl.load(sigma_ptr + i64, mask=inside, other=0.0) * tl.load(deltas_ptr + i64, mask=inside, other=0.0)
-        depth = tl.cumsum(x, axis=0)  # optical depth up to and including each sample, within the block
-        after = trans * tl.exp(-depth)
-        w = trans * tl.exp(x - depth) * _one_minus_exp_neg(x)  # T_i alpha_i, T_i = trans exp(-(depth - x))
-        w = tl.where(inside, w, 0.0)
+        # The optical depth before each sample (within the block) scans the previous sample's x, read again, rather
+        # than subtracting x from the inclusive scan: an infinite density (an overflowing activation) would make
+        # that inf - inf, where it must make the sample opaque, as in Taichi's kernel.
+        prev = (lanes > 0) & inside
+        x_prev = (tl.load(sigma_ptr + i64 - 1, mask=prev, other=0.0)
+                  * tl.load(deltas_ptr + i64 - 1, mask=prev, other=0.0))
+        after = trans * tl.exp(-tl.cumsum(x, axis=0))
+        w = tl.where(inside, trans * tl.exp(-tl.cumsum(x_prev, axis=0)) * _one_minus_exp_neg(x), 0.0)
         acc_r += tl.sum(w * tl.load(rgb_ptr + i64 * 3, mask=inside, other=0.0), axis=0)
         acc_g += tl.sum(w * tl.load(rgb_ptr + i64 * 3 + 1, mask=inside, other=0.0), axis=0)
         acc_b += tl.sum(w * tl.load(rgb_ptr + i64 * 3 + 2, mask=inside, other=0.0), axis=0)
