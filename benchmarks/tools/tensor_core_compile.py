@@ -75,7 +75,12 @@ def main():
                        ("backward", mlp.backward_kernel,
                         dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True, LOSS=-1)),
                        ("recompute bwd", mlp.recompute_backward_kernel,
-                        dict(base, WIDTH=shape.width, WANT_DX=False, WANT_PARAMS=True, LOSS=0))]
+                        dict(base, WIDTH=shape.width, WANT_DX=False, WANT_PARAMS=True, LOSS=0)),
+                       # a grid's feature-major output in, its gradient out (sample strides of 1, as launched)
+                       ("fwd, x by feature", mlp.forward_kernel, dict(base, SAVE=False, s_x_sample=1)),
+                       ("rec. bwd, dx by feature", mlp.recompute_backward_kernel,
+                        dict(base, WIDTH=shape.width, WANT_DX=True, WANT_PARAMS=True, LOSS=0, s_x_sample=1,
+                             s_dx_sample=1))]
             for label, fn, constants in kernels:
                 t0 = time.time()
                 try:
@@ -87,7 +92,7 @@ def main():
                     ok, note = False, f"compile error: {type(e).__name__}: {str(e).splitlines()[-1][:150]}"
                 failures += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {str(tuple(shape)):28s} {precision:8s} BM={options.block_m:3d} "
-                      f"warps={options.num_warps} stages={options.num_stages} {label:13s} {note} "
+                      f"warps={options.num_warps} stages={options.num_stages} {label:23s} {note} "
                       f"({time.time() - t0:.1f} s)", flush=True)
     sys.exit(1 if failures else 0)
 
