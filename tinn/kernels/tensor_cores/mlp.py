@@ -124,29 +124,11 @@ def _load_input(x_ptr, sidx, rmask, s_sample, s_feature, pad_value,
     """The block's inputs, (BM, K) float32: x's N_REAL columns, then N_IN - N_REAL columns of pad_value
     (tcnn's input padding), zeros up to K."""
     k = tl.arange(0, K)
-    if s_sample == 1:
-        # Feature-major x (a grid's output): loaded as (K, BM), so that the threads of a warp run along the samples
-        # and read one feature of neighbouring samples, rather than one sample's features, a row of x apart each.
-        v = tl.trans(tl.load(x_ptr + k[:, None] * s_feature + sidx[None, :],
-                             mask=(k < N_REAL)[:, None] & rmask[None, :], other=0.0)).to(tl.float32)
-    else:
-        v = tl.load(x_ptr + sidx[:, None] * s_sample + k[None, :] * s_feature,
-                    mask=rmask[:, None] & (k < N_REAL)[None, :], other=0.0).to(tl.float32)
+    v = tl.load(x_ptr + sidx[:, None] * s_sample + k[None, :] * s_feature,
+                mask=rmask[:, None] & (k < N_REAL)[None, :], other=0.0).to(tl.float32)
     if N_IN > N_REAL:
         v = tl.where(((k >= N_REAL) & (k < N_IN))[None, :], pad_value, v)
     return v
-
-
-@triton.jit
-def _store_input_gradient(dx_ptr, sidx, rmask, s_sample, s_feature, dx, N_REAL: tl.constexpr, K: tl.constexpr):
-    """The block's input gradient (BM, K) into dx's N_REAL columns, in x's layout (as `_load_input` reads x)."""
-    k = tl.arange(0, K)
-    if s_sample == 1:  # feature-major: stored as (K, BM), a warp's threads along the samples
-        tl.store(dx_ptr + k[:, None] * s_feature + sidx[None, :], tl.trans(dx),
-                 mask=(k < N_REAL)[:, None] & rmask[None, :])
-    else:
-        tl.store(dx_ptr + sidx[:, None] * s_sample + k[None, :] * s_feature, dx,
-                 mask=rmask[:, None] & (k < N_REAL)[None, :])
 
 
 @triton.jit
@@ -378,7 +360,8 @@ def _backward_block(
     if FIRST:
         if WANT_DX:
             dx = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * inv_scale
-            _store_input_gradient(dx_ptr, sidx, rmask, s_dx_sample, s_dx_feature, dx, N_REAL_IN, KIN)
+            tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
+                     mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
     else:
         d_in = _dot(delta, tl.trans(w), IEEE, INTERPRETED_BF16) * _dact(z_in, y_in, HIDDEN_ACT)
         tl.store(delta_ptr + pos[:, None] * H + kin[None, :], _to_compute(d_in, CDT, INTERPRETED_BF16),
@@ -570,8 +553,10 @@ def _recompute_block(
         if WANT_PARAMS:
             acc0 += _dot(tl.trans(a0), d, IEEE, INTERPRETED_BF16)
     if WANT_DX:
+        kin = tl.arange(0, K0)
         dx = _dot(d, tl.trans(w0), IEEE, INTERPRETED_BF16) * inv_scale
-        _store_input_gradient(dx_ptr, sidx, rmask, s_dx_sample, s_dx_feature, dx, N_REAL_IN, K0)
+        tl.store(dx_ptr + sidx[:, None] * s_dx_sample + kin[None, :] * s_dx_feature, dx,
+                 mask=rmask[:, None] & (kin < N_REAL_IN)[None, :])
     return acc0, acc1, acc2, accl, loss_acc
 
 
