@@ -33,8 +33,9 @@ def _one_minus_exp_neg(x):
 def _forward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, out_rgb_ptr, out_opacity_ptr,
              out_depth_ptr, out_t_end_ptr, trans_after_ptr, n_bg_rows, HAS_T: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
-    start = tl.load(offsets_ptr + r)
-    end = tl.load(offsets_ptr + r + 1)
+    # Sample indices in 64 bits: a block past a ray's end may reach beyond 2^31 - 1 in a batch near int32's limit.
+    start = tl.load(offsets_ptr + r).to(tl.int64)
+    end = tl.load(offsets_ptr + r + 1).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     zero = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), axis=0)
     trans = zero + 1.0
@@ -42,23 +43,22 @@ def _forward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, out_rgb
     for lo in range(start, end, BLOCK):
         i = lo + lanes
         inside = i < end
-        i64 = i.to(tl.int64)
-        x = tl.load(sigma_ptr + i64, mask=inside, other=0.0) * tl.load(deltas_ptr + i64, mask=inside, other=0.0)
+        x = tl.load(sigma_ptr + i, mask=inside, other=0.0) * tl.load(deltas_ptr + i, mask=inside, other=0.0)
         # The optical depth before each sample (within the block) scans the previous sample's x, read again, rather
         # than subtracting x from the inclusive scan: an infinite density (an overflowing activation) would make
         # that inf - inf, where it must make the sample opaque, as in Taichi's kernel.
         prev = (lanes > 0) & inside
-        x_prev = (tl.load(sigma_ptr + i64 - 1, mask=prev, other=0.0)
-                  * tl.load(deltas_ptr + i64 - 1, mask=prev, other=0.0))
+        x_prev = (tl.load(sigma_ptr + i - 1, mask=prev, other=0.0)
+                  * tl.load(deltas_ptr + i - 1, mask=prev, other=0.0))
         after = trans * tl.exp(-tl.cumsum(x, axis=0))
         w = tl.where(inside, trans * tl.exp(-tl.cumsum(x_prev, axis=0)) * _one_minus_exp_neg(x), 0.0)
-        acc_r += tl.sum(w * tl.load(rgb_ptr + i64 * 3, mask=inside, other=0.0), axis=0)
-        acc_g += tl.sum(w * tl.load(rgb_ptr + i64 * 3 + 1, mask=inside, other=0.0), axis=0)
-        acc_b += tl.sum(w * tl.load(rgb_ptr + i64 * 3 + 2, mask=inside, other=0.0), axis=0)
+        acc_r += tl.sum(w * tl.load(rgb_ptr + i * 3, mask=inside, other=0.0), axis=0)
+        acc_g += tl.sum(w * tl.load(rgb_ptr + i * 3 + 1, mask=inside, other=0.0), axis=0)
+        acc_b += tl.sum(w * tl.load(rgb_ptr + i * 3 + 2, mask=inside, other=0.0), axis=0)
         acc_w += tl.sum(w, axis=0)
         if HAS_T:
-            acc_d += tl.sum(w * tl.load(t_ptr + i64, mask=inside, other=0.0), axis=0)
-        tl.store(trans_after_ptr + i64, after, mask=inside)
+            acc_d += tl.sum(w * tl.load(t_ptr + i, mask=inside, other=0.0), axis=0)
+        tl.store(trans_after_ptr + i, after, mask=inside)
         # Lanes past the ray's end add no depth, so the block's last lane holds the ray's transmittance so far.
         trans = tl.sum(tl.where(lanes == BLOCK - 1, after, 0.0), axis=0)
     row = tl.where(n_bg_rows > 1, r, 0).to(tl.int64) * 3
@@ -75,12 +75,11 @@ def _forward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, out_rgb
 def _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i, start, end):
     """(w_i, sigma_i, delta_i, T_{i+1}) of samples i of a ray [start, end); zeros outside it."""
     inside = (i >= start) & (i < end)
-    i64 = i.to(tl.int64)
-    s = tl.load(sigma_ptr + i64, mask=inside, other=0.0)
-    d = tl.load(deltas_ptr + i64, mask=inside, other=0.0)
-    before = tl.load(trans_after_ptr + i64 - 1, mask=inside & (i > start), other=1.0)
+    s = tl.load(sigma_ptr + i, mask=inside, other=0.0)
+    d = tl.load(deltas_ptr + i, mask=inside, other=0.0)
+    before = tl.load(trans_after_ptr + i - 1, mask=inside & (i > start), other=1.0)
     w = tl.where(inside, before * _one_minus_exp_neg(s * d), 0.0)
-    return w, s, d, tl.load(trans_after_ptr + i64, mask=inside, other=0.0)
+    return w, s, d, tl.load(trans_after_ptr + i, mask=inside, other=0.0)
 
 
 @triton.jit
@@ -88,8 +87,8 @@ def _backward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, t_end_
               g_opacity_ptr, g_depth_ptr, g_sigma_ptr, g_rgb_ptr, g_deltas_ptr, g_t_ptr, n_bg_rows,
               HAS_T: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
-    start = tl.load(offsets_ptr + r)
-    end = tl.load(offsets_ptr + r + 1)
+    start = tl.load(offsets_ptr + r).to(tl.int64)  # (64 bits, as in the forward)
+    end = tl.load(offsets_ptr + r + 1).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     row = tl.where(n_bg_rows > 1, r, 0).to(tl.int64) * 3
     r64 = r.to(tl.int64)
@@ -111,35 +110,34 @@ def _backward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, t_end_
     for k in range(0, n_blocks):
         i = start + (n_blocks - 1 - k) * BLOCK + lanes
         inside = i < end
-        i64 = i.to(tl.int64)
         w, s, d, trans_next = _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i, start, end)
         # The next sample's weight within this block: the last lane's next sample is in the carried sums already.
         next_in = ((i + 1) < end) & (lanes < BLOCK - 1)
         w_next, _s, _d, _t = _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i + 1, start, end)
         w_next = tl.where(next_in, w_next, 0.0)
-        cr = tl.load(rgb_ptr + i64 * 3, mask=inside, other=0.0)
-        cg = tl.load(rgb_ptr + i64 * 3 + 1, mask=inside, other=0.0)
-        cb = tl.load(rgb_ptr + i64 * 3 + 2, mask=inside, other=0.0)
+        cr = tl.load(rgb_ptr + i * 3, mask=inside, other=0.0)
+        cg = tl.load(rgb_ptr + i * 3 + 1, mask=inside, other=0.0)
+        cb = tl.load(rgb_ptr + i * 3 + 2, mask=inside, other=0.0)
         # Suffix sums of the next samples' contributions: the block's own part by a reverse scan, the rest carried.
-        a_r = after_r + tl.cumsum(w_next * tl.load(rgb_ptr + i64 * 3 + 3, mask=next_in, other=0.0), axis=0,
+        a_r = after_r + tl.cumsum(w_next * tl.load(rgb_ptr + i * 3 + 3, mask=next_in, other=0.0), axis=0,
                                   reverse=True)
-        a_g = after_g + tl.cumsum(w_next * tl.load(rgb_ptr + i64 * 3 + 4, mask=next_in, other=0.0), axis=0,
+        a_g = after_g + tl.cumsum(w_next * tl.load(rgb_ptr + i * 3 + 4, mask=next_in, other=0.0), axis=0,
                                   reverse=True)
-        a_b = after_b + tl.cumsum(w_next * tl.load(rgb_ptr + i64 * 3 + 5, mask=next_in, other=0.0), axis=0,
+        a_b = after_b + tl.cumsum(w_next * tl.load(rgb_ptr + i * 3 + 5, mask=next_in, other=0.0), axis=0,
                                   reverse=True)
         dx = gr * (trans_next * cr - a_r) + gg * (trans_next * cg - a_g) + gb * (trans_next * cb - a_b) + g_op_term
         if HAS_T:
-            ti = tl.load(t_ptr + i64, mask=inside, other=0.0)
-            a_d = after_d + tl.cumsum(w_next * tl.load(t_ptr + i64 + 1, mask=next_in, other=0.0), axis=0,
+            ti = tl.load(t_ptr + i, mask=inside, other=0.0)
+            a_d = after_d + tl.cumsum(w_next * tl.load(t_ptr + i + 1, mask=next_in, other=0.0), axis=0,
                                       reverse=True)
             dx += gd * (trans_next * ti - a_d)
-            tl.store(g_t_ptr + i64, w * gd, mask=inside)
+            tl.store(g_t_ptr + i, w * gd, mask=inside)
             after_d += tl.sum(w * ti, axis=0)
-        tl.store(g_sigma_ptr + i64, d * dx, mask=inside)
-        tl.store(g_deltas_ptr + i64, s * dx, mask=inside)
-        tl.store(g_rgb_ptr + i64 * 3, w * gr, mask=inside)
-        tl.store(g_rgb_ptr + i64 * 3 + 1, w * gg, mask=inside)
-        tl.store(g_rgb_ptr + i64 * 3 + 2, w * gb, mask=inside)
+        tl.store(g_sigma_ptr + i, d * dx, mask=inside)
+        tl.store(g_deltas_ptr + i, s * dx, mask=inside)
+        tl.store(g_rgb_ptr + i * 3, w * gr, mask=inside)
+        tl.store(g_rgb_ptr + i * 3 + 1, w * gg, mask=inside)
+        tl.store(g_rgb_ptr + i * 3 + 2, w * gb, mask=inside)
         after_r += tl.sum(w * cr, axis=0)
         after_g += tl.sum(w * cg, axis=0)
         after_b += tl.sum(w * cb, axis=0)
