@@ -111,6 +111,16 @@ def grid_path(request, tuned):
     return request.param
 
 
+def record_launches(monkeypatch, module, names) -> list:
+    """Wraps the launch functions `names` of a Triton kernel module so that each call appends its name to the
+    returned list (a test on a Triton path asserts that its kernels actually ran)."""
+    launches = []
+    for name in names:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
+    return launches
+
+
 @pytest.fixture
 def triton_grid_launches(monkeypatch):
     """Counts the Triton grid kernels' launches by name (skips where Triton is not installed)."""
@@ -118,8 +128,4 @@ def triton_grid_launches(monkeypatch):
     if not triton_available():
         pytest.skip("Triton is not installed")
     from tinn.kernels import grid_triton
-    launches = []
-    for name in ("grid_forward", "grid_backward_table"):
-        original = getattr(grid_triton, name)
-        monkeypatch.setattr(grid_triton, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
-    return launches
+    return record_launches(monkeypatch, grid_triton, ("grid_forward", "grid_backward_table"))

@@ -8,6 +8,8 @@ import tinn
 from tinn.errors import InputError
 from tinn.render import camera_rays, composite, composite_dense, pack, pixel_radius, ray_box, stratified_t
 
+from conftest import record_launches
+
 DEV = tinn.runtime.device()
 
 
@@ -118,18 +120,15 @@ def test_pack_keeps_masked_samples_front_to_back():
 def compositing_path(request, tuned, monkeypatch):
     """Compositing's two launch paths (`tuning.triton_render_kernels`): Taichi's kernels, and Triton's (the CUDA
     default; its interpreter on the CPU) with blocks of 4 samples, so that rays span one block, several, or a
-    last one partly filled. A test on the Triton path must have launched both of its kernels."""
-    launches = set()
+    last one partly filled. A test on the Triton path must have launched them."""
+    launches = []
     if request.param == "triton":
         from tinn.kernels import triton_available
         if not triton_available():
             pytest.skip("Triton is not installed")
         from tinn.kernels import compositing_triton
         monkeypatch.setattr(compositing_triton, "BLOCK", 4)
-        for name in ("composite_forward", "composite_backward"):
-            original = getattr(compositing_triton, name)
-            monkeypatch.setattr(compositing_triton, name,
-                                lambda *a, _f=original, _n=name: (launches.add(_n), _f(*a))[1])
+        launches = record_launches(monkeypatch, compositing_triton, ("composite_forward", "composite_backward"))
     tuned(triton_render_kernels=request.param == "triton")
     yield request.param
     if request.param == "triton":

@@ -73,8 +73,8 @@ def _forward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, out_rgb
 
 @triton.jit
 def _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i, start, end):
-    """(w_i, sigma_i, delta_i, T_{i+1}) of samples i of a ray [start, end); zeros outside it."""
-    inside = (i >= start) & (i < end)
+    """(w_i, sigma_i, delta_i, T_{i+1}) of samples i (at or after `start`) of a ray [start, end); zeros past it."""
+    inside = i < end
     s = tl.load(sigma_ptr + i, mask=inside, other=0.0)
     d = tl.load(deltas_ptr + i, mask=inside, other=0.0)
     before = tl.load(trans_after_ptr + i - 1, mask=inside & (i > start), other=1.0)
@@ -111,10 +111,12 @@ def _backward(sigma_ptr, rgb_ptr, deltas_ptr, t_ptr, offsets_ptr, bg_ptr, t_end_
         i = start + (n_blocks - 1 - k) * BLOCK + lanes
         inside = i < end
         w, s, d, trans_next = _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i, start, end)
-        # The next sample's weight within this block: the last lane's next sample is in the carried sums already.
+        # The next sample's weight within this block (the last lane's next sample is in the carried sums already):
+        # the transmittance before it is this sample's T_{i+1}.
         next_in = ((i + 1) < end) & (lanes < BLOCK - 1)
-        w_next, _s, _d, _t = _weights(sigma_ptr, deltas_ptr, trans_after_ptr, i + 1, start, end)
-        w_next = tl.where(next_in, w_next, 0.0)
+        x_next = (tl.load(sigma_ptr + i + 1, mask=next_in, other=0.0)
+                  * tl.load(deltas_ptr + i + 1, mask=next_in, other=0.0))
+        w_next = tl.where(next_in, trans_next * _one_minus_exp_neg(x_next), 0.0)
         cr = tl.load(rgb_ptr + i * 3, mask=inside, other=0.0)
         cg = tl.load(rgb_ptr + i * 3 + 1, mask=inside, other=0.0)
         cb = tl.load(rgb_ptr + i * 3 + 2, mask=inside, other=0.0)
