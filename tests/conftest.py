@@ -117,7 +117,7 @@ def record_launches(monkeypatch, module, names) -> list:
     launches = []
     for name in names:
         original = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name: (launches.append(_n), _f(*a))[1])
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: (launches.append(_n), _f(*a, **k))[1])
     return launches
 
 

@@ -372,11 +372,7 @@ def test_forward_and_backward_match_reference(n_dims, kw, n_networks, lanes, lev
     if triton:
         x, ids = inputs(enc, 96)
         (enc(x, ids) * 1.0).sum().backward()
-        # The table gradient stays Taichi's for a single grid with at least a quarter of its levels summed in
-        # shared memory first (CUDA only; elsewhere no level is).
-        shared = enc._shared_levels if enc.n_networks == 1 else 0
-        expected = ["grid_forward"] + ([] if shared and 4 * shared >= enc.n_levels else ["grid_backward_table"])
-        assert launches == expected, launches
+        assert launches == ["grid_forward", "grid_backward_table"], launches
         enc.params.grad = None
         launches.clear()
         run_checks(n_dims, kw, enc)
@@ -440,20 +436,50 @@ def test_table_gradient_of_samples_sharing_cells_matches_reference(order, tuned,
     assert "grid_backward_table" in triton_grid_launches
 
 
-@pytest.mark.parametrize("levels,shared,triton", [(16, 0, True), (16, 1, True), (16, 3, True), (16, 4, False),
-                                                   (16, 6, False), (4, 1, False)])
-def test_single_grid_with_many_shared_memory_levels_keeps_taichis_table_gradient(levels, shared, triton, tuned):
-    """The table gradient's choice on CUDA: Triton's global atomics, except for a single grid with at least a quarter
-    of its levels summed in a block's shared memory first by Taichi's kernel (which measured faster there). The
-    count comes from the device; here it is given, and the rule alone is checked (the lookup has no exception)."""
-    tuned(triton_grid_kernels=True)
+@pytest.mark.parametrize("n_networks,features,offset,expected", [
+    (1, 2, 0, (True, 32)), (1, 4, 0, (True, 32)), (1, 8, 0, (True, 32)), (3, 2, 0, (True, 0)), (3, 4, 0, (True, 0)),
+    (1, 1, 0, (False, 0)), (2, 1, 0, (False, 0)), (1, 2, 1, (False, 0)), (1, 4, 2, (False, 0))],
+    ids=["single-F2", "single-F4", "single-F8", "array-F2", "array-F4", "single-F1", "array-F1",
+         "F2-odd-offset", "F4-offset-2"])
+def test_table_gradient_vector_reductions_and_private_copies_match_reference(n_networks, features, offset, expected,
+                                                                            tuned, monkeypatch):
+    """The Triton table gradient's variants: a lane per sample adding its features with vector reductions where
+    they fit one (2, 4 or 8 features, aligned to the vector), and for a single grid its coarse levels summed in
+    private copies first (here three dense levels private, two hashed ones added to the table directly). Each
+    against the float64 reference, with the variant the launch took. The table sits at `offset` values into a
+    larger gradient, as a model's tables may (an odd offset cannot take two-word vectors)."""
     from tinn.kernels import triton_available
     if not triton_available():
         pytest.skip("Triton is not installed")
-    enc = make(2, 1, n_levels=levels, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4)
-    assert (enc._triton_table_gradient(enc.params.detach(), shared) is not None) is triton
-    assert enc._triton_levels(enc.params.detach()) is not None
-    assert enc._triton_table_gradient(enc.params.detach().to(torch.float64), 0) is None  # float32 tables only
+    tuned(triton_grid_kernels=True)
+    from tinn.kernels import grid_triton
+    chosen = []
+    original = grid_triton.grid_backward_table
+
+    def record(*args, vector=False, copies=0):
+        chosen.append((vector, copies))
+        return original(*args, vector=vector, copies=copies)
+
+    monkeypatch.setattr(grid_triton, "grid_backward_table", record)
+    enc = make(2, n_networks, n_levels=5, n_features_per_level=features, log2_hashmap_size=14 if features == 2 else 13,
+               base_resolution=16, per_level_scale=2.0)
+    levels = grid_triton.LevelTable(enc._meta_values(), DEV)
+    if n_networks == 1 and features > 1:
+        assert 0 < grid_triton.private_levels(levels, features)[0] < enc.n_levels
+    x, ids = inputs(enc, 200)
+    dy = torch.randn(x.shape[0], enc.n_output_dims, generator=torch.Generator().manual_seed(4)).to(DEV)
+    table = enc.params.detach()
+    # The grid's values `offset` columns into a wider table, as a model holding several parts in one table has them.
+    wide = torch.zeros(n_networks, table.shape[1] + offset, device=DEV)
+    wide[:, offset:] = table
+    grad = torch.zeros_like(wide)
+    enc.lookup_backward(x, ids, wide, offset, dy, grad, False)
+    got = grad[:, offset:]
+    assert chosen == [expected], chosen
+    pr = table.double().requires_grad_(True)
+    (ref_grid(enc, x.double(), pr, ids) * dy.double()).sum().backward()
+    assert_close(got, pr.grad, what="d/dparams")
+    assert pr.grad.abs().max() > 0.1
 
 
 @pytest.mark.parametrize("setting,threads_per_level,expected", [

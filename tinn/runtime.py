@@ -152,9 +152,32 @@ def sync() -> None:
 _CURRENT_STREAM_ID = getattr(torch._C, "_cuda_getCurrentStream", None)
 
 
+# Set while a training step is captured as a CUDA graph (tinn/step_graphs.py): the step then issues no Taichi
+# launch, so nothing is to be ordered with Taichi's stream, and switching streams inside a capture would break it.
+_CAPTURING = {"on": False}
+
+
+@contextlib.contextmanager
+def capturing_step():
+    """The block captures a training step as a CUDA graph: `stream_guard` leaves the capturing stream current."""
+    before = _CAPTURING["on"]
+    _CAPTURING["on"] = True
+    try:
+        yield
+    finally:
+        _CAPTURING["on"] = before
+
+
+def capturing() -> bool:
+    """Whether a training step is being captured as a CUDA graph: caches of device tensors then keep nothing made
+    inside the capture (its tensors hold their values only once the graph has run)."""
+    return _CAPTURING["on"]
+
+
 def foreign_stream():
-    """torch's current CUDA stream when it is not the default stream Taichi launches on, else None."""
-    if _state["arch"] != "cuda":
+    """torch's current CUDA stream when it is not the default stream Taichi launches on, else None (also while a
+    step is captured, `capturing_step`)."""
+    if _state["arch"] != "cuda" or _CAPTURING["on"]:
         return None
     dev = _state["device"]
     if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:

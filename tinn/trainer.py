@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from . import checkpoint, checks, gradient_scaling, runtime
+from . import checkpoint, checks, gradient_scaling, runtime, step_graphs
 from .config import Section
 from .errors import InputError
 from .losses import Loss, LossResult, create_loss
@@ -129,6 +129,7 @@ class Trainer(LearningRateOf):
         self.track_per_network_loss = track_per_network_loss
         self.per_network_loss: torch.Tensor | None = None
         self.step = 0
+        self._step_graphs = None  # tinn/step_graphs.py, made with the first step that may be captured
         self._attach_scalers(fresh=False)
 
     @classmethod
@@ -214,6 +215,29 @@ class Trainer(LearningRateOf):
                 inputs (unless `tinn.checks.disabled()`).
         """
         x, t, ids = self._inputs(inputs, targets, net_ids)
+        if run_optimizer and not self.track_per_network_loss and self._graphs_apply(x):
+            value = self._step_graphs.step(x, t, ids)
+            if value is not None:
+                return value
+        return self._regression_step(x, t, ids, run_optimizer)
+
+    def _graphs_apply(self, x: torch.Tensor) -> bool:
+        """Whether this step may be replayed from a CUDA graph (tinn/step_graphs.py): CUDA, the part contract's
+        path on one process's part, `tuning.step_graphs` not off."""
+        if (not step_graphs.StepGraphs.wanted(x.device) or not self._uses_contract(x.shape[0])
+                or getattr(self.model, "collective_calls", False)):  # (every rank must make the same calls)
+            return False
+        if self._step_graphs is None:
+            self._step_graphs = step_graphs.StepGraphs(self)
+        return True
+
+    @property
+    def step_graph_status(self) -> str:
+        """Whether this trainer's steps are replayed from CUDA graphs, and if not, why (tinn/step_graphs.py)."""
+        return "steps issued op by op" if self._step_graphs is None else self._step_graphs.status
+
+    def _regression_step(self, x, t, ids, run_optimizer: bool = True) -> torch.Tensor:
+        """`training_step` on validated inputs, issued op by op (and so captured, tinn/step_graphs.py)."""
         self.optimizer.zero_grad()
         track = self.track_per_network_loss
         kwargs = {"net_ids": ids, "n_networks": self.n_networks} if track else {}
@@ -365,6 +389,7 @@ class Trainer(LearningRateOf):
                     reset(seed) if isinstance(m, Part) and seed is not None else reset()
         self.optimizer = _build_optimizer(self.model, self.optimizer.hyperparams())
         self.step = 0
+        self._step_graphs = None
         self._attach_scalers(fresh=True)
         self.per_network_loss = None
 

@@ -37,6 +37,13 @@ def grid_kernels():
             consts = dict(D=d, F=f, INTERP=interp, H=hashing, DENSE_LIMIT=g.MAX_DENSE_BASE[d], **block)
             types = dict(pointers, table_ptr="*i16" if compact else "*fp32")
             yield (f"{kernel.__name__} D={d} F={f} interpolation={interp} hash={hashing}", kernel, types, consts)
+        if f in (2, 4, 8):  # the vector reductions' variant of the table gradient
+            consts = dict(D=d, F=f, INTERP=interp, H=hashing, DENSE_LIMIT=g.MAX_DENSE_BASE[d], BLOCK=g.BLOCK, ASM=True)
+            types = dict(pointers, private_ptr="*fp32", n_private="i32", private_floats="i32", copies="i32")
+            yield (f"_grid_backward_vector D={d} F={f} interpolation={interp} hash={hashing}", g._grid_backward_vector,
+                   types, consts)
+    yield ("_sum_private", g._sum_private, {"private_ptr": "*fp32", "grad_ptr": "*fp32", "private_floats": "i32",
+                                            "copies": "i32", "offset": "i32"}, {"BLOCK": g.SUM_BLOCK})
 
 
 def adam_kernels():
@@ -127,7 +134,11 @@ def main(argv=None) -> int:
                 print(f"FAILED {label}: {type(error).__name__}: {error}")
                 continue
             meta = compiled.metadata
-            print(f"ok {family} {label}: {meta.num_warps} warps, {meta.shared} B shared, {resource_usage(compiled)}")
+            vectors = ""
+            if "ASM" in consts:  # kernels with inline vector reductions: how many the PTX holds
+                vectors = f", vector reductions {len(re.findall(r'red[.a-z]*[.]v[24][.]f32', compiled.asm['ptx']))}"
+            print(f"ok {family} {label}: {meta.num_warps} warps, {meta.shared} B shared, {resource_usage(compiled)}"
+                  f"{vectors}")
     print(f"{failures} failed")
     return 1 if failures else 0
 

@@ -250,11 +250,9 @@ class GridEncoding(Encoding):
             levels = self._levels_on_device = grid_triton.LevelTable(self._meta_values(), table.device)
         return levels
 
-    def _triton_table_gradient(self, dtable: torch.Tensor, n_shared: int):
-        """`_triton_levels` for the table gradient, except where Taichi's kernel is faster: a single grid whose
-        coarse levels a block sums in shared memory first (`grid_encoding.grid_backward_shared`), when they are
-        at least a quarter of its levels (design notes, "The grid's hot launches through Triton")."""
-        if dtable.dtype != torch.float32 or (n_shared and 4 * n_shared >= self.n_levels):
+    def _triton_table_gradient(self, dtable: torch.Tensor):
+        """`_triton_levels` for the table gradient: a float32 table."""
+        if dtable.dtype != torch.float32:
             return None
         return self._triton_levels(dtable)
 
@@ -431,11 +429,15 @@ class GridEncoding(Encoding):
                                gtype, n_shared, lo):
         """The backward launches for the grids in the chunk view `params` (rows from `lo`; a single grid
         is one chunk, so the shared-memory levels, which read row 0, see the whole table)."""
-        levels = self._triton_table_gradient(dparams, n_shared) if want_params and not want_x else None
+        levels = self._triton_table_gradient(dparams) if want_params and not want_x else None
         if levels is not None:
             from ..kernels import grid_triton
+            # A sample's features leave in vector reductions where they fit one, and a single grid sums its
+            # coarse levels in private copies first (design notes, "A grid's table gradient in vector reductions").
+            vector = grid_triton.vector_reductions(f, dparams, off)
+            copies = grid_triton.PRIVATE_COPIES if vector and self.n_networks == 1 else 0
             grid_triton.grid_backward_table(x, net_ids, off, levels, dy_t, dparams, f, interp, gtype,
-                                            self.n_input_dims, lo, self._hashing)
+                                            self.n_input_dims, lo, self._hashing, vector=vector, copies=copies)
             return
         if want_params and not want_x and self.level_tasks:
             grid_encoding.grid_backward_levels(x, net_ids, off, self._meta, dy_t, dparams, f, interp, gtype,

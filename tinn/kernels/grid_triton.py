@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_interpreted
 from .grid_encoding import MAX_DENSE_BASE
 
 BLOCK = 128  # samples a forward program covers; (sample, feature) lanes a backward program covers
@@ -181,11 +182,127 @@ def _grid_backward_table(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_ptr
             tl.atomic_add(grad_ptr + row + e.to(tl.int64) * F, w * dy, mask=send, sem="relaxed")
 
 
+@triton.jit
+def _reduce_v2(ptr, a, b, send, ASM: tl.constexpr):
+    """ptr[0:2] += (a, b) where `send` is nonzero: one vector reduction (`red.global.add.v2.f32`, sm_90) on the GPU,
+    two atomics in Triton's interpreter (which runs no assembly)."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $4, 0; @p red.relaxed.gpu.global.add.v2.f32 [$1], {$2, $3}; "
+            "mov.b32 $0, 0; }",
+            "=r,l,f,f,r", [ptr.to(tl.int64), a, b, send], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.atomic_add(ptr, a, mask=send != 0, sem="relaxed")
+        tl.atomic_add(ptr + 1, b, mask=send != 0, sem="relaxed")
+
+
+@triton.jit
+def _reduce_v4(ptr, a, b, c, d, send, ASM: tl.constexpr):
+    """ptr[0:4] += (a, b, c, d) where `send` is nonzero (`red.global.add.v4.f32` on the GPU, as `_reduce_v2`)."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p red.relaxed.gpu.global.add.v4.f32 [$1], {$2, $3, $4, $5}; "
+            "mov.b32 $0, 0; }",
+            "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, send], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        _reduce_v2(ptr, a, b, send, ASM)
+        _reduce_v2(ptr + 2, c, d, send, ASM)
+
+
+@triton.jit
+def _add_features(ptr, dy_ptr, dy_row, n, b, w, live, F: tl.constexpr, ASM: tl.constexpr):
+    """A corner's F feature gradients w * dy added at ptr[0:F] (F in 2, 4, 8), in vector reductions of up to four
+    words; lanes whose every dy is zero send nothing (fewer requests, as the lanes kernel skips zero dy)."""
+    b64 = b.to(tl.int64)
+    if F == 2:
+        g0 = tl.load(dy_ptr + dy_row * n + b64, mask=live, other=0.0)
+        g1 = tl.load(dy_ptr + (dy_row + 1) * n + b64, mask=live, other=0.0)
+        _reduce_v2(ptr, w * g0, w * g1, (live & ((g0 != 0.0) | (g1 != 0.0))).to(tl.int32), ASM)
+    else:
+        for v in tl.static_range(F // 4):
+            g0 = tl.load(dy_ptr + (dy_row + 4 * v) * n + b64, mask=live, other=0.0)
+            g1 = tl.load(dy_ptr + (dy_row + 4 * v + 1) * n + b64, mask=live, other=0.0)
+            g2 = tl.load(dy_ptr + (dy_row + 4 * v + 2) * n + b64, mask=live, other=0.0)
+            g3 = tl.load(dy_ptr + (dy_row + 4 * v + 3) * n + b64, mask=live, other=0.0)
+            send = (live & ((g0 != 0.0) | (g1 != 0.0) | (g2 != 0.0) | (g3 != 0.0))).to(tl.int32)
+            _reduce_v4(ptr + 4 * v, w * g0, w * g1, w * g2, w * g3, send, ASM)
+
+
+@triton.jit
+def _grid_backward_vector(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_ptr, private_ptr, n, n_rows, net_lo,
+                          row_stride, param_offset, grid_type, n_private, private_floats, copies, D: tl.constexpr,
+                          F: tl.constexpr, INTERP: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr,
+                          DENSE_LIMIT: tl.constexpr, ASM: tl.constexpr):
+    # One lane per sample: its cell's arithmetic once, then one vector reduction of its F features per corner,
+    # where a lane per feature sends F scalar atomics that the L2 processes one by one. Levels below `n_private`
+    # (a single grid's coarse levels, whose few entries take every sample's adds) add into copy
+    # (program % copies) of a private buffer instead, spreading those adds over `copies` times more addresses;
+    # `_sum_private` then adds the copies into the table's gradient.
+    level = tl.program_id(1)
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live, nan, c0, c1, c2, c3, s0, s1, s2, s3, res_u, size_u, hashed, pow2, row = _level(
+        x_ptr, ids_ptr, meta_ptr, level, n, n_rows, net_lo, row_stride, param_offset, grid_type, b,
+        D, F, INTERP, DENSE_LIMIT)
+    base = grad_ptr + row
+    if level < n_private:
+        copy = (tl.program_id(0) % copies).to(tl.int64)
+        base = private_ptr + (copy * private_floats + tl.load(meta_ptr + level * 4).to(tl.int64) * F + row * 0)
+    dy_row = (level * F).to(tl.int64)
+    if INTERP == 0:
+        e = _corner_entry(c0, c1, c2, c3, 0, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+        _add_features(base + e.to(tl.int64) * F, dy_ptr, dy_row, n, b, 1.0, live, F, ASM)
+    else:
+        for corner in tl.static_range(1 << D):
+            e = _corner_entry(c0, c1, c2, c3, corner, res_u, size_u, hashed, pow2, factors_ptr, D, H)
+            w = _weight(s0, s1, s2, s3, corner, D)
+            _add_features(base + e.to(tl.int64) * F, dy_ptr, dy_row, n, b, w, live, F, ASM)
+
+
+@triton.jit
+def _sum_private(private_ptr, grad_ptr, private_floats, copies, offset, BLOCK: tl.constexpr):
+    """grad[offset + i] += the sum over the copies of private[copy, i] (after `_grid_backward_vector`, in stream
+    order: nothing else writes these entries meanwhile, so a plain read and write)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < private_floats
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(copies):
+        acc += tl.load(private_ptr + k * private_floats + i, mask=inside, other=0.0)
+    target = grad_ptr + offset + i
+    tl.store(target, tl.load(target, mask=inside, other=0.0) + acc, mask=inside)
+
+
+# A single grid's coarse levels summed in private copies: each level at most this many values (the dense levels
+# where many samples share an entry), and this many copies.
+PRIVATE_MAX_FLOATS = 16384
+PRIVATE_COPIES = 32
+SUM_BLOCK = 256  # values a program of `_sum_private` sums over the copies (a few hundred programs)
+
+
+def private_levels(levels: "LevelTable", F: int) -> tuple[int, int]:
+    """(levels, floats): how many leading (coarse) levels a private copy holds, each of at most PRIVATE_MAX_FLOATS
+    values, and the values of one copy (the levels are the table's first, so a copy mirrors its start)."""
+    count, floats = 0, 0
+    for first, _, size, _ in levels.host[:-1]:
+        if int(size) * F > PRIVATE_MAX_FLOATS:
+            break
+        count, floats = count + 1, (int(first) + int(size)) * F
+    return count, floats
+
+
+def vector_reductions(F: int, dtable: torch.Tensor, param_offset: int) -> bool:
+    """Whether the table gradient into `dtable` can add a sample's features with vector reductions: 2, 4 or 8
+    features, each corner's values aligned to the vector's size (table start, row stride and offset)."""
+    width = 2 if F == 2 else 4
+    return (F in (2, 4, 8) and dtable.data_ptr() % (4 * width) == 0 and param_offset % width == 0
+            and (dtable.shape[0] == 1 or dtable.stride(0) % width == 0))
+
+
 class LevelTable:
     """The per-level table (tinn/kernels/grid_encoding.py's `meta`, a numpy int32 array) on a device, with its
     last row (the hash factors) as a view made once: every launch passes both."""
 
     def __init__(self, meta, device):
+        self.host = meta
         self.meta = torch.as_tensor(meta, dtype=torch.int32).to(device).contiguous()
         self.factors = self.meta[-1]
         self.n_levels = self.meta.shape[0] - 1
@@ -209,8 +326,23 @@ def grid_forward(x, net_ids, table, param_offset, levels: LevelTable, out_t, F, 
 
 
 def grid_backward_table(x, net_ids, param_offset, levels: LevelTable, dy_t, dtable, F, interp, grid_type, D, net_lo,
-                        hashing):
-    """Adds every level's table gradient into the view `dtable` (atomics; as `grid_encoding.grid_backward_lanes`)."""
+                        hashing, vector: bool = False, copies: int = 0):
+    """Adds every level's table gradient into the view `dtable` (atomics; as `grid_encoding.grid_backward_lanes`).
+    `vector` (see `vector_reductions`): a lane per sample adding its features with vector reductions; `copies`
+    (a single grid, with `vector`): its coarse levels summed in that many private copies first."""
+    if vector:
+        n_private, private_floats = private_levels(levels, F) if copies and dtable.shape[0] == 1 else (0, 0)
+        private = (torch.zeros(copies, private_floats, dtype=torch.float32, device=x.device) if n_private
+                   else dtable)
+        grid = (triton.cdiv(x.shape[0], BLOCK), levels.n_levels)
+        _grid_backward_vector[grid](x, net_ids, levels.meta, levels.factors, dy_t, dtable, private,
+                                    *_scalars(x, dtable, param_offset, grid_type, net_lo), n_private,
+                                    private_floats, max(copies, 1), D=D, F=F, INTERP=interp, H=hashing, BLOCK=BLOCK,
+                                    DENSE_LIMIT=MAX_DENSE_BASE[D], ASM=not triton_interpreted())
+        if n_private:
+            _sum_private[(triton.cdiv(private_floats, SUM_BLOCK),)](private, dtable, private_floats, copies,
+                                                                    param_offset, BLOCK=SUM_BLOCK)
+        return
     grid = (triton.cdiv(x.shape[0] * F, BLOCK), levels.n_levels)
     _grid_backward_table[grid](x, net_ids, levels.meta, levels.factors, dy_t, dtable,
                                *_scalars(x, dtable, param_offset, grid_type, net_lo), D=D, F=F, INTERP=interp,

@@ -14,7 +14,8 @@ tcnn's float16 for an array of networks on CUDA whose shape the tensor-core kern
 at most 128 inputs and outputs, any activation), outside deterministic mode: there the tensor cores were
 measured faster; float32 everywhere else (the CPU, a single network, other shapes, deterministic mode). On CUDA
 an array runs on the tensor cores in every reduced precision (float16, bfloat16, TF32) and in the fused kernels
-in float32; a single network takes the dense path where that was measured faster or in half precision; on the
+in float32; a single network takes the dense path where that was measured faster, and in half precision where the
+tensor cores do not take its shape; on the
 CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or
 `settings.kernels`) forces a path and is refused where it cannot run.
 """
@@ -117,7 +118,11 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if precision == "auto":
         precision = default_precision(c)
     if c.n_networks == 1:
-        wants_dense = c.dense_setting if c.dense_setting is not None else (c.vendor_faster or reduced)
+        # In float16 and bfloat16 on CUDA the tensor-core kernels, where they take the shape, beat cuBLAS's GEMMs:
+        # less GPU work, and a Trainer's step of Triton launches replays from one CUDA graph (tinn/step_graphs.py).
+        tensor_cores_half = c.arch == "cuda" and c.tensor_cores is None and precision in ("float16", "bfloat16")
+        wants_dense = (c.dense_setting if c.dense_setting is not None
+                       else c.vendor_faster or (reduced and not tensor_cores_half))
         if wants_dense and precision != "tf32":
             return Choice("dense", precision)
     if c.arch == "cuda" and c.tensor_cores is None and precision != "float32":

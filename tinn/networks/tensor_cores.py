@@ -72,7 +72,7 @@ class TensorCorePath:
         self._single_routing: dict = {}  # one network: (batch, device, train) -> its tile lists
 
     def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
-        if self.n_networks == 1:
+        if self.n_networks == 1 and not runtime.capturing():
             # One network's tiles depend on the batch size alone: built once per size, not per call (each
             # build is a sort stand-in, a memset and a launch per list, host time a small step notices). Kept per
             # stream: lists dropped from the cache may be reused by the allocator only after the work of the

@@ -67,6 +67,12 @@ class Adam(LeafOptimizer):
         self.optimize_non_matrix_params = cfg.boolean("optimize_non_matrix_params", True)
         self.is_matrix = {name: is_matrix_param(name, p) for name, p in self.named_params}
         self._corrections = None  # the kernels' bias corrections by step count (`_correction_table`)
+        self._corrections_made = 0  # tables made so far (a captured step reads the one it was captured with)
+        # Captured steps (tinn/step_graphs.py): per tensor counted as a whole, its step count less one on the
+        # device, and the kernel's pending operand made from it; `_capturing` while a step is captured.
+        self._graph_counts: dict[str, torch.Tensor] = {}
+        self._graph_operands: dict[str, torch.Tensor] = {}
+        self._capturing = False
         self._no_steps = None
         for name, p in self.named_params:
             self.new_state("m", name, dtype=p.dtype)
@@ -129,13 +135,42 @@ class Adam(LeafOptimizer):
         else:
             optimizer_kernels.adam_step(*tables[0], *hyper)
 
-    def _correction_table(self, device) -> torch.Tensor:
+    # ---- captured steps (tinn/step_graphs.py) ----------------------------------------------------
+    # Steps a replayed graph can take before its correction table must grow (which then recaptures it).
+    GRAPH_HEADROOM = 1 << 16
+
+    def graph_key(self, device) -> tuple | None:
+        """The hyperparameters and the correction table a captured step reads; None where the step cannot be
+        captured: Taichi's kernels, AdaBound's host bounds, compact tables, a learning rate computed on the
+        device by a schedule, or a skip flag read on the host."""
+        if (not self.skips_on_device or self.adabound or self.device_learning_rate is not None
+                or not triton_step_kernels(device)):
+            return None
+        self._correction_table(device, headroom=self.GRAPH_HEADROOM)
+        return (self, tuple(self.hyperparams().items()), self._corrections_made)
+
+    def begin_capture(self, device) -> None:
+        for name, p in self.named_params:
+            if not self._skips(name) and name not in self._graph_counts:
+                self._graph_counts[name] = torch.zeros(1, dtype=torch.int32, device=device)
+                self._graph_operands[name] = torch.zeros(1, dtype=torch.int32, device=device)
+            self.pending(f"steps.{name}" if not self._skips(name) else "step_count", device)  # made outside
+        self._capturing = True
+
+    def end_capture(self) -> None:
+        self._capturing = False
+
+    def load_graph_counts(self) -> None:
+        for name, count in self._graph_counts.items():
+            count.fill_(self.scalars[f"steps.{name}"] - 1)
+
+    def _correction_table(self, device, headroom: int = 1) -> torch.Tensor:
         """Adam's bias correction sqrt(1 - beta2^t) / (1 - beta1^t) for every step count t up to the steps asked so
         far (entry t; entry 0 unused), for both launch paths. Computed in float64 and rounded once: with beta2 near 1 a
         float32 power loses most of 1 - beta2^t's digits, and two powers an element (float32 on the CPU, float64
         on CUDA) were most of a hash grid's Adam, where every entry counts its own steps (design notes).
         Grown by doubling, so a new table is made a logarithmic number of times."""
-        need = int(self.scalars["step_count"]) + 1
+        need = int(self.scalars["step_count"]) + headroom
         table = self._corrections
         if table is None or table.shape[0] < need or table.device != device:
             size = max(need, 1024, 2 * (0 if table is None else table.shape[0]))
@@ -143,6 +178,7 @@ class Adam(LeafOptimizer):
                 values = self._bias_corrections(np.arange(size, dtype=np.float64))
             values[0] = 0.0
             self._corrections = table = torch.from_numpy(values.astype(np.float32)).to(device)
+            self._corrections_made += 1
         return table
 
     def _bias_corrections(self, t):
@@ -201,6 +237,11 @@ class Adam(LeafOptimizer):
         else:
             steps, step_now = self._no_steps, self.scalars[f"steps.{name}"]
             pending = self.pending(f"steps.{name}", w.device)
+            if self._capturing:
+                # The count the kernel takes, step_now - pending, from the device: step_now 1 and pending less the
+                # count's device copy (count - 1, `load_graph_counts`), one op inside the captured graph.
+                pending = torch.sub(pending, self._graph_counts[name], out=self._graph_operands[name])
+                step_now = 1
         return (w, g, self.state[f"m.{name}"], self.state[f"v.{name}"], steps, lr_scale, lr, l2_reg,
                 int(self._skips(name)), step_now, pending, no_skip(w.device) if skip is None else skip, lr_factor)
 

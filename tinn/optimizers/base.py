@@ -304,6 +304,36 @@ class Optimizer:
     def _after_restore(self) -> None:
         pass
 
+    # ---- steps replayed as CUDA graphs (tinn/step_graphs.py) --------------------------------------
+    def graph_key(self, device) -> tuple | None:
+        """What a step captured as a CUDA graph takes from the host besides its tensors (a replay is valid while
+        this is unchanged), or None where this optimizer's step cannot be captured (the default: its kernels
+        read host values that change every step, or it reads the device on the host)."""
+        return None
+
+    def begin_capture(self, device) -> None:
+        """A step is about to be captured: from here until `end_capture`, host values that change every step
+        (step counts) are passed through device tensors that `load_graph_counts` fills before each replay."""
+
+    def end_capture(self) -> None:
+        """The capture is over (launches are issued as before)."""
+
+    def load_graph_counts(self) -> None:
+        """Before a replay: the device copies of the host step counts, from the host counts."""
+
+    def host_counts(self) -> dict:
+        """Every numeric host scalar of this optimizer and its nested ones, by (optimizer, key): a replayed
+        step moves them as its capture did (`set_host_counts`)."""
+        out = {(self, k): v for k, v in self.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for _, child in self.children:
+            out.update(child.host_counts())
+        return out
+
+    @staticmethod
+    def set_host_counts(counts: dict) -> None:
+        for (owner, key), value in counts.items():
+            owner.scalars[key] = value
+
     # ---- misc ------------------------------------------------------------------------------------
     def hyperparams(self) -> dict:
         raise NotImplementedError
@@ -391,7 +421,8 @@ class LeafOptimizer(Optimizer):
             for key in keys:
                 i = self._pending_keys[key]
                 mask[i:i + 1].fill_(1)
-            self._pending_masks[keys] = mask
+            if not runtime.capturing():  # (a captured step's tensors hold values only once the graph has run)
+                self._pending_masks[keys] = mask
         self._pending.addcmul_(mask, skip)
         self._unsettled = True
 
@@ -476,7 +507,9 @@ def unit_factor(device: torch.device) -> torch.Tensor:
     from the host."""
     one = _UNIT_FACTORS.get(device)
     if one is None:
-        one = _UNIT_FACTORS[device] = torch.ones(1, dtype=torch.float32, device=device)
+        one = torch.ones(1, dtype=torch.float32, device=device)
+        if not runtime.capturing():
+            _UNIT_FACTORS[device] = one
     return one
 
 
@@ -485,5 +518,7 @@ def no_skip(device: torch.device) -> torch.Tensor:
     skipped, and the pending count of optimizers that skip on the host."""
     flag = _NO_SKIPS.get(device)
     if flag is None:
-        flag = _NO_SKIPS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        if not runtime.capturing():
+            _NO_SKIPS[device] = flag
     return flag

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import runtime
 from ...routing import TileRouting
 from ..mlp_array import MLPShape
 from . import mlp
@@ -258,7 +259,9 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
     key = (float(scale), device)
     cached = _FIXED_SCALES.get(key)
     if cached is None:
-        cached = _FIXED_SCALES[key] = torch.full((1,), float(scale), dtype=torch.float32, device=device)
+        cached = torch.full((1,), float(scale), dtype=torch.float32, device=device)
+        if not runtime.capturing():
+            _FIXED_SCALES[key] = cached
     return cached
 
 

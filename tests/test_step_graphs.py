@@ -1,0 +1,166 @@
+"""The Trainer's step replayed from CUDA graphs (tinn/step_graphs.py) against the same steps issued op by op.
+
+On the CPU: Adam's step counts taken from the device while a step is captured (Triton's interpreter). On CUDA:
+replayed training equals eager training (parameters, losses, step counts, gradient scales), a changed learning rate
+captures again, a step with a Taichi launch falls back to eager steps without a trace, checkpoints round-trip.
+"""
+import pytest
+import torch
+
+import tinn
+from tinn.trainer import Trainer
+
+DEV = tinn.runtime.device()
+CUDA = tinn.runtime.arch() == "cuda"
+cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA graphs need the CUDA arch")
+
+GRID_CONFIG = {
+    "loss": {"otype": "RelativeL2"},
+    "optimizer": {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
+                  "l2_reg": 1e-6},
+    "encoding": {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "log2_hashmap_size": 12,
+                 "base_resolution": 8, "per_level_scale": 1.5},
+    "network": {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 64,
+                "n_hidden_layers": 2},
+}
+
+
+def image_batches(n, batch=4096, n_networks=1, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.rand(batch, 2, generator=gen)
+        y = torch.stack([torch.sin(9 * x[:, 0]) * torch.cos(7 * x[:, 1]), x[:, 0] * x[:, 1],
+                         torch.cos(5 * x[:, 0] + 3 * x[:, 1])], 1)
+        ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32) if n_networks > 1 else None
+        out.append((x.to(DEV), y.to(DEV), None if ids is None else ids.to(DEV)))
+    return out
+
+
+def train(tuned, graphs: bool, data, n_networks=1, lr_change_at=None, **network):
+    """A trainer of GRID_CONFIG run over `data`; `network`: the MLP's `kernels` and `precision` settings."""
+    tuned(step_graphs=graphs, **network)
+    trainer = Trainer.from_config(GRID_CONFIG, 2, 3, n_networks=n_networks)
+    losses = []
+    for i, (x, y, ids) in enumerate(data):
+        if i == lr_change_at:
+            trainer.learning_rate = 3e-3
+        losses.append(trainer.training_step(x, y, ids))
+    return trainer, torch.stack(losses)
+
+
+def assert_same_training(a, b, losses_a, losses_b, rtol=2e-3):
+    assert a.step == b.step
+    assert a.optimizer.step_count == b.optimizer.step_count
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        scale = float(pa.detach().abs().max())
+        torch.testing.assert_close(pa.detach(), pb.detach(), rtol=rtol, atol=rtol * scale, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(losses_a, losses_b, rtol=rtol, atol=0)
+    assert a.gradient_scale == b.gradient_scale
+
+
+def test_adam_takes_step_counts_from_the_device_while_capturing(tuned):
+    """While a step is captured, Adam's count of a tensor counted as a whole comes from a device copy that is filled
+    before each replay; the update equals the eager one, through skipped steps too (their pending count)."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    tuned(triton_step_kernels=True)
+    from tinn.optimizers import create_optimizer
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.randn(3, 40, generator=gen)
+    table = torch.randn(1, 64, generator=gen)
+    grads = [(torch.randn(3, 40, generator=gen), torch.randn(1, 64, generator=gen) * (torch.rand(1, 64, generator=gen)
+                                                                                     > 0.5)) for _ in range(6)]
+    skips = [0, 0, 1, 0, 0, 0]
+    results = []
+    for device_counts in (False, True):
+        w = torch.nn.Parameter(weights.clone().to(DEV))
+        e = torch.nn.Parameter(table.clone().to(DEV))
+        opt = create_optimizer({"otype": "Adam", "learning_rate": 1e-2, "beta2": 0.999},
+                               [("network.params", w), ("encoding.params", e)])
+        assert opt.graph_key(DEV) is not None
+        for (gw, ge), skip in zip(grads, skips):
+            w.grad, e.grad = gw.to(DEV), ge.to(DEV)
+            if device_counts:
+                # As a replay sees it: counts moved on the host by the capture, their device copies filled.
+                opt.begin_capture(DEV)
+                for name, count in opt._graph_counts.items():
+                    count.fill_(opt.scalars[f"steps.{name}"])  # this step's count less one
+                opt.step(skip=torch.tensor([skip], dtype=torch.int32, device=DEV))
+                opt.end_capture()
+            else:
+                opt.step(skip=torch.tensor([skip], dtype=torch.int32, device=DEV))
+        assert list(opt._graph_counts) == (["network.params"] if device_counts else [])
+        results.append((w.detach().clone(), e.detach().clone(), opt.step_count))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+    assert results[0][2] == results[1][2] == 5
+
+
+def test_optimizers_that_read_host_values_every_step_are_not_captured():
+    """Only Adam on its Triton kernel without host-side bounds gives a key; SGD and AdaBound do not."""
+    from tinn.optimizers import create_optimizer
+    p = torch.nn.Parameter(torch.zeros(2, 8, device=DEV))
+    assert create_optimizer({"otype": "SGD"}, [("network.params", p)]).graph_key(DEV) is None
+    assert create_optimizer({"otype": "Adam", "adabound": True}, [("network.params", p)]).graph_key(DEV) is None
+
+
+@cuda_only
+@pytest.mark.parametrize("n_networks,precision", [(1, "float16"), (1, "bfloat16"), (6, "float16")])
+def test_replayed_steps_equal_eager_steps(n_networks, precision, tuned):
+    """A grid and an MLP on the tensor cores: 30 steps replayed from a graph (captured at the second) against the
+    same steps issued op by op; losses kept across steps stay each step's own."""
+    data = image_batches(30, n_networks=n_networks)
+    network = {"kernels": "tensor_cores", "precision": precision}
+    eager, losses_eager = train(tuned, False, data, n_networks, **network)
+    replayed, losses_replayed = train(tuned, None, data, n_networks, **network)
+    assert replayed.step_graph_status == "captured 1 time(s)", replayed.step_graph_status
+    assert replayed._step_graphs.replays == 29
+    assert eager.step_graph_status == "steps issued op by op"
+    assert_same_training(eager, replayed, losses_eager, losses_replayed)
+    assert float(losses_replayed[-1]) < 0.5 * float(losses_replayed[0])
+    assert len(set(losses_replayed.tolist())) == 30
+
+
+@cuda_only
+def test_a_new_learning_rate_captures_again(tuned):
+    data = image_batches(16)
+    network = {"kernels": "tensor_cores", "precision": "float16"}
+    eager, losses_eager = train(tuned, False, data, lr_change_at=8, **network)
+    replayed, losses_replayed = train(tuned, None, data, lr_change_at=8, **network)
+    assert replayed.step_graph_status == "captured 2 time(s)", replayed.step_graph_status
+    assert_same_training(eager, replayed, losses_eager, losses_replayed)
+
+
+@cuda_only
+def test_a_step_with_a_taichi_launch_falls_back_to_eager_steps(tuned):
+    """Taichi's fused float32 MLP launches Taichi kernels: the capture is refused, and the step taken after it
+    equals the eager one (the host counts put back, nothing half done)."""
+    data = image_batches(8)
+    network = {"kernels": "fused", "precision": "float32"}
+    eager, losses_eager = train(tuned, False, data, **network)
+    replayed, losses_replayed = train(tuned, None, data, **network)
+    assert replayed.step_graph_status.startswith("not captured: NotCapturable"), replayed.step_graph_status
+    assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=1e-5)
+
+
+@cuda_only
+def test_checkpoints_of_replayed_training_round_trip(tuned, tmp_path):
+    """Saved after replayed steps, loaded into a fresh trainer that replays too: the continuation equals the
+    original's, step counts and gradient scale included."""
+    data = image_batches(20)
+    network = {"kernels": "tensor_cores", "precision": "float16"}
+    tuned(step_graphs=None, **network)
+    config = GRID_CONFIG
+    first = Trainer.from_config(config, 2, 3)
+    for x, y, ids in data[:10]:
+        first.training_step(x, y, ids)
+    first.save_checkpoint(tmp_path / "ckpt")
+    second = Trainer.from_config(config, 2, 3)
+    second.load_checkpoint(tmp_path / "ckpt")
+    for x, y, ids in data[10:]:
+        first.training_step(x, y, ids)
+        second.training_step(x, y, ids)
+    assert second.step_graph_status.startswith("captured"), second.step_graph_status
+    assert_same_training(first, second, torch.zeros(1), torch.zeros(1), rtol=2e-3)

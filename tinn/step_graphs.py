@@ -1,0 +1,197 @@
+"""A `Trainer`'s regression step captured once per batch shape as one CUDA graph, then replayed.
+
+A short step (tcnn's image task: 2^18 samples, about half a millisecond of GPU work) is bound by the host, which
+issues a few dozen launches and torch ops per step. Where every launch of the step is a Triton kernel or a torch
+operation, and nothing in it reads the device on the host, CUDA can replay the whole step from one graph launch:
+the host then copies the batch into the graph's input buffers and launches it.
+
+What a replay must reproduce, and how:
+- **Inputs.** The graph reads fixed buffers: each step's inputs, targets and ids are copied into them.
+- **Host state that moves every step.** The optimizer's step counts: the capture records how they moved
+  (`Optimizer.host_counts` before and after), each replay moves them the same way, and Adam reads the counts it
+  passes its kernel from device copies filled before each replay (`Optimizer.load_graph_counts`). The trainer's
+  own step count goes up by one.
+- **Host values a step only reads.** The learning rate and the other hyperparameters, the correction table, the
+  parameters' storage, which tables train, the settings: they form the key of a capture (`_key`); a step whose key
+  differs captures anew (a changed learning rate, say). A trainer whose key keeps changing (a schedule on the host)
+  stops capturing and steps eagerly.
+- **Outputs.** The loss is cloned out of the graph (callers keep losses across steps); the parameters' `.grad` are
+  the graph's gradient buffers, as after an eager step.
+
+A step is captured at its shape's second call: the first runs eagerly, so every kernel is compiled and every cache
+the step fills (routing, constants) is filled outside the graph. A step that issues a Taichi launch (Taichi
+launches on its own stream, outside the graph) is refused during the capture: Taichi's launch paths raise while a
+capture runs, the host counts are put back, and that trainer then steps eagerly (`StepGraphs.status` says why).
+So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import runtime
+
+CAPTURE_AT = 2        # a batch shape is captured at its second step
+MAX_SHAPES = 2        # captured shapes kept at once (training and a second batch size)
+RECAPTURE_WINDOW = 64  # steps: a trainer that captures this often again ...
+MAX_RECAPTURES = 4     # ... this many times in a row (a key that changes every step) steps eagerly from then on
+
+
+class NotCapturable(RuntimeError):
+    """A launch that a CUDA graph cannot hold was issued while a step was captured."""
+
+
+@contextlib.contextmanager
+def _refusing_taichi_launches():
+    """Taichi launches raise NotCapturable inside the block: both the lean path (tinn/kernels/launch.py) and the
+    backend's own."""
+    from .backend import ti
+    from .kernels.launch import FastKernel
+
+    def refuse(self, *args, **kwargs):
+        raise NotCapturable(f"the step launches the Taichi kernel {getattr(self, '__name__', type(self).__name__)}, "
+                            "which a CUDA graph cannot capture")
+
+    patched = [(FastKernel, FastKernel.__call__)]
+    kernel_cls = getattr(getattr(getattr(ti, "lang", None), "kernel_impl", None), "Kernel", None)
+    if kernel_cls is not None:
+        patched.append((kernel_cls, kernel_cls.__call__))
+    for owner, _ in patched:
+        owner.__call__ = refuse
+    try:
+        yield
+    finally:
+        for owner, original in patched:
+            owner.__call__ = original
+
+
+class _Captured:
+    """One batch shape's graph, its input buffers, the loss and gradient buffers it writes, and what it moves."""
+
+    def __init__(self, graph, inputs, loss, grads, count_steps, key):
+        self.graph, self.inputs, self.loss, self.grads = graph, inputs, loss, grads
+        self.count_steps = count_steps  # {(optimizer, key): change per step}
+        self.key = key
+
+
+class StepGraphs:
+    """The captured steps of one trainer (`Trainer._step_graphs`)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.captured: dict[tuple, _Captured] = {}
+        self.seen: dict[tuple, int] = {}
+        self.status = "no step captured yet"
+        self.disabled = False
+        self.captures: list[int] = []  # the trainer's step at each capture
+        self.replays = 0
+
+    @staticmethod
+    def wanted(device: torch.device) -> bool:
+        """Whether steps on `device` are to be captured (`tuning.step_graphs`: None means on CUDA)."""
+        setting = runtime.tuning().step_graphs
+        return device.type == "cuda" and setting is not False
+
+    def _key(self, x, t, ids):
+        """Everything a captured step takes from the host besides its input values; None where the step cannot be
+        captured (the optimizer's own rule)."""
+        trainer = self.trainer
+        optimizer_key = trainer.optimizer.graph_key(x.device)
+        if optimizer_key is None:
+            return None
+        tables = tuple((p.data_ptr(), p.requires_grad) for p in trainer.model.parameter_tables() if p is not None)
+        # Objects, not their ids (an id is reused once its object is gone); the same object compares equal
+        # without calling its __eq__, and settings compare by value.
+        return (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype), tables,
+                optimizer_key, trainer.loss, trainer.model, runtime.settings(), runtime.tuning(),
+                tuple(trainer.gradient_scalers))
+
+    def step(self, x: torch.Tensor, t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The step replayed (capturing it first where due): the loss, or None where this step is to run eagerly."""
+        if self.disabled:
+            return None
+        key = self._key(x, t, ids)
+        if key is None:
+            self.status = "the optimizer's step cannot be captured"
+            return None
+        shape = key[:5]
+        captured = self.captured.get(shape)
+        if captured is not None and captured.key == key:
+            return self._replay(captured, x, t, ids)
+        seen = self.seen[shape] = self.seen.get(shape, 0) + 1
+        if seen < CAPTURE_AT:
+            return None
+        if not self._may_capture():
+            return None
+        return self._capture(shape, key, x, t, ids)
+
+    def _may_capture(self) -> bool:
+        recent = [s for s in self.captures if self.trainer.step - s < RECAPTURE_WINDOW]
+        if len(recent) >= MAX_RECAPTURES:
+            self.disabled = True
+            self.status = (f"{len(recent)} captures within {RECAPTURE_WINDOW} steps (a learning rate or another "
+                           "host value that changes every step): eager steps from now on")
+            self.captured.clear()
+            return False
+        return True
+
+    def _replay(self, captured: _Captured, x, t, ids) -> torch.Tensor:
+        trainer = self.trainer
+        cx, ct, cids = captured.inputs
+        cx.copy_(x)
+        ct.copy_(t)
+        if cids is not None:
+            cids.copy_(ids)
+        counts = trainer.optimizer.host_counts()
+        trainer.optimizer.set_host_counts({k: counts[k] + d for k, d in captured.count_steps.items()})
+        trainer.optimizer.load_graph_counts()
+        captured.graph.replay()
+        for table, grad in captured.grads:
+            table.grad = grad
+        trainer.step += 1
+        self.replays += 1
+        return captured.loss.clone()
+
+    def _capture(self, shape, key, x, t, ids) -> torch.Tensor | None:
+        trainer = self.trainer
+        optimizer = trainer.optimizer
+        if len(self.captured) >= MAX_SHAPES and shape not in self.captured:
+            self.captured.pop(next(iter(self.captured)))
+        self.captured.pop(shape, None)
+        inputs = (x.clone(), t.clone(), None if ids is None else ids.clone())
+        before, step_before = optimizer.host_counts(), trainer.step
+        graph = torch.cuda.CUDAGraph()
+        optimizer.begin_capture(x.device)
+        try:
+            with _refusing_taichi_launches(), runtime.capturing_step():
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    loss = trainer._regression_step(*inputs)
+        except Exception as error:  # a launch or a host read the graph cannot hold: this trainer steps eagerly
+            optimizer.set_host_counts(before)
+            trainer.step = step_before
+            optimizer.zero_grad()
+            self.disabled = True
+            self.status = f"not captured: {type(error).__name__}: {error}"
+            torch.cuda.synchronize(x.device)
+            return None
+        finally:
+            optimizer.end_capture()
+        after = optimizer.host_counts()
+        moved = {k: after[k] - before[k] for k in after if after[k] != before.get(k)}
+        if any(isinstance(d, float) for d in moved.values()):  # only counts may move with a step
+            optimizer.set_host_counts(before)
+            trainer.step = step_before
+            self.disabled = True
+            self.status = f"not captured: the step changes host values other than counts ({sorted(k for _, k in moved)})"
+            return None
+        grads = [(p, p.grad) for p in trainer.model.parameter_tables() if p is not None and p.grad is not None]
+        captured = _Captured(graph, inputs, loss, grads, moved, key)
+        self.captured[shape] = captured
+        self.captures.append(trainer.step)
+        self.status = f"captured {len(self.captures)} time(s)"
+        # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.
+        optimizer.load_graph_counts()
+        graph.replay()
+        self.replays += 1
+        return loss.clone()
