@@ -181,7 +181,8 @@ class NetworkArray(Part):
         x = self._padded(x, x_feature_major, self.input_padding[1])
         if x_feature_major and FEATURE_MAJOR not in self.input_layouts:
             raise ValueError("feature-major inputs need the tensor-core, fused or dense path")
-        if train and self._step_graphs is not None:
+        # (Not inside a whole step's capture, tinn/step_graphs.py, which takes the eager ops into its own graph.)
+        if train and self._step_graphs is not None and not runtime.capturing():
             replayed = self._step_graphs.forward(x, params, x_feature_major)
             if replayed is not None:
                 out, held_buffers = replayed
