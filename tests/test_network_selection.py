@@ -32,15 +32,17 @@ def candidate(**kw):
     ({"width": 16}, "auto", "auto", Choice("tensor_cores", "float16")),
     ({"width": 128, "fusable": False}, "auto", "auto", Choice("tensor_cores", "float16")),
     ({"fusable": False, "tensor_cores": "hidden widths up to 128"}, "auto", "auto", Choice("unfused", "float32")),
-    # a single network keeps float32 unless asked; dense where measured faster; in half precision the tensor
-    # cores where their kernels take the shape, else dense
+    # a single network keeps float32 unless asked; dense where measured faster and in half precision, where
+    # replayed step graphs take the tensor cores (if their kernels take the shape)
     ({"n_networks": 1}, "auto", "auto", Choice("fused", "float32")),
     ({"n_networks": 1, "vendor_faster": True}, "auto", "auto", Choice("dense", "float32")),
-    ({"n_networks": 1}, "auto", "float16", Choice("tensor_cores", "float16")),
-    ({"n_networks": 1}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
-    ({"n_networks": 1, "tensor_cores": "hidden widths up to 128"}, "auto", "float16", Choice("dense", "float16")),
-    ({"n_networks": 1, "vendor_faster": True}, "auto", "float16", Choice("dense", "float16")),
-    ({"n_networks": 1, "dense_setting": True}, "auto", "float16", Choice("dense", "float16")),
+    ({"n_networks": 1}, "auto", "float16", Choice("dense", "float16")),
+    ({"n_networks": 1, "step_graphs": True}, "auto", "float16", Choice("tensor_cores", "float16")),
+    ({"n_networks": 1, "step_graphs": True}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
+    ({"n_networks": 1, "step_graphs": True, "tensor_cores": "hidden widths up to 128"}, "auto", "float16",
+     Choice("dense", "float16")),
+    ({"n_networks": 1, "step_graphs": True, "vendor_faster": True}, "auto", "float16", Choice("dense", "float16")),
+    ({"n_networks": 1, "step_graphs": True, "dense_setting": True}, "auto", "float16", Choice("dense", "float16")),
     ({"n_networks": 1}, "auto", "tf32", Choice("tensor_cores", "tf32")),
     ({"n_networks": 1, "dense_setting": False}, "auto", "float16", Choice("tensor_cores", "float16")),
     # the CPU: dense for one network, batched GEMMs for arrays, float32

@@ -177,7 +177,7 @@ def test_adam_non_matrix_params_skip_zero_gradients_and_per_network_lr_scale(dev
     assert (final[3] - w0[3]).abs().max() > 0.05
 
 
-def test_adam_bias_corrections_past_the_first_table_match_float64(device, adam_kernels):
+def test_adam_bias_corrections_past_the_first_table_match_float64(device, adam_kernels, monkeypatch):
     """Both launch paths read the bias correction of a step count from a table the optimizer keeps (every count
     asked so far, in float64 once) that grows by doubling: a run past its first 1024 entries, with per-element
     counts (an encoding table skipping zero gradients, so its counts fall behind) and one shared count (the
@@ -185,6 +185,8 @@ def test_adam_bias_corrections_past_the_first_table_match_float64(device, adam_k
     named = make_params(device, shapes=(("network.params", (2, 3)), ("encoding.params", (2, 4))), seed=6)
     w0 = {n: p.detach().cpu().clone() for n, p in named}
     sparse = {"encoding.params": (torch.rand(2, 4, generator=torch.Generator().manual_seed(2)) > 0.3).float()}
+    from tinn.optimizers.adam import Adam
+    monkeypatch.setattr(Adam, "FIRST_TABLE", 1024)  # (the default's first table holds 2^17 counts)
     opt = create_optimizer({"otype": "Adam", "learning_rate": 1e-3, "l2_reg": 0.0}, named)
     grad_fn = quad_grads(named, seed=7)
     n_steps = 1100

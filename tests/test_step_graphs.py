@@ -114,7 +114,7 @@ def test_replayed_steps_equal_eager_steps(n_networks, precision, tuned):
     data = image_batches(30, n_networks=n_networks)
     network = {"kernels": "tensor_cores", "precision": precision}
     eager, losses_eager = train(tuned, False, data, n_networks, **network)
-    replayed, losses_replayed = train(tuned, None, data, n_networks, **network)
+    replayed, losses_replayed = train(tuned, True, data, n_networks, **network)
     assert replayed.step_graph_status == "captured 1 time(s)", replayed.step_graph_status
     assert replayed._step_graphs.replays == 29
     assert eager.step_graph_status == "steps issued op by op"
@@ -128,7 +128,7 @@ def test_a_new_learning_rate_captures_again(tuned):
     data = image_batches(16)
     network = {"kernels": "tensor_cores", "precision": "float16"}
     eager, losses_eager = train(tuned, False, data, lr_change_at=8, **network)
-    replayed, losses_replayed = train(tuned, None, data, lr_change_at=8, **network)
+    replayed, losses_replayed = train(tuned, True, data, lr_change_at=8, **network)
     assert replayed.step_graph_status == "captured 2 time(s)", replayed.step_graph_status
     assert_same_training(eager, replayed, losses_eager, losses_replayed)
 
@@ -140,7 +140,7 @@ def test_a_step_with_a_taichi_launch_falls_back_to_eager_steps(tuned):
     data = image_batches(8)
     network = {"kernels": "fused", "precision": "float32"}
     eager, losses_eager = train(tuned, False, data, **network)
-    replayed, losses_replayed = train(tuned, None, data, **network)
+    replayed, losses_replayed = train(tuned, True, data, **network)
     assert replayed.step_graph_status.startswith("not captured: NotCapturable"), replayed.step_graph_status
     assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=1e-5)
 
@@ -151,7 +151,7 @@ def test_checkpoints_of_replayed_training_round_trip(tuned, tmp_path):
     original's, step counts and gradient scale included."""
     data = image_batches(20)
     network = {"kernels": "tensor_cores", "precision": "float16"}
-    tuned(step_graphs=None, **network)
+    tuned(step_graphs=True, **network)
     config = GRID_CONFIG
     first = Trainer.from_config(config, 2, 3)
     for x, y, ids in data[:10]:

@@ -66,6 +66,11 @@ def _refusing_taichi_launches():
             owner.__call__ = original
 
 
+def _plain_values(obj) -> tuple:
+    """An object's attributes that are plain host values (numbers, strings, None), by name."""
+    return tuple((k, v) for k, v in vars(obj).items() if v is None or isinstance(v, (bool, int, float, str)))
+
+
 class _Captured:
     """One batch shape's graph, its input buffers, the loss and gradient buffers it writes, and what it moves."""
 
@@ -89,9 +94,8 @@ class StepGraphs:
 
     @staticmethod
     def wanted(device: torch.device) -> bool:
-        """Whether steps on `device` are to be captured (`tuning.step_graphs`: None means on CUDA)."""
-        setting = runtime.tuning().step_graphs
-        return device.type == "cuda" and setting is not False
+        """Whether steps on `device` are to be captured (`tuning.step_graphs`, off by default)."""
+        return device.type == "cuda" and bool(runtime.tuning().step_graphs)
 
     def _key(self, x, t, ids):
         """Everything a captured step takes from the host besides its input values; None where the step cannot be
@@ -101,11 +105,14 @@ class StepGraphs:
         if optimizer_key is None:
             return None
         tables = tuple((p.data_ptr(), p.requires_grad) for p in trainer.model.parameter_tables() if p is not None)
+        # The host values of the loss and of the gradient scalers (a loss weight, a growth interval), which their
+        # launches take as arguments.
+        host_values = tuple(_plain_values(o) for o in (trainer.loss, *trainer.gradient_scalers))
         # Objects, not their ids (an id is reused once its object is gone); the same object compares equal
         # without calling its __eq__, and settings compare by value.
         return (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype), tables,
                 optimizer_key, trainer.loss, trainer.model, runtime.settings(), runtime.tuning(),
-                tuple(trainer.gradient_scalers))
+                tuple(trainer.gradient_scalers), host_values)
 
     def step(self, x: torch.Tensor, t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor | None:
         """The step replayed (capturing it first where due): the loss, or None where this step is to run eagerly."""

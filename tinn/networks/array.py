@@ -85,7 +85,8 @@ class NetworkArray(Part):
             selection.Candidate(arch=runtime.arch(), n_networks=n_networks, width=self.width, fusable=fusable,
                                 tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
                                 deterministic=settings.deterministic, dense_setting=tuning.dense_single_network,
-                                vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width)),
+                                vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width),
+                                step_graphs=bool(tuning.step_graphs)),
             kernels, settings.precision if precision is None else precision,
             precision_from_settings=precision is None)
         self.path, self.precision = choice

@@ -14,8 +14,8 @@ tcnn's float16 for an array of networks on CUDA whose shape the tensor-core kern
 at most 128 inputs and outputs, any activation), outside deterministic mode: there the tensor cores were
 measured faster; float32 everywhere else (the CPU, a single network, other shapes, deterministic mode). On CUDA
 an array runs on the tensor cores in every reduced precision (float16, bfloat16, TF32) and in the fused kernels
-in float32; a single network takes the dense path where that was measured faster, and in half precision where the
-tensor cores do not take its shape; on the
+in float32; a single network takes the dense path where that was measured faster and in half precision (with
+`tuning.step_graphs`, the tensor cores where they take its shape); on the
 CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or
 `settings.kernels`) forces a path and is refused where it cannot run.
 """
@@ -48,6 +48,7 @@ class Candidate(NamedTuple):
     deterministic: bool
     dense_setting: bool | None    # tuning.dense_single_network
     vendor_faster: bool       # dense_mlp.faster_than_kernels for this arch and shape
+    step_graphs: bool = False  # tuning.step_graphs: a Trainer's steps replayed from CUDA graphs
 
 
 class PrecisionUnavailable(ConfigError):
@@ -118,9 +119,11 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if precision == "auto":
         precision = default_precision(c)
     if c.n_networks == 1:
-        # In float16 and bfloat16 on CUDA the tensor-core kernels, where they take the shape, beat cuBLAS's GEMMs:
-        # less GPU work, and a Trainer's step of Triton launches replays from one CUDA graph (tinn/step_graphs.py).
-        tensor_cores_half = c.arch == "cuda" and c.tensor_cores is None and precision in ("float16", "bfloat16")
+        # With a Trainer's steps replayed from CUDA graphs (tinn/step_graphs.py), float16 and bfloat16 take the
+        # tensor cores where their kernels take the shape: less GPU work than cuBLAS's GEMMs, and a step of Triton
+        # launches alone, which one graph holds. Issued op by op, the two measured alike.
+        tensor_cores_half = (c.step_graphs and c.arch == "cuda" and c.tensor_cores is None
+                             and precision in ("float16", "bfloat16"))
         wants_dense = (c.dense_setting if c.dense_setting is not None
                        else c.vendor_faster or (reduced and not tensor_cores_half))
         if wants_dense and precision != "tf32":

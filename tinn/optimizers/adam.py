@@ -136,8 +136,10 @@ class Adam(LeafOptimizer):
             optimizer_kernels.adam_step(*tables[0], *hyper)
 
     # ---- captured steps (tinn/step_graphs.py) ----------------------------------------------------
-    # Steps a replayed graph can take before its correction table must grow (which then recaptures it).
+    # Steps a replayed graph can take before its correction table must grow (which then recaptures it), and the
+    # first table's length: large enough that a replayed run starts without growing it (a blocking copy).
     GRAPH_HEADROOM = 1 << 16
+    FIRST_TABLE = 1 << 17
 
     def graph_key(self, device) -> tuple | None:
         """The hyperparameters and the correction table a captured step reads; None where the step cannot be
@@ -173,7 +175,7 @@ class Adam(LeafOptimizer):
         need = int(self.scalars["step_count"]) + headroom
         table = self._corrections
         if table is None or table.shape[0] < need or table.device != device:
-            size = max(need, 1024, 2 * (0 if table is None else table.shape[0]))
+            size = max(need, self.FIRST_TABLE, 2 * (0 if table is None else table.shape[0]))
             with np.errstate(divide="ignore", invalid="ignore"):
                 values = self._bias_corrections(np.arange(size, dtype=np.float64))
             values[0] = 0.0
