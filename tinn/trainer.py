@@ -222,10 +222,13 @@ class Trainer(LearningRateOf):
         return self._regression_step(x, t, ids, run_optimizer)
 
     def _graphs_apply(self, x: torch.Tensor) -> bool:
-        """Whether this step may be replayed from a CUDA graph (tinn/step_graphs.py): CUDA, the part contract's
-        path on one process's part, `tuning.step_graphs` not off."""
-        if (not step_graphs.StepGraphs.wanted(x.device) or not self._uses_contract(x.shape[0])
-                or getattr(self.model, "collective_calls", False)):  # (every rank must make the same calls)
+        """Whether this step may be replayed from a CUDA graph (tinn/step_graphs.py): `tuning.step_graphs` on, CUDA,
+        the part contract's path with the loss taken by the model's backward."""
+        # The path measured and tested: a tinn loss the model's backward takes itself (no autograd inside the
+        # step), on one process's part (every rank of a sharded one must make the same calls).
+        if (not step_graphs.StepGraphs.wanted(x.device) or not isinstance(self.loss, Loss)
+                or getattr(self.model, "collective_calls", False) or not self._uses_contract(x.shape[0])
+                or not self.model.fuses_loss()):
             return False
         if self._step_graphs is None:
             self._step_graphs = step_graphs.StepGraphs(self)
