@@ -2,9 +2,10 @@
 shared memory first), the Triton lanes kernel (one lane per sample and feature, global atomics), and two Triton
 variants that take a sample per lane and add its F features to a corner with vector reductions
 (`red.global.add.v2.f32` / `.v4.f32`, sm_90), the second with the coarse levels' atomics spread over private copies
-of those levels that a second launch sums into the gradient.
+of those levels that a second launch sums into the gradient (for each count of `--copies`, with the coarse levels of
+at most 16,384 values private, the default, and with every level of at most 65,536 values).
 
-    python -m benchmarks.tools.grid_gradient_variants [--rounds 3] [--copies 16,64] [--json out.json]
+    python -m benchmarks.tools.grid_gradient_variants [--rounds 3] [--copies 16,32,64] [--json out.json]
 
 Cases: tcnn's image grid (2-D, 16 levels of 2^15, 2^18 samples) and tcnn's 3-D grid (16 levels of 2^19, 2^21
 samples). Per variant: device ms (CUDA events, median of rounds) and the largest difference from Taichi's gradient
@@ -87,7 +88,7 @@ def main(argv=None) -> dict:
         for name in variants:
             rows.append({"case": label, "variant": name, "ms": statistics.median(times[name]),
                          "rel_diff": float((results[name] - ref).abs().max() / ref.abs().max())})
-        del variants, results, grad
+        del variants, results
         torch.cuda.empty_cache()
     print_table(rows, [("case", "case", "s"), ("variant", "variant", "s"), ("ms", "table grad ms", ".3f"),
                        ("rel_diff", "rel diff vs Taichi", ".1e")])
