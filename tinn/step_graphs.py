@@ -23,6 +23,11 @@ the step fills (routing, constants) is filled outside the graph. A step that iss
 launches on its own stream, outside the graph) is refused during the capture: Taichi's launch paths raise while a
 capture runs, the host counts are put back, and that trainer then steps eagerly (`StepGraphs.status` says why).
 So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
+
+Off by default (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the model's
+backward takes itself, on one process's part, with Adam on its Triton kernel (`Trainer._graphs_apply`,
+`Optimizer.graph_key`). With the setting on by default, one worker of the CUDA test suite met an illegal memory
+access that was not traced to its test (design notes, "A training step replayed as one CUDA graph").
 """
 from __future__ import annotations
 
