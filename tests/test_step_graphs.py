@@ -176,3 +176,34 @@ def test_checkpoints_of_replayed_training_round_trip(tuned, tmp_path):
         second.training_step(x, y, ids)
     assert second.step_graph_status.startswith("captured"), second.step_graph_status
     assert_same_training(first, second, torch.zeros(1), torch.zeros(1), rtol=5e-2)
+
+
+
+def test_a_capture_is_this_threads_alone():
+    """While one thread captures, another thread's Taichi launches go on and its stream ordering is as always (a
+    viewer rendering beside a trainer's thread); the capturing thread's Taichi launches are refused, and everything
+    is back as before afterwards."""
+    import threading
+
+    from tinn import runtime, step_graphs
+    from tinn.kernels import gradient_scaling as kernels
+    values = torch.tensor([1.0, float("inf")], device=DEV)
+    seen = {}
+
+    def other_thread():
+        found = torch.zeros(1, device=DEV)
+        kernels.record_non_finite(values, found)  # a Taichi launch, not refused here
+        seen["found"], seen["capturing"] = float(found), runtime.capturing()
+
+    with step_graphs.refusing_taichi_launches(), runtime.capturing_step():
+        assert runtime.capturing()
+        with pytest.raises(step_graphs.NotCapturable, match="record_non_finite"):
+            kernels.record_non_finite(values, torch.zeros(1, device=DEV))
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert seen == {"found": 1.0, "capturing": False}
+    assert not runtime.capturing()
+    found = torch.zeros(1, device=DEV)
+    kernels.record_non_finite(values, found)  # refused no more
+    assert float(found) == 1.0

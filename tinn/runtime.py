@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import torch
 
@@ -152,32 +153,34 @@ def sync() -> None:
 _CURRENT_STREAM_ID = getattr(torch._C, "_cuda_getCurrentStream", None)
 
 
-# Set while a training step is captured as a CUDA graph (tinn/step_graphs.py): the step then issues no Taichi
-# launch, so nothing is to be ordered with Taichi's stream, and switching streams inside a capture would break it.
-_CAPTURING = {"on": False}
+# Set in the thread that captures a training step as a CUDA graph (tinn/step_graphs.py): the step then issues no
+# Taichi launch, so nothing is to be ordered with Taichi's stream, and switching streams inside a capture would break
+# it. Per thread: another thread (a viewer rendering while a trainer's thread captures) keeps ordering its launches.
+_CAPTURING = threading.local()
 
 
 @contextlib.contextmanager
 def capturing_step():
-    """The block captures a training step as a CUDA graph: `stream_guard` leaves the capturing stream current."""
-    before = _CAPTURING["on"]
-    _CAPTURING["on"] = True
+    """This thread captures a training step as a CUDA graph in the block: `stream_guard` leaves the capturing
+    stream current."""
+    before = getattr(_CAPTURING, "on", False)
+    _CAPTURING.on = True
     try:
         yield
     finally:
-        _CAPTURING["on"] = before
+        _CAPTURING.on = before
 
 
 def capturing() -> bool:
-    """Whether a training step is being captured as a CUDA graph: caches of device tensors then keep nothing made
-    inside the capture (its tensors hold their values only once the graph has run)."""
-    return _CAPTURING["on"]
+    """Whether this thread is capturing a training step as a CUDA graph: caches of device tensors then keep nothing
+    made inside the capture (its tensors hold their values only once the graph has run)."""
+    return getattr(_CAPTURING, "on", False)
 
 
 def foreign_stream():
     """torch's current CUDA stream when it is not the default stream Taichi launches on, else None (also while a
     step is captured, `capturing_step`)."""
-    if _state["arch"] != "cuda" or _CAPTURING["on"]:
+    if _state["arch"] != "cuda" or capturing():
         return None
     dev = _state["device"]
     if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:

@@ -32,6 +32,7 @@ access that was not traced to its test (design notes, "A training step replayed 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -43,27 +44,40 @@ RECAPTURE_WINDOW = 64  # steps: a trainer that captures this often again ...
 MAX_RECAPTURES = 4     # ... this many times in a row (a key that changes every step) steps eagerly from then on
 
 
+# One capture at a time in a process: the refusal of Taichi launches patches their classes, which two overlapping
+# captures in two threads would restore out of order.
+_CAPTURE_LOCK = threading.Lock()
+
+
 class NotCapturable(RuntimeError):
     """A launch that a CUDA graph cannot hold was issued while a step was captured."""
 
 
 @contextlib.contextmanager
-def _refusing_taichi_launches():
-    """Taichi launches raise NotCapturable inside the block: both the lean path (tinn/kernels/launch.py) and the
-    backend's own."""
+def refusing_taichi_launches():
+    """Taichi launches from this thread raise NotCapturable inside the block, through the lean path
+    (tinn/kernels/launch.py) and the backend's own; other threads' launches (a viewer rendering beside a trainer's
+    thread) go on."""
     from .backend import ti
     from .kernels.launch import FastKernel
 
-    def refuse(self, *args, **kwargs):
-        raise NotCapturable(f"the step launches the Taichi kernel {getattr(self, '__name__', type(self).__name__)}, "
-                            "which a CUDA graph cannot capture")
-
+    capturing_thread = threading.get_ident()
     patched = [(FastKernel, FastKernel.__call__)]
     kernel_cls = getattr(getattr(getattr(ti, "lang", None), "kernel_impl", None), "Kernel", None)
     if kernel_cls is not None:
         patched.append((kernel_cls, kernel_cls.__call__))
-    for owner, _ in patched:
-        owner.__call__ = refuse
+
+    def refusing(original):
+        def call(self, *args, **kwargs):
+            if threading.get_ident() == capturing_thread:
+                raise NotCapturable(f"the step launches the Taichi kernel "
+                                    f"{getattr(self, '__name__', type(self).__name__)}, which a CUDA graph cannot "
+                                    "capture")
+            return original(self, *args, **kwargs)
+        return call
+
+    for owner, original in patched:
+        owner.__call__ = refusing(original)
     try:
         yield
     finally:
@@ -176,7 +190,7 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         optimizer.begin_capture(x.device)
         try:
-            with _refusing_taichi_launches(), runtime.capturing_step():
+            with _CAPTURE_LOCK, refusing_taichi_launches(), runtime.capturing_step():
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     loss = trainer._regression_step(*inputs)
         except Exception as error:  # a launch or a host read the graph cannot hold: this trainer steps eagerly
