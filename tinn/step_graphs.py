@@ -27,7 +27,8 @@ So are steps that read the device on the host (CUDA refuses the capture). CUDA o
 Off by default (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the model's
 backward takes itself, on one process's part, with Adam on its Triton kernel (`Trainer._graphs_apply`,
 `Optimizer.graph_key`). With the setting on by default, one worker of the CUDA test suite met an illegal memory
-access that was not traced to its test (design notes, "A training step replayed as one CUDA graph").
+access; a cross-thread hazard that fits it is fixed, not yet run on a GPU (design notes, "A training step replayed
+as one CUDA graph").
 """
 from __future__ import annotations
 
