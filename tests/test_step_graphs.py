@@ -1,6 +1,7 @@
 """The Trainer's step replayed from CUDA graphs (tinn/step_graphs.py) against the same steps issued op by op.
 
-On the CPU: Adam's step counts taken from the device while a step is captured (Triton's interpreter). On CUDA:
+On the CPU: Adam's step counts taken from the device while a step is captured (Triton's interpreter), and the host side
+of capture, replay, recapture and refusal with a stand-in graph. On CUDA:
 replayed training equals eager training (parameters, losses, step counts, gradient scales), a changed learning rate
 captures again, a step with a Taichi launch falls back to eager steps without a trace, checkpoints round-trip.
 """
@@ -207,3 +208,91 @@ def test_a_capture_is_this_threads_alone():
     found = torch.zeros(1, device=DEV)
     kernels.record_non_finite(values, found)  # refused no more
     assert float(found) == 1.0
+
+
+class _StandInGraph:
+    """`torch.cuda.CUDAGraph` for the bookkeeping test on the CPU: the 'capture' runs the step (its body executes as
+    it is issued) and a replay does nothing on the device; the host side of every step is the real one."""
+    replays = 0
+
+    def replay(self):
+        _StandInGraph.replays += 1
+
+
+def _stand_in_cuda(monkeypatch):
+    import contextlib
+
+    from tinn import step_graphs
+    monkeypatch.setattr(step_graphs.StepGraphs, "wanted", staticmethod(lambda device: True))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _StandInGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    _StandInGraph.replays = 0
+
+
+@pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
+def test_replay_bookkeeping_with_a_stand_in_graph(tuned, monkeypatch):
+    """The host side of replayed steps (an array on the tensor-core kernels, Triton's interpreter, Adam's Triton
+    launch): captured at the second step, then each replay moves the trainer's and the optimizer's counts as an
+    eager step would and fills Adam's device count; a new learning rate captures again; a learning rate changed
+    every step stops capturing after four captures; a step that launches a Taichi kernel is refused with its counts
+    put back."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.networks import NetworkArray
+    _stand_in_cuda(monkeypatch)
+    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
+    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
+    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
+    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+    for _ in range(5):
+        trainer.training_step(x, y, ids)
+    graphs = trainer._step_graphs
+    assert trainer.step_graph_status == "captured 1 time(s)", trainer.step_graph_status
+    assert (graphs.replays, _StandInGraph.replays) == (4, 4)  # steps 2 (the capture's own) to 5
+    assert trainer.step == 5 and trainer.optimizer.step_count == 5
+    assert trainer.optimizer.scalars["steps.params"] == 5
+    assert int(trainer.optimizer._graph_counts["params"]) == 4  # the last replay's count, less one
+    assert net.params.grad is not None
+    trainer.learning_rate = 5e-3
+    for _ in range(3):
+        trainer.training_step(x, y, ids)
+    assert trainer.step_graph_status == "captured 2 time(s)" and trainer.step == 8
+    for i in range(4):  # a schedule on the host: every step a new key
+        trainer.learning_rate = 1e-3 * (i + 1)
+        trainer.training_step(x, y, ids)
+    assert graphs.disabled and "captures within 64 steps" in trainer.step_graph_status
+    assert trainer.step == 12 and trainer.optimizer.step_count == 12
+
+
+@pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
+def test_a_refused_capture_puts_the_counts_back(tuned, monkeypatch):
+    """A step with a Taichi launch (here Adam's Taichi kernel after the tensor-core backward) is refused at its
+    capture: the trainer's and the optimizer's counts are as after eager steps alone, and the parameters equal those
+    of a trainer that never tried (the refused step then ran eagerly)."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.networks import NetworkArray
+    from tinn.optimizers.adam import Adam
+    _stand_in_cuda(monkeypatch)
+    monkeypatch.setattr(Adam, "graph_key", lambda self, device: ("stand-in",))  # (Taichi's Adam gives none)
+    results = []
+    for graphs in (False, True):
+        tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=False, step_graphs=graphs)
+        net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2,
+                           seed=1)
+        trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(4):
+            x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
+            ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+            trainer.training_step(x, y, ids)
+        results.append((net.params.detach().clone(), trainer.step, trainer.optimizer.step_count,
+                        trainer.optimizer.scalars["steps.params"], trainer.step_graph_status))
+    assert results[1][4].startswith("not captured: NotCapturable"), results[1][4]
+    assert results[0][1:4] == results[1][1:4] == (4, 4, 4)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
