@@ -1,9 +1,9 @@
 """The Trainer's step replayed from CUDA graphs (tinn/step_graphs.py) against the same steps issued op by op.
 
-On the CPU: Adam's step counts taken from the device while a step is captured (Triton's interpreter), and the host side
-of capture, replay, recapture and refusal with a stand-in graph. On CUDA:
-replayed training equals eager training (parameters, losses, step counts, gradient scales), a changed learning rate
-captures again, a step with a Taichi launch falls back to eager steps without a trace, checkpoints round-trip.
+On the CPU: Adam's step counts taken from the device while a step is captured (Triton's interpreter), and the host
+side of capture, replay, recapture and refusal with a stand-in graph. On CUDA: replayed training equals eager
+training (parameters, losses, step counts, gradient scales), a changed learning rate captures again, a step with a
+Taichi launch falls back to eager steps without a trace, checkpoints round-trip.
 """
 import pytest
 import torch
