@@ -210,7 +210,8 @@ class StepGraphs:
             optimizer.set_host_counts(before)
             trainer.step = step_before
             self.disabled = True
-            self.status = f"not captured: the step changes host values other than counts ({sorted(k for _, k in moved)})"
+            changed = sorted(k for _, k in moved)
+            self.status = f"not captured: the step changes host values other than counts ({changed})"
             return None
         grads = [(p, p.grad) for p in trainer.model.parameter_tables() if p is not None and p.grad is not None]
         captured = _Captured(graph, inputs, loss, grads, moved, key)
