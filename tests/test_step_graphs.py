@@ -60,13 +60,14 @@ def assert_same_training(a, b, losses_a, losses_b, rtol=2e-3, spread=None):
     """b trained as a did: the same counts and gradient scale, losses within `rtol`, and parameters within `rtol`
     (relative norm), or where `spread` is given (the distance between two runs of a: float atomics sum in no fixed
     order, and Adam with epsilon 1e-15 turns an entry's near-zero gradient into a full step either way) within a
-    few times that."""
+    few times that, or 0.5%. A step taken with a wrong count moves every entry by a wrong bias correction (15% apart
+    between the second and third count), far past that."""
     assert a.step == b.step
     assert a.optimizer.step_count == b.optimizer.step_count
     assert a.gradient_scale == b.gradient_scale
     torch.testing.assert_close(losses_a, losses_b, rtol=rtol, atol=0)
     for name, d in distance(a, b).items():
-        bound = rtol if spread is None else 4 * spread[name] + 1e-6
+        bound = rtol if spread is None else max(4 * spread[name], 5e-3)
         assert d <= bound, (name, d, bound)
 
 
