@@ -177,6 +177,14 @@ def capturing() -> bool:
     return getattr(_CAPTURING, "on", False)
 
 
+def keep(cache: dict, key, value):
+    """`cache[key] = value`, unless this thread is capturing a training step (`capturing`): a device tensor made
+    inside a capture holds its values only once the graph has run, so no cache keeps one. Returns `value`."""
+    if not capturing():
+        cache[key] = value
+    return value
+
+
 def foreign_stream():
     """torch's current CUDA stream when it is not the default stream Taichi launches on, else None (also while a
     step is captured, `capturing_step`)."""

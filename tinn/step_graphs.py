@@ -170,8 +170,8 @@ class StepGraphs:
         ct.copy_(t)
         if cids is not None:
             cids.copy_(ids)
-        counts = trainer.optimizer.host_counts()
-        trainer.optimizer.set_host_counts({k: counts[k] + d for k, d in captured.count_steps.items()})
+        for (owner, key), change in captured.count_steps.items():
+            owner.scalars[key] += change
         trainer.optimizer.load_graph_counts()
         captured.graph.replay()
         for table, grad in captured.grads:

@@ -280,13 +280,18 @@ SUM_BLOCK = 256  # values a program of `_sum_private` sums over the copies (a fe
 
 def private_levels(levels: "LevelTable", F: int) -> tuple[int, int]:
     """(levels, floats): how many leading (coarse) levels a private copy holds, each of at most PRIVATE_MAX_FLOATS
-    values, and the values of one copy (the levels are the table's first, so a copy mirrors its start)."""
-    count, floats = 0, 0
-    for first, _, size, _ in levels.host[:-1]:
-        if int(size) * F > PRIVATE_MAX_FLOATS:
-            break
-        count, floats = count + 1, (int(first) + int(size)) * F
-    return count, floats
+    values, and the values of one copy (the levels are the table's first, so a copy mirrors its start). Worked out
+    once per table, feature count and limit: every training step's table gradient asks."""
+    key = (F, PRIVATE_MAX_FLOATS)
+    known = levels.private.get(key)
+    if known is None:
+        count, floats = 0, 0
+        for first, _, size, _ in levels.host[:-1]:
+            if int(size) * F > PRIVATE_MAX_FLOATS:
+                break
+            count, floats = count + 1, (int(first) + int(size)) * F
+        known = levels.private[key] = (count, floats)
+    return known
 
 
 def vector_reductions(F: int, dtable: torch.Tensor, param_offset: int) -> bool:
@@ -303,6 +308,7 @@ class LevelTable:
 
     def __init__(self, meta, device):
         self.host = meta
+        self.private = {}  # (features, PRIVATE_MAX_FLOATS) -> `private_levels`
         self.meta = torch.as_tensor(meta, dtype=torch.int32).to(device).contiguous()
         self.factors = self.meta[-1]
         self.n_levels = self.meta.shape[0] - 1

@@ -372,9 +372,7 @@ class NetworkArray(Part):
             if tiles is None:
                 if len(self._single_network_tiles) >= 4:
                     self._single_network_tiles.clear()
-                tiles = route_fused(ids, 1, sizes)
-                if not runtime.capturing():  # (tensors made in a capture hold values only once it has run)
-                    self._single_network_tiles[key] = tiles
+                tiles = runtime.keep(self._single_network_tiles, key, route_fused(ids, 1, sizes))
         return tiles if not train or separate_backward else tiles + (tiles[0],)
 
     def _launch_fused_forward(self, x, ids, params, keep_all, x_feature_major=False, frequencies=0):

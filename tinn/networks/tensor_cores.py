@@ -72,7 +72,7 @@ class TensorCorePath:
         self._single_routing: dict = {}  # one network: (batch, device, train) -> its tile lists
 
     def _routing(self, ids: torch.Tensor, device: torch.device, train: bool):
-        if self.n_networks == 1 and not runtime.capturing():
+        if self.n_networks == 1:
             # One network's tiles depend on the batch size alone: built once per size, not per call (each
             # build is a sort stand-in, a memset and a launch per list, host time a small step notices). Kept per
             # stream: lists dropped from the cache may be reused by the allocator only after the work of the
@@ -83,7 +83,7 @@ class TensorCorePath:
             if kept is None:
                 if len(self._single_routing) >= 4:  # a few batch sizes in turn (training, evaluation)
                     self._single_routing.clear()
-                kept = self._single_routing[key] = self._build_routing(ids, device, train)
+                kept = runtime.keep(self._single_routing, key, self._build_routing(ids, device, train))
             return kept
         return self._build_routing(ids, device, train)
 

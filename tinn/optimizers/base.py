@@ -322,8 +322,8 @@ class Optimizer:
         """Before a replay: the device copies of the host step counts, from the host counts."""
 
     def host_counts(self) -> dict:
-        """Every numeric host scalar of this optimizer and its nested ones, by (optimizer, key): a replayed
-        step moves them as its capture did (`set_host_counts`)."""
+        """Every numeric host scalar of this optimizer and its nested ones, by (optimizer, key): a capture records
+        how a step moves them, and a refused one puts them back (`set_host_counts`)."""
         out = {(self, k): v for k, v in self.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for _, child in self.children:
             out.update(child.host_counts())
@@ -421,8 +421,7 @@ class LeafOptimizer(Optimizer):
             for key in keys:
                 i = self._pending_keys[key]
                 mask[i:i + 1].fill_(1)
-            if not runtime.capturing():  # (a captured step's tensors hold values only once the graph has run)
-                self._pending_masks[keys] = mask
+            runtime.keep(self._pending_masks, keys, mask)
         self._pending.addcmul_(mask, skip)
         self._unsettled = True
 
@@ -507,9 +506,7 @@ def unit_factor(device: torch.device) -> torch.Tensor:
     from the host."""
     one = _UNIT_FACTORS.get(device)
     if one is None:
-        one = torch.ones(1, dtype=torch.float32, device=device)
-        if not runtime.capturing():
-            _UNIT_FACTORS[device] = one
+        one = runtime.keep(_UNIT_FACTORS, device, torch.ones(1, dtype=torch.float32, device=device))
     return one
 
 
@@ -518,7 +515,5 @@ def no_skip(device: torch.device) -> torch.Tensor:
     skipped, and the pending count of optimizers that skip on the host."""
     flag = _NO_SKIPS.get(device)
     if flag is None:
-        flag = torch.zeros(1, dtype=torch.int32, device=device)
-        if not runtime.capturing():
-            _NO_SKIPS[device] = flag
+        flag = runtime.keep(_NO_SKIPS, device, torch.zeros(1, dtype=torch.int32, device=device))
     return flag

@@ -259,9 +259,7 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
     key = (float(scale), device)
     cached = _FIXED_SCALES.get(key)
     if cached is None:
-        cached = torch.full((1,), float(scale), dtype=torch.float32, device=device)
-        if not runtime.capturing():
-            _FIXED_SCALES[key] = cached
+        cached = runtime.keep(_FIXED_SCALES, key, torch.full((1,), float(scale), dtype=torch.float32, device=device))
     return cached
 
 
