@@ -26,7 +26,7 @@ STEP_BOUND = {"float16": 4e-2, "bfloat16": 1.2e-1}
 def test_lower_precision_matches_float64(precision, hidden, output, depth, tuned):
     """Padded inputs and outputs (tcnn's layout) included. The output gradient is 1e-6 per element, a mean over a
     large batch's size: in float16 without the gradient scale it would lose most of its bits (error ~7e-2)."""
-    tuned(precision=precision)
+    tuned(precision=precision, step_graphs=False)  # replayed steps would take the tensor cores
     gen = torch.Generator().manual_seed(depth)
     x = (torch.rand(3000, 7, generator=gen) * 2 - 1).to(DEV)
     dy = (torch.randn(3000, 5, generator=gen) * 1e-6).to(DEV)
@@ -69,24 +69,30 @@ def test_feature_major_inputs_in_lower_precision(precision, tuned):
 
 
 # expected: (path, precision) on the CPU and on CUDA (where the tensor-core kernels run).
-@pytest.mark.parametrize("precision,n_networks,kernels,dense_setting,deterministic,cpu,cuda", [
-    ("float16", 1, "auto", None, False, ("dense", "float16"), ("dense", "float16")),
-    ("bfloat16", 1, "auto", None, False, ("dense", "bfloat16"), ("dense", "bfloat16")),
-    ("float16", 1, "auto", True, False, ("dense", "float16"), ("dense", "float16")),
+@pytest.mark.parametrize("precision,n_networks,kernels,dense_setting,deterministic,graphs,cpu,cuda", [
+    # a single network in half precision: cuBLAS's GEMMs where steps run op by op, the tensor cores where a
+    # Trainer replays them from CUDA graphs (the default)
+    ("float16", 1, "auto", None, False, False, ("dense", "float16"), ("dense", "float16")),
+    ("float16", 1, "auto", None, False, True, ("dense", "float16"), ("tensor_cores", "float16")),
+    ("bfloat16", 1, "auto", None, False, True, ("dense", "bfloat16"), ("tensor_cores", "bfloat16")),
+    ("bfloat16", 1, "auto", None, False, False, ("dense", "bfloat16"), ("dense", "bfloat16")),
+    ("float16", 1, "auto", True, False, False, ("dense", "float16"), ("dense", "float16")),
     # arrays: the tensor cores on CUDA; the CPU's batched GEMMs compute in float32
-    ("float16", 4, "auto", None, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
-    ("float16", 1, "unfused", None, False, ("unfused", "float32"), ("unfused", "float32")),  # Taichi's, asked for
+    ("float16", 4, "auto", None, False, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
+    # Taichi's, asked for
+    ("float16", 1, "unfused", None, False, False, ("unfused", "float32"), ("unfused", "float32")),
     # the dense path ruled out: the tensor cores where they run
-    ("float16", 1, "auto", False, False, ("unfused", "float32"), ("tensor_cores", "float16")),
-    ("float16", 1, "auto", None, True, ("unfused", "float32"), ("unfused", "float32")),  # deterministic
-    ("float32", 1, "auto", True, False, ("dense", "float32"), ("dense", "float32")),
-    ("float32", 4, "auto", None, False, ("batched_gemm", "float32"), ("fused", "float32")),
+    ("float16", 1, "auto", False, False, False, ("unfused", "float32"), ("tensor_cores", "float16")),
+    ("float16", 1, "auto", None, True, False, ("unfused", "float32"), ("unfused", "float32")),  # deterministic
+    ("float32", 1, "auto", True, False, False, ("dense", "float32"), ("dense", "float32")),
+    ("float32", 4, "auto", None, False, False, ("batched_gemm", "float32"), ("fused", "float32")),
     # the default: float16 tensor cores for a CUDA array, float32 for a single network
-    ("auto", 4, "auto", None, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
-    ("auto", 1, "auto", False, False, ("unfused", "float32"), ("fused", "float32")),
+    ("auto", 4, "auto", None, False, False, ("batched_gemm", "float32"), ("tensor_cores", "float16")),
+    ("auto", 1, "auto", False, False, False, ("unfused", "float32"), ("fused", "float32")),
 ])
-def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, cpu, cuda, tuned):
-    tuned(precision=precision, dense_single_network=dense_setting, deterministic=deterministic)
+def test_where_the_precision_applies(precision, n_networks, kernels, dense_setting, deterministic, graphs, cpu, cuda,
+                                     tuned):
+    tuned(precision=precision, dense_single_network=dense_setting, deterministic=deterministic, step_graphs=graphs)
     net = NetworkArray(4, 2, {"n_neurons": 16, "n_hidden_layers": 1}, n_networks=n_networks, kernels=kernels)
     expected = cuda if tinn.runtime.arch() == "cuda" else cpu
     assert (net.path, net.precision) == expected

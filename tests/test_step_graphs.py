@@ -149,14 +149,15 @@ def test_a_new_learning_rate_captures_again(tuned):
 
 @cuda_only
 def test_a_step_with_a_taichi_launch_falls_back_to_eager_steps(tuned):
-    """Taichi's fused float32 MLP launches Taichi kernels: the capture is refused, and the step taken after it
-    equals the eager one (the host counts put back, nothing half done)."""
+    """The grid on Taichi's kernels (the MLP on the tensor cores, which takes the loss): the capture is refused, and
+    the step taken after it equals the eager one (the host counts put back, nothing half done)."""
     data = image_batches(8)
-    network = {"kernels": "fused", "precision": "float32"}
+    network = {"kernels": "tensor_cores", "precision": "float16", "triton_grid_kernels": False}
     eager, losses_eager = train(tuned, False, data, **network)
+    again, _ = train(tuned, False, data, **network)
     replayed, losses_replayed = train(tuned, True, data, **network)
     assert replayed.step_graph_status.startswith("not captured: NotCapturable"), replayed.step_graph_status
-    assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=1e-5)
+    assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
 
 
 @cuda_only

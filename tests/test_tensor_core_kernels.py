@@ -354,3 +354,17 @@ def test_inference_tiles_keep_the_gpu_busy_then_grow_to_the_longest():
             if tile + block <= MAX_INFERENCE_TILE:
                 assert batch // (tile + block) < INFERENCE_PROGRAMS
     assert [inference_tile(1 << k, 128) for k in (18, 20, 21, 22, 24)] == [128, 256, 512, 1024, 1024]
+
+
+@pytest.mark.parametrize("batch,sms", [(1 << 18, 132), (1 << 18, 114), (1 << 20, 132), (1 << 22, 132), (5000, 132)])
+def test_a_single_networks_backward_chunks_fill_the_gpu_twice(batch, sms):
+    """One network's backward chunks all add into the same weights: about two per SM (a power of two of samples,
+    a multiple of the tile), never fewer samples than an array's smallest chunk; arrays keep their rule."""
+    from tinn.networks import tensor_cores as path
+    chunk = path.chunk_size(batch, BM, 1, sms)
+    assert chunk % BM == 0 and chunk >= path.MIN_CHUNK and chunk <= path.MAX_SINGLE_CHUNK
+    if batch >= 2 * sms * path.MIN_CHUNK:
+        programs = batch / chunk
+        assert sms <= programs <= 4 * sms, (chunk, programs)
+    assert path.chunk_size(batch, BM, 4, sms) == max(BM, min(path.MAX_CHUNK, max(path.MIN_CHUNK, batch // 1024))
+                                                     // BM * BM)

@@ -19,11 +19,13 @@ def test_triton_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-m", "benchmarks.tools.triton_compile", "--arch", "90"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert run.stdout.count("ok grid _grid_") == 20 and "0 failed" in run.stdout
-    # The vector-reduction table gradient (2, 4 and 8 features) and the sum of its private copies.
-    # Each with the sm_90 vector reductions in its PTX (not the scalar atomics of the interpreter's stand-in).
-    assert run.stdout.count("ok grid _grid_backward_vector") == 6 and "ok grid _sum_private" in run.stdout
-    assert run.stdout.count("vector reductions 0") == 0 and run.stdout.count("vector reductions") == 6
+    assert run.stdout.count("ok grid _grid_") == 23 and "0 failed" in run.stdout
+    # The vector-reduction table gradient (2, 4 and 8 features; with two, also adding corner pairs in four-word
+    # reductions) and the sum of its private copies. Each with the sm_90 vector reductions in its PTX (not the
+    # scalar atomics of the interpreter's stand-in).
+    assert run.stdout.count("ok grid _grid_backward_vector") == 9 and "ok grid _sum_private" in run.stdout
+    assert run.stdout.count("vector reductions 0") == 0 and run.stdout.count("vector reductions") == 9
+    assert run.stdout.count("pairs, vector reductions") == 3
     assert "ok adam adam_kernel" in run.stdout
     assert "ok scaler record_kernel" in run.stdout and "ok scaler update_kernel" in run.stdout
     assert run.stdout.count("ok render _") == 4

@@ -37,7 +37,7 @@ the environment's text is converted ("true", "off", "auto", "32"); Python values
 | fused_grad_prefetch | True | weight gradients prefetch the next step's samples (networks up to 64 features) |
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
-| step_graphs | False | the `Trainer`'s regression step (forward, loss, backward, gradient scaling, Adam) captured once per batch shape as one CUDA graph and replayed (`tinn/step_graphs.py`), where every launch of the step is a Triton kernel or a torch operation (no Taichi launch, no host sync) and the optimizer is Adam on its Triton kernel; the step's host time then is the inputs' copies and one graph launch; True = on CUDA (a step that cannot be captured runs op by op, `Trainer.step_graph_status` says why); on a single network in float16 or bfloat16 it also takes the tensor cores over the dense GEMMs |
+| step_graphs | True | the `Trainer`'s regression step (forward, loss, backward, gradient scaling, Adam) captured once per batch shape as one CUDA graph and replayed (`tinn/step_graphs.py`), where every launch of the step is a Triton kernel or a torch operation (no Taichi launch, no host sync) and the optimizer is Adam on its Triton kernel; the step's host time then is the inputs' copies and one graph launch; on CUDA (a step that cannot be captured runs op by op, `Trainer.step_graph_status` says why; False = every step op by op); on a single network in float16 or bfloat16 it also takes the tensor cores over the dense GEMMs |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
 | group_by_network | None | an encoded array's batch grouped by network id before its encoding runs (one sort; inputs gathered, outputs and input gradients put back), so a warp's table lookups stay in one network's tables; None = on CUDA where every network owns its encoding's tables (`NetworkWithInputEncoding.groups_by_network`) |
@@ -127,7 +127,7 @@ class Tuning(_Checked):
     fused_grad_prefetch: bool = True
     dense_single_network: bool | None = None
     dense_step_graphs: bool | None = None
-    step_graphs: bool = False
+    step_graphs: bool = True
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     group_by_network: bool | None = None

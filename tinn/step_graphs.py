@@ -24,11 +24,10 @@ launches on its own stream, outside the graph) is refused during the capture: Ta
 capture runs, the host counts are put back, and that trainer then steps eagerly (`StepGraphs.status` says why).
 So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
 
-Off by default (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the model's
-backward takes itself, on one process's part, with Adam on its Triton kernel (`Trainer._graphs_apply`,
-`Optimizer.graph_key`). With the setting on by default, one worker of the CUDA test suite met an illegal memory
-access; a cross-thread hazard that fits it is fixed, not yet run on a GPU (design notes, "A training step replayed
-as one CUDA graph").
+On by default on CUDA (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the
+model's backward takes itself, on one process's part, with Adam on its Triton kernel (`Trainer._graphs_apply`,
+`Optimizer.graph_key`). A capture is its thread's alone: other threads (a viewer rendering beside the trainer) launch
+and cache as usual (design notes, "A training step replayed as one CUDA graph").
 """
 from __future__ import annotations
 
@@ -86,9 +85,24 @@ def refusing_taichi_launches():
             owner.__call__ = original
 
 
+_PLAIN = (bool, int, float, str)
+
+
+def _is_plain(value) -> bool:
+    return value is None or isinstance(value, _PLAIN) or (
+        isinstance(value, tuple) and all(v is None or isinstance(v, _PLAIN) for v in value))
+
+
 def _plain_values(obj) -> tuple:
-    """An object's attributes that are plain host values (numbers, strings, None), by name."""
-    return tuple((k, v) for k, v in vars(obj).items() if v is None or isinstance(v, (bool, int, float, str)))
+    """An object's attributes that are plain host values (numbers, strings, None, tuples of them), by name."""
+    return tuple((k, v) for k, v in vars(obj).items() if _is_plain(v))
+
+
+def _model_values(model) -> tuple:
+    """The plain host values of every module of the model: a part whose launches take one as an argument (a
+    frequency mask's progress, a user part's schedule) is replayed only while it keeps its value."""
+    modules = model.modules() if isinstance(model, torch.nn.Module) else (model,)
+    return tuple(_plain_values(m) for m in modules)
 
 
 class _Captured:
@@ -114,7 +128,7 @@ class StepGraphs:
 
     @staticmethod
     def wanted(device: torch.device) -> bool:
-        """Whether steps on `device` are to be captured (`tuning.step_graphs`, off by default)."""
+        """Whether steps on `device` are to be captured (`tuning.step_graphs`, on CUDA by default)."""
         return device.type == "cuda" and bool(runtime.tuning().step_graphs)
 
     def _key(self, x, t, ids):
@@ -125,9 +139,10 @@ class StepGraphs:
         if optimizer_key is None:
             return None
         tables = tuple((p.data_ptr(), p.requires_grad) for p in trainer.model.parameter_tables() if p is not None)
-        # The host values of the loss and of the gradient scalers (a loss weight, a growth interval), which their
-        # launches take as arguments.
-        host_values = tuple(_plain_values(o) for o in (trainer.loss, *trainer.gradient_scalers))
+        # The host values of the loss, of the gradient scalers (a loss weight, a growth interval) and of the
+        # model's modules, which their launches may take as arguments.
+        host_values = (tuple(_plain_values(o) for o in (trainer.loss, *trainer.gradient_scalers)),
+                       _model_values(trainer.model))
         # Objects, not their ids (an id is reused once its object is gone); the same object compares equal
         # without calling its __eq__, and settings compare by value.
         return (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype), tables,

@@ -1,9 +1,10 @@
-"""A single grid's table gradient four ways on one GPU, in one process: Taichi's kernel (the coarse levels summed in
-shared memory first), the Triton lanes kernel (one lane per sample and feature, global atomics), and two Triton
+"""A single grid's table gradient several ways on one GPU, in one process: Taichi's kernel (the coarse levels summed
+in shared memory first), the Triton lanes kernel (one lane per sample and feature, global atomics), and the Triton
 variants that take a sample per lane and add its F features to a corner with vector reductions
-(`red.global.add.v2.f32` / `.v4.f32`, sm_90), the second with the coarse levels' atomics spread over private copies
-of those levels that a second launch sums into the gradient (for each count of `--copies`, with the coarse levels of
-at most 16,384 values private, the default, and with every level of at most 65,536 values).
+(`red.global.add.v2.f32` / `.v4.f32`, sm_90): alone, with the coarse levels' atomics spread over private copies of
+those levels that a second launch sums into the gradient (for each count of `--copies`, with the coarse levels of
+at most 16,384 values private, the default, and with every level of at most 65,536 values), and each of those again
+with a cell's corner pairs along the first axis in one four-word reduction where their entries pair up.
 
     python -m benchmarks.tools.grid_gradient_variants [--rounds 3] [--copies 16,32,64] [--json out.json]
 
@@ -59,22 +60,26 @@ def main(argv=None) -> dict:
             enc.lookup_backward(x, ids, table, 0, dy, grad, False, "feature_major")
             tinn.settings.install(base)
 
-        def triton(vector=False, copies=0, max_floats=grid_triton.PRIVATE_MAX_FLOATS):
-            kept = grid_triton.PRIVATE_MAX_FLOATS
-            grid_triton.PRIVATE_MAX_FLOATS = max_floats
+        def triton(vector=False, copies=0, max_floats=grid_triton.PRIVATE_MAX_FLOATS, pairs=False):
+            kept = grid_triton.PRIVATE_MAX_FLOATS, grid_triton.PAIRED_CORNERS
+            grid_triton.PRIVATE_MAX_FLOATS, grid_triton.PAIRED_CORNERS = max_floats, pairs
             grid_triton.grid_backward_table(x, ids, 0, levels, dy, grad, f, interp, gtype, spec["dims"], 0,
                                             enc._hashing, vector=vector, copies=copies)
-            grid_triton.PRIVATE_MAX_FLOATS = kept
+            grid_triton.PRIVATE_MAX_FLOATS, grid_triton.PAIRED_CORNERS = kept
 
         variants = {"taichi (shared memory)": taichi, "triton lanes": triton,
                     "triton vector": lambda: triton(vector=True)}
-        for copies in (int(c) for c in args.copies.split(",")):
-            for max_floats in (16384, 65536):
-                grid_triton.PRIVATE_MAX_FLOATS, kept = max_floats, grid_triton.PRIVATE_MAX_FLOATS
-                count = grid_triton.private_levels(levels, f)[0]
-                grid_triton.PRIVATE_MAX_FLOATS = kept
-                variants[f"triton vector, {copies} copies of {count} levels"] = (
-                    lambda copies=copies, max_floats=max_floats: triton(True, copies, max_floats))
+        for pairs in (False, True):
+            if pairs:
+                variants["triton vector, pairs"] = lambda: triton(vector=True, pairs=True)
+            for copies in (int(c) for c in args.copies.split(",")):
+                for max_floats in (16384, 65536):
+                    grid_triton.PRIVATE_MAX_FLOATS, kept = max_floats, grid_triton.PRIVATE_MAX_FLOATS
+                    count = grid_triton.private_levels(levels, f)[0]
+                    grid_triton.PRIVATE_MAX_FLOATS = kept
+                    variants[f"triton vector{', pairs' if pairs else ''}, {copies} copies of {count} levels"] = (
+                        lambda copies=copies, max_floats=max_floats, pairs=pairs: triton(True, copies, max_floats,
+                                                                                         pairs))
         results = {}
         for name, fn in variants.items():
             grad.zero_()

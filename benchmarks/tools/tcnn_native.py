@@ -1,7 +1,8 @@
 """tiny-cuda-nn's native image sample next to tinn's image step: same config, batch 2^18, same GPU, one run.
 
     python -m benchmarks.tools.tcnn_native [--steps 3001] [--image PATH] [--config tinn/configs/config_hash.json]
-        [--build-dir out/tcnn-native/build] [--skip-build] [--json out/tcnn_native.json]
+        [--build-dir out/tcnn-native/build] [--skip-build] [--variant precision=float16 ...]
+        [--json out/tcnn_native.json]
 
 1. Unpacks .tcnn/tcnn-src.tar.xz (made by benchmarks/tools/tcnn_sources.sh) next to the build folder and
    builds tcnn's `mlp_learning_an_image` with CMake and Ninja for this GPU's architecture; a build folder
@@ -24,8 +25,8 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -40,6 +41,7 @@ SOURCE_DIR_NAME = "tiny-cuda-nn"
 # A progress line of the sample: its loss (averaged since the previous line) and the microseconds since it.
 STEP_LINE = re.compile(r"^Step#(\d+): loss=(\S+) time=(\d+)\[", re.MULTILINE)
 JIT_ENABLED = "JIT fusion is enabled."
+ROUNDS = 3  # tinn's rows: each timed this many times, in turn with the others; the median is reported
 FAILURE_PREFIX = "Uncaught exception: "  # the sample reports its errors this way and still exits with 0
 
 
@@ -253,38 +255,52 @@ def run_sample(binary: str, image: str, config: str, steps: int, warmup: int, ti
 
 
 def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, block: int, blocks: int,
-                 with_torch: bool) -> dict:
+                 with_torch: bool, variants: list[str] | tuple = ()) -> dict:
     """ms per step of tinn's image step at this batch: Trainer on fixed batches, Trainer with a batch sampled
-    per step, and (if `with_torch`) the tinn.torch loop of tcnn's PyTorch sample."""
+    per step, and (if `with_torch`) the tinn.torch loop of tcnn's PyTorch sample; each under the installed
+    settings and again under each of `variants` (settings changes as TINN_SETTINGS takes them, e.g.
+    "precision=float16"), labelled with it."""
     import torch
 
     import tinn
     from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
-    from benchmarks.common import pipelined_ms, sync
+    from benchmarks.common import pipelined_ms, settings_installed, sync
     from tinn.tasks.image import ImageTask, load_image
 
     config = tinn.load_config(config_path)
-    steps = ImageSteps(config, log2_batch)
     task = ImageTask(load_image(image_path) if image_path else _default_image(), seed=0)
-    if image_path:  # ImageSteps samples the default image; its fixed batches come from this one instead
-        steps.batches = [task.batch(1 << log2_batch) for _ in steps.batches]
+    base = tinn.settings.installed()
+    timed = []  # (label, settings, fn)
+    for variant in ("", *variants):
+        chosen = base.replace(**tinn.settings.parse(variant)) if variant else base
+        suffix = f" [{variant}]" if variant else ""
+        with settings_installed(chosen):
+            steps = ImageSteps(config, log2_batch)
+            if image_path:  # ImageSteps samples the default image; its fixed batches come from this one instead
+                steps.batches = [task.batch(1 << log2_batch) for _ in steps.batches]
 
-    def trainer_with_batch():
-        x, t, _ = task.batch(1 << log2_batch)
-        steps.trainer.training_step(x, t)
+            def trainer_with_batch(trainer=steps.trainer):
+                x, t, _ = task.batch(1 << log2_batch)
+                trainer.training_step(x, t)
 
-    variants = [("tinn Trainer", steps.native), ("tinn Trainer + batch", trainer_with_batch)]
-    if with_torch:
-        optimizer = torch_adam(steps.model.parameters(), config.get("optimizer", {}))
-        variants.append(("tinn.torch loop", on_calling_thread(steps.torch_loop(optimizer))))
+            timed += [("tinn Trainer" + suffix, chosen, steps.native),
+                      ("tinn Trainer + batch" + suffix, chosen, trainer_with_batch)]
+            if with_torch:
+                optimizer = torch_adam(steps.model.parameters(), config.get("optimizer", {}))
+                timed.append(("tinn.torch loop" + suffix, chosen, on_calling_thread(steps.torch_loop(optimizer))))
     out = {}
     with tinn.checks.disabled():
-        for _, fn in variants:  # compile and warm up
-            for _ in range(5):
-                fn()
+        for _, chosen, fn in timed:  # compile and warm up (a replayed step captures at its second call)
+            with settings_installed(chosen):
+                for _ in range(5):
+                    fn()
         sync()
-        for label, fn in variants:
-            out[label] = pipelined_ms(fn, block, blocks)
+        rounds = {label: [] for label, _, _ in timed}
+        for _ in range(ROUNDS):  # alternated: a host's and a GPU's speed drift within a process
+            for label, chosen, fn in timed:
+                with settings_installed(chosen):
+                    rounds[label].append(pipelined_ms(fn, block, blocks))
+        out.update({label: statistics.median(ms) for label, ms in rounds.items()})
     out["_device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return out
 
@@ -335,6 +351,8 @@ def parse_args(argv=None):
     p.add_argument("--block", type=int, default=100, help="tinn: steps per timed block (one sync each)")
     p.add_argument("--blocks", type=int, default=5, help="tinn: timed blocks (the median is reported)")
     p.add_argument("--no-torch", action="store_true", help="skip the tinn.torch loop")
+    p.add_argument("--variant", action="append", default=[],
+                   help="tinn's rows again under these settings changes, e.g. precision=float16 (repeatable)")
     p.add_argument("--json", default=os.path.join(ROOT, "out", "tcnn_native.json"))
     return p.parse_args(argv)
 
@@ -364,7 +382,8 @@ def main(argv=None) -> dict:
     arch = tinn.init()
     if arch != "cuda":
         raise SystemExit(f"tinn runs on {arch!r} here; this comparison needs the GPU")
-    tinn_ms = tinn_timings(args.config, args.image, SAMPLE_LOG2_BATCH, args.block, args.blocks, not args.no_torch)
+    tinn_ms = tinn_timings(args.config, args.image, SAMPLE_LOG2_BATCH, args.block, args.blocks, not args.no_torch,
+                           args.variant)
     device = tinn_ms.pop("_device")
     tcnn_ms = native["ms_per_step"]
     rows = [{"path": "tcnn native (mlp_learning_an_image)", "ms": tcnn_ms, "x": 1.0}]
@@ -375,7 +394,7 @@ def main(argv=None) -> dict:
     print(f"tcnn native: {native['timed_steps']} timed steps after step {args.warmup}, JIT fusion "
           f"{'on' if native['jit_fusion'] else 'off'}, per window {min(spread):.3f}..{max(spread):.3f} ms; "
           f"last loss {native['losses'][-1][1]:.5f}")
-    print(f"tinn: median of {args.blocks} blocks of {args.block} steps\n")
+    print(f"tinn: median of {ROUNDS} rounds (in turn) of the median of {args.blocks} blocks of {args.block} steps\n")
     print_table(rows, [("path", "path", "s"), ("ms", "ms/step", ".3f"), ("x", "x tcnn native", ".2f")])
     payload = {"benchmark": "tcnn_native", "device": device, "cuda_arch": cuda_arch,
                "config": os.path.relpath(os.path.abspath(args.config), ROOT), "image": args.image,

@@ -38,12 +38,15 @@ def grid_kernels():
             types = dict(pointers, table_ptr="*i16" if compact else "*fp32")
             yield (f"{kernel.__name__} D={d} F={f} interpolation={interp} hash={hashing}", kernel, types, consts)
         if f in (2, 4, 8):  # the vector reductions' variant of the table gradient
-            consts = dict(D=d, F=f, INTERP=interp, H=hashing, DENSE_LIMIT=g.MAX_DENSE_BASE[d], BLOCK=g.BLOCK, ASM=True)
             types = dict(pointers, private_ptr="*fp32", n_private="i32", private_floats="i32", copies="i32")
-            yield (f"_grid_backward_vector D={d} F={f} interpolation={interp} hash={hashing}", g._grid_backward_vector,
-                   types, consts)
+            # two interpolated features: also the variant that adds corner pairs in four-word reductions
+            for pairs in (False, True) if f == 2 and interp != 0 else (False,):
+                consts = dict(D=d, F=f, INTERP=interp, H=hashing, DENSE_LIMIT=g.MAX_DENSE_BASE[d], BLOCK=g.BLOCK,
+                              ASM=True, PAIRS=pairs)
+                yield (f"_grid_backward_vector D={d} F={f} interpolation={interp} hash={hashing}"
+                       f"{' pairs' if pairs else ''}", g._grid_backward_vector, types, consts)
     yield ("_sum_private", g._sum_private, {"private_ptr": "*fp32", "grad_ptr": "*fp32", "private_floats": "i32",
-                                            "copies": "i32", "offset": "i32"}, {"BLOCK": g.SUM_BLOCK})
+                                            "copies": "i32", "offset": "i32"}, {"BLOCK": 64, "COPIES": 32})
 
 
 def adam_kernels():

@@ -9,6 +9,8 @@ other path. tcnn's constant input columns are appended inside the kernels (no pa
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import runtime
@@ -20,8 +22,10 @@ from ..routing import sorted_bounds
 RECOMPUTE_MAX_WIDTH = 128
 
 # Backward chunks: long enough that a network's weight-gradient atomics are rare, short enough that a small
-# batch still spreads over every SM.
+# batch still spreads over every SM. A single network's chunks all add into the same weights: about this many
+# programs per SM (a power of two of samples each, at most MAX_SINGLE_CHUNK), no more.
 MIN_CHUNK, MAX_CHUNK = 256, 2048
+SINGLE_CHUNKS_PER_SM, MAX_SINGLE_CHUNK = 2, 16384
 
 
 def _kernels():
@@ -56,10 +60,21 @@ def inference_tile(batch: int, block: int) -> int:
     return max(block, min(MAX_INFERENCE_TILE, batch // INFERENCE_PROGRAMS) // block * block)
 
 
-def chunk_size(batch: int, tile: int) -> int:
-    """Samples per backward chunk, a multiple of the forward's tile."""
-    want = min(MAX_CHUNK, max(MIN_CHUNK, batch // 1024))
+def chunk_size(batch: int, tile: int, n_networks: int = 2, sms: int = 132) -> int:
+    """Samples per backward chunk, a multiple of the forward's tile; `sms`: the GPU's multiprocessors."""
+    if n_networks == 1:
+        per_program = batch / (SINGLE_CHUNKS_PER_SM * sms)
+        want = min(MAX_SINGLE_CHUNK, max(MIN_CHUNK, 1 << max(0, round(math.log2(max(per_program, 1.0))))))
+    else:
+        want = min(MAX_CHUNK, max(MIN_CHUNK, batch // 1024))
     return max(tile, want // tile * tile)
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The device's SM count (an H100's where there is none: the interpreter's tests size chunks alike)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TensorCorePath:
@@ -91,7 +106,8 @@ class TensorCorePath:
         from ..kernels.tensor_cores import tiles
         tile = self.kernels.default_block_m(device)
         batch = ids.shape[0]
-        sizes = (tile, chunk_size(batch, tile)) if train else (inference_tile(batch, tile),)
+        sizes = ((tile, chunk_size(batch, tile, self.n_networks, multiprocessors(device))) if train
+                 else (inference_tile(batch, tile),))
         order, bounds = sorted_bounds(ids, self.n_networks)
         return tiles.tile_lists(order, bounds, batch, sizes, triton_interpreted())
 
