@@ -198,6 +198,9 @@ def test_a_capture_is_this_threads_alone():
         kernels.record_non_finite(values, found)  # a Taichi launch, not refused here
         seen["found"], seen["capturing"] = float(found), runtime.capturing()
 
+    # Compiled here first: Taichi compiles on the thread that initialised it (another thread's first launch of a
+    # kernel would turn the lean launch path off for the rest of the process).
+    kernels.record_non_finite(values, torch.zeros(1, device=DEV))
     with step_graphs.refusing_taichi_launches(), runtime.capturing_step():
         assert runtime.capturing()
         with pytest.raises(step_graphs.NotCapturable, match="record_non_finite"):
@@ -298,3 +301,89 @@ def test_a_refused_capture_puts_the_counts_back(tuned, monkeypatch):
     assert results[1][4].startswith("not captured: NotCapturable"), results[1][4]
     assert results[0][1:4] == results[1][1:4] == (4, 4, 4)
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+
+
+def _torch_loop_model(precision, tuned, **settings):
+    import tinn.torch as tcnn
+    tuned(precision=precision, **settings)
+    return tcnn.NetworkWithInputEncoding(2, 3, GRID_CONFIG["encoding"], GRID_CONFIG["network"], seed=7)
+
+
+def _torch_adam(model):
+    return torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.99), eps=1e-15, capturable=True)
+
+
+def _relative_l2(y, t):
+    return ((y - t) ** 2 / (y.detach() ** 2 + 0.01)).mean()
+
+
+@cuda_only
+def test_a_tinn_torch_loop_captured_by_the_caller_trains_as_eager_steps(tuned):
+    """tcnn's PyTorch loop (tinn.torch module, torch's loss and Adam) captured whole by the caller as torch documents
+    it: inside the capture tinn keeps no cache, skips the checks that read the device and launches no Taichi
+    kernel, so the replays train as the same steps issued op by op (within two eager runs' spread)."""
+    data = image_batches(12)
+
+    def eager():
+        model = _torch_loop_model("float16", tuned)
+        optimizer = _torch_adam(model)
+        losses = []
+        for x, t, _ in data:
+            optimizer.zero_grad(set_to_none=True)
+            loss = _relative_l2(model(x), t)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        return model, torch.stack(losses)
+
+    first, losses_eager = eager()
+    again, _ = eager()
+    model = _torch_loop_model("float16", tuned)
+    optimizer = _torch_adam(model)
+    static_x, static_t = data[0][0].clone(), data[0][1].clone()
+    # The first two steps eagerly on a side stream (compiled, caches and Adam's state filled), as torch's recipe.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    losses = []
+    with torch.cuda.stream(side):
+        for x, t, _ in data[:2]:
+            optimizer.zero_grad(set_to_none=True)
+            loss = _relative_l2(model(x), t)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = _relative_l2(model(static_x), static_t)
+        static_loss.backward()
+        optimizer.step()
+    for x, t, _ in data[2:]:
+        static_x.copy_(x)
+        static_t.copy_(t)
+        graph.replay()
+        losses.append(static_loss.detach().clone())
+    losses = torch.stack(losses)
+    torch.testing.assert_close(losses, losses_eager, rtol=2e-2, atol=0)
+    assert float(losses[-1]) < 0.7 * float(losses[2])
+    for (name, p_first), (_, p_again), (_, p_graph) in zip(first.named_parameters(), again.named_parameters(),
+                                                           model.named_parameters()):
+        spread = float((p_first - p_again).norm() / p_first.norm())
+        d = float((p_first - p_graph).norm() / p_first.norm())
+        assert d <= max(4 * spread, 5e-3), (name, d, spread)
+
+
+@cuda_only
+def test_a_taichi_launch_inside_a_callers_capture_raises(tuned):
+    """A path with Taichi launches (the grid on Taichi's kernels) inside the caller's capture: a clear error naming
+    the kernel, not a graph that would replay without it."""
+    model = _torch_loop_model("float16", tuned, triton_grid_kernels=False)
+    x, t, _ = image_batches(1)[0]
+    model(x)  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(tinn.errors.NotCapturable, match="Taichi kernel"):
+        with torch.cuda.graph(graph):
+            model(x)
+    assert not tinn.runtime.capturing()
