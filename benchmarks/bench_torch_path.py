@@ -65,39 +65,6 @@ def on_calling_thread(fn):
     return run
 
 
-def graphed_torch_loop(steps: "ImageSteps", loss_fn=relative_l2, warmup: int = 3):
-    """tcnn's loop through `tinn.torch` (a new model of `steps`' config, torch's loss and Adam) captured whole as
-    one CUDA graph, as torch documents whole-network capture: a few steps on a side stream first (kernels compiled,
-    caches and Adam's state filled), then one step captured on fixed input buffers, with Adam's step count on the
-    device (`capturable=True`); each call copies the next batch into those buffers and replays. Returns the
-    step function and the captured loss (a tensor the replays overwrite)."""
-    model = steps.tcnn_model()
-    optimizer = torch_adam(model.parameters(), steps.config.get("optimizer", {}), capturable=True)
-    x0, t0, _ = steps.batches[0]
-    static_x, static_t = x0.clone(), t0.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(model(static_x), static_t).backward()
-            optimizer.step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        static_loss = loss_fn(model(static_x), static_t)
-        static_loss.backward()
-        optimizer.step()
-
-    def run():
-        x, t, _ = steps.next_batch()
-        static_x.copy_(x)
-        static_t.copy_(t)
-        graph.replay()
-    return run, static_loss
-
-
 class ImageSteps:
     """The image step (config's encoding and network, one network) both ways, on a few fixed batches taken in
     turn, for the host-time tools: `native()` is a Trainer step, `torch_loop(...)` tcnn's sample loop through

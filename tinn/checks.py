@@ -29,9 +29,7 @@ def disabled(off: bool = True):
 
 
 def sync_checks_enabled() -> bool:
-    """Whether checks that read the device run: not inside `disabled()`, nor while this thread captures a CUDA
-    graph (a capture cannot read the device, and a replay's inputs are not the captured ones anyway)."""
-    return _enabled["sync_checks"] and not runtime.capturing()
+    return _enabled["sync_checks"]
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
@@ -75,7 +73,7 @@ def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False)
     if n_dims is not None and t.shape[1] != n_dims:
         raise InputError(f"{name} has last dimension {t.shape[1]}; expected {n_dims}")
     check_device(name, t)
-    if check_finite and sync_checks_enabled() and t.numel() and not bool(all_finite(t)):
+    if check_finite and _enabled["sync_checks"] and t.numel() and not bool(all_finite(t)):
         raise InputError(f"{name} contains NaN or Inf")
     return t.contiguous()
 
@@ -112,7 +110,7 @@ def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     if ids.dim() != 1 or ids.shape[0] != batch:
         raise InputError(f"net_ids must have shape ({batch},) to match the batch, got {tuple(ids.shape)}")
     check_device("net_ids", ids)
-    if sync_checks_enabled() and batch:
+    if _enabled["sync_checks"] and batch:
         # On the ids as given: an int64 id of 2^32 + 1 must not pass as 1 after the cast.
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one sync for both
         if lo < 0 or hi >= n_networks:
@@ -135,7 +133,7 @@ def part_inputs(owner: str, x, ids, n_dims: int, n_networks: int) -> tuple[torch
     batch = x.shape[0]
     with disabled():
         ids32 = net_ids(ids, batch, n_networks)
-    if sync_checks_enabled() and batch:
+    if _enabled["sync_checks"] and batch:
         conditions = [all_finite(x)]
         if ids is not None:
             lo, hi = torch.aminmax(ids)
@@ -153,7 +151,7 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     The shapes, dtypes and devices must already be checked. Only when something is wrong
     do the detailed checks run again to name the field and the bad value.
     """
-    if not sync_checks_enabled() or inputs.shape[0] == 0:
+    if not _enabled["sync_checks"] or inputs.shape[0] == 0:
         return
     conditions = [all_finite(inputs), all_finite(targets)]
     # (ids are the caller's, before any cast: see net_ids)

@@ -27,8 +27,3 @@ class DistributedError(TinnError, RuntimeError):
 
 class DeviceMemoryError(TinnError, MemoryError):
     """A table would not fit the memory free on tinn's device (raised before allocating it)."""
-
-
-class NotCapturable(TinnError, RuntimeError):
-    """A launch that a CUDA graph cannot hold (a Taichi kernel, which runs on Taichi's own stream) was issued while
-    the calling thread's stream was being captured."""

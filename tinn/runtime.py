@@ -172,18 +172,9 @@ def capturing_step():
 
 
 def capturing() -> bool:
-    """Whether this thread captures a CUDA graph: a training step of tinn's (`capturing_step`) or the caller's own
-    capture (`torch.cuda.graph` around a `tinn.torch` loop). Caches of device tensors then keep nothing made inside
-    the capture (its tensors hold their values only once the graph has run), checks that read the device are
-    skipped and Taichi launches raise (tinn/kernels/launch.py)."""
-    if getattr(_CAPTURING, "on", False):
-        return True
-    if _state["arch"] != "cuda":
-        return False
-    # A capture runs on a side stream, never the default one: the cheap stream-id query first.
-    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(_state["device"].index)[0] == 0:
-        return False
-    return torch.cuda.is_current_stream_capturing()
+    """Whether this thread is capturing a training step as a CUDA graph: caches of device tensors then keep nothing
+    made inside the capture (its tensors hold their values only once the graph has run)."""
+    return getattr(_CAPTURING, "on", False)
 
 
 def keep(cache: dict, key, value):

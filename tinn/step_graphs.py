@@ -37,7 +37,6 @@ import threading
 import torch
 
 from . import runtime
-from .errors import NotCapturable
 
 CAPTURE_AT = 2        # a batch shape is captured at its second step
 MAX_SHAPES = 2        # captured shapes kept at once (training and a second batch size)
@@ -48,6 +47,10 @@ MAX_RECAPTURES = 4     # ... this many times in a row (a key that changes every 
 # One capture at a time in a process: the refusal of Taichi launches patches their classes, which two overlapping
 # captures in two threads would restore out of order.
 _CAPTURE_LOCK = threading.Lock()
+
+
+class NotCapturable(RuntimeError):
+    """A launch that a CUDA graph cannot hold was issued while a step was captured."""
 
 
 @contextlib.contextmanager

@@ -15,9 +15,7 @@
    steps (the first steps include the runtime compilation of its fused kernels).
 3. Times tinn's image step for the same config and batch in this process: the `tinn.Trainer` step on
    fixed batches, the same with a fresh batch sampled each step (as the sample does), and the `tinn.torch`
-   loop of tcnn's PyTorch sample, issued op by op and (where the path launches no Taichi kernel) captured whole
-   by the caller as one CUDA graph (`bench_torch_path.graphed_torch_loop`); each in blocks of 100 steps with one
-   sync per block, the sample's cadence.
+   loop of tcnn's PyTorch sample; each in blocks of 100 steps with one sync per block, the sample's cadence.
 
 Prints one table (ms per step and the ratio to tcnn native) and writes the numbers as JSON.
 """
@@ -265,7 +263,7 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
     import torch
 
     import tinn
-    from benchmarks.bench_torch_path import ImageSteps, graphed_torch_loop, on_calling_thread, torch_adam
+    from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
     from benchmarks.common import pipelined_ms, settings_installed, sync
     from tinn.tasks.image import ImageTask, load_image
 
@@ -290,11 +288,6 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
             if with_torch:
                 optimizer = torch_adam(steps.model.parameters(), config.get("optimizer", {}))
                 timed.append(("tinn.torch loop" + suffix, chosen, on_calling_thread(steps.torch_loop(optimizer))))
-                try:  # the same loop captured whole by the caller, where the path has no Taichi launch
-                    graphed, _ = graphed_torch_loop(steps)
-                    timed.append(("tinn.torch loop, one CUDA graph" + suffix, chosen, graphed))
-                except tinn.errors.NotCapturable as error:
-                    print(f"tinn.torch loop{suffix} not captured: {error}")
     out = {}
     with tinn.checks.disabled():
         for _, chosen, fn in timed:  # compile and warm up (a replayed step captures at its second call)

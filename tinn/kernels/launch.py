@@ -41,9 +41,8 @@ import warnings
 
 import torch
 
-from .. import backend, runtime
+from .. import backend
 from ..backend import ti
-from ..errors import NotCapturable
 
 from ..settings import current_tuning as tuning
 
@@ -326,13 +325,6 @@ class FastKernel:
             return self.kernel(*args)
 
     def __call__(self, *args):
-        if runtime.capturing():
-            # Taichi launches on its own stream, which a CUDA graph of torch's stream would not hold: a replay
-            # would skip this kernel (and a capture that forbids other streams' work fails in the driver).
-            raise NotCapturable(f"the Taichi kernel {getattr(self, '__name__', 'kernel')} was launched while this "
-                                "thread captures a CUDA graph, which cannot hold it; capture only paths of Triton "
-                                "kernels and torch operations (the tensor cores in float16 or bfloat16 with the "
-                                "grid on Triton), or run this step without a graph")
         if not self.usable:
             return self._standard(*args)
         if self.kinds is None and not self._setup(args):
