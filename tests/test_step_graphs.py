@@ -302,3 +302,36 @@ def test_a_refused_capture_puts_the_counts_back(tuned, monkeypatch):
     assert results[0][1:4] == results[1][1:4] == (4, 4, 4)
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
 
+
+
+@pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
+def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch):
+    """A replay reads what the capture saw: a loss's plain attribute changed, a module's attribute changed and a
+    module's buffer replaced by another tensor each capture again; a buffer changed in place does not need to."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.networks import NetworkArray
+    _stand_in_cuda(monkeypatch)
+    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
+    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
+    net.register_buffer("user_scale", torch.ones(1, device=DEV))
+    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
+    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+
+    def steps(n=2):
+        for _ in range(n):
+            trainer.training_step(x, y, ids)
+        return len(trainer._step_graphs.captures)
+
+    assert steps(3) == 1
+    net.user_scale.fill_(2.0)  # in place: the captured storage holds the new value
+    assert steps() == 1
+    net.user_scale = torch.full((1,), 3.0, device=DEV)  # another tensor: captured again
+    assert steps() == 2
+    net.user_progress = 0.5  # a plain attribute a part's launch might take
+    assert steps() == 3
+    trainer.loss.user_weight = 2.0
+    assert steps() == 4

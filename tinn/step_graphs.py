@@ -94,13 +94,19 @@ def _is_plain(value) -> bool:
 
 
 def _plain_values(obj) -> tuple:
-    """An object's attributes that are plain host values (numbers, strings, None, tuples of them), by name."""
-    return tuple((k, v) for k, v in vars(obj).items() if _is_plain(v))
+    """An object's attributes that are plain host values (numbers, strings, None, tuples of them), by name, and
+    its tensors (a module's buffers included) by storage: a replay reads the storage the capture saw, so a tensor
+    replaced by another must capture again (one changed in place is read as it is now)."""
+    items = list(vars(obj).items())
+    if isinstance(obj, torch.nn.Module):
+        items += [(f"buffer {k}", v) for k, v in obj._buffers.items()]
+    return tuple((k, (v.data_ptr(), v.shape, v.dtype) if isinstance(v, torch.Tensor) else v) for k, v in items
+                 if _is_plain(v) or isinstance(v, torch.Tensor))
 
 
 def _model_values(model) -> tuple:
-    """The plain host values of every module of the model: a part whose launches take one as an argument (a
-    frequency mask's progress, a user part's schedule) is replayed only while it keeps its value."""
+    """The plain host values and tensors of every module of the model: a part whose launches take one as an argument
+    (a frequency mask's progress, a user part's schedule) is replayed only while it keeps its value."""
     modules = model.modules() if isinstance(model, torch.nn.Module) else (model,)
     return tuple(_plain_values(m) for m in modules)
 
