@@ -306,8 +306,9 @@ def test_a_refused_capture_puts_the_counts_back(tuned, monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
 def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch):
-    """A replay reads what the capture saw: a loss's plain attribute changed, a module's attribute changed and a
-    module's buffer replaced by another tensor each capture again; a buffer changed in place does not need to."""
+    """A replay reads what the capture saw: a loss's plain attribute changed, a module's attribute changed, a
+    module's buffer and an optimizer state tensor replaced by other tensors each capture again; a buffer changed in
+    place does not need to."""
     from tinn.kernels import triton_available
     if not triton_available():
         pytest.skip("Triton is not installed")
@@ -335,3 +336,9 @@ def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch)
     assert steps() == 3
     trainer.loss.user_weight = 2.0
     assert steps() == 4
+    # An optimizer state tensor replaced by a copy (its values kept): captured again, after the window of four.
+    for _ in range(64):
+        trainer.training_step(x, y, ids)
+    key = next(k for k in trainer.optimizer.state if k.startswith("m."))
+    trainer.optimizer.state[key] = trainer.optimizer.state[key].clone()
+    assert steps() == 5 and not trainer._step_graphs.disabled

@@ -149,7 +149,7 @@ class Adam(LeafOptimizer):
                 or not triton_step_kernels(device)):
             return None
         self._correction_table(device, headroom=self.GRAPH_HEADROOM)
-        return (self, tuple(self.hyperparams().items()), self._corrections_made)
+        return (self, tuple(self.hyperparams().items()), self._corrections_made, self.state_storage())
 
     def begin_capture(self, device) -> None:
         for name, p in self.named_params:
