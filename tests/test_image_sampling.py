@@ -118,3 +118,24 @@ def test_batch_size_zero(monkeypatch):
     monkeypatch.undo()
     local, targets, ids = task.batch(16)
     assert local.shape == (16, 2)
+
+
+@pytest.mark.parametrize("height,width,tiles", [(32, 32, 1), (24, 40, 4), (20, 1, 3), (1, 9, 2)],
+                         ids=["square-t1", "non-square-t4", "one-wide-t3", "one-high-t2"])
+def test_the_triton_sampler_draws_the_taichi_samplers_batches(height, width, tiles, tuned):
+    """The Triton launch that draws batches on CUDA (here under Triton's interpreter) against the Taichi kernel:
+    the same xy, local coordinates and tile ids bit for bit, the targets within float32 rounding, over two steps
+    and a seed past 2^31."""
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    image = random_image(height, width, seed=5)
+    batches = {}
+    for triton in (False, True):
+        tuned(triton_step_kernels=triton)
+        task = ImageTask(image, tiles=tiles, seed=(1 << 31) + 7)
+        batches[triton] = [task.batch(3000, return_xy=True) for _ in range(2)]
+    for (local, targets, ids, xy), (t_local, t_targets, t_ids, t_xy) in zip(batches[False], batches[True]):
+        assert torch.equal(xy, t_xy) and torch.equal(local, t_local) and torch.equal(ids, t_ids)
+        torch.testing.assert_close(t_targets, targets, atol=1e-6, rtol=0)
+    assert not torch.equal(batches[True][0][3], batches[True][1][3])

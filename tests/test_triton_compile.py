@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
 def test_triton_kernels_compile_for_sm90():
-    """The grid's kernels in every variant of the tool, Adam's, the gradient scaler's and compositing's."""
+    """The grid's kernels in every variant of the tool, Adam's, the gradient scaler's, compositing's and the image
+    task's batch sampler."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "benchmarks.tools.triton_compile", "--arch", "90"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -31,6 +32,7 @@ def test_triton_kernels_compile_for_sm90():
     assert "ok adam adam_kernel" in run.stdout
     assert "ok scaler record_kernel" in run.stdout and "ok scaler update_kernel" in run.stdout
     assert run.stdout.count("ok render _") == 4
+    assert run.stdout.count("ok image _sample_kernel") == 2
 
 
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")

@@ -21,7 +21,7 @@ import tempfile
 
 GRID_VARIANTS = [  # (D, F, interpolation code, hash combination)
     (2, 2, 1, 0), (3, 2, 1, 0), (4, 2, 1, 0), (3, 4, 2, 1), (2, 1, 0, 0), (3, 8, 1, 1), (2, 8, 2, 0)]
-FAMILIES = ("grid", "adam", "scaler", "render")
+FAMILIES = ("grid", "adam", "scaler", "render", "image")
 
 
 def grid_kernels():
@@ -84,6 +84,14 @@ def scaler_kernels():
            {"EXPONENT": s.EXPONENT})
 
 
+def image_kernels():
+    from tinn.kernels import image_sampling_triton as i
+    types = {"image_ptr": "*fp32", "local_ptr": "*fp32", "target_ptr": "*fp32", "ids_ptr": "*i32", "xy_ptr": "*fp32",
+             **{name: "i32" for name in ("seed", "step", "n", "height", "width", "channels", "tiles")}}
+    for write_xy in (False, True):
+        yield f"_sample_kernel WRITE_XY={write_xy}", i._sample_kernel, types, {"WRITE_XY": write_xy, "BLOCK": i.BLOCK}
+
+
 def resource_usage(compiled) -> str:
     """Registers and local memory (spills) per thread of a compiled kernel, read from its cubin with Triton's
     bundled cuobjdump (its bundled ptxas may be older than the PTX version the compiler emits)."""
@@ -117,7 +125,8 @@ def main(argv=None) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sources = {"grid": grid_kernels, "adam": adam_kernels, "scaler": scaler_kernels, "render": render_kernels}
+    sources = {"grid": grid_kernels, "adam": adam_kernels, "scaler": scaler_kernels, "render": render_kernels,
+               "image": image_kernels}
     target = GPUTarget("cuda", args.arch, 32)
     failures = 0
     for family in families:

@@ -13,7 +13,7 @@ import torch
 
 from .. import runtime
 from ..errors import InputError
-from ..kernels import image_sampling
+from ..kernels import image_sampling, triton_step_kernels
 
 
 def _as_i32(value: int) -> int:
@@ -140,8 +140,12 @@ class ImageTask:
         ids = torch.empty(size, dtype=torch.int32, device=dev)
         xy = torch.empty(size, 2, dtype=torch.float32, device=dev) if return_xy else self._no_xy
         if size > 0:
-            image_sampling.sample_image_batch(self._image_f32, _as_i32(self.seed), _as_i32(step), self.tiles,
-                                              local, targets, ids, xy, int(return_xy))
+            sampler = image_sampling.sample_image_batch
+            if triton_step_kernels(dev):  # one Triton launch on the torch stream (tinn/kernels/image_sampling_triton.py)
+                from ..kernels import image_sampling_triton
+                sampler = image_sampling_triton.sample_image_batch
+            sampler(self._image_f32, _as_i32(self.seed), _as_i32(step), self.tiles, local, targets, ids, xy,
+                    int(return_xy))
         return (local, targets, ids, xy) if return_xy else (local, targets, ids)
 
     def render(self, model, chunk: int = 1 << 18) -> torch.Tensor:
