@@ -141,7 +141,7 @@ class ImageTask:
         xy = torch.empty(size, 2, dtype=torch.float32, device=dev) if return_xy else self._no_xy
         if size > 0:
             sampler = image_sampling.sample_image_batch
-            if triton_step_kernels(dev):  # one Triton launch on the torch stream (tinn/kernels/image_sampling_triton.py)
+            if triton_step_kernels(dev):  # one Triton launch on the torch stream (kernels/image_sampling_triton.py)
                 from ..kernels import image_sampling_triton
                 sampler = image_sampling_triton.sample_image_batch
             sampler(self._image_f32, _as_i32(self.seed), _as_i32(step), self.tiles, local, targets, ids, xy,
