@@ -6,7 +6,9 @@ step). The random numbers come from a stateless counter-based hash of
 (seed, step, sample, component): no RNG state to keep, and the stream for a given
 seed is the same on every backend. xy, the local coordinates and the tile ids are
 bitwise identical on CPU and CUDA (integer hashing, exact integer-to-float
-conversions); the bilinear targets may differ in the last bit (FMA contraction).
+conversions); the bilinear targets may differ in the last bit (FMA contraction). On CUDA the same batch is
+drawn by one Triton launch (`image_sampling_triton.py`, `tuning.triton_step_kernels`); this kernel is the CPU's
+and the reference its tests compare with.
 """
 from ..backend import ti
 
