@@ -9,6 +9,7 @@ other path. tcnn's constant input columns are appended inside the kernels (no pa
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -70,8 +71,10 @@ def chunk_size(batch: int, tile: int, n_networks: int = 2, sms: int = 132) -> in
     return max(tile, want // tile * tile)
 
 
+@functools.lru_cache(maxsize=None)
 def multiprocessors(device: torch.device) -> int:
-    """The device's SM count (an H100's where there is none: the interpreter's tests size chunks alike)."""
+    """The device's SM count (an H100's where there is none: the interpreter's tests size chunks alike); asked once
+    per device, as every array's training step builds its chunks."""
     if device.type != "cuda":
         return 132
     return torch.cuda.get_device_properties(device).multi_processor_count

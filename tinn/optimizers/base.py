@@ -314,10 +314,9 @@ class Optimizer:
     def state_storage(self) -> tuple:
         """Where every state tensor of this optimizer and its nested ones lives, by name: a captured step reads
         those storages, so a graph key holds them (a tensor replaced by another captures again)."""
-        out = tuple((k, t.data_ptr()) for k, t in self.state.items())
-        for prefix, child in self.children:
-            out += tuple((prefix + k, ptr) for k, ptr in child.state_storage())
-        return out
+        own: State = {}
+        self._collect(own, "")
+        return tuple((k, v.data_ptr()) for k, v in own.items() if isinstance(v, torch.Tensor))
 
     def begin_capture(self, device) -> None:
         """A step is about to be captured: from here until `end_capture`, host values that change every step
