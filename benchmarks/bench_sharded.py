@@ -89,6 +89,9 @@ def parse_args():
                    help="chunks of the hash-grid runs (each extra chunk adds a pass over the grid's gradient)")
     p.add_argument("--exchange-kernels", default="auto", choices=("auto", "triton", "torch"))
     p.add_argument("--profile-steps", type=int, default=5, help="profiled steps per sharded run (0: none)")
+    p.add_argument("--kernel-profile", type=int, default=0,
+                   help="rows of a CUDA kernel table (torch.profiler, ms per step) of the one-GPU step and of rank "
+                        "0's strong step, printed and kept in the JSON (0: none)")
     p.add_argument("--big-gib", type=float, default=None,
                    help="training state (params, grads, Adam) of the big field in GiB (default: 1.1x one GPU)")
     p.add_argument("--big-steps", type=int, default=400)
@@ -124,6 +127,11 @@ def parse_args():
         if bad:
             p.error(f"--{option}: unknown {bad}; allowed: {', '.join(allowed[option])}")
     return args
+
+
+def tinn_tuning():
+    import tinn
+    return tinn.runtime.tuning()
 
 
 def log(*a):
@@ -205,6 +213,33 @@ def _mark_optimizer(trainer, part) -> None:
         step(*a, **kw)
         mark(part, "optimizer")
     trainer.optimizer.step = marked
+
+
+def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: int) -> list[dict]:
+    """The costliest CUDA kernels of a training step (torch.profiler: every stream, NCCL's too), ms per step; the
+    host's wall time per step under the profiler as a last row."""
+    import tinn
+    from benchmarks.common import cuda_kernels
+    from tinn import checks
+
+    if not torch.cuda.is_available():
+        return []
+    x, target, ids = _batch(batch, dims, n_networks, seed)
+    with checks.disabled():
+        for _ in range(3):
+            trainer.training_step(x, target, ids)
+        tinn.runtime.sync()
+        t0 = time.perf_counter()
+        table = cuda_kernels(lambda: trainer.training_step(x, target, ids), n=5)
+        wall = (time.perf_counter() - t0) / 5
+    return table[:rows] + [{"kernel": "(step wall time under the profiler)", "calls": 1, "ms": 1e3 * wall}]
+
+
+def print_kernels(title: str, table: list[dict] | None) -> None:
+    if table and td.rank() == 0:
+        print(f"  kernels, {title}:", flush=True)
+        for r in table:
+            print(f"    {r['ms']:8.3f} ms {r['calls']:5.1f}x  {r['kernel']}", flush=True)
 
 
 def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
@@ -299,8 +334,13 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         t1 = None
         if rank == 0:
             single = build(n)
-            t1 = time_steps(Trainer(single, optimizer=adam), batch, dims, n, args.reps, seed=1)
-            del single
+            trainer1 = Trainer(single, optimizer=adam)
+            t1 = time_steps(trainer1, batch, dims, n, args.reps, seed=1)
+            t1_cache[key + ("graphs",)] = trainer1.step_graph_status
+            if args.kernel_profile:
+                t1_cache[key + ("kernels",)] = kernel_table(trainer1, batch, dims, n, args.kernel_profile, seed=1)
+                print_kernels(f"{kind} {precision}, one GPU", t1_cache[key + ("kernels",)])
+            del single, trainer1
             _free()
         barrier()
         t1_cache[key] = max_over_ranks(t1 or 0.0)
@@ -313,7 +353,12 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank))
         prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank) \
             if args.profile_steps else None
-        runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof),
+        kernels = None
+        if args.kernel_profile and run == "strong":
+            kernels = kernel_table(trainer, per_rank, dims, n_run, args.kernel_profile, seed=9 + rank)
+            print_kernels(f"{kind} {precision} {strategy}, rank 0 of the strong run", kernels)
+        runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof), "kernels": kernels,
+                     "step_graphs": trainer.step_graph_status,
                      "params_per_rank": sum(p.numel() for p in part.parameters()),
                      "split": isinstance(trainer.optimizer, SplitOptimizer)}
         del part, trainer
@@ -335,6 +380,12 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         "strong_step_ms": 1e3 * t_strong, "strong_samples_per_s": batch / t_strong,
         "strong_speedup": t1 / t_strong, "strong_target": STRONG_TARGET,
         "strong_profile_per_rank": runs["strong"]["profile_per_rank"],
+        "strong_kernels_rank0": runs["strong"]["kernels"], "single_gpu_kernels": t1_cache.get(key + ("kernels",)),
+        # Steps replayed from CUDA graphs (tinn/step_graphs.py) leave the phase profile's marks outside the graph:
+        # their phases then all read as "other".
+        "step_graphs": {"single_gpu": t1_cache.get(key + ("graphs",)), "strong": runs["strong"]["step_graphs"],
+                        "weak": runs["weak"]["step_graphs"]},
+        "reduce_pieces": tinn_tuning().reduce_pieces if replicated else None,
         "weak_networks": world * n, "weak_batch_per_rank": batch,
         "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
         "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
@@ -523,7 +574,7 @@ def main():
                 result["scaling"].append(s)
                 log(f"  {kind} {precision} {' '.join(f'{k}={v}' for k, v in run.items())}: 1 GPU "
                     f"{s['single_gpu_step_ms']:.2f} ms, strong {s['strong_speedup']:.2f}x, weak "
-                    f"{s['weak_per_gpu_ratio']:.2f} per GPU"
+                    f"{s['weak_per_gpu_ratio']:.2f} per GPU; step graphs: {s['step_graphs']}"
                     + (f"; vs the float32 exchange: outputs {s['exchange_accuracy_vs_float32']['outputs_max_rel']:.2e}"
                        f", gradients {max(s['exchange_accuracy_vs_float32']['gradients_rel_l2']):.2e}"
                        if s["exchange_accuracy_vs_float32"] else ""))

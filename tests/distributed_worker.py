@@ -207,6 +207,70 @@ def scenario_replicated(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+def scenario_pieces(rank, out):
+    """Replicated tensor-core arrays with the all-reduce cut by network (`tuning.reduce_pieces`) and in one
+    bucket: autograd gradients of an array and of a grid + array (its grid in the bucket), Trainer steps in each
+    reduce dtype, and an empty batch on rank 1 (whose backward hands nothing over, so it issues the plan's
+    ranges itself). Counts the ranges handed over during backwards and the reductions issued."""
+    import tinn
+    import tinn.distributed as td
+    from tinn import settings
+    from tinn.distributed import piece_reduction, sharded
+    from tinn.models import NetworkWithInputEncoding
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    counts = {"handed": 0, "reductions": 0}
+    ready, reduction = piece_reduction.PieceReduction._ready, sharded._Reduction
+
+    def counting_ready(self, *a):
+        counts["handed"] += 1
+        return ready(self, *a)
+
+    class CountingReduction(reduction):
+        def __init__(self, grads, *a, **kw):
+            counts["reductions"] += any(g is not None for g in grads)
+            super().__init__(grads, *a, **kw)
+    piece_reduction.PieceReduction._ready = counting_ready
+    sharded._Reduction = CountingReduction
+    base = settings.installed().replace(kernels="tensor_cores", precision="float16")
+    dev = tinn.runtime.device()
+    res = {}
+    # (pieces, graphs): on CUDA the Trainer's steps are captured as CUDA graphs, all-reduces included
+    # (tinn/step_graphs.py); (4, False) steps them op by op.
+    for pieces, graphs in ((1, True), (4, True), (4, False)):
+        settings.install(base.replace(reduce_pieces=pieces, step_graphs=graphs))
+        if not graphs:
+            pieces = "4 eager"
+        x, ids, _, w = (v.to(dev) for v in batch(rank, 6))
+        for name, build in (("array", lambda: NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3)),
+                            ("grid+array", lambda: NetworkWithInputEncoding(2, 3, ENCODING, NETWORK,
+                                                                            n_networks=N_NETWORKS, seed=11))):
+            counts.update(handed=0, reductions=0)
+            res[(pieces, name)] = autograd_pass(td.Replicated(build()), x, ids, w)
+            res[(pieces, name)]["counts"] = dict(counts)
+        for dtype in REDUCE_DTYPES:
+            model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3), reduce_dtype=dtype,
+                                  optimizer_split=False)
+            trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+            counts.update(handed=0, reductions=0)
+            losses = []
+            for step in range(3):  # on CUDA: eager, captured (and replayed), replayed
+                x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
+                losses.append(float(trainer.training_step(x, t, ids)))
+            res[(pieces, "trained", dtype)] = {"losses": losses, "counts": dict(counts),
+                                               "graphs": trainer.step_graph_status,
+                                               "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+        model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3), optimizer_split=False)
+        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+        x, ids, t, _ = (v.to(dev) for v in batch(rank, 70, size=BATCH if rank == 0 else 0))
+        counts.update(handed=0, reductions=0)
+        trainer.training_step(x, t, ids, run_optimizer=False)
+        res[(pieces, "empty")] = {"grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                                  "counts": dict(counts)}
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 SPLIT_ADAM = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 1e-4, "non_matrix_learning_rate_factor": 0.5}
 SPLIT_SGD = {"otype": "SGD", "learning_rate": 0.1}
 # (model, optimizer, reduce dtype) of the split scenario; each is trained with the split on and off.

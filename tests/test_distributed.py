@@ -226,6 +226,15 @@ def test_replicated_reduces_over_nccl_like_one_process(tmp_path):
     _check_replicated(runs, atol=1e-6, trained_atol=1e-5)
 
 
+@two_gpus
+def test_replicated_steps_cut_by_network_and_captured_over_nccl(tmp_path):
+    """The same over NCCL, one GPU per rank, with the tensor-core kernels: the ranges' all-reduces overlap the
+    backward on NCCL's stream, and the Trainer's steps are captured with their all-reduces as CUDA graphs and
+    replayed (against steps op by op and one bucket)."""
+    runs = run_ranks("pieces", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_pieces(runs, captured=True, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.skipif(tinn.runtime.arch() != "cuda" or not torch.distributed.is_nccl_available(),
                     reason="host syncs only exist on a GPU (NCCL)")
 def test_sharded_step_syncs_the_host_once(tmp_path):
@@ -269,6 +278,54 @@ def test_contract_announces_dx_and_profiles_phases(pipeline_run):
     for res in pipeline_run:
         for n, v in grads.items():
             torch.testing.assert_close(res["replicated"]["grads"][f"inner.{n}"], v, rtol=1e-4, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def pieces_run(tmp_path_factory):
+    return run_ranks("pieces", tmp_path_factory.mktemp("pieces"), TRITON_INTERPRET=1)
+
+
+def _check_pieces(runs, captured: bool, rtol: float = 1e-6, atol: float = 1e-8):
+    """The all-reduce cut into 4 ranges of networks against one bucket, per rank (rtol, atol: GPU atomics add in
+    an order of their own); `captured`: the Trainer's steps replayed from CUDA graphs, counted where captured."""
+    for rank, res in enumerate(runs):
+        for name in ("array", "grid+array"):
+            one, cut, eager = res[(1, name)], res[(4, name)], res[("4 eager", name)]
+            assert one["counts"] == {"handed": 0, "reductions": 1}, (rank, name, one["counts"])
+            # 6 networks in 4 ranges, each its own all-reduce; the grid's table in one bucket after them
+            for c in (cut, eager):
+                assert c["counts"] == {"handed": 4, "reductions": 4 + (name == "grid+array")}, (rank, name)
+                torch.testing.assert_close(c["y"], one["y"], rtol=0, atol=0)
+                for n, g in one["grads"].items():
+                    assert g.abs().max() > 0, (name, n)
+                    torch.testing.assert_close(c["grads"][n], g, rtol=rtol, atol=atol, msg=f"{name} {n}")
+        for dtype in W.REDUCE_DTYPES:
+            one, cut, eager = (res[(k, "trained", dtype)] for k in (1, 4, "4 eager"))
+            # Steps op by op hand over and reduce 4 ranges each; a captured step counts once, at its capture.
+            assert eager["counts"] == {"handed": 12, "reductions": 12}, (dtype, eager["counts"])
+            assert cut["counts"] == ({"handed": 8, "reductions": 8} if captured else eager["counts"]), dtype
+            assert ("captured" in cut["graphs"]) == captured and "captured" not in eager["graphs"], cut["graphs"]
+            for c in (cut, eager):
+                assert c["losses"] == pytest.approx(one["losses"], rel=rtol, abs=atol)
+                for n, p in one["params"].items():
+                    torch.testing.assert_close(c["params"][n], p, rtol=rtol, atol=atol, msg=f"{dtype} {n}")
+        one, cut = res[(1, "empty")], res[(4, "empty")]
+        assert cut["counts"] == {"handed": 4 if rank == 0 else 0, "reductions": 4}, (rank, cut["counts"])
+        for n, g in one["grads"].items():
+            torch.testing.assert_close(cut["grads"][n], g, rtol=rtol, atol=atol, msg=n)
+    for key in runs[0]:  # the reduced gradients and trained tables are every rank's
+        if key[1] in ("array", "grid+array", "empty"):
+            for n, g in runs[0][key]["grads"].items():
+                torch.testing.assert_close(runs[1][key]["grads"][n], g, rtol=0, atol=0, msg=f"{key} {n}")
+
+
+def test_replicated_reduces_by_network_ranges_like_one_bucket(pieces_run):
+    """The all-reduce of a tensor-core array's gradient cut into 4 ranges of networks, each handed over by the
+    backward as it finishes them (tinn/gradient_pieces.py), gives the one bucket's gradients, losses and trained
+    tables, in every reduce dtype; a grid's table goes in a bucket after them; a rank with an empty batch, whose
+    backward hands nothing over, issues the same ranges itself (no hang, the same gradient). Over gloo, with
+    Triton's interpreter: no step is captured."""
+    _check_pieces(pieces_run, captured=False)
 
 
 def _check_replicated(runs, atol: float = 1e-9, trained_atol: float = 1e-6):

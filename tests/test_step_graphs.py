@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tinn
+from tinn import step_graphs
 from tinn.trainer import Trainer
 
 DEV = tinn.runtime.device()
@@ -128,8 +129,8 @@ def test_replayed_steps_equal_eager_steps(n_networks, precision, tuned):
     eager, losses_eager = train(tuned, False, data, n_networks, **network)
     again, _ = train(tuned, False, data, n_networks, **network)
     replayed, losses_replayed = train(tuned, True, data, n_networks, **network)
-    assert replayed.step_graph_status == "captured 1 time(s)", replayed.step_graph_status
-    assert replayed._step_graphs.replays == 29
+    assert replayed.step_graph_status.startswith("captured 1 time(s)"), replayed.step_graph_status
+    assert replayed._step_graphs.replays == 29 - step_graphs.TRIAL_STEPS  # the trial's steps op by op
     assert eager.step_graph_status == "steps issued op by op"
     assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
     assert float(losses_replayed[-1]) < 0.5 * float(losses_replayed[0])
@@ -143,7 +144,7 @@ def test_a_new_learning_rate_captures_again(tuned):
     eager, losses_eager = train(tuned, False, data, lr_change_at=8, **network)
     again, _ = train(tuned, False, data, lr_change_at=8, **network)
     replayed, losses_replayed = train(tuned, True, data, lr_change_at=8, **network)
-    assert replayed.step_graph_status == "captured 2 time(s)", replayed.step_graph_status
+    assert replayed.step_graph_status.startswith("captured 2 time(s)"), replayed.step_graph_status
     assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
 
 
@@ -227,7 +228,6 @@ class _StandInGraph:
 def _stand_in_cuda(monkeypatch):
     import contextlib
 
-    from tinn import step_graphs
     monkeypatch.setattr(step_graphs.StepGraphs, "wanted", staticmethod(lambda device: True))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _StandInGraph)
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
@@ -342,3 +342,38 @@ def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch)
     key = next(k for k in trainer.optimizer.state if k.startswith("m."))
     trainer.optimizer.state[key] = trainer.optimizer.state[key].clone()
     assert steps() == 5 and not trainer._step_graphs.disabled
+
+
+@pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
+@pytest.mark.parametrize("slow_replay", [False, True])
+def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, monkeypatch, slow_replay):
+    """After a shape's capture, TRIAL_STEPS replays and TRIAL_STEPS steps op by op are timed: a graph whose replays
+    are slower (here a stand-in replay that sleeps, as a batch copy that costs more than the host time saved) is
+    released and the shape steps op by op from then on; a faster one keeps replaying. Counts move as in eager
+    steps either way."""
+    import time
+
+    from tinn.kernels import triton_available
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    from tinn.networks import NetworkArray
+    _stand_in_cuda(monkeypatch)
+    if slow_replay:
+        monkeypatch.setattr(_StandInGraph, "replay", lambda self: time.sleep(0.2))
+    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
+    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
+    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
+    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+    trial = step_graphs.TRIAL_STEPS
+    for _ in range(2 + 2 * trial + 3):  # eager, capture, the trial, three steps after it
+        trainer.training_step(x, y, ids)
+    graphs = trainer._step_graphs
+    assert trainer.step == trainer.optimizer.step_count == 2 + 2 * trial + 3
+    if slow_replay:
+        assert "faster than their graph's replays" in trainer.step_graph_status, trainer.step_graph_status
+        assert graphs.replays == 1 + trial and not graphs.captured  # the capture's own and the trial's; released
+    else:
+        assert trainer.step_graph_status.startswith("captured 1 time(s) (replays "), trainer.step_graph_status
+        assert graphs.replays == 1 + trial + 3 and not graphs.trials

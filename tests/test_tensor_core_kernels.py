@@ -242,6 +242,45 @@ def test_want_dx_and_params():
     assert torch.equal(only_dx[1], both[1]) and torch.equal(only_params[2], both[2])
 
 
+def test_a_backward_cut_by_network_hands_each_range_over_final():
+    """With a request for pieces (tinn/gradient_pieces.py) the backward is launched once per range of networks:
+    at each hand-over the range's rows already hold their final gradients (the interpreter runs launches as they
+    are issued) and later ranges' rows are still zero; dx, the gradients and the fused loss equal the uncut
+    backward's, for the layer-by-layer and the recomputing backward."""
+    from tinn.gradient_pieces import GradientPieces
+
+    out, dx, dparams, _, net, ids = run(n_networks=7, batch=90, chunk=16, check=False)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(90, 5, generator=gen) * 2 - 1
+    tiles, chunks = route_fused(ids, 7, (BM, 16))
+    packed = tc.pack_weights(net.params.detach(), net.shape, "float32")
+    target = torch.randn(90, 3, generator=gen)
+    for recompute in (False, True):
+        for loss in (False, True):
+            _, saved = tc.forward(x, False, tiles, packed, net.shape, save=True, block_m=BM, recompute=recompute)
+            seen = []
+
+            def ready(gradient, lo, hi):
+                seen.append((lo, hi, gradient[lo:hi].clone(), bool((gradient[hi:] == 0).all())))
+            pieces = GradientPieces(3, ready)
+            dy = torch.randn(90, 3, generator=torch.Generator().manual_seed(1))
+
+            def backward(**kw):
+                if loss:
+                    return tc.backward_from_loss(0, target, saved, chunks, block_m=BM, **kw)
+                return tc.backward(dy, saved, chunks, block_m=BM, **kw)
+            whole, cut = backward(), backward(pieces=pieces)
+            assert [(lo, hi) for lo, hi, _, _ in seen] == [(0, 2), (2, 4), (4, 7)]
+            assert pieces.was_handed(cut[1]) and all(later_zero for *_, later_zero in seen[:-1])
+            for lo, hi, rows, _ in seen:
+                assert torch.equal(rows, whole[1][lo:hi]) and rows.abs().max() > 0
+            for mine, reference in zip(cut, whole):
+                assert torch.equal(mine, reference)
+            # A second gradient offered to the same request is computed whole and not handed over.
+            again = backward(pieces=pieces)
+            assert len(seen) == 3 and not pieces.was_handed(again[1]) and torch.equal(again[1], whole[1])
+
+
 def test_empty_batch():
     net = NetworkArray(3, 2, {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2,
                        kernels="unfused")

@@ -25,20 +25,24 @@ capture runs, the host counts are put back, and that trainer then steps eagerly 
 So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
 
 On by default on CUDA (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the
-model's backward takes itself, on one process's part, with Adam on its Triton kernel (`Trainer._graphs_apply`,
-`Optimizer.graph_key`). A capture is its thread's alone: other threads (a viewer rendering beside the trainer) launch
+model's backward takes itself, on one process's part or a data-parallel one whose collectives the graph holds (a
+`Replicated` part over NCCL: its all-reduces are captured and replayed in the same order on every rank), with Adam
+on its Triton kernel (`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other threads (a viewer rendering beside the trainer) launch
 and cache as usual (design notes, "A training step replayed as one CUDA graph").
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch
 
 from . import runtime
 
 CAPTURE_AT = 2        # a batch shape is captured at its second step
+TRIAL_STEPS = 4       # then this many steps replayed and as many op by op, each run timed, decide which it keeps
+EAGER_MARGIN = 0.03   # op by op is kept only where it measured this much faster (a graph also frees the host)
 MAX_SHAPES = 2        # captured shapes kept at once (training and a second batch size)
 RECAPTURE_WINDOW = 64  # steps: a trainer that captures this often again ...
 MAX_RECAPTURES = 4     # ... this many times in a row (a key that changes every step) steps eagerly from then on
@@ -120,6 +124,41 @@ class _Captured:
         self.key = key
 
 
+class _Trial:
+    """Replayed or op by op, measured: after a shape's first capture, TRIAL_STEPS replays and then TRIAL_STEPS
+    steps op by op, each run's wall time taken between two synchronisations (a run's time is then its throughput,
+    bound by the host or by the device, whichever is slower). A replay copies the batch into the graph's input
+    buffers: for a step bound by the device (large batches: 2^22 samples of 48 floats take 0.4 ms to copy on an
+    H200) that copy can cost more than the host time the graph saves."""
+
+    def __init__(self):
+        self.done = {"graph": 0, "eager": 0}
+        self.seconds = {}
+        self.t0 = None
+
+    def next(self, device) -> str | None:
+        """The way to take this step ("graph" or "eager"), or None once both runs are timed."""
+        for way in ("graph", "eager"):
+            if self.done[way] < TRIAL_STEPS:
+                if self.done[way] == 0:
+                    self._lap(device)
+                self.done[way] += 1
+                return way
+        self._lap(device)
+        return None
+
+    def _lap(self, device) -> None:
+        """A run starts or ends here: its time since the previous lap goes to the run that just ended."""
+        torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        if self.t0 is not None:
+            self.seconds["graph" if "graph" not in self.seconds else "eager"] = (now - self.t0) / TRIAL_STEPS
+        self.t0 = now
+
+    def eager_faster(self) -> bool:
+        return self.seconds["eager"] < (1.0 - EAGER_MARGIN) * self.seconds["graph"]
+
+
 class StepGraphs:
     """The captured steps of one trainer (`Trainer._step_graphs`)."""
 
@@ -131,6 +170,9 @@ class StepGraphs:
         self.disabled = False
         self.captures: list[int] = []  # the trainer's step at each capture
         self.replays = 0
+        self.trials: dict[tuple, _Trial] = {}       # a shape's measurement, while it runs
+        self._measured: list[tuple] = []            # shapes measured (or being measured) once
+        self.eager_shapes: dict[tuple, str] = {}    # shapes whose steps measured faster op by op: why
 
     @staticmethod
     def wanted(device: torch.device) -> bool:
@@ -164,8 +206,19 @@ class StepGraphs:
             self.status = "the optimizer's step cannot be captured"
             return None
         shape = key[:5]
+        if shape in self.eager_shapes:
+            return None
         captured = self.captured.get(shape)
         if captured is not None and captured.key == key:
+            trial = self.trials.get(shape)
+            if trial is not None:
+                way = trial.next(x.device)
+                if way is None:
+                    self._decide(shape, trial)
+                    if shape in self.eager_shapes:
+                        return None
+                elif way == "eager":
+                    return None
             return self._replay(captured, x, t, ids)
         seen = self.seen[shape] = self.seen.get(shape, 0) + 1
         if seen < CAPTURE_AT:
@@ -173,6 +226,19 @@ class StepGraphs:
         if not self._may_capture():
             return None
         return self._capture(shape, key, x, t, ids)
+
+    def _decide(self, shape, trial: _Trial) -> None:
+        """Keep the graph of `shape`, or step it op by op from now on (its graph and memory pool released)."""
+        del self.trials[shape]
+        graph_ms, eager_ms = (1e3 * trial.seconds[k] for k in ("graph", "eager"))
+        if trial.eager_faster():
+            self.captured.pop(shape, None)
+            self.eager_shapes[shape] = (f"steps issued op by op for batch shape {tuple(shape[0])}: faster than their "
+                                        f"graph's replays ({eager_ms:.3f} against {graph_ms:.3f} ms a step)")
+            self.status = self.eager_shapes[shape]
+        else:
+            self.status = f"captured {len(self.captures)} time(s) (replays {graph_ms:.3f} ms a step, op by op " \
+                          f"{eager_ms:.3f})"
 
     def _may_capture(self) -> bool:
         recent = [s for s in self.captures if self.trainer.step - s < RECAPTURE_WINDOW]
@@ -239,6 +305,11 @@ class StepGraphs:
         self.captured[shape] = captured
         self.captures.append(trainer.step)
         self.status = f"captured {len(self.captures)} time(s)"
+        # A shape's first capture is measured against op by op; a capture again during that measurement (a new
+        # learning rate) starts it over, as the capture's own step would count in the graph's run.
+        if shape in self.trials or not any(s == shape for s in self._measured):
+            self._measured.append(shape)
+            self.trials[shape] = _Trial()
         # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.
         optimizer.load_graph_counts()
         graph.replay()

@@ -35,7 +35,7 @@ import json
 
 import torch
 
-from .. import checks, gradient_scaling, routing, runtime
+from .. import checks, gradient_pieces, gradient_scaling, routing, runtime
 from ..errors import ConfigError, InputError
 from ..losses import Loss
 from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
@@ -43,6 +43,7 @@ from . import buckets
 from . import exchange
 from .optimizer_split import check_split
 from .ownership import Ownership
+from .piece_reduction import PieceReduction, piece_table
 from .profile import mark
 from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
                       world_size)
@@ -160,6 +161,11 @@ class _Collective(Part):
     gradient), and the call number that catches ranks out of step."""
 
     collective_calls = True  # every rank must make every call (renderers call even with no samples)
+
+    def graph_safe_collectives(self) -> bool:
+        """Whether a CUDA graph can hold a training step through this part (tinn/step_graphs.py): its
+        collectives are captured with the step and nothing in it reads the device on the host. No by default."""
+        return False
     #: A PhaseTimer (tinn/distributed/profile.py) that the part marks its phases on, None for no profiling.
     profiler = None
 
@@ -636,6 +642,14 @@ class Replicated(_Collective):
     def parameter_tables(self):
         return self.inner.parameter_tables()
 
+    def graph_safe_collectives(self) -> bool:
+        """Over NCCL, yes: the step's all-reduces are NCCL kernels a CUDA graph captures, each rank captures the
+        same step (every rank's trainer captures a batch shape at its second step) and replays it in the same
+        order, and nothing reads the device on the host. Not with a split optimizer, whose all-gather runs in
+        its own step (not captured), nor over gloo (CPU collectives)."""
+        return (self.collective_device.type == "cuda" and self._split is None
+                and torch.distributed.get_backend(self.group) == "nccl")
+
     def check_parameter_tables(self) -> None:
         self.inner.check_parameter_tables()
 
@@ -656,13 +670,15 @@ class Replicated(_Collective):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         mark(self, "other")
+        pieces = self._pieces(need_grads)
         if dy.shape[0]:
-            dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
+            with gradient_pieces.requested(pieces and pieces.request):
+                dx, grads = self.inner.backward(ctx, dy, need_dx=need_dx, need_grads=need_grads)
         else:
             dx = torch.zeros(0, self.n_input_dims, device=dy.device) if need_dx else None
             grads = (None,) * len(self.inner.parameter_tables())
         mark(self, "compute")
-        return dx, self._reduce(grads, need_grads)
+        return dx, self._reduce(grads, need_grads, pieces)
 
     def backward_from_loss(self, ctx, y, loss, target, *, need_dx, need_grads=True):
         """The inner part's loss-seeded backward (the fused MLP computes the loss's gradient in its kernels), then
@@ -670,9 +686,12 @@ class Replicated(_Collective):
         if not y.shape[0]:  # the loss kernel, then `backward`
             return super().backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
         mark(self, "other")
-        dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx, need_grads=need_grads)
+        pieces = self._pieces(need_grads)
+        with gradient_pieces.requested(pieces and pieces.request):
+            dx, grads, value = self.inner.backward_from_loss(ctx, y, loss, target, need_dx=need_dx,
+                                                             need_grads=need_grads)
         mark(self, "compute")
-        return dx, self._reduce(grads, need_grads), value
+        return dx, self._reduce(grads, need_grads, pieces), value
 
     def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
         """The inner part's `gradients_from_loss` (the tensor-core MLP's backward recomputes the forward: no
@@ -681,10 +700,31 @@ class Replicated(_Collective):
             return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
                                                x_layout=x_layout)
         mark(self, "other")
-        dx, grads, value = self.inner.gradients_from_loss(x, ids, loss, target, need_dx=need_dx,
-                                                          need_grads=need_grads, x_layout=x_layout)
+        pieces = self._pieces(need_grads)
+        with gradient_pieces.requested(pieces and pieces.request):
+            dx, grads, value = self.inner.gradients_from_loss(x, ids, loss, target, need_dx=need_dx,
+                                                              need_grads=need_grads, x_layout=x_layout)
         mark(self, "compute")
-        return dx, self._reduce(grads, need_grads), value
+        return dx, self._reduce(grads, need_grads, pieces), value
+
+    def _pieces(self, need_grads: bool) -> PieceReduction | None:
+        """The reduction by network ranges of this call (tinn/distributed/piece_reduction.py), or None: one
+        bucket after the backward (a split optimizer, one rank, `tuning.reduce_pieces` = 1, no table to cut)."""
+        n = runtime.tuning().reduce_pieces
+        if not need_grads or self._split is not None or self.world_size < 2 or n < 2:
+            return None
+        table = piece_table(self.inner)
+        tables = self.inner.parameter_tables()
+        index = next((i for i, t in enumerate(tables) if t is table), None) if table is not None else None
+        if index is None:
+            return None
+        scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
+        dtype = REDUCE_DTYPES[self.reduce_dtype]
+
+        def reduce(gradients):
+            return _Reduction(gradients, scale, self.collective_device, self.group,
+                              "the all-reduce of a range of replicated gradients", dtype)
+        return PieceReduction(n, index, table.shape[0], reduce)
 
     def build_optimizer(self, config=None, named_params=None):
         """The optimizer of this part's tables from a tcnn-style optimizer config (default Adam): split over the
@@ -723,10 +763,12 @@ class Replicated(_Collective):
         self._split = layout
         return optimizer
 
-    def _reduce(self, grads, need_grads: bool) -> tuple:
+    def _reduce(self, grads, need_grads: bool, pieces: PieceReduction | None = None) -> tuple:
         """The mean (or sum) over ranks of every table's gradient, in one bucket; every rank takes part, also
-        one without samples (its gradient is zero, as the single-process gradient of its empty batch). With a
-        split optimizer, reduce-scattered into its slice: no table gets a gradient."""
+        one without samples (its gradient is zero, as the single-process gradient of its empty batch). With
+        `pieces`, the table cut by network in its ranges (those the backward handed over are in flight already),
+        the others in the bucket. With a split optimizer, reduce-scattered into its slice: no table gets a
+        gradient."""
         if not need_grads:
             return grads
         tables = self.inner.parameter_tables()
@@ -741,8 +783,10 @@ class Replicated(_Collective):
             return (None,) * len(grads)
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
-        reduced = _all_reduce_grads(grads, scale, self.collective_device, self.group,
-                                    "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
+        def bucket(gradients):
+            return _all_reduce_grads(gradients, scale, self.collective_device, self.group,
+                                     "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
+        reduced = bucket(grads) if pieces is None else pieces.finish(grads, bucket)
         # Each rank's scaler saw only its own gradients; the reduced ones are the same everywhere, so
         # recording them gives every rank the same skip decision.
         for scaler in gradient_scaling.scalers_of(self.inner):

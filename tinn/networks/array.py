@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import chunks, dense_graphs, dense_mlp, gradient_scaling, losses, memory, runtime, second_order
+from .. import chunks, dense_graphs, dense_mlp, gradient_pieces, gradient_scaling, losses, memory, runtime, second_order
 from ..activations import ACTIVATIONS, NEEDS_PRE_ACTIVATION, activation_name
 from ..config import count
 from ..errors import ConfigError, InputError
@@ -253,6 +253,11 @@ class NetworkArray(Part):
                                      ctx.x_feature_major)
         return self._unpadded(dx, ctx.x_feature_major), (dparams,)
 
+    def hands_over_gradients(self) -> bool:
+        """Whether a backward can hand the parameter gradient over range of networks by range as it finishes them
+        (tinn/gradient_pieces.py): on the tensor cores, with several networks."""
+        return self.tensor_cores is not None and self.n_networks > 1
+
     def fuses_loss(self, need_dx: bool = False) -> bool:
         setting = runtime.tuning().fused_loss
         if self.tensor_cores is not None:
@@ -304,9 +309,14 @@ class NetworkArray(Part):
 
     def _record_overflow(self, dx, dparams, need_grads: bool) -> None:
         """A tensor-core backward's results (unscaled by the kernels): any inf or NaN recorded with the gradient
-        scaler, for the step's skip decision."""
-        if self.gradient_scaler is not None:
-            self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+        scaler, for the step's skip decision. Gradients handed over in pieces (tinn/gradient_pieces.py) are the
+        consumer's to check, once reduced: it may be writing them on another stream now."""
+        if self.gradient_scaler is None:
+            return
+        pieces = gradient_pieces.current()
+        if need_grads and pieces is not None and pieces.was_handed(dparams):
+            return
+        self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""

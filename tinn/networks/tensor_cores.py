@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .. import runtime
+from .. import gradient_pieces, runtime
 from ..kernels import triton_interpreted
 from ..routing import sorted_bounds
 
@@ -147,10 +147,11 @@ class TensorCorePath:
 
     def backward(self, saved, dy: torch.Tensor, want_dx: bool, want_params: bool,
                  gradient_scale: float | torch.Tensor):
-        """(dx in x's layout or None, float32 dparams (N, P) or None)."""
+        """(dx in x's layout or None, float32 dparams (N, P) or None); dparams handed over range by range where
+        the caller asked for pieces (tinn/gradient_pieces.py)."""
         forward_saved, chunks = saved
         return self.kernels.backward(dy, forward_saved, chunks, want_dx=want_dx, want_params=want_params,
-                                     gradient_scale=gradient_scale)
+                                     gradient_scale=gradient_scale, pieces=gradient_pieces.current())
 
     def backward_from_loss(self, saved, loss_kind: int, target: torch.Tensor, want_dx: bool, want_params: bool,
                            gradient_scale: float | torch.Tensor, mean_over: int | None = None):
@@ -160,4 +161,4 @@ class TensorCorePath:
         forward_saved, chunks = saved
         return self.kernels.backward_from_loss(loss_kind, target, forward_saved, chunks, want_dx=want_dx,
                                                want_params=want_params, gradient_scale=gradient_scale,
-                                               mean_over=mean_over)
+                                               mean_over=mean_over, pieces=gradient_pieces.current())

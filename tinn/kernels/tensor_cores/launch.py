@@ -266,7 +266,8 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
 def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *,
                        want_dx: bool = True, want_params: bool = True,
                        gradient_scale: float | torch.Tensor | None = None, block_m: int | None = None,
-                       mean_over: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+                       mean_over: int | None = None, pieces=None
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """(dx, dparams, loss): `backward` of the mean loss `loss_kind` (a tinn.kernels.losses id, without a pdf)
     of the forward's output against `target` (batch, n_out), whose gradient the output layer computes from the
     prediction it recomputes: no dy is written or read. loss: the mean over the batch's elements (over
@@ -278,7 +279,8 @@ def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunk
     parts = torch.zeros(max(n_chunks, 1), device=target.device, dtype=torch.float32)
     count = mean_over or max(target.numel(), 1)
     dx, dparams = backward(target, saved, chunks, want_dx=want_dx, want_params=want_params,
-                           gradient_scale=gradient_scale, block_m=block_m, _loss=(loss_kind, parts, 1.0 / count))
+                           gradient_scale=gradient_scale, block_m=block_m, pieces=pieces,
+                           _loss=(loss_kind, parts, 1.0 / count))
     return dx, dparams, parts.sum() / count
 
 
@@ -288,7 +290,7 @@ FUSED_LOSSES = frozenset(range(9))
 
 def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
              want_params: bool = True, gradient_scale: float | torch.Tensor | None = None,
-             block_m: int | None = None, _loss: tuple[int, torch.Tensor, float] | None = None
+             block_m: int | None = None, pieces=None, _loss: tuple[int, torch.Tensor, float] | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
 
@@ -298,7 +300,9 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
     same sort order; a program accumulates a chunk's weight gradients in registers, so larger chunks mean fewer
     atomic adds. gradient_scale (default 128 in float16, else 1; a float, or a one-value float32 tensor on the
     device, which the kernel reads there): dy is multiplied by it before it is cast to the compute dtype
-    (float16's small gradients would underflow), and the float32 results divided by it.
+    (float16's small gradients would underflow), and the float32 results divided by it. pieces (a
+    tinn.gradient_pieces.GradientPieces; with `want_params`): the kernel is launched once per range of networks,
+    and each range's rows of dparams handed over after its launch.
     """
     shape, packed, g = saved.shape, saved.packed, saved.packed.geometry
     chunks = saved.tiles if chunks is None else chunks
@@ -337,16 +341,26 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
         operands.append(((g.h, 1), g.h))
     kernel = _kernel_for(*kernels, batch, *s_x, *s_dx, *s_dy)
     options = launch_options(g, packed.precision, dev, block_m, f"{name}_dx" if want_dx else name)
-    kernel[(n_chunks,)](
-        x, *s_x, saved.input_padding[1],
-        packed.weights, packed.weights.stride(0),
-        chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
-        dy, *s_dy,
-        *saved_args,
-        dx_arg, *s_dx,
-        dp_arg, dparams.stride(0) if want_params else 0,
-        scale, 1.0 / max(dy.numel(), 1) if _loss is None else _loss[2], scale if _loss is None else _loss[1],
-        WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
-        LOSS=-1 if _loss is None else _loss[0],
-        **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
+    n_networks = packed.weights.shape[0]
+    # Cut by network where a consumer asked for pieces: a program adds one chunk's weight gradients, all layers,
+    # into its network's row, so a range's rows are final after its launch. Each launch covers every chunk and
+    # skips the other ranges' (a load and a compare each).
+    cut = pieces is not None and want_params and pieces.accepts(dparams)
+    ranges = pieces.ranges(n_networks) if cut else [(0, n_networks)]
+    for lo, hi in ranges:
+        kernel[(n_chunks,)](
+            x, *s_x, saved.input_padding[1],
+            packed.weights, packed.weights.stride(0),
+            chunks.order, chunks.tile_net, chunks.tile_start, chunks.tile_count,
+            dy, *s_dy,
+            *saved_args,
+            dx_arg, *s_dx,
+            dp_arg, dparams.stride(0) if want_params else 0,
+            scale, 1.0 / max(dy.numel(), 1) if _loss is None else _loss[2], scale if _loss is None else _loss[1],
+            lo, hi,
+            WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
+            LOSS=-1 if _loss is None else _loss[0],
+            **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
+        if len(ranges) > 1:
+            pieces.hand_over(dparams, lo, hi)
     return dx, dparams

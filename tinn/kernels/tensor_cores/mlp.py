@@ -430,7 +430,7 @@ def backward_kernel(
     pre_ptr, s_pre_layer, delta_ptr,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr, inv_n, parts_ptr,
+    scale_ptr, inv_n, parts_ptr, net_lo, net_hi,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
@@ -442,14 +442,16 @@ def backward_kernel(
     the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
     before it meets the compute dtype, and the float32 results by its inverse. With a LOSS (a loss id),
     dy_ptr points at the targets and the output layer computes dy itself (the mean loss's gradient, inv_n the
-    mean's 1 / element count); the chunk's loss sum goes to parts_ptr[program]."""
+    mean's 1 / element count); the chunk's loss sum goes to parts_ptr[program]. Chunks of networks outside
+    [net_lo, net_hi) are skipped."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
-    if count == 0:
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    # A launch for the networks [net_lo, net_hi) only (a backward cut by network, tinn/gradient_pieces.py).
+    if (count == 0) | (net < net_lo) | (net >= net_hi):
         return
     scale = tl.load(scale_ptr)
     inv_scale = 1.0 / scale
-    net = tl.load(tile_net_ptr + pid).to(tl.int64)
     start = tl.load(tile_start_ptr + pid)
     if WIDE_OFFSETS:
         start = start.to(tl.int64)
@@ -579,7 +581,7 @@ def recompute_backward_kernel(
     dy_ptr, s_dy_sample, s_dy_feature,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr, inv_n, parts_ptr,
+    scale_ptr, inv_n, parts_ptr, net_lo, net_hi,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
@@ -591,11 +593,12 @@ def recompute_backward_kernel(
     to RECOMPUTE_MAX_LAYERS layers, from x and the weights alone: each block's forward is recomputed."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
-    if count == 0:
+    net = tl.load(tile_net_ptr + pid).to(tl.int64)
+    # A launch for the networks [net_lo, net_hi) only (a backward cut by network, tinn/gradient_pieces.py).
+    if (count == 0) | (net < net_lo) | (net >= net_hi):
         return
     scale = tl.load(scale_ptr)
     inv_scale = 1.0 / scale
-    net = tl.load(tile_net_ptr + pid).to(tl.int64)
     start = tl.load(tile_start_ptr + pid)
     if WIDE_OFFSETS:
         start = start.to(tl.int64)
@@ -668,8 +671,13 @@ BATCH_STRIDES = ("s_x_sample", "s_x_feature", "s_dy_sample", "s_dy_feature", "s_
 SCALAR_POINTERS = ("tile_net_ptr", "tile_start_ptr", "tile_count_ptr", "scale_ptr", "parts_ptr")
 
 
+# A backward cut by network takes a network range per launch: no specialisation on its bounds' values either.
+RANGE_BOUNDS = ("net_lo", "net_hi")
+
+
 def _variant(kernel, names):
-    return triton.jit(kernel.fn, do_not_specialize_on_alignment=[n for n in names if n in kernel.arg_names])
+    return triton.jit(kernel.fn, do_not_specialize_on_alignment=[n for n in names if n in kernel.arg_names],
+                      do_not_specialize=[n for n in RANGE_BOUNDS if n in kernel.arg_names])
 
 
 forward_kernel_any_batch = _variant(forward_kernel, SCALAR_POINTERS + BATCH_STRIDES)
