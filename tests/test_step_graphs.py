@@ -348,18 +348,23 @@ def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch)
 @pytest.mark.parametrize("slow_replay", [False, True])
 def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, monkeypatch, slow_replay):
     """After a shape's capture, TRIAL_STEPS replays and TRIAL_STEPS steps op by op are timed: a graph whose replays
-    are slower (here a stand-in replay that sleeps, as a batch copy that costs more than the host time saved) is
-    released and the shape steps op by op from then on; a faster one keeps replaying. Counts move as in eager
-    steps either way."""
-    import time
-
+    are slower (as where the batch's copy into the graph costs more than the host time saved) is released and the
+    shape steps op by op from then on; a faster one keeps replaying. Counts move as in eager steps either way. The
+    trial's clock is a stand-in: a step op by op takes 1 s, a replay 2 s or nothing."""
     from tinn.kernels import triton_available
     if not triton_available():
         pytest.skip("Triton is not installed")
     from tinn.networks import NetworkArray
     _stand_in_cuda(monkeypatch)
-    if slow_replay:
-        monkeypatch.setattr(_StandInGraph, "replay", lambda self: time.sleep(0.2))
+    clock = [0.0]
+    monkeypatch.setattr(step_graphs.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_StandInGraph, "replay", lambda self: clock.__setitem__(0, clock[0] + 2.0 * slow_replay))
+    regression_step = Trainer._regression_step
+
+    def timed_eager(self, *a, **kw):
+        clock[0] += 1.0
+        return regression_step(self, *a, **kw)
+    monkeypatch.setattr(Trainer, "_regression_step", timed_eager)
     tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
     net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
     trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})

@@ -201,13 +201,14 @@ class StepGraphs:
         """The step replayed (capturing it first where due): the loss, or None where this step is to run eagerly."""
         if self.disabled:
             return None
+        shape = (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype))
+        if shape in self.eager_shapes:  # before the key: a step bound by its host pays no more host time here
+            return None
         key = self._key(x, t, ids)
         if key is None:
             self.status = "the optimizer's step cannot be captured"
             return None
-        shape = key[:5]
-        if shape in self.eager_shapes:
-            return None
+        assert key[:5] == shape
         captured = self.captured.get(shape)
         if captured is not None and captured.key == key:
             trial = self.trials.get(shape)
