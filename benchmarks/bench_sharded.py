@@ -11,7 +11,8 @@ One command measures one GPU and all of them: the one-GPU runs happen on rank 0 
    on B samples (the other ranks wait), then the sharded array runs on every rank with B / world samples each.
    Ratio = time(1 GPU) / time(world GPUs); target >= 1.85 on 2 GPUs.
 2. Weak scaling: world x N networks, B samples per rank. Per-GPU throughput relative to the 1-GPU run;
-   target >= 0.93.
+   target >= 0.93. Replicated runs also report data parallelism's own weak scaling ("same N"): the same N
+   networks on every rank, B samples per rank.
    Models (--models): "grid", each network a hash grid + a 64-wide MLP (3 in, 4 out); "mlp", an MLP-only
    array (32 in, two hidden layers of 64, 16 out). Precisions (--precisions, --grid-precisions): "float32"
    (the float32 kernels, named: CUDA arrays default to float16) and "float16" (the tensor-core kernels). --chunks / --grid-chunks: the sharded
@@ -346,7 +347,11 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         t1_cache[key] = max_over_ranks(t1 or 0.0)
     t1 = t1_cache[key]
     runs = {}
-    for run, n_run, per_rank in (("strong", n, batch // world), ("weak", world * n, batch)):
+    plan = [("strong", n, batch // world), ("weak", world * n, batch)]
+    if strategy == "replicated":
+        # Data parallelism's own weak scaling: the same array, B samples per rank (world x B in all).
+        plan.append(("weak_data", n, batch))
+    for run, n_run, per_rank in plan:
         part = distributed_part(strategy, build, n_run, chunks, reduce_dtype, args.exchange_kernels, optimizer_split,
                                 exchange_dtype)
         trainer = Trainer(part, optimizer=adam)
@@ -383,13 +388,15 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         "strong_kernels_rank0": runs["strong"]["kernels"], "single_gpu_kernels": t1_cache.get(key + ("kernels",)),
         # Steps replayed from CUDA graphs (tinn/step_graphs.py) leave the phase profile's marks outside the graph:
         # their phases then all read as "other".
-        "step_graphs": {"single_gpu": t1_cache.get(key + ("graphs",)), "strong": runs["strong"]["step_graphs"],
-                        "weak": runs["weak"]["step_graphs"]},
+        "step_graphs": {"single_gpu": t1_cache.get(key + ("graphs",)),
+                        **{run: r["step_graphs"] for run, r in runs.items()}},
         "reduce_pieces": tinn_tuning().reduce_pieces if replicated else None,
         "weak_networks": world * n, "weak_batch_per_rank": batch,
         "weak_step_ms": 1e3 * t_weak, "weak_per_gpu_samples_per_s": batch / t_weak,
         "weak_per_gpu_ratio": t1 / t_weak, "weak_target": WEAK_TARGET,
         "weak_profile_per_rank": runs["weak"]["profile_per_rank"],
+        "weak_data_step_ms": runs["weak_data"]["step_ms"] if replicated else None,
+        "weak_data_per_gpu_ratio": 1e3 * t1 / runs["weak_data"]["step_ms"] if replicated else None,
         # Sharded: what crosses the link per sample and step: the Trainer's step with the loss at the owners
         # sends inputs, targets and the local id, nothing back (a float32 exchange); else inputs + the id out,
         # outputs back, dy out. Replicated: nothing per sample; the reduction's bucket (every parameter, in the
@@ -525,7 +532,7 @@ def summary_table(rows: list[dict], world: int) -> list[str]:
     """The scaling table (rank 0's profile of the strong run: ms per step in each phase; the other ranks' on a line
     each below it, since a rank that reaches a collective first waits there for the slowest)."""
     head = (f"{'model':<6}{'prec':<9}{'strategy':<30}{'1 GPU ms':>10}{f'{world} GPU ms':>10}{'strong':>8}"
-            f"{'weak ms':>9}{'weak/GPU':>9}   {_PROFILE_HEAD}")
+            f"{'weak ms':>9}{'weak/GPU':>9}{'same N':>8}   {_PROFILE_HEAD}")
     column = len(head) - len(_PROFILE_HEAD)  # where the profile column starts
     lines = [head]
     for s in rows:
@@ -535,7 +542,9 @@ def summary_table(rows: list[dict], world: int) -> list[str]:
                else f"sharded chunks={s['chunks']} {s.get('exchange_dtype') or 'float32'}")
         lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<30}{s['single_gpu_step_ms']:>10.2f}"
                      f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
-                     f"{s['weak_per_gpu_ratio']:>9.2f}   {_phases(prof)}")
+                     f"{s['weak_per_gpu_ratio']:>9.2f}"
+                     f"{'-' if s.get('weak_data_per_gpu_ratio') is None else format(s['weak_data_per_gpu_ratio'], '.2f'):>8}"
+                     f"   {_phases(prof)}")
         for r, other in enumerate((s["strong_profile_per_rank"] or [])[1:], start=1):
             if other:
                 lines.append(f"{f'rank {r}:':>{column - 1}} {_phases(other)}")
