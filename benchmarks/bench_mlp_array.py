@@ -33,7 +33,7 @@ import torch
 
 import tinn  # noqa: E402
 from benchmarks.loading import ROOT  # noqa: E402
-from benchmarks.common import (peak_memory_mib, peak_memory_reset, print_table, record_pipelined, tf32_matmuls,  # noqa: E402
+from benchmarks.common import (peak_memory_mib, peak_memory_reset, print_table, record_pipelined, settle, tf32_matmuls,  # noqa: E402
                                time_fn, write_json)
 
 
@@ -276,7 +276,9 @@ def bench_case(n: int, log2_samples: int, width: int, n_in: int, n_out: int, hid
     with tinn.checks.disabled():
         row["tinn_fwd_ms"] = 1e3 * time_fn(lambda: net.inference(x, ids), reps=reps)
         trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-3})
+        settle(lambda: trainer.training_step(x, target, ids))
         row["tinn_train_ms"] = 1e3 * time_fn(lambda: trainer.training_step(x, target, ids), reps=reps)
+        row["tinn_step_graphs"] = trainer.step_graph_status
         record_pipelined(row, "tinn", lambda: trainer.training_step(x, target, ids), steps=2 * reps)
         row["tinn_mem_mib"] = peak_memory_mib()
         # The steady state: one more step after the timed ones, peak counted from there (the first

@@ -190,11 +190,12 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int)
     import tinn
     from tinn import checks
 
+    from benchmarks.common import settle
+
     x, target, ids = _batch(batch, dims, n_networks, seed)
     with checks.disabled():
-        for _ in range(3):  # compile, warm caches
-            trainer.training_step(x, target, ids)
-        tinn.runtime.sync()
+        # compile, warm caches, capture the step graph and finish its trial (every rank alike)
+        settle(lambda: trainer.training_step(x, target, ids))
         t0 = time.perf_counter()
         for _ in range(reps):
             trainer.training_step(x, target, ids)

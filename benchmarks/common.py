@@ -87,6 +87,15 @@ class Sections:
                 for label, t in sorted(self.spent.items(), key=lambda kv: -kv[1])]
 
 
+def settle(step) -> None:
+    """Steps of a Trainer until its steady state: the capture of its step graph and the graph's trial against steps
+    op by op are behind it (tinn/step_graphs.py), so that timed steps all take the way it keeps."""
+    from tinn import step_graphs
+    for _ in range(step_graphs.CAPTURE_AT + 2 * (1 + step_graphs.TRIAL_STEPS) + 1):
+        step()
+    sync()
+
+
 def time_fn(fn, warmup: int = 2, reps: int = 5) -> float:
     """Median wall time in seconds of fn() with device syncs around each call."""
     return statistics.median(time_pipelined_blocks(fn, warmup, steps=1, blocks=reps))

@@ -207,6 +207,11 @@ def scenario_replicated(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+# Steps of the pieces scenario's Trainers: on CUDA the last two are replays (a step, the capture, then the step
+# graphs' trial: 1 + TRIAL_STEPS op by op, then replays, tinn/step_graphs.py).
+PIECE_STEPS = 2 + (1 + 4) + 2
+
+
 def scenario_pieces(rank, out):
     """Replicated tensor-core arrays with the all-reduce cut by network (`tuning.reduce_pieces`) and in one
     bucket: autograd gradients of an array and of a grid + array (its grid in the bucket), Trainer steps in each
@@ -255,7 +260,7 @@ def scenario_pieces(rank, out):
             trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
             counts.update(handed=0, reductions=0)
             losses = []
-            for step in range(3):  # on CUDA: eager, captured (and replayed), replayed
+            for step in range(PIECE_STEPS):  # on CUDA: eager, captured, the trial op by op, then replayed
                 x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
                 losses.append(float(trainer.training_step(x, t, ids)))
             res[(pieces, "trained", dtype)] = {"losses": losses, "counts": dict(counts),

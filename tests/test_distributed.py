@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tinn
+from tinn import step_graphs
 
 import distributed_worker as W  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -299,11 +300,15 @@ def _check_pieces(runs, captured: bool, rtol: float = 1e-6, atol: float = 1e-8):
                 for n, g in one["grads"].items():
                     assert g.abs().max() > 0, (name, n)
                     torch.testing.assert_close(c["grads"][n], g, rtol=rtol, atol=atol, msg=f"{name} {n}")
+        assert W.PIECE_STEPS == 2 + 1 + step_graphs.TRIAL_STEPS + 2  # two replays after the trial
         for dtype in W.REDUCE_DTYPES:
             one, cut, eager = (res[(k, "trained", dtype)] for k in (1, 4, "4 eager"))
-            # Steps op by op hand over and reduce 4 ranges each; a captured step counts once, at its capture.
-            assert eager["counts"] == {"handed": 12, "reductions": 12}, (dtype, eager["counts"])
-            assert cut["counts"] == ({"handed": 8, "reductions": 8} if captured else eager["counts"]), dtype
+            # Steps op by op hand over and reduce 4 ranges each; a captured step counts once, at its capture, and
+            # the last two steps are replays.
+            steps = W.PIECE_STEPS
+            assert eager["counts"] == {"handed": 4 * steps, "reductions": 4 * steps}, (dtype, eager["counts"])
+            replayed = 4 * (steps - 2)
+            assert cut["counts"] == ({"handed": replayed, "reductions": replayed} if captured else eager["counts"])
             assert ("captured" in cut["graphs"]) == captured and "captured" not in eager["graphs"], cut["graphs"]
             for c in (cut, eager):
                 assert c["losses"] == pytest.approx(one["losses"], rel=rtol, abs=atol)

@@ -130,7 +130,7 @@ def test_replayed_steps_equal_eager_steps(n_networks, precision, tuned):
     again, _ = train(tuned, False, data, n_networks, **network)
     replayed, losses_replayed = train(tuned, True, data, n_networks, **network)
     assert replayed.step_graph_status.startswith("captured 1 time(s)"), replayed.step_graph_status
-    assert replayed._step_graphs.replays == 29 - step_graphs.TRIAL_STEPS  # the trial's steps op by op
+    assert replayed._step_graphs.replays == 29 - (1 + step_graphs.TRIAL_STEPS)  # the trial's steps op by op
     assert eager.step_graph_status == "steps issued op by op"
     assert_same_training(eager, replayed, losses_eager, losses_replayed, rtol=2e-2, spread=distance(eager, again))
     assert float(losses_replayed[-1]) < 0.5 * float(losses_replayed[0])
@@ -253,24 +253,26 @@ def test_replay_bookkeeping_with_a_stand_in_graph(tuned, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
     ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
-    for _ in range(5):
+    eager = 1 + step_graphs.TRIAL_STEPS  # the trial's steps op by op, right after the capture
+    n = 2 + eager + 3
+    for _ in range(n):
         trainer.training_step(x, y, ids)
     graphs = trainer._step_graphs
     assert trainer.step_graph_status == "captured 1 time(s)", trainer.step_graph_status
-    assert (graphs.replays, _StandInGraph.replays) == (4, 4)  # steps 2 (the capture's own) to 5
-    assert trainer.step == 5 and trainer.optimizer.step_count == 5
-    assert trainer.optimizer.scalars["steps.params"] == 5
-    assert int(trainer.optimizer._graph_counts["params"]) == 4  # the last replay's count, less one
+    assert (graphs.replays, _StandInGraph.replays) == (4, 4)  # the capture's own, then the trial's first three
+    assert trainer.step == n and trainer.optimizer.step_count == n
+    assert trainer.optimizer.scalars["steps.params"] == n
+    assert int(trainer.optimizer._graph_counts["params"]) == n - 1  # the last replay's count, less one
     assert net.params.grad is not None
     trainer.learning_rate = 5e-3
     for _ in range(3):
         trainer.training_step(x, y, ids)
-    assert trainer.step_graph_status == "captured 2 time(s)" and trainer.step == 8
+    assert trainer.step_graph_status == "captured 2 time(s)" and trainer.step == n + 3
     for i in range(4):  # a schedule on the host: every step a new key
         trainer.learning_rate = 1e-3 * (i + 1)
         trainer.training_step(x, y, ids)
     assert graphs.disabled and "captures within 64 steps" in trainer.step_graph_status
-    assert trainer.step == 12 and trainer.optimizer.step_count == 12
+    assert trainer.step == n + 7 and trainer.optimizer.step_count == n + 7
 
 
 @pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
@@ -371,14 +373,17 @@ def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, mo
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
     ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
-    trial = step_graphs.TRIAL_STEPS
-    for _ in range(2 + 2 * trial + 3):  # eager, capture, the trial, three steps after it
+    run = 1 + step_graphs.TRIAL_STEPS  # each way's run: an untimed step, then the timed ones
+    for _ in range(2 + 2 * run + 3):  # eager, capture, the trial, three steps after it
         trainer.training_step(x, y, ids)
     graphs = trainer._step_graphs
-    assert trainer.step == trainer.optimizer.step_count == 2 + 2 * trial + 3
+    assert trainer.step == trainer.optimizer.step_count == 2 + 2 * run + 3
     if slow_replay:
         assert "faster than their graph's replays" in trainer.step_graph_status, trainer.step_graph_status
-        assert graphs.replays == 1 + trial and not graphs.captured  # the capture's own and the trial's; released
+        assert "(1.000 against 2.000 ms" not in trainer.step_graph_status  # seconds on the stand-in clock
+        assert "(1000.000 against 2000.000 ms a step)" in trainer.step_graph_status
+        assert graphs.replays == 1 + run and not graphs.captured  # the capture's own and the trial's; released
     else:
-        assert trainer.step_graph_status.startswith("captured 1 time(s) (replays "), trainer.step_graph_status
-        assert graphs.replays == 1 + trial + 3 and not graphs.trials
+        assert trainer.step_graph_status.startswith("captured 1 time(s) (replays 0.000 ms a step, op by op "
+                                                    "1000.000)"), trainer.step_graph_status
+        assert graphs.replays == 1 + run + 3 and not graphs.trials

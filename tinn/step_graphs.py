@@ -27,8 +27,13 @@ So are steps that read the device on the host (CUDA refuses the capture). CUDA o
 On by default on CUDA (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the
 model's backward takes itself, on one process's part or a data-parallel one whose collectives the graph holds (a
 `Replicated` part over NCCL: its all-reduces are captured and replayed in the same order on every rank), with Adam
-on its Triton kernel (`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other threads (a viewer rendering beside the trainer) launch
-and cache as usual (design notes, "A training step replayed as one CUDA graph").
+on its Triton kernel (`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other
+threads (a viewer rendering beside the trainer) launch and cache as usual (design notes, "A training step replayed
+as one CUDA graph").
+
+Kept where it measures faster: after a shape's first capture, a few steps op by op and a few replays are timed
+(`_Trial`), and a shape whose steps ran faster op by op releases its graph and steps op by op from then on (a step
+bound by the device, where copying the batch into the graph's buffers costs more than the host time saved).
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ import torch
 from . import runtime
 
 CAPTURE_AT = 2        # a batch shape is captured at its second step
-TRIAL_STEPS = 4       # then this many steps replayed and as many op by op, each run timed, decide which it keeps
+TRIAL_STEPS = 4       # then this many steps op by op and as many replayed (each after one untimed), timed, decide
 EAGER_MARGIN = 0.03   # op by op is kept only where it measured this much faster (a graph also frees the host)
 MAX_SHAPES = 2        # captured shapes kept at once (training and a second batch size)
 RECAPTURE_WINDOW = 64  # steps: a trainer that captures this often again ...
@@ -125,35 +130,38 @@ class _Captured:
 
 
 class _Trial:
-    """Replayed or op by op, measured: after a shape's first capture, TRIAL_STEPS replays and then TRIAL_STEPS
-    steps op by op, each run's wall time taken between two synchronisations (a run's time is then its throughput,
-    bound by the host or by the device, whichever is slower). A replay copies the batch into the graph's input
-    buffers: for a step bound by the device (large batches: 2^22 samples of 48 floats take 0.4 ms to copy on an
-    H200) that copy can cost more than the host time the graph saves."""
+    """Op by op or replayed, measured: after a shape's first capture, 1 + TRIAL_STEPS steps op by op and then
+    1 + TRIAL_STEPS replays, each run's last TRIAL_STEPS timed between two synchronisations (a run's time is then
+    its throughput, bound by the host or by the device, whichever is slower; its first step is left out, as the
+    first step op by op after a capture allocates what the graph's own memory pool holds). A replay copies the batch
+    into the graph's input buffers: for a step bound by the device (large batches: 2^22 samples of 48 floats take
+    0.4 ms to copy on an H200) that copy can cost more than the host time the graph saves."""
+
+    ORDER = ("eager", "graph")
 
     def __init__(self):
-        self.done = {"graph": 0, "eager": 0}
+        self.done = dict.fromkeys(self.ORDER, 0)
         self.seconds = {}
         self.t0 = None
 
     def next(self, device) -> str | None:
-        """The way to take this step ("graph" or "eager"), or None once both runs are timed."""
-        for way in ("graph", "eager"):
-            if self.done[way] < TRIAL_STEPS:
-                if self.done[way] == 0:
-                    self._lap(device)
+        """The way to take this step ("eager" or "graph"), or None once both runs are timed."""
+        for way in self.ORDER:
+            if self.done[way] <= TRIAL_STEPS:
+                if self.done[way] == 0 and self.t0 is not None:
+                    self._stop(device)  # the previous run ends where this one starts
+                elif self.done[way] == 1:
+                    torch.cuda.synchronize(device)
+                    self.t0, self.timing = time.perf_counter(), way
                 self.done[way] += 1
                 return way
-        self._lap(device)
+        self._stop(device)
         return None
 
-    def _lap(self, device) -> None:
-        """A run starts or ends here: its time since the previous lap goes to the run that just ended."""
+    def _stop(self, device) -> None:
         torch.cuda.synchronize(device)
-        now = time.perf_counter()
-        if self.t0 is not None:
-            self.seconds["graph" if "graph" not in self.seconds else "eager"] = (now - self.t0) / TRIAL_STEPS
-        self.t0 = now
+        self.seconds[self.timing] = (time.perf_counter() - self.t0) / TRIAL_STEPS
+        self.t0 = None
 
     def eager_faster(self) -> bool:
         return self.seconds["eager"] < (1.0 - EAGER_MARGIN) * self.seconds["graph"]
