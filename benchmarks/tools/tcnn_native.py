@@ -264,7 +264,7 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
 
     import tinn
     from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
-    from benchmarks.common import pipelined_ms, settings_installed, sync
+    from benchmarks.common import pipelined_ms, settings_installed, settle, sync
     from tinn.tasks.image import ImageTask, load_image
 
     config = tinn.load_config(config_path)
@@ -290,11 +290,9 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
                 timed.append(("tinn.torch loop" + suffix, chosen, on_calling_thread(steps.torch_loop(optimizer))))
     out = {}
     with tinn.checks.disabled():
-        for _, chosen, fn in timed:  # compile and warm up (a replayed step captures at its second call)
+        for _, chosen, fn in timed:  # compile, warm up, capture the step graph and finish its trial
             with settings_installed(chosen):
-                for _ in range(5):
-                    fn()
-        sync()
+                settle(fn)
         rounds = {label: [] for label, _, _ in timed}
         for _ in range(ROUNDS):  # alternated: a host's and a GPU's speed drift within a process
             for label, chosen, fn in timed:
