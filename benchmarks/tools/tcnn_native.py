@@ -264,7 +264,7 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
 
     import tinn
     from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
-    from benchmarks.common import pipelined_ms, settings_installed, settle, sync
+    from benchmarks.common import pipelined_ms, settings_installed, settle
     from tinn.tasks.image import ImageTask, load_image
 
     config = tinn.load_config(config_path)
