@@ -315,8 +315,11 @@ class StepGraphs:
         self.captures.append(trainer.step)
         self.status = f"captured {len(self.captures)} time(s)"
         # A shape's first capture is measured against op by op; a capture again during that measurement (a new
-        # learning rate) starts it over, as the capture's own step would count in the graph's run.
-        if shape in self.trials or not any(s == shape for s in self._measured):
+        # learning rate) starts it over, as the capture's own step would count in the graph's run. A step with
+        # collectives keeps its graph unmeasured: steps op by op between a graph's capture and its replays, on
+        # the same NCCL communicator, made a two-GPU test fail (a rank exited, then a hang; design notes).
+        trial_allowed = not getattr(trainer.model, "collective_calls", False)
+        if trial_allowed and (shape in self.trials or not any(s == shape for s in self._measured)):
             self._measured.append(shape)
             self.trials[shape] = _Trial()
         # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.
