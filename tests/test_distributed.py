@@ -230,12 +230,11 @@ def test_replicated_reduces_over_nccl_like_one_process(tmp_path):
 
 
 @two_gpus
-def test_replicated_steps_cut_by_network_and_captured_over_nccl(tmp_path):
-    """The same over NCCL, one GPU per rank, with the tensor-core kernels: the ranges' all-reduces overlap the
-    backward on NCCL's stream, and the Trainer's steps are captured with their all-reduces as CUDA graphs and
-    replayed (against steps op by op and one bucket)."""
+def test_replicated_reduces_by_network_ranges_over_nccl(tmp_path):
+    """The same over NCCL, one GPU per rank, with the tensor-core kernels: the ranges' all-reduces run on NCCL's
+    stream while the backward computes the next range (against one bucket)."""
     runs = run_ranks("pieces", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
-    _check_pieces(runs, captured=True, rtol=1e-4, atol=1e-6)
+    _check_pieces(runs, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(tinn.runtime.arch() != "cuda" or not torch.distributed.is_nccl_available(),
@@ -288,9 +287,9 @@ def pieces_run(tmp_path_factory):
     return run_ranks("pieces", tmp_path_factory.mktemp("pieces"), TRITON_INTERPRET=1)
 
 
-def _check_pieces(runs, captured: bool, rtol: float = 1e-6, atol: float = 1e-8):
+def _check_pieces(runs, rtol: float = 1e-6, atol: float = 1e-8):
     """The all-reduce cut into 4 ranges of networks against one bucket, per rank (rtol, atol: GPU atomics add in
-    an order of their own); `captured`: the Trainer's steps replayed from CUDA graphs, counted where captured."""
+    an order of their own); the Trainer's steps op by op, step graphs on or off."""
     for rank, res in enumerate(runs):
         for name in ("array", "grid+array"):
             one, cut, eager = res[(1, name)], res[(4, name)], res[("4 eager", name)]
@@ -304,12 +303,10 @@ def _check_pieces(runs, captured: bool, rtol: float = 1e-6, atol: float = 1e-8):
                     torch.testing.assert_close(c["grads"][n], g, rtol=rtol, atol=atol, msg=f"{name} {n}")
         for dtype in W.REDUCE_DTYPES:
             one, cut, eager = (res[(k, "trained", dtype)] for k in (1, 4, "4 eager"))
-            # Steps op by op hand over and reduce 4 ranges each; a captured step counts once, at its capture, and
-            # every later step is a replay.
-            steps = W.PIECE_STEPS
-            assert eager["counts"] == {"handed": 4 * steps, "reductions": 4 * steps}, (dtype, eager["counts"])
-            assert cut["counts"] == ({"handed": 8, "reductions": 8} if captured else eager["counts"])
-            assert ("captured" in cut["graphs"]) == captured and "captured" not in eager["graphs"], cut["graphs"]
+            steps = W.PIECE_STEPS  # each hands over and reduces 4 ranges
+            for c in (cut, eager):
+                assert c["counts"] == {"handed": 4 * steps, "reductions": 4 * steps}, (dtype, c["counts"])
+                assert c["graphs"] == "steps issued op by op", c["graphs"]
             for c in (cut, eager):
                 assert c["losses"] == pytest.approx(one["losses"], rel=rtol, abs=atol)
                 for n, p in one["params"].items():
@@ -329,8 +326,8 @@ def test_replicated_reduces_by_network_ranges_like_one_bucket(pieces_run):
     backward as it finishes them (tinn/gradient_pieces.py), gives the one bucket's gradients, losses and trained
     tables, in every reduce dtype; a grid's table goes in a bucket after them; a rank with an empty batch, whose
     backward hands nothing over, issues the same ranges itself (no hang, the same gradient). Over gloo, with
-    Triton's interpreter: no step is captured."""
-    _check_pieces(pieces_run, captured=False)
+    Triton's interpreter."""
+    _check_pieces(pieces_run)
 
 
 def _check_replicated(runs, atol: float = 1e-9, trained_atol: float = 1e-6):

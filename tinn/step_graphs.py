@@ -25,9 +25,8 @@ capture runs, the host counts are put back, and that trainer then steps eagerly 
 So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
 
 On by default on CUDA (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the
-model's backward takes itself, on one process's part or a data-parallel one whose collectives the graph holds (a
-`Replicated` part over NCCL: its all-reduces are captured and replayed in the same order on every rank), with Adam
-on its Triton kernel (`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other
+model's backward takes itself, on one process's part (no collectives), with Adam on its Triton kernel
+(`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other
 threads (a viewer rendering beside the trainer) launch and cache as usual (design notes, "A training step replayed
 as one CUDA graph").
 
@@ -315,11 +314,8 @@ class StepGraphs:
         self.captures.append(trainer.step)
         self.status = f"captured {len(self.captures)} time(s)"
         # A shape's first capture is measured against op by op; a capture again during that measurement (a new
-        # learning rate) starts it over, as the capture's own step would count in the graph's run. A step with
-        # collectives keeps its graph unmeasured: steps op by op between a graph's capture and its replays, on
-        # the same NCCL communicator, made a two-GPU test fail (a rank exited, then a hang; design notes).
-        trial_allowed = not getattr(trainer.model, "collective_calls", False)
-        if trial_allowed and (shape in self.trials or not any(s == shape for s in self._measured)):
+        # learning rate) starts it over, as the capture's own step would count in the graph's run.
+        if shape in self.trials or not any(s == shape for s in self._measured):
             self._measured.append(shape)
             self.trials[shape] = _Trial()
         # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.

@@ -161,11 +161,6 @@ class _Collective(Part):
     gradient), and the call number that catches ranks out of step."""
 
     collective_calls = True  # every rank must make every call (renderers call even with no samples)
-
-    def graph_safe_collectives(self) -> bool:
-        """Whether a CUDA graph can hold a training step through this part (tinn/step_graphs.py): its
-        collectives are captured with the step and nothing in it reads the device on the host. No by default."""
-        return False
     #: A PhaseTimer (tinn/distributed/profile.py) that the part marks its phases on, None for no profiling.
     profiler = None
 
@@ -641,14 +636,6 @@ class Replicated(_Collective):
 
     def parameter_tables(self):
         return self.inner.parameter_tables()
-
-    def graph_safe_collectives(self) -> bool:
-        """Over NCCL, yes: the step's all-reduces are NCCL kernels a CUDA graph captures, each rank captures the
-        same step (every rank's trainer captures a batch shape at its second step) and replays it in the same
-        order, and nothing reads the device on the host. Not with a split optimizer, whose all-gather runs in
-        its own step (not captured), nor over gloo (CPU collectives)."""
-        return (self.collective_device.type == "cuda" and self._split is None
-                and torch.distributed.get_backend(self.group) == "nccl")
 
     def check_parameter_tables(self) -> None:
         self.inner.check_parameter_tables()
