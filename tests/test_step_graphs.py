@@ -235,6 +235,19 @@ def _stand_in_cuda(monkeypatch):
     _StandInGraph.replays = 0
 
 
+def _stand_in_trainer(tuned):
+    """A two-network array on the tensor-core kernels (Triton's interpreter) with Adam's Triton launch, step graphs
+    on, and one fixed batch: (net, trainer, x, y, ids)."""
+    from tinn.networks import NetworkArray
+    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
+    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
+    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
+    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+    return net, trainer, x, y, ids
+
+
 @pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
 def test_replay_bookkeeping_with_a_stand_in_graph(tuned, monkeypatch):
     """The host side of replayed steps (an array on the tensor-core kernels, Triton's interpreter, Adam's Triton
@@ -245,14 +258,8 @@ def test_replay_bookkeeping_with_a_stand_in_graph(tuned, monkeypatch):
     from tinn.kernels import triton_available
     if not triton_available():
         pytest.skip("Triton is not installed")
-    from tinn.networks import NetworkArray
     _stand_in_cuda(monkeypatch)
-    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
-    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
-    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
-    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+    net, trainer, x, y, ids = _stand_in_trainer(tuned)
     eager = 1 + step_graphs.TRIAL_STEPS  # the trial's steps op by op, right after the capture
     n = 2 + eager + 3
     for _ in range(n):
@@ -349,14 +356,13 @@ def test_host_values_of_the_loss_and_the_model_capture_again(tuned, monkeypatch)
 @pytest.mark.skipif(CUDA, reason="the stand-in graph replaces CUDA's; on CUDA the real graphs are tested above")
 @pytest.mark.parametrize("slow_replay", [False, True])
 def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, monkeypatch, slow_replay):
-    """After a shape's capture, TRIAL_STEPS replays and TRIAL_STEPS steps op by op are timed: a graph whose replays
+    """After a shape's capture, TRIAL_STEPS steps op by op and TRIAL_STEPS replays are timed: a graph whose replays
     are slower (as where the batch's copy into the graph costs more than the host time saved) is released and the
     shape steps op by op from then on; a faster one keeps replaying. Counts move as in eager steps either way. The
     trial's clock is a stand-in: a step op by op takes 1 s, a replay 2 s or nothing."""
     from tinn.kernels import triton_available
     if not triton_available():
         pytest.skip("Triton is not installed")
-    from tinn.networks import NetworkArray
     _stand_in_cuda(monkeypatch)
     clock = [0.0]
     monkeypatch.setattr(step_graphs.time, "perf_counter", lambda: clock[0])
@@ -367,12 +373,7 @@ def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, mo
         clock[0] += 1.0
         return regression_step(self, *a, **kw)
     monkeypatch.setattr(Trainer, "_regression_step", timed_eager)
-    tuned(kernels="tensor_cores", precision="float32", triton_step_kernels=True, step_graphs=True)
-    net = NetworkArray(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}, n_networks=2, seed=1)
-    trainer = Trainer(net, {"otype": "L2"}, {"otype": "Adam", "learning_rate": 1e-2})
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.rand(32, 2, generator=gen).to(DEV), torch.rand(32, 3, generator=gen).to(DEV)
-    ids = torch.randint(0, 2, (32,), generator=gen, dtype=torch.int32).to(DEV)
+    net, trainer, x, y, ids = _stand_in_trainer(tuned)
     run = 1 + step_graphs.TRIAL_STEPS  # each way's run: an untimed step, then the timed ones
     for _ in range(2 + 2 * run + 3):  # eager, capture, the trial, three steps after it
         trainer.training_step(x, y, ids)
