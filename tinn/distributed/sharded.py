@@ -770,6 +770,7 @@ class Replicated(_Collective):
             return (None,) * len(grads)
         grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
                       for t, g in zip(tables, grads))
+
         def bucket(gradients):
             return _all_reduce_grads(gradients, scale, self.collective_device, self.group,
                                      "the all-reduce of replicated gradients", REDUCE_DTYPES[self.reduce_dtype])
