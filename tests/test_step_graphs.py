@@ -388,3 +388,33 @@ def test_a_shape_keeps_whichever_of_graph_and_op_by_op_measured_faster(tuned, mo
         assert trainer.step_graph_status.startswith("captured 1 time(s) (replays 0.000 ms a step, op by op "
                                                     "1000.000)"), trainer.step_graph_status
         assert graphs.replays == 1 + run + 3 and not graphs.trials
+
+
+def test_a_capture_key_holds_plain_values_and_tensors_by_storage():
+    """What a capture's key reads of an object: numbers (subclasses too), strings, None and tuples of them by value,
+    tensors (parameters and buffers included) by storage, shape and dtype; containers, modules and tuples holding
+    anything else are left out."""
+    import enum
+
+    import numpy as np
+
+    class Level(enum.IntEnum):
+        ONE = 1
+
+    class Holder:
+        pass
+
+    h = Holder()
+    h.count, h.rate, h.scale, h.name, h.none, h.level = 3, 0.5, np.float64(2.0), "a", None, Level.ONE
+    h.pair, h.mixed, h.table, h.child = (1, None, "b"), (1, [2]), {"x": 1}, torch.nn.Linear(2, 2)
+    h.tensor = torch.zeros(3)
+    values = dict(step_graphs._plain_values(h))
+    assert set(values) == {"count", "rate", "scale", "name", "none", "level", "pair", "tensor"}
+    assert values["scale"] == 2.0 and values["pair"] == (1, None, "b") and values["level"] == 1
+    assert values["tensor"] == (h.tensor.data_ptr(), h.tensor.shape, h.tensor.dtype)
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("user_scale", torch.ones(1))
+    module.progress = 0.25
+    names = dict(step_graphs._plain_values(module))
+    assert names["progress"] == 0.25 and names["training"] is True
+    assert names["buffer user_scale"] == (module.user_scale.data_ptr(), module.user_scale.shape, torch.float32)

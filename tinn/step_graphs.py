@@ -94,11 +94,19 @@ def refusing_taichi_launches():
 
 
 _PLAIN = (bool, int, float, str)
+_PLAIN_KIND, _TUPLE_KIND, _TENSOR_KIND, _OTHER_KIND = range(4)
+# Each attribute value's kind by its type, decided once per type: the key is built every step, and a module's
+# attributes are mostly containers and hooks that are never plain.
+_KINDS: dict[type, int] = {}
 
 
-def _is_plain(value) -> bool:
-    return value is None or isinstance(value, _PLAIN) or (
-        isinstance(value, tuple) and all(v is None or isinstance(v, _PLAIN) for v in value))
+def _kind(t: type) -> int:
+    kind = _KINDS.get(t)
+    if kind is None:
+        kind = _KINDS[t] = (_TENSOR_KIND if issubclass(t, torch.Tensor) else
+                            _PLAIN_KIND if t is type(None) or issubclass(t, _PLAIN) else
+                            _TUPLE_KIND if issubclass(t, tuple) else _OTHER_KIND)
+    return kind
 
 
 def _plain_values(obj) -> tuple:
@@ -108,8 +116,14 @@ def _plain_values(obj) -> tuple:
     items = list(vars(obj).items())
     if isinstance(obj, torch.nn.Module):
         items += [(f"buffer {k}", v) for k, v in obj._buffers.items()]
-    return tuple((k, (v.data_ptr(), v.shape, v.dtype) if isinstance(v, torch.Tensor) else v) for k, v in items
-                 if _is_plain(v) or isinstance(v, torch.Tensor))
+    out = []
+    for k, v in items:
+        kind = _kind(type(v))
+        if kind == _TENSOR_KIND:
+            out.append((k, (v.data_ptr(), v.shape, v.dtype)))
+        elif kind == _PLAIN_KIND or (kind == _TUPLE_KIND and all(x is None or isinstance(x, _PLAIN) for x in v)):
+            out.append((k, v))
+    return tuple(out)
 
 
 def _model_values(model) -> tuple:
