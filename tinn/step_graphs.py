@@ -155,7 +155,7 @@ class _Trial:
     def __init__(self):
         self.done = dict.fromkeys(self.ORDER, 0)
         self.seconds = {}
-        self.t0 = None
+        self.t0 = self.timing = None  # the timed run's start and way
 
     def next(self, device) -> str | None:
         """The way to take this step ("eager" or "graph"), or None once both runs are timed."""
@@ -192,7 +192,7 @@ class StepGraphs:
         self.captures: list[int] = []  # the trainer's step at each capture
         self.replays = 0
         self.trials: dict[tuple, _Trial] = {}       # a shape's measurement, while it runs
-        self._measured: list[tuple] = []            # shapes measured (or being measured) once
+        self._measured: set[tuple] = set()          # shapes measured (or being measured) once
         self.eager_shapes: dict[tuple, str] = {}    # shapes whose steps measured faster op by op: why
 
     @staticmethod
@@ -200,11 +200,11 @@ class StepGraphs:
         """Whether steps on `device` are to be captured (`tuning.step_graphs`, on CUDA by default)."""
         return device.type == "cuda" and bool(runtime.tuning().step_graphs)
 
-    def _key(self, x, t, ids):
-        """Everything a captured step takes from the host besides its input values; None where the step cannot be
-        captured (the optimizer's own rule)."""
+    def _key(self, shape: tuple, device: torch.device):
+        """Everything a captured step of batch `shape` (its inputs' shapes and dtypes) takes from the host besides
+        the inputs' values; None where the step cannot be captured (the optimizer's own rule)."""
         trainer = self.trainer
-        optimizer_key = trainer.optimizer.graph_key(x.device)
+        optimizer_key = trainer.optimizer.graph_key(device)
         if optimizer_key is None:
             return None
         tables = tuple((p.data_ptr(), p.requires_grad) for p in trainer.model.parameter_tables() if p is not None)
@@ -214,9 +214,8 @@ class StepGraphs:
                        _model_values(trainer.model))
         # Objects, not their ids (an id is reused once its object is gone); the same object compares equal
         # without calling its __eq__, and settings compare by value.
-        return (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype), tables,
-                optimizer_key, trainer.loss, trainer.model, runtime.settings(), runtime.tuning(),
-                tuple(trainer.gradient_scalers), host_values)
+        return shape + (tables, optimizer_key, trainer.loss, trainer.model, runtime.settings(), runtime.tuning(),
+                        tuple(trainer.gradient_scalers), host_values)
 
     def step(self, x: torch.Tensor, t: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor | None:
         """The step replayed (capturing it first where due): the loss, or None where this step is to run eagerly."""
@@ -225,11 +224,10 @@ class StepGraphs:
         shape = (x.shape, x.dtype, t.shape, t.dtype, None if ids is None else (ids.shape, ids.dtype))
         if shape in self.eager_shapes:  # before the key: a step bound by its host pays no more host time here
             return None
-        key = self._key(x, t, ids)
+        key = self._key(shape, x.device)
         if key is None:
             self.status = "the optimizer's step cannot be captured"
             return None
-        assert key[:5] == shape
         captured = self.captured.get(shape)
         if captured is not None and captured.key == key:
             trial = self.trials.get(shape)
@@ -329,8 +327,8 @@ class StepGraphs:
         self.status = f"captured {len(self.captures)} time(s)"
         # A shape's first capture is measured against op by op; a capture again during that measurement (a new
         # learning rate) starts it over, as the capture's own step would count in the graph's run.
-        if shape in self.trials or not any(s == shape for s in self._measured):
-            self._measured.append(shape)
+        if shape in self.trials or shape not in self._measured:
+            self._measured.add(shape)
             self.trials[shape] = _Trial()
         # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.
         optimizer.load_graph_counts()
