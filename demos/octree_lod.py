@@ -33,10 +33,12 @@ from tinn.trainer import TrainerControls  # noqa: E402
 
 FULL = {"views": 100, "test_views": 8, "res": 128, "max_depth": 4, "min_points": 8, "steps": 5000,
         "pyramid_levels": 5, "samples": 128, "batch": 8192, "n_points": 200_000, "grid_levels": 3,
-        "grid_features": 4, "neurons": 32, "occupancy_res": 128, "final_lr_factor": 0.1, "lr": 1e-2}
+        "grid_features": 4, "neurons": 32, "occupancy_res": 128, "final_lr_factor": 0.1, "lr": 1e-2,
+        "hull_res": 128}
 SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 16, "steps": 250,
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
-         "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0, "lr": 1e-2}
+         "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0, "lr": 1e-2,
+         "hull_res": 32}
 # --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
 # up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
 # sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks. It shows scale,
@@ -121,6 +123,9 @@ def parse_args(argv=None):
                         "came from")
     p.add_argument("--lod-supersample", type=int, default=4,
                    help="level-of-detail curve: point samples per pixel side of the area-filtered truth")
+    p.add_argument("--hull-res", type=int, default=None,
+                   help="voxels per axis of the training views' visual hull, outside which no sample is evaluated in "
+                        "training or rendering (0: none; full: 128, small: 32)")
     p.add_argument("--occupancy-res", type=int, default=None,
                    help="voxels per axis of the occupancy grid built after training for rendering (0: none)")
     p.add_argument("--alpha-threshold", type=float, default=0.01,
@@ -219,7 +224,7 @@ def build_field(args, train, points):
         # One pyramid level per octree level: coarser images would only train the root again.
         args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                            blend_margin=args.blend_margin)
+                            blend_margin=args.blend_margin, hull=hull_of(args, train))
         return _sharded(args, field, tree, encoding, network)
     tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
@@ -231,8 +236,18 @@ def build_field(args, train, points):
     if getattr(args, "lod_from_capture", None) and args.lod_resolution is None:
         args.lod_resolution = leaf_resolution(tree, closest_footprint(train))
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                        blend_margin=args.blend_margin)
+                        blend_margin=args.blend_margin, hull=hull_of(args, train))
     return _sharded(args, field, tree, encoding, network)
+
+
+def hull_of(args, train):
+    """The training views' visual hull at --hull-res voxels per axis (None for 0): the field evaluates no sample
+    outside it."""
+    if not args.hull_res:
+        return None
+    from tinn.scenes.acceleration.visual_hull import visual_hull
+
+    return visual_hull(train, resolution=args.hull_res)
 
 
 def build_trainer(args, field, train):

@@ -245,11 +245,12 @@ def test_kilonerf_distillation_and_fine_tuning_steps_do_not_sync():
     assert torch.isfinite(loss) and float(loss) < 2 * float(first)
 
 
-@pytest.mark.parametrize("batches_per_draw", [1, 3])
-def test_octree_training_steps_do_not_sync(batches_per_draw):
+@pytest.mark.parametrize("batches_per_draw,hull", [(1, False), (3, False), (3, True)])
+def test_octree_training_steps_do_not_sync(batches_per_draw, hull):
     """An octree step evaluates a batch assigned to nodes at least a step earlier: the number of samples to
     evaluate was counted then, so reading it waits on an event the device has passed, not on the device. Batches
-    drawn several at a time: the steps cross draws."""
+    drawn several at a time: the steps cross draws. A field with a visual hull skips by it without a host read."""
+    from tinn.scenes.acceleration.visual_hull import visual_hull
     from tinn.scenes import ProceduralScene, render_views
     from tinn.scenes.acceleration.octree import Octree
     from tinn.scenes.fields.octree_field import OctreeField
@@ -259,7 +260,7 @@ def test_octree_training_steps_do_not_sync(batches_per_draw):
     dev = tinn.runtime.device()
     tree = Octree.build(foreground_points(data, resolution=16, dilate=1), data.box_min.to(dev), data.box_max.to(dev),
                         max_depth=2, min_points=1)
-    field = OctreeField(tree, seed=3)
+    field = OctreeField(tree, seed=3, hull=visual_hull(data, resolution=16) if hull else None)
     trainer = OctreeTrainer(field, data, pyramid_levels=2, n_samples=32, batch_rays=512, seed=2,
                             batches_per_draw=batches_per_draw)
     first = trainer.step()  # compiles

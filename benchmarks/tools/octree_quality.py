@@ -92,6 +92,10 @@ def parse_args(argv=None):
     p.add_argument("--octree-segments", type=int, default=2,
                    help="early-termination runs of an octree frame (demos/octree_lod.py's default: 2; one run "
                         "evaluates every occupied sample behind the surface too)")
+    p.add_argument("--hull", default="1", help="1: no sample outside the training views' visual hull is evaluated "
+                   "(`OctreeField.hull`); 0: every sample in a node is (comma list)")
+    p.add_argument("--hull-resolution", type=int, default=None,
+                   help="voxels per box edge of that hull (default: tinn.scenes.acceleration.visual_hull's)")
     p.add_argument("--fill-levels", default="1", help="1: the budget rule spends what the table leaves on more "
                    "grid levels; 0: it does not (comma list)")
     p.add_argument("--pyramid-levels", type=int, default=4)
@@ -123,8 +127,12 @@ def octree_for(args, train, budget: int):
     minimum = DEFAULT_MIN_LEAF_RESOLUTION if args.min_leaf_resolution is None else args.min_leaf_resolution
     built = budgeted_octree(train, budget, network, max_depth=args.max_depth, min_leaf_resolution=minimum,
                             oversample=args.oversample, **options)
+    hull = None
+    if args.hull:
+        from tinn.scenes.acceleration.visual_hull import DEFAULT_HULL_RESOLUTION, visual_hull
+        hull = visual_hull(train, args.hull_resolution or DEFAULT_HULL_RESOLUTION)
     return OctreeField(built.tree, built.encoding, network, lod_resolution=built.lod_resolution, seed=args.seed + 3,
-                       blend_margin=args.blend_margin)
+                       blend_margin=args.blend_margin, hull=hull)
 
 
 def single_grid_budget(args, train) -> int:
@@ -250,7 +258,7 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("octree_lr", "max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor", "octree_batch", "batches_per_draw")
+                "budget_factor", "octree_batch", "batches_per_draw", "hull")
 
 
 def variants(args):
@@ -261,7 +269,7 @@ def variants(args):
         variant = argparse.Namespace(**vars(args))
         for key, value in zip(lists, combination):
             setattr(variant, key, value)
-        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels"):
+        for key in ("max_depth", "octree_neurons", "octree_hidden", "fill_levels", "hull"):
             setattr(variant, key, int(getattr(variant, key)))
         for key in ("octree_samples", "octree_batch", "batches_per_draw"):
             if getattr(variant, key) is not None:

@@ -39,21 +39,47 @@ class RayBatchResult(NamedTuple):
     ray_offsets: torch.Tensor       # (R + 1,) int32: ray r owns node_ids[ray_offsets[r]:ray_offsets[r + 1]]
 
 
-def occupancy_arguments(field, occupancy):
-    """(flat uint8 voxels, resolution, number of grids) for the kernel; resolution 0 means no skipping."""
-    tree = field.octree
-    if occupancy is None:
-        return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0, 1
+def check_grid(name: str, field, grid) -> None:
+    """`grid` must be an occupancy grid (LevelOccupancy or OccupancyGrid) over the field's octree box."""
     from ..scenes.acceleration.occupancy import OccupancyGrid
     from ..scenes.acceleration.octree_occupancy import LevelOccupancy
 
-    if not isinstance(occupancy, (OccupancyGrid, LevelOccupancy)):
-        raise InputError(f"occupancy must be a LevelOccupancy, an OccupancyGrid or None, got "
-                         f"{type(occupancy).__name__}")
-    if not (torch.equal(occupancy.box_min.to(tree.device), tree.box_min)
-            and torch.equal(occupancy.box_max.to(tree.device), tree.box_max)):
-        raise InputError(f"the occupancy grid covers [{occupancy.box_min.tolist()}, {occupancy.box_max.tolist()}]"
+    tree = field.octree
+    if not isinstance(grid, (OccupancyGrid, LevelOccupancy)):
+        raise InputError(f"{name} must be a LevelOccupancy, an OccupancyGrid or None, got {type(grid).__name__}")
+    if not (torch.equal(grid.box_min.to(tree.device), tree.box_min)
+            and torch.equal(grid.box_max.to(tree.device), tree.box_max)):
+        raise InputError(f"the {name} grid covers [{grid.box_min.tolist()}, {grid.box_max.tolist()}]"
                          f"; it must cover the octree's box [{tree.box_min.tolist()}, {tree.box_max.tolist()}]")
+
+
+def skipping_grid(field, occupancy):
+    """The grid the kernels skip samples by: `occupancy` within the field's hull (`OctreeField.hull`), the hull
+    alone for no occupancy, `occupancy` alone for a field without one. The combination is made once per pair of
+    grids (and again when either is written in place), so each call costs a lookup."""
+    if occupancy is not None:
+        check_grid("occupancy", field, occupancy)
+    hull = getattr(field, "hull", None)
+    if hull is None or occupancy is None or occupancy is hull:
+        return occupancy if occupancy is not None else hull
+    key = (occupancy, occupancy.occupied, occupancy.occupied._version, hull, hull.occupied, hull.occupied._version)
+    kept = field.__dict__.get("_skipping")
+    if kept is None or len(kept[0]) != len(key) or any(a is not b for a, b in zip(kept[0], key)):
+        from ..scenes.acceleration.visual_hull import within_hull
+
+        kept = (key, within_hull(occupancy, hull))
+        field.__dict__["_skipping"] = kept
+    return kept[1]
+
+
+def occupancy_arguments(field, occupancy):
+    """(flat uint8 voxels, resolution, number of grids) of a grid from `skipping_grid` for the kernel; resolution 0
+    means no skipping."""
+    tree = field.octree
+    if occupancy is None:
+        return torch.zeros(1, dtype=torch.uint8, device=tree.device), 0, 1
+    from ..scenes.acceleration.octree_occupancy import LevelOccupancy
+
     grids = occupancy.depths if isinstance(occupancy, LevelOccupancy) else 1
     return occupancy.occupied.reshape(-1).view(torch.uint8), occupancy.resolution, grids
 
@@ -68,6 +94,7 @@ def assign_nodes(field, origins: torch.Tensor, directions: torch.Tensor, t: torc
 
     n_rays, n_samples = t.shape
     dev = t.device
+    occupancy = skipping_grid(field, occupancy)
     node = torch.empty(n_rays, n_samples, dtype=torch.int32, device=dev)
     local = torch.empty(n_rays * n_samples, 3, dtype=torch.float32, device=dev)
     if node.numel():
@@ -164,21 +191,22 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_ra
                                              occupancy), background)
 
 
-# The most rays per pixel side `render_image` casts for a view beyond the root's scale.
+# The most rays per pixel side `render_image` casts for a view farther than the finest level's distance.
 MAX_SUPERSAMPLE = 4
 
 
 def supersample_for(field, c2w: torch.Tensor, focal: float) -> int:
-    """Rays per pixel side a view needs so that no sample's footprint is wider than the root's scale: 1 where the
-    box's nearest point has a footprint of at most `field.lod_root_size` (the root, level 0, is trained from
-    footprints up to that, by the coarsest pyramid level), else the power of two that brings it there (at most
-    MAX_SUPERSAMPLE). A node drawn with wider footprints than it was fit to aliases (thin parts and edges come
-    and go between pixels), where the truth at that distance is their average."""
+    """Rays per pixel side for a view: 1 where the box's nearest point has a footprint within the deepest nodes'
+    scale (`field.lod_root_size / 2^deepest`), else the power of two of the ratio between the two (at most
+    MAX_SUPERSAMPLE). `render_image` gives each of a pixel's rays the pixel's footprint, so they all take the level
+    the pixel's distance asks for and average the pixel's area: a coarser level drawn with one ray per pixel
+    aliases (thin parts and edges come and go between pixels), where the truth at that distance is their average.
+    The frame then casts about as many rays into the object as a view at the finest level's distance."""
     tree = field.octree
     origin = c2w[:3, 3].to(tree.box_min)
     outside = torch.maximum(tree.box_min - origin, origin - tree.box_max).clamp(min=0.0)
     radius = float(outside.norm()) * pixel_radius(focal)
-    ratio = radius / field.lod_root_size
+    ratio = radius / (field.lod_root_size / 2.0 ** tree.deepest)
     k = 1
     while ratio > k and k < MAX_SUPERSAMPLE:
         k *= 2
@@ -188,13 +216,16 @@ def supersample_for(field, c2w: torch.Tensor, focal: float) -> int:
 @torch.no_grad()
 def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                  background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
-                 early_stop: float = 1e-4, segments: int = 2, supersample="auto") -> dict:
+                 early_stop: float = 1e-4, segments: int = 2, supersample="auto",
+                 footprint_focal: float | None = None) -> dict:
     """Render one view of the octree field. Returns image (H, W, 3), first_node (H, W) (the node met first along
     each pixel's ray, -1 for none), touched (sorted distinct node ids evaluated for the frame), n_evaluated
     (samples the networks evaluated) and supersample (rays per pixel side).
 
-    supersample: k x k rays per pixel, averaged (a box filter: the pixel's area); "auto" takes
-    `supersample_for` the view, which is 1 unless the whole box is farther than the root's scale reaches.
+    supersample: k x k rays per pixel, averaged (a box filter: the pixel's area), each with the pixel's footprint
+    (the level of detail follows the pixel's distance, not the ray's share of it); "auto" takes `supersample_for`
+    the view, which is 1 unless the whole box is farther than the deepest nodes' scale reaches.
+    footprint_focal: the focal length whose pixels' footprints pick the samples' levels (default: `focal`).
 
     The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
     emit: only samples that have a node, nothing of size rays x samples). occupancy: "auto" (the field's
@@ -211,10 +242,13 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
         supersample = supersample_for(field, c2w, focal)
     if isinstance(supersample, bool) or not isinstance(supersample, int) or not 1 <= supersample <= 16:
         raise InputError(f"supersample={supersample!r}; allowed: 'auto' or an integer in 1..16")
+    if footprint_focal is not None and (isinstance(footprint_focal, bool) or
+                                        not (isinstance(footprint_focal, (int, float)) and footprint_focal > 0)):
+        raise InputError(f"footprint_focal={footprint_focal!r} must be a number > 0 (or None: focal)")
     if supersample > 1:
         k = supersample
         fine = render_image(field, c2w, width * k, height * k, focal * k, n_samples, background, chunk, occupancy,
-                            early_stop, segments, supersample=1)
+                            early_stop, segments, supersample=1, footprint_focal=footprint_focal or focal)
         # The centre ray of each pixel names its first node (the pixel's own ray when k = 1).
         return {"image": fine["image"].view(height, k, width, k, 3).mean(dim=(1, 3)),
                 "first_node": fine["first_node"][k // 2::k, k // 2::k].contiguous(), "touched": fine["touched"],
@@ -225,7 +259,7 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
     bg = torch.zeros(3, device=dev) if background is None else torch.as_tensor(background).to(dev).float()
     if bg.shape != (3,):
         raise InputError(f"background must have shape (3,), got {tuple(bg.shape)}")
-    radius = ray_radius(pixel_radius(focal), n_rays, dev)
+    radius = ray_radius(pixel_radius(footprint_focal or focal), n_rays, dev)
     t_near, t_far = ray_box(origins, directions, field.octree.box_min, field.octree.box_max)
     # A mark per node evaluated: plain stores of one value, where a per-node count (bincount) made every sample
     # an atomic add on one of a few counters, which serialise.
@@ -268,6 +302,7 @@ def _march(field, origins, directions, t_near, t_far, radius, rays, first_bin, e
 
     dev = origins.device
     k = field.octree.kernel_tables
+    occupancy = skipping_grid(field, occupancy)
     occupied, occ_res, grids = occupancy_arguments(field, occupancy)
     geo = k.geometry(occupancy)
     cutoff = float(early_stop) if early_stop > 0 else -1.0

@@ -53,11 +53,14 @@ class OctreeField(torch.nn.Module):
     octree: the node layout (`Octree.build`). encoding_config / network_config: tcnn-style configs of each
     node's model (defaults: a small dense-sized hash grid and a 32-wide MLP). lod_resolution: grid cells per
     node edge used by the level rule (default: the finest grid level's resolution; 1 makes node size itself
-    match the footprint).
+    match the footprint). hull: where the scene can be (`visual_hull(images)`, an OccupancyGrid over the octree's
+    box, or None): no sample outside it is evaluated, in training or in rendering, so the field is defined inside
+    it only; an `occupancy` used for rendering skips more, never less.
     """
 
     def __init__(self, octree: Octree, encoding_config: dict | None = None, network_config: dict | None = None,
-                 lod_resolution: float | None = None, seed: int = 1337, blend_margin: float = 0.0):
+                 lod_resolution: float | None = None, seed: int = 1337, blend_margin: float = 0.0,
+                 hull: LevelOccupancy | OccupancyGrid | None = None):
         super().__init__()
         if not isinstance(octree, Octree):
             raise InputError(f"octree must be an Octree, got {type(octree).__name__}")
@@ -77,6 +80,19 @@ class OctreeField(torch.nn.Module):
         self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
                                               n_networks=octree.n_nodes, seed=seed, group_by_network=False)
         self.occupancy: LevelOccupancy | OccupancyGrid | None = None  # skipping in render_image (build_occupancy)
+        self.hull = hull
+
+    @property
+    def hull(self) -> LevelOccupancy | OccupancyGrid | None:
+        """The voxels outside which no sample is evaluated (None: the whole box); see the class docstring."""
+        return self.__dict__.get("_hull")
+
+    @hull.setter
+    def hull(self, grid) -> None:
+        if grid is not None:
+            octree_rendering.check_grid("hull", self, grid)
+        self.__dict__["_hull"] = grid
+        self.__dict__["_skipping"] = None  # the grids combined with it (tinn/render/octree.py, skipping_grid)
 
     # ---- sizes ------------------------------------------------------------------------------------
     @property
@@ -186,10 +202,11 @@ class OctreeField(torch.nn.Module):
 
     def render_image(self, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
                      background: torch.Tensor | None = None, chunk: int = 1 << 20, occupancy="auto",
-                     early_stop: float = 1e-4, segments: int = 2, supersample="auto") -> dict:
+                     early_stop: float = 1e-4, segments: int = 2, supersample="auto",
+                     footprint_focal: float | None = None) -> dict:
         """`tinn.render.octree.render_image` of this field: one view, its first nodes and the nodes it touched."""
         return octree_rendering.render_image(self, c2w, width, height, focal, n_samples, background, chunk, occupancy,
-                                             early_stop, segments, supersample)
+                                             early_stop, segments, supersample, footprint_focal)
 
     def touched_report(self, touched: torch.Tensor) -> dict:
         """Distinct nodes and parameters a frame evaluated, against the whole array; nodes touched per depth."""

@@ -238,43 +238,14 @@ def foreground_points(images, resolution: int = 64, tolerance: float = 0.05, kee
     has no surface points (real captures).
 
     A voxel centre inside the box is kept when, among the views that see it, at least `keep_fraction` show a
-    pixel that differs from the background by more than `tolerance` (a lenient vote: background-coloured
-    parts of an object would otherwise carve it away). `dilate` voxels are then added around every kept one: a
-    voxel whose centre falls outside the hull can still hold some of the surface near its faces, and an octree
-    built over the centres alone would prune that surface away.
+    pixel that differs from the background by more than `tolerance` (`visual_hull.hull_votes`). `dilate` voxels
+    are then added around every kept one: a voxel whose centre falls outside the hull can still hold some of the
+    surface near its faces, and an octree built over the centres alone would prune that surface away.
     """
-    if not isinstance(resolution, int) or not 2 <= resolution <= 512:
-        raise ConfigError(f"resolution={resolution!r} must be an integer in 2..512")
-    if not 0.0 < keep_fraction <= 1.0:
-        raise ConfigError(f"keep_fraction={keep_fraction!r} must be in (0, 1]")
-    if isinstance(dilate, bool) or not isinstance(dilate, int) or not 0 <= dilate < resolution:
-        raise ConfigError(f"dilate={dilate!r} must be an integer in 0..{resolution - 1}")
-    dev = runtime.device()
-    images = images.to(dev)
-    lo, hi = images.box_min.float(), images.box_max.float()
-    axis = (torch.arange(resolution, device=dev, dtype=torch.float32) + 0.5) / resolution
-    grid = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
-    centres = lo + grid * (hi - lo)
-    foreground = ((images.images - images.background.float()).abs().amax(dim=-1) > tolerance)  # (V, H, W)
-    w2c = torch.linalg.inv(images.c2w.float())                                             # (V, 4, 4)
-    kept = []
-    for start in range(0, centres.shape[0], chunk):
-        p = centres[start:start + chunk]
-        cam = torch.einsum("vab,nb->vna", w2c[:, :3, :3], p) + w2c[:, None, :3, 3]        # (V, n, 3)
-        depth = -cam[..., 2]
-        safe = depth.clamp(min=1e-6)
-        col = torch.floor(cam[..., 0] / safe * images.focal + images.width / 2).long()
-        row = torch.floor(-cam[..., 1] / safe * images.focal + images.height / 2).long()
-        seen = (depth > 1e-6) & (col >= 0) & (col < images.width) & (row >= 0) & (row < images.height)
-        view = torch.arange(len(images), device=dev)[:, None].expand_as(col)
-        fg = foreground[view, row.clamp(0, images.height - 1), col.clamp(0, images.width - 1)] & seen
-        n_seen = seen.sum(dim=0)
-        kept.append((n_seen > 0) & (fg.sum(dim=0) >= keep_fraction * n_seen))
-    keep = torch.cat(kept)
-    if dilate:
-        grid_keep = keep.view(1, 1, resolution, resolution, resolution).float()
-        keep = torch.nn.functional.max_pool3d(grid_keep, 2 * dilate + 1, stride=1, padding=dilate).view(-1) > 0
-    return centres[keep]
+    from ..acceleration.visual_hull import dilated, hull_votes
+
+    keep, centres = hull_votes(images, resolution, tolerance, keep_fraction, chunk)
+    return centres[dilated(keep, resolution, dilate)]
 
 
 # Hull voxels per edge of a deepest node, and the most per box edge: sampled at voxel centres only, a coarser
