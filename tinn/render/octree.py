@@ -191,22 +191,21 @@ def render_rays(field, origins: torch.Tensor, directions: torch.Tensor, pixel_ra
                                              occupancy), background)
 
 
-# The most rays per pixel side `render_image` casts for a view farther than the finest level's distance.
+# The most rays per pixel side `render_image` casts for a view beyond the root's scale.
 MAX_SUPERSAMPLE = 4
 
 
 def supersample_for(field, c2w: torch.Tensor, focal: float) -> int:
-    """Rays per pixel side for a view: 1 where the box's nearest point has a footprint within the deepest nodes'
-    scale (`field.lod_root_size / 2^deepest`), else the power of two of the ratio between the two (at most
-    MAX_SUPERSAMPLE). `render_image` gives each of a pixel's rays the pixel's footprint, so they all take the level
-    the pixel's distance asks for and average the pixel's area: a coarser level drawn with one ray per pixel
-    aliases (thin parts and edges come and go between pixels), where the truth at that distance is their average.
-    The frame then casts about as many rays into the object as a view at the finest level's distance."""
+    """Rays per pixel side a view needs so that no sample's footprint is wider than the root's scale: 1 where the
+    box's nearest point has a footprint of at most `field.lod_root_size` (the root, level 0, is trained from
+    footprints up to that, by the coarsest pyramid level), else the power of two that brings it there (at most
+    MAX_SUPERSAMPLE). A node drawn with wider footprints than it was fit to aliases (thin parts and edges come
+    and go between pixels), where the truth at that distance is their average."""
     tree = field.octree
     origin = c2w[:3, 3].to(tree.box_min)
     outside = torch.maximum(tree.box_min - origin, origin - tree.box_max).clamp(min=0.0)
     radius = float(outside.norm()) * pixel_radius(focal)
-    ratio = radius / (field.lod_root_size / 2.0 ** tree.deepest)
+    ratio = radius / field.lod_root_size
     k = 1
     while ratio > k and k < MAX_SUPERSAMPLE:
         k *= 2
@@ -224,7 +223,7 @@ def render_image(field, c2w: torch.Tensor, width: int, height: int, focal: float
 
     supersample: k x k rays per pixel, averaged (a box filter: the pixel's area), each with the pixel's footprint
     (the level of detail follows the pixel's distance, not the ray's share of it); "auto" takes `supersample_for`
-    the view, which is 1 unless the whole box is farther than the deepest nodes' scale reaches.
+    the view, which is 1 unless the whole box is farther than the root's scale reaches.
     footprint_focal: the focal length whose pixels' footprints pick the samples' levels (default: `focal`).
 
     The samples are `render_rays`' without jitter, produced by a marching kernel pair (count, prefix sum,
