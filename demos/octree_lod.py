@@ -54,6 +54,10 @@ SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, b
 # 0.03 best or within 0.1 dB on each (docs/design-notes.md, octree quality). The procedural scene's fixed small
 # grids keep 0.01 (0.03 there: finest level -0.25 dB, 4x the distance +2.1 dB, one run each).
 CAPTURE_LR = 3e-2
+# Rays per step of a capture's octree at full size: with the visual hull a step evaluates about a tenth of its
+# rays' samples, and 65,536 rays a step (8,192 before the hull) measured best of 8,192 / 32,768 / 65,536 on the
+# three meshes at 800 pixels in the teacher's time (docs/guides/scenes.md).
+CAPTURE_BATCH = 65536
 
 
 def parse_args(argv=None):
@@ -159,7 +163,7 @@ def apply_defaults(args, on_gpu: bool):
     if args.data and not small:
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     if (args.data or args.mesh) and not (small or args.scale):
-        defaults["lr"] = CAPTURE_LR
+        defaults["lr"], defaults["batch"] = CAPTURE_LR, CAPTURE_BATCH
     for key, value in defaults.items():
         attr = {"n_points": "points"}.get(key, key)
         if getattr(args, attr, None) is None:

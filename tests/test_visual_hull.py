@@ -173,3 +173,15 @@ def test_hull_bad_input(views):
             visual_hull(views, resolution=bad)
     with pytest.raises(ConfigError, match="dilate"):
         visual_hull(views, resolution=8, dilate=8)
+
+
+def test_an_occupancy_grid_built_from_a_field_with_a_hull_keeps_no_voxel_outside_it(views):
+    from tinn.scenes.acceleration.visual_hull import visual_hull, within_hull
+
+    hull = visual_hull(views, resolution=8)
+    field = hull_field(views, hull)
+    occupancy = field.build_occupancy(8, 32, alpha_threshold=1e-6)   # the untrained field: density nearly everywhere
+    everywhere = hull_field(views, None).build_occupancy(8, 32, alpha_threshold=1e-6)
+    assert torch.equal(occupancy.occupied, within_hull(everywhere, hull).occupied)
+    assert float(occupancy.occupied.float().mean()) < float(everywhere.occupied.float().mean())
+    assert not bool((occupancy.occupied & ~hull.occupied[None]).any())

@@ -10,7 +10,7 @@ pulled back by each --lod-factors entry, rendered by the coarser nodes the rule 
 mesh area-filtered at that distance (`tinn.scenes.training.lod_eval`). Prints a table and writes JSON.
 
     python -m benchmarks.tools.octree_quality --res 64 --views 40 --teacher-steps 200 --distill-steps 100 \
-        --finetune-steps 100 --samples 64          # CPU-sized
+        --finetune-steps 100 --samples 64 --octree-batch 1024          # CPU-sized
     python -m benchmarks.tools.octree_quality --res 800 --views 100 --samples 256 --teacher-steps 3000 \
         --batch-rays 8192 --distill-steps 2000 --finetune-steps 2000 --frequencies 6 --out out/octree_quality
 
@@ -65,8 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--octree-final-lr", default="0.1",
                    help="the learning rate decays exponentially to lr times this over the training time (1: constant; "
                         "0.1 as the demo's full size); a comma list trains one octree per value")
-    p.add_argument("--octree-batch", default="default",
-                   help="rays per octree step ('default': --batch-rays; comma list)")
+    p.add_argument("--octree-batch", default="65536",
+                   help="rays per octree step ('default': --batch-rays; comma list); with the hull a step evaluates "
+                        "about a tenth of its rays' samples, so it takes more rays than the teacher's")
     p.add_argument("--max-depth", default="4", help="octree depth limit; a comma list trains one octree per value")
     p.add_argument("--min-leaf-resolution", type=float, default=None,
                    help="the tree stops at the depth whose nodes span fewer footprints of the closest view (default: "
@@ -101,6 +102,9 @@ def parse_args(argv=None):
     p.add_argument("--pyramid-levels", type=int, default=4)
     p.add_argument("--lod-factors", default="1,2,4,8")
     p.add_argument("--lod-supersample", type=int, default=4)
+    p.add_argument("--lod-rays", default="",
+                   help="extra level-of-detail rows drawn with k x k rays a pixel: factor:k pairs, comma-separated "
+                        "(e.g. 2:2)")
     p.add_argument("--json", default=None, help="JSON path (default: --out/octree_quality.json)")
     ours, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
@@ -313,6 +317,10 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     truth = mesh_truth(read_mesh(path), test.background.float(), supersample=args.lod_supersample)
     curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
                       _floats(args.lod_factors), background=test.background.float(), **render)
+    for pair in filter(None, args.lod_rays.split(",")):
+        factor, k = pair.split(":")
+        curve += lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
+                           [float(factor)], background=test.background.float(), supersample=int(k), **render)
     print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail (held-out view 0 pulled back; truth "
           f"area-filtered {args.lod_supersample}^2):")
     print(format_curve(curve))
@@ -338,8 +346,8 @@ def print_table(results: dict) -> None:
     for name, r in results.items():
         t, k = r["teacher"], r["kilonerf"]
         for o in r["octree"]:
-            curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['psnr']:.2f} {100 * c['fraction_touched']:.0f}%"
-                              for c in o["lod_curve"])
+            curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['supersample'] ** 2}r {c['psnr']:.2f} "
+                              f"{100 * c['fraction_touched']:.0f}%" for c in o["lod_curve"])
             print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
                   f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
                   f"| {o['nodes']}, {o['label']} "

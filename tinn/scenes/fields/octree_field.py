@@ -176,15 +176,20 @@ class OctreeField(torch.nn.Module):
     def build_occupancy(self, resolution: int, n_samples: int, alpha_threshold: float = 0.01, n_jitter: int = 4,
                         dilate: int = 1) -> LevelOccupancy:
         """Occupancy grids over the octree's box, one per depth (`LevelOccupancy`): voxels where one render step
-        (the longest: box diagonal / n_samples) through the densest point found reaches `alpha_threshold`. Set
-        it as `field.occupancy` for `render_image` to skip the other voxels."""
+        (the longest: box diagonal / n_samples) through the densest point found reaches `alpha_threshold`, within
+        the field's hull. Set it as `field.occupancy` for `render_image` to skip the other voxels."""
         if not 0.0 < float(alpha_threshold) < 1.0:
             raise ConfigError(f"alpha_threshold={alpha_threshold!r} must be in (0, 1)")
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ConfigError(f"n_samples={n_samples!r} must be an integer >= 1")
         step = float((self.octree.box_max - self.octree.box_min).norm()) / n_samples
         threshold = -math.log1p(-float(alpha_threshold)) / step
-        return LevelOccupancy.from_field(self, resolution, threshold, n_jitter=n_jitter, dilate=dilate)
+        occupancy = LevelOccupancy.from_field(self, resolution, threshold, n_jitter=n_jitter, dilate=dilate)
+        if self.hull is None:
+            return occupancy
+        # Outside its hull the field is undefined (never trained): those voxels stay empty.
+        from ..acceleration.visual_hull import within_hull
+        return within_hull(occupancy, self.hull)
 
     # ---- rays (tinn/render/octree.py renders the field) ------------------------------------------------
     def assign(self, origins: torch.Tensor, directions: torch.Tensor, t: torch.Tensor, deltas: torch.Tensor,
