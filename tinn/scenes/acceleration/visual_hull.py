@@ -31,7 +31,8 @@ def hull_votes(images, resolution: int, tolerance: float = 0.05, keep_fraction: 
     """(kept (R^3,) bool, centres (R^3, 3)): voxel centres of the images' box, ix slowest, and whether, among the
     views that see a centre, at least `keep_fraction` show a pixel there that differs from the background by more
     than `tolerance` (a lenient vote: background-coloured parts of an object would otherwise carve it away)."""
-    if isinstance(resolution, bool) or not isinstance(resolution, int) or not 2 <= resolution <= MAX_HULL_VOTE_RESOLUTION:
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or \
+            not 2 <= resolution <= MAX_HULL_VOTE_RESOLUTION:
         raise ConfigError(f"resolution={resolution!r} must be an integer in 2..{MAX_HULL_VOTE_RESOLUTION}")
     if not (isinstance(keep_fraction, (int, float)) and 0.0 < keep_fraction <= 1.0):
         raise ConfigError(f"keep_fraction={keep_fraction!r} must be in (0, 1]")
