@@ -436,24 +436,28 @@ def test_table_gradient_of_samples_sharing_cells_matches_reference(order, tuned,
     assert "grid_backward_table" in triton_grid_launches
 
 
-# expected: (vector reductions, private copies, corner pairs); ALL: grid_triton.PRIVATE_COPIES
-ALL = "all"
+# expected: (vector reductions, private copies, corner pairs); ALL: grid_triton.PRIVATE_COPIES, SHARED: the copies
+# shared out over an array's grids (grid_triton.private_copies)
+ALL, SHARED = "all", "shared"
 
 
 @pytest.mark.parametrize("dims,n_networks,features,offset,expected", [
     (2, 1, 2, 0, (True, ALL, True)), (3, 1, 2, 0, (True, ALL, True)), (2, 1, 4, 0, (True, ALL, False)),
-    (2, 1, 8, 0, (True, ALL, False)), (2, 3, 2, 0, (True, 0, True)), (2, 3, 4, 0, (True, 0, False)),
+    (2, 1, 8, 0, (True, ALL, False)), (2, 3, 2, 0, (True, SHARED, True)), (2, 3, 4, 0, (True, SHARED, False)),
+    (3, 9, 2, 0, (True, SHARED, True)), (3, 40, 2, 0, (True, 0, True)), (2, 3, 2, 2, (True, SHARED, False)),
     (2, 1, 1, 0, (False, 0, False)), (2, 2, 1, 0, (False, 0, False)), (2, 1, 2, 1, (False, 0, False)),
     (2, 1, 2, 2, (True, ALL, False)), (2, 1, 4, 2, (False, 0, False))],
-    ids=["single-F2", "single-F2-3d", "single-F4", "single-F8", "array-F2", "array-F4", "single-F1", "array-F1",
-         "F2-odd-offset", "F2-offset-2", "F4-offset-2"])
+    ids=["single-F2", "single-F2-3d", "single-F4", "single-F8", "array-F2", "array-F4", "nine-grids-3d",
+         "forty-grids-3d", "array-F2-offset-2", "single-F1", "array-F1", "F2-odd-offset", "F2-offset-2",
+         "F4-offset-2"])
 def test_table_gradient_vector_reductions_and_private_copies_match_reference(dims, n_networks, features, offset,
                                                                             expected, tuned, monkeypatch):
     """The Triton table gradient's variants: a lane per sample adding its features with vector reductions where
     they fit one (2, 4 or 8 features, aligned to the vector), with two features the corners that differ along the
     first axis in one four-word reduction where their entries pair up (16-byte aligned), and for a single grid its
     coarse levels summed in private copies first (here three dense levels private, two hashed ones added to the
-    table directly). Each against the float64 reference, with the variant the launch took. The table sits at
+    table directly), and for a few grids (an octree's nodes) each its share of the copies. Each against the
+    float64 reference, with the variant the launch took. The table sits at
     `offset` values into a larger gradient, as a model's tables may (an odd offset cannot take two-word vectors,
     an offset of two no four-word pairs)."""
     from tinn.kernels import triton_available
@@ -478,7 +482,7 @@ def test_table_gradient_vector_reductions_and_private_copies_match_reference(dim
                log2_hashmap_size=14 if features == 2 else 13, base_resolution=16 if dims == 2 else 4,
                per_level_scale=2.0)
     levels = grid_triton.LevelTable(enc._meta_values(), DEV)
-    if n_networks == 1 and features > 1:
+    if features > 1:
         assert 0 < grid_triton.private_levels(levels, features)[0] < enc.n_levels
     x, ids = inputs(enc, 200)
     dy = torch.randn(x.shape[0], enc.n_output_dims, generator=torch.Generator().manual_seed(4)).to(DEV)
@@ -490,7 +494,9 @@ def test_table_gradient_vector_reductions_and_private_copies_match_reference(dim
     enc.lookup_backward(x, ids, wide, offset, dy, grad, False)
     got = grad[:, offset:]
     vector, copies, paired = expected
-    assert chosen == [(vector, grid_triton.PRIVATE_COPIES if copies == ALL else copies)], chosen
+    want = {ALL: grid_triton.PRIVATE_COPIES, SHARED: grid_triton.private_copies(n_networks)}.get(copies, copies)
+    assert chosen == [(vector, want)], chosen
+    assert (want > 1) == (copies != 0)
     assert pairs == ([paired] if vector else []), pairs
     pr = table.double().requires_grad_(True)
     (ref_grid(enc, x.double(), pr, ids) * dy.double()).sum().backward()

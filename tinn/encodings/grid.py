@@ -432,10 +432,10 @@ class GridEncoding(Encoding):
         levels = self._triton_table_gradient(dparams) if want_params and not want_x else None
         if levels is not None:
             from ..kernels import grid_triton
-            # A sample's features leave in vector reductions where they fit one, and a single grid sums its
+            # A sample's features leave in vector reductions where they fit one, and a single grid or a few sum their
             # coarse levels in private copies first (design notes, "A grid's table gradient in vector reductions").
             vector = grid_triton.vector_reductions(f, dparams, off)
-            copies = grid_triton.PRIVATE_COPIES if vector and self.n_networks == 1 else 0
+            copies = grid_triton.private_copies(dparams.shape[0]) if vector else 0
             grid_triton.grid_backward_table(x, net_ids, off, levels, dy_t, dparams, f, interp, gtype,
                                             self.n_input_dims, lo, self._hashing, vector=vector, copies=copies)
             return

@@ -235,9 +235,9 @@ def _grid_backward_vector(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_pt
                           DENSE_LIMIT: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
     # One lane per sample: its cell's arithmetic once, then one vector reduction of its F features per corner,
     # where a lane per feature sends F scalar atomics that the L2 processes one by one. Levels below `n_private`
-    # (a single grid's coarse levels, whose few entries take every sample's adds) add into copy
-    # (program % copies) of a private buffer instead, spreading those adds over `copies` times more addresses;
-    # `_sum_private` then adds the copies into the table's gradient.
+    # (the coarse levels of a grid or of a few grids, whose few entries take every sample's adds) add into copy
+    # (program % copies) of a private buffer instead, one per network of the view, spreading those adds over
+    # `copies` times more addresses; `_sum_private` then adds the copies into the table's gradient.
     # PAIRS (two features, 16-byte aligned entry pairs): the two corners of a cell that differ along the first
     # axis land on the entries 2j and 2j + 1 whenever the first coordinate is even, in the dense index and in
     # tcnn's hashes alike (that axis' factor is 1, and the wrap keeps bit 0), so both go in one four-word
@@ -249,8 +249,10 @@ def _grid_backward_vector(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_pt
         D, F, INTERP, DENSE_LIMIT)
     base = grad_ptr + row
     if level < n_private:
+        # Copy (program % copies) of the sample's network: private[copy, net] mirrors the start of its row.
         copy = (tl.program_id(0) % copies).to(tl.int64)
-        base = private_ptr + (copy * private_floats + tl.load(meta_ptr + level * 4).to(tl.int64) * F + row * 0)
+        net = (tl.load(ids_ptr + b, mask=b < n, other=0) - net_lo).to(tl.int64)
+        base = private_ptr + ((copy * n_rows + net) * private_floats + tl.load(meta_ptr + level * 4).to(tl.int64) * F)
     dy_row = (level * F).to(tl.int64)
     if INTERP == 0:
         e = _corner_entry(c0, c1, c2, c3, 0, res_u, size_u, hashed, pow2, factors_ptr, D, H)
@@ -283,25 +285,38 @@ def _grid_backward_vector(x_ptr, ids_ptr, meta_ptr, factors_ptr, dy_ptr, grad_pt
 
 
 @triton.jit
-def _sum_private(private_ptr, grad_ptr, private_floats, copies, offset, BLOCK: tl.constexpr, COPIES: tl.constexpr):
-    """grad[offset + i] += the sum over the copies of private[copy, i] (after `_grid_backward_vector`, in stream
-    order: nothing else writes these entries meanwhile, so a plain read and write). A program loads its values of
-    every copy at once (a (COPIES, BLOCK) tile) and sums them in registers: a loop over the copies would wait on
-    one load after another."""
+def _sum_private(private_ptr, grad_ptr, private_floats, copies, n_rows, row_stride, offset, BLOCK: tl.constexpr,
+                 COPIES: tl.constexpr):
+    """grad[row, offset + i] += the sum over the copies of private[copy, row, i] (after `_grid_backward_vector`, in
+    stream order: nothing else writes these entries meanwhile, so a plain read and write). A program loads its
+    values of every copy at once (a (COPIES, BLOCK) tile) and sums them in registers: a loop over the copies would
+    wait on one load after another."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.program_id(1).to(tl.int64)
     k = tl.arange(0, COPIES)
     inside = i < private_floats
-    values = tl.load(private_ptr + k[:, None].to(tl.int64) * private_floats + i[None, :],
+    values = tl.load(private_ptr + (k[:, None].to(tl.int64) * n_rows + r) * private_floats + i[None, :],
                      mask=(k[:, None] < copies) & inside[None, :], other=0.0)
-    target = grad_ptr + offset + i
+    target = grad_ptr + r * row_stride + offset + i
     tl.store(target, tl.load(target, mask=inside, other=0.0) + tl.sum(values, axis=0), mask=inside)
 
 
-# A single grid's coarse levels summed in private copies: each level at most this many values (the dense levels
-# where many samples share an entry), and this many copies.
+# A grid's coarse levels summed in private copies: each level at most this many values (the dense levels where
+# many samples share an entry), and this many copies for a single grid. An array of up to PRIVATE_MAX_NETWORKS
+# grids (an octree's nodes) shares the copies out, each network's samples spread over about as many as a single
+# grid's would be (its share of the batch over its share of the copies); larger arrays spread their samples over
+# enough networks without them.
 PRIVATE_MAX_FLOATS = 16384
 PRIVATE_COPIES = 64
+PRIVATE_MAX_NETWORKS = 32
 SUM_TILE = 2048  # values a program of `_sum_private` loads: its block of values times the copies
+
+
+def private_copies(n_rows: int) -> int:
+    """Private copies for a table gradient over `n_rows` grids (0: none)."""
+    if n_rows < 1 or n_rows > PRIVATE_MAX_NETWORKS:
+        return 0
+    return -(-PRIVATE_COPIES // n_rows)
 
 
 def private_levels(levels: "LevelTable", F: int) -> tuple[int, int]:
@@ -376,10 +391,12 @@ def grid_backward_table(x, net_ids, param_offset, levels: LevelTable, dy_t, dtab
                         hashing, vector: bool = False, copies: int = 0):
     """Adds every level's table gradient into the view `dtable` (atomics; as `grid_encoding.grid_backward_lanes`).
     `vector` (see `vector_reductions`): a lane per sample adding its features with vector reductions; `copies`
-    (a single grid, with `vector`): its coarse levels summed in that many private copies first."""
+    (with `vector`, `private_copies` of the view's grids): their coarse levels summed in that many private copies
+    per grid first."""
     if vector:
-        n_private, private_floats = private_levels(levels, F) if copies and dtable.shape[0] == 1 else (0, 0)
-        private = (torch.zeros(copies, private_floats, dtype=torch.float32, device=x.device) if n_private
+        rows = dtable.shape[0]
+        n_private, private_floats = private_levels(levels, F) if copies else (0, 0)
+        private = (torch.zeros(copies, rows, private_floats, dtype=torch.float32, device=x.device) if n_private
                    else dtable)
         grid = (triton.cdiv(x.shape[0], BLOCK), levels.n_levels)
         _grid_backward_vector[grid](x, net_ids, levels.meta, levels.factors, dy_t, dtable, private,
@@ -390,8 +407,9 @@ def grid_backward_table(x, net_ids, param_offset, levels: LevelTable, dy_t, dtab
         if n_private:
             copies_block = triton.next_power_of_2(copies)
             block = max(16, SUM_TILE // copies_block)
-            _sum_private[(triton.cdiv(private_floats, block),)](private, dtable, private_floats, copies,
-                                                                param_offset, BLOCK=block, COPIES=copies_block)
+            _sum_private[(triton.cdiv(private_floats, block), rows)](private, dtable, private_floats, copies, rows,
+                                                                     dtable.stride(0), param_offset, BLOCK=block,
+                                                                     COPIES=copies_block)
         return
     grid = (triton.cdiv(x.shape[0] * F, BLOCK), levels.n_levels)
     _grid_backward_table[grid](x, net_ids, levels.meta, levels.factors, dy_t, dtable,
