@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ... import runtime
 from ...errors import ConfigError
-from ...render import pixel_radius
+from ...render.rays import pixel_radius
 from .occupancy import OccupancyGrid, VoxelBox
 from .octree_occupancy import LevelOccupancy
 
