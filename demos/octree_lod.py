@@ -557,6 +557,8 @@ def run(argv=None) -> dict:
         "background_psnr": background_psnr,
         "psnr_every_sample": every["psnr"],
         "occupied_fraction": field.occupancy.occupied_fraction() if field.occupancy is not None else None,
+        "hull_res": args.hull_res,
+        "hull_fraction": float(field.hull.occupied.float().mean()) if field.hull is not None else None,
         "occupancy_seconds": occupancy_seconds,
         "render_seconds": frame["skipping"], "fps": 1.0 / frame["skipping"],
         "render_seconds_every_sample": frame["every_sample"], "fps_every_sample": 1.0 / frame["every_sample"],
@@ -578,7 +580,9 @@ def run(argv=None) -> dict:
     occupied = "" if field.occupancy is None else \
         (f"occupancy {args.occupancy_res}^3 per depth, occupied "
          f"{'/'.join(f'{100 * f:.0f}' for f in summary['occupied_fraction'])}% ({occupancy_seconds:.2f} s); ")
-    print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); {occupied}{mem}")
+    hull = "" if field.hull is None else \
+        f"visual hull {args.hull_res}^3, {100 * summary['hull_fraction']:.1f}% of the box; "
+    print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); {hull}{occupied}{mem}")
     print(f"render {test.width}x{test.height}, {args.samples} samples/ray: {frame['skipping'] * 1e3:.1f} ms/frame "
           f"({summary['fps']:.1f} fps) with skipping and early termination ({args.render_segments} runs); skipping in "
           f"one run {frame['skipping_one_run'] * 1e3:.1f} ms; every sample "

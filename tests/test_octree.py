@@ -505,6 +505,7 @@ def test_demo_trains_tiny_scene_and_far_camera_touches_coarse_nodes(tmp_path):
     assert s["psnr"] > 25.0 and s["psnr"] > s["background_psnr"] + 15
     assert s["psnr_x2"] > 23.5
     assert s["nodes_per_level"][0] == 1 and sum(s["nodes_per_level"]) == s["nodes"]
+    assert s["hull_res"] == 32 and 0.0 < s["hull_fraction"] < 0.6        # the small preset skips outside its hull
     near, far = s["near"], s["far"]
     assert 0 < near["fraction_touched"] < 0.6 and near["params_touched"] < near["params_total"]
     assert sum(near["nodes_touched_per_depth"][2:]) > 0                # near: fine nodes
