@@ -46,7 +46,8 @@ def grid_kernels():
                 yield (f"_grid_backward_vector D={d} F={f} interpolation={interp} hash={hashing}"
                        f"{' pairs' if pairs else ''}", g._grid_backward_vector, types, consts)
     yield ("_sum_private", g._sum_private, {"private_ptr": "*fp32", "grad_ptr": "*fp32", "private_floats": "i32",
-                                            "copies": "i32", "offset": "i32"}, {"BLOCK": 64, "COPIES": 32})
+                                            "copies": "i32", "n_rows": "i32", "row_stride": "i64", "offset": "i32"},
+           {"BLOCK": 64, "COPIES": 32})
 
 
 def adam_kernels():
