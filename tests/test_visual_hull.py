@@ -62,6 +62,24 @@ def test_a_scene_surface_lies_inside_its_dilated_hull():
     assert float(grid.occupied.float().mean()) < 0.45
 
 
+def test_with_alpha_an_object_coloured_like_the_background_is_kept():
+    """Where images carry coverage, a covered pixel is foreground whatever its colour: a part painted like the
+    background would otherwise be carved out of the hull, and the field would skip it."""
+    from dataclasses import replace
+
+    from tinn.scenes.acceleration.visual_hull import visual_hull
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+
+    views = render_views(ProceduralScene(), 16, 24, 24, seed=0, n_samples=48)
+    coverage = ((views.images - views.background).abs().amax(dim=-1, keepdim=True) > 0.05).float()
+    invisible = views.background.expand_as(views.images).contiguous()     # every pixel the background's colour
+    by_colour = visual_hull(views, resolution=16, dilate=0).occupied
+    assert int(by_colour.sum()) > 0
+    assert int(visual_hull(replace(views, images=invisible), resolution=16, dilate=0).occupied.sum()) == 0
+    with_alpha = visual_hull(replace(views, images=invisible, alpha=coverage), resolution=16, dilate=0).occupied
+    assert torch.equal(with_alpha, by_colour)
+
+
 @pytest.mark.parametrize("hull_res,res", [(8, 4), (12, 5), (3, 7), (4, 8), (6, 6)])
 def test_combining_a_grid_with_the_hull_keeps_exactly_the_voxels_that_overlap_a_hull_voxel(hull_res, res):
     from tinn.scenes.acceleration.occupancy import OccupancyGrid

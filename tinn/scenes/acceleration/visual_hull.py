@@ -24,13 +24,15 @@ from .occupancy import OccupancyGrid, VoxelBox
 from .octree_occupancy import LevelOccupancy
 
 MAX_HULL_VOTE_RESOLUTION = 512
+ALPHA_COVERED = 1e-3  # images with alpha: a pixel counts as foreground above this coverage, whatever its colour
 
 
 def hull_votes(images, resolution: int, tolerance: float = 0.05, keep_fraction: float = 0.9,
                chunk: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept (R^3,) bool, centres (R^3, 3)): voxel centres of the images' box, ix slowest, and whether, among the
     views that see a centre, at least `keep_fraction` show a pixel there that differs from the background by more
-    than `tolerance` (a lenient vote: background-coloured parts of an object would otherwise carve it away)."""
+    than `tolerance`, or that the object covers where the images have alpha (a lenient vote: without alpha,
+    background-coloured parts of an object would otherwise carve it away)."""
     if isinstance(resolution, bool) or not isinstance(resolution, int) or \
             not 2 <= resolution <= MAX_HULL_VOTE_RESOLUTION:
         raise ConfigError(f"resolution={resolution!r} must be an integer in 2..{MAX_HULL_VOTE_RESOLUTION}")
@@ -45,6 +47,9 @@ def hull_votes(images, resolution: int, tolerance: float = 0.05, keep_fraction: 
     grid = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
     centres = lo + grid * (hi - lo)
     foreground = ((images.images - images.background.float()).abs().amax(dim=-1) > tolerance)  # (V, H, W)
+    if images.alpha is not None:
+        # A pixel the object covers at all: a part coloured like the background is no less there.
+        foreground |= images.alpha[..., 0] > ALPHA_COVERED
     w2c = torch.linalg.inv(images.c2w.float())                                             # (V, 4, 4)
     kept = []
     for start in range(0, centres.shape[0], chunk):
