@@ -317,10 +317,9 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     truth = mesh_truth(read_mesh(path), test.background.float(), supersample=args.lod_supersample)
     curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
                       _floats(args.lod_factors), background=test.background.float(), **render)
-    for pair in filter(None, args.lod_rays.split(",")):
-        factor, k = pair.split(":")
+    for factor, k in lod_rays(args.lod_rays):
         curve += lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
-                           [float(factor)], background=test.background.float(), supersample=int(k), **render)
+                           [factor], background=test.background.float(), supersample=k, **render)
     print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail (held-out view 0 pulled back; truth "
           f"area-filtered {args.lod_supersample}^2):")
     print(format_curve(curve))
@@ -332,6 +331,19 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
             "nodes_per_level": field.octree.nodes_per_level(), "encoding": enc,
             "lod_resolution": field.lod_resolution, "pyramid_levels": timing["pyramid_levels"],
             "fraction_touched": near["fraction_touched"], "lod_curve": curve}
+
+
+def lod_rays(text: str) -> list[tuple[float, int]]:
+    """--lod-rays' factor:k pairs."""
+    pairs = []
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            factor, k = pair.split(":")
+            pairs.append((float(factor), int(k)))
+        except ValueError:
+            raise SystemExit(f"--lod-rays {text!r}: each entry must be factor:k (a distance factor and rays per "
+                             f"pixel side, e.g. 2:2), got {pair!r}")
+    return pairs
 
 
 def _variant_label(args) -> str:
