@@ -147,6 +147,12 @@ def test_frames_evaluate_no_sample_outside_the_hull_with_or_without_an_occupancy
     assert both["n_evaluated"] == frame["n_evaluated"]                 # an all-occupied grid skips nothing more
     first = octree_rendering.skipping_grid(field, occupancy)
     assert octree_rendering.skipping_grid(field, occupancy) is first   # combined once
+    for _ in range(300):  # write counts past the small integers Python keeps one object of
+        hull.occupied.copy_(hull.occupied)
+    again = octree_rendering.skipping_grid(field, occupancy)
+    assert again is not first and octree_rendering.skipping_grid(field, occupancy) is again
+    assert torch.equal(again.occupied, first.occupied)
+    first = again
     occupancy.occupied[:, :8] = False                                  # written in place: combined again
     again = octree_rendering.skipping_grid(field, occupancy)
     assert again is not first and not bool(again.occupied[:, :8].any())

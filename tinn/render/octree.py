@@ -62,14 +62,16 @@ def skipping_grid(field, occupancy):
     hull = getattr(field, "hull", None)
     if hull is None or occupancy is None or occupancy is hull:
         return occupancy if occupancy is not None else hull
-    key = (occupancy, occupancy.occupied, occupancy.occupied._version, hull, hull.occupied, hull.occupied._version)
+    # The grids and their voxel tensors by identity, the tensors' in-place write counts by value.
+    grids = (occupancy, occupancy.occupied, hull, hull.occupied)
+    versions = (occupancy.occupied._version, hull.occupied._version)
     kept = field.__dict__.get("_skipping")
-    if kept is None or len(kept[0]) != len(key) or any(a is not b for a, b in zip(kept[0], key)):
+    if kept is None or kept[1] != versions or any(a is not b for a, b in zip(kept[0], grids)):
         from ..scenes.acceleration.visual_hull import within_hull
 
-        kept = (key, within_hull(occupancy, hull))
+        kept = (grids, versions, within_hull(occupancy, hull))
         field.__dict__["_skipping"] = kept
-    return kept[1]
+    return kept[2]
 
 
 def occupancy_arguments(field, occupancy):

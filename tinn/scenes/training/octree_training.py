@@ -238,7 +238,8 @@ def foreground_points(images, resolution: int = 64, tolerance: float = 0.05, kee
     has no surface points (real captures).
 
     A voxel centre inside the box is kept when, among the views that see it, at least `keep_fraction` show a
-    pixel that differs from the background by more than `tolerance` (`visual_hull.hull_votes`). `dilate` voxels
+    pixel that differs from the background by more than `tolerance`, or that the object covers where the images
+    have alpha (`visual_hull.hull_votes`). `dilate` voxels
     are then added around every kept one: a voxel whose centre falls outside the hull can still hold some of the
     surface near its faces, and an octree built over the centres alone would prune that surface away.
     """
