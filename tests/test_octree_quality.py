@@ -206,6 +206,33 @@ def test_pulled_back_camera_and_central_window():
         lod_eval.area_filtered(lambda w, h, f: torch.zeros(h, w, 3), 2, 2, 1.0, 0)
 
 
+def test_lod_curve_pools_its_views_squared_errors_and_shows_every_window():
+    """Several poses: each row's PSNR is that of the views' mean squared error on the object's window (as
+    `evaluate` pools views), each view's own PSNR is listed, and `on_frame` sees every (factor, view) window."""
+    field = octant_field(0.0)
+    c2w = views(8.0).c2w
+    tint = torch.tensor([0.2, 0.5, 0.9])
+
+    def truth(pose, width, height, focal):  # a flat colour per pose, so each view has its own error
+        return (tint * (1 + float(pose[0, 3] != 0))).expand(height, width, 3).clone()
+
+    seen = []
+    on_frame = lambda factor, view, pred, target: seen.append((factor, view, pred.clone(), target.clone()))  # noqa
+    rows = lod_eval.lod_curve(field, truth, c2w, 8, 8, 8.0, 16, factors=(1, 2), background=torch.ones(3),
+                              on_frame=on_frame)
+    assert [(f, v) for f, v, _, _ in seen] == [(1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1)]
+    for row in rows:
+        errors = [float(((p - t) ** 2).mean()) for f, _, p, t in seen if f == row["factor"]]
+        assert row["psnr_per_view"] == pytest.approx([-10 * math.log10(e) for e in errors], rel=1e-6)
+        assert row["psnr"] == pytest.approx(-10 * math.log10(sum(errors) / 2), rel=1e-6)
+        assert row["window"] == list(seen[0 if row["factor"] == 1 else 2][2].shape[:2])
+    assert rows[1]["window"] == [4, 4]
+    single = lod_eval.lod_curve(field, truth, c2w[1], 8, 8, 8.0, 16, factors=(2,), background=torch.ones(3))
+    assert single[0]["psnr"] == pytest.approx(rows[1]["psnr_per_view"][1], rel=1e-6)
+    with pytest.raises(InputError, match="pose"):
+        lod_eval.lod_curve(field, truth, c2w[:0], 8, 8, 8.0, 16)
+
+
 # ---- seams: blending across node faces makes the field continuous ---------------------------------------------
 
 def octant_field(blend_margin: float) -> OctreeField:

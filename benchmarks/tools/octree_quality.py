@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+import imageio.v3 as imageio
 import torch
 
 import tinn
@@ -105,6 +106,11 @@ def parse_args(argv=None):
     p.add_argument("--lod-rays", default="",
                    help="extra level-of-detail rows drawn with k x k rays a pixel: factor:k pairs, comma-separated "
                         "(e.g. 2:2)")
+    p.add_argument("--lod-views", type=int, default=0,
+                   help="held-out views each level-of-detail row pools (0: all of them)")
+    p.add_argument("--lod-images", action="store_true",
+                   help="write each level-of-detail row's first view (prediction, truth, error) as PNGs under --out, "
+                        "and split each row's squared error between the silhouette band and the rest")
     p.add_argument("--json", default=None, help="JSON path (default: --out/octree_quality.json)")
     ours, rest = p.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
@@ -315,13 +321,22 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)
     truth = mesh_truth(read_mesh(path), test.background.float(), supersample=args.lod_supersample)
-    curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
-                      _floats(args.lod_factors), background=test.background.float(), **render)
-    for factor, k in lod_rays(args.lod_rays):
-        curve += lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples,
-                           [factor], background=test.background.float(), supersample=k, **render)
-    print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail (held-out view 0 pulled back; truth "
-          f"area-filtered {args.lod_supersample}^2):")
+    poses = test.c2w[:args.lod_views] if args.lod_views > 0 else test.c2w
+    diagnosis = LodDiagnosis(os.path.join(args.out, f"lod_{name}_{_variant_slug(args)}"), test.background.float()) \
+        if args.lod_images else None
+    on_frame = diagnosis.frame if diagnosis else None
+    curve = []
+    for factors, k in [(_floats(args.lod_factors), None)] + [([f], k) for f, k in lod_rays(args.lod_rays)]:
+        rays = {} if k is None else {"supersample": k}
+        if diagnosis:
+            diagnosis.tag = "" if k is None else f"{k}x{k}rays_"
+        rows = lod_curve(field, truth, poses, test.width, test.height, test.focal, args.samples, factors,
+                         background=test.background.float(), on_frame=on_frame, **rays, **render)
+        if diagnosis:
+            diagnosis.annotate(rows)
+        curve += rows
+    print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail ({len(poses)} held-out views pulled back; "
+          f"truth area-filtered {args.lod_supersample}^2):")
     print(format_curve(curve))
     return {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
             "blend_margin": args.blend_margin, "final_lr_factor": args.octree_final_lr,
@@ -344,6 +359,59 @@ def lod_rays(text: str) -> list[tuple[float, int]]:
             raise SystemExit(f"--lod-rays {text!r}: each entry must be factor:k (a distance factor and rays per "
                              f"pixel side, e.g. 2:2), got {pair!r}")
     return pairs
+
+
+class LodDiagnosis:
+    """Where a level-of-detail row's error lies: the silhouette band (pixels within one pixel of both the
+    background and the object in the truth) against the rest, pooled over the row's views, and the first view's
+    prediction, truth and error (x8) as PNGs."""
+
+    def __init__(self, prefix: str, background: torch.Tensor):
+        self.prefix, self.background = prefix, background
+        self.tag = ""  # told apart in the file names: rows drawn with several rays a pixel
+        self.sums: dict = {}
+
+    def frame(self, factor: float, view: int, pred: torch.Tensor, truth: torch.Tensor) -> None:
+        import torch.nn.functional as F
+        bg = self.background.to(truth.device).reshape(1, 1, 3)
+        empty = ((truth - bg).abs().amax(-1) < 1e-3).float()[None, None]
+        near_empty = F.max_pool2d(empty, 3, 1, 1)[0, 0] > 0
+        near_object = F.max_pool2d(1 - empty, 3, 1, 1)[0, 0] > 0
+        band = near_empty & near_object
+        sq = ((pred - truth) ** 2).mean(-1)
+        s = self.sums.setdefault(factor, [0.0, 0.0, 0, 0])
+        s[0] += float(sq[band].sum())
+        s[1] += float(sq[~band].sum())
+        s[2] += int(band.sum())
+        s[3] += int((~band).sum())
+        if view == 0:
+            tag = f"{self.prefix}_x{factor:g}_{self.tag}"
+            for suffix, image in (("pred", pred), ("truth", truth), ("error_x8", (pred - truth).abs() * 8)):
+                pixels = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+                imageio.imwrite(f"{tag}{suffix}.png", pixels)
+
+    def annotate(self, curve: list[dict]) -> None:
+        """Adds each row's split (the frames seen since the last call) and prints it."""
+        for row in curve:
+            band, rest, n_band, n_rest = self.sums.pop(row["factor"], (0.0, 0.0, 0, 0))
+            total = band + rest
+            row["silhouette"] = {"pixel_share": n_band / max(1, n_band + n_rest),
+                                 "error_share": band / total if total else 0.0,
+                                 "psnr_without": _mse_psnr(rest / max(1, n_rest)),
+                                 "psnr_band": _mse_psnr(band / max(1, n_band))}
+            print(f"  x{row['factor']:g} {row['supersample'] ** 2} rays/px: silhouette band "
+                  f"{100 * row['silhouette']['pixel_share']:.1f}% of pixels, "
+                  f"{100 * row['silhouette']['error_share']:.1f}% of the squared error; PSNR in the band "
+                  f"{row['silhouette']['psnr_band']:.2f} dB, without it {row['silhouette']['psnr_without']:.2f} dB")
+
+
+def _mse_psnr(mse: float) -> float:
+    import math
+    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+
+
+def _variant_slug(args) -> str:
+    return "_".join(f"{getattr(args, key):g}" for key in VARIANT_KEYS if getattr(args, key) is not None)
 
 
 def _variant_label(args) -> str:

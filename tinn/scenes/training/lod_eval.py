@@ -8,8 +8,8 @@ nodes its level rule gives that footprint, and the two are compared on the windo
 (the central W / f x H / f pixels: elsewhere both show background and would inflate the PSNR).
 
 `lod_curve(field, truth, c2w, ...)` renders the field and the truth at each distance factor and reports the
-distance, the depth the rule picks for a sample at the scene centre, the PSNR on the object's window and the
-share of parameters the frame touched.
+distance, the depth the rule picks for a sample at the scene centre, the PSNR on the object's window (pooled
+over the poses given) and the share of parameters the frames touched.
 """
 from __future__ import annotations
 
@@ -57,8 +57,7 @@ def central_window(image: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def window_psnr(pred: torch.Tensor, truth: torch.Tensor, factor: float) -> float:
-    err = float(((central_window(pred, factor) - central_window(truth, factor)) ** 2).mean())
-    return float("inf") if err == 0 else -10.0 * math.log10(err)
+    return _psnr(float(((central_window(pred, factor) - central_window(truth, factor)) ** 2).mean()))
 
 
 def mesh_truth(mesh, background: torch.Tensor, supersample: int = 4, **render_options):
@@ -104,28 +103,54 @@ def procedural_truth(scene, background: torch.Tensor | None = None, supersample:
 
 @torch.no_grad()
 def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: float, n_samples: int,
-              factors=(1, 2, 4, 8), background: torch.Tensor | None = None, **render) -> list[dict]:
+              factors=(1, 2, 4, 8), background: torch.Tensor | None = None, on_frame: Callable | None = None,
+              **render) -> list[dict]:
     """One row per distance factor: distance, the depth the rule picks at the scene centre, the octree's PSNR
-    against the area-filtered truth on the object's window, and the parameters the frame touched."""
+    against the area-filtered truth on the object's window, and the parameters the frame touched.
+
+    `c2w`: one pose (4, 4) or several (V, 4, 4); with several, each is pulled back alike and the PSNR is that of
+    their mean squared error (as `evaluate` pools its views), `psnr_per_view` lists each, the touched shares
+    are means and `params_touched` / `nodes_touched_per_depth` the most any view touched. One view's PSNR
+    moves by tenths of a dB with the view, which is the size of the differences a level is judged by.
+    `on_frame(factor, view, pred_window, truth_window)`: called with each rendered window (diagnostics)."""
     tree = field.octree
     centre = (tree.box_min + tree.box_max) / 2
+    poses = c2w.reshape(-1, 4, 4)
+    if poses.shape[0] == 0:
+        raise InputError("lod_curve needs at least one pose; c2w has none")
     rows = []
     for factor in factors:
-        pose = pulled_back(c2w, float(factor), centre)
-        frame = field.render_image(pose, width, height, focal, n_samples, background=background, **render)
-        pred = frame["image"]
-        target = truth(pose, width, height, focal).to(pred.device)
+        errors, views_psnr, reports, supersample = [], [], [], None
+        for v, base in enumerate(poses):
+            pose = pulled_back(base, float(factor), centre)
+            frame = field.render_image(pose, width, height, focal, n_samples, background=background, **render)
+            pred = central_window(frame["image"], float(factor))
+            target = central_window(truth(pose, width, height, focal).to(pred.device), float(factor))
+            err = float(((pred - target) ** 2).mean())
+            errors.append(err)
+            views_psnr.append(_psnr(err))
+            reports.append(field.touched_report(frame["touched"]))
+            supersample = frame["supersample"]
+            if on_frame is not None:
+                on_frame(float(factor), v, pred, target)
+        pose = pulled_back(poses[0], float(factor), centre)
         distance = float((pose[:3, 3] - centre.to(pose)).norm())
         radius = torch.tensor([distance * pixel_radius(focal)], device=tree.device)
         level = int(levels_for_radius(radius, field.lod_root_size).clamp(max=tree.deepest)[0])
-        report = field.touched_report(frame["touched"])
+        per_depth = [max(r["nodes_touched_per_depth"][d] for r in reports)
+                     for d in range(len(reports[0]["nodes_touched_per_depth"]))]
         rows.append({"factor": float(factor), "distance": distance, "level": level,
-                     "psnr": window_psnr(pred, target, float(factor)),
-                     "window": list(central_window(pred, float(factor)).shape[:2]),
-                     "supersample": frame["supersample"],
-                     "fraction_touched": report["fraction_touched"], "params_touched": report["params_touched"],
-                     "nodes_touched_per_depth": report["nodes_touched_per_depth"]})
+                     "psnr": _psnr(sum(errors) / len(errors)), "psnr_per_view": views_psnr,
+                     "window": list(central_window(frame["image"], float(factor)).shape[:2]),
+                     "supersample": supersample,
+                     "fraction_touched": sum(r["fraction_touched"] for r in reports) / len(reports),
+                     "params_touched": max(r["params_touched"] for r in reports),
+                     "nodes_touched_per_depth": per_depth})
     return rows
+
+
+def _psnr(mse: float) -> float:
+    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
 
 
 def format_curve(rows: list[dict]) -> str:
