@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio "
                    "(transforms*.json); replaces --scene")
     p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
+    p.add_argument("--camera-radii", default="4",
+                   help="with --mesh: the cameras' distances from the mesh centre, comma-separated (the views split "
+                        "evenly; closer spheres give close-ups)")
     p.add_argument("--small", action="store_true", help="CPU-sized run (smaller grid, views, steps)")
     p.add_argument("--grid", type=int, default=None, help="cells per axis (networks: grid^3); full size 16")
     p.add_argument("--views", type=int, default=None, help="training views (full size 100)")
@@ -138,11 +141,11 @@ def load_data(args):
     """(train, test) PosedImages on tinn's device."""
     from tinn.scenes import ProceduralScene, render_views
     from tinn.scenes.data.formats import load_scene
-    from tinn.scenes.data.mesh import scene_from_mesh
+    from tinn.scenes.data.mesh import parse_radii, scene_from_mesh
 
     if args.mesh:
         args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
-                                    args.res)
+                                    args.res, radii=parse_radii(args.camera_radii))
     if args.data is None:
         scene = ProceduralScene()
         # Different seeds: held-out cameras are not training cameras.

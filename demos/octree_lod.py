@@ -65,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
     p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio")
     p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
+    p.add_argument("--camera-radii", default="4",
+                   help="with --mesh: the cameras' distances from the mesh centre, comma-separated (the views split "
+                        "evenly; a radius listed twice gets twice the views; closer spheres give close-ups)")
     p.add_argument("--small", action="store_true", help="CPU-sized defaults (32 px, depth 3, 250 steps)")
     p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 4, small: 3)")
     p.add_argument("--min-points", type=int, default=None, help="a node splits while it holds more points")
@@ -179,10 +182,10 @@ def load_scene(args):
     """(train images, held-out images, points to build the octree over; None for a capture, whose octree is
     built over its visual hull once its depth is known)."""
     if args.mesh:
-        from tinn.scenes.data.mesh import scene_from_mesh
+        from tinn.scenes.data.mesh import parse_radii, scene_from_mesh
 
         args.data = scene_from_mesh(args.mesh, os.path.join(args.out, "mesh_scene"), args.views, args.test_views,
-                                    args.res)
+                                    args.res, radii=parse_radii(args.camera_radii))
     if args.data:
         from tinn.scenes.data.formats import load_scene as load_folder
 

@@ -136,6 +136,25 @@ def _transforms(tmp_path, scene_dir, **top):
     return tmp_path / "transforms.json"
 
 
+def test_ring_cameras_split_the_views_over_their_spheres_and_stay_on_them():
+    cams = M.ring_cameras(8, (4.0, 2.6, 1.8), offset=0.25)
+    distances = np.linalg.norm(cams[:, :3, 3], axis=1)
+    np.testing.assert_allclose(distances, [4.0] * 3 + [2.6] * 3 + [1.8] * 2, rtol=1e-9)
+    for c2w in cams:  # each looks at the origin: its -z axis points there
+        np.testing.assert_allclose(-c2w[:3, 2], -c2w[:3, 3] / np.linalg.norm(c2w[:3, 3]), atol=1e-9)
+    np.testing.assert_allclose(M.ring_cameras(5, (4.0,), 0.25), M.sphere_cameras(5, 4.0, 0.25))
+    # Any lattice offset keeps every camera on its sphere (past half a step it used to leave it).
+    for offset in (0.0, 0.5, 0.62, 0.99):
+        np.testing.assert_allclose(np.linalg.norm(M.sphere_cameras(3, 2.0, offset)[:, :3, 3], axis=1), 2.0)
+    for bad in ((), (1.5,), (4.0, float("nan")), "far"):
+        with pytest.raises(InputError, match="radii"):
+            M.ring_cameras(4, bad)
+    assert M.parse_radii("4, 2.6,1.8") == (4.0, 2.6, 1.8)
+    for bad in ("", "4,near", "4,1"):
+        with pytest.raises(InputError, match="radii"):
+            M.parse_radii(bad)
+
+
 def test_instant_ngp_and_nerfstudio_load_the_same_rays(bunny_scene, tmp_path):
     out, _ = bunny_scene
     ref = load_nerf_synthetic(out, "train")

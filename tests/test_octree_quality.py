@@ -52,6 +52,68 @@ def test_closest_footprint_is_the_nearest_views_farthest_in_box_sample():
     assert closest_footprint(v) == pytest.approx(expected, rel=1e-6)
 
 
+def axis_views(distances, focal: float = 8.0, width: int = 8) -> PosedImages:
+    """Blank views on the -y axis at `distances` from the origin, looking at it."""
+    c2w = torch.stack([torch.as_tensor(M.look_at([0.0, -d, 0.0]), dtype=torch.float32) for d in distances])
+    n = len(distances)
+    return PosedImages(images=torch.zeros(n, width, width, 3), c2w=c2w, focal=focal, width=width, height=width,
+                       near=0.1, far=8.0, box_min=torch.full((3,), -1.5), box_max=torch.full((3,), 1.5),
+                       background=torch.ones(3))
+
+
+def test_surface_footprint_is_where_the_closest_view_meets_the_hull():
+    """A cube hull seen face on: every ray that meets it meets the front face, at the view's distance less the
+    face's (voxel-aligned) offset; the closest view decides; a quantile picks among a view's hits."""
+    from tinn.scenes.acceleration.occupancy import OccupancyGrid
+    from tinn.scenes.acceleration.octree_budget import surface_footprint
+    from tinn.render import pixel_radius
+
+    r = 32
+    centres = (torch.arange(r) + 0.5) * (3.0 / r) - 1.5
+    inside = centres.abs() <= 0.5
+    hull = OccupancyGrid(inside[:, None, None] & inside[None, :, None] & inside[None, None, :],
+                         torch.full((3,), -1.5), torch.full((3,), 1.5))
+    face = -1.5 + int(inside.nonzero()[0]) * 3.0 / r            # the first occupied voxel's near side
+    for distances in ((4.0,), (4.0, 2.5), (2.5, 4.0)):
+        v = axis_views(distances)
+        expected = (min(distances) + face) * pixel_radius(v.focal)
+        assert surface_footprint(v, hull, quantile=0.0) == pytest.approx(expected, rel=3e-3)
+    # Off-axis rays meet the face farther along them: the median lies beyond the nearest hit.
+    v = axis_views((4.0,))
+    near, median, far = (surface_footprint(v, hull, quantile=q) for q in (0.0, 0.5, 1.0))
+    assert near < median < far
+    # The farthest hit is a ray through the face's rim: distance / cos of its angle.
+    rim = (4.0 + face) * math.sqrt(1 + 2 * (-face / (4.0 + face)) ** 2) * pixel_radius(v.focal)
+    assert far == pytest.approx(rim, rel=0.08)
+    assert far < closest_footprint(v)     # the box rule's farthest in-box point lies behind the surface
+    with pytest.raises(InputError, match="quantile"):
+        surface_footprint(v, hull, quantile=2.0)
+    with pytest.raises(InputError, match="no view"):
+        surface_footprint(v, OccupancyGrid(torch.zeros(r, r, r, dtype=torch.bool), torch.full((3,), -1.5),
+                                           torch.full((3,), 1.5)))
+
+
+def test_a_per_node_budget_grows_the_array_with_the_tree_and_a_given_footprint_sets_the_depth():
+    from tinn.scenes.acceleration.octree_budget import budgeted_octree
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(6000, 3, generator=g)
+    points = 0.9 * p / p.norm(dim=1, keepdim=True)
+    v = views(focal=1111.0)
+    edge = 3.0
+    for depth in (1, 2, 3):
+        footprint = edge / (DEFAULT_MIN_LEAF_RESOLUTION * 2 ** depth) * 0.999   # feeds exactly `depth`
+        built = budgeted_octree(v, 40_000, NETWORK, footprint=footprint, per_node=True, points=points,
+                                min_points=4)
+        assert built.depth == depth and built.tree.deepest == depth
+        total = built.tree.n_nodes * node_params(built.encoding, NETWORK)
+        assert 40_000 * built.tree.n_nodes / 2 < total <= 40_000 * built.tree.n_nodes
+    shared = budgeted_octree(v, 1_000_000, NETWORK, footprint=footprint, points=points, min_points=4)
+    assert 500_000 < shared.tree.n_nodes * node_params(shared.encoding, NETWORK) <= 1_000_000
+    with pytest.raises(ConfigError, match="footprint"):
+        budgeted_octree(v, 40_000, NETWORK, footprint=-1.0, points=points)
+
+
 def test_budget_gives_the_deepest_nodes_cells_of_the_footprint_and_fits_the_budget():
     tree = sphere_tree(3)
     v = views(focal=1111.0)                        # an 800-pixel view's focal

@@ -106,6 +106,15 @@ def parse_args(argv=None):
     p.add_argument("--lod-rays", default="",
                    help="extra level-of-detail rows drawn with k x k rays a pixel: factor:k pairs, comma-separated "
                         "(e.g. 2:2)")
+    p.add_argument("--footprint", default="box", choices=["box", "surface"],
+                   help="the deepest nodes' footprint: 'box', the closest view's farthest in-box point "
+                        "(closest_footprint); 'surface', where the closest view sees the visual hull "
+                        "(surface_footprint: for captures with close-ups, --camera-radii)")
+    p.add_argument("--node-budget", type=int, default=None,
+                   help="parameters per node instead of the teacher's budget for the whole array: the array grows "
+                        "with the tree (what more nodes buy, e.g. over --max-depth 1,2,3,4)")
+    p.add_argument("--occupancy-ab", action="store_true",
+                   help="also evaluate the held-out views without the occupancy grids (what skipping costs)")
     p.add_argument("--lod-views", type=int, default=0,
                    help="held-out views each level-of-detail row pools (0: all of them)")
     p.add_argument("--lod-images", action="store_true",
@@ -124,7 +133,8 @@ def parse_args(argv=None):
 
 def octree_for(args, train, budget: int):
     """The budgeted octree field over the training views' visual hull (`budgeted_octree`, as the demo builds)."""
-    from tinn.scenes.acceleration.octree_budget import DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree
+    from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree,
+                                                        surface_footprint)
     from tinn.scenes.fields.octree_field import OctreeField
 
     network = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
@@ -135,12 +145,17 @@ def octree_for(args, train, budget: int):
     if args.level_scale is not None:
         options["max_level_scale"] = args.level_scale
     minimum = DEFAULT_MIN_LEAF_RESOLUTION if args.min_leaf_resolution is None else args.min_leaf_resolution
-    built = budgeted_octree(train, budget, network, max_depth=args.max_depth, min_leaf_resolution=minimum,
-                            oversample=args.oversample, **options)
     hull = None
-    if args.hull:
+    if args.hull or args.footprint == "surface":
         from tinn.scenes.acceleration.visual_hull import DEFAULT_HULL_RESOLUTION, visual_hull
         hull = visual_hull(train, args.hull_resolution or DEFAULT_HULL_RESOLUTION)
+    footprint = surface_footprint(train, hull) if args.footprint == "surface" else None
+    per_node = args.node_budget is not None
+    built = budgeted_octree(train, args.node_budget if per_node else budget, network, max_depth=args.max_depth,
+                            min_leaf_resolution=minimum, oversample=args.oversample, footprint=footprint,
+                            per_node=per_node, **options)
+    if not args.hull:
+        hull = None
     return OctreeField(built.tree, built.encoding, network, lod_resolution=built.lod_resolution, seed=args.seed + 3,
                        blend_margin=args.blend_margin, hull=hull)
 
@@ -317,6 +332,29 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     occupancy_s = time.perf_counter() - t1
     render = {"segments": args.octree_segments, "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
+    by_distance = {}
+    distances = test.c2w[:, :3, 3].norm(dim=1).round(decimals=2).tolist()
+    if len(set(distances)) > 1:  # a capture with close-ups: each sphere's held-out views on their own
+        for d in sorted(set(distances)):
+            views = [v for v, x in enumerate(distances) if x == d]
+            by_distance[f"{d:g}"] = evaluate(field, test, args.samples, views=views, **render)["psnr"]
+        print(f"[{name}] held-out PSNR by camera distance: " +
+              ", ".join(f"{d}: {p:.2f} dB" for d, p in by_distance.items()))
+    if args.occupancy_ab:
+        kept, field.occupancy = field.occupancy, None
+        try:
+            groups = {f"{d:g}": [v for v, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
+            plain = {d: evaluate(field, test, args.samples, views=v, **render)["psnr"] for d, v in groups.items()}
+        finally:
+            field.occupancy = kept
+        print(f"[{name}] the same without occupancy grids: " + ", ".join(f"{d}: {p:.2f} dB" for d, p in plain.items()))
+    if args.lod_images:
+        closest = min(range(len(distances)), key=lambda v: distances[v])
+        frame = evaluate(field, test, args.samples, views=[closest], **render)["renders"][0]
+        ref = test.images[closest].to(frame.device)
+        for suffix, image in (("pred", frame), ("truth", ref), ("error_x8", (frame - ref).abs() * 8)):
+            pixels = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+            imageio.imwrite(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_{suffix}.png"), pixels)
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)
@@ -338,7 +376,8 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     print(f"[{name}] held-out {near['psnr']:.2f} dB; level of detail ({len(poses)} held-out views pulled back; "
           f"truth area-filtered {args.lod_supersample}^2):")
     print(format_curve(curve))
-    return {"psnr": near["psnr"], "seconds": timing["seconds"], "steps": timing["steps"],
+    return {"psnr": near["psnr"], "psnr_by_distance": by_distance, "seconds": timing["seconds"],
+            "steps": timing["steps"],
             "blend_margin": args.blend_margin, "final_lr_factor": args.octree_final_lr,
             "variant": {key: getattr(args, key) for key in VARIANT_KEYS}, "label": _variant_label(args),
             "occupancy_seconds": occupancy_s, "params": octree_params,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import torch
+
 from ...errors import ConfigError, InputError
 from ...render import pixel_radius
 
@@ -48,6 +50,45 @@ def closest_footprint(images) -> float:
     half_diagonal = float((images.box_max - images.box_min).float().norm()) / 2
     distance = (images.c2w[:, :3, 3].float() - centre.to(images.c2w.device)).norm(dim=1)
     return (float(distance.min()) + half_diagonal) * pixel_radius(images.focal)
+
+
+@torch.no_grad()
+def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 32, steps: int = 512) -> float:
+    """Footprint radius (scene units) where the closest view sees the surface: for a capture whose views stand
+    at several distances (close-ups), where `closest_footprint`'s farthest in-box point would stand for the
+    surface a close-up actually sees.
+
+    Each view casts `rays_per_side`^2 rays across its frame (the same field of view), marched in `steps` even
+    steps through the box to their first voxel of `hull` (an OccupancyGrid, the training views' visual hull);
+    the view's distance is the `quantile` of its hit distances (0.5: half its surface samples lie nearer). The
+    minimum over views, times the pixel cone's radius: the footprint of the view that asks for the finest
+    detail. Raises if no ray meets the hull."""
+    from ...render.rays import camera_rays, ray_box
+
+    if len(images) == 0:
+        raise InputError("images holds no view")
+    if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 1.0):
+        raise InputError(f"quantile={quantile!r} must be a number in [0, 1]")
+    for name, value in (("rays_per_side", rays_per_side), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name}={value!r} must be an integer >= 1")
+    dev = hull.occupied.device
+    focal = images.focal * rays_per_side / images.width
+    nearest = math.inf
+    for c2w in images.c2w.to(dev).float():
+        origins, dirs = camera_rays(c2w, rays_per_side, rays_per_side, focal)
+        t0, t1 = ray_box(origins, dirs, hull.box_min, hull.box_max)
+        frac = (torch.arange(steps, device=dev, dtype=torch.float32) + 0.5) / steps
+        t = t0[:, None] + (t1 - t0).clamp(min=0)[:, None] * frac[None]
+        inside = hull.query((origins[:, None] + t[..., None] * dirs[:, None]).reshape(-1, 3)).view(-1, steps)
+        hit = inside.any(dim=1) & (t1 > t0)
+        if hit.any():
+            first = inside[hit].float().argmax(dim=1)
+            depths = t[hit].gather(1, first[:, None])[:, 0]
+            nearest = min(nearest, float(torch.quantile(depths, float(quantile))))
+    if not math.isfinite(nearest):
+        raise InputError("no view's rays meet the hull: it is empty or outside every view")
+    return nearest * pixel_radius(images.focal)
 
 
 def leaf_resolution(tree, footprint: float) -> float:
@@ -161,24 +202,31 @@ class BudgetedOctree(NamedTuple):
 def budgeted_octree(images, param_budget: int, network: dict, max_depth: int = 16,
                     min_leaf_resolution: float = DEFAULT_MIN_LEAF_RESOLUTION, min_points: int = 8,
                     oversample: float = 2.0, points=None, lod_resolution: float | None = None,
+                    footprint: float | None = None, per_node: bool = False,
                     **encoding_options) -> BudgetedOctree:
     """The octree and node grid of posed images within `param_budget` parameters: the tree as deep as the
     capture feeds (`capture_depth`, at most `max_depth`; `min_leaf_resolution` 0 leaves `max_depth` alone),
     built over `points` or else the views' visual hull (`octree_over`); the level rule's cells per node edge
-    from the closest view (`leaf_resolution`, unless `lod_resolution` is given); each node's grid `oversample`
-    times finer than that, its levels and table from the budget (`budget_encoding`, which takes
-    `encoding_options`: n_features, base_resolution, max_level_scale, table_dtype, fill_levels)."""
+    from the closest view's footprint (`footprint`, default `closest_footprint(images)`; a capture with
+    close-ups passes `surface_footprint`) through `leaf_resolution`, unless `lod_resolution` is given; each node's
+    grid `oversample` times finer than that, its levels and table from the budget (`budget_encoding`, which takes
+    `encoding_options`: n_features, base_resolution, max_level_scale, table_dtype, fill_levels). `per_node`: the
+    budget is each node's, so the array grows with the tree (a preset that shows what more nodes buy)."""
     from ..training.octree_training import octree_over
     from .octree import cube_around
 
     if not (isinstance(oversample, (int, float)) and math.isfinite(oversample) and oversample > 0):
         raise ConfigError(f"oversample={oversample!r} must be a number > 0")
-    footprint = closest_footprint(images)
+    if footprint is None:
+        footprint = closest_footprint(images)
+    elif not (isinstance(footprint, (int, float)) and math.isfinite(footprint) and footprint > 0):
+        raise ConfigError(f"footprint={footprint!r} must be a finite number > 0")
     depth = max_depth
     if min_leaf_resolution > 0:
         edge = cube_around(images.box_min.float(), images.box_max.float())[1]
         depth = min(max_depth, capture_depth(edge, footprint, min_leaf_resolution))
     tree = octree_over(images, depth, min_points, points)
     rule = leaf_resolution(tree, footprint) if lod_resolution is None else float(lod_resolution)
-    encoding = budget_encoding(tree.n_nodes, param_budget, rule * oversample, network, **encoding_options)
+    total = param_budget * tree.n_nodes if per_node and isinstance(param_budget, int) else param_budget
+    encoding = budget_encoding(tree.n_nodes, total, rule * oversample, network, **encoding_options)
     return BudgetedOctree(tree, encoding, rule, depth)

@@ -531,11 +531,44 @@ def sphere_cameras(n: int, radius: float = CAMERA_RADIUS, offset: float = 0.0) -
     golden = math.pi * (3.0 - math.sqrt(5.0))
     out = []
     for k in range(n):
-        z = 1.0 - 2.0 * (k + 0.5 + offset) / n
+        z = 1.0 - 2.0 * ((k + 0.5 + offset) % n) / n  # wrapped: past half a step the last view would leave the sphere
         r = math.sqrt(max(0.0, 1.0 - z * z))
         phi = golden * (k + offset * 7.3)
         out.append(look_at(radius * np.array([r * math.cos(phi), r * math.sin(phi), z])))
     return np.stack(out)
+
+
+def ring_cameras(n: int, radii=(CAMERA_RADIUS,), offset: float = 0.0) -> np.ndarray:
+    """(n, 4, 4) cameras looking at the origin from spheres of several `radii`: the views split as evenly as the
+    count allows (the first radii get one more), each sphere's lattice shifted by its own offset so that near and
+    far views look from different directions. A capture with close-up spheres feeds deeper octree nodes: a
+    view's pixel footprint on the surface shrinks with its distance (docs/guides/scenes.md)."""
+    radii = check_radii(radii)
+    shares = [n // len(radii) + (i < n % len(radii)) for i in range(len(radii))]
+    rings = [sphere_cameras(k, r, (offset + 0.37 * i) % 1.0) for i, (k, r) in enumerate(zip(shares, radii)) if k]
+    return np.concatenate(rings) if rings else np.zeros((0, 4, 4))
+
+
+def parse_radii(text: str) -> tuple:
+    """A demo's `--camera-radii` ("4,2.6,1.8") as checked radii."""
+    try:
+        values = tuple(float(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"--camera-radii {text!r}: expected comma-separated numbers, e.g. 4,2.6,1.8") from None
+    return check_radii(values)
+
+
+def check_radii(radii) -> tuple:
+    """The camera radii as floats: each finite and beyond the normalised mesh's bounding box (the cube of half-side
+    1, whose corners lie sqrt(3) from the origin), so no camera sits inside the object."""
+    try:
+        values = tuple(float(r) for r in radii)
+    except (TypeError, ValueError):
+        values = ()
+    if not values or not all(math.isfinite(r) and r > math.sqrt(3.0) for r in values):
+        raise InputError(f"camera radii={radii!r} must be one or more numbers > sqrt(3) (the normalised mesh lies "
+                         "in the cube of half-side 1 around the origin)")
+    return values
 
 
 def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: float, supersample: int = 2,
@@ -594,15 +627,16 @@ def render_rgba(mesh: Mesh, c2w: np.ndarray, width: int, height: int, focal: flo
 
 def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int = 10, test_views: int = 20,
                          resolution: int = 800, supersample: int = 2, light=DEFAULT_LIGHT, shading: str = "smooth",
-                         crease_degrees: float = DEFAULT_CREASE_DEGREES) -> dict:
-    """Render train/val/test views of `mesh` (normalised first) into `out_dir` as a NeRF-synthetic folder.
-    Returns {split: number of views}."""
+                         crease_degrees: float = DEFAULT_CREASE_DEGREES, radii=(CAMERA_RADIUS,)) -> dict:
+    """Render train/val/test views of `mesh` (normalised first) into `out_dir` as a NeRF-synthetic folder, every
+    split's cameras on the spheres of `radii` (`ring_cameras`). Returns {split: number of views}."""
     import imageio.v3 as iio
 
     for name, value in (("views", views), ("resolution", resolution)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name}={value!r} must be an integer >= 1")
     check_shading(shading)
+    radii = check_radii(radii)
     mesh = mesh.normalised()
     normals = corner_normals(mesh, crease_degrees) if shading == "smooth" else None
     focal = 0.5 * resolution / math.tan(0.5 * CAMERA_ANGLE_X)
@@ -612,7 +646,7 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
             continue
         os.makedirs(os.path.join(out_dir, split), exist_ok=True)
         frames = []
-        for k, c2w in enumerate(sphere_cameras(n, offset=offset)):
+        for k, c2w in enumerate(ring_cameras(n, radii, offset)):
             rgba = render_rgba(mesh, c2w, resolution, resolution, focal, supersample, light=light, normals=normals,
                                shading=shading)
             pixels = (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
@@ -624,10 +658,12 @@ def write_nerf_synthetic(mesh: Mesh, out_dir, views: int = 100, val_views: int =
     return counts
 
 
-def scene_from_mesh(mesh_path, out_dir, views: int, test_views: int, resolution: int) -> str:
-    """A demo's `--mesh`: the mesh rendered into `out_dir` (train and test views); returns the folder."""
+def scene_from_mesh(mesh_path, out_dir, views: int, test_views: int, resolution: int,
+                    radii=(CAMERA_RADIUS,)) -> str:
+    """A demo's `--mesh`: the mesh rendered into `out_dir` (train and test views on the spheres of `radii`);
+    returns the folder."""
     write_nerf_synthetic(read_mesh(mesh_path), out_dir, views=views, val_views=0, test_views=test_views,
-                         resolution=resolution)
+                         resolution=resolution, radii=radii)
     return os.fspath(out_dir)
 
 
