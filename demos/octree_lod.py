@@ -65,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
     p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio")
     p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
+    p.add_argument("--footprint", default="box", choices=["box", "surface"],
+                   help="the deepest nodes' footprint with a parameter budget: 'box', the closest view's farthest "
+                        "in-box point; 'surface', where the closest view meets the visual hull (close-up captures)")
     p.add_argument("--camera-radii", default="4",
                    help="with --mesh: the cameras' distances from the mesh centre, comma-separated (the views split "
                         "evenly; a radius listed twice gets twice the views; closer spheres give close-ups)")
@@ -216,13 +219,19 @@ def build_field(args, train, points):
     budget = param_budget(args, train)
     if args.min_leaf_resolution is None:
         args.min_leaf_resolution = DEFAULT_MIN_LEAF_RESOLUTION
+    hull = hull_of(args, train)
     if budget is not None:
         # No deeper than the capture feeds: nodes below would hold fewer cells than the pixels they are fit to.
         leaf = args.leaf_resolution or "auto"
+        footprint = None
+        if args.footprint == "surface":  # where the closest view meets the hull (captures with close-ups)
+            from tinn.scenes.acceleration.octree_budget import surface_footprint
+            from tinn.scenes.acceleration.visual_hull import visual_hull
+            footprint = surface_footprint(train, hull if hull is not None else visual_hull(train))
         built = budgeted_octree(train, budget, network, max_depth=args.max_depth,
                                 min_leaf_resolution=args.min_leaf_resolution, min_points=args.min_points,
                                 oversample=args.oversample, points=None if points is None else points.to(dev),
-                                lod_resolution=None if leaf == "auto" else float(leaf),
+                                lod_resolution=None if leaf == "auto" else float(leaf), footprint=footprint,
                                 n_features=args.grid_features, table_dtype=args.table_dtype)
         tree, encoding = built.tree, built.encoding
         args.max_depth = built.depth
@@ -231,7 +240,7 @@ def build_field(args, train, points):
         # One pyramid level per octree level: coarser images would only train the root again.
         args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                            blend_margin=args.blend_margin, hull=hull_of(args, train))
+                            blend_margin=args.blend_margin, hull=hull)
         return _sharded(args, field, tree, encoding, network)
     tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
     log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
@@ -243,7 +252,7 @@ def build_field(args, train, points):
     if getattr(args, "lod_from_capture", None) and args.lod_resolution is None:
         args.lod_resolution = leaf_resolution(tree, closest_footprint(train))
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                        blend_margin=args.blend_margin, hull=hull_of(args, train))
+                        blend_margin=args.blend_margin, hull=hull)
     return _sharded(args, field, tree, encoding, network)
 
 
@@ -536,7 +545,7 @@ def run(argv=None) -> dict:
     if truth is not None and factors:
         from tinn.scenes.training.lod_eval import lod_curve
 
-        curve = lod_curve(field, truth, test.c2w[0], test.width, test.height, test.focal, args.samples, factors,
+        curve = lod_curve(field, truth, test.c2w, test.width, test.height, test.focal, args.samples, factors,
                           background=test.background.float(), **render)
 
     _save(os.path.join(args.out, "test_prediction.png"), full["renders"][0])
@@ -600,8 +609,8 @@ def run(argv=None) -> dict:
     if curve:
         from tinn.scenes.training.lod_eval import format_curve
 
-        print(f"level of detail, held-out view 0 pulled back (truth area-filtered {args.lod_supersample}^2 per pixel, "
-              "PSNR on the object's window):")
+        print(f"level of detail, the held-out views pulled back (truth area-filtered {args.lod_supersample}^2 per "
+              "pixel, PSNR on the object's window, pooled over the views):")
         print(format_curve(curve))
     print(f"PNGs and summary.json in {args.out}")
     return summary
