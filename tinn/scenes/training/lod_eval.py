@@ -110,8 +110,8 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
 
     `c2w`: one pose (4, 4) or several (V, 4, 4); with several, each is pulled back alike and the PSNR is that of
     their mean squared error (as `evaluate` pools its views), `psnr_per_view` lists each, the touched shares
-    are means and `params_touched` / `nodes_touched_per_depth` the most any view touched. One view's PSNR
-    moves by tenths of a dB with the view, which is the size of the differences a level is judged by.
+    are means and `params_touched` / `nodes_touched_per_depth` the most any view touched. One view's PSNR can
+    differ from another's by more than the 1 dB a level is judged by (2-3 dB on the meshes' held-out views).
     `on_frame(factor, view, pred_window, truth_window)`: called with each rendered window (diagnostics)."""
     tree = field.octree
     centre = (tree.box_min + tree.box_max) / 2
