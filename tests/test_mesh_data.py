@@ -150,6 +150,9 @@ def test_ring_cameras_split_the_views_over_their_spheres_and_stay_on_them():
         with pytest.raises(InputError, match="radii"):
             M.ring_cameras(4, bad)
     assert M.parse_radii("4, 2.6,1.8") == (4.0, 2.6, 1.8)
+    assert M.ring_cameras(0, (4.0, 2.0)).shape == (0, 4, 4)
+    with pytest.raises(InputError, match="n=-1"):
+        M.ring_cameras(-1)
     for bad in ("", "4,near", "4,1"):
         with pytest.raises(InputError, match="radii"):
             M.parse_radii(bad)

@@ -88,6 +88,10 @@ def test_surface_footprint_is_where_the_closest_view_meets_the_hull():
     assert far < closest_footprint(v)     # the box rule's farthest in-box point lies behind the surface
     with pytest.raises(InputError, match="quantile"):
         surface_footprint(v, hull, quantile=2.0)
+    with pytest.raises(InputError, match="hull must be an OccupancyGrid"):
+        surface_footprint(v, hull.occupied)
+    with pytest.raises(InputError, match="rays_per_side"):
+        surface_footprint(v, hull, rays_per_side=0)
     with pytest.raises(InputError, match="no view"):
         surface_footprint(v, OccupancyGrid(torch.zeros(r, r, r, dtype=torch.bool), torch.full((3,), -1.5),
                                            torch.full((3,), 1.5)))

@@ -65,9 +65,14 @@ def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 
     detail. Raises if no ray meets the hull."""
     from ...render.rays import camera_rays, ray_box
 
+    from .occupancy import OccupancyGrid
+
     if len(images) == 0:
         raise InputError("images holds no view")
-    if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 1.0):
+    if not isinstance(hull, OccupancyGrid):
+        raise InputError(f"hull must be an OccupancyGrid (tinn.scenes.acceleration.visual_hull(images)), got "
+                         f"{type(hull).__name__}")
+    if not (isinstance(quantile, (int, float)) and not isinstance(quantile, bool) and 0.0 <= quantile <= 1.0):
         raise InputError(f"quantile={quantile!r} must be a number in [0, 1]")
     for name, value in (("rays_per_side", rays_per_side), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -543,6 +543,8 @@ def ring_cameras(n: int, radii=(CAMERA_RADIUS,), offset: float = 0.0) -> np.ndar
     count allows (the first radii get one more), each sphere's lattice shifted by its own offset so that near and
     far views look from different directions. A capture with close-up spheres feeds deeper octree nodes: a
     view's pixel footprint on the surface shrinks with its distance (docs/guides/scenes.md)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"n={n!r} must be an integer >= 0")
     radii = check_radii(radii)
     shares = [n // len(radii) + (i < n % len(radii)) for i in range(len(radii))]
     rings = [sphere_cameras(k, r, (offset + 0.37 * i) % 1.0) for i, (k, r) in enumerate(zip(shares, radii)) if k]
