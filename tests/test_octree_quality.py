@@ -272,6 +272,7 @@ def test_pulled_back_camera_and_central_window():
         lod_eval.area_filtered(lambda w, h, f: torch.zeros(h, w, 3), 2, 2, 1.0, 0)
 
 
+@cpu_tensors
 def test_lod_curve_pools_its_views_squared_errors_and_shows_every_window():
     """Several poses: each row's PSNR is that of the views' mean squared error on the object's window (as
     `evaluate` pools views), each view's own PSNR is listed, and `on_frame` sees every (factor, view) window."""
