@@ -65,6 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
     p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio")
     p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
+    p.add_argument("--level-dither", type=float, default=0.0,
+                   help="training rays' footprints shrunk by 2^-u, u in [0, this): deep nodes also learn from farther "
+                        "views (OctreeTrainer's level_dither; 0: off)")
     p.add_argument("--footprint", default="box", choices=["box", "surface"],
                    help="the deepest nodes' footprint with a parameter budget: 'box', the closest view's farthest "
                         "in-box point; 'surface', where the closest view meets the visual hull (close-up captures)")
@@ -277,7 +280,8 @@ def build_trainer(args, field, train):
                               **adam)
     share = {} if args.finest_share is None else {"finest_share": args.finest_share}
     return OctreeTrainer(field, train, pyramid_levels=args.pyramid_levels, n_samples=args.samples,
-                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer, **share)
+                         batch_rays=args.batch, seed=args.batch_seed, optimizer_config=optimizer,
+                         level_dither=args.level_dither, **share)
 
 
 def param_budget(args, train):

@@ -712,6 +712,37 @@ def test_octree_trainer_evaluates_each_batch_as_if_drawn_in_its_own_step():
     assert losses == expected and len(set(losses)) == 3
 
 
+def test_level_dither_sends_training_samples_up_to_that_many_levels_finer():
+    """The same batch (the dither's random numbers come after the others) assigned without and with
+    `level_dither`: every sample that keeps a node sits at the same depth or up to ceil(dither) deeper, some
+    deeper; the trainer draws exactly the old batch with the dither off; bad values are named."""
+    from tinn.scenes.training.octree_training import MAX_LEVEL_DITHER, OctreeTrainer
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+
+    field = blob_field(4)
+    views = render_views(ProceduralScene(), 2, 8, 8, seed=3, n_samples=32)
+    depth = field.octree.depth.long()
+
+    def first_batch(dither):
+        trainer = OctreeTrainer(field, views, pyramid_levels=2, n_samples=12, batch_rays=256, seed=7,
+                                level_dither=dither, batches_per_draw=1)
+        return trainer.draw_batch()
+
+    plain_colors, _, plain = first_batch(0.0)
+    again_colors, _, again = first_batch(0)
+    assert torch.equal(plain.node, again.node) and torch.equal(plain_colors, again_colors)
+    for dither in (1.0, 2.0):
+        colors, _, dithered = first_batch(dither)
+        assert torch.equal(colors, plain_colors)                     # the same rays
+        both = (plain.node >= 0) & (dithered.node >= 0)
+        deeper = depth[dithered.node[both].long()] - depth[plain.node[both].long()]
+        assert int(deeper.min()) >= 0 and int(deeper.max()) <= math.ceil(dither)
+        assert int((deeper > 0).sum()) > 0
+    for bad in (-0.5, MAX_LEVEL_DITHER + 1, True, "1"):
+        with pytest.raises(ConfigError, match="level_dither"):
+            OctreeTrainer(field, views, level_dither=bad)
+
+
 def test_octree_trainer_drawing_several_batches_at_once_trains_as_drawing_each_alone(tuned):
     """Batches drawn three at a time (one set of launches) give the losses and parameters of batches drawn one
     at a time, step by step through parameter updates; a bad count is refused by name."""

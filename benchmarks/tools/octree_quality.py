@@ -106,6 +106,9 @@ def parse_args(argv=None):
     p.add_argument("--lod-rays", default="",
                    help="extra level-of-detail rows drawn with k x k rays a pixel: factor:k pairs, comma-separated "
                         "(e.g. 2:2)")
+    p.add_argument("--level-dither", default="0",
+                   help="OctreeTrainer's level_dither: training rays' footprints shrunk by 2^-u, u in [0, this), so "
+                        "deep nodes also learn from farther views (comma list: one octree per value)")
     p.add_argument("--footprint", default="box", choices=["box", "surface"],
                    help="the deepest nodes' footprint: 'box', the closest view's farthest in-box point "
                         "(closest_footprint); 'surface', where the closest view sees the visual hull "
@@ -183,7 +186,8 @@ def octree_trainer(args, field, train, total_steps: int | None):
                          batch_rays=args.octree_batch or args.batch_rays,
                          optimizer_config=decaying_adam(args.octree_lr, total_steps, args.octree_final_lr,
                                                         l2_reg=1e-6),
-                         seed=args.seed, batches_per_draw=args.batches_per_draw, **options)
+                         seed=args.seed, batches_per_draw=args.batches_per_draw, level_dither=args.level_dither,
+                         **options)
 
 
 def train_octree(args, field, train, seconds: float):
@@ -283,7 +287,7 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("octree_lr", "max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor", "octree_batch", "batches_per_draw", "hull")
+                "budget_factor", "octree_batch", "batches_per_draw", "hull", "level_dither")
 
 
 def variants(args):

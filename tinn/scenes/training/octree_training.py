@@ -32,6 +32,10 @@ DEFAULT_FINEST_SHARE = 0.8
 # (each sample's node, local coordinates and bin length held until its step).
 MAX_BATCHES_PER_DRAW, MAX_DRAWN_SAMPLES = 8, 1 << 24
 
+# `level_dither`'s limit: a footprint shrunk by more than 2^8 selects the deepest node of any tree the capture
+# rule builds, so more only spends random numbers.
+MAX_LEVEL_DITHER = 8.0
+
 DEFAULT_OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15,
                      "l2_reg": 1e-6}
 
@@ -122,15 +126,24 @@ class OctreeTrainer(SceneTrainer):
     """One optimisation step per `step()`: a batch of pyramid rays, composited, L2 against their pixels.
     `finest_share` of every batch comes from the full-resolution images (None: 2^-k shares per level k).
     `batches_per_draw`: how many steps' batches are drawn and assigned at once (None: MAX_BATCHES_PER_DRAW
-    within MAX_DRAWN_SAMPLES samples; 1: each the step before its own)."""
+    within MAX_DRAWN_SAMPLES samples; 1: each the step before its own).
+
+    `level_dither` (0: off): each training ray's footprint is shrunk by 2^-u, u uniform in [0, level_dither), so
+    its samples may train nodes up to that many levels finer than the ones the level rule gives them at render
+    time. A deep node is otherwise fit only by the views close enough to select it; with close-up captures
+    those are few, and the deeper tree lost to a shallower one on them (docs/guides/scenes.md)."""
 
     def __init__(self, field: OctreeField, images, pyramid_levels: int = 4, n_samples: int = 64,
                  batch_rays: int = 4096, optimizer_config: dict | None = None, seed: int = 0,
                  random_background: bool = True, finest_share: float | None = DEFAULT_FINEST_SHARE,
-                 batches_per_draw: int | None = None):
+                 batches_per_draw: int | None = None, level_dither: float = 0.0):
         for name, value, lo in (("n_samples", n_samples, 1), ("batch_rays", batch_rays, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {lo}")
+        if isinstance(level_dither, bool) or not isinstance(level_dither, (int, float)) \
+                or not 0.0 <= level_dither <= MAX_LEVEL_DITHER:
+            raise ConfigError(f"level_dither={level_dither!r} must be a number in [0, {MAX_LEVEL_DITHER}] (levels)")
+        self.level_dither = float(level_dither)
         self.field, self.n_samples, self.batch_rays = field, n_samples, batch_rays
         self.rays = PyramidRays(images, pyramid_levels, finest_share)
         self.background = images.background.to(runtime.device()).float()
@@ -161,14 +174,18 @@ class OctreeTrainer(SceneTrainer):
         batch alone would draw them, in the same order, then the rays of all of them gathered, cut by the box,
         sampled and assigned to their nodes together (one set of launches for all)."""
         n_rays, dev, gen = self.batch_rays, self.rays.counts.device, self.generator
-        ray_u, backgrounds, jitter = [], [], []
+        ray_u, backgrounds, jitter, dither = [], [], [], []
         for _ in range(n_batches):
             ray_u.append(torch.rand(n_rays, device=dev, generator=gen))
             if self.random_background:
                 backgrounds.append(torch.rand(n_rays, 3, device=dev, generator=gen))
             jitter.append(torch.rand(n_rays, self.n_samples, device=dev, generator=gen))
+            if self.level_dither:  # drawn only when on: without it every batch's random numbers are as before
+                dither.append(torch.rand(n_rays, device=dev, generator=gen))
         cat = (lambda parts: parts[0]) if n_batches == 1 else torch.cat
         origins, directions, colors, radius, alpha = self.rays.rays_at(cat(ray_u), n_rays)
+        if self.level_dither:
+            radius = radius * torch.exp2(-self.level_dither * cat(dither))
         background = self.background
         if self.random_background:
             background = cat(backgrounds)
