@@ -31,10 +31,10 @@ import os
 import sys
 import time
 
-import imageio.v3 as imageio
 import torch
 
 import tinn
+from tinn.tasks.image import psnr_from_mse, save_png
 from benchmarks.loading import load_file
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -338,16 +338,14 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     near = evaluate(field, test, args.samples, **render)
     by_distance = {}
     distances = test.c2w[:, :3, 3].norm(dim=1).round(decimals=2).tolist()
-    if len(set(distances)) > 1:  # a capture with close-ups: each sphere's held-out views on their own
-        for d in sorted(set(distances)):
-            views = [v for v, x in enumerate(distances) if x == d]
-            by_distance[f"{d:g}"] = evaluate(field, test, args.samples, views=views, **render)["psnr"]
+    groups = {f"{d:g}": [v for v, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
+    if len(groups) > 1:  # a capture with close-ups: each sphere's held-out views on their own
+        by_distance = {d: evaluate(field, test, args.samples, views=v, **render)["psnr"] for d, v in groups.items()}
         print(f"[{name}] held-out PSNR by camera distance: " +
               ", ".join(f"{d}: {p:.2f} dB" for d, p in by_distance.items()))
     if args.occupancy_ab:
         kept, field.occupancy = field.occupancy, None
         try:
-            groups = {f"{d:g}": [v for v, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
             plain = {d: evaluate(field, test, args.samples, views=v, **render)["psnr"] for d, v in groups.items()}
         finally:
             field.occupancy = kept
@@ -355,10 +353,8 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     if args.lod_images:
         closest = min(range(len(distances)), key=lambda v: distances[v])
         frame = evaluate(field, test, args.samples, views=[closest], **render)["renders"][0]
-        ref = test.images[closest].to(frame.device)
-        for suffix, image in (("pred", frame), ("truth", ref), ("error_x8", (frame - ref).abs() * 8)):
-            pixels = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
-            imageio.imwrite(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_{suffix}.png"), pixels)
+        save_with_error(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_"), frame,
+                        test.images[closest].to(frame.device))
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)
@@ -428,10 +424,7 @@ class LodDiagnosis:
         s[2] += int(band.sum())
         s[3] += int((~band).sum())
         if view == 0:
-            tag = f"{self.prefix}_x{factor:g}_{self.tag}"
-            for suffix, image in (("pred", pred), ("truth", truth), ("error_x8", (pred - truth).abs() * 8)):
-                pixels = (image.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
-                imageio.imwrite(f"{tag}{suffix}.png", pixels)
+            save_with_error(f"{self.prefix}_x{factor:g}_{self.tag}", pred, truth)
 
     def annotate(self, curve: list[dict]) -> None:
         """Adds each row's split (the frames seen since the last call) and prints it."""
@@ -440,17 +433,18 @@ class LodDiagnosis:
             total = band + rest
             row["silhouette"] = {"pixel_share": n_band / max(1, n_band + n_rest),
                                  "error_share": band / total if total else 0.0,
-                                 "psnr_without": _mse_psnr(rest / max(1, n_rest)),
-                                 "psnr_band": _mse_psnr(band / max(1, n_band))}
+                                 "psnr_without": psnr_from_mse(rest / max(1, n_rest)),
+                                 "psnr_band": psnr_from_mse(band / max(1, n_band))}
             print(f"  x{row['factor']:g} {row['supersample'] ** 2} rays/px: silhouette band "
                   f"{100 * row['silhouette']['pixel_share']:.1f}% of pixels, "
                   f"{100 * row['silhouette']['error_share']:.1f}% of the squared error; PSNR in the band "
                   f"{row['silhouette']['psnr_band']:.2f} dB, without it {row['silhouette']['psnr_without']:.2f} dB")
 
 
-def _mse_psnr(mse: float) -> float:
-    import math
-    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+def save_with_error(prefix: str, pred: torch.Tensor, truth: torch.Tensor) -> None:
+    """`prefix`pred.png, `prefix`truth.png and `prefix`error_x8.png (the absolute error times 8)."""
+    for suffix, image in (("pred", pred), ("truth", truth), ("error_x8", (pred - truth).abs() * 8)):
+        save_png(f"{prefix}{suffix}.png", image)
 
 
 def _variant_slug(args) -> str:

@@ -69,7 +69,12 @@ def psnr(pred: torch.Tensor, ref: torch.Tensor) -> float:
     """Peak signal-to-noise ratio in dB of images in [0, 1] (prediction clamped); shared by every demo."""
     if pred.shape != ref.shape:
         raise InputError(f"prediction {tuple(pred.shape)} and reference {tuple(ref.shape)} differ in shape")
-    mse = float(((pred.detach().float().clamp(0, 1) - ref.detach().float().to(pred.device)) ** 2).mean())
+    error = pred.detach().float().clamp(0, 1) - ref.detach().float().to(pred.device)
+    return psnr_from_mse(float((error ** 2).mean()))
+
+
+def psnr_from_mse(mse: float) -> float:
+    """PSNR in dB of a mean squared error of images in [0, 1] (inf for 0): for errors pooled over several images."""
     return float("inf") if mse == 0 else -10.0 * math.log10(mse)
 
 

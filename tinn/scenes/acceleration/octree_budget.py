@@ -79,11 +79,11 @@ def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 
             raise InputError(f"{name}={value!r} must be an integer >= 1")
     dev = hull.occupied.device
     focal = images.focal * rays_per_side / images.width
+    frac = (torch.arange(steps, device=dev, dtype=torch.float32) + 0.5) / steps
     nearest = math.inf
     for c2w in images.c2w.to(dev).float():
         origins, dirs = camera_rays(c2w, rays_per_side, rays_per_side, focal)
         t0, t1 = ray_box(origins, dirs, hull.box_min, hull.box_max)
-        frac = (torch.arange(steps, device=dev, dtype=torch.float32) + 0.5) / steps
         t = t0[:, None] + (t1 - t0).clamp(min=0)[:, None] * frac[None]
         inside = hull.query((origins[:, None] + t[..., None] * dirs[:, None]).reshape(-1, 3)).view(-1, steps)
         hit = inside.any(dim=1) & (t1 > t0)

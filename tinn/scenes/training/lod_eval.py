@@ -20,6 +20,7 @@ import torch
 
 from ...errors import InputError
 from ...render import camera_rays, pixel_radius
+from ...tasks.image import psnr_from_mse
 from ..data.posed_images import area_downscale
 from ..acceleration.octree import levels_for_radius
 
@@ -57,7 +58,7 @@ def central_window(image: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def window_psnr(pred: torch.Tensor, truth: torch.Tensor, factor: float) -> float:
-    return _psnr(float(((central_window(pred, factor) - central_window(truth, factor)) ** 2).mean()))
+    return psnr_from_mse(float(((central_window(pred, factor) - central_window(truth, factor)) ** 2).mean()))
 
 
 def mesh_truth(mesh, background: torch.Tensor, supersample: int = 4, **render_options):
@@ -128,7 +129,7 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
             target = central_window(truth(pose, width, height, focal).to(pred.device), float(factor))
             err = float(((pred - target) ** 2).mean())
             errors.append(err)
-            views_psnr.append(_psnr(err))
+            views_psnr.append(psnr_from_mse(err))
             reports.append(field.touched_report(frame["touched"]))
             supersample = frame["supersample"]
             if on_frame is not None:
@@ -140,17 +141,13 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
         per_depth = [max(r["nodes_touched_per_depth"][d] for r in reports)
                      for d in range(len(reports[0]["nodes_touched_per_depth"]))]
         rows.append({"factor": float(factor), "distance": distance, "level": level,
-                     "psnr": _psnr(sum(errors) / len(errors)), "psnr_per_view": views_psnr,
+                     "psnr": psnr_from_mse(sum(errors) / len(errors)), "psnr_per_view": views_psnr,
                      "window": list(central_window(frame["image"], float(factor)).shape[:2]),
                      "supersample": supersample,
                      "fraction_touched": sum(r["fraction_touched"] for r in reports) / len(reports),
                      "params_touched": max(r["params_touched"] for r in reports),
                      "nodes_touched_per_depth": per_depth})
     return rows
-
-
-def _psnr(mse: float) -> float:
-    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
 
 
 def format_curve(rows: list[dict]) -> str:
