@@ -103,6 +103,36 @@ class ImageSteps:
             (step or optimizer.step)()
         return run
 
+    def captured_loop(self, optimizer, loss_fn=relative_l2, warmup: int = 3):
+        """tcnn's loop captured by the caller as one CUDA graph (`torch.cuda.graph`, PyTorch's recipe for a loop
+        bound by the host; `optimizer` must be `capturable`): `warmup` steps op by op on a side stream, one capture,
+        then each step copies the next batch into the graph's inputs and replays it."""
+        x0, t0, _ = self.next_batch()
+        x, t = x0.clone(), t0.clone()
+
+        def step():
+            loss = loss_fn(self.model(x), t)
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            optimizer.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+
+        def run():
+            xb, tb, _ = self.next_batch()
+            x.copy_(xb)
+            t.copy_(tb)
+            graph.replay()
+        return run
+
 
 def bench_one(config: dict, batch: int, n_networks: int, steps: int, reps: int, seed: int = 1337) -> dict:
     from tinn.tasks.image import ImageTask, default_image

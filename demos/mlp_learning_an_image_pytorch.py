@@ -97,34 +97,34 @@ def run(argv=None) -> dict:
 
     # One line beyond tcnn's sample: this loop is host-bound, and a CUDA backward handed to torch's device thread
     # costs a hand-over per step, on some machines much of the step (README, Performance); on the CPU the
-    # backward runs here anyway.
-    torch.autograd.set_multithreading_enabled(args.torch_backward_thread)
-    history = []
-    train_time = 0.0
-    prev_time = time.perf_counter()
-    for i in range(1, steps + 1):
-        local, targets, net_ids = task.batch(batch_size)
-        output = model(local) if args.tiles == 1 else model(local, net_ids)
+    # backward runs here anyway. A block, so that a caller of run() gets its thread's setting back.
+    with torch.autograd.set_multithreading_enabled(args.torch_backward_thread):
+        history = []
+        train_time = 0.0
+        prev_time = time.perf_counter()
+        for i in range(1, steps + 1):
+            local, targets, net_ids = task.batch(batch_size)
+            output = model(local) if args.tiles == 1 else model(local, net_ids)
 
-        relative_l2_error = (output - targets.to(output.dtype)) ** 2 / (output.detach() ** 2 + 0.01)
-        loss = relative_l2_error.mean()
+            relative_l2_error = (output - targets.to(output.dtype)) ** 2 / (output.detach() ** 2 + 0.01)
+            loss = relative_l2_error.mean()
 
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
 
-        if i % log_every == 0 or i == steps:
-            loss_val = loss.item()  # syncs
-            tinn.runtime.sync()
-            elapsed = time.perf_counter() - prev_time
-            train_time += elapsed
-            with torch.no_grad():
-                prediction = render()
-            psnr = task.psnr(prediction)
-            history.append({"step": i, "loss": loss_val, "psnr": psnr})
-            print(f"Step#{i}: loss={loss_val:.6f} psnr={psnr:.2f}dB time={int(elapsed * 1e6)}[µs]")
-            save_png(os.path.join(args.out, f"step_{i:06d}.png"), prediction)
-            prev_time = time.perf_counter()  # ignore the time spent evaluating and saving
+            if i % log_every == 0 or i == steps:
+                loss_val = loss.item()  # syncs
+                tinn.runtime.sync()
+                elapsed = time.perf_counter() - prev_time
+                train_time += elapsed
+                with torch.no_grad():
+                    prediction = render()
+                psnr = task.psnr(prediction)
+                history.append({"step": i, "loss": loss_val, "psnr": psnr})
+                print(f"Step#{i}: loss={loss_val:.6f} psnr={psnr:.2f}dB time={int(elapsed * 1e6)}[µs]")
+                save_png(os.path.join(args.out, f"step_{i:06d}.png"), prediction)
+                prev_time = time.perf_counter()  # ignore the time spent evaluating and saving
 
     with torch.no_grad():
         result = render()

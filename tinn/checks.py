@@ -29,7 +29,9 @@ def disabled(off: bool = True):
 
 
 def sync_checks_enabled() -> bool:
-    return _enabled["sync_checks"]
+    """Whether the checks that read the device on the host run: on unless `disabled()`, and never while the work
+    goes into a CUDA graph (a capture cannot read the device; the eager warm-up steps before it were checked)."""
+    return _enabled["sync_checks"] and not runtime.stream_capturing()
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
@@ -73,7 +75,7 @@ def float_input(name: str, t, n_dims: int | None, *, check_finite: bool = False)
     if n_dims is not None and t.shape[1] != n_dims:
         raise InputError(f"{name} has last dimension {t.shape[1]}; expected {n_dims}")
     check_device(name, t)
-    if check_finite and _enabled["sync_checks"] and t.numel() and not bool(all_finite(t)):
+    if check_finite and sync_checks_enabled() and t.numel() and not bool(all_finite(t)):
         raise InputError(f"{name} contains NaN or Inf")
     return t.contiguous()
 
@@ -90,7 +92,7 @@ def _zero_ids(batch: int) -> torch.Tensor:
     if ids is None:
         if len(_ZERO_IDS) >= 8:
             _ZERO_IDS.clear()
-        ids = _ZERO_IDS[key] = torch.zeros(batch, dtype=torch.int32, device=dev)
+        ids = runtime.keep(_ZERO_IDS, key, torch.zeros(batch, dtype=torch.int32, device=dev))
     return ids
 
 
@@ -110,7 +112,7 @@ def net_ids(ids, batch: int, n_networks: int) -> torch.Tensor:
     if ids.dim() != 1 or ids.shape[0] != batch:
         raise InputError(f"net_ids must have shape ({batch},) to match the batch, got {tuple(ids.shape)}")
     check_device("net_ids", ids)
-    if _enabled["sync_checks"] and batch:
+    if sync_checks_enabled() and batch:
         # On the ids as given: an int64 id of 2^32 + 1 must not pass as 1 after the cast.
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one sync for both
         if lo < 0 or hi >= n_networks:
@@ -133,7 +135,7 @@ def part_inputs(owner: str, x, ids, n_dims: int, n_networks: int) -> tuple[torch
     batch = x.shape[0]
     with disabled():
         ids32 = net_ids(ids, batch, n_networks)
-    if _enabled["sync_checks"] and batch:
+    if sync_checks_enabled() and batch:
         conditions = [all_finite(x)]
         if ids is not None:
             lo, hi = torch.aminmax(ids)
@@ -151,7 +153,7 @@ def training_batch(name_inputs: str, inputs: torch.Tensor, name_targets: str, ta
     The shapes, dtypes and devices must already be checked. Only when something is wrong
     do the detailed checks run again to name the field and the bad value.
     """
-    if not _enabled["sync_checks"] or inputs.shape[0] == 0:
+    if inputs.shape[0] == 0 or not sync_checks_enabled():
         return
     conditions = [all_finite(inputs), all_finite(targets)]
     # (ids are the caller's, before any cast: see net_ids)

@@ -37,6 +37,7 @@ import torch
 from . import checks, runtime
 from .config import count
 from .errors import ConfigError, TinnError
+from .step_graphs import inside_callers_capture
 
 SAMPLE_MAJOR = "sample_major"
 FEATURE_MAJOR = "feature_major"
@@ -242,7 +243,7 @@ def run(part: Part, x: torch.Tensor, ids: torch.Tensor, function=None) -> torch.
     """`part` on validated inputs: through autograd when a gradient is wanted (the contract's generic
     Function, or `function` for parts that need their own), else a plain forward."""
     tables = part.parameter_tables()
-    with runtime.stream_guard():
+    with inside_callers_capture(), runtime.stream_guard():
         if torch.is_grad_enabled() and (x.requires_grad or any(t is not None and t.requires_grad for t in tables)):
             return (function or _PartFunction).apply(part, x, ids, *tables)
         y, _ = part.forward_with_context(x.detach(), ids, train=False)
@@ -263,6 +264,11 @@ class _PartFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        with inside_callers_capture():
+            return _PartFunction._backward(ctx, dy)
+
+    @staticmethod
+    def _backward(ctx, dy):
         x, *tables = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[1]
         need_tables = ctx.needs_input_grad[3:]

@@ -177,24 +177,44 @@ def capturing() -> bool:
     return getattr(_CAPTURING, "on", False)
 
 
+def callers_capture() -> bool:
+    """Whether torch's current stream is capturing a CUDA graph of the caller's own (`torch.cuda.graph` around a
+    loop of tinn modules) rather than a step tinn captures itself (`capturing`). A capture never runs on the
+    default stream, so the common case costs one stream-id query."""
+    if _state["arch"] != "cuda" or capturing():
+        return False
+    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(_state["device"].index)[0] == 0:
+        return False
+    return torch.cuda.is_current_stream_capturing()
+
+
+def stream_capturing() -> bool:
+    """Whether this thread's work is going into a CUDA graph, tinn's capture or the caller's: nothing may then be
+    read on the host, and no cache may keep a tensor made in it."""
+    return capturing() or callers_capture()
+
+
 def keep(cache: dict, key, value):
-    """`cache[key] = value`, unless this thread is capturing a training step (`capturing`): a device tensor made
-    inside a capture holds its values only once the graph has run, so no cache keeps one. Returns `value`."""
-    if not capturing():
+    """`cache[key] = value`, unless this thread's work is going into a CUDA graph (`stream_capturing`): a device
+    tensor made inside a capture holds its values only once the graph has run, so no cache keeps one. Returns
+    `value`."""
+    if not stream_capturing():
         cache[key] = value
     return value
 
 
 def foreign_stream():
     """torch's current CUDA stream when it is not the default stream Taichi launches on, else None (also while a
-    step is captured, `capturing_step`)."""
+    graph is captured, tinn's or the caller's: the capturing stream must stay current)."""
     if _state["arch"] != "cuda" or capturing():
         return None
     dev = _state["device"]
     if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:
         return None
     cur = torch.cuda.current_stream(dev)
-    return None if cur == torch.cuda.default_stream(dev) else cur
+    if cur == torch.cuda.default_stream(dev) or torch.cuda.is_current_stream_capturing():
+        return None
+    return cur
 
 
 def autograd_backward_here():

@@ -93,6 +93,20 @@ def refusing_taichi_launches():
             owner.__call__ = original
 
 
+@contextlib.contextmanager
+def inside_callers_capture():
+    """A part's forward or backward while the caller captures a CUDA graph of their own (`torch.cuda.graph` around
+    a loop of tinn modules, torch's losses and a `capturable` torch optimizer) runs as inside tinn's own captures:
+    the capturing stream stays current, no cache keeps a tensor made in the graph, the checks that read the device
+    are skipped, and a Taichi launch raises NotCapturable naming its kernel (CUDA would otherwise invalidate the
+    whole capture). Nothing changes outside such a capture."""
+    if not runtime.callers_capture():
+        yield
+        return
+    with _CAPTURE_LOCK, refusing_taichi_launches(), runtime.capturing_step():
+        yield
+
+
 _PLAIN = (bool, int, float, str)
 _PLAIN_KIND, _TUPLE_KIND, _TENSOR_KIND, _OTHER_KIND = range(4)
 # Each attribute value's kind by its type, decided once per type: the key is built every step, and a module's

@@ -53,7 +53,10 @@ Guarantees
   `torch.autograd.set_multithreading_enabled(False)`, once in the training thread, keeps it on the calling
   thread (same results) and saves that hand-over's host time (docs/performance.md has what it saved).
   tinn leaves that switch to you; its own `Trainer` sets it around the backward passes it starts
-  (`settings.autograd_calling_thread`).
+  (`settings.autograd_calling_thread`). The whole loop can also be captured as one CUDA graph
+  (`torch.cuda.graph`, a `capturable` torch optimizer; docs/guides/moving-from-tcnn.md): inside a capture the
+  modules stay on the capturing stream, skip the checks that read the device and cache nothing made in the
+  graph, and a module that would launch a Taichi kernel raises `tinn.step_graphs.NotCapturable`.
 
 Differences from tcnn
 ---------------------
@@ -100,6 +103,7 @@ from .encodings import Encoding as _CoreEncoding
 from .errors import ConfigError
 from .part import Part, _PartFunction, has_hooks
 from .runtime import stream_guard
+from .step_graphs import inside_callers_capture
 
 __all__ = ["Module", "Encoding", "Network", "NetworkArray", "NetworkWithInputEncoding", "TcnnNetwork",
            "TcnnNetworkArray", "TcnnNetworkWithInputEncoding", "stream_guard", "free_temporary_memory",
@@ -251,7 +255,7 @@ class TcnnNetworkWithInputEncoding(_TcnnStateDict, models.NetworkWithInputEncodi
         if flat is None or not (torch.is_grad_enabled() and flat.requires_grad) or \
                 has_hooks(self.encoding) or has_hooks(self.network):
             return super().run_checked(x, ids)
-        with stream_guard():
+        with inside_callers_capture(), stream_guard():
             return _PartFunction.apply(self, x, ids, *_FlatGradient.apply(flat, *self.parameter_tables()))
 
 

@@ -263,6 +263,7 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
     import torch
 
     import tinn
+    from tinn import step_graphs
     from benchmarks.bench_torch_path import ImageSteps, on_calling_thread, torch_adam
     from benchmarks.common import pipelined_ms, settings_installed, settle
     from tinn.tasks.image import ImageTask, load_image
@@ -288,6 +289,20 @@ def tinn_timings(config_path: str, image_path: str | None, log2_batch: int, bloc
             if with_torch:
                 optimizer = torch_adam(steps.model.parameters(), config.get("optimizer", {}))
                 timed.append(("tinn.torch loop" + suffix, chosen, on_calling_thread(steps.torch_loop(optimizer))))
+                fused = torch_adam(steps.model.parameters(), config.get("optimizer", {}), fused=True)
+                timed.append(("tinn.torch loop, fused Adam" + suffix, chosen,
+                              on_calling_thread(steps.torch_loop(fused))))
+                if torch.cuda.is_available():  # the same loop in one CUDA graph of the caller's (torch.cuda.graph)
+                    graphed = ImageSteps(config, log2_batch)
+                    graphed.batches = steps.batches
+                    capturable = torch_adam(graphed.model.parameters(), config.get("optimizer", {}),
+                                            capturable=True, fused=True)
+                    try:
+                        with tinn.checks.disabled():
+                            timed.append(("tinn.torch loop, torch.cuda.graph" + suffix, chosen,
+                                          graphed.captured_loop(capturable)))
+                    except step_graphs.NotCapturable as e:  # float32: a single network on Taichi's kernels
+                        print(f"tinn.torch loop, torch.cuda.graph{suffix}: not captured ({e})")
     out = {}
     with tinn.checks.disabled():
         for _, chosen, fn in timed:  # compile, warm up, capture the step graph and finish its trial
