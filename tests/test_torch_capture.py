@@ -170,3 +170,24 @@ def test_no_callers_capture_is_reported_off_cuda_or_on_the_default_stream():
     assert not runtime.callers_capture()
     assert not runtime.stream_capturing()
     assert checks.sync_checks_enabled()
+
+
+def test_tinn_optimizers_and_the_trainer_refuse_a_callers_capture(callers_capture_reported):
+    """Their host step counts would be replayed unchanged (Adam's bias correction of the captured step, every
+    replay): refused before anything is issued, naming what to use instead."""
+    from tinn.optimizers import create_optimizer
+    from tinn.trainer import Trainer
+    table = torch.nn.Parameter(torch.zeros(4, 3, device=DEV))
+    table.grad = torch.ones_like(table)
+    adam = create_optimizer({"otype": "Adam", "learning_rate": 1e-2}, [("table", table)])
+    with pytest.raises(step_graphs.NotCapturable, match="capturable=True"):
+        adam.step()
+    assert adam.step_count == 0 and float(table.detach().abs().max()) == 0.0
+    trainer = Trainer.from_config({"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam"},
+                                   "encoding": {"otype": "Identity"}, "network": NETWORK}, 2, 3)
+    x, y, _ = batches(1, batch=64)[0]
+    with pytest.raises(step_graphs.NotCapturable, match="outside it"):
+        trainer.training_step(x, y)
+    with pytest.raises(step_graphs.NotCapturable, match="outside it"):
+        trainer.optimize(lambda: trainer.model(x).square().mean())
+    assert trainer.step == 0

@@ -93,6 +93,15 @@ def refusing_taichi_launches():
             owner.__call__ = original
 
 
+def refuse_in_callers_capture(what: str, instead: str) -> None:
+    """Raise NotCapturable where `what` is called inside a caller's CUDA graph capture: it reads host values that
+    change every call (step counts), which a replay would repeat, so the replayed training would be silently
+    wrong. `instead` says what to use there."""
+    if runtime.callers_capture():
+        raise NotCapturable(f"{what} cannot run inside a CUDA graph capture of your own (torch.cuda.graph): its "
+                            f"host step counts would be replayed unchanged; {instead}")
+
+
 @contextlib.contextmanager
 def inside_callers_capture():
     """A part's forward or backward while the caller captures a CUDA graph of their own (`torch.cuda.graph` around

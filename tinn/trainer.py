@@ -31,6 +31,10 @@ from .models import NetworkWithInputEncoding
 from .optimizers import create_optimizer
 from .part import Part, has_hooks
 
+# What a Trainer called inside the caller's own CUDA graph capture is told to do instead.
+_TRAINER_CAPTURES = ("call the Trainer outside it: on CUDA it replays its own regression steps from CUDA graphs "
+                     "(tuning.step_graphs)")
+
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
 
@@ -214,6 +218,7 @@ class Trainer(LearningRateOf):
             InputError: wrong shapes or dtypes, mismatched batches, ids out of range, or non-finite
                 inputs (unless `tinn.checks.disabled()`).
         """
+        step_graphs.refuse_in_callers_capture("Trainer.training_step", _TRAINER_CAPTURES)
         x, t, ids = self._inputs(inputs, targets, net_ids)
         if run_optimizer and not self.track_per_network_loss and self._graphs_apply(x):
             value = self._step_graphs.step(x, t, ids)
@@ -286,6 +291,7 @@ class Trainer(LearningRateOf):
         Raises:
             InputError: the objective did not return a 0-d tensor.
         """
+        step_graphs.refuse_in_callers_capture("Trainer.optimize", _TRAINER_CAPTURES)
         objective = self.loss if objective is None else objective
         self.optimizer.zero_grad()
         with runtime.stream_guard():

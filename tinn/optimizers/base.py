@@ -23,7 +23,7 @@ import contextlib
 
 import torch
 
-from .. import checks, memory, runtime
+from .. import checks, memory, runtime, step_graphs
 from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 
@@ -146,6 +146,9 @@ class Optimizer:
             skip: None, or a (1,) int32 flag on the device: 1 leaves parameters and state as they are (the
                 gradients overflowed float16). Read on the device where `skips_on_device`, else on the host.
         """
+        step_graphs.refuse_in_callers_capture(
+            f"{type(self).__name__}.step (a tinn optimizer)",
+            "use a torch optimizer built with capturable=True there, or tinn's Trainer, which captures its own steps")
         if skip is not None:
             if not isinstance(skip, torch.Tensor) or skip.shape != (1,) or skip.dtype != torch.int32:
                 raise InputError(f"skip must be a (1,) int32 tensor, got {type(skip).__name__}"
