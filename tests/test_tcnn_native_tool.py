@@ -130,7 +130,9 @@ def test_tinn_side_runs_on_a_written_default_image(tmp_path):
     assert iio.imread(image).shape == (256, 256, 3)
     config = os.path.join(HERE, "..", "tinn", "configs", "config_hash.json")
     ms = tcnn_native.tinn_timings(config, image, log2_batch=8, block=2, blocks=1, with_torch=True)
-    assert set(ms) == {"tinn Trainer", "tinn Trainer + batch", "tinn.torch loop", "_device"}
+    # (the loop captured in a CUDA graph is timed on CUDA only)
+    assert set(ms) == {"tinn Trainer", "tinn Trainer + batch", "tinn.torch loop", "tinn.torch loop, fused Adam",
+                       "_device"}
     assert all(v > 0 for k, v in ms.items() if k != "_device")
 
 
