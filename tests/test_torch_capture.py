@@ -14,6 +14,8 @@ import tinn
 import tinn.torch as tcnn
 from tinn import checks, runtime, step_graphs
 
+from test_step_graphs import image_batches as batches
+
 DEV = tinn.runtime.device()
 CUDA = tinn.runtime.arch() == "cuda"
 cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA graphs need the CUDA arch")
@@ -23,18 +25,6 @@ ENCODING = {"otype": "HashGrid", "n_levels": 8, "n_features_per_level": 2, "log2
 NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 64,
            "n_hidden_layers": 2}
 WARMUP = 3  # eager steps before the capture, as torch's documentation asks (kernels compiled, caches filled)
-
-
-def batches(n, batch=4096, n_networks=1, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.rand(batch, 2, generator=gen)
-        y = torch.stack([torch.sin(9 * x[:, 0]) * torch.cos(7 * x[:, 1]), x[:, 0] * x[:, 1],
-                         torch.cos(5 * x[:, 0] + 3 * x[:, 1])], 1)
-        ids = torch.randint(0, n_networks, (batch,), generator=gen, dtype=torch.int32) if n_networks > 1 else None
-        out.append((x.to(DEV), y.to(DEV), None if ids is None else ids.to(DEV)))
-    return out
 
 
 def relative_l2(out, target):
