@@ -568,8 +568,8 @@ def check_radii(radii) -> tuple:
     except (TypeError, ValueError):
         values = ()
     if not values or not all(math.isfinite(r) and r > math.sqrt(3.0) for r in values):
-        raise InputError(f"camera radii={radii!r} must be one or more numbers > sqrt(3) (the normalised mesh lies "
-                         "in the cube of half-side 1 around the origin)")
+        raise InputError(f"camera radii={radii!r} must be one or more finite numbers > sqrt(3) (the normalised mesh "
+                         "lies in the cube of half-side 1 around the origin)")
     return values
 
 
