@@ -34,7 +34,7 @@ import time
 import torch
 
 import tinn
-from tinn.tasks.image import psnr_from_mse, save_png
+from tinn.tasks.image import psnr, psnr_from_mse, save_png
 from benchmarks.loading import load_file
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -336,11 +336,12 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     occupancy_s = time.perf_counter() - t1
     render = {"segments": args.octree_segments, "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
+    renders, truths = near["renders"], test.images.to(near["renders"].device)
     by_distance = {}
     distances = test.c2w[:, :3, 3].norm(dim=1).round(decimals=2).tolist()
     groups = {f"{d:g}": [v for v, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
-    if len(groups) > 1:  # a capture with close-ups: each sphere's held-out views on their own
-        by_distance = {d: evaluate(field, test, args.samples, views=v, **render)["psnr"] for d, v in groups.items()}
+    if len(groups) > 1:  # a capture with close-ups: each sphere's held-out views on their own (renders above)
+        by_distance = {d: psnr(renders[v], truths[v]) for d, v in groups.items()}
         print(f"[{name}] held-out PSNR by camera distance: " +
               ", ".join(f"{d}: {p:.2f} dB" for d, p in by_distance.items()))
     if args.occupancy_ab:
@@ -352,9 +353,8 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
         print(f"[{name}] the same without occupancy grids: " + ", ".join(f"{d}: {p:.2f} dB" for d, p in plain.items()))
     if args.lod_images:
         closest = min(range(len(distances)), key=lambda v: distances[v])
-        frame = evaluate(field, test, args.samples, views=[closest], **render)["renders"][0]
-        save_with_error(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_"), frame,
-                        test.images[closest].to(frame.device))
+        save_with_error(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_"), renders[closest],
+                        truths[closest])
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)

@@ -142,7 +142,7 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
                      for d in range(len(reports[0]["nodes_touched_per_depth"]))]
         rows.append({"factor": float(factor), "distance": distance, "level": level,
                      "psnr": psnr_from_mse(sum(errors) / len(errors)), "psnr_per_view": views_psnr,
-                     "window": list(central_window(frame["image"], float(factor)).shape[:2]),
+                     "window": list(pred.shape[:2]),
                      "supersample": supersample,
                      "fraction_touched": sum(r["fraction_touched"] for r in reports) / len(reports),
                      "params_touched": max(r["params_touched"] for r in reports),
