@@ -42,6 +42,8 @@ Prints a table last and writes JSON (rank 0).
 from __future__ import annotations
 
 import argparse
+import collections
+import itertools
 import json
 import math
 import os
@@ -84,6 +86,9 @@ def parse_args():
                    help="replicated runs: on (the optimizer split over the ranks), off (all-reduce, whole optimizer)")
     p.add_argument("--exchange-dtypes", default="float32",
                    help="sharded runs: the dtype samples cross the link in: float32, float16, bfloat16")
+    p.add_argument("--route-ahead", default="on",
+                   help="sharded runs, comma-separated: on (Trainer.training_steps: each step routes the next batch "
+                        "while it computes), off (Trainer.training_step, one batch at a time)")
     p.add_argument("--chunks", default="1,4",
                    help="ShardedPart chunks (pipelining) of the MLP-only runs, comma-separated")
     p.add_argument("--grid-chunks", default="1",
@@ -115,14 +120,15 @@ def parse_args():
     args.reduce_dtypes = names(args.reduce_dtypes)
     args.optimizer_splits = names(args.optimizer_splits)
     args.exchange_dtypes = names(args.exchange_dtypes)
+    args.route_ahead = names(args.route_ahead)
     allowed = {"models": ("grid", "mlp"), "precisions": ("float32", "float16"),
                "strategies": ("sharded", "replicated"), "replicated-models": ("grid", "mlp"),
                "reduce-dtypes": ("float32", "bfloat16", "float16"), "optimizer-splits": ("on", "off"),
-               "exchange-dtypes": ("float32", "float16", "bfloat16")}
+               "exchange-dtypes": ("float32", "float16", "bfloat16"), "route-ahead": ("on", "off")}
     given = {"models": args.models, "precisions": args.precisions["mlp"] + args.precisions["grid"],
              "strategies": args.strategies, "replicated-models": args.replicated_models,
              "reduce-dtypes": args.reduce_dtypes, "optimizer-splits": args.optimizer_splits,
-             "exchange-dtypes": args.exchange_dtypes}
+             "exchange-dtypes": args.exchange_dtypes, "route-ahead": args.route_ahead}
     for option, values in given.items():
         bad = [v for v in values if v not in allowed[option]]
         if bad:
@@ -186,19 +192,33 @@ def _batch(batch: int, dims, n_networks: int, seed: int):
     return x, target, ids
 
 
-def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int) -> float:
+def step_loop(trainer, x, target, ids, ahead: bool = False):
+    """`run(k)`: k training steps on the batch, issued back to back; with `ahead` through `Trainer.training_steps`
+    (each step routes the next batch while it computes), else one `training_step` at a time."""
+    if ahead:
+        return lambda k: collections.deque(trainer.training_steps(itertools.repeat((x, target, ids), k)), maxlen=0)
+
+    def run(k):
+        for _ in range(k):
+            trainer.training_step(x, target, ids)
+    return run
+
+
+def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int, ahead: bool = False) -> float:
     import tinn
     from tinn import checks
 
     from benchmarks.common import settle
 
     x, target, ids = _batch(batch, dims, n_networks, seed)
+    run = step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
         # compile, warm caches, capture the step graph and finish its trial (every rank alike)
-        settle(lambda: trainer.training_step(x, target, ids))
+        settle(lambda: run(1))
+        run(3)  # routing ahead's own warm-up: its side stream and the kernels of its batches
+        tinn.runtime.sync()
         t0 = time.perf_counter()
-        for _ in range(reps):
-            trainer.training_step(x, target, ids)
+        run(reps)
         tinn.runtime.sync()
     return (time.perf_counter() - t0) / reps
 
@@ -217,7 +237,7 @@ def _mark_optimizer(trainer, part) -> None:
     trainer.optimizer.step = marked
 
 
-def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: int) -> list[dict]:
+def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: int, ahead: bool = False) -> list[dict]:
     """The costliest CUDA kernels of a training step (torch.profiler: every stream, NCCL's too), ms per step; the
     host's wall time per step under the profiler as a last row."""
     import tinn
@@ -227,13 +247,14 @@ def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: in
     if not torch.cuda.is_available():
         return []
     x, target, ids = _batch(batch, dims, n_networks, seed)
+    run = step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
-        for _ in range(3):
-            trainer.training_step(x, target, ids)
+        run(3)
         tinn.runtime.sync()
         t0 = time.perf_counter()
-        table = cuda_kernels(lambda: trainer.training_step(x, target, ids), n=5)
+        table = cuda_kernels(lambda: run(5), n=1)
         wall = (time.perf_counter() - t0) / 5
+        table = [dict(r, ms=r["ms"] / 5, calls=r["calls"] / 5) for r in table]
     return table[:rows] + [{"kernel": "(step wall time under the profiler)", "calls": 1, "ms": 1e3 * wall}]
 
 
@@ -244,7 +265,8 @@ def print_kernels(title: str, table: list[dict] | None) -> None:
             print(f"    {r['ms']:8.3f} ms {r['calls']:5.1f}x  {r['kernel']}", flush=True)
 
 
-def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int) -> dict:
+def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, seed: int, ahead: bool = False
+                  ) -> dict:
     """Milliseconds per step in each phase on this rank (tinn/distributed/profile.py), and the step's wall time:
     averages over `steps` steps, taken after warm-up steps on the same batch."""
     import tinn
@@ -252,20 +274,19 @@ def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, 
     from tinn.distributed.profile import PhaseTimer
 
     x, target, ids = _batch(batch, dims, n_networks, seed)
+    run = step_loop(trainer, x, target, ids, ahead)
     timer = PhaseTimer()
     try:
         with checks.disabled():
             # A new batch has new per-rank counts, which can select kernel variants not compiled yet (Triton
             # specialises on sizes): compile them before the profiled steps, with no profiler attached.
-            for _ in range(3):
-                trainer.training_step(x, target, ids)
+            run(3)
             _mark_optimizer(trainer, part)
             part.profiler = timer
             tinn.runtime.sync()
             t0 = time.perf_counter()
             timer.start()
-            for _ in range(steps):
-                trainer.training_step(x, target, ids)
+            run(steps)
             timer.mark("other")
             phases = timer.collect(steps)
             wall = (time.perf_counter() - t0) / steps
@@ -322,7 +343,8 @@ def exchange_accuracy(args, build, n_networks: int, batch: int, dims, chunks: in
 
 
 def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str = "sharded", chunks: int = 1,
-            reduce_dtype: str | None = None, optimizer_split: str = "on", exchange_dtype: str = "float32") -> dict:
+            reduce_dtype: str | None = None, optimizer_split: str = "on", exchange_dtype: str = "float32",
+            route_ahead: str = "off") -> dict:
     """One row: the 1-GPU run (cached per model and precision), the strong and the weak run of `strategy`."""
     from tinn.distributed.optimizer_split import SplitOptimizer
     from tinn.trainer import Trainer
@@ -356,12 +378,13 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         part = distributed_part(strategy, build, n_run, chunks, reduce_dtype, args.exchange_kernels, optimizer_split,
                                 exchange_dtype)
         trainer = Trainer(part, optimizer=adam)
-        t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank))
-        prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank) \
+        ahead = route_ahead == "on" and strategy == "sharded"
+        t = max_over_ranks(time_steps(trainer, per_rank, dims, n_run, args.reps, seed=2 + rank, ahead=ahead))
+        prof = profile_steps(trainer, part, per_rank, dims, n_run, args.profile_steps, seed=7 + rank, ahead=ahead) \
             if args.profile_steps else None
         kernels = None
         if args.kernel_profile and run == "strong":
-            kernels = kernel_table(trainer, per_rank, dims, n_run, args.kernel_profile, seed=9 + rank)
+            kernels = kernel_table(trainer, per_rank, dims, n_run, args.kernel_profile, seed=9 + rank, ahead=ahead)
             print_kernels(f"{kind} {precision} {strategy}, rank 0 of the strong run", kernels)
         runs[run] = {"step_ms": 1e3 * t, "profile_per_rank": gather_objects(prof), "kernels": kernels,
                      "step_graphs": trainer.step_graph_status,
@@ -380,6 +403,7 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
         "model": kind, "precision": precision, "strategy": strategy, "chunks": None if replicated else chunks,
         "reduce_dtype": reduce_dtype, "exchange_kernels": None if replicated else args.exchange_kernels,
         "optimizer_split": split if replicated else None, "exchange_dtype": None if replicated else exchange_dtype,
+        "route_ahead": None if replicated else route_ahead == "on",
         "exchange_accuracy_vs_float32": accuracy,
         "networks": n, "global_batch": batch, "world_size": world, "dims": list(dims),
         "single_gpu_step_ms": 1e3 * t1, "single_gpu_samples_per_s": batch / t1,
@@ -540,7 +564,8 @@ def summary_table(rows: list[dict], world: int) -> list[str]:
         prof = (s["strong_profile_per_rank"] or [None])[0]
         how = (f"replicated {s['reduce_dtype']}{' split' if s.get('optimizer_split') else ''}"
                if s.get("strategy") == "replicated"
-               else f"sharded chunks={s['chunks']} {s.get('exchange_dtype') or 'float32'}")
+               else f"sharded chunks={s['chunks']} {s.get('exchange_dtype') or 'float32'}"
+                    + (" ahead" if s.get("route_ahead") else ""))
         lines.append(f"{s['model']:<6}{s['precision']:<9}{how:<30}{s['single_gpu_step_ms']:>10.2f}"
                      f"{s['strong_step_ms']:>10.2f}{s['strong_speedup']:>7.2f}x{s['weak_step_ms']:>9.2f}"
                      f"{s['weak_per_gpu_ratio']:>9.2f}"
@@ -574,8 +599,8 @@ def main():
         for precision in args.precisions[kind]:
             runs = []
             if "sharded" in args.strategies:
-                runs += [dict(strategy="sharded", chunks=c, exchange_dtype=x) for c in args.chunks[kind]
-                         for x in args.exchange_dtypes]
+                runs += [dict(strategy="sharded", chunks=c, exchange_dtype=x, route_ahead=a) for c in args.chunks[kind]
+                         for x in args.exchange_dtypes for a in args.route_ahead]
             if "replicated" in args.strategies and kind in args.replicated_models:
                 runs += [dict(strategy="replicated", reduce_dtype=d, optimizer_split=o) for d in args.reduce_dtypes
                          for o in args.optimizer_splits]

@@ -812,6 +812,83 @@ def scenario_owner_loss(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+# Routing ahead (Trainer.training_steps): ShardedPart keywords per case, and each step's per-rank batch sizes
+# (unequal, and one step with an empty batch on rank 1).
+AHEAD_CASES = {"grouped": {"group_by_network": True, "assignment": UNEVEN, "exchange_kernels": "triton"},
+               "chunks2": {"chunks": 2}}
+AHEAD_SIZES = [(BATCH, 13), (7, BATCH), (BATCH, 0), (21, 30), (BATCH, BATCH)]
+
+
+def scenario_route_ahead(rank, out):
+    """Trainer steps through `training_steps` (each step routing the next batch ahead) against `training_step` per
+    batch: the same losses and parameters, with an inference forward between two steps, and after leaving the
+    loop early. Then ranks giving different numbers of batches raise together."""
+    import tinn
+    import tinn.distributed as td
+    from tinn.distributed import buckets as B
+    from tinn.errors import DistributedError
+    from tinn.trainer import Trainer
+
+    dev = tinn.runtime.device()
+    res = {}
+
+    def batches(first=0, count=len(AHEAD_SIZES)):
+        for step in range(first, first + count):
+            x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step, size=AHEAD_SIZES[step][rank]))
+            yield x, t, ids
+
+    probe_x, probe_ids, _, _ = (v.to(dev) for v in batch(rank, 90))
+    for name, kw in AHEAD_CASES.items():
+        kw = dict(kw)
+        grouping = kw.pop("group_by_network", None)
+        if kw.get("exchange_kernels") == "triton" and not B.use_triton("triton", dev):
+            kw.pop("exchange_kernels")
+        runs = {}
+        for how in ("ahead", "one_by_one"):
+            model = td.ShardedPart(factory(group_by_network=grouping), N_NETWORKS, config={"case": name, "how": how},
+                                   **kw)
+            trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+            losses, probes, taken = [], [], []
+
+            def counted_take(*args, take=model._take_ahead, taken=taken):
+                routed = take(*args)
+                taken.append(routed is not None)
+                return routed
+            model._take_ahead = counted_take
+            if how == "ahead":
+                steps = trainer.training_steps(batches())
+                for step, loss in enumerate(steps):
+                    losses.append(float(loss))
+                    if step == 1:  # a call of its own between two steps, while the next batch is routed
+                        probes.append(model(probe_x, probe_ids).detach().clone())
+                    if step == 3:
+                        break  # the fifth batch stays untrained; the generator forgets what it routed ahead
+                steps.close()
+            else:
+                for step, (x, t, ids) in enumerate(batches(count=4)):
+                    losses.append(float(trainer.training_step(x, t, ids)))
+                    if step == 1:
+                        probes.append(model(probe_x, probe_ids).detach().clone())
+            # After the loop: a plain step on the batch the early exit left, the same either way.
+            x, t, ids = next(batches(first=4, count=1))
+            losses.append(float(trainer.training_step(x, t, ids)))
+            runs[how] = {"losses": losses, "probes": probes,
+                         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+                         "held": model._ahead is not None, "taken": taken}
+        res[name] = runs
+    # Rank 0 gives three batches, rank 1 four: when rank 0's second step routes its last batch, its header says
+    # that the step taking it routes nothing ahead, rank 1's that it does.
+    model = td.ShardedPart(factory(), N_NETWORKS, config={"case": "lengths"})
+    trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+    try:
+        for _ in trainer.training_steps(batches(count=3 if rank == 0 else 4)):
+            pass
+        res["lengths"] = "no error"
+    except DistributedError as e:
+        res["lengths"] = f"DistributedError: {e}"
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 def scenario_shutdown(rank, out):
     """A sharded part still alive when the script leaves the process group: it holds no reference to torch's
     group (which would keep gloo's worker threads into interpreter shutdown), and says so once the group is gone."""

@@ -631,6 +631,50 @@ def _check_owner_loss_trainer(owner_loss_run, rtol, atol):
             assert res["trainer"][True]["losses"][step] == pytest.approx(sum(own) / WORLD, rel=rtol)
 
 
+@pytest.fixture(scope="module")
+def route_ahead_run(tmp_path_factory):
+    return run_ranks("route_ahead", tmp_path_factory.mktemp("route_ahead"), TRITON_INTERPRET=1)
+
+
+def _check_route_ahead(results, exact: bool):
+    check = (lambda got, want, msg: torch.testing.assert_close(got, want, rtol=0, atol=0, msg=msg)) if exact else \
+        (lambda got, want, msg: torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=msg))
+    for r, res in enumerate(results):
+        for name in W.AHEAD_CASES:
+            ahead, plain = res[name]["ahead"], res[name]["one_by_one"]
+            assert len(ahead["losses"]) == len(plain["losses"]) == 5
+            if exact:
+                assert ahead["losses"] == plain["losses"], (r, name)
+            else:
+                assert ahead["losses"] == pytest.approx(plain["losses"], rel=1e-4), (r, name)
+            assert len(ahead["probes"]) == 1 and float(plain["probes"][0].abs().max()) > 0
+            check(ahead["probes"][0], plain["probes"][0], f"rank {r} {name}: the forward between two steps")
+            for n, p in plain["params"].items():
+                assert float(p.abs().max()) > 0
+                check(ahead["params"][n], p, f"rank {r} {name} {n}")
+            assert not ahead["held"] and not plain["held"]
+            # Steps 2 to 4 took the rows routed by the step before; the first and the step after the loop routed their own.
+            assert ahead["taken"] == [False, True, True, True, False] and plain["taken"] == [False] * 5, (r, name)
+        assert res["lengths"].startswith(f"DistributedError: rank {r}: ranks disagree"), res["lengths"]
+        assert "routing the next step's batch ahead" in res["lengths"] and "per rank = [0, 1]" in res["lengths"]
+
+
+def test_training_steps_route_ahead_like_one_step_at_a_time(route_ahead_run):
+    """`Trainer.training_steps` routes each step's next batch while the step computes: the same losses and
+    parameters as `training_step` per batch, bit for bit on the CPU (unequal and empty per-rank batches, rows
+    grouped by network with uneven ownership, two chunks), with a forward of its own between two steps and a plain
+    step after leaving the loop early. Ranks whose batches end at different steps raise together."""
+    _check_route_ahead(route_ahead_run, exact=True)
+
+
+@two_gpus
+def test_training_steps_route_ahead_over_nccl(tmp_path):
+    """The same over NCCL, one GPU per rank: the next batch's routing on a side stream, the current step's compute
+    on the compute stream (the grid's atomic adds sum in another order from run to run: a tolerance)."""
+    _check_route_ahead(run_ranks("route_ahead", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0),
+                       exact=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("demo,args", [
     ("kilonerf.py", ["--teacher-steps", "10", "--distill-steps", "10", "--finetune-steps", "5", "--views", "4",

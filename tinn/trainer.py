@@ -25,6 +25,7 @@ import torch
 
 from . import checkpoint, checks, gradient_scaling, runtime, step_graphs
 from .config import Section
+from .distributed.route_ahead import NextBatch
 from .errors import InputError
 from .losses import Loss, LossResult, create_loss
 from .models import NetworkWithInputEncoding
@@ -226,6 +227,58 @@ class Trainer(LearningRateOf):
                 return value
         return self._regression_step(x, t, ids, run_optimizer)
 
+    def training_steps(self, batches):
+        """One `training_step` per batch, as a generator of the steps' losses:
+
+            for loss in trainer.training_steps((x, target, ids) for x, target, ids in loader):
+                ...
+
+        Args:
+            batches: an iterable of (inputs, targets, net_ids) tuples, as `training_step` takes them.
+
+        Yields:
+            Each step's loss, as `training_step` returns it (not waited for).
+
+        Knowing the next batch lets a sharded array (`tinn.distributed.ShardedPart`, with the loss at the owners)
+        route it to its owners while the current step computes (tinn/distributed/route_ahead.py): no step waits
+        for its routing. The generator takes up to two batches ahead of the step it runs; each step trains on its
+        batch as it was when taken. Every rank must give the same number of batches; ranks whose batches end at
+        different steps raise a DistributedError. Other models train exactly as `training_step` does.
+
+        Raises:
+            InputError: as `training_step`, for the batch taken.
+        """
+        step_graphs.refuse_in_callers_capture("Trainer.training_steps", _TRAINER_CAPTURES)
+        batches = iter(batches)
+
+        def take():
+            batch = next(batches, None)
+            return None if batch is None else self._inputs(*batch)
+
+        current = take()
+        if current is None:
+            return
+        model = self.model
+        if not (getattr(model, "routes_ahead", None) and model.routes_ahead(self.loss) and not self.track_per_network_loss
+                and self._uses_contract(current[0].shape[0])):
+            while current is not None:
+                yield self.training_step(*current)
+                current = take()
+            return
+        following = take()
+        after = None if following is None else take()
+        try:
+            while current is not None:
+                ahead = None
+                if following is not None:
+                    nx, nt, nids = following
+                    ahead = NextBatch(nx, nids, nt, then=after is not None)
+                yield self._regression_step(*current, ahead=ahead)
+                current, following = following, after
+                after = None if following is None else take()
+        finally:
+            model.drop_ahead()
+
     def _graphs_apply(self, x: torch.Tensor) -> bool:
         """Whether this step may be replayed from a CUDA graph (tinn/step_graphs.py): `tuning.step_graphs` on, CUDA,
         the part contract's path with the loss taken by the model's backward."""
@@ -245,8 +298,9 @@ class Trainer(LearningRateOf):
         """Whether this trainer's steps are replayed from CUDA graphs, and if not, why (tinn/step_graphs.py)."""
         return "steps issued op by op" if self._step_graphs is None else self._step_graphs.status
 
-    def _regression_step(self, x, t, ids, run_optimizer: bool = True) -> torch.Tensor:
-        """`training_step` on validated inputs, issued op by op (and so captured, tinn/step_graphs.py)."""
+    def _regression_step(self, x, t, ids, run_optimizer: bool = True, ahead=None) -> torch.Tensor:
+        """`training_step` on validated inputs, issued op by op (and so captured, tinn/step_graphs.py). `ahead`: the
+        next step's batch, for a model that routes it while this step computes (`training_steps`)."""
         self.optimizer.zero_grad()
         track = self.track_per_network_loss
         kwargs = {"net_ids": ids, "n_networks": self.n_networks} if track else {}
@@ -257,7 +311,8 @@ class Trainer(LearningRateOf):
                     # The model's backward takes the loss itself: the fused MLP computes its gradient where
                     # its kernel first reads the outputs, the tensor cores' where the backward recomputes them
                     # (Part.gradients_from_loss: no output is kept, and that backward needs no forward).
-                    _, grads, value = model.gradients_from_loss(x, ids, self.loss, t, need_dx=False)
+                    routing_ahead = {} if ahead is None else {"ahead": ahead}
+                    _, grads, value = model.gradients_from_loss(x, ids, self.loss, t, need_dx=False, **routing_ahead)
                     result = LossResult(value, None)
                 else:
                     pred, ctx = model.forward_with_context(x, ids, train=True)

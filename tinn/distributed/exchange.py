@@ -35,17 +35,41 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
                     payload: torch.Tensor | None = None, meanwhile=None
                     ) -> tuple[list[list[int]], list[list[int]], object]:
+    """Send (count for rank j per chunk, *values, payload[j]) to every rank j and read what every rank sent here:
+    `send_header(...).read()`."""
+    return send_header(values, counts, device, group, what, payload_width, payload, meanwhile).read()
+
+
+class HeaderInFlight:
+    """A header exchanged on the device and on its way to the host (`send_header`); `read()` waits for it."""
+
+    def __init__(self, host: torch.Tensor, copied, later, chunks: int, what: str, group):
+        self._host, self._copied, self.later = host, copied, later
+        self._chunks, self._what, self._group = chunks, what, group
+
+    def read(self) -> tuple[list[list[int]], list[list[int]], object]:
+        """(sent counts [chunk][rank], the world rows of chunks + len(values) ints received, row i: what rank i
+        sent here, and what `meanwhile` returned), read in one synchronisation (list indexing costs far less host
+        time than indexing a CPU tensor)."""
+        with collective(self._what, self._group):
+            if self._copied is not None:
+                self._copied.synchronize()
+            mine, got = self._host.tolist()
+        chunks = self._chunks
+        return [[row[c] for row in mine] for c in range(chunks)], got, self.later
+
+
+def send_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
+                payload: torch.Tensor | None = None, meanwhile=None) -> HeaderInFlight:
     """Send (count for rank j per chunk, *values, payload[j]) to every rank j; `counts` (chunks, world) on any
     device; `payload` (world, payload_width) int64 (zeros when None) rides along for the device only (per-network
     counts), so the header keeps one size whatever the call: ranks making different calls still exchange
-    headers of one shape, and raise on what they read. Returns (sent counts [chunk][rank], the world rows of
-    chunks + len(values) ints received, row i: what rank i sent here, and what `meanwhile(the (world,
-    payload_width) payloads received, on `device`)` returned), the lists read in one
-    synchronisation (the host reads them right after it, while the device waits: list indexing costs far less
-    host time than indexing a CPU tensor). `meanwhile`: work queued on the GPU after the header's copy to the
-    host, whose kernels run while the host reads the header and issues what follows (the rows' sort and
-    packing), instead of the device idling until the host's next launch; its launches' host time passes while
-    the device is still busy with what came before the header."""
+    headers of one shape, and raise on what they read. On CUDA the header is copied to pinned host memory behind
+    an event, so the host waits only when it reads it (`HeaderInFlight.read`). `meanwhile(the (world,
+    payload_width) payloads received, on `device`)`: work queued on the GPU after that copy, whose kernels run
+    while the host reads the header and issues what follows (the rows' sort and packing), instead of the device
+    idling until the host's next launch; its launches' host time passes while the device is still busy with what
+    came before the header."""
     chunks, world = counts.shape
     read = chunks + len(values)
     header = torch.empty(world, read + payload_width, dtype=torch.int64, device=device)
@@ -62,17 +86,16 @@ def exchange_header(values: list[int], counts: torch.Tensor, device, group, what
         dist.all_to_all_single(received, header, group=group)
         both = torch.stack([header, received])
         both = both[:, :, :read] if payload_width else both
-        if meanwhile is not None and both.is_cuda:
+        copied = None
+        if both.is_cuda:
             host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
             host.copy_(both, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            later = meanwhile(received[:, read:])
-            copied.synchronize()
         else:
-            host, later = both.cpu(), None if meanwhile is None else meanwhile(received[:, read:])
-        mine, got = host.tolist()
-    return [[row[c] for row in mine] for c in range(chunks)], got, later
+            host = both
+        later = None if meanwhile is None else meanwhile(received[:, read:])
+    return HeaderInFlight(host, copied, later, chunks, what, group)
 
 
 def check_agreement(received: list[list[int]], mine: list[int], names: list[str], rank: int, what: str,

@@ -45,6 +45,7 @@ from .optimizer_split import check_split
 from .ownership import Ownership
 from .piece_reduction import PieceReduction, piece_table
 from .profile import mark
+from .route_ahead import NextBatch, SideStream
 from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
                       world_size)
 
@@ -287,6 +288,7 @@ class ShardedPart(_Collective):
         self._owner, self._local_ids = owner, local_ids  # plain attributes: not in the state dict
         most = max(len(ownership.owned(r)) for r in range(world))
         self._by_network = most if 1 < most and world * chunks * most <= _MAX_NETWORK_BINS else 0
+        self._ahead = self._side = None  # the next step's batch routed ahead, and the stream it was routed on
         names = dict((id(p), n) for n, p in local.named_parameters())
         replicated = set(replicated)
         unknown = sorted(replicated - set(names.values()))
@@ -385,12 +387,18 @@ class ShardedPart(_Collective):
         return y, (Context(plan=plan, local=local_ctx, batch=x.shape[0]) if train else None)
 
     def _route(self, x, ids, kind: int, train: bool, need_dx: bool, need_grads: bool, what: str, extra=None,
-               by_network: bool = False):
+               by_network: bool = False, routes_ahead: bool = False):
         """Bucket the inputs (and `extra` columns after them: targets) by owner, exchange the header and start
         every chunk's exchange of the rows: (packing, plan, the chunks' pending exchanges, the batch size of
         every rank, and with `by_network` the grouping `_pack_and_merge` returns, else None). `kind` (_FORWARD,
         _LOSS_AT_OWNERS) travels in the header, so that ranks making different calls raise instead of
-        exchanging mismatched rows; the header has one size for every kind."""
+        exchanging mismatched rows; the header has one size for every kind. `routes_ahead`: whether the step
+        this routes will route the batch after it ahead (tinn/distributed/route_ahead.py), agreed like the kind."""
+        return self._route_finish(self._route_send(x, ids, kind, train, need_dx, need_grads, what, extra, by_network,
+                                                   routes_ahead))
+
+    def _route_send(self, x, ids, kind, train, need_dx, need_grads, what, extra, by_network, routes_ahead):
+        """`_route`'s first half: the count and the header, on its way to the host (nothing waits)."""
         call = self._next_call()
         mark(self, "other")
         width = self._by_network
@@ -402,29 +410,40 @@ class ShardedPart(_Collective):
                                                self.exchange_kernels, self._values_dtype, extra)
             counts, payload = counted.counts, counted.network_counts.transpose(0, 1).reshape(self.world_size, -1)
             meanwhile = lambda received: self._pack_and_merge(counted, received)  # noqa: E731
+            packing = None
         else:
             packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, chunks,
                                      self.exchange_kernels, self._values_dtype, extra=extra)
             counts, payload, meanwhile = packing.counts, None, None
         mark(self, "exchange")
-        values = [int(train), call, kind, int(train and need_dx), int(train and need_grads), x.shape[0]]
-        sent, received, packed = exchange.exchange_header(values, counts, self.collective_device, self.group,
-                                                             "the forward header", chunks * width, payload, meanwhile)
+        values = [int(train), call, kind, int(routes_ahead), int(train and need_dx), int(train and need_grads),
+                  x.shape[0]]
+        header = exchange.send_header(values, counts, self.collective_device, self.group, "the forward header",
+                                      chunks * width, payload, meanwhile)
+        return header, values, packing, what
+
+    def _route_finish(self, sending):
+        """`_route`'s second half: the host reads the header, checks that every rank makes the same call, and starts
+        the rows' exchange."""
+        header, values, packing, what = sending
+        chunks = self.chunks
+        sent, received, packed = header.read()
         grouping = None
-        if by_network:
+        if packing is None:
             packing, grouping = packed
         mark(self, "idle")
-        exchange.check_agreement(received, values[:3], ["gradients enabled", "call number", "call kind (a forward, "
-                                 "or the Trainer's step with the loss at the owners)"], self.rank,
-                                 "the forward header", first=chunks)
+        exchange.check_agreement(received, values[:4], ["gradients enabled", "call number", "call kind (a forward, "
+                                 "or the Trainer's step with the loss at the owners)", "routing the next step's "
+                                 "batch ahead (Trainer.training_steps)"], self.rank, "the forward header",
+                                 first=chunks)
         recv = [[row[c] for row in received] for c in range(chunks)]
-        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=any(row[chunks + 3] for row in received),
-                             any_grads=any(row[chunks + 4] for row in received))
+        plan = exchange.Plan(packing.perm, packing.dest, sent, recv, any_dx=any(row[chunks + 4] for row in received),
+                             any_grads=any(row[chunks + 5] for row in received))
         # Every chunk's rows are sent at once: the communication stream works through them while the compute
         # stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
                                             self.group, f"the forward exchange of {what}") for c in range(chunks)]
-        return packing, plan, incoming, [row[chunks + 5] for row in received], grouping
+        return packing, plan, incoming, [row[chunks + 6] for row in received], grouping
 
     def _pack_and_merge(self, counted, received):
         """Queued while the host reads the header: this rank's rows sorted and packed, and each chunk's merge tables
@@ -444,7 +463,17 @@ class ShardedPart(_Collective):
         with the inputs, and a 16-bit target would change the loss)."""
         return not need_dx and self._values_dtype == torch.float32
 
-    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR):
+    def routes_ahead(self, loss) -> bool:
+        """Whether `gradients_from_loss` can route the next step's batch while it computes (`ahead=`): the step
+        with the loss at the owners (tinn/distributed/route_ahead.py)."""
+        return isinstance(loss, Loss) and self.fuses_loss()
+
+    def drop_ahead(self) -> None:
+        """Forget a batch routed ahead and never taken (its exchanges were issued on every rank and complete)."""
+        self._ahead = None
+
+    def gradients_from_loss(self, x, ids, loss, target, *, need_dx, need_grads=True, x_layout=SAMPLE_MAJOR,
+                            ahead: NextBatch | None = None):
         """The Trainer's step with the loss computed where each sample's network lives: the targets travel with
         the inputs, each owner runs its local part's `gradients_from_loss` on the samples it receives, and
         neither outputs nor dy cross the link (two of the step's three exchanges, and the forward's kernels
@@ -453,25 +482,86 @@ class ShardedPart(_Collective):
         sending rank's batch), times 1 / world for `gradients="mean"`. The loss returned is the one those
         gradients belong to, the same on every rank: the mean over ranks of each rank's mean loss ("sum":
         their sum). Other calls (dx wanted, a loss that is not a tinn Loss, 16-bit exchanges) take the
-        forward and `backward_from_loss`."""
+        forward and `backward_from_loss`.
+
+        ahead: the next step's batch (`route_ahead.NextBatch`, validated like x, ids and target), routed on a
+        side stream while this step computes; the next call with exactly those tensors takes its rows as they
+        were then, with no header to wait for. Every rank passes one or none (`Trainer.training_steps` does)."""
         if need_dx or not isinstance(loss, Loss) or not self.fuses_loss() or x_layout != SAMPLE_MAJOR:
+            if ahead is not None:
+                raise ConfigError("ahead= routes the next step of the step with the loss at the owners; this call "
+                                  "takes the forward and backward_from_loss (check routes_ahead(loss) first)")
             return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
                                                x_layout=x_layout)
         dev = runtime.device()
-        d, o = self.n_input_dims, self.n_output_dims
-        # Checked before any collective: the targets are packed into the rows the owners split at d + o columns.
-        x = checks.float_input("x", x, d)
-        target = checks.float_input("target", target, o)
-        if target.shape[0] != x.shape[0]:
-            raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
-        ids = checks.net_ids(ids, x.shape[0], self.n_networks)  # the bucketing kernels index tables by id
-        _, plan, incoming, batches, grouping = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
-                                                           "inputs and targets", extra=target, by_network=True)
+        o = self.n_output_dims
+        routed = self._take_ahead(x, ids, target)
+        if routed is None:
+            x, ids, target = self._step_inputs(x, ids, target)
+            routed = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads, "inputs and targets", extra=target,
+                                 by_network=True, routes_ahead=ahead is not None)
+        _, plan, incoming, batches, grouping = routed
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
+        sending = None
+        if ahead is not None:
+            # The next batch's count and header go out before this step's compute is issued, on the side stream.
+            next_x, next_ids, next_target = self._step_inputs(ahead.x, ahead.ids, ahead.target)
+            with self._side_stream().issue(after_current=True):
+                sending = self._route_send(next_x, next_ids, _LOSS_AT_OWNERS, True, False, True, "inputs and targets",
+                                           next_target, True, ahead.then)
         world = self.world_size
         mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
+        value, grads = self._losses_at_owners(plan, incoming, grouping, loss, mean_over)
+        if sending is not None:
+            # By now the device has long answered the header: the host reads it and the rows go out beside the
+            # compute just issued.
+            with self._side_stream().issue(after_current=False):
+                self._ahead = (ahead, self._route_finish(sending))
         tables = self.local.parameter_tables()
-        grads = (None,) * len(tables)
+        reduction = self._start_reduce(tables, grads, plan.any_grads)
+        value = torch.zeros((), device=dev) if value is None else value
+        value = _Reduction([value.reshape(1)], 1.0, self.collective_device, self.group,
+                           "the all-reduce of the step's loss").result()[0].reshape(()).to(dev)
+        grads = reduction()
+        self._agree_on_overflow()
+        if sending is not None:
+            self._side_stream().join()
+        mark(self, "reduce")
+        return None, (grads if need_grads else (None,) * len(tables)), value
+
+    def _step_inputs(self, x, ids, target):
+        """The step's batch checked before any collective: the targets are packed into the rows the owners split at
+        d + o columns, and the bucketing kernels index tables by id."""
+        x = checks.float_input("x", x, self.n_input_dims)
+        target = checks.float_input("target", target, self.n_output_dims)
+        if target.shape[0] != x.shape[0]:
+            raise InputError(f"target has batch {target.shape[0]}; expected {x.shape[0]} to match x")
+        return x, checks.net_ids(ids, x.shape[0], self.n_networks), target
+
+    def _side_stream(self) -> SideStream:
+        if self._side is None:
+            self._side = SideStream(runtime.device())
+        return self._side
+
+    def _take_ahead(self, x, ids, target):
+        """The route of this batch if the previous step routed it ahead (the same tensors), else None; a call on
+        another batch leaves it for the call it was routed for."""
+        held = self._ahead
+        if held is None:
+            return None
+        batch, routed = held
+        if batch.x is not x or batch.ids is not ids or batch.target is not target:
+            return None
+        self._ahead = None
+        _, _, incoming, _, grouping = routed
+        self._side_stream().hand_over([pending.out for pending in incoming], grouping)
+        return routed
+
+    def _losses_at_owners(self, plan, incoming, grouping, loss, mean_over):
+        """Each chunk's received rows unpacked and run through the local part's `gradients_from_loss`: (the loss
+        summed over the chunks' pieces or None, the summed gradients)."""
+        d, o = self.n_input_dims, self.n_output_dims
+        grads = (None,) * len(self.local.parameter_tables())
         value = None
         for c in range(plan.chunks):
             # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together,
@@ -500,14 +590,7 @@ class ShardedPart(_Collective):
                 start = stop
             mark(self, "compute")
             del x_here, target_here, ids_here
-        reduction = self._start_reduce(tables, grads, plan.any_grads)
-        value = torch.zeros((), device=dev) if value is None else value
-        value = _Reduction([value.reshape(1)], 1.0, self.collective_device, self.group,
-                           "the all-reduce of the step's loss").result()[0].reshape(()).to(dev)
-        grads = reduction()
-        self._agree_on_overflow()
-        mark(self, "reduce")
-        return None, (grads if need_grads else (None,) * len(tables)), value
+        return value, grads
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         # Counted, not exchanged: a rank that skipped a backward is caught by the next forward's header.
