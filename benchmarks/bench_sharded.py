@@ -42,7 +42,6 @@ Prints a table last and writes JSON (rank 0).
 from __future__ import annotations
 
 import argparse
-import collections
 import itertools
 import json
 import math
@@ -193,14 +192,22 @@ def _batch(batch: int, dims, n_networks: int, seed: int):
 
 
 def step_loop(trainer, x, target, ids, ahead: bool = False):
-    """`run(k)`: k training steps on the batch, issued back to back; with `ahead` through `Trainer.training_steps`
-    (each step routes the next batch while it computes), else one `training_step` at a time."""
+    """`run(k)`: k training steps on the batch, issued back to back; with `ahead` the next k steps of one
+    `Trainer.training_steps` loop (each step routes the next batch while it computes; `run.close()` ends it), else
+    one `training_step` at a time."""
     if ahead:
-        return lambda k: collections.deque(trainer.training_steps(itertools.repeat((x, target, ids), k)), maxlen=0)
+        steps = trainer.training_steps(itertools.repeat((x, target, ids)))
+
+        def run(k):
+            for _ in range(k):
+                next(steps)
+        run.close = steps.close
+        return run
 
     def run(k):
         for _ in range(k):
             trainer.training_step(x, target, ids)
+    run.close = lambda: None
     return run
 
 
@@ -220,7 +227,9 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int,
         t0 = time.perf_counter()
         run(reps)
         tinn.runtime.sync()
-    return (time.perf_counter() - t0) / reps
+        elapsed = time.perf_counter() - t0
+        run.close()
+    return elapsed / reps
 
 
 def _mark_optimizer(trainer, part) -> None:
@@ -254,6 +263,7 @@ def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: in
         t0 = time.perf_counter()
         table = cuda_kernels(lambda: run(5), n=1)
         wall = (time.perf_counter() - t0) / 5
+        run.close()
         table = [dict(r, ms=r["ms"] / 5, calls=r["calls"] / 5) for r in table]
     return table[:rows] + [{"kernel": "(step wall time under the profiler)", "calls": 1, "ms": 1e3 * wall}]
 
@@ -290,6 +300,7 @@ def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, 
             timer.mark("other")
             phases = timer.collect(steps)
             wall = (time.perf_counter() - t0) / steps
+            run.close()
     finally:
         part.profiler = None
         trainer.optimizer.__dict__.pop("step", None)

@@ -502,20 +502,29 @@ def scenario_syncs(rank, out):
 
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                y, ctx = model.forward_with_context(x, ids, train=True)
-                forward = syncs()
+                # The header is read after its copy to the host, waited for through an event, which the sync debug
+                # mode does not see: counted here.
+                with _counting_calls(torch.cuda.Event, "synchronize") as waits:
+                    y, ctx = model.forward_with_context(x, ids, train=True)
+                forward = syncs() + waits[0]
                 torch.cuda.set_sync_debug_mode("error")
                 model.backward(ctx, w, need_dx=False)
                 torch.cuda.set_sync_debug_mode("warn")
                 before = syncs()
-                # The step's header is read after its copy to the host, waited for through an event, which the
-                # sync debug mode does not see: counted here.
                 with _counting_calls(torch.cuda.Event, "synchronize") as waits:
                     trainer.training_step(x, t, ids)
                 step = syncs() - before + waits[0]
+                # Three steps routing ahead: three headers read (the first step's own and the next two batches'),
+                # each once the step that routes it has issued its compute.
+                before = syncs()
+                with _counting_calls(torch.cuda.Event, "synchronize") as waits:
+                    for _ in trainer.training_steps([(x, t, ids)] * 3):
+                        pass
+                ahead = syncs() - before + waits[0]
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        res[chunks] = {"forward": forward, "step": step, "messages": [str(c.message)[:200] for c in caught]}
+        res[chunks] = {"forward": forward, "step": step, "ahead": ahead,
+                       "messages": [str(c.message)[:200] for c in caught]}
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 

@@ -241,11 +241,12 @@ def test_replicated_reduces_by_network_ranges_over_nccl(tmp_path):
                     reason="host syncs only exist on a GPU (NCCL)")
 def test_sharded_step_syncs_the_host_once(tmp_path):
     """torch's sync debug mode over a one-rank NCCL group: the forward's header is the step's one host
-    synchronisation (the Trainer's step waits for it through an event, counted too); the backward has none (it
-    raised on any), chunked or not."""
+    synchronisation (waited for through an event, counted too); the backward has none (it raised on any), chunked
+    or not; steps routing ahead read one header each."""
     res = run_ranks("syncs", tmp_path, world=1, TINN_ARCH="cuda", TRITON_INTERPRET=0)[0]
     for chunks in (1, 2):
         assert res[chunks]["forward"] == 1 and res[chunks]["step"] == 1, res[chunks]["messages"]
+        assert res[chunks]["ahead"] == 3, res[chunks]["messages"]
 
 
 @cpu_reference

@@ -90,6 +90,7 @@ def shutdown() -> None:
         # interpreter runs: freed during its shutdown instead, gloo's worker thread releases the tensors of a
         # finished collective, cannot take the GIL there and aborts the process.
         gc.collect()
+        _SIDE_GROUPS.clear()
         dist.destroy_process_group()
         gc.collect()
 
@@ -99,6 +100,35 @@ def require_group(group=None):
         raise ConfigError("tinn.distributed needs a process group: call tinn.distributed.init() first "
                           "(under torchrun), or torch.distributed.init_process_group()")
     return group if group is not None else dist.group.WORLD
+
+
+# side_group's groups, by the ranks of the group they stand beside.
+_SIDE_GROUPS: dict = {}
+
+
+def side_group(group=None):
+    """A second process group over the ranks of `group` (the world for None), made at the first call on every rank
+    of the group and kept until `shutdown()`: its collectives run on a communicator, and with NCCL a high-priority
+    stream, of their own, so they neither wait in the group's queue nor hold it up. Routing the next step's batch
+    ahead (tinn/distributed/route_ahead.py) sends on it while the step's own collectives go on `group`."""
+    group = require_group(group)
+    ranks = tuple(dist.get_process_group_ranks(group))
+    side = _SIDE_GROUPS.get(ranks)
+    if side is not None:
+        try:
+            dist.get_rank(side)
+            return side
+        except (ValueError, RuntimeError):  # destroyed with the process group it came from
+            pass
+    backend = dist.get_backend(group)
+    options = None
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = True  # its kernels take SMs as the step's kernels free them
+    with collective("making the side group", group):
+        side = dist.new_group(list(ranks), backend=backend, pg_options=options, use_local_synchronization=True)
+    _SIDE_GROUPS[ranks] = side
+    return side
 
 
 def rank(group=None) -> int:

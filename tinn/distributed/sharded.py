@@ -47,7 +47,7 @@ from .piece_reduction import PieceReduction, piece_table
 from .profile import mark
 from .route_ahead import NextBatch, SideStream
 from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
-                      world_size)
+                      side_group, world_size)
 
 GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
@@ -397,10 +397,15 @@ class ShardedPart(_Collective):
         return self._route_finish(self._route_send(x, ids, kind, train, need_dx, need_grads, what, extra, by_network,
                                                    routes_ahead))
 
-    def _route_send(self, x, ids, kind, train, need_dx, need_grads, what, extra, by_network, routes_ahead):
-        """`_route`'s first half: the count and the header, on its way to the host (nothing waits)."""
+    def _route_send(self, x, ids, kind, train, need_dx, need_grads, what, extra, by_network, routes_ahead, group=None):
+        """`_route`'s first half: the count and the header, on its way to the host (nothing waits). `group`: the
+        process group the header and rows travel on, another than the part's when routing the next step's batch
+        ahead on the side stream; the phase marks (on the current stream) are the step's own only then."""
+        own = group is None
+        group = self.group if own else group
         call = self._next_call()
-        mark(self, "other")
+        if own:
+            mark(self, "other")
         width = self._by_network
         by_network = by_network and width > 0
         chunks = self.chunks
@@ -415,23 +420,25 @@ class ShardedPart(_Collective):
             packing = buckets.bucket(x, ids, self._owner, self._local_ids, self.world_size, chunks,
                                      self.exchange_kernels, self._values_dtype, extra=extra)
             counts, payload, meanwhile = packing.counts, None, None
-        mark(self, "exchange")
+        if own:
+            mark(self, "exchange")
         values = [int(train), call, kind, int(routes_ahead), int(train and need_dx), int(train and need_grads),
                   x.shape[0]]
-        header = exchange.send_header(values, counts, self.collective_device, self.group, "the forward header",
+        header = exchange.send_header(values, counts, self.collective_device, group, "the forward header",
                                       chunks * width, payload, meanwhile)
-        return header, values, packing, what
+        return header, values, packing, what, group, own
 
     def _route_finish(self, sending):
         """`_route`'s second half: the host reads the header, checks that every rank makes the same call, and starts
         the rows' exchange."""
-        header, values, packing, what = sending
+        header, values, packing, what, group, own = sending
         chunks = self.chunks
         sent, received, packed = header.read()
         grouping = None
         if packing is None:
             packing, grouping = packed
-        mark(self, "idle")
+        if own:
+            mark(self, "idle")
         exchange.check_agreement(received, values[:4], ["gradients enabled", "call number", "call kind (a forward, "
                                  "or the Trainer's step with the loss at the owners)", "routing the next step's "
                                  "batch ahead (Trainer.training_steps)"], self.rank, "the forward header",
@@ -442,7 +449,7 @@ class ShardedPart(_Collective):
         # Every chunk's rows are sent at once: the communication stream works through them while the compute
         # stream runs the chunks that already arrived.
         incoming = [exchange.start_exchange(packing.send[plan.caller_rows(c)], sent[c], recv[c], self.collective_device,
-                                            self.group, f"the forward exchange of {what}") for c in range(chunks)]
+                                            group, f"the forward exchange of {what}") for c in range(chunks)]
         return packing, plan, incoming, [row[chunks + 6] for row in received], grouping
 
     def _pack_and_merge(self, counted, received):
@@ -494,13 +501,17 @@ class ShardedPart(_Collective):
             return super().gradients_from_loss(x, ids, loss, target, need_dx=need_dx, need_grads=need_grads,
                                                x_layout=x_layout)
         dev = runtime.device()
-        o = self.n_output_dims
-        routed = self._take_ahead(x, ids, target)
-        if routed is None:
+        taken = self._take_ahead(x, ids, target)
+        if taken is None:
             x, ids, target = self._step_inputs(x, ids, target)
-            routed = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads, "inputs and targets", extra=target,
-                                 by_network=True, routes_ahead=ahead is not None)
-        _, plan, incoming, batches, grouping = routed
+            _, plan, incoming, batches, grouping = self._route(x, ids, _LOSS_AT_OWNERS, True, False, need_grads,
+                                                               "inputs and targets", extra=target, by_network=True,
+                                                               routes_ahead=ahead is not None)
+            mean_over = self._mean_over(batches)
+            # Each chunk unpacked as the compute reaches it, so that it overlaps the next chunks' exchange.
+            arrivals = (self._unpack(plan, incoming, grouping, mean_over, c) for c in range(plan.chunks))
+        else:
+            plan, arrivals, mean_over = taken
         self._next_call()  # the backward's count: the step is a forward and a backward to the call numbers
         sending = None
         if ahead is not None:
@@ -508,15 +519,20 @@ class ShardedPart(_Collective):
             next_x, next_ids, next_target = self._step_inputs(ahead.x, ahead.ids, ahead.target)
             with self._side_stream().issue(after_current=True):
                 sending = self._route_send(next_x, next_ids, _LOSS_AT_OWNERS, True, False, True, "inputs and targets",
-                                           next_target, True, ahead.then)
-        world = self.world_size
-        mean_over = [(world if self.gradients == "mean" else 1) * b * o for b in batches]
-        value, grads = self._losses_at_owners(plan, incoming, grouping, loss, mean_over)
+                                           next_target, True, ahead.then, side_group(self.group))
+        value, grads = self._losses_at_owners(plan, arrivals, loss, mean_over)
+        packed = None
         if sending is not None:
-            # By now the device has long answered the header: the host reads it and the rows go out beside the
-            # compute just issued.
-            with self._side_stream().issue(after_current=False):
-                self._ahead = (ahead, self._route_finish(sending))
+            # By now the device has long answered the header: the host reads it, the rows go out beside the compute
+            # just issued, and the side stream unpacks them as they arrive.
+            side = self._side_stream()
+            with side.issue(after_current=False):
+                _, next_plan, incoming, batches, grouping = self._route_finish(sending)
+                packed = side.record()
+                next_mean_over = self._mean_over(batches)
+                unpacked = [self._unpack(next_plan, incoming, grouping, next_mean_over, c)
+                            for c in range(next_plan.chunks)]
+                self._ahead = (ahead, (next_plan, unpacked, next_mean_over), side.record())
         tables = self.local.parameter_tables()
         reduction = self._start_reduce(tables, grads, plan.any_grads)
         value = torch.zeros((), device=dev) if value is None else value
@@ -524,8 +540,9 @@ class ShardedPart(_Collective):
                            "the all-reduce of the step's loss").result()[0].reshape(()).to(dev)
         grads = reduction()
         self._agree_on_overflow()
-        if sending is not None:
-            self._side_stream().join()
+        if packed is not None:
+            # Whatever the caller does next with the next batch's tensors comes after the packing read them.
+            self._side_stream().wait(packed)
         mark(self, "reduce")
         return None, (grads if need_grads else (None,) * len(tables)), value
 
@@ -549,31 +566,39 @@ class ShardedPart(_Collective):
         held = self._ahead
         if held is None:
             return None
-        batch, routed = held
+        batch, taken, unpacked = held
         if batch.x is not x or batch.ids is not ids or batch.target is not target:
             return None
         self._ahead = None
-        _, _, incoming, _, grouping = routed
-        self._side_stream().hand_over([pending.out for pending in incoming], grouping)
-        return routed
+        side = self._side_stream()
+        side.wait(unpacked)
+        side.hand_over(taken[1])
+        return taken
 
-    def _losses_at_owners(self, plan, incoming, grouping, loss, mean_over):
-        """Each chunk's received rows unpacked and run through the local part's `gradients_from_loss`: (the loss
-        summed over the chunks' pieces or None, the summed gradients)."""
-        d, o = self.n_input_dims, self.n_output_dims
+    def _mean_over(self, batches: list[int]) -> list[int]:
+        """What each sending rank's samples' losses are averaged over: its batch x outputs (x world for "mean")."""
+        return [(self.world_size if self.gradients == "mean" else 1) * b * self.n_output_dims for b in batches]
+
+    def _unpack(self, plan, incoming, grouping, mean_over, c: int):
+        """Chunk c's received rows as (runs of sending ranks, merge tables or None, inputs, targets, local ids)."""
+        # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together, and
+        # with the per-network counts they unpack grouped by network (the sort the local part would run).
+        runs = _runs(plan.recv[c], mean_over)
+        merge = None
+        if grouping is not None:
+            network_counts, one_run = grouping
+            merge = one_run[c] if len(runs) == 1 else buckets.merge_by_network(
+                network_counts[:, c], runs, self.local.n_networks, self.exchange_kernels)
+        rows = buckets.unpack_split(incoming[c].result(), self.n_input_dims, self.n_output_dims, self.exchange_kernels,
+                                    merge)
+        return (runs, merge) + rows
+
+    def _losses_at_owners(self, plan, arrivals, loss, mean_over):
+        """Each chunk's unpacked rows (`_unpack`) run through the local part's `gradients_from_loss`: (the loss summed
+        over the chunks' pieces or None, the summed gradients)."""
         grads = (None,) * len(self.local.parameter_tables())
         value = None
-        for c in range(plan.chunks):
-            # Rows arrive grouped by sending rank; ranks of equal batches share one weight, so they go together,
-            # and with the per-network counts they unpack grouped by network (the sort the local part would run).
-            runs = _runs(plan.recv[c], mean_over)
-            merge = None
-            if grouping is not None:
-                network_counts, one_run = grouping
-                merge = one_run[c] if len(runs) == 1 else buckets.merge_by_network(
-                    network_counts[:, c], runs, self.local.n_networks, self.exchange_kernels)
-            x_here, target_here, ids_here = buckets.unpack_split(incoming[c].result(), d, o, self.exchange_kernels,
-                                                                 merge)
+        for c, (runs, merge, x_here, target_here, ids_here) in enumerate(arrivals):
             mark(self, "exchange")
             start = 0
             for r, (lo, hi) in enumerate(runs):
