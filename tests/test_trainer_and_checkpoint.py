@@ -59,6 +59,25 @@ def test_training_step_rejects_bad_inputs():
         trainer.training_step(x, y, ids + 1)
 
 
+def test_training_steps_equal_training_step_per_batch():
+    """A model with nothing to route ahead: `training_steps` is `training_step` per batch (the same losses and
+    parameters bit for bit, the step count); a batch that is not (inputs, targets, net_ids) is refused by name."""
+    data = batches(5)
+    one = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    want = [float(one.training_step(*b)) for b in data]
+    many = Trainer.from_config(CONFIG, 2, 2, n_networks=8)
+    got = [float(loss) for loss in many.training_steps(iter(data))]
+    assert got == want and many.step == 5
+    for (name, p), q in zip(one.model.named_parameters(), many.model.parameters()):
+        assert torch.equal(p, q), name
+    with pytest.raises(InputError, match=r"training_steps takes batches of \(inputs, targets, net_ids\); got tuple of "
+                                         "length 2"):
+        next(many.training_steps([data[0][:2]]))
+    with pytest.raises(InputError, match="targets has batch 255 but inputs has batch 256"):
+        x, y, ids = data[0]
+        next(many.training_steps([(x, y[:255], ids)]))
+
+
 def trained_and_saved(path, data, steps):
     """A trainer of CONFIG after `steps` of `data`, saved to `path`."""
     trainer = Trainer.from_config(CONFIG, 2, 2, n_networks=8)

@@ -58,6 +58,14 @@ def _accumulate_grad(p: torch.Tensor, grad: torch.Tensor) -> None:
         p.grad += grad
 
 
+def _batch_of_three(batch) -> tuple:
+    """A batch of `Trainer.training_steps` as its (inputs, targets, net_ids)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+        raise InputError(f"training_steps takes batches of (inputs, targets, net_ids); got "
+                         f"{type(batch).__name__}{f' of length {len(batch)}' if isinstance(batch, (tuple, list)) else ''}")
+    return tuple(batch)
+
+
 def _loss_result(loss, pred: torch.Tensor, target: torch.Tensor, **kwargs) -> LossResult:
     """A tinn loss evaluates value and gradient in one kernel; any other callable `loss(pred, target)`
     is differentiated with autograd."""
@@ -246,25 +254,26 @@ class Trainer(LearningRateOf):
         different steps raise a DistributedError. Other models train exactly as `training_step` does.
 
         Raises:
-            InputError: as `training_step`, for the batch taken.
+            InputError: a batch that is not (inputs, targets, net_ids), and as `training_step`, for the batch taken.
         """
         step_graphs.refuse_in_callers_capture("Trainer.training_steps", _TRAINER_CAPTURES)
-        batches = iter(batches)
+        batches = (_batch_of_three(b) for b in batches)
+        first = next(batches, None)
+        if first is None:
+            return
+        model = self.model
+        if not (getattr(model, "routes_ahead", None) and model.routes_ahead(self.loss) and not self.track_per_network_loss
+                and self._uses_contract(first[0].shape[0])):
+            yield self.training_step(*first)
+            for batch in batches:
+                yield self.training_step(*batch)
+            return
 
         def take():
             batch = next(batches, None)
             return None if batch is None else self._inputs(*batch)
 
-        current = take()
-        if current is None:
-            return
-        model = self.model
-        if not (getattr(model, "routes_ahead", None) and model.routes_ahead(self.loss) and not self.track_per_network_loss
-                and self._uses_contract(current[0].shape[0])):
-            while current is not None:
-                yield self.training_step(*current)
-                current = take()
-            return
+        current = self._inputs(*first)
         following = take()
         after = None if following is None else take()
         try:
