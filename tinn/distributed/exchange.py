@@ -7,7 +7,9 @@ grouped by network, a payload of per-network counts the host does not read (zero
 keeps one size, so ranks making different calls raise instead of exchanging mismatched tensors). Reading it is
 the step's one host synchronisation: the
 owner's local part sizes its buffers and kernel launches by the count it receives, and torch's
-all_to_all_single takes split sizes from the host. Everything after runs without the host waiting:
+all_to_all_single takes split sizes from the host (`send_header`, then `HeaderInFlight.read`: a step that routes
+its next batch ahead reads that batch's header once its own compute is issued, tinn/distributed/route_ahead.py).
+Everything after runs without the host waiting:
 one payload all_to_all per chunk carries the inputs with the local ids bit-cast into one extra float32
 column, issued asynchronously (the NCCL stream runs it while the compute stream works on the previous
 chunk); the results come back with the inverse exchange and are gathered into the caller's order.
@@ -30,14 +32,6 @@ from .process import collective
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
-
-
-def exchange_header(values: list[int], counts: torch.Tensor, device, group, what: str, payload_width: int = 0,
-                    payload: torch.Tensor | None = None, meanwhile=None
-                    ) -> tuple[list[list[int]], list[list[int]], object]:
-    """Send (count for rank j per chunk, *values, payload[j]) to every rank j and read what every rank sent here:
-    `send_header(...).read()`."""
-    return send_header(values, counts, device, group, what, payload_width, payload, meanwhile).read()
 
 
 class HeaderInFlight:
