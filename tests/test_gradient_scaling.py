@@ -478,3 +478,51 @@ def test_a_float16_array_on_the_tensor_cores_skips_an_overflow(tuned):
     trainer.loss.weight = 1.0
     trainer.training_step(x, y, ids)
     assert not torch.equal(trainer.model.params, before[0]) and trainer.optimizer.step_count == 2
+
+
+@pytest.mark.parametrize("lifted", [True, False])
+def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monkeypatch, lifted):
+    """A mean loss over 2^18 samples gives each sample an output gradient of about 2 |error| / 2^18, and less where
+    the loss reaches the network through small factors: a radiance field's density in empty space, nearly fitted,
+    got 1e-11 to 1e-10 per element. Times the scale (128) they round to zero in float16, and so do the input and
+    weight gradients they carry; lifted to a unit size first (`lift_small`), they come out within float16's
+    accuracy of float32's (tensor-core kernels, Triton's interpreter on the CPU)."""
+    from tinn import gradient_scaling
+
+    if not lifted:  # the failure the lift avoids
+        monkeypatch.setattr(gradient_scaling, "lift_small", lambda dy: (dy, None))
+    net_config = dict(NET, n_neurons=16, n_hidden_layers=1)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.rand(64, 2, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (64,), generator=gen, dtype=torch.int32).to(DEV)
+    dy = (torch.randn(64, 1, generator=gen) * 1e-10).to(DEV)
+    out = {}
+    for precision in ("float32", "float16"):
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
+        net = NetworkArray(2, 1, net_config, n_networks=3, seed=4)
+        assert net.tensor_cores is not None and net.precision == precision
+        _, ctx = net.forward_with_context(x, ids, train=True)
+        dx, (grad,) = net.backward(ctx, dy, need_dx=True)
+        out[precision] = (dx, grad)
+    (dx32, g32), (dx16, g16) = out["float32"], out["float16"]
+    dx_err = float((dx16 - dx32).norm() / dx32.norm())
+    grad_err = float((g16 - g32).norm() / g32.norm())
+    lost = float(((dx16 == 0) & (dx32 != 0)).float().mean())
+    if lifted:
+        assert dx_err < 1e-2 and grad_err < 1e-2 and lost == 0.0, (dx_err, grad_err, lost)
+        assert net.gradient_scaler.value == 128.0  # the scale itself is untouched
+    else:
+        assert dx_err > 0.5 and lost > 0.5, (dx_err, grad_err, lost)
+
+
+def test_lift_small_is_an_exact_power_of_two():
+    from tinn.gradient_scaling import lift_small
+
+    for amax, want in ((3e-9, 2.0 ** 29), (0.75, 2.0), (1.0, 1.0), (5.0, 1.0), (0.0, 2.0)):
+        dy = torch.tensor([[amax, -amax / 3]], device=DEV)
+        lifted, unlift = lift_small(dy)
+        assert torch.equal(lifted * unlift, dy)  # exact both ways
+        assert float(1 / unlift) == want, (amax, float(1 / unlift))
+        assert amax == 0.0 or 1.0 <= float(lifted.abs().max()) < 2.0 or amax > 2.0
+    empty, none = lift_small(torch.zeros(0, 1, device=DEV))
+    assert none is None and empty.numel() == 0

@@ -18,6 +18,15 @@ after `growth_interval` finite steps in a row (torch's `_amp_update_scale_`, on 
 whether the step was finite, which reads the flag on the host; `update(sync=False)` returns the flag tensor
 instead. `value`, `finite_in_a_row` and `skipped_steps` read the device (a sync, for reports and tests).
 
+The scale alone does not cover a mean loss over a large batch: one sample's output gradient is about
+2 |error| / N, and less where the loss reaches the network through small factors (a radiance field's density in
+empty space, nearly fitted: 1e-11 to 1e-10 per element at N = 2^18). Times 128 those lie below float16's smallest
+subnormal (6e-8) and round to zero, and so do the input and weight gradients they carry: the parameters only they
+reach never move (design notes, "Small output gradients lifted before the float16 cast"). So a backward handed
+its output gradient first lifts it by the power of two that brings its largest magnitude to [1, 2) when that is
+smaller (`lift_small`), and divides the lift out of its results: exact in float32, and the scale then works on
+gradients of a unit size, as it was chosen for.
+
 Defaults: growth x2 after 2000 finite steps and backoff x0.5 are torch's GradScaler's. The initial scale is
 tcnn's static 128, not GradScaler's 2^16: tinn scales the gradient of a mean loss (tcnn's convention),
 which 128 already lifts into float16's normal range, and starting at 2^16 would skip the first ~9 steps of
@@ -37,6 +46,17 @@ GROWTH_INTERVAL = 2000
 MODES = ("dynamic", "static")
 # The tensors of a scaler's state dict, with their dtypes (shapes: one value each).
 STATE = {"scale": torch.float32, "growth_tracker": torch.int32, "skipped_steps": torch.int32}
+
+
+def lift_small(dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dy times 2^k, 2^-k): the power of two k >= 0 that brings dy's largest magnitude to [1, 2) where it is below
+    1, else k = 0. On the device, no host read; (dy, None) for an empty dy. The caller multiplies the gradients it
+    computes from the lifted dy by the second value (exact: both are powers of two)."""
+    if dy.numel() == 0:
+        return dy, None
+    _, exponent = torch.frexp(dy.detach().abs().amax().float())  # amax = m 2^e, m in [0.5, 1); 0 and inf give e = 0
+    lift = torch.ldexp(torch.ones((), device=dy.device), (1 - exponent).clamp(0, 126))
+    return dy * lift, 1.0 / lift
 
 
 class GradientScaler:

@@ -234,7 +234,16 @@ class NetworkArray(Part):
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
         if self.tensor_cores is not None:
+            # float16's deltas: a small dy lifted to a unit size before the scale (tinn/gradient_scaling.py), unless
+            # the gradient is handed over in pieces as the backward finishes them (a consumer may read them now).
+            unlift = None
+            if self.precision == "float16" and gradient_pieces.current() is None:
+                dy, unlift = gradient_scaling.lift_small(dy)
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
+            if unlift is not None:
+                for g in (dx, dparams):
+                    if g is not None:
+                        g.mul_(unlift)
             self._record_overflow(dx, dparams, need_grads)
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
