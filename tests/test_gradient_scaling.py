@@ -509,7 +509,7 @@ def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monke
     grad_err = float((g16 - g32).norm() / g32.norm())
     lost = float(((dx16 == 0) & (dx32 != 0)).float().mean())
     if lifted:
-        assert dx_err < 1e-2 and grad_err < 1e-2 and lost == 0.0, (dx_err, grad_err, lost)
+        assert dx_err < 2e-3 and grad_err < 2e-3 and lost == 0.0, (dx_err, grad_err, lost)
         assert net.gradient_scaler.value == 128.0  # the scale itself is untouched
     else:
         assert dx_err > 0.5 and lost > 0.5, (dx_err, grad_err, lost)
