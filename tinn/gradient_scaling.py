@@ -22,15 +22,16 @@ The scale alone does not cover a mean loss over a large batch: one sample's outp
 2 |error| / N, and less where the loss reaches the network through small factors (a radiance field's density in
 empty space, nearly fitted: 1e-11 to 1e-10 per element at N = 2^18). Times 128 those lie below float16's smallest
 subnormal (6e-8) and round to zero, and so do the input and weight gradients they carry: the parameters only they
-reach never move (design notes, "Small output gradients lifted before the float16 cast"). So a backward handed
-its output gradient first lifts it by the power of two that brings its largest magnitude to [1, 2) when that is
-smaller (`lift_small`), and divides the lift out of its results: exact in float32, and the scale then works on
-gradients of a unit size, as it was chosen for.
+reach never move (design notes, "Small output gradients lifted before the float16 cast"). So the tensor-core
+backward of a given output gradient first lifts it by the power of two that brings its largest magnitude to
+[1, 2) when that is smaller (`lift_small`), and divides the lift out of its results: exact in float32, and the
+scale then works on gradients of a unit size, as it was chosen for. (The fused-loss kernels, which take the loss's
+gradient themselves, are not lifted.)
 
 Defaults: growth x2 after 2000 finite steps and backoff x0.5 are torch's GradScaler's. The initial scale is
-tcnn's static 128, not GradScaler's 2^16: tinn scales the gradient of a mean loss (tcnn's convention),
-which 128 already lifts into float16's normal range, and starting at 2^16 would skip the first ~9 steps of
-every run while the scale comes down.
+tcnn's 128, not GradScaler's 2^16: on gradients of a unit size 128 leaves float16's deltas 512x of headroom to
+grow through the layers, where 2^16 overflows at once for any loss whose per-sample gradients are of unit size
+(a sum, `y.sum().backward()`) and skips steps until it comes down.
 """
 from __future__ import annotations
 

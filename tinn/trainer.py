@@ -262,8 +262,10 @@ class Trainer(LearningRateOf):
         if first is None:
             return
         model = self.model
+        inputs = first[0]
         if not (getattr(model, "routes_ahead", None) and model.routes_ahead(self.loss) and not self.track_per_network_loss
-                and self._uses_contract(first[0].shape[0])):
+                and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and self._uses_contract(inputs.shape[0])):
+            # (training_step refuses a batch of the wrong kind by name)
             yield self.training_step(*first)
             for batch in batches:
                 yield self.training_step(*batch)
