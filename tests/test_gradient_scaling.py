@@ -526,3 +526,13 @@ def test_lift_small_is_an_exact_power_of_two():
         assert amax == 0.0 or 1.0 <= float(lifted.abs().max()) < 2.0 or amax > 2.0
     empty, none = lift_small(torch.zeros(0, 1, device=DEV))
     assert none is None and empty.numel() == 0
+
+
+def test_unscale_by_divides_the_lift_out_and_records_an_overflow():
+    scaler = GradientScaler(DEV)
+    grad = torch.tensor([3.0, -0.5], device=DEV)
+    scaler.unscale_by(grad, torch.tensor(0.25, device=DEV))
+    assert grad.tolist() == [0.75, -0.125] and float(scaler.found_inf) == 0.0
+    grad = torch.tensor([1.0, float("inf")], device=DEV)
+    scaler.unscale_by(grad, torch.tensor(0.25, device=DEV))
+    assert float(scaler.found_inf) == 1.0

@@ -93,6 +93,12 @@ class GradientScaler:
         if tensors:
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, self.found_inf, self._inverse)
 
+    def unscale_by(self, tensor: torch.Tensor, factor: torch.Tensor) -> None:
+        """Multiply a float32 gradient by `factor` (one float32 value on its device) in place, and record whether any
+        value is inf or NaN in `found_inf`: one pass (a lifted gradient's lift divided out, `lift_small`)."""
+        if tensor.numel():
+            torch._amp_foreach_non_finite_check_and_unscale_([tensor], self.found_inf, factor)
+
     def _kernels(self):
         """The module of the two device steps: Triton's on CUDA (`tuning.triton_step_kernels`), else Taichi's."""
         from .kernels import triton_step_kernels

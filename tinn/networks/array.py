@@ -240,11 +240,16 @@ class NetworkArray(Part):
             if self.precision == "float16" and gradient_pieces.current() is None:
                 dy, unlift = gradient_scaling.lift_small(dy)
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
-            if unlift is not None:
-                for g in (dx, dparams):
-                    if g is not None:
-                        g.mul_(unlift)
-            self._record_overflow(dx, dparams, need_grads)
+            if unlift is None:
+                self._record_overflow(dx, dparams, need_grads)
+                return dx, (dparams,)
+            scaler = self.gradient_scaler
+            checked = (dparams if need_grads else dx) if scaler is not None else None
+            for g in (dx, dparams):
+                if g is not None and g is not checked:
+                    g.mul_(unlift)
+            if checked is not None:  # the lift divided out and the overflow recorded in one pass
+                scaler.unscale_by(checked, unlift)
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
