@@ -518,7 +518,7 @@ def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monke
 def test_lift_small_is_an_exact_power_of_two():
     from tinn.gradient_scaling import lift_small
 
-    for amax, want in ((3e-9, 2.0 ** 29), (0.75, 2.0), (1.0, 1.0), (5.0, 1.0), (0.0, 2.0)):
+    for amax, want in ((3e-9, 2.0 ** 29), (1e-30, 2.0 ** 100), (0.75, 2.0), (1.0, 1.0), (5.0, 1.0), (0.0, 2.0)):
         dy = torch.tensor([[amax, -amax / 3]], device=DEV)
         lifted, unlift = lift_small(dy)
         assert torch.equal(lifted * unlift, dy)  # exact both ways
