@@ -654,7 +654,8 @@ def _check_route_ahead(results, exact: bool):
                 assert float(p.abs().max()) > 0
                 check(ahead["params"][n], p, f"rank {r} {name} {n}")
             assert not ahead["held"] and not plain["held"]
-            # Steps 2 to 4 took the rows routed by the step before; the first and the step after the loop routed their own.
+            # Steps 2 to 4 took the rows routed by the step before; the first, and the step after the loop, routed
+            # their own.
             assert ahead["taken"] == [False, True, True, True, False] and plain["taken"] == [False] * 5, (r, name)
         assert res["lengths"].startswith(f"DistributedError: rank {r}: ranks disagree"), res["lengths"]
         assert "routing the next step's batch ahead" in res["lengths"] and "per rank = [0, 1]" in res["lengths"]

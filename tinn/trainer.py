@@ -61,8 +61,9 @@ def _accumulate_grad(p: torch.Tensor, grad: torch.Tensor) -> None:
 def _batch_of_three(batch) -> tuple:
     """A batch of `Trainer.training_steps` as its (inputs, targets, net_ids)."""
     if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-        raise InputError(f"training_steps takes batches of (inputs, targets, net_ids); got "
-                         f"{type(batch).__name__}{f' of length {len(batch)}' if isinstance(batch, (tuple, list)) else ''}")
+        length = f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+        raise InputError("training_steps takes batches of (inputs, targets, net_ids); got "
+                         f"{type(batch).__name__}{length}")
     return tuple(batch)
 
 
@@ -263,7 +264,8 @@ class Trainer(LearningRateOf):
             return
         model = self.model
         inputs = first[0]
-        if not (getattr(model, "routes_ahead", None) and model.routes_ahead(self.loss) and not self.track_per_network_loss
+        routes_ahead = getattr(model, "routes_ahead", None)
+        if not (routes_ahead and routes_ahead(self.loss) and not self.track_per_network_loss
                 and isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and self._uses_contract(inputs.shape[0])):
             # (training_step refuses a batch of the wrong kind by name)
             yield self.training_step(*first)
