@@ -30,6 +30,7 @@ actually requested, never a silently wrong one). The Trainer drives the same met
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -54,6 +55,18 @@ def has_hooks(module: torch.nn.Module) -> bool:
 
 class SecondOrderError(TinnError, NotImplementedError):
     """A second derivative was requested through a part that does not provide one."""
+
+
+@dataclass
+class NextBatch:
+    """The batch of a training step's next step (validated by the caller), which a part whose
+    `gradients_from_loss` takes `ahead=` prepares while the step computes (a sharded array routes it to its owners,
+    tinn/distributed/route_ahead.py); `then`: whether that step will be handed its own next batch too (every rank
+    announces it, so ranks that stop at different steps raise together)."""
+    x: torch.Tensor
+    ids: torch.Tensor
+    target: torch.Tensor
+    then: bool
 
 
 class Context(SimpleNamespace):

@@ -25,12 +25,11 @@ import torch
 
 from . import checkpoint, checks, gradient_scaling, runtime, step_graphs
 from .config import Section
-from .distributed.route_ahead import NextBatch
 from .errors import InputError
 from .losses import Loss, LossResult, create_loss
 from .models import NetworkWithInputEncoding
 from .optimizers import create_optimizer
-from .part import Part, has_hooks
+from .part import NextBatch, Part, has_hooks
 
 # What a Trainer called inside the caller's own CUDA graph capture is told to do instead.
 _TRAINER_CAPTURES = ("call the Trainer outside it: on CUDA it replays its own regression steps from CUDA graphs "

@@ -13,7 +13,7 @@ The next step finds its rows unpacked and starts computing at once: no header wa
 of its compute.
 
 Ranks must agree on it: each header says whether the step it routes will route the batch after it ahead
-(`NextBatch.then`), so ranks whose batch iterators end at different steps raise together instead of issuing
+(`part.NextBatch.then`), so ranks whose batch iterators end at different steps raise together instead of issuing
 mismatched collectives.
 
 The next batch's header and rows travel on a second process group over the same ranks (`process.side_group`):
@@ -33,20 +33,9 @@ On the CPU (gloo) there are no streams: the same calls run in order.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 
 import torch
-
-
-@dataclass
-class NextBatch:
-    """The batch of the next step (validated by the caller), and whether that step will route its own next batch
-    ahead too (`then`): every rank announces it in the header, so ranks that stop routing ahead at different steps
-    raise together."""
-    x: torch.Tensor
-    ids: torch.Tensor
-    target: torch.Tensor
-    then: bool
 
 
 class SideStream:

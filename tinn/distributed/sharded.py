@@ -38,14 +38,14 @@ import torch
 from .. import checks, gradient_pieces, gradient_scaling, routing, runtime
 from ..errors import ConfigError, InputError
 from ..losses import Loss
-from ..part import SAMPLE_MAJOR, Context, Part, SecondOrderError, accumulate, run
+from ..part import SAMPLE_MAJOR, Context, NextBatch, Part, SecondOrderError, accumulate, run
 from . import buckets
 from . import exchange
 from .optimizer_split import check_split
 from .ownership import Ownership
 from .piece_reduction import PieceReduction, piece_table
 from .profile import mark
-from .route_ahead import NextBatch, SideStream
+from .route_ahead import SideStream
 from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
                       side_group, world_size)
 
@@ -491,7 +491,7 @@ class ShardedPart(_Collective):
         their sum). Other calls (dx wanted, a loss that is not a tinn Loss, 16-bit exchanges) take the
         forward and `backward_from_loss`.
 
-        ahead: the next step's batch (`route_ahead.NextBatch`, validated like x, ids and target), routed on a
+        ahead: the next step's batch (`part.NextBatch`, validated like x, ids and target), routed on a
         side stream while this step computes; the next call with exactly those tensors takes its rows as they
         were then, with no header to wait for. Every rank passes one or none (`Trainer.training_steps` does)."""
         if need_dx or not isinstance(loss, Loss) or not self.fuses_loss() or x_layout != SAMPLE_MAJOR:
