@@ -240,16 +240,7 @@ class NetworkArray(Part):
             if self.precision == "float16" and gradient_pieces.current() is None:
                 dy, unlift = gradient_scaling.lift_small(dy)
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
-            if unlift is None:
-                self._record_overflow(dx, dparams, need_grads)
-                return dx, (dparams,)
-            scaler = self.gradient_scaler
-            checked = (dparams if need_grads else dx) if scaler is not None else None
-            for g in (dx, dparams):
-                if g is not None and g is not checked:
-                    g.mul_(unlift)
-            if checked is not None:  # the lift divided out and the overflow recorded in one pass
-                scaler.unscale_by(checked, unlift)
+            self._record_overflow(dx, dparams, need_grads, unlift)
             return dx, (dparams,)
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
@@ -321,16 +312,27 @@ class NetworkArray(Part):
         self._record_overflow(dx, dparams, need_grads)
         return dx, (dparams,), value
 
-    def _record_overflow(self, dx, dparams, need_grads: bool) -> None:
+    def _record_overflow(self, dx, dparams, need_grads: bool, unlift: torch.Tensor | None = None) -> None:
         """A tensor-core backward's results (unscaled by the kernels): any inf or NaN recorded with the gradient
         scaler, for the step's skip decision. Gradients handed over in pieces (tinn/gradient_pieces.py) are the
-        consumer's to check, once reduced: it may be writing them on another stream now."""
-        if self.gradient_scaler is None:
+        consumer's to check, once reduced: it may be writing them on another stream now. `unlift`: the factor
+        `gradient_scaling.lift_small` left to multiply the results by (never with pieces), applied here, to the
+        checked gradient in the pass that checks it."""
+        scaler = self.gradient_scaler
+        checked = (dparams if need_grads else dx) if scaler is not None else None
+        if unlift is not None:
+            for g in (dx, dparams):
+                if g is not None and g is not checked:
+                    g.mul_(unlift)
+        if checked is None:
+            return
+        if unlift is not None:
+            scaler.unscale_by(checked, unlift)
             return
         pieces = gradient_pieces.current()
         if need_grads and pieces is not None and pieces.was_handed(dparams):
             return
-        self.gradient_scaler.record_non_finite([dparams if need_grads else dx])
+        scaler.record_non_finite([checked])
 
     def _check_batch(self, batch: int, train: bool) -> None:
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""
