@@ -177,13 +177,17 @@ def capturing() -> bool:
     return getattr(_CAPTURING, "on", False)
 
 
+def _on_default_stream() -> bool:
+    """Whether torch's current stream is surely the default one, from one stream-id query (False where that query
+    is missing: the callers then ask torch)."""
+    return _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(_state["device"].index)[0] == 0
+
+
 def callers_capture() -> bool:
     """Whether torch's current stream is capturing a CUDA graph of the caller's own (`torch.cuda.graph` around a
     loop of tinn modules) rather than a step tinn captures itself (`capturing`). A capture never runs on the
     default stream, so the common case costs one stream-id query."""
-    if _state["arch"] != "cuda" or capturing():
-        return False
-    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(_state["device"].index)[0] == 0:
+    if _state["arch"] != "cuda" or capturing() or _on_default_stream():
         return False
     return torch.cuda.is_current_stream_capturing()
 
@@ -206,11 +210,9 @@ def keep(cache: dict, key, value):
 def foreign_stream():
     """torch's current CUDA stream when it is not the default stream Taichi launches on, else None (also while a
     graph is captured, tinn's or the caller's: the capturing stream must stay current)."""
-    if _state["arch"] != "cuda" or capturing():
+    if _state["arch"] != "cuda" or capturing() or _on_default_stream():
         return None
     dev = _state["device"]
-    if _CURRENT_STREAM_ID is not None and _CURRENT_STREAM_ID(dev.index)[0] == 0:
-        return None
     cur = torch.cuda.current_stream(dev)
     if cur == torch.cuda.default_stream(dev) or torch.cuda.is_current_stream_capturing():
         return None
