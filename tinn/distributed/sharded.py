@@ -566,12 +566,12 @@ class ShardedPart(_Collective):
         held = self._ahead
         if held is None:
             return None
-        batch, taken, unpacked = held
+        batch, taken, unpacked_event = held
         if batch.x is not x or batch.ids is not ids or batch.target is not target:
             return None
         self._ahead = None
         side = self._side_stream()
-        side.wait(unpacked)
+        side.wait(unpacked_event)
         side.hand_over(taken[1])
         return taken
 
