@@ -515,6 +515,47 @@ def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monke
         assert dx_err > 0.5 and lost > 0.5, (dx_err, grad_err, lost)
 
 
+@pytest.mark.parametrize("hidden_layers", [1, 4])  # the backward that recomputes the forward; the layer-by-layer one
+@pytest.mark.parametrize("lifted", [True, False])
+def test_a_mean_over_many_elements_keeps_its_gradients_with_the_loss_inside_float16(tuned, monkeypatch, lifted,
+                                                                                    hidden_layers):
+    """The backward that takes a tinn loss's gradient itself: a mean over 2^32 elements (`mean_over` stands in for
+    a large batch) gives each element 2 |error| / 2^32, about 1e-10, which times the scale (128) rounds to zero in
+    float16. With the scale lifted by the mean's power of two (`mean_lift`) the gradients come out within float16's
+    accuracy of float32's, through `backward_from_loss` after a forward and `gradients_from_loss` without one."""
+    from tinn import gradient_scaling
+    from tinn.losses import Loss
+
+    if not lifted:  # the failure the lift avoids
+        monkeypatch.setattr(gradient_scaling, "mean_lift", lambda count: 1.0)
+    net_config = dict(NET, n_neurons=16, n_hidden_layers=hidden_layers)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.rand(64, 2, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (64,), generator=gen, dtype=torch.int32).to(DEV)
+    t = torch.rand(64, 1, generator=gen).to(DEV)
+    loss = Loss("L2", mean_over=2 ** 32)
+    out = {}
+    for precision in ("float32", "float16"):
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
+        net = NetworkArray(2, 1, net_config, n_networks=3, seed=4)
+        assert net.tensor_cores is not None and net.fuses_loss(need_dx=True)
+        y, ctx = net.forward_with_context(x, ids, train=True)
+        assert ctx.saved[0].recompute == (hidden_layers == 1)
+        dx, (grad,), value = net.backward_from_loss(ctx, y, loss, t, need_dx=True)
+        out[precision] = [dx, grad, value]
+        if hidden_layers == 1:
+            dx, (grad,), _ = net.gradients_from_loss(x, ids, loss, t, need_dx=True)
+            out[precision] += [dx, grad]
+    for p16, p32 in zip(out["float16"], out["float32"]):
+        err = float((p16 - p32).norm() / p32.norm())
+        if lifted:
+            assert err < 5e-3, err
+        elif p32.numel() > 1:  # (the loss value itself is a float32 sum either way)
+            assert err > 0.2, err
+    if lifted:
+        assert net.gradient_scaler.value == 128.0 and net.gradient_scaler.finite_in_a_row == 0
+
+
 def test_lift_small_is_an_exact_power_of_two():
     from tinn.gradient_scaling import lift_small
 

@@ -25,8 +25,10 @@ subnormal (6e-8) and round to zero, and so do the input and weight gradients the
 reach never move (design notes, "Small output gradients lifted before the float16 cast"). So the tensor-core
 backward of a given output gradient first lifts it by the power of two that brings its largest magnitude to
 [1, 2) when that is smaller (`lift_small`), and divides the lift out of its results: exact in float32, and the
-scale then works on gradients of a unit size, as it was chosen for. (The fused-loss kernels, which take the loss's
-gradient themselves, are not lifted.)
+scale then works on gradients of a unit size, as it was chosen for. The kernels that take a mean loss's gradient
+themselves (the loss fused into the backward) cannot see its size before they compute it; they multiply the
+scale by the largest power of two within the mean's element count (`mean_lift`), which gives each element the
+gradient a summed loss would, and divide it out with the scale.
 
 Defaults: growth x2 after 2000 finite steps and backoff x0.5 are torch's GradScaler's. The initial scale is
 tcnn's 128, not GradScaler's 2^16: on gradients of a unit size 128 leaves float16's deltas 512x of headroom to
@@ -58,6 +60,12 @@ def lift_small(dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     _, exponent = torch.frexp(dy.detach().abs().amax().float())  # amax = m 2^e, m in [0.5, 1); 0 and inf give e = 0
     lift = torch.ldexp(torch.ones((), device=dy.device), (1 - exponent).clamp(0, 126))
     return dy * lift, 1.0 / lift
+
+
+def mean_lift(count: int) -> float:
+    """2^k, the largest power of two <= count: float16's deltas of a mean over `count` elements, lifted by it, have
+    a summed loss's unit size (times 1 to 2^-1) instead of 1 / count's."""
+    return 2.0 ** (max(int(count), 1).bit_length() - 1)
 
 
 class GradientScaler:

@@ -29,7 +29,7 @@ POINTER = {"float32": "*fp32", "tf32": "*fp32", "float16": "*fp16", "bfloat16": 
 # Pointer arguments in the compute dtype (the others are float32, or int32 routing arrays).
 COMPUTE_POINTERS = {"w_ptr", "pre_ptr", "delta_ptr"}
 INT_POINTERS = {"order_ptr", "tile_net_ptr", "tile_start_ptr", "tile_count_ptr"}
-FLOATS = {"pad_value", "scale", "inv_scale", "inv_n"}
+FLOATS = {"pad_value", "scale", "inv_scale", "inv_n", "lift"}
 
 
 def compile_kernel(fn, constants: dict, precision: str, arch: int):

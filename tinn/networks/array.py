@@ -281,7 +281,8 @@ class NetworkArray(Part):
         mean_over = getattr(loss, "mean_over", None)
         if self.tensor_cores is not None:
             dx, dparams, value = self.tensor_cores.backward_from_loss(ctx.saved, kind, target, need_dx, need_grads,
-                                                                      self.gradient_scale, mean_over)
+                                                                      self.gradient_scale, mean_over,
+                                                                      self._mean_lift(mean_over, target))
             self._record_overflow(dx, dparams, need_grads)
             return dx, (dparams,), value
         tiles = ctx.routing[1]
@@ -307,10 +308,18 @@ class NetworkArray(Part):
                              f"{self.n_output_dims}) for the batch's outputs")
         _, target = losses.checked_pair(kind, target, target)
         saved = tc.saved_without_forward(x, ids, self.params.detach(), x_feature_major)
+        mean_over = getattr(loss, "mean_over", None)
         dx, dparams, value = tc.backward_from_loss(saved, kind, target, need_dx, need_grads, self.gradient_scale,
-                                                   getattr(loss, "mean_over", None))
+                                                   mean_over, self._mean_lift(mean_over, target))
         self._record_overflow(dx, dparams, need_grads)
         return dx, (dparams,), value
+
+    def _mean_lift(self, mean_over: int | None, target: torch.Tensor) -> float:
+        """The power of two a float16 backward with the loss inside multiplies its scale by, so that a mean over
+        many elements does not round its deltas to zero (tinn/gradient_scaling.py); 1 in other precisions."""
+        if self.precision != "float16":
+            return 1.0
+        return gradient_scaling.mean_lift(mean_over or target.numel())
 
     def _record_overflow(self, dx, dparams, need_grads: bool, unlift: torch.Tensor | None = None) -> None:
         """A tensor-core backward's results (unscaled by the kernels): any inf or NaN recorded with the gradient

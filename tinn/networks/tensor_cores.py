@@ -154,11 +154,11 @@ class TensorCorePath:
                                      gradient_scale=gradient_scale, pieces=gradient_pieces.current())
 
     def backward_from_loss(self, saved, loss_kind: int, target: torch.Tensor, want_dx: bool, want_params: bool,
-                           gradient_scale: float | torch.Tensor, mean_over: int | None = None):
+                           gradient_scale: float | torch.Tensor, mean_over: int | None = None, lift: float = 1.0):
         """(dx or None, dparams or None, mean loss): the backward of tinn loss `loss_kind` against `target`, its
         gradient taken inside the output layer's kernel; the mean over `mean_over` elements where given
-        (tinn.losses.Loss), else over the batch's."""
+        (tinn.losses.Loss), else over the batch's; `lift` multiplies the gradient scale (launch.backward_from_loss)."""
         forward_saved, chunks = saved
         return self.kernels.backward_from_loss(loss_kind, target, forward_saved, chunks, want_dx=want_dx,
                                                want_params=want_params, gradient_scale=gradient_scale,
-                                               mean_over=mean_over, pieces=gradient_pieces.current())
+                                               mean_over=mean_over, lift=lift, pieces=gradient_pieces.current())

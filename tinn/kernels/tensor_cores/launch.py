@@ -266,13 +266,14 @@ def _scale_tensor(scale: float | torch.Tensor, device: torch.device) -> torch.Te
 def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *,
                        want_dx: bool = True, want_params: bool = True,
                        gradient_scale: float | torch.Tensor | None = None, block_m: int | None = None,
-                       mean_over: int | None = None, pieces=None
+                       mean_over: int | None = None, lift: float = 1.0, pieces=None
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """(dx, dparams, loss): `backward` of the mean loss `loss_kind` (a tinn.kernels.losses id, without a pdf)
     of the forward's output against `target` (batch, n_out), whose gradient the output layer computes from the
     prediction it recomputes: no dy is written or read. loss: the mean over the batch's elements (over
     `mean_over` elements where given: tinn.losses.Loss), a 0-d float32 device tensor (per-chunk sums added by
-    torch, one launch)."""
+    torch, one launch). lift: a power of two the gradient scale is multiplied by (`gradient_scaling.mean_lift`:
+    float16's deltas of a mean over many elements kept at a unit size), divided out of the results with it."""
     if loss_kind not in FUSED_LOSSES:
         raise ValueError(f"loss_kind={loss_kind!r}: the kernels compute losses {sorted(FUSED_LOSSES)}")
     n_chunks = (saved.tiles if chunks is None else chunks).tile_net.shape[0]
@@ -280,7 +281,7 @@ def backward_from_loss(loss_kind: int, target: torch.Tensor, saved: Saved, chunk
     count = mean_over or max(target.numel(), 1)
     dx, dparams = backward(target, saved, chunks, want_dx=want_dx, want_params=want_params,
                            gradient_scale=gradient_scale, block_m=block_m, pieces=pieces,
-                           _loss=(loss_kind, parts, 1.0 / count))
+                           _loss=(loss_kind, parts, 1.0 / count, lift))
     return dx, dparams, parts.sum() / count
 
 
@@ -290,7 +291,7 @@ FUSED_LOSSES = frozenset(range(9))
 
 def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, *, want_dx: bool = True,
              want_params: bool = True, gradient_scale: float | torch.Tensor | None = None,
-             block_m: int | None = None, pieces=None, _loss: tuple[int, torch.Tensor, float] | None = None
+             block_m: int | None = None, pieces=None, _loss: tuple[int, torch.Tensor, float, float] | None = None
              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx, dparams) from dy, the loss gradient of `forward`'s output (batch, n_out), any float dtype and strides.
 
@@ -356,7 +357,8 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
             *saved_args,
             dx_arg, *s_dx,
             dp_arg, dparams.stride(0) if want_params else 0,
-            scale, 1.0 / max(dy.numel(), 1) if _loss is None else _loss[2], scale if _loss is None else _loss[1],
+            scale, 1.0 if _loss is None else _loss[3], 1.0 / max(dy.numel(), 1) if _loss is None else _loss[2],
+            scale if _loss is None else _loss[1],
             lo, hi,
             WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
             LOSS=-1 if _loss is None else _loss[0],

@@ -430,7 +430,7 @@ def backward_kernel(
     pre_ptr, s_pre_layer, delta_ptr,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr, inv_n, parts_ptr, net_lo, net_hi,
+    scale_ptr, lift, inv_n, parts_ptr, net_lo, net_hi,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
@@ -440,9 +440,11 @@ def backward_kernel(
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
     the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
-    before it meets the compute dtype, and the float32 results by its inverse. With a LOSS (a loss id),
-    dy_ptr points at the targets and the output layer computes dy itself (the mean loss's gradient, inv_n the
-    mean's 1 / element count); the chunk's loss sum goes to parts_ptr[program]. Chunks of networks outside
+    before it meets the compute dtype, and the float32 results by its inverse; `lift`, a power of two, multiplies
+    that scale (exact both ways). With a LOSS (a loss id), dy_ptr points at the targets and the output layer
+    computes dy itself (the mean loss's gradient, inv_n the mean's 1 / element count: the lift brings a large
+    mean's gradients back to a unit size, gradient_scaling.mean_lift); the chunk's loss sum goes to
+    parts_ptr[program]. Chunks of networks outside
     [net_lo, net_hi) are skipped."""
     pid = tl.program_id(0)
     count = tl.load(tile_count_ptr + pid)
@@ -450,7 +452,7 @@ def backward_kernel(
     # A launch for the networks [net_lo, net_hi) only (a backward cut by network, tinn/gradient_pieces.py).
     if (count == 0) | (net < net_lo) | (net >= net_hi):
         return
-    scale = tl.load(scale_ptr)
+    scale = tl.load(scale_ptr) * lift
     inv_scale = 1.0 / scale
     start = tl.load(tile_start_ptr + pid)
     if WIDE_OFFSETS:
@@ -581,7 +583,7 @@ def recompute_backward_kernel(
     dy_ptr, s_dy_sample, s_dy_feature,
     dx_ptr, s_dx_sample, s_dx_feature,
     dp_ptr, s_dp_net,
-    scale_ptr, inv_n, parts_ptr, net_lo, net_hi,
+    scale_ptr, lift, inv_n, parts_ptr, net_lo, net_hi,
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, WIDTH: tl.constexpr, N_OUT: tl.constexpr,
     N_LAYERS: tl.constexpr, K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
@@ -597,7 +599,7 @@ def recompute_backward_kernel(
     # A launch for the networks [net_lo, net_hi) only (a backward cut by network, tinn/gradient_pieces.py).
     if (count == 0) | (net < net_lo) | (net >= net_hi):
         return
-    scale = tl.load(scale_ptr)
+    scale = tl.load(scale_ptr) * lift
     inv_scale = 1.0 / scale
     start = tl.load(tile_start_ptr + pid)
     if WIDE_OFFSETS:
