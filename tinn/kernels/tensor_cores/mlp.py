@@ -161,7 +161,7 @@ def _forward_block(
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr,
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    WIDE_OFFSETS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
     """The forward of the tile's samples t .. t + BM (masked at count)."""
     o_cols = tl.arange(0, O)
@@ -169,7 +169,10 @@ def _forward_block(
     rows = t + tl.arange(0, BM)
     rmask = rows < count
     pos = start + rows
-    sidx = tl.load(order_ptr + pos, mask=rmask, other=0)
+    if IN_ORDER:  # the order is the identity: rows read and written where they lie, no gather through it
+        sidx = pos
+    else:
+        sidx = tl.load(order_ptr + pos, mask=rmask, other=0)
     if WIDE_OFFSETS:
         sidx = sidx.to(tl.int64)
     h = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
@@ -202,7 +205,7 @@ def forward_kernel(
     K0: tl.constexpr, H: tl.constexpr, O: tl.constexpr,
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, SAVE: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr, IN_ORDER: tl.constexpr = False,
 ):
     """out[order[p]] for the tile's sorted positions p; with SAVE, pre[l, p] = layer l's pre-activation (hidden
     layers, in CDT). Hidden outputs are act(pre rounded to CDT), so a backward recomputing them from `pre` sees
@@ -230,14 +233,14 @@ def forward_kernel(
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           INTERPRETED_BF16, WIDE_OFFSETS)
+                           INTERPRETED_BF16, WIDE_OFFSETS, IN_ORDER)
             t += BM
     else:
         for t in range(0, count, BM):
             _forward_block(t, count, start, x_ptr, s_x_sample, s_x_feature, pad_value, w_net, w_first, w_last,
                            order_ptr, out_ptr, s_out_sample, pre_ptr, s_pre_layer,
                            N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT, BM, SAVE, CDT, IEEE,
-                           INTERPRETED_BF16, WIDE_OFFSETS)
+                           INTERPRETED_BF16, WIDE_OFFSETS, IN_ORDER)
 
 
 # Loss ids as tinn.kernels.losses numbers them (a test keeps the two in step); -1: dy comes from the caller.
