@@ -159,3 +159,36 @@ def test_the_grouped_hint_holds_for_that_tensor_only():
         assert torch.equal(routing.sorted_bounds(ids, 3)[1].cpu(), torch.tensor([0, 1, 3, 6]))
         ids[0] = 0
     assert torch.equal(routing.sorted_bounds(ids, 3)[1], bounds)  # outside the block
+
+
+@pytest.mark.parametrize("hidden_layers", [1, 4])  # the backward that recomputes the forward; the layer-by-layer one
+def test_grouped_ids_let_the_tensor_core_kernels_read_rows_in_order(tuned, hidden_layers):
+    """Ids the caller grouped (`routing.grouped`) make the sort order the identity: the tensor-core kernels then read
+    and write each row at its position instead of gathering it through the order, with the same results bit for
+    bit (inference, the training forward, the backward and the backward with the loss inside)."""
+    from tinn import routing
+    from tinn.losses import Loss
+    from tinn.networks import NetworkArray
+
+    tuned(precision="float32", kernels="tensor_cores")
+    net = NetworkArray(3, 4, dict(NET, n_hidden_layers=hidden_layers), n_networks=5, seed=6)
+    assert net.tensor_cores is not None
+    x, t, ids = data(size=300)
+    ids, _ = torch.sort(ids)
+    bounds = torch.searchsorted(ids, torch.arange(6, dtype=ids.dtype, device=DEV))
+    dy = t * 0.5 - 0.1
+
+    def results():
+        y, ctx = net.forward_with_context(x, ids, train=True)
+        dx, (grad,) = net.backward(ctx, dy, need_dx=True)
+        y2, ctx2 = net.forward_with_context(x, ids, train=True)
+        dx2, (grad2,), value = net.backward_from_loss(ctx2, y2, Loss("L2"), t, need_dx=True)
+        return [net.inference(x, ids), y, dx, grad, dx2, grad2, value]
+
+    gathered = results()
+    assert not net.tensor_cores._routing(ids, x.device, train=True)[0].in_order
+    with routing.grouped(ids, bounds):
+        assert all(r.in_order for r in net.tensor_cores._routing(ids, x.device, train=True))
+        in_order = results()
+    for a, b in zip(gathered, in_order):
+        assert torch.equal(a, b)

@@ -121,6 +121,9 @@ class TileRouting:
     tile_net: torch.Tensor     # int32 (n_max,)
     tile_start: torch.Tensor   # int32 (n_max,) positions into `order`
     tile_count: torch.Tensor   # int32 (n_max,); 0 marks a padding tile that kernels skip
+    # The order is the identity (one network, or ids the caller grouped): kernels that know it read a sample's row
+    # at its sorted position instead of gathering it through `order`.
+    in_order: bool = False
 
 
 def route_bounded(net_ids: torch.Tensor, n_networks: int, tile_size: int,

@@ -14,9 +14,12 @@ tile `tinn.networks.tensor_cores.inference_tile` picks with the tuned options.
 --parts: instead, the call's parts one by one (CUDA events, medians), for the 4096 x 64 and 64 x 64 cases with
 interleaved ids and ids already sorted: the whole call with the checks on and off, the sort, the sort with its
 bounds, the tile list, the weight packing, the forward kernel on float32 and on float16 inputs, the NaN/Inf scan
-of x, and a copy of x (what moving 512 MB each way costs on the machine).
+of x, and a copy of x (what moving 512 MB each way costs on the machine); for sorted ids also the whole call with
+them declared grouped (`routing.grouped`: no sort, rows read in order) and the kernel reading rows in order, on
+float32 and with float16 inputs and outputs (the I/O of tcnn's own inference benchmark).
 """
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -84,7 +87,7 @@ def tile_sweep(net, x, ids) -> list[dict]:
 def parts(dev) -> list[dict]:
     """`--parts`: GPU ms of each part of an inference call (module docstring)."""
     from tinn import routing
-    from tinn.kernels.tensor_cores import launch, tiles
+    from tinn.kernels.tensor_cores import launch, mlp, tiles
     from tinn.networks import NetworkArray
     from tinn.networks.tensor_cores import inference_tile
 
@@ -100,6 +103,22 @@ def parts(dev) -> list[dict]:
             order, bounds = routing.sorted_bounds(ids, n)
             (tile_list,) = tiles.tile_lists(order, bounds, BATCH, (tile,), False)
             packed = launch.pack_weights(params, tc.shape, tc.precision)
+            in_order = dataclasses.replace(tile_list, in_order=True)
+            out16 = torch.empty(BATCH, 16, device=dev, dtype=torch.float16)
+
+            def grouped_call():
+                with routing.grouped(ids, bounds):
+                    return net.inference(x, ids)
+
+            def kernel_16bit_io():  # float16 in and out, rows in order: tcnn's benchmark's I/O
+                consts = launch.kernel_constants(tc.shape, packed.geometry, tc.precision, 32,
+                                                 launch.launch_options(packed.geometry, tc.precision, dev, None,
+                                                                       "inference"))
+                mlp.forward_kernel[(in_order.tile_net.shape[0],)](
+                    x16, 32, 1, 0.0, packed.weights, packed.weights.stride(0), in_order.order, in_order.tile_net,
+                    in_order.tile_start, in_order.tile_count, out16, 16, out16, 0, SAVE=False, WIDE_OFFSETS=False,
+                    IN_ORDER=True, **consts)
+
             timed = {
                 "whole inference (checks on)": lambda: net.inference(x, ids),
                 "whole inference (checks off)": lambda: net.inference(x, ids),
@@ -112,6 +131,10 @@ def parts(dev) -> list[dict]:
                 "forward kernel, fp16 x": lambda: launch.forward(x16, False, tile_list, packed, tc.shape,
                                                                  input_padding=tc.input_padding),
                 "all_finite(x)": lambda: tinn.checks.all_finite(x),
+                **({"whole inference, grouped (checks off)": grouped_call,
+                    "forward kernel in order, fp32 x": lambda: launch.forward(x, False, in_order, packed, tc.shape,
+                                                                              input_padding=tc.input_padding),
+                    "forward kernel in order, fp16 x and out": kernel_16bit_io} if kind == "sorted" else {}),
                 "copy x (bandwidth ref)": lambda: x.clone(),
             }
             for name, fn in timed.items():

@@ -238,7 +238,8 @@ def forward(x: torch.Tensor, x_feature_major: bool, tiles: TileRouting, packed: 
             tiles.order, tiles.tile_net, tiles.tile_start, tiles.tile_count,
             out, out.stride(0),
             pre_arg, pre.stride(0) if pre is not None else 0,
-            SAVE=pre is not None, WIDE_OFFSETS=wide, **kernel_constants(shape, g, packed.precision, n_real_in, options))
+            SAVE=pre is not None, WIDE_OFFSETS=wide, IN_ORDER=tiles.in_order,
+            **kernel_constants(shape, g, packed.precision, n_real_in, options))
     saved = Saved(x, x_feature_major, (n_pad, float(pad_value)), pre, tiles, packed, shape, recompute) if save \
         else None
     return out, saved
@@ -361,7 +362,7 @@ def backward(dy: torch.Tensor, saved: Saved, chunks: TileRouting | None = None, 
             scale if _loss is None else _loss[1],
             lo, hi,
             WIDTH=shape.width, WANT_DX=want_dx, WANT_PARAMS=want_params, WIDE_OFFSETS=_wide_offsets(batch, *operands),
-            LOSS=-1 if _loss is None else _loss[0],
+            LOSS=-1 if _loss is None else _loss[0], IN_ORDER=chunks.in_order,
             **kernel_constants(shape, g, packed.precision, shape.n_in - saved.input_padding[0], options))
         if len(ranges) > 1:
             pieces.hand_over(dparams, lo, hi)

@@ -316,6 +316,7 @@ def _backward_block(
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
+    IN_ORDER: tl.constexpr,
 ):
     """Layer L on the chunk's samples t .. t + BM: (acc + this block's weight gradient, loss_acc), and the
     block's deltas of layer L - 1 (stored over the ones it read) or, for layer 0, its dx. With a LOSS, dy_ptr
@@ -329,7 +330,7 @@ def _backward_block(
     rows = t + tl.arange(0, BM)
     rmask = rows < count
     pos = start + rows
-    sidx = tl.load(order_ptr + pos, mask=rmask, other=0)
+    sidx = pos if IN_ORDER else tl.load(order_ptr + pos, mask=rmask, other=0)
     if WIDE_OFFSETS:
         sidx = sidx.to(tl.int64)
     if FIRST:
@@ -382,7 +383,7 @@ def _backward_layer(
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
-    LOSS: tl.constexpr,
+    LOSS: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
     """Layer L of one chunk: its weight gradient (atomically added to dp_net) and the deltas of layer L - 1
     (into delta_ptr) or, for layer 0, dx."""
@@ -406,7 +407,7 @@ def _backward_layer(
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
                 KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
-                LOSS)
+                LOSS, IN_ORDER)
             t += BM
     else:
         for t in range(0, count, BM):
@@ -415,7 +416,7 @@ def _backward_layer(
                 pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, order_ptr,
                 start, count, scale, inv_scale, inv_n, part_ptr, L, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, H, KIN,
                 KOUT, HIDDEN_ACT, OUTPUT_ACT, BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS,
-                LOSS)
+                LOSS, IN_ORDER)
     if WANT_PARAMS:
         _add_weight_gradient(dp_net, P_OFFSET, acc, KIN, KOUT, FAN_IN, FAN_OUT, inv_scale)
     if LAST and LOSS != NO_LOSS:
@@ -439,7 +440,7 @@ def backward_kernel(
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
-    LOSS: tl.constexpr,
+    LOSS: tl.constexpr, IN_ORDER: tl.constexpr = False,
 ):
     """dx (scattered to the caller's rows, x's layout) and dparams (+=) of one chunk; dy is multiplied by
     the scale at `scale_ptr` (float32, read on the device: a dynamic scaler changes it without the host)
@@ -468,7 +469,7 @@ def backward_kernel(
             pre_ptr, s_pre_layer, delta_ptr, dx_ptr, s_dx_sample, s_dx_feature, dp_net, order_ptr,
             start, count, scale, inv_scale, inv_n, parts_ptr + pid,
             N_LAYERS - 1 - i, N_REAL_IN, N_IN, WIDTH, N_OUT, N_LAYERS, K0, H, O, HIDDEN_ACT, OUTPUT_ACT,
-            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS, LOSS)
+            BM, CDT, IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, INTERPRETED, WIDE_OFFSETS, LOSS, IN_ORDER)
 
 
 # ---- the backward that recomputes the forward ----------------------------------------------------------------
@@ -504,14 +505,14 @@ def _recompute_block(
     N_REAL_IN: tl.constexpr, N_IN: tl.constexpr, N_OUT: tl.constexpr, N_LAYERS: tl.constexpr, K0: tl.constexpr,
     O: tl.constexpr, HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr, BM: tl.constexpr, CDT: tl.constexpr,
     IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr, WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr,
-    WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr, LOSS: tl.constexpr, IN_ORDER: tl.constexpr,
 ):
     """One block of BM samples: its forward, the output's gradient, every layer's weight gradient added to the
     accumulators (acc0..acc2: the first hidden-layer matrices, accl: the output layer's) and its dx."""
     kout = tl.arange(0, O)
     rows = t + tl.arange(0, BM)
     rmask = rows < count
-    sidx = tl.load(order_ptr + start + rows, mask=rmask, other=0)
+    sidx = start + rows if IN_ORDER else tl.load(order_ptr + start + rows, mask=rmask, other=0)
     if WIDE_OFFSETS:
         sidx = sidx.to(tl.int64)
     a0 = _to_compute(_load_input(x_ptr, sidx, rmask, s_x_sample, s_x_feature, pad_value, N_REAL_IN, N_IN, K0),
@@ -592,7 +593,7 @@ def recompute_backward_kernel(
     HIDDEN_ACT: tl.constexpr, OUTPUT_ACT: tl.constexpr,
     BM: tl.constexpr, CDT: tl.constexpr, IEEE: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_PARAMS: tl.constexpr, INTERPRETED: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
-    LOSS: tl.constexpr,
+    LOSS: tl.constexpr, IN_ORDER: tl.constexpr = False,
 ):
     """`backward_kernel`'s results (dx, dparams, loss sums; the same arguments, the same scale handling) for up
     to RECOMPUTE_MAX_LAYERS layers, from x and the weights alone: each block's forward is recomputed."""
@@ -636,7 +637,7 @@ def recompute_backward_kernel(
                 acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
                 dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
                 scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
-                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS, IN_ORDER)
             t += BM
     else:
         for t in range(0, count, BM):
@@ -644,7 +645,7 @@ def recompute_backward_kernel(
                 acc0, acc1, acc2, accl, loss_acc, t, w0, w1, w2, wl, x_ptr, s_x_sample, s_x_feature, pad_value,
                 dy_ptr, s_dy_sample, s_dy_feature, dx_ptr, s_dx_sample, s_dx_feature, order_ptr, start, count,
                 scale, inv_scale, inv_n, N_REAL_IN, N_IN, N_OUT, N_LAYERS, K0, O, HIDDEN_ACT, OUTPUT_ACT, BM, CDT,
-                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS)
+                IEEE, INTERPRETED_BF16, WANT_DX, WANT_PARAMS, WIDE_OFFSETS, LOSS, IN_ORDER)
     if WANT_PARAMS:
         if N_LAYERS == 1:
             _add_weight_gradient(dp_net, 0, accl, K0, O, N_IN, N_OUT, inv_scale)

@@ -59,9 +59,9 @@ def slots(batch: int, n_networks: int, size: int) -> int:
 
 
 def tile_lists(order: torch.Tensor, bounds: torch.Tensor, batch: int, tile_sizes: tuple[int, ...],
-               interpreted: bool) -> tuple[TileRouting, ...]:
+               interpreted: bool, in_order: bool = False) -> tuple[TileRouting, ...]:
     """One TileRouting per size over the sort (order, bounds) of tinn.routing.sorted_bounds: int32 arrays, the
-    unused slots with network 0, start 0 and count 0."""
+    unused slots with network 0, start 0 and count 0. in_order: `order` is the identity (TileRouting.in_order)."""
     n_networks = bounds.shape[0] - 1
     lengths = [slots(batch, n_networks, size) for size in tile_sizes]
     table = torch.zeros(3, sum(lengths), dtype=torch.int32, device=order.device)
@@ -70,6 +70,6 @@ def tile_lists(order: torch.Tensor, bounds: torch.Tensor, batch: int, tile_sizes
         net, start, count = (table[i, offset:offset + length] for i in range(3))
         if n_networks and batch:
             tiles_kernel[(n_networks,)](bounds, net, start, count, size, INTERPRETED=interpreted, BLOCK=BLOCK)
-        result.append(TileRouting(order, net, start, count))
+        result.append(TileRouting(order, net, start, count, in_order))
         offset += length
     return tuple(result)
