@@ -480,27 +480,31 @@ def test_a_float16_array_on_the_tensor_cores_skips_an_overflow(tuned):
     assert not torch.equal(trainer.model.params, before[0]) and trainer.optimizer.step_count == 2
 
 
+@pytest.mark.parametrize("path", ["tensor_cores", "dense"])  # an array on the tensor cores; one network's GEMMs
 @pytest.mark.parametrize("lifted", [True, False])
-def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monkeypatch, lifted):
+def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monkeypatch, lifted, path):
     """A mean loss over 2^18 samples gives each sample an output gradient of about 2 |error| / 2^18, and less where
     the loss reaches the network through small factors: a radiance field's density in empty space, nearly fitted,
     got 1e-11 to 1e-10 per element. Times the scale (128) they round to zero in float16, and so do the input and
     weight gradients they carry; lifted to a unit size first (`lift_small`), they come out within float16's
-    accuracy of float32's (tensor-core kernels, Triton's interpreter on the CPU)."""
+    accuracy of float32's (tensor-core kernels under Triton's interpreter on the CPU, and a single network's
+    dense GEMMs)."""
     from tinn import gradient_scaling
 
     if not lifted:  # the failure the lift avoids
         monkeypatch.setattr(gradient_scaling, "lift_small", lambda dy: (dy, None))
     net_config = dict(NET, n_neurons=16, n_hidden_layers=1)
+    n_networks = 3 if path == "tensor_cores" else 1
     gen = torch.Generator().manual_seed(8)
     x = torch.rand(64, 2, generator=gen).to(DEV)
-    ids = torch.randint(0, 3, (64,), generator=gen, dtype=torch.int32).to(DEV)
+    ids = torch.randint(0, n_networks, (64,), generator=gen, dtype=torch.int32).to(DEV)
     dy = (torch.randn(64, 1, generator=gen) * 1e-10).to(DEV)
     out = {}
     for precision in ("float32", "float16"):
-        tuned(precision=precision, kernels="tensor_cores", gradient_scaling="dynamic")
-        net = NetworkArray(2, 1, net_config, n_networks=3, seed=4)
-        assert net.tensor_cores is not None and net.precision == precision
+        tuned(precision=precision, kernels="tensor_cores" if path == "tensor_cores" else "auto",
+              gradient_scaling="dynamic", dense_step_graphs=False)
+        net = NetworkArray(2, 1, net_config, n_networks=n_networks, seed=4)
+        assert net.path == path and net.precision == precision
         _, ctx = net.forward_with_context(x, ids, train=True)
         dx, (grad,) = net.backward(ctx, dy, need_dx=True)
         out[precision] = (dx, grad)

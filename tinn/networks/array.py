@@ -233,30 +233,40 @@ class NetworkArray(Part):
         return d_dy, d_x, (d_p,)
 
     def backward(self, ctx, dy, *, need_dx, need_grads=True):
+        # float16's deltas (the tensor cores, or a single network's dense GEMMs): a small dy lifted to a unit size
+        # before the scale (tinn/gradient_scaling.py), unless the gradient is handed over in pieces as the backward
+        # finishes them (a consumer may read them now).
+        unlift = None
+        if self.precision == "float16" and gradient_pieces.current() is None:
+            dy, unlift = gradient_scaling.lift_small(dy)
         if self.tensor_cores is not None:
-            # float16's deltas: a small dy lifted to a unit size before the scale (tinn/gradient_scaling.py), unless
-            # the gradient is handed over in pieces as the backward finishes them (a consumer may read them now).
-            unlift = None
-            if self.precision == "float16" and gradient_pieces.current() is None:
-                dy, unlift = gradient_scaling.lift_small(dy)
             dx, dparams = self.tensor_cores.backward(ctx.saved, dy, need_dx, need_grads, self.gradient_scale)
             self._record_overflow(dx, dparams, need_grads, unlift)
             return dx, (dparams,)
+        dx, dparams = self._backward_off_tensor_cores(ctx, dy, need_dx, need_grads)
+        if unlift is not None:  # (after these paths' own unscaling and overflow check: a power of two keeps inf)
+            for g in (dx, dparams):
+                if g is not None:
+                    g.mul_(unlift)
+        return dx, (dparams,)
+
+    def _backward_off_tensor_cores(self, ctx, dy, need_dx, need_grads):
+        """(dx, dparams) of the batched-GEMM, replayed, dense and Taichi paths."""
         if getattr(ctx, "batched", None) is not None:
             dx, dparams = BatchedGemmPath.backward(ctx.batched, dy, need_dx, need_grads)
-            return self._unpadded(dx, ctx.x_feature_major), (dparams,)
+            return self._unpadded(dx, ctx.x_feature_major), dparams
         if ctx.held_buffers is not None:
             replayed = self._step_graphs.backward(ctx.held_buffers, dy, need_dx, need_grads)
             if replayed is not None:
                 dx, dparams = replayed
-                return self._unpadded(dx, ctx.x_feature_major), (dparams,)
+                return self._unpadded(dx, ctx.x_feature_major), dparams
             # A second backward through this forward, whose buffers a later forward has taken: recompute it.
             ctx = self._eager_forward_with_context(ctx.x, ctx.ids, ctx.params, ctx.x_feature_major)[1]
         # Without an output activation the kernels' read of the output is unused: dy stands in (same shape).
         dx, dparams = self._backward(dy, ctx.x_c, ctx.ids, ctx.params_c, ctx.acts, ctx.pre,
                                      dy if ctx.out is None else ctx.out, ctx.routing, need_dx, need_grads,
                                      ctx.x_feature_major)
-        return self._unpadded(dx, ctx.x_feature_major), (dparams,)
+        return self._unpadded(dx, ctx.x_feature_major), dparams
 
     def hands_over_gradients(self) -> bool:
         """Whether a backward can hand the parameter gradient over range of networks by range as it finishes them
