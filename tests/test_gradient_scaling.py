@@ -501,8 +501,9 @@ def test_a_large_batch_means_small_output_gradients_survive_float16(tuned, monke
     dy = (torch.randn(64, 1, generator=gen) * 1e-10).to(DEV)
     out = {}
     for precision in ("float32", "float16"):
-        tuned(precision=precision, kernels="tensor_cores" if path == "tensor_cores" else "auto",
-              gradient_scaling="dynamic", dense_step_graphs=False)
+        dense = path == "dense"
+        tuned(precision=precision, kernels="auto" if dense else "tensor_cores", gradient_scaling="dynamic",
+              dense_single_network=True if dense else None, dense_step_graphs=False)
         net = NetworkArray(2, 1, net_config, n_networks=n_networks, seed=4)
         assert net.path == path and net.precision == precision
         _, ctx = net.forward_with_context(x, ids, train=True)
