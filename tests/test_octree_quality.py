@@ -300,6 +300,30 @@ def test_lod_curve_pools_its_views_squared_errors_and_shows_every_window():
         lod_eval.lod_curve(field, truth, c2w[:0], 8, 8, 8.0, 16)
 
 
+
+@cpu_tensors
+def test_lod_curve_reports_each_views_distance_and_level():
+    """Views at two distances from the centre (a capture on rings of two radii): each row lists every view's
+    distance and the level the rule picks for it, and names the nearest distance and the deepest level."""
+    from tinn.render.rays import pixel_radius
+    from tinn.scenes.acceleration.octree import levels_for_radius
+
+    field = octant_field(0.0)
+    c2w = views(8.0).c2w.clone()
+    centre = (field.octree.box_min + field.octree.box_max) / 2
+    offset = c2w[1, :3, 3] - centre  # the second view three times as far as the first
+    c2w[1, :3, 3] = centre + offset / offset.norm() * 3 * (c2w[0, :3, 3] - centre).norm()
+    truth = lambda pose, width, height, focal: torch.zeros(height, width, 3)  # noqa: E731
+    rows = lod_eval.lod_curve(field, truth, c2w, 8, 8, 8.0, 16, factors=(1, 2), background=torch.ones(3))
+    for row in rows:
+        near, far = row["distances"]
+        assert far == pytest.approx(3 * near, rel=1e-5) and row["distance"] == near
+        radius = torch.tensor(row["distances"]) * pixel_radius(8.0)
+        want = levels_for_radius(radius, field.lod_root_size).clamp(max=field.octree.deepest).tolist()
+        assert row["levels"] == want and row["level"] == max(want)
+    table = lod_eval.format_curve([dict(rows[0], levels=[1, 3], level=3)]).splitlines()[1].split()
+    assert table[2] == "1-3"
+
 # ---- seams: blending across node faces makes the field continuous ---------------------------------------------
 
 def octant_field(blend_margin: float) -> OctreeField:

@@ -111,7 +111,9 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
 
     `c2w`: one pose (4, 4) or several (V, 4, 4); with several, each is pulled back alike and the PSNR is that of
     their mean squared error (as `evaluate` pools its views), `psnr_per_view` lists each, the touched shares
-    are means and `params_touched` / `nodes_touched_per_depth` the most any view touched. One view's PSNR can
+    are means and `params_touched` / `nodes_touched_per_depth` the most any view touched. Views at several
+    distances (a capture on rings of several radii) each have their own: `distances` and `levels` list them per
+    view, and `distance` / `level` are the nearest view's and the deepest, as the most touched. One view's PSNR can
     differ from another's by more than the 1 dB a level is judged by (2-3 dB on the meshes' held-out views).
     `on_frame(factor, view, pred_window, truth_window)`: called with each rendered window (diagnostics)."""
     tree = field.octree
@@ -121,9 +123,10 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
         raise InputError("lod_curve needs at least one pose; c2w has none")
     rows = []
     for factor in factors:
-        errors, views_psnr, reports, supersample = [], [], [], None
+        errors, views_psnr, reports, distances, supersample = [], [], [], [], None
         for v, base in enumerate(poses):
             pose = pulled_back(base, float(factor), centre)
+            distances.append(float((pose[:3, 3] - centre.to(pose)).norm()))
             frame = field.render_image(pose, width, height, focal, n_samples, background=background, **render)
             pred = central_window(frame["image"], float(factor))
             target = central_window(truth(pose, width, height, focal).to(pred.device), float(factor))
@@ -134,13 +137,12 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
             supersample = frame["supersample"]
             if on_frame is not None:
                 on_frame(float(factor), v, pred, target)
-        pose = pulled_back(poses[0], float(factor), centre)
-        distance = float((pose[:3, 3] - centre.to(pose)).norm())
-        radius = torch.tensor([distance * pixel_radius(focal)], device=tree.device)
-        level = int(levels_for_radius(radius, field.lod_root_size).clamp(max=tree.deepest)[0])
+        radius = torch.tensor([d * pixel_radius(focal) for d in distances], device=tree.device)
+        levels = [int(v) for v in levels_for_radius(radius, field.lod_root_size).clamp(max=tree.deepest).tolist()]
         per_depth = [max(r["nodes_touched_per_depth"][d] for r in reports)
                      for d in range(len(reports[0]["nodes_touched_per_depth"]))]
-        rows.append({"factor": float(factor), "distance": distance, "level": level,
+        rows.append({"factor": float(factor), "distance": min(distances), "level": max(levels),
+                     "distances": distances, "levels": levels,
                      "psnr": psnr_from_mse(sum(errors) / len(errors)), "psnr_per_view": views_psnr,
                      "window": list(pred.shape[:2]),
                      "supersample": supersample,
@@ -151,9 +153,12 @@ def lod_curve(field, truth, c2w: torch.Tensor, width: int, height: int, focal: f
 
 
 def format_curve(rows: list[dict]) -> str:
+    """`lod_curve`'s rows as a table: the nearest view's distance, the range of the views' levels."""
     lines = ["distance x  distance  level  rays/px  PSNR dB  window   params touched"]
     for r in rows:
         k = r["supersample"]
-        lines.append(f"{r['factor']:>10g}  {r['distance']:8.2f}  {r['level']:5d}  {k * k:7d}  {r['psnr']:7.2f}  "
+        low, high = min(r["levels"]), r["level"]
+        level = f"{low}-{high}" if low != high else f"{high}"
+        lines.append(f"{r['factor']:>10g}  {r['distance']:8.2f}  {level:>5s}  {k * k:7d}  {r['psnr']:7.2f}  "
                      f"{r['window'][1]:>3d}x{r['window'][0]:<3d}  {100 * r['fraction_touched']:5.1f}%")
     return "\n".join(lines)
