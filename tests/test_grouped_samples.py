@@ -165,7 +165,8 @@ def test_the_grouped_hint_holds_for_that_tensor_only():
 def test_grouped_ids_let_the_tensor_core_kernels_read_rows_in_order(tuned, hidden_layers):
     """Ids the caller grouped (`routing.grouped`) make the sort order the identity: the tensor-core kernels then read
     and write each row at its position instead of gathering it through the order, with the same results bit for
-    bit (inference, the training forward, the backward and the backward with the loss inside)."""
+    bit (inference, the training forward, the backward, and the backward with the loss inside after a forward and
+    without one)."""
     from tinn import routing
     from tinn.losses import Loss
     from tinn.networks import NetworkArray
@@ -183,7 +184,8 @@ def test_grouped_ids_let_the_tensor_core_kernels_read_rows_in_order(tuned, hidde
         dx, (grad,) = net.backward(ctx, dy, need_dx=True)
         y2, ctx2 = net.forward_with_context(x, ids, train=True)
         dx2, (grad2,), value = net.backward_from_loss(ctx2, y2, Loss("L2"), t, need_dx=True)
-        return [net.inference(x, ids), y, dx, grad, dx2, grad2, value]
+        dx3, (grad3,), value3 = net.gradients_from_loss(x, ids, Loss("L2"), t, need_dx=True)  # no forward
+        return [net.inference(x, ids), y, dx, grad, dx2, grad2, value, dx3, grad3, value3]
 
     gathered = results()
     assert not net.tensor_cores._routing(ids, x.device, train=True)[0].in_order
