@@ -561,6 +561,22 @@ def test_a_mean_over_many_elements_keeps_its_gradients_with_the_loss_inside_floa
         assert net.gradient_scaler.value == 128.0 and net.gradient_scaler.finite_in_a_row == 0
 
 
+def test_the_mean_lift_needs_the_dynamic_scaler(tuned):
+    """`mean_lift` is the largest power of two within the count; a float16 array applies it only with the dynamic
+    scaler, which can skip a step that the lifted (summed-size) gradients overflow. The static scale keeps tcnn's
+    128 on the mean, and other precisions take no lift."""
+    from tinn.gradient_scaling import mean_lift
+
+    assert [mean_lift(c) for c in (1, 2, 3, 1000, 2 ** 22, 2 ** 22 + 1, 0)] == [1, 2, 2, 512, 2 ** 22, 2 ** 22, 1]
+    target = torch.zeros(3000, 1, device=DEV)
+    for precision, mode, want in (("float16", "dynamic", 2048.0), ("float16", "static", 1.0),
+                                  ("bfloat16", "dynamic", 1.0), ("float32", "dynamic", 1.0)):
+        tuned(precision=precision, kernels="tensor_cores", gradient_scaling=mode)
+        net = NetworkArray(2, 1, dict(NET, n_neurons=16, n_hidden_layers=1), n_networks=3, seed=4)
+        assert net._mean_lift(None, target) == want, (precision, mode)
+        assert net._mean_lift(2 ** 30, target) == (2.0 ** 30 if want > 1 else 1.0)
+
+
 def test_lift_small_is_an_exact_power_of_two():
     from tinn.gradient_scaling import lift_small
 

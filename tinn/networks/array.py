@@ -326,8 +326,10 @@ class NetworkArray(Part):
 
     def _mean_lift(self, mean_over: int | None, target: torch.Tensor) -> float:
         """The power of two a float16 backward with the loss inside multiplies its scale by, so that a mean over
-        many elements does not round its deltas to zero (tinn/gradient_scaling.py); 1 in other precisions."""
-        if self.precision != "float16":
+        many elements does not round its deltas to zero (tinn/gradient_scaling.py); 1 in other precisions, and
+        with the static scale (tcnn's fixed 128 on the mean): the lift gives large per-element gradients a sum's
+        size, which can overflow, and only the dynamic scaler skips such a step and backs off."""
+        if self.precision != "float16" or self.gradient_scaler is None:
             return 1.0
         return gradient_scaling.mean_lift(mean_over or target.numel())
 
