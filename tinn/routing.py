@@ -63,6 +63,12 @@ def grouped_bounds(net_ids: torch.Tensor, n_networks: int) -> torch.Tensor | Non
     return None
 
 
+def sorts_to_identity(net_ids: torch.Tensor, n_networks: int) -> bool:
+    """Whether `sorted_bounds` returns the identity order for these ids: one network, or ids a caller's `grouped`
+    block declared grouped (TileRouting.in_order)."""
+    return n_networks == 1 or grouped_bounds(net_ids, n_networks) is not None
+
+
 def sorted_bounds(net_ids: torch.Tensor, n_networks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, bounds): int32 sample indices grouped by network id (stable), and int64 (n_networks + 1,) bounds:
     network n's samples are order[bounds[n]:bounds[n + 1]]."""

@@ -16,7 +16,7 @@ import torch
 
 from .. import gradient_pieces, runtime
 from ..kernels import triton_interpreted
-from ..routing import grouped_bounds, sorted_bounds
+from ..routing import sorted_bounds, sorts_to_identity
 
 # The backward recomputes the forward up to this hidden width (its weight gradients in registers; at 128, 32
 # samples a block and 8 warps keep them there); wider layers save their pre-activations and go layer by layer.
@@ -112,8 +112,8 @@ class TensorCorePath:
         sizes = ((tile, chunk_size(batch, tile, self.n_networks, multiprocessors(device))) if train
                  else (inference_tile(batch, tile),))
         order, bounds = sorted_bounds(ids, self.n_networks)
-        in_order = self.n_networks == 1 or grouped_bounds(ids, self.n_networks) is not None
-        return tiles.tile_lists(order, bounds, batch, sizes, triton_interpreted(), in_order)
+        return tiles.tile_lists(order, bounds, batch, sizes, triton_interpreted(),
+                                sorts_to_identity(ids, self.n_networks))
 
     def inference(self, x: torch.Tensor, ids: torch.Tensor, params: torch.Tensor,
                   x_feature_major: bool) -> torch.Tensor:
