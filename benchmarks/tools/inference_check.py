@@ -111,13 +111,14 @@ def parts(dev) -> list[dict]:
                     return net.inference(x, ids)
 
             def kernel_16bit_io():  # float16 in and out, rows in order: tcnn's benchmark's I/O
-                consts = launch.kernel_constants(tc.shape, packed.geometry, tc.precision, 32,
+                # (the constants made per call, as launch.forward makes them in the other kernel rows)
+                consts = launch.kernel_constants(tc.shape, packed.geometry, tc.precision, x16.shape[1],
                                                  launch.launch_options(packed.geometry, tc.precision, dev, None,
                                                                        "inference"))
                 mlp.forward_kernel[(in_order.tile_net.shape[0],)](
-                    x16, 32, 1, 0.0, packed.weights, packed.weights.stride(0), in_order.order, in_order.tile_net,
-                    in_order.tile_start, in_order.tile_count, out16, 16, out16, 0, SAVE=False, WIDE_OFFSETS=False,
-                    IN_ORDER=True, **consts)
+                    x16, x16.stride(0), x16.stride(1), 0.0, packed.weights, packed.weights.stride(0), in_order.order,
+                    in_order.tile_net, in_order.tile_start, in_order.tile_count, out16, out16.stride(0), out16, 0,
+                    SAVE=False, WIDE_OFFSETS=False, IN_ORDER=True, **consts)
 
             timed = {
                 "whole inference (checks on)": lambda: net.inference(x, ids),
