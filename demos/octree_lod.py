@@ -39,16 +39,18 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
          "pyramid_levels": 3, "samples": 48, "batch": 1024, "n_points": 3000, "grid_levels": 3,
          "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0, "lr": 1e-2,
          "hull_res": 32}
-# --scale: over a thousand nodes (1,018 on the procedural scene), each with a tcnn-sized hash grid (16 levels of
-# up to 2^19 entries, 2 features, resolutions 16 .. 2048 as instant-ngp's NeRF grid) in compact bfloat16 tables,
-# sized to the device memory; the array's grid table passes 2^31 values and runs in row chunks. It shows scale,
-# not quality: 384-pixel views (a depth-5 node then spans about 12 footprints of the closest view) cannot feed a
-# thousand nodes, and the same preset cut at depth 3 scores far higher (docs/guides/big-arrays.md). The level
-# rule is set from that footprint (`lod_from_capture`), so the full-resolution views train the deepest nodes and
-# each pyramid level one depth above.
-SCALE = dict(FULL, max_depth=5, min_points=1420, n_points=400_000, steps=3000, batch=4096, res=384,
-             pyramid_levels=6, grid_levels=16, grid_features=2, log2_hashmap=None, base_resolution=16,
-             per_level_scale=(2048 / 16) ** (1 / 15), table_dtype="bfloat16", lod_from_capture=True)
+# --scale: a mesh's close-up capture (rings of views at 4, 2.6 and 1.8 from its centre, 800 px; the glmark2 bunny by
+# default) and a tree as deep as it measured worth: 65,536 parameters a node, so the array grows with the tree,
+# to depth 4 (692 nodes on the bunny), each level trained by the rays whose footprint selects it and, through the
+# level dither, by views up to two levels farther. On the bunny its held-out PSNR grew with the tree from 37 to 692
+# nodes; 4,018 nodes (depth 5) scored lower in the same time (docs/guides/scenes.md, "The scale preset").
+SCALE = dict(FULL, views=300, test_views=6, res=800, camera_radii="4,2.6,2.6,1.8,1.8,1.8", max_depth=4, steps=5000,
+             batch=65536, samples=256, pyramid_levels=4, lr=3e-2, node_budget=65536, footprint="surface",
+             level_dither=2.0)
+# --small --scale: the same structure at CPU size (tests).
+SCALE_SMALL = dict(SMALL, views=24, test_views=2, res=32, camera_radii="4,2.6,1.8", max_depth=2, node_budget=16384,
+                   footprint="surface", level_dither=2.0, min_leaf_resolution=0)
+SCALE_MESH = "/usr/share/glmark2/models/bunny.obj"  # Debian's glmark2-data
 # The initial rate of a capture's octree at full size (its grids budgeted to the single-grid teacher's parameters,
 # the rate decaying to 0.1x): 0.01 / 0.02 / 0.03 / 0.05 on the bunny, the duck and the Wuson mesh at 800 pixels,
 # 0.03 best or within 0.1 dB on each (docs/design-notes.md, octree quality). The procedural scene's fixed small
@@ -65,15 +67,17 @@ def parse_args(argv=None):
     p.add_argument("--scene", default="procedural", choices=["procedural"], help="built-in scene (default)")
     p.add_argument("--data", default=None, help="a scene folder: NeRF-synthetic, instant-ngp or nerfstudio")
     p.add_argument("--mesh", default=None, help="an .obj or .ply mesh, rendered into --out/mesh_scene first")
-    p.add_argument("--level-dither", type=float, default=0.0,
+    p.add_argument("--level-dither", type=float, default=None,
                    help="training rays' footprints shrunk by 2^-u, u in [0, this): deep nodes also learn from farther "
-                        "views (OctreeTrainer's level_dither; 0: off)")
-    p.add_argument("--footprint", default="box", choices=["box", "surface"],
+                        "views (OctreeTrainer's level_dither; 0: off, the default; --scale: 2)")
+    p.add_argument("--footprint", default=None, choices=["box", "surface"],
                    help="the deepest nodes' footprint with a parameter budget: 'box', the closest view's farthest "
-                        "in-box point; 'surface', where the closest view meets the visual hull (close-up captures)")
-    p.add_argument("--camera-radii", default="4",
+                        "in-box point (default); 'surface', where the closest view meets the visual hull (close-up "
+                        "captures; --scale)")
+    p.add_argument("--camera-radii", default=None,
                    help="with --mesh: the cameras' distances from the mesh centre, comma-separated (the views split "
-                        "evenly; a radius listed twice gets twice the views; closer spheres give close-ups)")
+                        "evenly; a radius listed twice gets twice the views; closer spheres give close-ups; default "
+                        "4, --scale 4,2.6,2.6,1.8,1.8,1.8)")
     p.add_argument("--small", action="store_true", help="CPU-sized defaults (32 px, depth 3, 250 steps)")
     p.add_argument("--max-depth", type=int, default=None, help="octree depth limit (full: 4, small: 3)")
     p.add_argument("--min-points", type=int, default=None, help="a node splits while it holds more points")
@@ -99,6 +103,9 @@ def parse_args(argv=None):
                    help="parameters of the whole node array: a number, 'teacher' (the single-grid teacher's table at "
                         "this resolution: the same parameter memory) or 'none' (the fixed grid options); sizes each "
                         "node's table and, with --leaf-resolution, its levels (default: 'teacher' for --data/--mesh)")
+    p.add_argument("--node-budget", type=int, default=None,
+                   help="parameters of each node instead of --param-budget's whole array: the array grows with the "
+                        "tree (--scale: 65536)")
     p.add_argument("--leaf-resolution", default=None,
                    help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
                         "nodes' cells as wide as the closest view's footprint; default)")
@@ -122,9 +129,10 @@ def parse_args(argv=None):
                         "fewer level-rule cells than this from the capture (0: --max-depth alone; default 256)")
     p.add_argument("--table-dtype", default=None, choices=["float32", "bfloat16"],
                    help="grid table storage: float32, or bfloat16 (compact: 6 bytes per trained value with Adam, "
-                        "against 20); default float32, bfloat16 with --scale")
+                        "against 20); default float32")
     p.add_argument("--scale", action="store_true",
-                   help="scale preset: depth 5 (1000+ nodes), 16-level hash grids sized to the device memory")
+                   help="scale preset: a mesh's close-up capture (300 views at 800 px; --mesh, default the glmark2 "
+                        "bunny) and a tree of 65,536-parameter nodes to depth 4 (692 nodes on the bunny)")
     p.add_argument("--far-factor", type=float, default=4.0, help="far camera: distance times this")
     p.add_argument("--far-sweep", default="2,4,8,16,32",
                    help="comma list of distance factors whose share of touched parameters is reported")
@@ -164,12 +172,20 @@ def parse_args(argv=None):
 def apply_defaults(args, on_gpu: bool):
     """Fill unset sizes: full size on a GPU (or with --full), CPU-sized otherwise (or with --small)."""
     small = args.small or not (on_gpu or args.full or args.scale)
-    defaults = dict(SCALE if args.scale and not args.small else SMALL if small else FULL)
-    if args.scale and args.small:  # the scale preset's structure at CPU size (tests, with a tiny chunk limit)
-        defaults.update(grid_levels=16, log2_hashmap=None, base_resolution=16, per_level_scale=1.5,
-                        table_dtype="bfloat16")
+    if args.scale:
+        defaults = dict(SCALE_SMALL if args.small else SCALE)
+        if not (args.mesh or args.data):
+            if not os.path.exists(SCALE_MESH):
+                raise SystemExit(f"--scale trains on a mesh's close-up capture: pass --mesh PATH (an .obj or .ply), "
+                                 f"or install Debian's glmark2-data for its default, {SCALE_MESH}")
+            args.mesh = SCALE_MESH
+    else:
+        defaults = dict(SMALL if small else FULL)
     defaults.setdefault("table_dtype", "float32")
-    if args.data and not small:
+    defaults.setdefault("camera_radii", "4")
+    defaults.setdefault("footprint", "box")
+    defaults.setdefault("level_dither", 0.0)
+    if args.data and not (small or args.scale):
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     if (args.data or args.mesh) and not (small or args.scale):
         defaults["lr"], defaults["batch"] = CAPTURE_LR, CAPTURE_BATCH
@@ -211,8 +227,7 @@ def load_scene(args):
 
 
 def build_field(args, train, points):
-    from tinn.scenes.acceleration.octree_budget import (DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree,
-                                                        closest_footprint, leaf_resolution)
+    from tinn.scenes.acceleration.octree_budget import DEFAULT_MIN_LEAF_RESOLUTION, budgeted_octree
     from tinn.scenes.fields.octree_field import OctreeField
     from tinn.scenes.training.octree_training import octree_over
 
@@ -235,7 +250,8 @@ def build_field(args, train, points):
                                 min_leaf_resolution=args.min_leaf_resolution, min_points=args.min_points,
                                 oversample=args.oversample, points=None if points is None else points.to(dev),
                                 lod_resolution=None if leaf == "auto" else float(leaf), footprint=footprint,
-                                n_features=args.grid_features, table_dtype=args.table_dtype)
+                                n_features=args.grid_features, table_dtype=args.table_dtype,
+                                per_node=args.node_budget is not None)
         tree, encoding = built.tree, built.encoding
         args.max_depth = built.depth
         args.grid_levels, args.log2_hashmap = encoding["n_levels"], encoding["log2_hashmap_size"]
@@ -246,14 +262,11 @@ def build_field(args, train, points):
                             blend_margin=args.blend_margin, hull=hull)
         return _sharded(args, field, tree, encoding, network)
     tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
-    log2 = args.log2_hashmap or (scaled_log2_hashmap(args, tree.n_nodes) if args.scale else None)
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
                 # Tables big enough to stay dense by default: (2^levels)^3 entries at the finest level.
-                "log2_hashmap_size": log2 or min(3 * args.grid_levels, 19),
+                "log2_hashmap_size": args.log2_hashmap or min(3 * args.grid_levels, 19),
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
-    if getattr(args, "lod_from_capture", None) and args.lod_resolution is None:
-        args.lod_resolution = leaf_resolution(tree, closest_footprint(train))
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
                         blend_margin=args.blend_margin, hull=hull)
     return _sharded(args, field, tree, encoding, network)
@@ -288,6 +301,11 @@ def param_budget(args, train):
     """The node array's parameter budget from --param-budget (None: the fixed grid options)."""
     from tinn.scenes.acceleration.octree_budget import single_grid_params
 
+    if args.node_budget is not None:
+        if args.param_budget is not None:
+            raise SystemExit("--node-budget and --param-budget exclude each other: one sizes each node, the other the "
+                             "whole array")
+        return args.node_budget
     value = args.param_budget or ("teacher" if args.data and not (args.scale or args.small) else "none")
     if value == "none":
         return None
@@ -311,26 +329,6 @@ def _sharded(args, field, tree, encoding, network):
                                      tree.n_nodes,
                                      config={"encoding": encoding, "network": network})
     return field
-
-
-def scaled_log2_hashmap(args, n_nodes: int) -> int:
-    """The largest grid table (2^12 .. 2^19 entries per level) whose training state for `n_nodes` grids fits the
-    free device memory (on the CPU: 2^12, test-sized). float32: parameters, gradients and Adam's state, 20 bytes
-    per value, in three quarters of it; bfloat16: the table and Adam's two moments, 6 bytes per value (gradients
-    are sparse), leaving 4 GiB for the step's batch and the gradient's sorting."""
-    from tinn import memory
-    from tinn.encodings.grid_layout import grid_layout
-
-    free = memory.free_bytes(tinn.runtime.device()) if tinn.runtime.arch() == "cuda" else None
-    compact = args.table_dtype == "bfloat16"
-    budget = None if free is None else (free - 4 * 2**30 if compact else free * 3 // 4)
-    best = 12
-    for log2 in range(12, 20):
-        layout = grid_layout(3, args.grid_levels, args.grid_features, log2, args.base_resolution or 2,
-                             args.per_level_scale or 2.0, "Hash")
-        if budget is not None and (6 if compact else 20) * n_nodes * layout.n_params <= budget:
-            best = log2
-    return best
 
 
 def lod_truth(args, test):
@@ -569,7 +567,8 @@ def run(argv=None) -> dict:
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,
         "train_seconds": train_seconds, "steps_per_second": args.steps / train_seconds,
         "final_loss": float(loss) if loss is not None else None,
-        "psnr": full["psnr"], f"psnr_x{coarse_factor}": coarse["psnr"], "coarse_factor": coarse_factor,
+        "psnr": full["psnr"], "psnr_by_distance": full["psnr_by_distance"],
+        f"psnr_x{coarse_factor}": coarse["psnr"], "coarse_factor": coarse_factor,
         "background_psnr": background_psnr,
         "psnr_every_sample": every["psnr"],
         "occupied_fraction": field.occupancy.occupied_fraction() if field.occupancy is not None else None,
@@ -593,6 +592,9 @@ def run(argv=None) -> dict:
         mem += f", peak GPU {summary['peak_gpu_bytes'] / 2**20:.0f} MiB"
     print(f"held-out PSNR {full['psnr']:.2f} dB (x{coarse_factor} coarser: {coarse['psnr']:.2f} dB; every sample "
           f"evaluated: {every['psnr']:.2f} dB; background only: {background_psnr:.2f} dB)")
+    if full["psnr_by_distance"]:  # a capture with close-ups: each sphere's held-out views on their own
+        print("held-out PSNR by camera distance: " + ", ".join(f"{d}: {p:.2f} dB"
+                                                               for d, p in full["psnr_by_distance"].items()))
     occupied = "" if field.occupancy is None else \
         (f"occupancy {args.occupancy_res}^3 per depth, occupied "
          f"{'/'.join(f'{100 * f:.0f}' for f in summary['occupied_fraction'])}% ({occupancy_seconds:.2f} s); ")

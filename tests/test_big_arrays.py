@@ -326,18 +326,20 @@ def test_dense_single_network_batches_pass_the_kernels_index_limit(monkeypatch, 
         kernel_grads(x, None)
 
 
-def test_octree_scale_preset_runs_its_grid_table_in_chunks(tmp_path, tuned):
-    """The --scale preset's structure (16-level hash grid per node) at CPU size, with a chunk limit of
-    about two nodes' grids, so the demo's training, rendering and evaluation all cross chunk boundaries;
-    the same run with one launch per kernel must train to the same held-out PSNR."""
+def test_octree_big_tables_run_their_grid_table_in_chunks(tmp_path, tuned):
+    """Tables past 2^31 values at CPU size: a 16-level compact (bfloat16) hash grid per node, as a thousand-node
+    tree with tcnn's grid holds, with a chunk limit of about two nodes' grids, so the demo's training, rendering
+    and evaluation all cross chunk boundaries; the same run with one launch per kernel must train to the same
+    held-out PSNR."""
     import os
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
     import octree_lod
 
-    argv = ["--small", "--scale", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "30",
-            "--pyramid-levels", "1", "--samples", "16", "--batch", "256", "--max-depth", "2"]
+    argv = ["--small", "--res", "16", "--views", "6", "--test-views", "1", "--steps", "30",
+            "--pyramid-levels", "1", "--samples", "16", "--batch", "256", "--max-depth", "2", "--grid-levels", "16",
+            "--base-resolution", "16", "--per-level-scale", "1.5", "--log2-hashmap", "12", "--table-dtype", "bfloat16"]
     one = octree_lod.run(argv + ["--out", str(tmp_path / "one")])
     per_node = one["grid_table_floats"] // one["nodes"]
     assert per_node * one["nodes"] == one["grid_table_floats"] and per_node > one["params_per_node"] // 2

@@ -498,3 +498,25 @@ def test_surface_points_lie_on_the_triangles_in_proportion_to_their_area():
                   np.ones((1, 9), dtype=np.float32))
     with pytest.raises(InputError, match="no area"):
         flat.surface_points(10)
+
+
+def test_the_scale_preset_trains_a_close_up_capture_with_a_budget_per_node(tmp_path, monkeypatch):
+    """`--scale` (here at CPU size): the glmark2 bunny by default, views on three spheres, every node within the
+    per-node budget so the array grows with the tree, the held-out PSNR reported per camera distance; without a
+    mesh and without the package it names what to pass."""
+    import sys
+
+    if not os.path.isfile(BUNNY):
+        missing_package(f"{BUNNY} missing (Debian package glmark2-data)")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
+    import octree_lod
+
+    s = octree_lod.run(["--small", "--scale", "--test-views", "4", "--lod-factors", "1", "--out", str(tmp_path)])
+    budget = octree_lod.SCALE_SMALL["node_budget"]
+    assert len(s["nodes_per_level"]) == 3 and s["nodes"] == sum(s["nodes_per_level"]) > 9
+    assert budget // 2 < s["params_per_node"] <= budget and s["params_total"] == s["nodes"] * s["params_per_node"]
+    assert len(s["psnr_by_distance"]) >= 2
+    assert min(s["psnr_by_distance"].values()) > s["background_psnr"] + 6 and s["psnr"] > s["background_psnr"] + 8
+    monkeypatch.setattr(octree_lod, "SCALE_MESH", str(tmp_path / "no_such_bunny.obj"))
+    with pytest.raises(SystemExit, match="--mesh PATH"):
+        octree_lod.run(["--small", "--scale", "--out", str(tmp_path / "none")])

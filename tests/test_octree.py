@@ -653,6 +653,35 @@ def test_pyramid_rays_share_levels_and_match_the_downscaled_pixels():
         PyramidRays(views, 0)
 
 
+def test_pyramid_rays_hold_colours_only_and_rebuild_each_drawn_ray_exactly():
+    """A capture large enough for deep nodes (300 views at 1,600 px) would not fit a GPU with every ray stored:
+    the pyramid keeps colours and coverage, and each drawn ray's origin and direction are computed from its camera
+    and pixel, equal to `camera_rays` for that pixel (non-square, off-axis cameras, three levels)."""
+    from tinn.render import pixel_radius
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+    from tinn.scenes.training.octree_training import PyramidRays
+
+    views = render_views(ProceduralScene(), 3, 12, 8, seed=4, n_samples=16)
+    rays = PyramidRays(views, 3)
+    pixels = sum(len(level) * level.width * level.height for level in rays.levels)
+    held = sum(t.numel() * t.element_size() for t in vars(rays).values() if isinstance(t, torch.Tensor))
+    assert held <= 12 * pixels + 4096        # the colours (12 bytes a pixel) and small per-level tables
+    u = torch.rand(3 * 97, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3))
+    origins, directions, colors, radius, _ = rays.rays_at(u, 97)
+    found = 0
+    for level in rays.levels:
+        lo, ld, lc = (t.to(DEV).float() for t in level.rays())
+        sel = torch.nonzero(radius == pixel_radius(level.focal)).squeeze(1)
+        # Each drawn ray is the ray of the pixel whose colour it carries: its index from u, as rays_at draws it.
+        count = len(level) * level.width * level.height
+        local = torch.minimum((u[sel] * count).long(), torch.tensor(count - 1, device=DEV))
+        assert torch.equal(colors[sel], lc[local])
+        assert torch.allclose(origins[sel], lo[local], rtol=0, atol=1e-6)
+        assert torch.allclose(directions[sel], ld[local], rtol=0, atol=2e-6)
+        found += sel.numel()
+    assert found == u.numel()
+
+
 def test_finest_share_gives_the_full_resolution_its_fraction_of_every_batch():
     from tinn.errors import ConfigError
     from tinn.render import pixel_radius
@@ -822,9 +851,26 @@ def test_the_demos_full_size_decays_its_rate_from_a_captures_higher_start_and_th
     octree_lod.apply_defaults(capture, on_gpu=False)
     small_capture = octree_lod.parse_args(["--small", "--mesh", "bunny.obj"])
     octree_lod.apply_defaults(small_capture, on_gpu=False)
-    scale = octree_lod.parse_args(["--scale"])
+    scale = octree_lod.parse_args(["--scale", "--mesh", "bunny.obj"])
     octree_lod.apply_defaults(scale, on_gpu=False)
-    assert (capture.lr, full.lr, small.lr, small_capture.lr, scale.lr) == (3e-2, 1e-2, 1e-2, 1e-2, 1e-2)
+    assert (capture.lr, full.lr, small.lr, small_capture.lr, scale.lr) == (3e-2, 1e-2, 1e-2, 1e-2, 3e-2)
     mine = octree_lod.parse_args(["--full", "--final-lr-factor", "0.5", "--lr", "0.02"])
     octree_lod.apply_defaults(mine, on_gpu=False)
     assert (mine.final_lr_factor, mine.lr) == (0.5, 0.02)
+
+
+def test_a_frame_with_more_samples_than_one_kernel_indexes_is_queried_in_pieces(monkeypatch):
+    """One run of an 800-pixel frame with 256 samples a ray held 34 M samples, past what one kernel of the node
+    array indexes: the field queries them in pieces of `QUERY_PIECE`, and the frame (image, first nodes, touched
+    nodes) is the one a single query draws, bit for bit."""
+    from tinn.scenes.fields import octree_field
+
+    field = blob_field(3)
+    c2w = torch.eye(4, device=DEV)
+    c2w[2, 3] = 3.0
+    whole = field.render_image(c2w, 24, 20, 30.0, 32, segments=1)
+    assert whole["n_evaluated"] > 1000
+    monkeypatch.setattr(octree_field, "QUERY_PIECE", 97)
+    pieces = field.render_image(c2w, 24, 20, 30.0, 32, segments=1)
+    assert torch.equal(pieces["image"], whole["image"]) and torch.equal(pieces["first_node"], whole["first_node"])
+    assert torch.equal(pieces["touched"], whole["touched"]) and pieces["n_evaluated"] == whole["n_evaluated"]

@@ -61,9 +61,10 @@ def axis_views(distances, focal: float = 8.0, width: int = 8) -> PosedImages:
                        background=torch.ones(3))
 
 
-def test_surface_footprint_is_where_the_closest_view_meets_the_hull():
+def test_surface_footprint_is_a_quantile_of_where_the_views_meet_the_hull():
     """A cube hull seen face on: every ray that meets it meets the front face, at the view's distance less the
-    face's (voxel-aligned) offset; the closest view decides; a quantile picks among a view's hits."""
+    face's (voxel-aligned) offset; the nearest hit is the closest view's; a quantile picks among the hits of all
+    views pooled, so one close view among many farther ones does not set the footprint alone."""
     from tinn.scenes.acceleration.occupancy import OccupancyGrid
     from tinn.scenes.acceleration.octree_budget import surface_footprint
     from tinn.render import pixel_radius
@@ -86,6 +87,15 @@ def test_surface_footprint_is_where_the_closest_view_meets_the_hull():
     rim = (4.0 + face) * math.sqrt(1 + 2 * (-face / (4.0 + face)) ** 2) * pixel_radius(v.focal)
     assert far == pytest.approx(rim, rel=0.08)
     assert far < closest_footprint(v)     # the box rule's farthest in-box point lies behind the surface
+    # One view at 2.5 among eight at 4: the close view sees the face about three times as large, so about a
+    # quarter of the hits are its own. Its rim bounds them; the pooled median lies among the far views' hits, the
+    # tenth part among the close view's.
+    pooled = axis_views((2.5,) + (4.0,) * 8)
+    close_rim = (2.5 + face) * math.sqrt(1 + 2 * (-face / (2.5 + face)) ** 2) * pixel_radius(pooled.focal)
+    assert surface_footprint(pooled, hull, quantile=0.1) < close_rim
+    assert (4.0 + face) * pixel_radius(pooled.focal) < surface_footprint(pooled, hull, quantile=0.5) < rim * 1.01
+    assert surface_footprint(pooled, hull, quantile=0.0) == pytest.approx((2.5 + face) * pixel_radius(pooled.focal),
+                                                                          rel=3e-3)
     with pytest.raises(InputError, match="quantile"):
         surface_footprint(v, hull, quantile=2.0)
     with pytest.raises(InputError, match="hull must be an OccupancyGrid"):

@@ -34,7 +34,7 @@ import time
 import torch
 
 import tinn
-from tinn.tasks.image import psnr, psnr_from_mse, save_png
+from tinn.tasks.image import psnr_from_mse, save_png
 from benchmarks.loading import load_file
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -58,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--octree-steps", type=int, default=None,
                    help="train every octree for this many steps instead of the teacher's time (a shared machine's "
                         "load makes equal times unequal work)")
+    p.add_argument("--octree-seconds", type=float, default=None,
+                   help="train no teacher or KiloNeRF: each octree trains this many seconds (x --time-factor) within "
+                        "the teacher's parameter budget for this capture (or --node-budget); for what deeper trees buy "
+                        "at a capture too large to train the baselines on as well")
     p.add_argument("--reuse-baselines", default=None,
                    help="an earlier run's JSON: take the teacher and KiloNeRF results (and the teacher's parameter "
                         "budget and time) from it instead of training them again")
@@ -246,7 +250,12 @@ def run_mesh(args, name: str, path: str) -> dict:
     train, test = demo.load_data(run_args)
     print(f"[{name}] {len(train)} views at {train.width}x{train.height} ({time.perf_counter() - t0:.1f} s)")
     reused = _reused_baselines(args, name, train)
-    if reused is None:
+    if args.octree_seconds is not None:
+        teacher = {"psnr": None, "seconds": args.octree_seconds, "params": single_grid_budget(args, train),
+                   "param_bytes": None, "frame_ms": None}
+        kilonerf = None
+        print(f"[{name}] no baselines: each octree trains {args.octree_seconds:g} s x its time factor")
+    elif reused is None:
         pipe = demo.KiloNeRFPipeline(run_args, train, test)
         while pipe.phase != "done":
             print(f"[{name}] {pipe.run_phase()} done")
@@ -274,6 +283,9 @@ def _reused_baselines(args, name: str, train):
     resolution and views), or None when not asked for."""
     if not args.reuse_baselines:
         return None
+    if args.octree_seconds is not None:
+        raise SystemExit("--reuse-baselines and --octree-seconds exclude each other: the first takes the teacher's "
+                         "time and budget from an earlier run, the second trains without one")
     with open(args.reuse_baselines) as f:
         earlier = json.load(f)["results"]
     if name not in earlier:
@@ -320,7 +332,7 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     evaluated at full resolution and along the level-of-detail curve."""
     from tinn.scenes.training.lod_eval import format_curve, lod_curve, mesh_truth
     from tinn.scenes.data.mesh import read_mesh
-    from tinn.scenes.training.octree_training import evaluate
+    from tinn.scenes.training.octree_training import evaluate, views_by_distance
     from tinn.render import seconds_per_frame
 
     field = octree_for(args, train, int(teacher_params * args.budget_factor))
@@ -336,12 +348,8 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
     occupancy_s = time.perf_counter() - t1
     render = {"segments": args.octree_segments, "early_stop": args.early_stop}
     near = evaluate(field, test, args.samples, **render)
-    renders, truths = near["renders"], test.images.to(near["renders"].device)
-    by_distance = {}
-    distances = test.c2w[:, :3, 3].norm(dim=1).round(decimals=2).tolist()
-    groups = {f"{d:g}": [v for v, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
-    if len(groups) > 1:  # a capture with close-ups: each sphere's held-out views on their own (renders above)
-        by_distance = {d: psnr(renders[v], truths[v]) for d, v in groups.items()}
+    groups, by_distance = views_by_distance(test), near["psnr_by_distance"]
+    if by_distance:  # a capture with close-ups: each sphere's held-out views on their own
         print(f"[{name}] held-out PSNR by camera distance: " +
               ", ".join(f"{d}: {p:.2f} dB" for d, p in by_distance.items()))
     if args.occupancy_ab:
@@ -352,9 +360,9 @@ def run_octree(args, name, path, train, test, teacher_params: int, teacher_s: fl
             field.occupancy = kept
         print(f"[{name}] the same without occupancy grids: " + ", ".join(f"{d}: {p:.2f} dB" for d, p in plain.items()))
     if args.lod_images:
-        closest = min(range(len(distances)), key=lambda v: distances[v])
-        save_with_error(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_"), renders[closest],
-                        truths[closest])
+        closest = next(iter(groups.values()))[0]   # the first view of the nearest sphere
+        save_with_error(os.path.join(args.out, f"closest_{name}_{_variant_slug(args)}_"), near["renders"][closest],
+                        test.images[closest].to(near["renders"].device))
     frame_s = seconds_per_frame(lambda: field.render_image(test.c2w[0], test.width, test.height, test.focal,
                                                            args.samples, background=test.background.float(),
                                                            **render), 5 if tinn.runtime.arch() == "cuda" else 1)
@@ -462,15 +470,17 @@ def print_table(results: dict) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         t, k = r["teacher"], r["kilonerf"]
+        baselines = ("- | -" if k is None else f"{t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
+                     f"| {k['psnr']:.2f} ({k['seconds']:.1f})")
         for o in r["octree"]:
             curve = "; ".join(f"x{c['factor']:g} L{c['level']} {c['supersample'] ** 2}r {c['psnr']:.2f} "
                               f"{100 * c['fraction_touched']:.0f}%" for c in o["lod_curve"])
-            print(f"| {name} | {r['res']} | {t['psnr']:.2f} ({t['seconds']:.1f}, {t['param_bytes'] / 2**20:.1f}) "
-                  f"| {k['psnr']:.2f} ({k['seconds']:.1f}) "
+            gap = "-" if k is None else f"{o['psnr'] - t['psnr']:+.2f}"
+            print(f"| {name} | {r['res']} | {baselines} "
                   f"| {o['nodes']}, {o['label']} "
                   f"| {o['psnr']:.2f} ({o['seconds']:.1f}, {o['steps']}, {o['param_bytes'] / 2**20:.1f}, "
                   f"{o['frame_ms']:.1f}) "
-                  f"| {o['psnr'] - t['psnr']:+.2f} | {curve} |")
+                  f"| {gap} | {curve} |")
 
 
 def main(argv=None) -> dict:

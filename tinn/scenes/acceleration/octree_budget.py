@@ -53,16 +53,18 @@ def closest_footprint(images) -> float:
 
 
 @torch.no_grad()
-def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 32, steps: int = 512) -> float:
-    """Footprint radius (scene units) where the closest view sees the surface: for a capture whose views stand
+def surface_footprint(images, hull, quantile: float = 0.25, rays_per_side: int = 32, steps: int = 512) -> float:
+    """Footprint radius (scene units) where the capture's views see the surface: for a capture whose views stand
     at several distances (close-ups), where `closest_footprint`'s farthest in-box point would stand for the
     surface a close-up actually sees.
 
     Each view casts `rays_per_side`^2 rays across its frame (the same field of view), marched in `steps` even
-    steps through the box to their first voxel of `hull` (an OccupancyGrid, the training views' visual hull);
-    the view's distance is the `quantile` of its hit distances (0.5: half its surface samples lie nearer). The
-    minimum over views, times the pixel cone's radius: the footprint of the view that asks for the finest
-    detail. Raises if no ray meets the hull."""
+    steps through the box to their first voxel of `hull` (an OccupancyGrid, the training views' visual hull).
+    The hits of all views are pooled, and their `quantile` of distance (0.25: a quarter of the capture's surface
+    hits lie nearer), times the pixel cone's radius, is the footprint: the deepest nodes are then drawn and fit
+    by that share of the surface samples. A single view's hits would let one view that happens to see a part close
+    to it set the rule for all, and the typical close-up would draw its surface from levels above the deepest
+    nodes, which none of its samples would reach. Raises if no ray meets the hull."""
     from ...render.rays import camera_rays, ray_box
 
     from .occupancy import OccupancyGrid
@@ -80,7 +82,7 @@ def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 
     dev = hull.occupied.device
     focal = images.focal * rays_per_side / images.width
     frac = (torch.arange(steps, device=dev, dtype=torch.float32) + 0.5) / steps
-    nearest = math.inf
+    hits = []
     for c2w in images.c2w.to(dev).float():
         origins, dirs = camera_rays(c2w, rays_per_side, rays_per_side, focal)
         t0, t1 = ray_box(origins, dirs, hull.box_min, hull.box_max)
@@ -89,11 +91,10 @@ def surface_footprint(images, hull, quantile: float = 0.5, rays_per_side: int = 
         hit = inside.any(dim=1) & (t1 > t0)
         if hit.any():
             first = inside[hit].float().argmax(dim=1)
-            depths = t[hit].gather(1, first[:, None])[:, 0]
-            nearest = min(nearest, float(torch.quantile(depths, float(quantile))))
-    if not math.isfinite(nearest):
+            hits.append(t[hit].gather(1, first[:, None])[:, 0])
+    if not hits:
         raise InputError("no view's rays meet the hull: it is empty or outside every view")
-    return nearest * pixel_radius(images.focal)
+    return float(torch.quantile(torch.cat(hits), float(quantile))) * pixel_radius(images.focal)
 
 
 def leaf_resolution(tree, footprint: float) -> float:

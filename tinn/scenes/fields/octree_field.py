@@ -34,6 +34,10 @@ DEFAULT_ENCODING = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 
                     "base_resolution": 2, "per_level_scale": 2.0}
 DEFAULT_NETWORK = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
                    "n_neurons": 32, "n_hidden_layers": 1}
+# Samples per call of the node array: one run of a frame can hold tens of millions of samples (800 px, 256 samples
+# a ray), and the array's per-sample buffers (features, activations: up to 128 values a sample) must stay within
+# one kernel's 32-bit index (`tinn.chunks.check_batch`).
+QUERY_PIECE = 1 << 23
 DENSITY_BIAS = -1.0  # exp(raw - 1): starts nearly transparent so early gradients reach every sample
 
 
@@ -122,6 +126,11 @@ class OctreeField(torch.nn.Module):
         return self.query_in_nodes(self.octree.local_coords(points, node_ids).clamp(0.0, 1.0), node_ids)
 
     def _query_local(self, local: torch.Tensor, node_ids: torch.Tensor):
+        n = local.shape[0]
+        if n > QUERY_PIECE:
+            pieces = [self._query_local(local[a:a + QUERY_PIECE], node_ids[a:a + QUERY_PIECE])
+                      for a in range(0, n, QUERY_PIECE)]
+            return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
         raw = self.model(local.contiguous(), node_ids)
         return density_activation(raw[:, 0] + DENSITY_BIAS), torch.sigmoid(raw[:, 1:4])
 

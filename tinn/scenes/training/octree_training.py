@@ -55,25 +55,31 @@ def image_pyramid(images, n_levels: int) -> list:
 
 
 class PyramidRays:
-    """Every ray of every pyramid level (origins, directions, target colours, pixel radius), on the device."""
+    """Every ray of every pyramid level (target colours and coverage on the device; origins, directions and pixel
+    radius computed from each drawn ray's camera and pixel, so a capture costs its pixels' colours and no more: a
+    ray stored whole would take 44 bytes a pixel, too many for a capture that feeds a thousand deep nodes)."""
 
     def __init__(self, images, n_levels: int, finest_share: float | None = None):
         if finest_share is not None and not (isinstance(finest_share, (int, float)) and 0.0 < finest_share <= 1.0):
             raise ConfigError(f"finest_share={finest_share!r} must be a number in (0, 1] (or None: 2^-k shares)")
         self.finest_share = finest_share
-        self.levels = image_pyramid(images, n_levels)
         dev = runtime.device()
-        parts = [level.to(dev).rays() for level in self.levels]
-        self.origins = torch.cat([p[0] for p in parts]).float().contiguous()
-        self.directions = torch.cat([p[1] for p in parts]).float().contiguous()
-        self.colors = torch.cat([p[2] for p in parts]).float().contiguous()
-        counts = [p[0].shape[0] for p in parts]
+        self.levels = [level.to(dev) for level in image_pyramid(images, n_levels)]
+        self.colors = torch.cat([level.images.reshape(-1, 3) for level in self.levels]).float().contiguous()
+        alphas = [level.alphas() for level in self.levels]
+        self.alpha = torch.cat(alphas).float().contiguous() if all(a is not None for a in alphas) else None
+        counts = [len(level) * level.height * level.width for level in self.levels]
         self.counts = torch.tensor(counts, device=dev)
         self.offsets = torch.tensor([0] + counts[:-1], device=dev).cumsum(0)
-        self.radius = torch.cat([torch.full((c,), pixel_radius(level.focal), device=dev)
-                                 for c, level in zip(counts, self.levels)])
-        alphas = [level.to(dev).alphas() for level in self.levels]
-        self.alpha = torch.cat(alphas).float().contiguous() if all(a is not None for a in alphas) else None
+        # Per level: its cameras' place in one table of every level's cameras, its image size and focal length.
+        self._cameras = torch.cat([level.c2w[:, :3, :4] for level in self.levels]).float().contiguous()
+        self._first_camera = torch.tensor([0] + [len(level) for level in self.levels[:-1]], device=dev).cumsum(0)
+        self._width = torch.tensor([level.width for level in self.levels], device=dev)
+        self._pixels = torch.tensor([level.width * level.height for level in self.levels], device=dev)
+        self._size = torch.tensor([[level.width, level.height] for level in self.levels], device=dev,
+                                  dtype=torch.float32)
+        self._focal = torch.tensor([float(level.focal) for level in self.levels], device=dev)
+        self._radius = torch.tensor([pixel_radius(level.focal) for level in self.levels], device=dev)
         # ((batch size, rays drawn), level of every slot), rebuilt when either changes
         self._level_of_slot = (None, None)
 
@@ -117,9 +123,27 @@ class PyramidRays:
             self._level_of_slot = ((n_rays, u.shape[0]), level.repeat(u.shape[0] // n_rays))
         level = self._level_of_slot[1]
         count = self.counts[level]
-        idx = self.offsets[level] + torch.minimum((u * count).long(), count - 1)
+        local = torch.minimum((u * count).long(), count - 1)
+        idx = self.offsets[level] + local
         alpha = None if self.alpha is None else self.alpha[idx]
-        return self.origins[idx], self.directions[idx], self.colors[idx], self.radius[idx], alpha
+        origins, directions = self._rays(level, local)
+        return origins, directions, self.colors[idx], self._radius[level], alpha
+
+    def _rays(self, level: torch.Tensor, local: torch.Tensor):
+        """Origins and unit directions of the rays `local` (view-major, then row-major, as
+        `tinn.render.camera_rays` orders a level's rays) of the pyramid levels `level`."""
+        pixels, width = self._pixels[level], self._width[level]
+        view = local // pixels
+        pixel = local - view * pixels
+        row = pixel // width
+        column = pixel - row * width
+        size, focal = self._size[level], self._focal[level]
+        cam = torch.stack([(column.float() + 0.5 - 0.5 * size[:, 0]) / focal,
+                           -(row.float() + 0.5 - 0.5 * size[:, 1]) / focal, torch.full_like(focal, -1.0)], dim=1)
+        camera = self._cameras[self._first_camera[level] + view]           # (n, 3, 4)
+        directions = torch.bmm(camera[:, :, :3], cam[:, :, None])[:, :, 0]
+        directions = directions / directions.norm(dim=1, keepdim=True)
+        return camera[:, :, 3].contiguous(), directions
 
 
 class OctreeTrainer(SceneTrainer):
@@ -243,9 +267,22 @@ def evaluate(field: OctreeField, images, n_samples: int, views=None, **render) -
     pred = torch.stack(renders)
     ref = images.images[views].to(dev)
     mean_s = sum(seconds) / len(seconds)
-    return {"psnr": psnr(pred, ref), "renders": pred, "reports": reports, "render_seconds": mean_s,
+    groups = views_by_distance(images, views)
+    by_distance = {d: psnr(pred[rows], ref[rows]) for d, rows in groups.items()} if len(groups) > 1 else {}
+    return {"psnr": psnr(pred, ref), "psnr_by_distance": by_distance, "renders": pred, "reports": reports,
+            "render_seconds": mean_s,
             "fps": 1.0 / mean_s if mean_s > 0 else float("inf"),
             "fraction_touched": sum(r["fraction_touched"] for r in reports) / len(reports)}
+
+
+def views_by_distance(images, views=None) -> dict:
+    """{distance: positions in `views` (all by default)} of the views grouped by their camera's distance from the
+    scene box's centre, rounded to 0.01, nearest first: a capture with close-ups (cameras on several spheres) is
+    judged sphere by sphere, as one PSNR pooled over all of them hides what the closest views ask."""
+    views = list(range(len(images))) if views is None else list(views)
+    centre = (images.box_min + images.box_max).float().to(images.c2w.device) / 2
+    distances = (images.c2w[views, :3, 3].float() - centre).norm(dim=1).round(decimals=2).tolist()
+    return {f"{d:g}": [k for k, x in enumerate(distances) if x == d] for d in sorted(set(distances))}
 
 
 @torch.no_grad()
