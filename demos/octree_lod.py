@@ -3,6 +3,7 @@
     python demos/octree_lod.py                       # procedural scene, full size on a GPU (a few minutes)
     python demos/octree_lod.py --small               # CPU-sized run (the default without a GPU)
     python demos/octree_lod.py --data path/to/nerf_synthetic/lego --res 100
+    python demos/octree_lod.py --scale               # a mesh's close-up capture in ~700 nodes (glmark2's bunny)
     python demos/octree_lod.py --small --gui --headless   # the training viewer, frames in --out
     python demos/octree_lod.py --viewer web               # the viewer as a page: http://127.0.0.1:8080
     torchrun --nproc_per_node 2 demos/octree_lod.py --shard [--small]   # nodes sharded over 2 GPUs (gloo on CPUs)
