@@ -488,3 +488,29 @@ def test_budgeted_octree_chains_the_capture_depth_the_hull_and_the_budget():
                        Octree.build(points, images.box_min, images.box_max, 2, 4).children)
     with pytest.raises(ConfigError, match="oversample"):
         budgeted_octree(images, budget, NETWORK, oversample=0.0)
+
+
+def test_evaluate_reports_psnr_per_sphere_only_for_views_on_a_few_spheres():
+    """Held-out PSNR per camera distance for views on spheres (each distance's views pooled, equal to `psnr` over
+    them); none for views on one sphere, nor for views that each stand at their own distance."""
+    from tinn.scenes.acceleration.octree import Octree
+    from tinn.scenes.fields.octree_field import OctreeField
+    from tinn.scenes.training.octree_training import evaluate, views_by_distance
+    from tinn.tasks.image import psnr
+
+    dev = tinn.runtime.device()
+    tree = Octree.build(torch.zeros(1, 3, device=dev), torch.full((3,), -1.5, device=dev),
+                        torch.full((3,), 1.5, device=dev), max_depth=0, min_points=1)
+    field = OctreeField(tree, {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 8,
+                               "base_resolution": 2, "per_level_scale": 2.0},
+                        {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None",
+                         "n_neurons": 16, "n_hidden_layers": 1})
+    rings = axis_views((2.5, 4.0, 2.5, 4.0))
+    rings.images[:] = torch.rand(rings.images.shape, generator=torch.Generator().manual_seed(0))
+    assert views_by_distance(rings) == {"2.5": [0, 2], "4": [1, 3]}
+    result = evaluate(field, rings, 8, occupancy=None)
+    truth = rings.images.to(result["renders"].device)
+    assert result["psnr_by_distance"] == {d: pytest.approx(psnr(result["renders"][v], truth[v]))
+                                          for d, v in (("2.5", [0, 2]), ("4", [1, 3]))}
+    assert evaluate(field, axis_views((4.0, 4.0)), 8, occupancy=None)["psnr_by_distance"] == {}
+    assert evaluate(field, axis_views((2.5, 3.0, 3.5, 4.0)), 8, occupancy=None)["psnr_by_distance"] == {}

@@ -247,7 +247,8 @@ class OctreeTrainer(SceneTrainer):
 
 @torch.no_grad()
 def evaluate(field: OctreeField, images, n_samples: int, views=None, **render) -> dict:
-    """Render views of `images` (all by default); PSNR over them, per-frame touched-node reports and timing.
+    """Render views of `images` (all by default); PSNR over them (and per camera distance where the views stand on
+    a few spheres, `views_by_distance`), per-frame touched-node reports and timing.
     `render`: options of `OctreeField.render_image` (occupancy, early_stop, segments)."""
     if len(images) == 0:
         raise InputError("evaluate needs at least one view")
@@ -268,7 +269,10 @@ def evaluate(field: OctreeField, images, n_samples: int, views=None, **render) -
     ref = images.images[views].to(dev)
     mean_s = sum(seconds) / len(seconds)
     groups = views_by_distance(images, views)
-    by_distance = {d: psnr(pred[rows], ref[rows]) for d, rows in groups.items()} if len(groups) > 1 else {}
+    # Views on a few spheres (a capture with close-ups); a capture whose views each stand at their own distance
+    # has no spheres to report.
+    rings = 1 < len(groups) <= len(views) // 2
+    by_distance = {d: psnr(pred[rows], ref[rows]) for d, rows in groups.items()} if rings else {}
     return {"psnr": psnr(pred, ref), "psnr_by_distance": by_distance, "renders": pred, "reports": reports,
             "render_seconds": mean_s,
             "fps": 1.0 / mean_s if mean_s > 0 else float("inf"),
