@@ -511,7 +511,7 @@ def test_the_scale_preset_trains_a_close_up_capture_with_a_budget_per_node(tmp_p
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "demos"))
     import octree_lod
 
-    s = octree_lod.run(["--small", "--scale", "--test-views", "4", "--lod-factors", "1", "--out", str(tmp_path)])
+    s = octree_lod.run(["--small", "--scale", "--test-views", "6", "--lod-factors", "1", "--out", str(tmp_path)])
     budget = octree_lod.SCALE_SMALL["node_budget"]
     assert len(s["nodes_per_level"]) == 3 and s["nodes"] == sum(s["nodes_per_level"]) > 9
     assert budget // 2 < s["params_per_node"] <= budget and s["params_total"] == s["nodes"] * s["params_per_node"]
