@@ -110,6 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--leaf-resolution", default=None,
                    help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
                         "nodes' cells as wide as the closest view's footprint; default)")
+    p.add_argument("--shared-decoder", action="store_true",
+                   help="one MLP for every node, each node keeping its own grid: every sample trains the decoder")
     p.add_argument("--blend-margin", type=float, default=0.0,
                    help="band inside each node face (in node edges) where samples blend with the node across it, so "
                         "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
@@ -260,7 +262,7 @@ def build_field(args, train, points):
         # One pyramid level per octree level: coarser images would only train the root again.
         args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                            blend_margin=args.blend_margin, hull=hull)
+                            blend_margin=args.blend_margin, hull=hull, shared_decoder=args.shared_decoder)
         return _sharded(args, field, tree, encoding, network)
     tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
@@ -269,7 +271,7 @@ def build_field(args, train, points):
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                        blend_margin=args.blend_margin, hull=hull)
+                        blend_margin=args.blend_margin, hull=hull, shared_decoder=args.shared_decoder)
     return _sharded(args, field, tree, encoding, network)
 
 
@@ -326,7 +328,8 @@ def _sharded(args, field, tree, encoding, network):
         from tinn.models import NetworkWithInputEncoding
 
         field.model = td.ShardedPart(lambda n: NetworkWithInputEncoding(3, 4, encoding, network, n_networks=n,
-                                                                        seed=args.seed + 1, group_by_network=False),
+                                                                        seed=args.seed + 1, group_by_network=False,
+                                                                        share_network=args.shared_decoder),
                                      tree.n_nodes,
                                      config={"encoding": encoding, "network": network})
     return field

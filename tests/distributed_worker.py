@@ -25,11 +25,16 @@ NETWORK = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1, "activa
 BATCH = 40
 
 
-def factory(share_encoding=False, network=NETWORK, group_by_network=None):
+def factory(share_encoding=False, network=NETWORK, group_by_network=None, share_network=False):
     from tinn.models import NetworkWithInputEncoding
 
     return lambda n: NetworkWithInputEncoding(2, 3, ENCODING, network, n_networks=n, seed=11,
-                                              share_encoding=share_encoding, group_by_network=group_by_network)
+                                              share_encoding=share_encoding, group_by_network=group_by_network,
+                                              share_network=share_network)
+
+
+# scenario_equal's models: a grid and a network per id, one grid shared by all, one network shared by all.
+EQUAL_MODES = {"sharded": {}, "shared": {"share_encoding": True}, "shared_network": {"share_network": True}}
 
 
 def batch(rank: int, step: int, size: int = BATCH, skew: bool = False):
@@ -58,9 +63,8 @@ def scenario_equal(rank, out):
     from tinn.trainer import Trainer
 
     res = {}
-    for shared in (False, True):
-        model = td.ShardedPart(factory(shared), N_NETWORKS, config={"shared": shared})
-        tag = "shared" if shared else "sharded"
+    for tag, sharing in EQUAL_MODES.items():
+        model = td.ShardedPart(factory(**sharing), N_NETWORKS, config={"shared": tag})
         res[f"{tag}/init"] = {n: p.detach().clone() for n, p in model.named_parameters()}
         res[f"{tag}/grouped"] = model.local.groups_by_network()  # (tuning.group_by_network, from TINN_SETTINGS)
         x, ids, _, w = batch(rank, 0)

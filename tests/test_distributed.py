@@ -86,17 +86,23 @@ def equal_run(request, tmp_path_factory):
     grouped = request.param
     results = run_ranks("equal", tmp_path_factory.mktemp("equal"),
                         settings=f"group_by_network={'true' if grouped else 'false'}")
-    assert all(r[f"{tag}/grouped"] == grouped for r in results for tag in ("sharded", "shared"))
+    assert all(r[f"{tag}/grouped"] == grouped for r in results for tag in W.EQUAL_MODES)
     return results
 
 
-def _full(shared: bool):
-    return W.factory(shared)(W.N_NETWORKS)
+def _full(shared):
+    """The unsharded model of `shared` (False, True or a tag of `W.EQUAL_MODES`)."""
+    return W.factory(**W.EQUAL_MODES[_tag(shared)])(W.N_NETWORKS)
 
 
-def _rows(name: str, full: torch.Tensor, owned, shared: bool):
-    """The rows of a full table a rank holds (all of a replicated one)."""
-    return full if (shared and name.startswith("encoding")) else full[owned]
+def _tag(shared) -> str:
+    return shared if isinstance(shared, str) else "shared" if shared else "sharded"
+
+
+def _rows(name: str, full: torch.Tensor, owned, shared):
+    """The rows of a full table a rank holds (all of a replicated one: a shared encoding's or network's)."""
+    part = {"shared": "encoding", "shared_network": "network"}.get(_tag(shared))
+    return full if (part and name.startswith(part)) else full[owned]
 
 
 def _reference_autograd(model, batches, scale_loss):
@@ -111,9 +117,9 @@ def _reference_autograd(model, batches, scale_loss):
 
 
 @cpu_reference
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("shared", [False, True, "shared_network"])
 def test_forward_gradients_and_steps_equal_unsharded(equal_run, shared):
-    tag = "shared" if shared else "sharded"
+    tag = _tag(shared)
     full = _full(shared)
     owned = [r["owned"] for r in equal_run]
     assert owned == [[0, 1, 2], [3, 4, 5]]
@@ -430,11 +436,11 @@ def test_compact_tables_train_sharded_like_unsharded(tmp_path):
 
 
 @cpu_reference
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("shared", [False, True, "shared_network"])
 def test_trainer_steps_equal_unsharded(equal_run, shared):
     from tinn.trainer import Trainer
 
-    tag = "shared" if shared else "sharded"
+    tag = _tag(shared)
     full = _full(shared)
     trainer = Trainer(full, optimizer={"otype": "Adam", "learning_rate": 1e-2})
     losses = []

@@ -218,11 +218,13 @@ def test_cpu_input_to_cuda_facade_backpropagates_to_the_cpu_tensor(kind):
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-@pytest.mark.parametrize("n_networks,grouped", [(1, False), (3, False), (3, True)])
-def test_grid_model_gradients_match_float64(kernels, n_networks, grouped, tuned):
+@pytest.mark.parametrize("n_networks,grouped,shared", [(1, False, False), (3, False, False), (3, True, False),
+                                                       (3, False, True), (3, True, True)])
+def test_grid_model_gradients_match_float64(kernels, n_networks, grouped, shared, tuned):
     """A hash grid feeding the network (feature-major where the path reads it): output, input and both tables'
     gradients against the float64 grid lookup and MLP, with the batch in the caller's order and grouped by
-    network (`tuning.group_by_network`)."""
+    network (`tuning.group_by_network`), and with one network shared by every id's grid (`share_network`: its
+    gradient sums every id's samples)."""
     from test_encodings_grid import ref_grid
     from tinn.models import NetworkWithInputEncoding
     if kernels == "batched_gemm" and n_networks == 1:
@@ -231,7 +233,9 @@ def test_grid_model_gradients_match_float64(kernels, n_networks, grouped, tuned)
     grid = {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 8,
             "base_resolution": 4, "per_level_scale": 2.0}
     model = NetworkWithInputEncoding(3, 2, grid, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1,
-                                                  "activation": "Tanh"}, n_networks=n_networks, kernels=kernels)
+                                                  "activation": "Tanh"}, n_networks=n_networks, kernels=kernels,
+                                     share_network=shared)
+    assert model.network.n_networks == (1 if shared else n_networks)
     with torch.no_grad():
         model.encoding.params.normal_(0, 0.5)  # O(1) features, so the network's gradients are not all tiny
     torch.manual_seed(4)
@@ -245,7 +249,8 @@ def test_grid_model_gradients_match_float64(kernels, n_networks, grouped, tuned)
     pn = model.network.params.detach().cpu().double().requires_grad_()
     enc_ids = ids.cpu() if model.encoding.n_networks > 1 else torch.zeros_like(ids.cpu())
     h = ref_grid(model.encoding, xd, pe, enc_ids)
-    y64 = mlp_array(model.network, pn, h, ids.cpu(), "Tanh", "None")
+    net_ids = ids.cpu() if model.network.n_networks > 1 else torch.zeros_like(ids.cpu())
+    y64 = mlp_array(model.network, pn, h, net_ids, "Tanh", "None")
     y64.backward(dy.cpu().double())
     assert rel_err(x.grad.cpu(), xd.grad) < 1e-4
     assert rel_err(model.encoding.params.grad.cpu(), pe.grad) < 1e-4

@@ -71,6 +71,36 @@ def test_who_groups_by_default(tuned):
         NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, group_by_network="yes")
 
 
+def test_a_shared_network_decodes_every_ids_own_grid():
+    """`share_network=True`: one network, a grid table per id; each id's output is that network over its own grid
+    (an id's sample equals the same sample through a single model with that id's grid and the shared network).
+    Refused where it would mean one function for all, or with `share_encoding`."""
+    from tinn.models import NetworkWithInputEncoding
+
+    shared = NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, share_network=True)
+    assert shared.network.n_networks == 1 and shared.encoding.n_networks == 3
+    assert shared.n_params_per_network() == shared.encoding.n_params_per_network()
+    with torch.no_grad():
+        shared.encoding.params.normal_(0, 0.5)
+    x = torch.rand(64, 3, device=DEV, generator=torch.Generator(device=DEV).manual_seed(2))
+    ids = torch.arange(64, device=DEV, dtype=torch.int32) % 3
+    y = shared(x, ids)
+    for net in range(3):
+        single = NetworkWithInputEncoding(3, 4, GRID, NET)
+        with torch.no_grad():
+            single.encoding.params.copy_(shared.encoding.params[net].reshape(single.encoding.params.shape))
+            single.network.params.copy_(shared.network.params.reshape(single.network.params.shape))
+        rows = ids == net
+        assert torch.allclose(single(x[rows]), y[rows], atol=1e-6)
+    with pytest.raises(ConfigError, match="without tables"):
+        NetworkWithInputEncoding(3, 4, {"otype": "Frequency", "n_frequencies": 2}, NET, n_networks=3,
+                                 share_network=True)
+    with pytest.raises(ConfigError, match="at most one"):
+        NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, share_network=True, share_encoding=True)
+    with pytest.raises(ConfigError, match="share_network"):
+        NetworkWithInputEncoding(3, 4, GRID, NET, n_networks=3, share_network="yes")
+
+
 def test_an_octree_field_keeps_its_rays_order():
     from test_octree import blob_field
     assert blob_field(1).model.group_by_network is False

@@ -63,6 +63,9 @@ class NetworkWithInputEncoding(Part):
         n_networks: how many encoding + network pairs.
         seed: initialisation seed (the network uses seed + 1).
         share_encoding: one encoding for all networks instead of one each.
+        share_network: one network (the decoder) for all, each keeping its own encoding table: every sample
+            trains the one network, where a network per id learns only from its own samples (an octree's deep
+            nodes, each seen by few rays). Needs an encoding with tables.
         kernels: force the network's path ("fused", "unfused", ...; see `NetworkArray`).
         tcnn_padding: pad the network's input as tcnn does (see `tcnn_input_padding`), so the same
             parameters give tcnn's function.
@@ -84,11 +87,16 @@ class NetworkWithInputEncoding(Part):
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config: dict | None,
                  network_config: dict | None, n_networks: int = 1, seed: int = 1337, share_encoding: bool = False,
                  kernels: str | None = None, tcnn_padding: bool = False, precision: str | None = None,
-                 group_by_network: bool | None = None):
+                 group_by_network: bool | None = None, share_network: bool = False):
         super().__init__(n_input_dims, n_output_dims, n_networks)
         if group_by_network not in (None, True, False):
             raise ConfigError(f"group_by_network={group_by_network!r}; allowed: None (tuning.group_by_network), "
                               "True or False")
+        if share_network not in (True, False):
+            raise ConfigError(f"share_network={share_network!r}; allowed: True or False")
+        if share_encoding and share_network:
+            raise ConfigError("share_encoding=True and share_network=True leave one model for every id; allowed: "
+                              "at most one of them (or n_networks=1)")
         self.group_by_network = group_by_network
         if isinstance(encoding_config, Part):  # a part built by the caller (e.g. a tinn.autodiff part)
             enc = encoding_config
@@ -100,12 +108,17 @@ class NetworkWithInputEncoding(Part):
         else:
             self.encoding = create_encoding(n_input_dims, encoding_config,
                                             n_networks=1 if share_encoding else n_networks, seed=seed)
+        if share_network and not any(t is not None for t in self.encoding.parameter_tables()):
+            raise ConfigError(f"share_network=True with an encoding without tables ({type(self.encoding).__name__}) "
+                              "makes every network the same function; allowed: an encoding with tables (a grid)")
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
-                                    n_networks=n_networks, seed=seed + 1, kernels=kernels, precision=precision,
+                                    n_networks=1 if share_network else n_networks, seed=seed + 1, kernels=kernels,
+                                    precision=precision,
                                     input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
                                     output_padding=(-n_output_dims) % TCNN_ALIGNMENT if tcnn_padding else 0)
         self.seed = seed
         self.share_encoding = bool(share_encoding)  # tinn.distributed replicates a shared encoding
+        self.share_network = bool(share_network)    # ... and a shared network
 
     def parameter_tables(self):
         return self.encoding.parameter_tables() + self.network.parameter_tables()
@@ -137,13 +150,16 @@ class NetworkWithInputEncoding(Part):
     def _encoding_ids(self, ids):
         return ids if self.encoding.n_networks > 1 else checks.zero_ids(ids.shape[0])
 
+    def _network_ids(self, ids):
+        return ids if self.network.n_networks > 1 else checks.zero_ids(ids.shape[0])
+
     def run_checked(self, x, ids):
         """With hooks on a part, the parts run as modules (each its own autograd node) so the hooks see
         their calls; otherwise the composed contract runs as one node."""
         if has_hooks(self.encoding) or has_hooks(self.network):
             with checks.disabled():  # validated by the caller
                 h = self.encoding(x, ids if self.encoding.n_networks > 1 else None)
-                return self.network(h, ids)
+                return self.network(h, ids if self.network.n_networks > 1 else None)
         return super().run_checked(x, ids)
 
     def groups_by_network(self) -> bool:
@@ -187,10 +203,10 @@ class NetworkWithInputEncoding(Part):
         if not train and x_layout == "sample_major" and self._frequencies_fuse(x):
             # Inference of Frequency -> fused MLP: the network's kernel encodes the raw inputs as it loads
             # them, so the (batch, 2 * octaves * dims) features never go through memory.
-            return self.network.inference_of_frequencies(x, ids, self.encoding.n_frequencies), None
+            return self.network.inference_of_frequencies(x, self._network_ids(ids), self.encoding.n_frequencies), None
         handover = common_layout(self.encoding, self.network)
         h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=train, y_layout=handover)
-        y, net_ctx = self.network.forward_with_context(h, ids, train=train, x_layout=handover)
+        y, net_ctx = self.network.forward_with_context(h, self._network_ids(ids), train=train, x_layout=handover)
         return y, (Context(encoding=enc_ctx, network=net_ctx) if train else None)
 
     def _frequencies_fuse(self, x) -> bool:
@@ -235,8 +251,9 @@ class NetworkWithInputEncoding(Part):
         h, enc_ctx = self.encoding.forward_with_context(x, self._encoding_ids(ids), train=True, x_layout=x_layout,
                                                         y_layout=handover)
         with hint:
-            dh, net_grads, value = self.network.gradients_from_loss(h, ids, loss, target, need_dx=need_dh,
-                                                                    need_grads=need_grads, x_layout=handover)
+            dh, net_grads, value = self.network.gradients_from_loss(h, self._network_ids(ids), loss, target,
+                                                                    need_dx=need_dh, need_grads=need_grads,
+                                                                    x_layout=handover)
         ctx = Context(encoding=enc_ctx, network=None)
         dx, grads = self._encoding_backward(ctx, dh if need_dh else None, net_grads, need_dx, train_encoding)
         return _ungrouped(dx, order), grads, value
@@ -277,7 +294,8 @@ class NetworkWithInputEncoding(Part):
         return self.encoding.memory_bytes() + self.network.memory_bytes()
 
     def n_params_per_network(self) -> int:
-        return self.network.n_params_per_network() + (
+        """Parameters each id owns: a shared part's are counted by neither."""
+        return (self.network.n_params_per_network() if not self.share_network else 0) + (
             self.encoding.n_params_per_network() if self.encoding.n_networks > 1 else 0)
 
 

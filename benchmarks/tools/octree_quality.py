@@ -91,6 +91,9 @@ def parse_args(argv=None):
                    "--samples; comma list)")
     p.add_argument("--batches-per-draw", default="default", help="steps whose batches the octree trainer draws at "
                    "once ('default': the trainer's; 1: each the step before its own; comma list)")
+    p.add_argument("--shared-decoder", default="0",
+                   help="1: one MLP for every node, each keeping its own grid (OctreeField's shared_decoder); comma "
+                        "list: one octree per value")
     p.add_argument("--blend-margin", default="0",
                    help="blend across node faces (0: off); a comma list trains one octree per value")
     p.add_argument("--neurons", dest="octree_neurons", default="32", help="each node's MLP width (comma list)")
@@ -164,7 +167,7 @@ def octree_for(args, train, budget: int):
     if not args.hull:
         hull = None
     return OctreeField(built.tree, built.encoding, network, lod_resolution=built.lod_resolution, seed=args.seed + 3,
-                       blend_margin=args.blend_margin, hull=hull)
+                       blend_margin=args.blend_margin, hull=hull, shared_decoder=bool(args.shared_decoder))
 
 
 def single_grid_budget(args, train) -> int:
@@ -299,7 +302,7 @@ def _reused_baselines(args, name: str, train):
 
 VARIANT_KEYS = ("octree_lr", "max_depth", "blend_margin", "octree_final_lr", "finest_share", "grid_base", "level_scale",
                 "octree_samples", "oversample", "octree_neurons", "octree_hidden", "fill_levels", "time_factor",
-                "budget_factor", "octree_batch", "batches_per_draw", "hull", "level_dither")
+                "budget_factor", "octree_batch", "batches_per_draw", "hull", "level_dither", "shared_decoder")
 
 
 def variants(args):

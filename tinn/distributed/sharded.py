@@ -19,8 +19,8 @@ target with its inputs and computes the loss at the owner: one exchange instead 
 Gradients follow torch's DistributedDataParallel: the gradient of a table is the mean over ranks of
 each rank's loss gradient (`gradients="mean"`; "sum" for losses that already sum over ranks). With
 equal per-rank batches and a mean loss this is the single-process gradient of the whole batch. Tables
-every rank holds a copy of (a shared encoding, `share_encoding=True`, or any name in `replicated`)
-are all-reduced; tables of owned networks need no reduction.
+every rank holds a copy of (a shared encoding or network, `share_encoding=True` / `share_network=True`, or any
+name in `replicated`) are all-reduced; tables of owned networks need no reduction.
 
 `Replicated(part)`: a whole part copied on every rank (a teacher, or a data-parallel array whose training
 state fits on one GPU) whose gradients are all-reduced in one bucket per call, in float32 or narrower; or,
@@ -77,6 +77,8 @@ def _replicated_by_default(part: Part) -> set[int]:
             out |= {id(t) for t in m.parameter_tables() if t is not None}
         elif getattr(m, "share_encoding", False) and hasattr(m, "encoding"):
             out |= {id(t) for t in m.encoding.parameter_tables() if t is not None}
+        elif getattr(m, "share_network", False) and hasattr(m, "network"):
+            out |= {id(t) for t in m.network.parameter_tables() if t is not None}
     return out
 
 

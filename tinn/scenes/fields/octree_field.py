@@ -59,12 +59,14 @@ class OctreeField(torch.nn.Module):
     node edge used by the level rule (default: the finest grid level's resolution; 1 makes node size itself
     match the footprint). hull: where the scene can be (`visual_hull(images)`, an OccupancyGrid over the octree's
     box, or None): no sample outside it is evaluated, in training or in rendering, so the field is defined inside
-    it only; an `occupancy` used for rendering skips more, never less.
+    it only; an `occupancy` used for rendering skips more, never less. shared_decoder: one MLP for every node,
+    each node keeping its own grid (`NetworkWithInputEncoding(share_network=True)`): every sample trains the
+    decoder, where a node's own MLP learns only from the rays that reach it.
     """
 
     def __init__(self, octree: Octree, encoding_config: dict | None = None, network_config: dict | None = None,
                  lod_resolution: float | None = None, seed: int = 1337, blend_margin: float = 0.0,
-                 hull: LevelOccupancy | OccupancyGrid | None = None):
+                 hull: LevelOccupancy | OccupancyGrid | None = None, shared_decoder: bool = False):
         super().__init__()
         if not isinstance(octree, Octree):
             raise InputError(f"octree must be an Octree, got {type(octree).__name__}")
@@ -81,8 +83,12 @@ class OctreeField(torch.nn.Module):
         self.blend_margin = float(blend_margin)
         # Samples arrive along their rays, in runs of one node each: grouped by node, a training step's device
         # work grew (one H100, 9 nodes: 3.72 to 4.27 ms; design notes, "Samples grouped by network").
+        if shared_decoder not in (True, False):
+            raise ConfigError(f"shared_decoder={shared_decoder!r}; allowed: True or False")
+        self.shared_decoder = bool(shared_decoder)
         self.model = NetworkWithInputEncoding(3, 4, self.encoding_config, self.network_config,
-                                              n_networks=octree.n_nodes, seed=seed, group_by_network=False)
+                                              n_networks=octree.n_nodes, seed=seed, group_by_network=False,
+                                              share_network=self.shared_decoder)
         self.occupancy: LevelOccupancy | OccupancyGrid | None = None  # skipping in render_image (build_occupancy)
         self.hull = hull
 
