@@ -874,3 +874,23 @@ def test_a_frame_with_more_samples_than_one_kernel_indexes_is_queried_in_pieces(
     pieces = field.render_image(c2w, 24, 20, 30.0, 32, segments=1)
     assert torch.equal(pieces["image"], whole["image"]) and torch.equal(pieces["first_node"], whole["first_node"])
     assert torch.equal(pieces["touched"], whole["touched"]) and pieces["n_evaluated"] == whole["n_evaluated"]
+
+
+def test_an_octree_field_with_a_shared_decoder_trains_one_mlp_for_every_node():
+    """`shared_decoder=True`: a grid per node and one MLP; the MLP's gradient gathers every node's samples, and a
+    few steps lower the loss as a field with a decoder per node does."""
+    from tinn.errors import ConfigError
+    from tinn.scenes.fields.octree_field import OctreeField
+    from tinn.scenes.training.octree_training import OctreeTrainer
+    from tinn.scenes.data.procedural import ProceduralScene, render_views
+
+    tree = blob_field(1).octree
+    field = OctreeField(tree, TINY_ENCODING, TINY_NETWORK, seed=6, shared_decoder=True)
+    assert field.model.network.params.shape[0] == 1 and field.model.encoding.params.shape[0] == tree.n_nodes
+    views = render_views(ProceduralScene(), 4, 12, 12, seed=2, n_samples=32)
+    trainer = OctreeTrainer(field, views, pyramid_levels=2, n_samples=16, batch_rays=256)
+    losses = [float(trainer.step()) for _ in range(40)]
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
+    assert field.model.network.params.grad is not None and bool(field.model.network.params.grad.abs().sum() > 0)
+    with pytest.raises(ConfigError, match="shared_decoder"):
+        OctreeField(tree, TINY_ENCODING, TINY_NETWORK, shared_decoder="yes")
