@@ -56,8 +56,8 @@ def image_pyramid(images, n_levels: int) -> list:
 
 class PyramidRays:
     """Every ray of every pyramid level (target colours and coverage on the device; origins, directions and pixel
-    radius computed from each drawn ray's camera and pixel, so a capture costs its pixels' colours and no more: a
-    ray stored whole would take 44 bytes a pixel, too many for a capture that feeds a thousand deep nodes)."""
+    radius computed from each drawn ray's camera and pixel, so a capture costs its pixels' colours and no more: the
+    ray stored beside them would take 28 more bytes a pixel, too many for a capture that feeds deep nodes)."""
 
     def __init__(self, images, n_levels: int, finest_share: float | None = None):
         if finest_share is not None and not (isinstance(finest_share, (int, float)) and 0.0 < finest_share <= 1.0):
