@@ -41,10 +41,10 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
          "grid_features": 2, "neurons": 16, "occupancy_res": 64, "final_lr_factor": 1.0, "lr": 1e-2,
          "hull_res": 32}
 # --scale: a mesh's close-up capture (rings of views at 4, 2.6 and 1.8 from its centre, 800 px; the glmark2 bunny by
-# default) and a tree as deep as it measured worth: 65,536 parameters a node, so the array grows with the tree,
-# to depth 4 (692 nodes on the bunny), each level trained by the rays whose footprint selects it and, through the
-# level dither, by views up to two levels farther. On the bunny its held-out PSNR grew with the tree from 37 to 692
-# nodes; 4,018 nodes (depth 5) scored lower in the same time (docs/guides/scenes.md, "The scale preset").
+# default) in a tree of many small nodes: 65,536 parameters a node, so the array grows with the tree, to depth 4
+# (692 nodes on the bunny), each level trained by the rays whose footprint selects it and, through the level
+# dither, by views up to two levels farther. It shows a capture at scale that trains and draws; whether its
+# quality grows with the number of nodes is measured in docs/guides/scenes.md ("The scale preset").
 SCALE = dict(FULL, views=300, test_views=6, res=800, camera_radii="4,2.6,2.6,1.8,1.8,1.8", max_depth=4, steps=5000,
              batch=65536, samples=256, pyramid_levels=4, lr=3e-2, node_budget=65536, footprint="surface",
              level_dither=2.0)
