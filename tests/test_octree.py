@@ -659,17 +659,20 @@ def test_pyramid_rays_hold_colours_only_and_rebuild_each_drawn_ray_exactly():
     and pixel, equal to `camera_rays` for that pixel (non-square, off-axis cameras, three levels)."""
     from tinn.render import pixel_radius
     from tinn.scenes.data.procedural import ProceduralScene, render_views
-    from tinn.scenes.training.octree_training import PyramidRays
+    from tinn.scenes.training.octree_training import PyramidRays, image_pyramid
 
     views = render_views(ProceduralScene(), 3, 12, 8, seed=4, n_samples=16)
     rays = PyramidRays(views, 3)
-    pixels = sum(len(level) * level.width * level.height for level in rays.levels)
+    levels = image_pyramid(views, 3)
+    pixels = sum(len(level) * level.width * level.height for level in levels)
+    # Nothing but tensors and plain values: no image kept beside the concatenated colours.
+    assert all(isinstance(v, (torch.Tensor, int, float, tuple, type(None))) for v in vars(rays).values())
     held = sum(t.numel() * t.element_size() for t in vars(rays).values() if isinstance(t, torch.Tensor))
     assert held <= 12 * pixels + 4096        # the colours (12 bytes a pixel) and small per-level tables
     u = torch.rand(3 * 97, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3))
     origins, directions, colors, radius, _ = rays.rays_at(u, 97)
     found = 0
-    for level in rays.levels:
+    for level in levels:
         lo, ld, lc = (t.to(DEV).float() for t in level.rays())
         sel = torch.nonzero(radius == pixel_radius(level.focal)).squeeze(1)
         # Each drawn ray is the ray of the pixel whose colour it carries: its index from u, as rays_at draws it.

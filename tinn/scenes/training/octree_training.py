@@ -64,28 +64,26 @@ class PyramidRays:
             raise ConfigError(f"finest_share={finest_share!r} must be a number in (0, 1] (or None: 2^-k shares)")
         self.finest_share = finest_share
         dev = runtime.device()
-        self.levels = [level.to(dev) for level in image_pyramid(images, n_levels)]
-        self.colors = torch.cat([level.images.reshape(-1, 3) for level in self.levels]).float().contiguous()
-        alphas = [level.alphas() for level in self.levels]
+        # The pyramid's images are not kept: their colours and coverage are, concatenated, and each level's
+        # cameras, size and focal length (what a drawn ray is computed from).
+        levels = [level.to(dev) for level in image_pyramid(images, n_levels)]
+        self.colors = torch.cat([level.images.reshape(-1, 3) for level in levels]).float().contiguous()
+        alphas = [level.alphas() for level in levels]
         self.alpha = torch.cat(alphas).float().contiguous() if all(a is not None for a in alphas) else None
-        counts = [len(level) * level.height * level.width for level in self.levels]
+        counts = [len(level) * level.height * level.width for level in levels]
         self.counts = torch.tensor(counts, device=dev)
         self.offsets = torch.tensor([0] + counts[:-1], device=dev).cumsum(0)
-        # Per level: its cameras' place in one table of every level's cameras, its image size and focal length.
-        self._cameras = torch.cat([level.c2w[:, :3, :4] for level in self.levels]).float().contiguous()
-        self._first_camera = torch.tensor([0] + [len(level) for level in self.levels[:-1]], device=dev).cumsum(0)
-        self._width = torch.tensor([level.width for level in self.levels], device=dev)
-        self._pixels = torch.tensor([level.width * level.height for level in self.levels], device=dev)
-        self._size = torch.tensor([[level.width, level.height] for level in self.levels], device=dev,
-                                  dtype=torch.float32)
-        self._focal = torch.tensor([float(level.focal) for level in self.levels], device=dev)
-        self._radius = torch.tensor([pixel_radius(level.focal) for level in self.levels], device=dev)
+        self._cameras = torch.cat([level.c2w[:, :3, :4] for level in levels]).float().contiguous()
+        self._first_camera = torch.tensor([0] + [len(level) for level in levels[:-1]], device=dev).cumsum(0)
+        self._size = torch.tensor([[level.width, level.height] for level in levels], device=dev)
+        self._focal = torch.tensor([float(level.focal) for level in levels], device=dev)
+        self._radius = torch.tensor([pixel_radius(level.focal) for level in levels], device=dev)
         # ((batch size, rays drawn), level of every slot), rebuilt when either changes
         self._level_of_slot = (None, None)
 
     @property
     def n_levels(self) -> int:
-        return len(self.levels)
+        return self.counts.shape[0]
 
     def level_counts(self, n_rays: int) -> list[int]:
         """Rays per pyramid level in a batch of n_rays: the full resolution `finest_share` of them (None: a
@@ -132,14 +130,15 @@ class PyramidRays:
     def _rays(self, level: torch.Tensor, local: torch.Tensor):
         """Origins and unit directions of the rays `local` (view-major, then row-major, as
         `tinn.render.camera_rays` orders a level's rays) of the pyramid levels `level`."""
-        pixels, width = self._pixels[level], self._width[level]
+        size, focal = self._size[level], self._focal[level]
+        width, pixels = size[:, 0], size[:, 0] * size[:, 1]
         view = local // pixels
         pixel = local - view * pixels
         row = pixel // width
         column = pixel - row * width
-        size, focal = self._size[level], self._focal[level]
-        cam = torch.stack([(column.float() + 0.5 - 0.5 * size[:, 0]) / focal,
-                           -(row.float() + 0.5 - 0.5 * size[:, 1]) / focal, torch.full_like(focal, -1.0)], dim=1)
+        centre = 0.5 * size.float()
+        cam = torch.stack([(column.float() + 0.5 - centre[:, 0]) / focal,
+                           -(row.float() + 0.5 - centre[:, 1]) / focal, torch.full_like(focal, -1.0)], dim=1)
         camera = self._cameras[self._first_camera[level] + view]           # (n, 3, 4)
         directions = torch.bmm(camera[:, :, :3], cam[:, :, None])[:, :, 0]
         directions = directions / directions.norm(dim=1, keepdim=True)
