@@ -22,15 +22,15 @@ The scale alone does not cover a mean loss over a large batch: one sample's outp
 2 |error| / N, and less where the loss reaches the network through small factors (a radiance field's density in
 empty space, nearly fitted: 1e-11 to 1e-10 per element at N = 2^18). Times 128 those lie below float16's smallest
 subnormal (6e-8) and round to zero, and so do the input and weight gradients they carry: the parameters only they
-reach never move (design notes, "Small output gradients lifted before the float16 cast"). So a float16 backward
-of a given output gradient (the tensor cores', a single network's dense GEMMs') first lifts it by the power of
-two that brings its largest magnitude to [1, 2) when that is smaller (`lift_small`), and divides the lift out of
-its results: exact in float32, and the scale then works on gradients of a unit size, as it was chosen for. The kernels that take a mean loss's gradient
-themselves (the loss fused into the backward) cannot see its size before they compute it; with the dynamic
-scaler they multiply the scale by the largest power of two within the mean's element count (`mean_lift`), which
-gives each element the gradient a summed loss would, and divide it out with the scale. (A summed size can
-overflow where the mean's did not; the dynamic scaler skips such a step and backs off, the static scale could not,
-so it keeps tcnn's 128 on the mean.)
+reach never move (design notes, "Small output gradients lifted before the float16 cast"). So a float16 backward of
+a given output gradient (the tensor cores', a single network's dense GEMMs') first lifts it by the power of two
+that brings its largest magnitude to [1, 2) when that is smaller (`lift_small`), and divides the lift out of its
+results: exact in float32, and the scale then works on gradients of a unit size, as it was chosen for. The kernels
+that take a mean loss's gradient themselves (the loss fused into the backward) cannot see its size before they
+compute it; with the dynamic scaler they multiply the scale by the largest power of two within the mean's element
+count (`mean_lift`), which gives each element the gradient a summed loss would, and divide it out with the scale.
+(A summed size can overflow where the mean's did not; the dynamic scaler skips such a step and backs off, the
+static scale could not, so it keeps tcnn's 128 on the mean.)
 
 Defaults: growth x2 after 2000 finite steps and backoff x0.5 are torch's GradScaler's. The initial scale is
 tcnn's 128, not GradScaler's 2^16: on gradients of a unit size 128 leaves float16's deltas 512x of headroom to
