@@ -43,14 +43,16 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # --scale: a mesh's close-up capture (rings of views at 4, 2.6 and 1.8 from its centre, 800 px; the glmark2 bunny by
 # default) in a tree of many small nodes: 65,536 parameters a node, so the array grows with the tree, to depth 4
 # (692 nodes on the bunny), each level trained by the rays whose footprint selects it and, through the level
-# dither, by views up to two levels farther. It shows a capture at scale that trains and draws; whether its
-# quality grows with the number of nodes is measured in docs/guides/scenes.md ("The scale preset").
+# dither, by views up to two levels farther. One decoder serves every node: a deep node's own MLP would learn only
+# from the few close-ups that reach it, and with one the quality grows with the number of nodes where with an MLP
+# per node it fell (docs/guides/scenes.md, "The scale preset").
 SCALE = dict(FULL, views=300, test_views=6, res=800, camera_radii="4,2.6,2.6,1.8,1.8,1.8", max_depth=4, steps=5000,
              batch=65536, samples=256, pyramid_levels=4, lr=3e-2, node_budget=65536, footprint="surface",
-             level_dither=2.0)
+             level_dither=2.0, decoder="shared")
 # --small --scale: the same structure at CPU size (tests).
 SCALE_SMALL = dict(SMALL, views=24, test_views=2, res=32, camera_radii="4,2.6,1.8", max_depth=2, node_budget=16384,
-                   footprint="surface", level_dither=2.0, min_leaf_resolution=0)
+                   footprint="surface", level_dither=2.0, min_leaf_resolution=0,
+                   decoder="shared")
 SCALE_MESH = "/usr/share/glmark2/models/bunny.obj"  # Debian's glmark2-data
 # The initial rate of a capture's octree at full size (its grids budgeted to the single-grid teacher's parameters,
 # the rate decaying to 0.1x): 0.01 / 0.02 / 0.03 / 0.05 on the bunny, the duck and the Wuson mesh at 800 pixels,
@@ -110,8 +112,9 @@ def parse_args(argv=None):
     p.add_argument("--leaf-resolution", default=None,
                    help="with --param-budget: the level rule's cells per node edge, a number or 'auto' (the deepest "
                         "nodes' cells as wide as the closest view's footprint; default)")
-    p.add_argument("--shared-decoder", action="store_true",
-                   help="one MLP for every node, each node keeping its own grid: every sample trains the decoder")
+    p.add_argument("--decoder", choices=("shared", "per-node"), default=None,
+                   help="shared: one MLP for every node, each node keeping its own grid, so every sample trains the "
+                        "decoder (--scale's default); per-node: an MLP in every node (the default otherwise)")
     p.add_argument("--blend-margin", type=float, default=0.0,
                    help="band inside each node face (in node edges) where samples blend with the node across it, so "
                         "the field has no seams (0: none; 0.1: a tenth of the node's edge inside each face)")
@@ -188,6 +191,7 @@ def apply_defaults(args, on_gpu: bool):
     defaults.setdefault("camera_radii", "4")
     defaults.setdefault("footprint", "box")
     defaults.setdefault("level_dither", 0.0)
+    defaults.setdefault("decoder", "per-node")
     if args.data and not (small or args.scale):
         defaults["res"] = 100  # NeRF-synthetic images are 800 px: 100 = 800 / 8
     if (args.data or args.mesh) and not (small or args.scale):
@@ -262,7 +266,7 @@ def build_field(args, train, points):
         # One pyramid level per octree level: coarser images would only train the root again.
         args.pyramid_levels = min(args.pyramid_levels, tree.deepest + 1)
         field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                            blend_margin=args.blend_margin, hull=hull, shared_decoder=args.shared_decoder)
+                            blend_margin=args.blend_margin, hull=hull, shared_decoder=args.decoder == "shared")
         return _sharded(args, field, tree, encoding, network)
     tree = octree_over(train, args.max_depth, args.min_points, None if points is None else points.to(dev))
     encoding = {"otype": "HashGrid", "n_levels": args.grid_levels, "n_features_per_level": args.grid_features,
@@ -271,7 +275,7 @@ def build_field(args, train, points):
                 "base_resolution": args.base_resolution or 2, "per_level_scale": args.per_level_scale or 2.0,
                 "table_dtype": args.table_dtype}
     field = OctreeField(tree, encoding, network, lod_resolution=args.lod_resolution, seed=args.seed + 1,
-                        blend_margin=args.blend_margin, hull=hull, shared_decoder=args.shared_decoder)
+                        blend_margin=args.blend_margin, hull=hull, shared_decoder=args.decoder == "shared")
     return _sharded(args, field, tree, encoding, network)
 
 
@@ -329,7 +333,7 @@ def _sharded(args, field, tree, encoding, network):
 
         field.model = td.ShardedPart(lambda n: NetworkWithInputEncoding(3, 4, encoding, network, n_networks=n,
                                                                         seed=args.seed + 1, group_by_network=False,
-                                                                        share_network=args.shared_decoder),
+                                                                        share_network=args.decoder == "shared"),
                                      tree.n_nodes,
                                      config={"encoding": encoding, "network": network})
     return field
@@ -565,7 +569,7 @@ def run(argv=None) -> dict:
     summary = {
         "arch": arch, "steps": args.steps, "views": len(train), "resolution": [train.width, train.height],
         "pyramid_levels": args.pyramid_levels, "nodes": tree.n_nodes, "nodes_per_level": tree.nodes_per_level(),
-        "params_per_node": field.params_per_node(), "params_total": field.n_params(),
+        "params_per_node": field.params_per_node(), "params_total": field.n_params(), "decoder": args.decoder,
         "param_bytes": field.memory_bytes(), "grid_table_floats": table, "grid_table_launches": launches,
         "table_dtype": args.table_dtype,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,

@@ -45,6 +45,16 @@ def candidate(**kw):
     ({"n_networks": 1, "step_graphs": True, "dense_setting": True}, "auto", "float16", Choice("dense", "float16")),
     ({"n_networks": 1}, "auto", "tf32", Choice("tensor_cores", "tf32")),
     ({"n_networks": 1, "dense_setting": False}, "auto", "float16", Choice("tensor_cores", "float16")),
+    # one network decoding an array's ids (share_network): float16 on the tensor cores as the array's own would
+    ({"n_networks": 1, "served_ids": 37}, "auto", "auto", Choice("tensor_cores", "float16")),
+    ({"n_networks": 1, "served_ids": 37}, "auto", "bfloat16", Choice("tensor_cores", "bfloat16")),
+    ({"n_networks": 1, "served_ids": 37}, "auto", "float32", Choice("fused", "float32")),
+    ({"n_networks": 1, "served_ids": 37, "dense_setting": True}, "auto", "auto", Choice("dense", "float16")),
+    ({"n_networks": 1, "served_ids": 37, "tensor_cores": "hidden widths up to 128"}, "auto", "auto",
+     Choice("fused", "float32")),
+    ({"n_networks": 1, "served_ids": 37, "deterministic": True}, "auto", "auto", Choice("unfused", "float32")),
+    ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu", "n_networks": 1, "served_ids": 37,
+      "vendor_faster": True}, "auto", "auto", Choice("dense", "float32")),
     # the CPU: dense for one network, batched GEMMs for arrays, float32
     ({"arch": "cpu", "fusable": False, "tensor_cores": "cpu", "n_networks": 1, "vendor_faster": True}, "auto",
      "auto", Choice("dense", "float32")),
@@ -103,6 +113,7 @@ def test_array_reports_its_path_and_refuses_an_impossible_precision():
     ({"tensor_cores": "hidden widths up to 128"}, "float32"),         # a shape their kernels do not take
     ({"tensor_cores": "triton is not importable"}, "float32"),
     ({"n_networks": 1}, "float32"),                                   # one network: the dense or fused path
+    ({"n_networks": 1, "served_ids": 9}, "float16"),                  # ... unless it decodes an array's ids
     ({"deterministic": True}, "float32"),
     ({"arch": "cpu", "tensor_cores": None, "fusable": False}, "float32"),   # the CPU, even where Triton interprets
 ])
@@ -114,6 +125,24 @@ def test_the_default_precision_is_a_function_of_the_candidate(kw, expected):
     path = "tensor_cores" if expected == "float16" else None
     choice = choose_path(candidate(**kw), "auto", "auto")
     assert choice.precision == expected and (path is None or choice.path == path)
+
+
+def test_a_shared_decoder_chooses_as_the_array_it_serves():
+    """NetworkWithInputEncoding(share_network=True) builds one network that serves every id: the rule sees the
+    model's count, so on CUDA it computes as the model's arrays would; a count below the networks' is refused."""
+    from tinn.models import NetworkWithInputEncoding
+
+    enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6,
+           "base_resolution": 2, "per_level_scale": 2.0}
+    net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+    shared = NetworkWithInputEncoding(3, 2, enc, net, n_networks=5, share_network=True)
+    own = NetworkWithInputEncoding(3, 2, enc, net, n_networks=5)
+    assert (shared.network.n_networks, shared.network.served_ids) == (1, 5)
+    assert (own.network.n_networks, own.network.served_ids) == (5, 5)
+    assert NetworkArray(3, 2, net, n_networks=4).served_ids == 4
+    assert shared.network.precision == own.network.precision
+    with pytest.raises(ConfigError, match="served_ids"):
+        NetworkArray(3, 2, net, n_networks=4, served_ids=2)
 
 
 def test_the_default_precision_follows_the_settings_and_the_array_argument(tuned):

@@ -113,7 +113,7 @@ class NetworkWithInputEncoding(Part):
                               "makes every network the same function; allowed: an encoding with tables (a grid)")
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
                                     n_networks=1 if share_network else n_networks, seed=seed + 1, kernels=kernels,
-                                    precision=precision,
+                                    precision=precision, served_ids=n_networks,
                                     input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
                                     output_padding=(-n_output_dims) % TCNN_ALIGNMENT if tcnn_padding else 0)
         self.seed = seed

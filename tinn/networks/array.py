@@ -45,6 +45,8 @@ class NetworkArray(Part):
         input_padding: (n, value): n constant input columns after the real ones, as tcnn pads.
         output_padding: tcnn's padded output rows, kept in the parameter layout but never computed.
         precision: the precision of the products (see above); None for the settings' choice.
+        served_ids: the ids these networks decode between them (None: n_networks); a model's shared decoder
+            (one network for every id) passes its model's count, and computes as an array of them would.
 
     Raises:
         ConfigError: a bad config value, or a path or precision that cannot run here (the message names
@@ -54,11 +56,16 @@ class NetworkArray(Part):
     def __init__(self, n_input_dims: int, n_output_dims: int, network_config: dict | Section | None = None,
                  n_networks: int = 1, seed: int = 1337, tile_size: int | None = None, kernels: str | None = None,
                  input_padding: tuple[int, float] | None = None, output_padding: int = 0,
-                 precision: str | None = None):
+                 precision: str | None = None, served_ids: int | None = None):
         runtime.ensure_init()
         cfg = parse_network_config(network_config or {})
         n_input_dims, n_output_dims = count("n_input_dims", n_input_dims), count("n_output_dims", n_output_dims)
         n_networks = count("n_networks", n_networks, hi=MAX_NETWORKS)
+        # served_ids: the ids the array's networks decode between them (default n_networks); more for a decoder
+        # shared by a model's ids (NetworkWithInputEncoding(share_network=True)), which then computes as an
+        # array of that many networks would (selection.Candidate).
+        self.served_ids = n_networks if served_ids is None else count("served_ids", served_ids, lo=n_networks,
+                                                                        hi=MAX_NETWORKS)
         kernels = runtime.settings().kernels if kernels is None else kernels
         super().__init__(n_input_dims, n_output_dims, n_networks)
         # tcnn's padding: `n` constant input columns of `value` after the real ones (ones act as a bias).
@@ -86,7 +93,7 @@ class NetworkArray(Part):
                                 tensor_cores=tensor_cores.unavailable_reason(runtime.arch(), self.shape),
                                 deterministic=settings.deterministic, dense_setting=tuning.dense_single_network,
                                 vendor_faster=dense_mlp.faster_than_kernels(runtime.arch(), fusable, self.width),
-                                step_graphs=bool(tuning.step_graphs)),
+                                step_graphs=bool(tuning.step_graphs), served_ids=self.served_ids),
             kernels, settings.precision if precision is None else precision,
             precision_from_settings=precision is None)
         self.path, self.precision = choice

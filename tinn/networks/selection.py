@@ -12,10 +12,11 @@ Paths:
 The rule follows measurements (docs/design-notes.md). The default precision ("auto", `default_precision`) is
 tcnn's float16 for an array of networks on CUDA whose shape the tensor-core kernels take (hidden width 16 to 128,
 at most 128 inputs and outputs, any activation), outside deterministic mode: there the tensor cores were
-measured faster; float32 everywhere else (the CPU, a single network, other shapes, deterministic mode). On CUDA
+measured faster, and for one network shared by an array's ids (its decoder); float32 everywhere else (the CPU, a
+single network, other shapes, deterministic mode). On CUDA
 an array runs on the tensor cores in every reduced precision (float16, bfloat16, TF32) and in the fused kernels
 in float32; a single network takes the dense path where that was measured faster and in half precision (with
-`tuning.step_graphs`, the tensor cores where they take its shape); on the
+`tuning.step_graphs` or as an array's shared decoder, the tensor cores where they take its shape); on the
 CPU the dense path for one network, batched GEMMs for arrays. An explicit `kernels=` (or
 `settings.kernels`) forces a path and is refused where it cannot run.
 """
@@ -49,6 +50,7 @@ class Candidate(NamedTuple):
     dense_setting: bool | None    # tuning.dense_single_network
     vendor_faster: bool       # dense_mlp.faster_than_kernels for this arch and shape
     step_graphs: bool = False  # tuning.step_graphs: a Trainer's steps replayed from CUDA graphs
+    served_ids: int = 1       # ids one network serves: an array's shared decoder (share_network) serves all of them
 
 
 class PrecisionUnavailable(ConfigError):
@@ -65,10 +67,16 @@ def default_precision(c: Candidate) -> str:
     several networks on CUDA whose shape their kernels take (`c.tensor_cores` is None), hidden width at least
     `MIN_DEFAULT_TENSOR_CORE_WIDTH`, outside deterministic mode (the kernels' atomic sums have no fixed order);
     float32 otherwise. A pure function of the candidate: the same answer on any machine."""
-    if (c.arch == "cuda" and c.n_networks > 1 and c.tensor_cores is None and not c.deterministic
+    if (c.arch == "cuda" and _serves_an_array(c) and c.tensor_cores is None and not c.deterministic
             and c.width >= MIN_DEFAULT_TENSOR_CORE_WIDTH):
         return "float16"
     return "float32"
+
+
+def _serves_an_array(c: Candidate) -> bool:
+    """An array of networks, or one network that decodes an array's ids (a shared decoder): it sees the array's
+    batches and computes as the array's own networks would."""
+    return c.n_networks > 1 or c.served_ids > 1
 
 
 def choose_path(c: Candidate, kernels: str, precision: str, precision_from_settings: bool = False) -> Choice:
@@ -121,8 +129,10 @@ def _choose(c: Candidate, kernels: str, precision: str) -> Choice:
     if c.n_networks == 1:
         # With a Trainer's steps replayed from CUDA graphs (tinn/step_graphs.py), float16 and bfloat16 take the
         # tensor cores where their kernels take the shape: less GPU work than cuBLAS's GEMMs, and a step of Triton
-        # launches alone, which one graph holds. Issued op by op, the two measured alike.
-        tensor_cores_half = (c.step_graphs and c.arch == "cuda" and c.tensor_cores is None
+        # launches alone, which one graph holds. Issued op by op, the two measured alike. A shared decoder takes
+        # them too: it runs on an array's batches, where one fused kernel keeps every layer's activations on chip
+        # and cuBLAS writes each layer out.
+        tensor_cores_half = ((c.step_graphs or c.served_ids > 1) and c.arch == "cuda" and c.tensor_cores is None
                              and precision in ("float16", "bfloat16"))
         wants_dense = (c.dense_setting if c.dense_setting is not None
                        else c.vendor_faster or (reduced and not tensor_cores_half))

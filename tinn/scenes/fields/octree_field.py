@@ -114,7 +114,20 @@ class OctreeField(torch.nn.Module):
         return self.octree.edge / self.lod_resolution
 
     def params_per_node(self) -> int:
-        return sum(p.numel() for p in self.model.parameters()) // self.n_nodes
+        """Parameters each node owns: its grid table, and its MLP unless the decoder is shared."""
+        return self.model.n_params_per_network()
+
+    def _shared_parameters(self) -> tuple:
+        """The decoder every node uses with `shared_decoder` (none otherwise); a sharded field's are its rank's
+        replica."""
+        if not self.shared_decoder:
+            return ()
+        model = getattr(self.model, "local", self.model)  # a ShardedPart holds its rank's model as `local`
+        return tuple(model.network.parameters())
+
+    def shared_params(self) -> int:
+        """Parameters every drawn node uses besides its own: the shared decoder's (0 with an MLP per node)."""
+        return sum(p.numel() for p in self._shared_parameters())
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -233,9 +246,13 @@ class OctreeField(torch.nn.Module):
         n = int(touched.numel())
         depths = self.octree.depth[touched.long()]
         per_depth = torch.bincount(depths.long(), minlength=self.octree.deepest + 1).tolist()
-        return {"nodes_touched": n, "nodes_total": self.n_nodes, "params_touched": n * self.params_per_node(),
-                "params_total": self.n_params(), "fraction_touched": n / self.n_nodes,
-                "param_bytes_touched": n * (self.memory_bytes() // self.n_nodes),
+        shared = self._shared_parameters() if n else ()
+        shared_bytes = sum(p.numel() * p.element_size() for p in self._shared_parameters())
+        params = n * self.params_per_node() + sum(p.numel() for p in shared)
+        node_bytes = (self.memory_bytes() - shared_bytes) // self.n_nodes
+        return {"nodes_touched": n, "nodes_total": self.n_nodes, "params_touched": params,
+                "params_total": self.n_params(), "fraction_touched": params / self.n_params(),
+                "param_bytes_touched": n * node_bytes + (shared_bytes if n else 0),
                 "param_bytes_total": self.memory_bytes(),
                 "nodes_touched_per_depth": per_depth}
 
