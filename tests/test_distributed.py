@@ -689,6 +689,8 @@ def test_training_steps_route_ahead_over_nccl(tmp_path):
                      "--test-views", "1", "--res", "16", "--samples", "16"]),
     ("octree_lod.py", ["--steps", "10", "--views", "4", "--test-views", "1", "--res", "16", "--samples", "16",
                        "--batch", "256", "--points", "1000"]),
+    ("octree_lod.py", ["--steps", "10", "--views", "4", "--test-views", "1", "--res", "16", "--samples", "16",
+                       "--batch", "256", "--points", "1000", "--decoder", "shared"]),
 ])
 def test_scene_demos_run_sharded_under_torchrun(tmp_path, demo, args):
     import json

@@ -860,6 +860,17 @@ def test_the_demos_full_size_decays_its_rate_from_a_captures_higher_start_and_th
     mine = octree_lod.parse_args(["--full", "--final-lr-factor", "0.5", "--lr", "0.02"])
     octree_lod.apply_defaults(mine, on_gpu=False)
     assert (mine.final_lr_factor, mine.lr) == (0.5, 0.02)
+    # One decoder for every node in the scale preset (its deep trees measured better), a decoder per node elsewhere;
+    # --decoder chooses either way.
+    assert (scale.decoder, capture.decoder, full.decoder, small.decoder) == ("shared", "per-node", "per-node",
+                                                                              "per-node")
+    own = octree_lod.parse_args(["--scale", "--mesh", "bunny.obj", "--decoder", "per-node"])
+    octree_lod.apply_defaults(own, on_gpu=False)
+    shared = octree_lod.parse_args(["--full", "--decoder", "shared"])
+    octree_lod.apply_defaults(shared, on_gpu=False)
+    assert (own.decoder, shared.decoder) == ("per-node", "shared")
+    with pytest.raises(SystemExit):
+        octree_lod.parse_args(["--decoder", "one"])
 
 
 def test_a_frame_with_more_samples_than_one_kernel_indexes_is_queried_in_pieces(monkeypatch):
