@@ -706,3 +706,11 @@ def test_scene_demos_run_sharded_under_torchrun(tmp_path, demo, args):
     # Trained above the background-only image, on rank 0's output; rank 1 wrote its own folder.
     assert psnr > summary.get("psnr_background", summary.get("background_psnr")) + 1.0
     assert (tmp_path / "rank1" / "summary.json").exists()
+    if "far" in summary:
+        # The octree's touched counts are over every node, though each rank holds half; one shared decoder is
+        # counted once.
+        far, per_node = summary["far"], summary["nodes"] * summary["params_per_node"]
+        decoder = far["params_total"] - per_node
+        assert decoder == 0 if summary["decoder"] == "per-node" else 0 < decoder < summary["params_per_node"]
+        assert far["params_touched"] == far["nodes_touched"] * summary["params_per_node"] + decoder
+        assert 0 < far["fraction_touched"] <= 1.0

@@ -117,13 +117,21 @@ class OctreeField(torch.nn.Module):
         """Parameters each node owns: its grid table, and its MLP unless the decoder is shared."""
         return self.model.n_params_per_network()
 
+    def _node_model(self):
+        """The model whose ids are nodes: the field's own, or a sharded field's rank's part (`ShardedPart.local`)."""
+        return getattr(self.model, "local", self.model)
+
     def _shared_parameters(self) -> tuple:
         """The decoder every node uses with `shared_decoder` (none otherwise); a sharded field's are its rank's
         replica."""
-        if not self.shared_decoder:
-            return ()
-        model = getattr(self.model, "local", self.model)  # a ShardedPart holds its rank's model as `local`
-        return tuple(model.network.parameters())
+        return tuple(self._node_model().network.parameters()) if self.shared_decoder else ()
+
+    def _bytes_per_node(self) -> int:
+        """Bytes of the parameters each node owns (a sharded field's rank holds some of the nodes)."""
+        model = self._node_model()
+        own = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(
+            p.numel() * p.element_size() for p in self._shared_parameters())
+        return own // max(model.n_networks, 1)
 
     def shared_params(self) -> int:
         """Parameters every drawn node uses besides its own: the shared decoder's (0 with an MLP per node)."""
@@ -246,14 +254,17 @@ class OctreeField(torch.nn.Module):
         n = int(touched.numel())
         depths = self.octree.depth[touched.long()]
         per_depth = torch.bincount(depths.long(), minlength=self.octree.deepest + 1).tolist()
-        shared = self._shared_parameters() if n else ()
+        # Totals over every node (a sharded field's ranks each hold some), the shared decoder counted once and
+        # touched by any frame that touches a node.
+        shared_params = self.shared_params()
         shared_bytes = sum(p.numel() * p.element_size() for p in self._shared_parameters())
-        params = n * self.params_per_node() + sum(p.numel() for p in shared)
-        node_bytes = (self.memory_bytes() - shared_bytes) // self.n_nodes
+        node_params, node_bytes = self.params_per_node(), self._bytes_per_node()
+        params = n * node_params + (shared_params if n else 0)
+        params_total = self.n_nodes * node_params + shared_params
         return {"nodes_touched": n, "nodes_total": self.n_nodes, "params_touched": params,
-                "params_total": self.n_params(), "fraction_touched": params / self.n_params(),
+                "params_total": params_total, "fraction_touched": params / params_total,
                 "param_bytes_touched": n * node_bytes + (shared_bytes if n else 0),
-                "param_bytes_total": self.memory_bytes(),
+                "param_bytes_total": self.n_nodes * node_bytes + shared_bytes,
                 "nodes_touched_per_depth": per_depth}
 
 
