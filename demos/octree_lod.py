@@ -45,14 +45,16 @@ SMALL = {"views": 24, "test_views": 4, "res": 32, "max_depth": 3, "min_points": 
 # (692 nodes on the bunny), each level trained by the rays whose footprint selects it and, through the level
 # dither, by views up to two levels farther. One decoder serves every node: a deep node's own MLP would learn only
 # from the few close-ups that reach it, and with one the quality grows with the number of nodes where with an MLP
-# per node it fell (docs/guides/scenes.md, "The scale preset").
+# per node it fell. Half of each batch comes from the downscaled images (finest_share 0.5 against the trainer's
+# 0.8): the coarse levels a deep tree draws at 2x and 4x the distance learn from those (docs/guides/scenes.md,
+# "The scale preset").
 SCALE = dict(FULL, views=300, test_views=6, res=800, camera_radii="4,2.6,2.6,1.8,1.8,1.8", max_depth=4, steps=5000,
              batch=65536, samples=256, pyramid_levels=4, lr=3e-2, node_budget=65536, footprint="surface",
-             level_dither=2.0, decoder="shared")
+             level_dither=2.0, decoder="shared", finest_share=0.5)
 # --small --scale: the same structure at CPU size (tests).
 SCALE_SMALL = dict(SMALL, views=24, test_views=2, res=32, camera_radii="4,2.6,1.8", max_depth=2, node_budget=16384,
                    footprint="surface", level_dither=2.0, min_leaf_resolution=0,
-                   decoder="shared")
+                   decoder="shared", finest_share=0.5)
 SCALE_MESH = "/usr/share/glmark2/models/bunny.obj"  # Debian's glmark2-data
 # The initial rate of a capture's octree at full size (its grids budgeted to the single-grid teacher's parameters,
 # the rate decaying to 0.1x): 0.01 / 0.02 / 0.03 / 0.05 on the bunny, the duck and the Wuson mesh at 800 pixels,
@@ -123,7 +125,7 @@ def parse_args(argv=None):
                         "full size 3e-2, decaying to 0.1x)")
     p.add_argument("--finest-share", type=float, default=None,
                    help="share of each batch from the full-resolution images, the only rays that train the deepest "
-                        "nodes (default: the trainer's, 0.8); the coarser pyramid levels split the rest")
+                        "nodes (default: the trainer's, 0.8; --scale: 0.5); the coarser pyramid levels split the rest")
     p.add_argument("--final-lr-factor", type=float, default=None,
                    help="the learning rate decays exponentially to lr times this over --steps (1: constant; full: "
                         "0.1, small: 1, as a few hundred steps are too few for a decay)")
@@ -570,6 +572,7 @@ def run(argv=None) -> dict:
         "arch": arch, "steps": args.steps, "views": len(train), "resolution": [train.width, train.height],
         "pyramid_levels": args.pyramid_levels, "nodes": tree.n_nodes, "nodes_per_level": tree.nodes_per_level(),
         "params_per_node": field.params_per_node(), "params_total": field.n_params(), "decoder": args.decoder,
+        "finest_share": args.finest_share,
         "param_bytes": field.memory_bytes(), "grid_table_floats": table, "grid_table_launches": launches,
         "table_dtype": args.table_dtype,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if on_gpu else None,

@@ -515,7 +515,7 @@ def test_the_scale_preset_trains_a_close_up_capture_with_a_budget_per_node(tmp_p
     budget = octree_lod.SCALE_SMALL["node_budget"]
     assert len(s["nodes_per_level"]) == 3 and s["nodes"] == sum(s["nodes_per_level"]) > 9
     # One decoder for every node: each node's budget buys its grid, the decoder counted once.
-    assert s["decoder"] == "shared" and budget // 2 < s["params_per_node"] <= budget
+    assert (s["decoder"], s["finest_share"]) == ("shared", 0.5) and budget // 2 < s["params_per_node"] <= budget
     assert 0 < s["params_total"] - s["nodes"] * s["params_per_node"] < s["params_per_node"]
     assert len(s["psnr_by_distance"]) >= 2
     assert min(s["psnr_by_distance"].values()) > s["background_psnr"] + 6 and s["psnr"] > s["background_psnr"] + 8

@@ -869,6 +869,9 @@ def test_the_demos_full_size_decays_its_rate_from_a_captures_higher_start_and_th
     shared = octree_lod.parse_args(["--full", "--decoder", "shared"])
     octree_lod.apply_defaults(shared, on_gpu=False)
     assert (own.decoder, shared.decoder) == ("per-node", "shared")
+    # The scale preset gives the downscaled images half of each batch (its deep trees' coarse levels learn from
+    # them); elsewhere the trainer's own share applies.
+    assert (scale.finest_share, capture.finest_share, full.finest_share) == (0.5, None, None)
     with pytest.raises(SystemExit):
         octree_lod.parse_args(["--decoder", "one"])
 
