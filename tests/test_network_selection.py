@@ -129,7 +129,8 @@ def test_the_default_precision_is_a_function_of_the_candidate(kw, expected):
 
 def test_a_shared_decoder_chooses_as_the_array_it_serves():
     """NetworkWithInputEncoding(share_network=True) builds one network that serves every id: the rule sees the
-    model's count, so on CUDA it computes as the model's arrays would; a count below the networks' is refused."""
+    model's count (at least two, as a rank's shard of one id), so on CUDA it computes as the model's arrays would;
+    a count below the networks' is refused."""
     from tinn.models import NetworkWithInputEncoding
 
     enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6,
@@ -141,6 +142,9 @@ def test_a_shared_decoder_chooses_as_the_array_it_serves():
     assert (own.network.n_networks, own.network.served_ids) == (5, 5)
     assert NetworkArray(3, 2, net, n_networks=4).served_ids == 4
     assert shared.network.precision == own.network.precision
+    # A sharded model's rank may hold one id: its replica of the decoder still computes as the others' do.
+    alone = NetworkWithInputEncoding(3, 2, enc, net, n_networks=1, share_network=True)
+    assert alone.network.served_ids > 1 and alone.network.precision == shared.network.precision
     with pytest.raises(ConfigError, match="served_ids"):
         NetworkArray(3, 2, net, n_networks=4, served_ids=2)
 

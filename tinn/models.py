@@ -65,7 +65,9 @@ class NetworkWithInputEncoding(Part):
         share_encoding: one encoding for all networks instead of one each.
         share_network: one network (the decoder) for all, each keeping its own encoding table: every sample
             trains the one network, where a network per id learns only from its own samples (an octree's deep
-            nodes, each seen by few rays). Needs an encoding with tables.
+            nodes, each seen by few rays). Needs an encoding with tables. The network computes as an array's
+            would (`NetworkArray(served_ids=)`), also where a rank's shard of the ids holds only one: every
+            replica of a sharded model's decoder then runs in one precision.
         kernels: force the network's path ("fused", "unfused", ...; see `NetworkArray`).
         tcnn_padding: pad the network's input as tcnn does (see `tcnn_input_padding`), so the same
             parameters give tcnn's function.
@@ -113,7 +115,8 @@ class NetworkWithInputEncoding(Part):
                               "makes every network the same function; allowed: an encoding with tables (a grid)")
         self.network = NetworkArray(self.encoding.n_output_dims, n_output_dims, network_config,
                                     n_networks=1 if share_network else n_networks, seed=seed + 1, kernels=kernels,
-                                    precision=precision, served_ids=n_networks,
+                                    precision=precision,
+                                    served_ids=max(n_networks, 2) if share_network else n_networks,
                                     input_padding=tcnn_input_padding(self.encoding) if tcnn_padding else None,
                                     output_padding=(-n_output_dims) % TCNN_ALIGNMENT if tcnn_padding else 0)
         self.seed = seed
