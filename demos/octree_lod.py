@@ -589,6 +589,8 @@ def run(argv=None) -> dict:
         "render_seconds": frame["skipping"], "fps": 1.0 / frame["skipping"],
         "render_seconds_every_sample": frame["every_sample"], "fps_every_sample": 1.0 / frame["every_sample"],
         "render_seconds_one_run": frame["skipping_one_run"],
+        # The timed frame's samples (the near frame is that view, drawn alike): a frame's time follows them.
+        "samples_per_frame": int(near["n_evaluated"]),
         "render": render,
         "fraction_touched_mean": full["fraction_touched"],
         "near": near_report, "far": far_report, "far_factor": args.far_factor, "far_sweep": far_sweep,
@@ -613,7 +615,8 @@ def run(argv=None) -> dict:
         f"visual hull {args.hull_res}^3, {100 * summary['hull_fraction']:.1f}% of the box; "
     print(f"training {train_seconds:.1f} s ({summary['steps_per_second']:.1f} steps/s); {hull}{occupied}{mem}")
     print(f"render {test.width}x{test.height}, {args.samples} samples/ray: {frame['skipping'] * 1e3:.1f} ms/frame "
-          f"({summary['fps']:.1f} fps) with skipping and early termination ({args.render_segments} runs); skipping in "
+          f"({summary['fps']:.1f} fps, {summary['samples_per_frame'] / 1e6:.1f} M samples) with skipping and early "
+          f"termination ({args.render_segments} runs); skipping in "
           f"one run {frame['skipping_one_run'] * 1e3:.1f} ms; every sample "
           f"{frame['every_sample'] * 1e3:.1f} ms ({summary['fps_every_sample']:.1f} fps)")
     for name, rep in (("near", near_report), (f"far x{args.far_factor:g}", far_report)):

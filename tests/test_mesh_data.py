@@ -518,6 +518,8 @@ def test_the_scale_preset_trains_a_close_up_capture_with_a_budget_per_node(tmp_p
     assert (s["decoder"], s["finest_share"]) == ("shared", 0.5) and budget // 2 < s["params_per_node"] <= budget
     assert 0 < s["params_total"] - s["nodes"] * s["params_per_node"] < s["params_per_node"]
     assert len(s["psnr_by_distance"]) >= 2
+    # The timed frame's samples: within its rays' budget, and some evaluated
+    assert 0 < s["samples_per_frame"] <= s["resolution"][0] * s["resolution"][1] * octree_lod.SCALE_SMALL["samples"]
     assert min(s["psnr_by_distance"].values()) > s["background_psnr"] + 6 and s["psnr"] > s["background_psnr"] + 8
     monkeypatch.setattr(octree_lod, "SCALE_MESH", str(tmp_path / "no_such_bunny.obj"))
     with pytest.raises(SystemExit, match="--mesh PATH"):
