@@ -18,7 +18,8 @@ import torch
 import tinn
 from benchmarks import common
 
-# The scale preset's node grid at depth 4 (demos/octree_lod.py --scale: 10 levels of 2^11 entries per node).
+# The levels and table size of the scale preset's node grids at depth 4 (demos/octree_lod.py --scale: 10 levels of
+# 2^11 entries per node).
 ENCODING = {"otype": "HashGrid", "n_levels": 10, "n_features_per_level": 2, "log2_hashmap_size": 11,
             "base_resolution": 2, "per_level_scale": 1.5}
 VARIANTS = ("per_node", "shared", "shared_float32", "shared_dense")
