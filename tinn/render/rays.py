@@ -38,15 +38,23 @@ def camera_rays(c2w: torch.Tensor, width: int, height: int, focal: float):
     if not focal > 0:
         raise InputError(f"focal must be a positive number of pixels, got {focal}")
     dt, dev = c2w.dtype, c2w.device
-    i = torch.arange(width, dtype=dt, device=dev) + 0.5
-    j = torch.arange(height, dtype=dt, device=dev) + 0.5
-    jj, ii = torch.meshgrid(j, i, indexing="ij")  # (H, W)
-    cam = torch.stack([(ii - 0.5 * width) / focal, -(jj - 0.5 * height) / focal, -torch.ones_like(ii)], dim=-1)
+    jj, ii = torch.meshgrid(torch.arange(height, dtype=dt, device=dev), torch.arange(width, dtype=dt, device=dev),
+                            indexing="ij")  # (H, W)
+    cam = pixel_directions(ii, jj, width, height, focal)
     rot = c2w[:, :3, :3]  # (V, 3, 3)
     dirs = torch.einsum("vab,hwb->vhwa", rot, cam)
     dirs = dirs / dirs.norm(dim=-1, keepdim=True)
     origins = c2w[:, None, None, :3, 3].expand_as(dirs)
     return origins.reshape(-1, 3).contiguous(), dirs.reshape(-1, 3).contiguous()
+
+
+def pixel_directions(column: torch.Tensor, row: torch.Tensor, width, height, focal) -> torch.Tensor:
+    """Camera-space directions (..., 3), not normalised, through the centres of pixels (column, row) of a
+    width x height frame whose focal length is `focal` pixels (the module's convention). The sizes and focal length
+    broadcast against the pixels: numbers for one frame, or a tensor per pixel for pixels of frames of several
+    sizes."""
+    x = (column + 0.5 - 0.5 * width) / focal
+    return torch.stack([x, -(row + 0.5 - 0.5 * height) / focal, torch.full_like(x, -1.0)], dim=-1)
 
 
 def pixel_radius(focal: float) -> float:

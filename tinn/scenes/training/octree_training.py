@@ -19,7 +19,7 @@ from ... import checks, runtime
 from ...errors import ConfigError, InputError
 from ...trainer import Trainer
 from ...render import octree as octree_rendering
-from ...render import pixel_radius
+from ...render.rays import pixel_directions, pixel_radius
 from ...tasks.image import psnr
 from .photometric import SceneTrainer
 from ..fields.octree_field import OctreeField, photometric_loss
@@ -136,9 +136,7 @@ class PyramidRays:
         pixel = local - view * pixels
         row = pixel // width
         column = pixel - row * width
-        centre = 0.5 * size.float()
-        cam = torch.stack([(column.float() + 0.5 - centre[:, 0]) / focal,
-                           -(row.float() + 0.5 - centre[:, 1]) / focal, torch.full_like(focal, -1.0)], dim=1)
+        cam = pixel_directions(column.float(), row.float(), width.float(), size[:, 1].float(), focal)
         camera = self._cameras[self._first_camera[level] + view]           # (n, 3, 4)
         directions = torch.bmm(camera[:, :, :3], cam[:, :, None])[:, :, 0]
         directions = directions / directions.norm(dim=1, keepdim=True)
