@@ -117,25 +117,20 @@ class OctreeField(torch.nn.Module):
         """Parameters each node owns: its grid table, and its MLP unless the decoder is shared."""
         return self.model.n_params_per_network()
 
-    def _node_model(self):
-        """The model whose ids are nodes: the field's own, or a sharded field's rank's part (`ShardedPart.local`)."""
-        return getattr(self.model, "local", self.model)
-
-    def _shared_parameters(self) -> tuple:
-        """The decoder every node uses with `shared_decoder` (none otherwise); a sharded field's are its rank's
-        replica."""
-        return tuple(self._node_model().network.parameters()) if self.shared_decoder else ()
-
-    def _bytes_per_node(self) -> int:
-        """Bytes of the parameters each node owns (a sharded field's rank holds some of the nodes)."""
-        model = self._node_model()
-        own = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(
-            p.numel() * p.element_size() for p in self._shared_parameters())
-        return own // max(model.n_networks, 1)
-
     def shared_params(self) -> int:
         """Parameters every drawn node uses besides its own: the shared decoder's (0 with an MLP per node)."""
-        return sum(p.numel() for p in self._shared_parameters())
+        return self._sizes()[2]
+
+    def _sizes(self) -> tuple[int, int, int, int]:
+        """(parameters, bytes) each node owns, then (parameters, bytes) of the shared decoder ((0, 0) with an MLP
+        per node). Read from the model whose ids are nodes: the field's own, or a sharded field's rank's part
+        (`ShardedPart.local`), which holds some of the nodes and a replica of the decoder."""
+        model = getattr(self.model, "local", self.model)
+        shared = tuple(model.network.parameters()) if self.shared_decoder else ()
+        shared_bytes = sum(p.numel() * p.element_size() for p in shared)
+        own_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - shared_bytes
+        return (model.n_params_per_network(), own_bytes // max(model.n_networks, 1),
+                sum(p.numel() for p in shared), shared_bytes)
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -256,9 +251,7 @@ class OctreeField(torch.nn.Module):
         per_depth = torch.bincount(depths.long(), minlength=self.octree.deepest + 1).tolist()
         # Totals over every node (a sharded field's ranks each hold some), the shared decoder counted once and
         # touched by any frame that touches a node.
-        shared_params = self.shared_params()
-        shared_bytes = sum(p.numel() * p.element_size() for p in self._shared_parameters())
-        node_params, node_bytes = self.params_per_node(), self._bytes_per_node()
+        node_params, node_bytes, shared_params, shared_bytes = self._sizes()
         params = n * node_params + (shared_params if n else 0)
         params_total = self.n_nodes * node_params + shared_params
         return {"nodes_touched": n, "nodes_total": self.n_nodes, "params_touched": params,
