@@ -714,7 +714,16 @@ def scenario_overflow(rank, out):
     network.gradient_scaler.found_inf.fill_(1.0 if rank == 0 else 0.0)
     x, ids, _, weight = batch(rank, 0)
     autograd_pass(model, x, ids, weight)
-    torch.save({"found_inf": float(network.gradient_scaler.found_inf)}, os.path.join(out, f"rank{rank}.pt"))
+    res = {"found_inf": float(network.gradient_scaler.found_inf)}
+    # The Trainer's step with the loss at the owners: the loss and the flags share one all-reduce.
+    from tinn.losses import Loss
+    x, ids, target, _ = batch(rank, 1)
+    for name, flag in (("at_owners", 1.0 if rank == 1 else 0.0), ("at_owners_clean", 0.0)):
+        network.gradient_scaler.found_inf.fill_(flag)
+        _, _, value = model.gradients_from_loss(x, ids, Loss("L2"), target, need_dx=False)
+        res[name] = float(network.gradient_scaler.found_inf)
+        res[name + "_loss"] = float(value)
+    torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
 def scenario_disagree(rank, out):

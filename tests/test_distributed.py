@@ -551,6 +551,12 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     the overflow, so the shared encoding (replicated on both ranks) is skipped alike and cannot drift."""
     res = run_ranks("overflow", tmp_path)
     assert [r["found_inf"] for r in res] == [1.0, 1.0]
+    # The step with the loss at the owners: rank 1 overflowed this time; then neither did.
+    assert [r["at_owners"] for r in res] == [1.0, 1.0]
+    assert [r["at_owners_clean"] for r in res] == [0.0, 0.0]
+    # The loss summed over ranks in the same all-reduce: one value on every rank.
+    for key in ("at_owners_loss", "at_owners_clean_loss"):
+        assert res[0][key] == res[1][key] and 0 < res[0][key] < 1, key
 
 
 def test_ranks_out_of_step_raise_together(tmp_path):

@@ -172,6 +172,21 @@ def agree_on_overflow(scalers, device: torch.device, group, what: str) -> None:
         s.found_inf.copy_(flag)
 
 
+def all_reduce_loss_and_flags(value: torch.Tensor, scalers, device: torch.device, group, what: str) -> torch.Tensor:
+    """A step's loss summed over ranks, and every rank's float16 gradient scalers told whether any rank's gradients
+    overflowed, in one all-reduce (each collective costs host time and latency): the sum of the flags (1 where a
+    rank overflowed) is clamped back to 1. Returns the summed loss on `value`'s device. No host sync."""
+    flags = [s.found_inf.reshape(()) for s in scalers]
+    both = torch.stack([value.reshape(()).float()] + [f.to(value.device) for f in flags]).to(device)
+    with collective(what, group):
+        dist.all_reduce(both, group=group)
+    if flags:
+        totals = both[1:].to(flags[0].device)
+        for s, total in zip(scalers, totals):
+            torch.clamp(total, max=1.0, out=s.found_inf)
+    return both[0].to(value.device)
+
+
 def all_gather_objects(obj, what: str, group=None) -> list:
     """Every rank's `obj` (small, picklable), in rank order."""
     out = [None] * world_size(group)
