@@ -326,6 +326,66 @@ def test_dense_single_network_batches_pass_the_kernels_index_limit(monkeypatch, 
         kernel_grads(x, None)
 
 
+def test_tensor_core_steps_that_keep_no_activations_pass_the_kernels_index_limit(monkeypatch, tuned):
+    """The tensor-core kernels switch to 64-bit offsets where an operand needs them, and their recomputing training
+    step and their inference keep no per-sample buffer of their own: a batch whose activations would pass the
+    Taichi kernels' limit (lowered here) runs, with the results it gives under the usual limit; the inputs and
+    outputs, which other parts' kernels read, keep the limit, and so does a training forward that saves its
+    pre-activations (the backward not recomputing). Under Triton's interpreter on the CPU."""
+    from tinn.losses import Loss
+
+    tuned(precision="float32", kernels="tensor_cores")
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "ReLU",
+           "output_activation": "None"}
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(1000, 4, generator=gen).to(DEV)          # activations: 2 x 16 x 1000 elements, inputs 4 x 1000
+    target = torch.rand(1000, 2, generator=gen).to(DEV)
+    ids = torch.randint(0, 3, (1000,), generator=gen, dtype=torch.int32).to(DEV)
+    net = NetworkArray(4, 2, cfg, n_networks=3, seed=9)
+    assert net.tensor_cores is not None and net.tensor_cores.recomputes()
+    want_grads, want_loss = net.gradients_from_loss(x, ids, Loss("L2"), target, need_dx=False)[1:]
+    want_y = net(x, ids)
+    monkeypatch.setattr(chunks, "LOOP_LIMIT", 20000)
+    got_grads, got_loss = net.gradients_from_loss(x, ids, Loss("L2"), target, need_dx=False)[1:]
+    assert torch.equal(got_grads[0], want_grads[0]) and torch.equal(got_loss, want_loss)
+    assert float(want_grads[0].abs().max()) > 0
+    assert torch.equal(net(x, ids), want_y)
+    with pytest.raises(InputError, match=r"NetworkArray: a batch of 6000 samples needs 24000 elements of inputs"):
+        net.gradients_from_loss(torch.zeros(6000, 4, device=DEV), torch.zeros(6000, dtype=torch.int32, device=DEV),
+                                Loss("L2"), torch.zeros(6000, 2, device=DEV), need_dx=False)
+    tuned(precision="float32", kernels="tensor_cores", tensor_core_recompute=False)
+    assert not net.tensor_cores.recomputes()
+    with pytest.raises(InputError, match=r"needs 32000 elements of activations and deltas \(2, 16, batch\)"):
+        net.forward_with_context(x, ids, train=True)
+
+
+@pytest.mark.skipif(tinn.runtime.arch() != "cuda", reason="2^24 samples: a GPU's size")
+def test_a_tensor_core_batch_past_the_activation_limit_trains_like_its_halves(tuned):
+    """2^24 samples through the MLP-only array of benchmarks/bench_sharded.py (32 in, two hidden layers of 64, 16 out,
+    float16 on the tensor cores): its activations and deltas would need 2^31 elements, past the Taichi kernels'
+    limit, and the recomputing step keeps none. Its loss and weight gradients equal those of its two halves, each
+    averaged over the whole batch and summed."""
+    from tinn.losses import Loss
+
+    tuned(precision="float16", kernels="tensor_cores")
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2, "activation": "ReLU",
+           "output_activation": "None"}
+    net = NetworkArray(32, 16, cfg, n_networks=64, seed=2)
+    batch = 1 << 24
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    x = torch.rand(batch, 32, device=DEV, generator=gen)
+    target = torch.rand(batch, 16, device=DEV, generator=gen)
+    ids = torch.randint(0, 64, (batch,), device=DEV, dtype=torch.int32, generator=gen)
+    whole = Loss("L2")
+    (grads,), loss = net.gradients_from_loss(x, ids, whole, target, need_dx=False)[1:]
+    halves = [net.gradients_from_loss(x[s], ids[s], whole.averaged_over(batch * 16), target[s], need_dx=False)[1:]
+              for s in (slice(0, batch // 2), slice(batch // 2, batch))]
+    want = halves[0][0][0] + halves[1][0][0]
+    assert float(want.abs().max()) > 0
+    assert rel_err(grads, want) < 1e-3
+    assert abs(float(loss) - float(halves[0][1] + halves[1][1])) < 1e-4 * float(loss)
+
+
 def test_octree_big_tables_run_their_grid_table_in_chunks(tmp_path, tuned):
     """Tables past 2^31 values at CPU size: a 16-level compact (bfloat16) hash grid per node, as a thousand-node
     tree with tcnn's grid holds, with a chunk limit of about two nodes' grids, so the demo's training, rendering

@@ -366,6 +366,12 @@ class NetworkArray(Part):
         """Refuse a batch whose largest per-sample buffer that a Taichi kernel indexes passes the index limit."""
         hidden, rows = self.n_layers - 1, max(self.width, self.n_output_dims)
         buffers = [(self.kernel_inputs, "inputs"), (self.n_output_dims, "outputs")]  # other parts' kernels read them
+        tc = self.tensor_cores
+        if tc is not None and (not train or tc.recomputes()):
+            # The tensor-core kernels switch to 64-bit offsets where an operand needs them (launch._wide_offsets),
+            # and neither their inference nor their recomputing training step keeps a per-sample buffer of its own.
+            chunks.check_batch("NetworkArray", batch, *max(buffers))
+            return
         # The dense path's scratch buffers go through torch alone (64-bit indexing), unless Taichi's kernel
         # computes the weight gradients from them.
         if not (self.dense and self._vendor_weight_gradients()):
