@@ -75,3 +75,10 @@ def test_the_tool_runs_every_kind_of_variant_over_two_ranks(tmp_path):
             assert (tmp_path / f"{variant}_rank{rank}.json.gz").exists()
             assert "function calls" in (tmp_path / f"{variant}_rank{rank}.pstats.txt").read_text()
     assert "replicated_split" in done.stdout  # rank 0's table
+
+
+def test_an_unknown_variant_is_refused_by_name():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.tools.sharded_step_trace", "--out", "unused",
+                           "--variants", "one,shard"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--variants ['shard'] are not known; allowed: ['one', 'sharded'," in done.stderr

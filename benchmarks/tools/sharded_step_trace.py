@@ -25,6 +25,9 @@ import tinn.distributed as td
 from benchmarks import bench_sharded as bs
 
 
+VARIANTS = ("one", "sharded", "sharded_ahead", "replicated", "replicated_split", "replicated_bf16")
+
+
 def summarise(trace: dict, steps: int) -> dict:
     """ms per step: busy time per stream, and the compute stream's host-bound and other gaps."""
     events = trace.get("traceEvents", [])
@@ -136,6 +139,10 @@ def main():
     p.add_argument("--host-profile", type=int, default=0, help="steps run under cProfile after the trace (0: none)")
     p.add_argument("--model", default="mlp", choices=("mlp", "grid"))
     args = p.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"--variants {unknown} are not known; allowed: {list(VARIANTS)}")
     td.init()
     from tinn.trainer import Trainer
 
@@ -144,7 +151,7 @@ def main():
     build, dims = bs.scaling_model(args.model, bs.SCALING_GRID, "float16")
     adam = {"otype": "Adam", "learning_rate": 1e-3}
     rows = {}
-    for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
+    for variant in variants:
         path = os.path.join(args.out, f"{variant}_rank{rank}")
         if variant == "one":
             result = None
