@@ -20,7 +20,6 @@ import json
 import os
 import time
 
-
 import tinn.distributed as td
 from benchmarks import bench_sharded as bs
 
@@ -103,7 +102,6 @@ def measure(trainer, dims, per_rank: int, n: int, seed: int, ahead: bool, steps:
         tinn.runtime.sync()
         wall = (time.perf_counter() - t0) / reps
         # Host issue time: steps enqueued right after a sync (the device catches up only at a header read).
-        tinn.runtime.sync()
         t0 = time.perf_counter()
         run(4)
         host = (time.perf_counter() - t0) / 4

@@ -159,32 +159,24 @@ def collective(what: str, group=None):
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
-def agree_on_overflow(scalers, device: torch.device, group, what: str) -> None:
-    """Every rank's float16 gradient scalers learn whether any rank's gradients overflowed: a max over ranks of
-    each scaler's `found_inf`, on the device (no host sync), so every rank takes the same decision to skip a
-    step and tables several ranks hold are stepped or skipped alike."""
-    if not scalers:
-        return
-    flags = torch.stack([s.found_inf.reshape(()) for s in scalers]).to(device)
-    with collective(what, group):
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-    for s, flag in zip(scalers, flags.to(scalers[0].found_inf.device)):
-        s.found_inf.copy_(flag)
-
-
-def all_reduce_loss_and_flags(value: torch.Tensor, scalers, device: torch.device, group, what: str) -> torch.Tensor:
-    """A step's loss summed over ranks, and every rank's float16 gradient scalers told whether any rank's gradients
-    overflowed, in one all-reduce (each collective costs host time and latency): the sum of the flags (1 where a
-    rank overflowed) is clamped back to 1. Returns the summed loss on `value`'s device. No host sync."""
+def agree_on_overflow(scalers, device: torch.device, group, what: str,
+                      loss: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Every rank's float16 gradient scalers learn whether any rank's gradients overflowed: each scaler's
+    `found_inf` (1 where a rank's overflowed) summed over ranks on the device and clamped back to 1 (no host sync),
+    so every rank takes the same decision to skip a step and tables several ranks hold are stepped or skipped alike.
+    `loss`: a step's 0-d loss, summed over ranks in the same all-reduce (each collective costs host time and
+    latency) and returned on its device; None without one."""
     flags = [s.found_inf.reshape(()) for s in scalers]
-    both = torch.stack([value.reshape(()).float()] + [f.to(value.device) for f in flags]).to(device)
+    values = ([] if loss is None else [loss.reshape(()).float()]) + flags
+    if not values:
+        return None
+    totals = torch.stack(values).to(device)
     with collective(what, group):
-        dist.all_reduce(both, group=group)
+        dist.all_reduce(totals, group=group)
     if flags:
-        totals = both[1:].to(flags[0].device)
-        for s, total in zip(scalers, totals):
+        for s, total in zip(scalers, totals[len(values) - len(flags):].to(flags[0].device)):
             torch.clamp(total, max=1.0, out=s.found_inf)
-    return both[0].to(value.device)
+    return None if loss is None else totals[0].to(loss.device)
 
 
 def all_gather_objects(obj, what: str, group=None) -> list:

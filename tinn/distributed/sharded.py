@@ -46,8 +46,8 @@ from .ownership import Ownership
 from .piece_reduction import PieceReduction, piece_table
 from .profile import mark
 from .route_ahead import SideStream
-from .process import (agree_on_overflow, all_gather_objects, all_reduce_loss_and_flags, collective,
-                      collective_device, rank, require_group, side_group, world_size)
+from .process import (agree_on_overflow, all_gather_objects, collective, collective_device, rank, require_group,
+                      side_group, world_size)
 
 GRADIENT_MODES = ("mean", "sum")
 INIT_MODES = ("global", "local")
@@ -538,8 +538,8 @@ class ShardedPart(_Collective):
         tables = self.local.parameter_tables()
         reduction = self._start_reduce(tables, grads, plan.any_grads)
         value = torch.zeros((), device=dev) if value is None else value
-        value = all_reduce_loss_and_flags(value, gradient_scaling.scalers_of(self.local), self.collective_device,
-                                          self.group, "the all-reduce of the step's loss and overflow flags")
+        value = agree_on_overflow(gradient_scaling.scalers_of(self.local), self.collective_device, self.group,
+                                  "the all-reduce of the step's loss and overflow flags", loss=value)
         grads = reduction()
         if packed is not None:
             # Whatever the caller does next with the next batch's tensors comes after the packing read them.
