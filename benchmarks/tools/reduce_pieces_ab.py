@@ -1,0 +1,118 @@
+"""A data-parallel array's step with its gradient reduced in one collective after the backward against the same
+reduction cut by network (`tuning.reduce_pieces`), alternated in rounds inside one run so that every value meets
+the same machine state; the one-GPU step of the same array is timed in the same run.
+
+    NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc_per_node 2 -m benchmarks.tools.reduce_pieces_ab \
+        --batches 4194304,16777216 --pieces 1,4,8 --out out/reduce_pieces_ab.json
+
+The array is the MLP-only (or --model grid) array of benchmarks/bench_sharded.py, float16 tensor cores, in a
+`td.Replicated` part with its optimizer split over the ranks (--split off: the all-reduce and the whole optimizer on
+every rank). For each global batch B: the one-GPU step at B and at B / world (rank 0 alone; "same array" weak
+scaling compares the latter with the two-GPU step), then `--rounds` rounds of every pieces value, `--reps` timed
+steps each. Rank 0 prints the medians and writes them, with every round's time, as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import tinn.distributed as td
+from benchmarks import bench_sharded as bs
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def timed(run, reps: int) -> float:
+    """ms per step of `reps` steps issued back to back, between two syncs."""
+    import tinn
+    tinn.runtime.sync()
+    t0 = time.perf_counter()
+    run(reps)
+    tinn.runtime.sync()
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="JSON results path (written by rank 0)")
+    p.add_argument("--batches", default=str(1 << 22), help="global batches, comma-separated")
+    p.add_argument("--pieces", default="1,4,8", help="tuning.reduce_pieces values, alternated in each round")
+    p.add_argument("--networks", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=20, help="timed steps per value and round")
+    p.add_argument("--model", default="mlp", choices=("mlp", "grid"))
+    p.add_argument("--split", default="on", choices=("on", "off"), help="the optimizer split over the ranks")
+    args = p.parse_args()
+    batches, pieces = _ints(args.batches), _ints(args.pieces)
+    if not batches or not pieces or min(batches + pieces) < 1:
+        p.error("--batches and --pieces take positive integers, comma-separated")
+    td.init()
+    from tinn import checks, settings
+    from tinn.trainer import Trainer
+
+    from benchmarks.common import settle
+
+    world, rank = td.world_size(), td.rank()
+    build, dims = bs.scaling_model(args.model, bs.SCALING_GRID, "float16")
+    adam = {"otype": "Adam", "learning_rate": 1e-3}
+    base = settings.installed()
+    results = []
+    for batch in batches:
+        one = {}
+        if rank == 0:
+            trainer = Trainer(build(args.networks), optimizer=adam)
+            for b in sorted({batch, batch // world}):
+                x, target, ids = bs._batch(b, dims, args.networks, 1)
+                run = bs.step_loop(trainer, x, target, ids)
+                with checks.disabled():
+                    settle(lambda: run(1))
+                    one[b] = min(timed(run, args.reps) for _ in range(args.rounds))
+            del trainer, x, target, ids
+        bs._free()
+        bs.barrier()
+        part = td.Replicated(build(args.networks), optimizer_split=args.split == "on")
+        trainer = Trainer(part, optimizer=adam)
+        x, target, ids = bs._batch(batch // world, dims, args.networks, 2 + rank)
+        run = bs.step_loop(trainer, x, target, ids)
+        rounds = {k: [] for k in pieces}
+        with checks.disabled():
+            for k in pieces:  # each value's first steps (its launches' compilation) before any timing
+                settings.install(base.replace(reduce_pieces=k))
+                settle(lambda: run(1))
+            for _ in range(args.rounds):
+                for k in pieces:
+                    settings.install(base.replace(reduce_pieces=k))
+                    run(2)
+                    rounds[k].append(bs.max_over_ranks(timed(run, args.reps) / 1e3) * 1e3)
+        settings.install(base)
+        del part, trainer, x, target, ids
+        bs._free()
+        one = bs.gather_objects(one)[0]
+        median = {k: statistics.median(v) for k, v in rounds.items()}
+        results.append({"batch": batch, "one_gpu_ms": one[batch], "one_gpu_half_ms": one[batch // world],
+                        "two_gpu_ms": median, "rounds_ms": rounds,
+                        "strong": {k: one[batch] / v for k, v in median.items()},
+                        "same_array_weak": {k: one[batch // world] / v for k, v in median.items()}})
+    if rank == 0:
+        record = {"world": world, "model": args.model, "networks": args.networks, "split": args.split == "on",
+                  "rounds": args.rounds, "reps": args.reps, "results": results}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"{'global batch':>13}{'1 GPU ms':>10}{'pieces':>8}{'2 GPUs ms':>11}{'strong':>8}{'same array':>12}"
+              "  rounds ms")
+        for r in results:
+            for k, ms in r["two_gpu_ms"].items():
+                spread = " ".join(f"{v:.3f}" for v in r["rounds_ms"][k])
+                print(f"{r['batch']:>13}{r['one_gpu_ms']:>10.3f}{k:>8}{ms:>11.3f}{r['strong'][k]:>7.2f}x"
+                      f"{r['same_array_weak'][k]:>12.2f}  {spread}")
+    td.shutdown()
+
+
+if __name__ == "__main__":
+    main()
