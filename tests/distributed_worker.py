@@ -275,51 +275,7 @@ def scenario_pieces(rank, out):
         trainer.training_step(x, t, ids, run_optimizer=False)
         res[(pieces, "empty")] = {"grads": {n: p.grad.clone() for n, p in model.named_parameters()},
                                   "counts": dict(counts)}
-    res.update(_split_by_ranges(rank, base, counts))
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
-
-
-def _split_by_ranges(rank, base, counts):
-    """The pieces scenario with the split optimizer: its reduce-scatter cut by network (each range reduced into
-    the rank whose slice holds it) against its one reduce-scatter. 3 ranges of 6 networks put one range across
-    the ranks' slices (two reduces). Also two autograd backwards into one slice, the second with an empty batch on
-    rank 1."""
-    import tinn
-    import tinn.distributed as td
-    from tinn import settings
-    from tinn.distributed.optimizer_split import FlatSplit
-    from tinn.networks import NetworkArray
-    from tinn.trainer import Trainer
-
-    dev = tinn.runtime.device()
-    to_owners = FlatSplit.reduce_to_owners
-
-    def counting_to_owners(self, *a, **kw):
-        pending = to_owners(self, *a, **kw)
-        counts["owner_reduces"] += len(pending.works)
-        return pending
-    FlatSplit.reduce_to_owners = counting_to_owners
-    res = {}
-    for pieces in (1, 3, 4):
-        settings.install(base.replace(reduce_pieces=pieces))
-        model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3), optimizer_split=True)
-        trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
-        counts.update(handed=0, reductions=0, owner_reduces=0)
-        losses = []
-        for step in range(PIECE_STEPS):
-            x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step))
-            losses.append(float(trainer.training_step(x, t, ids)))
-        entry = {"losses": losses, "counts": dict(counts),
-                 "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
-        trainer.optimizer.zero_grad()
-        for seed, size in ((80, BATCH), (81, BATCH if rank == 0 else 0)):
-            x, ids, _, w = (v.to(dev) for v in batch(rank, seed, size=size))
-            (model(x, ids) * w).sum().backward()
-        entry["grad_slice"] = trainer.optimizer.split.grad.clone()
-        entry["grads_after_backward"] = [p.grad for p in model.parameters()]
-        res[("split", pieces)] = entry
-    FlatSplit.reduce_to_owners = to_owners
-    return res
 
 
 SPLIT_ADAM = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 1e-4, "non_matrix_learning_rate_factor": 0.5}

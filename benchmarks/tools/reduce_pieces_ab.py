@@ -6,8 +6,9 @@ the same machine state; the one-GPU step of the same array is timed in the same 
         --batches 4194304,16777216 --pieces 1,4,8 --out out/reduce_pieces_ab.json
 
 The array is the MLP-only (or --model grid) array of benchmarks/bench_sharded.py, float16 tensor cores, in a
-`td.Replicated` part with its optimizer split over the ranks (--split off: the all-reduce and the whole optimizer on
-every rank). For each global batch B: the one-GPU step at B and at B / world (rank 0 alone; "same array" weak
+`td.Replicated` part with the all-reduce and the whole optimizer on every rank (--split on: its optimizer split over
+the ranks, whose one reduce-scatter after the backward no pieces value changes: the values then time the same step,
+the run's spread). For each global batch B: the one-GPU step at B and at B / world (rank 0 alone; "same array" weak
 scaling compares the latter with the two-GPU step), then `--rounds` rounds of every pieces value, `--reps` timed
 steps each. Rank 0 prints the medians and writes them, with every round's time, as JSON.
 """
@@ -46,7 +47,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=20, help="timed steps per value and round")
     p.add_argument("--model", default="mlp", choices=("mlp", "grid"))
-    p.add_argument("--split", default="on", choices=("on", "off"), help="the optimizer split over the ranks")
+    p.add_argument("--split", default="off", choices=("on", "off"), help="the optimizer split over the ranks")
     args = p.parse_args()
     batches, pieces = _ints(args.batches), _ints(args.pieces)
     if not batches or not pieces or min(batches + pieces) < 1:

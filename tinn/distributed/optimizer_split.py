@@ -178,27 +178,6 @@ class FlatSplit:
             torch.mul(out.to(self.grad.device), post, out=self.grad)
         self.has_grad = True
 
-    def reduce_to_owners(self, gradient: torch.Tensor, flat_lo: int, scale: float, accumulate: bool,
-                         what: str) -> "OwnerReduction":
-        """Start summing elements [flat_lo, flat_lo + n) of every rank's gradient (`gradient`, n flat float32 values
-        on the collective device) over the ranks, each run of them into the rank whose slice holds it (one reduce
-        per owner, asynchronous): a backward handing its gradient over by network (tinn/distributed/
-        piece_reduction.py) reduces each range while it computes the next. `result()` writes this rank's part,
-        times `scale`, into `grad` (added to it where `accumulate`). The caller sets `has_grad` once every element
-        of the layout went through here."""
-        hi = flat_lo + gradient.numel()
-        works, mine = [], None
-        for r in range(self.world):
-            a, b = max(flat_lo, r * self.slice_len), min(hi, (r + 1) * self.slice_len)
-            if a >= b:
-                continue
-            run = gradient[a - flat_lo:b - flat_lo]
-            with collective(what, self.group):
-                works.append(dist.reduce(run, op=dist.ReduceOp.SUM, group=self.group, async_op=True, group_dst=r))
-            if r == self.rank:
-                mine = (run, a - self.lo)
-        return OwnerReduction(self, works, mine, scale, accumulate, what)
-
     def agree_on_overflow(self, scalers, what: str) -> None:
         """Every scaler records whether this rank's slice of the reduced gradients is finite, and learns every
         rank's verdict (a max over ranks, on the device): all ranks then skip a step or take it alike."""
@@ -238,30 +217,6 @@ class FlatSplit:
         with collective(what, self.group):
             _all_gather(full, local, group=self.group)
         return full
-
-
-class OwnerReduction:
-    """The reduces of one range of a gradient (`FlatSplit.reduce_to_owners`), in flight."""
-
-    def __init__(self, split: FlatSplit, works, mine, scale: float, accumulate: bool, what: str):
-        self.split, self.works, self.mine = split, works, mine
-        self.scale, self.accumulate, self.what = scale, accumulate, what
-
-    def result(self) -> None:
-        """Wait (on CUDA: the current stream waits, not the host) and write this rank's part into the slice."""
-        with collective(self.what, self.split.group):
-            for work in self.works:
-                work.wait()
-        self.works = []
-        if self.mine is None:
-            return
-        run, at = self.mine
-        target = self.split.grad[at:at + run.numel()]
-        if self.accumulate:
-            target.add_(run, alpha=self.scale)
-        else:
-            torch.mul(run, self.scale, out=target)
-        self.mine = None
 
 
 class SplitOptimizer(Optimizer):

@@ -12,10 +12,6 @@ fixed before the backward from the part alone: the one table whose producer can 
 were reduced during the backward; `finish` issues the plan's other ranges itself, in the same order, then the
 bucket of the other tables. A part with no such table, or with several (their hand-over order would depend
 on the backward's), is reduced in one bucket.
-
-With a split optimizer (tinn/distributed/optimizer_split.py) each range is reduced into the rank whose slice
-holds it (`FlatSplit.reduce_to_owners`) instead of all-reduced: the reduce-scatter cut by network. Only where
-that table is the split's whole layout, in float32; otherwise the split's one reduce-scatter after the backward.
 """
 from __future__ import annotations
 
@@ -38,8 +34,8 @@ class PieceReduction:
     `finish(grads)` completes the plan and returns the gradients summed over the ranks, scaled."""
 
     def __init__(self, n_pieces: int, table_index: int, n_rows: int, reduce):
-        """reduce(gradient, lo, hi) -> a pending reduction of rows [lo, hi) of the table's gradient (its `result()`
-        waits and scales, writing the reduced rows where the consumer keeps them)."""
+        """reduce(tensors) -> a pending reduction of those gradient tensors (its `result()` waits and scales,
+        writing back into them)."""
         self.table_index, self.reduce = table_index, reduce
         self.pending: list = []
         self.reduced: list[tuple[int, int]] = []
@@ -51,7 +47,7 @@ class PieceReduction:
             raise RuntimeError(f"a gradient handed over out of plan: rows [{lo}, {hi}) after {self.reduced} of "
                                f"{self.plan} (one gradient, its ranges in order)")
         self.reduced.append((lo, hi))
-        self.pending.append(self.reduce(gradient, lo, hi))
+        self.pending.append(self.reduce([gradient[lo:hi]]))
 
     def finish(self, grads: tuple, rest_reduce) -> tuple:
         """`grads` of the part's tables; the plan's table at `table_index`. rest_reduce(grads with None where a
@@ -64,7 +60,7 @@ class PieceReduction:
                                "gradient over must return that tensor (tinn/gradient_pieces.py)")
         if mine is not None:
             for lo, hi in self.plan[len(self.reduced):]:  # what the backward did not hand over, in plan order
-                self.pending.append(self.reduce(mine, lo, hi))
+                self.pending.append(self.reduce([mine[lo:hi]]))
         others = rest_reduce([None if i == self.table_index else g for i, g in enumerate(grads)])
         for pending in self.pending:
             pending.result()

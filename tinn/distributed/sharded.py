@@ -805,10 +805,9 @@ class Replicated(_Collective):
 
     def _pieces(self, need_grads: bool) -> PieceReduction | None:
         """The reduction by network ranges of this call (tinn/distributed/piece_reduction.py), or None: one
-        bucket after the backward (one rank, `tuning.reduce_pieces` = 1, no table to cut, a split optimizer over
-        several tables or with a 16-bit reduce)."""
+        bucket after the backward (a split optimizer, one rank, `tuning.reduce_pieces` = 1, no table to cut)."""
         n = runtime.tuning().reduce_pieces
-        if not need_grads or self.world_size < 2 or n < 2:
+        if not need_grads or self._split is not None or self.world_size < 2 or n < 2:
             return None
         table = piece_table(self.inner)
         tables = self.inner.parameter_tables()
@@ -816,24 +815,10 @@ class Replicated(_Collective):
         if index is None:
             return None
         scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
-        split = self._split
-        if split is not None:
-            # Each range summed into the rank whose slice holds it; only where that table is the whole flat layout
-            # (no bucket of other tables to reduce-scatter after it), in float32, on the collective device.
-            if (len(split.tables) != 1 or split.tables[0] is not table or self.reduce_dtype != "float32"
-                    or table.device != self.collective_device):
-                return None
-            cols = table.numel() // table.shape[0]
-            accumulate = split.has_grad  # a second backward in one step adds to the first one's slice
-
-            def reduce(gradient, lo, hi):
-                return split.reduce_to_owners(gradient[lo:hi].reshape(-1), lo * cols, scale, accumulate,
-                                              "the reduce of a range of replicated gradients to its owner")
-            return PieceReduction(n, index, table.shape[0], reduce)
         dtype = REDUCE_DTYPES[self.reduce_dtype]
 
-        def reduce(gradient, lo, hi):
-            return _Reduction([gradient[lo:hi]], scale, self.collective_device, self.group,
+        def reduce(gradients):
+            return _Reduction(gradients, scale, self.collective_device, self.group,
                               "the all-reduce of a range of replicated gradients", dtype)
         return PieceReduction(n, index, table.shape[0], reduce)
 
@@ -886,15 +871,9 @@ class Replicated(_Collective):
         scale = 1.0 / self.world_size if self.gradients == "mean" else 1.0
         if self._split is not None:
             split = self._split
-            if pieces is not None:  # the split's one table, range by range into each range's owner
-                grads = tuple(torch.zeros_like(t) if g is None and t is not None and t.requires_grad else g
-                              for t, g in zip(tables, grads))
-                pieces.finish(grads, lambda others: others)
-                split.has_grad = True
-            else:
-                by_table = {id(t): g for t, g in zip(tables, grads) if t is not None}
-                split.reduce_scatter([by_table.get(id(t)) for t in split.tables], scale,
-                                     REDUCE_DTYPES[self.reduce_dtype], "the reduce-scatter of replicated gradients")
+            by_table = {id(t): g for t, g in zip(tables, grads) if t is not None}
+            split.reduce_scatter([by_table.get(id(t)) for t in split.tables], scale, REDUCE_DTYPES[self.reduce_dtype],
+                                 "the reduce-scatter of replicated gradients")
             split.agree_on_overflow(gradient_scaling.scalers_of(self.inner), "the overflow flags' all-reduce")
             mark(self, "reduce")
             return (None,) * len(grads)
