@@ -278,6 +278,47 @@ def scenario_pieces(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
+# Steps of the captured scenario's Trainers; each rank's batch size changes at CAPTURED_SWITCH (a second shape, its
+# own capture) and differs from the other rank's (each rank captures its own shapes, at the same steps).
+CAPTURED_STEPS, CAPTURED_SWITCH = 9, 5
+CAPTURED_SIZES = ((BATCH, BATCH // 2), (BATCH - 7, BATCH + 5))  # [rank][before, after the switch]
+# (optimizer split, reduce_pieces) of the captured scenario.
+CAPTURED_CASES = ((False, 1), (False, 4), (True, 1))
+
+
+def scenario_captured(rank, out):
+    """Replicated tensor-core arrays' Trainer steps with `tuning.replicated_step_graphs` on against off: the
+    all-reduce in one bucket and in 4 ranges, and the split optimizer (reduce-scatter, Adam on the slice,
+    all-gather). Each step's loss is read on the host, as a loop that prints it does. On CUDA over NCCL the steps
+    are captured with their collectives and replayed; over gloo they run op by op either way."""
+    import tinn
+    import tinn.distributed as td
+    from tinn import settings
+    from tinn.networks import NetworkArray
+    from tinn.trainer import Trainer
+
+    base = settings.installed().replace(kernels="tensor_cores", precision="float16")
+    dev = tinn.runtime.device()
+    res = {}
+    for graphs in (False, True):
+        for split, pieces in CAPTURED_CASES:
+            settings.install(base.replace(replicated_step_graphs=graphs, reduce_pieces=pieces))
+            model = td.Replicated(NetworkArray(2, 3, NETWORK, n_networks=N_NETWORKS, seed=3), optimizer_split=split)
+            trainer = Trainer(model, optimizer={"otype": "Adam", "learning_rate": 1e-2})
+            losses = []
+            for step in range(CAPTURED_STEPS):
+                size = CAPTURED_SIZES[rank][step >= CAPTURED_SWITCH]
+                x, ids, t, _ = (v.to(dev) for v in batch(rank, 60 + step, size=size))
+                losses.append(float(trainer.training_step(x, t, ids)))
+            graph_steps = trainer._step_graphs
+            res[(graphs, split, pieces)] = {
+                "losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+                "status": trainer.step_graph_status, "replays": 0 if graph_steps is None else graph_steps.replays,
+                "captures": [] if graph_steps is None else list(graph_steps.captures)}
+    settings.install(base)
+    torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
+
+
 SPLIT_ADAM = {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 1e-4, "non_matrix_learning_rate_factor": 0.5}
 SPLIT_SGD = {"otype": "SGD", "learning_rate": 0.1}
 # (model, optimizer, reduce dtype) of the split scenario; each is trained with the split on and off.

@@ -328,6 +328,47 @@ def _check_pieces(runs, rtol: float = 1e-6, atol: float = 1e-8):
                 torch.testing.assert_close(runs[1][key]["grads"][n], g, rtol=0, atol=0, msg=f"{key} {n}")
 
 
+def _check_captured(runs, captured: bool, rtol: float, atol: float):
+    """Each case's steps with `tuning.replicated_step_graphs` on against off: the same losses and tables; `captured`:
+    on CUDA over NCCL, each shape captured at its second step and every later step of it replayed."""
+    for rank, res in enumerate(runs):
+        for split, pieces in W.CAPTURED_CASES:
+            eager, on = res[(False, split, pieces)], res[(True, split, pieces)]
+            case = (rank, split, pieces)
+            assert eager["status"] == "steps issued op by op" and eager["replays"] == 0, (case, eager["status"])
+            if captured:
+                # Steps 1 and 6 (each shape's second) are captured, and replayed there and after.
+                first, second = 1, W.CAPTURED_SWITCH + 1
+                assert on["captures"] == [first, second], (case, on["captures"], on["status"])
+                assert on["replays"] == W.CAPTURED_STEPS - 2, (case, on["replays"])
+                assert "captured" in on["status"], (case, on["status"])
+            else:
+                assert on["status"] == "steps issued op by op" and on["replays"] == 0, (case, on["status"])
+            assert on["losses"] == pytest.approx(eager["losses"], rel=rtol, abs=atol), case
+            for n, p in eager["params"].items():
+                assert p.abs().max() > 0
+                torch.testing.assert_close(on["params"][n], p, rtol=rtol, atol=atol, msg=f"{case} {n}")
+    for key in W.CAPTURED_CASES:  # every rank holds the same tables
+        for graphs in (False, True):
+            for n, p in runs[0][(graphs, *key)]["params"].items():
+                assert torch.equal(runs[1][(graphs, *key)]["params"][n], p), (graphs, key, n)
+
+
+def test_replicated_steps_with_graphs_asked_for_run_op_by_op_over_gloo(tmp_path):
+    """`tuning.replicated_step_graphs` over gloo: a CPU collective cannot be captured, so the steps run op by op
+    and train as with it off (Triton's interpreter)."""
+    _check_captured(run_ranks("captured", tmp_path, TRITON_INTERPRET=1), captured=False, rtol=0, atol=0)
+
+
+@two_gpus
+def test_replicated_steps_captured_with_their_collectives_over_nccl(tmp_path):
+    """Over NCCL, one GPU per rank: the Trainer's steps captured as CUDA graphs with their all-reduces (one bucket,
+    4 ranges) or the split optimizer's reduce-scatter and all-gather, replayed, each loss read on the host; two
+    batch shapes a rank, each rank's own: the same losses and tables as op by op."""
+    runs = run_ranks("captured", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
+    _check_captured(runs, captured=True, rtol=1e-4, atol=1e-6)
+
+
 def test_replicated_reduces_by_network_ranges_like_one_bucket(pieces_run):
     """The all-reduce of a tensor-core array's gradient cut into 4 ranges of networks, each handed over by the
     backward as it finishes them (tinn/gradient_pieces.py), gives the one bucket's gradients, losses and trained

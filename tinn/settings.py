@@ -38,6 +38,7 @@ the environment's text is converted ("true", "off", "auto", "32"); Python values
 | dense_single_network | None | a single network as dense GEMMs (torch: the CPU's BLAS, cuBLAS; `tinn/dense_mlp.py`) instead of Taichi's kernels; None = where faster: on the CPU, and on CUDA where the fused kernels do not take the network (Sine, SiLU, more than 128 features) or it has more than 64 features |
 | dense_step_graphs | None | a dense single network's training step (forward and backward) replayed from fixed buffers per batch shape as CUDA graphs (`tinn/dense_graphs.py`), one launch each instead of about twenty torch ops; None = on CUDA where a shape's buffers take at most 512 MiB; True = every shape (on the CPU the same buffers with plain calls) |
 | reduce_pieces | 1 | a `Replicated` part's gradient all-reduce cut into this many ranges of networks, each issued as soon as the tensor-core backward has finished it, so the link works under the rest of the backward (DistributedDataParallel's buckets; `tinn/distributed/piece_reduction.py`); 1 = one all-reduce after the backward, the default: with steps issued op by op the ranges' collectives measured slower (sharding guide) |
+| replicated_step_graphs | False | a data-parallel part's (`tinn.distributed.Replicated` over NCCL) Trainer steps captured as CUDA graphs with their collectives (the all-reduce, or the split optimizer's reduce-scatter and all-gather) and replayed (`tuning.step_graphs` on too); every rank captures at the same step and keeps its graph without the trial against steps op by op (`tinn/step_graphs.py`); opt-in: the sharding guide measures it |
 | step_graphs | True | the `Trainer`'s regression step (forward, loss, backward, gradient scaling, Adam) captured once per batch shape as one CUDA graph and replayed (`tinn/step_graphs.py`), where every launch of the step is a Triton kernel or a torch operation (no Taichi launch, no host sync) and the optimizer is Adam on its Triton kernel; the step's host time then is the inputs' copies and one graph launch; on CUDA (a step that cannot be captured runs op by op, `Trainer.step_graph_status` says why; False = every step op by op); on a single network in float16 or bfloat16 it also takes the tensor cores over the dense GEMMs; each captured batch shape (at most two) keeps one step's intermediate buffers in the graph's own memory pool, so where memory is tight, False |
 | vendor_weight_gradients | True | a single network's weight gradients as vendor GEMMs (cuBLAS / CPU BLAS) |
 | weight_gradient_slices | 256 | split-K slices of those GEMMs on CUDA |
@@ -130,6 +131,7 @@ class Tuning(_Checked):
     dense_step_graphs: bool | None = None
     step_graphs: bool = True
     reduce_pieces: int = 1
+    replicated_step_graphs: bool = False
     vendor_weight_gradients: bool = True
     weight_gradient_slices: int = 256
     group_by_network: bool | None = None

@@ -295,11 +295,14 @@ class Trainer(LearningRateOf):
         """Whether this step may be replayed from a CUDA graph (tinn/step_graphs.py): `tuning.step_graphs` on, CUDA,
         the part contract's path with the loss taken by the model's backward."""
         # The path measured and tested: a tinn loss the model's backward takes itself (no autograd inside the
-        # step), on one process's part (a part with collectives is not captured: design notes, "Replicated steps
-        # in a graph, tried and withdrawn").
+        # step), on one process's part, or, opted in (`tuning.replicated_step_graphs`), on a part whose
+        # collectives a graph holds (a Replicated part over NCCL; a sharded part reads its exchange's header on
+        # the host).
+        collectives = getattr(self.model, "collective_calls", False)
         if (not step_graphs.StepGraphs.wanted(x.device) or not isinstance(self.loss, Loss)
-                or getattr(self.model, "collective_calls", False) or not self._uses_contract(x.shape[0])
-                or not self.model.fuses_loss()):
+                or (collectives and not (runtime.tuning().replicated_step_graphs
+                                         and self.model.graph_safe_collectives()))
+                or not self._uses_contract(x.shape[0]) or not self.model.fuses_loss()):
             return False
         if self._step_graphs is None:
             self._step_graphs = step_graphs.StepGraphs(self)

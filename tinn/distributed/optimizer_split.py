@@ -276,6 +276,23 @@ class SplitOptimizer(Optimizer):
         super().zero_grad()
         self.split.has_grad = False
 
+    # ---- a step captured as a CUDA graph (tinn/step_graphs.py): the wrapped optimizer's, the all-gather with it
+    def graph_key(self, device):
+        inner = self.inner.graph_key(device)
+        return None if inner is None else (self, inner)
+
+    def begin_capture(self, device) -> None:
+        self.inner.begin_capture(device)
+
+    def end_capture(self) -> None:
+        self.inner.end_capture()
+
+    def load_graph_counts(self) -> None:
+        self.inner.load_graph_counts()
+
+    def host_counts(self) -> dict:
+        return {**super().host_counts(), **self.inner.host_counts()}
+
     def settle(self) -> None:
         self.inner.settle()
 
