@@ -278,9 +278,11 @@ def scenario_pieces(rank, out):
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 
 
-# Steps of the captured scenario's Trainers; each rank's batch size changes at CAPTURED_SWITCH (a second shape, its
-# own capture) and differs from the other rank's (each rank captures its own shapes, at the same steps).
-CAPTURED_STEPS, CAPTURED_SWITCH = 9, 5
+# Steps of the captured scenario's Trainers: on CUDA over NCCL a step op by op, the capture, the step graphs' trial
+# (1 + TRIAL_STEPS op by op, as many replayed), replays. Each rank's batch size changes at CAPTURED_SWITCH (a second
+# shape: a step op by op, its capture) and differs from the other rank's (each rank captures its own shapes, at the
+# same steps).
+CAPTURED_STEPS, CAPTURED_SWITCH = 16, 14
 CAPTURED_SIZES = ((BATCH, BATCH // 2), (BATCH - 7, BATCH + 5))  # [rank][before, after the switch]
 # (optimizer split, reduce_pieces) of the captured scenario.
 CAPTURED_CASES = ((False, 1), (False, 4), (True, 1))
@@ -314,7 +316,8 @@ def scenario_captured(rank, out):
             res[(graphs, split, pieces)] = {
                 "losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "status": trainer.step_graph_status, "replays": 0 if graph_steps is None else graph_steps.replays,
-                "captures": [] if graph_steps is None else list(graph_steps.captures)}
+                "captures": [] if graph_steps is None else list(graph_steps.captures),
+                "eager_shapes": {} if graph_steps is None else dict(graph_steps.eager_shapes)}
     settings.install(base)
     torch.save(_on_host(res), os.path.join(out, f"rank{rank}.pt"))
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tinn
+from tinn import step_graphs
 
 import distributed_worker as W  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -337,11 +338,16 @@ def _check_captured(runs, captured: bool, rtol: float, atol: float):
             case = (rank, split, pieces)
             assert eager["status"] == "steps issued op by op" and eager["replays"] == 0, (case, eager["status"])
             if captured:
-                # Steps 1 and 6 (each shape's second) are captured, and replayed there and after.
-                first, second = 1, W.CAPTURED_SWITCH + 1
-                assert on["captures"] == [first, second], (case, on["captures"], on["status"])
-                assert on["replays"] == W.CAPTURED_STEPS - 2, (case, on["replays"])
-                assert "captured" in on["status"], (case, on["status"])
+                # Each shape's second step is captured (the trainer's step count after it: 2, then the switch + 2).
+                # The first shape's trial keeps its graph on both ranks (these steps are bound by the host): its
+                # capture's replay, TRIAL_STEPS + 1 timed replays and the two steps after the decision; then the
+                # second shape's capture.
+                assert on["captures"] == [2, W.CAPTURED_SWITCH + 2], (case, on["captures"], on["status"])
+                assert not on["eager_shapes"], (case, on["eager_shapes"])
+                trial = 1 + step_graphs.TRIAL_STEPS
+                after = W.CAPTURED_SWITCH - 2 - 2 * trial
+                assert on["replays"] == 1 + trial + after + 1, (case, on["replays"])
+                assert on["status"] == "captured 2 time(s)", (case, on["status"])
             else:
                 assert on["status"] == "steps issued op by op" and on["replays"] == 0, (case, on["status"])
             assert on["losses"] == pytest.approx(eager["losses"], rel=rtol, abs=atol), case
@@ -363,8 +369,9 @@ def test_replicated_steps_with_graphs_asked_for_run_op_by_op_over_gloo(tmp_path)
 @two_gpus
 def test_replicated_steps_captured_with_their_collectives_over_nccl(tmp_path):
     """Over NCCL, one GPU per rank: the Trainer's steps captured as CUDA graphs with their all-reduces (one bucket,
-    4 ranges) or the split optimizer's reduce-scatter and all-gather, replayed, each loss read on the host; two
-    batch shapes a rank, each rank's own: the same losses and tables as op by op."""
+    4 ranges) or the split optimizer's reduce-scatter and all-gather, the step graphs' trial (steps op by op between
+    the capture and the replays, a decision the ranks agree on), replays, each loss read on the host; two batch
+    shapes a rank, each rank's own: the same losses and tables as op by op."""
     runs = run_ranks("captured", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
     _check_captured(runs, captured=True, rtol=1e-4, atol=1e-6)
 

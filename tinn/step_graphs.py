@@ -349,12 +349,8 @@ class StepGraphs:
         self.captures.append(trainer.step)
         self.status = f"captured {len(self.captures)} time(s)"
         # A shape's first capture is measured against op by op; a capture again during that measurement (a new
-        # learning rate) starts it over, as the capture's own step would count in the graph's run. A step with
-        # collectives keeps its graph unmeasured: each rank's own timing could decide otherwise, and steps op by
-        # op between a graph's capture and its replays, on the same NCCL communicator, were seen to fail a
-        # two-GPU test (design notes, "Replicated steps in a graph").
-        trial_allowed = not getattr(trainer.model, "collective_calls", False)
-        if trial_allowed and (shape in self.trials or shape not in self._measured):
+        # learning rate) starts it over, as the capture's own step would count in the graph's run.
+        if shape in self.trials or shape not in self._measured:
             self._measured.add(shape)
             self.trials[shape] = _Trial()
         # The capture ran the step's host side once (counts moved) and no GPU work: the first replay is this step.
