@@ -244,9 +244,10 @@ def scenario_pieces(rank, out):
     base = settings.installed().replace(kernels="tensor_cores", precision="float16")
     dev = tinn.runtime.device()
     res = {}
-    # (pieces, step graphs on or off): a part with collectives steps op by op either way (tinn/step_graphs.py).
+    # (pieces, step graphs on or off): a part with collectives steps op by op either way without
+    # `tuning.replicated_step_graphs` (the captured scenario takes it).
     for pieces, graphs in ((1, True), (4, True), (4, False)):
-        settings.install(base.replace(reduce_pieces=pieces, step_graphs=graphs))
+        settings.install(base.replace(reduce_pieces=pieces, step_graphs=graphs, replicated_step_graphs=False))
         if not graphs:
             pieces = "4 eager"
         x, ids, _, w = (v.to(dev) for v in batch(rank, 6))
