@@ -87,32 +87,30 @@ def main():
         if rank == 0:
             trainer = Trainer(build(args.networks), optimizer=adam)
             for b in sorted({batch, batch // world}):
-                x, target, ids = bs._batch(b, dims, args.networks, 1)
-                run = bs.step_loop(trainer, x, target, ids)
+                loop = bs.step_loop(trainer, *bs._batch(b, dims, args.networks, 1))
                 with checks.disabled():
-                    settle(lambda: run(1))
-                    one[b] = min(timed(run, args.reps) for _ in range(args.rounds))
-            del trainer, x, target, ids
+                    settle(lambda: loop(1))
+                    one[b] = min(timed(loop, args.reps) for _ in range(args.rounds))
+            trainer = loop = None
         bs._free()
         bs.barrier()
-        x, target, ids = bs._batch(batch // world, dims, args.networks, 2 + rank)
-        runs, rounds = {}, {v: [] for v in variants}
+        data = bs._batch(batch // world, dims, args.networks, 2 + rank)
+        trainers, loops, rounds = {}, {}, {v: [] for v in variants}
         with checks.disabled():
             for v, fields in variants.items():  # each variant's trainer, its compilation and capture before timing
                 settings.install(base.replace(**fields))
-                part = td.Replicated(build(args.networks), optimizer_split=args.split == "on")
-                trainer = Trainer(part, optimizer=adam)
-                runs[v] = (trainer, bs.step_loop(trainer, x, target, ids))
-                settle(lambda: runs[v][1](1))
+                trainers[v] = Trainer(td.Replicated(build(args.networks), optimizer_split=args.split == "on"),
+                                      optimizer=adam)
+                loops[v] = bs.step_loop(trainers[v], *data)
+                settle(lambda: loops[v](1))
             for _ in range(args.rounds):
                 for v, fields in variants.items():
                     settings.install(base.replace(**fields))
-                    run = runs[v][1]
-                    run(2)
-                    rounds[v].append(bs.max_over_ranks(timed(run, args.reps) / 1e3) * 1e3)
-        status = {v: trainer.step_graph_status for v, (trainer, _) in runs.items()}
+                    loops[v](2)
+                    rounds[v].append(bs.max_over_ranks(timed(loops[v], args.reps) / 1e3) * 1e3)
+        status = {v: t.step_graph_status for v, t in trainers.items()}
         settings.install(base)
-        del runs, part, trainer, run, x, target, ids
+        trainers = loops = data = None
         bs._free()
         one = bs.gather_objects(one)[0]
         median = {k: statistics.median(v) for k, v in rounds.items()}
