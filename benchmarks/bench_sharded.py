@@ -180,7 +180,9 @@ def scaling_model(kind: str, grid, precision: str):
     return build, (3, 4)
 
 
-def _batch(batch: int, dims, n_networks: int, seed: int):
+def synthetic_batch(batch: int, dims, n_networks: int, seed: int):
+    """(x, target, ids) of `batch` uniform samples for `n_networks` networks of `dims` (inputs, outputs) widths,
+    on tinn's device, drawn from `seed` (the scaling runs' data; the tools in benchmarks/tools time the same)."""
     import tinn
 
     dev = tinn.runtime.device()
@@ -217,7 +219,7 @@ def time_steps(trainer, batch: int, dims, n_networks: int, reps: int, seed: int,
 
     from benchmarks.common import settle
 
-    x, target, ids = _batch(batch, dims, n_networks, seed)
+    x, target, ids = synthetic_batch(batch, dims, n_networks, seed)
     run = step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
         # compile, warm caches, capture the step graph and finish its trial (every rank alike)
@@ -255,7 +257,7 @@ def kernel_table(trainer, batch: int, dims, n_networks: int, rows: int, seed: in
 
     if not torch.cuda.is_available():
         return []
-    x, target, ids = _batch(batch, dims, n_networks, seed)
+    x, target, ids = synthetic_batch(batch, dims, n_networks, seed)
     run = step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
         run(3)
@@ -283,7 +285,7 @@ def profile_steps(trainer, part, batch: int, dims, n_networks: int, steps: int, 
     from tinn import checks
     from tinn.distributed.profile import PhaseTimer
 
-    x, target, ids = _batch(batch, dims, n_networks, seed)
+    x, target, ids = synthetic_batch(batch, dims, n_networks, seed)
     run = step_loop(trainer, x, target, ids, ahead)
     timer = PhaseTimer()
     try:
@@ -313,7 +315,8 @@ def gather_objects(obj) -> list:
     return td.process.all_gather_objects(obj, "a benchmark gather")
 
 
-def _free():
+def free_memory():
+    """Drop what the previous run left: Python's garbage, then the CUDA caching allocator's free blocks."""
     import gc
 
     gc.collect()
@@ -334,7 +337,7 @@ def exchange_accuracy(args, build, n_networks: int, batch: int, dims, chunks: in
     """Outputs and table gradients (an L2 loss's) of one batch through a sharded part exchanging in
     `exchange_dtype`, against the float32 exchange's with the same networks: max |difference| over max |value|
     of the outputs, and the relative L2 norm of each gradient's difference (max over ranks)."""
-    x, target, ids = _batch(batch, dims, n_networks, seed=11 + td.rank())
+    x, target, ids = synthetic_batch(batch, dims, n_networks, seed=11 + td.rank())
     results = []
     for dtype in ("float32", exchange_dtype):
         part = distributed_part("sharded", build, n_networks, chunks, None, args.exchange_kernels,
@@ -348,7 +351,7 @@ def exchange_accuracy(args, build, n_networks: int, batch: int, dims, chunks: in
     out = {"outputs_max_rel": float((y16 - y32).abs().max() / y32.abs().max().clamp_min(1e-30))}
     out["gradients_rel_l2"] = [float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(g16, g32)]
     everyone = gather_objects(out)
-    _free()
+    free_memory()
     return {"outputs_max_rel": max(o["outputs_max_rel"] for o in everyone),
             "gradients_rel_l2": [max(v) for v in zip(*[o["gradients_rel_l2"] for o in everyone])]}
 
@@ -376,7 +379,7 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
                 t1_cache[key + ("kernels",)] = kernel_table(trainer1, batch, dims, n, args.kernel_profile, seed=1)
                 print_kernels(f"{kind} {precision}, one GPU", t1_cache[key + ("kernels",)])
             del single, trainer1
-            _free()
+            free_memory()
         barrier()
         t1_cache[key] = max_over_ranks(t1 or 0.0)
     t1 = t1_cache[key]
@@ -402,7 +405,7 @@ def scaling(args, kind: str, grid, precision: str, t1_cache: dict, strategy: str
                      "params_per_rank": sum(p.numel() for p in part.parameters()),
                      "split": isinstance(trainer.optimizer, SplitOptimizer)}
         del part, trainer
-        _free()
+        free_memory()
     t_strong, t_weak = runs["strong"]["step_ms"] / 1e3, runs["weak"]["step_ms"] / 1e3
     replicated = strategy == "replicated"
     split = replicated and runs["strong"]["split"]

@@ -301,7 +301,7 @@ class Trainer(LearningRateOf):
         collectives = getattr(self.model, "collective_calls", False)
         if (not step_graphs.StepGraphs.wanted(x.device) or not isinstance(self.loss, Loss)
                 or (collectives and not (runtime.tuning().replicated_step_graphs
-                                         and self.model.graph_safe_collectives()))
+                                         and getattr(self.model, "graph_safe_collectives", bool)()))
                 or not self._uses_contract(x.shape[0]) or not self.model.fuses_loss()):
             return False
         if self._step_graphs is None:

@@ -87,14 +87,14 @@ def main():
         if rank == 0:
             trainer = Trainer(build(args.networks), optimizer=adam)
             for b in sorted({batch, batch // world}):
-                loop = bs.step_loop(trainer, *bs._batch(b, dims, args.networks, 1))
+                loop = bs.step_loop(trainer, *bs.synthetic_batch(b, dims, args.networks, 1))
                 with checks.disabled():
                     settle(lambda: loop(1))
                     one[b] = min(timed(loop, args.reps) for _ in range(args.rounds))
             trainer = loop = None
-        bs._free()
+        bs.free_memory()
         bs.barrier()
-        data = bs._batch(batch // world, dims, args.networks, 2 + rank)
+        data = bs.synthetic_batch(batch // world, dims, args.networks, 2 + rank)
         trainers, loops, rounds = {}, {}, {v: [] for v in variants}
         with checks.disabled():
             for v, fields in variants.items():  # each variant's trainer, its compilation and capture before timing
@@ -111,7 +111,7 @@ def main():
         status = {v: t.step_graph_status for v, t in trainers.items()}
         settings.install(base)
         trainers = loops = data = None
-        bs._free()
+        bs.free_memory()
         one = bs.gather_objects(one)[0]
         median = {k: statistics.median(v) for k, v in rounds.items()}
         results.append({"batch": batch, "one_gpu_ms": one[batch], "one_gpu_half_ms": one[batch // world],

@@ -91,7 +91,7 @@ def measure(trainer, dims, per_rank: int, n: int, seed: int, ahead: bool, steps:
     from tinn import checks
     from benchmarks.common import settle
 
-    x, target, ids = bs._batch(per_rank, dims, n, seed)
+    x, target, ids = bs.synthetic_batch(per_rank, dims, n, seed)
     run = bs.step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
         settle(lambda: run(1))
@@ -169,7 +169,7 @@ def main():
             result = measure(trainer, dims, args.batch // world, args.networks, 2 + rank,
                              variant == "sharded_ahead", args.steps, args.reps, path, args.host_profile)
             del part, trainer
-        bs._free()
+        bs.free_memory()
         rows[variant] = bs.gather_objects(result)
     if rank == 0:
         with open(os.path.join(args.out, "summary.json"), "w") as f:
