@@ -25,8 +25,10 @@ capture runs, the host counts are put back, and that trainer then steps eagerly 
 So are steps that read the device on the host (CUDA refuses the capture). CUDA only.
 
 On by default on CUDA (`tuning.step_graphs`), and taken only on the path measured and tested: a tinn loss that the
-model's backward takes itself, on one process's part (no collectives), with Adam on its Triton kernel
-(`Trainer._graphs_apply`, `Optimizer.graph_key`). A capture is its thread's alone: other
+model's backward takes itself, on one process's part (no collectives) or, opted in (`tuning.replicated_step_graphs`),
+on a `Replicated` part over NCCL, whose collectives the graph holds (each rank's trial decides for itself: a replay
+issues the same collectives as a step op by op), with Adam on its Triton kernel (`Trainer._graphs_apply`,
+`Optimizer.graph_key`). A capture is its thread's alone: other
 threads (a viewer rendering beside the trainer) launch and cache as usual (design notes, "A training step replayed
 as one CUDA graph").
 
