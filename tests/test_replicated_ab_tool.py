@@ -2,25 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tool_ranks import run_tool  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _run(tmp_path, *args, timeout=300):
-    env = dict(os.environ, TINN_ARCH="cpu", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "benchmarks.tools.replicated_ab", "--out", str(tmp_path / "ab.json"), *args]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return run_tool("benchmarks.tools.replicated_ab", "--out", str(tmp_path / "ab.json"), *args, timeout=timeout)
 
 
 @pytest.mark.slow

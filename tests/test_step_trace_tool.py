@@ -2,16 +2,13 @@
 on the compute stream the gaps where the device waited for the host told apart from the others), and runs its
 variants over two ranks."""
 import json
-import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from benchmarks.tools.sharded_step_trace import summarise
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tool_ranks import ROOT, run_tool  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _kernel(stream, ts, dur, correlation, name="k"):
@@ -54,15 +51,9 @@ def test_an_empty_timeline_has_no_streams():
 def test_the_tool_runs_every_kind_of_variant_over_two_ranks(tmp_path):
     """Two CPU ranks (gloo), the tensor-core arrays under Triton's interpreter: one GPU's step, a sharded step routed
     ahead and a replicated one with its split optimizer, each rank's summary, trace and host profile written."""
-    env = dict(os.environ, TINN_ARCH="cpu", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "benchmarks.tools.sharded_step_trace", "--out", str(tmp_path), "--batch", "512", "--networks", "4",
-           "--reps", "1", "--steps", "1", "--host-profile", "1", "--variants", "one,sharded_ahead,replicated_split"]
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_tool("benchmarks.tools.sharded_step_trace", "--out", str(tmp_path), "--batch", "512", "--networks",
+                    "4", "--reps", "1", "--steps", "1", "--host-profile", "1", "--variants",
+                    "one,sharded_ahead,replicated_split")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.load(open(tmp_path / "summary.json"))
     assert list(rows) == ["one", "sharded_ahead", "replicated_split"]
