@@ -28,9 +28,8 @@ On by default on CUDA (`tuning.step_graphs`), and taken only on the path measure
 model's backward takes itself, on one process's part (no collectives) or, opted in (`tuning.replicated_step_graphs`),
 on a `Replicated` part over NCCL, whose collectives the graph holds (each rank's trial decides for itself: a replay
 issues the same collectives as a step op by op), with Adam on its Triton kernel (`Trainer._graphs_apply`,
-`Optimizer.graph_key`). A capture is its thread's alone: other
-threads (a viewer rendering beside the trainer) launch and cache as usual (design notes, "A training step replayed
-as one CUDA graph").
+`Optimizer.graph_key`). A capture is its thread's alone: other threads (a viewer rendering beside the trainer)
+launch and cache as usual (design notes, "A training step replayed as one CUDA graph").
 
 Kept where it measures faster: after a shape's first capture, a few steps op by op and a few replays are timed
 (`_Trial`), and a shape whose steps ran faster op by op releases its graph and steps op by op from then on (a step

@@ -164,13 +164,13 @@ class _Collective(Part):
     gradient), and the call number that catches ranks out of step."""
 
     collective_calls = True  # every rank must make every call (renderers call even with no samples)
+    #: A PhaseTimer (tinn/distributed/profile.py) that the part marks its phases on, None for no profiling.
+    profiler = None
 
     def graph_safe_collectives(self) -> bool:
         """Whether a CUDA graph can hold a training step through this part (tinn/step_graphs.py): its collectives
         are captured with the step and nothing in it reads the device on the host. No by default."""
         return False
-    #: A PhaseTimer (tinn/distributed/profile.py) that the part marks its phases on, None for no profiling.
-    profiler = None
 
     def _init_group(self, group, gradients: str):
         # The caller's group as given: None (the world) is looked up at each use rather than held, so a part still
@@ -753,9 +753,9 @@ class Replicated(_Collective):
 
     def graph_safe_collectives(self) -> bool:
         """Over NCCL, yes: its collectives (the all-reduce, or the split optimizer's reduce-scatter and
-        all-gather) are NCCL kernels a CUDA graph captures, every rank captures the same step and replays the
-        same collectives in the same order, and nothing in its step reads the device on the host. Not over gloo
-        (CPU collectives)."""
+        all-gather) are NCCL kernels a CUDA graph captures, a replay issues the same collectives in the same order
+        as a step op by op (ranks may replay or step op by op, each as its own trial decides), and nothing in its
+        step reads the device on the host. Not over gloo (CPU collectives)."""
         return self.collective_device.type == "cuda" and torch.distributed.get_backend(self.group) == "nccl"
 
     def check_parameter_tables(self) -> None:
