@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import tinn.distributed as td
 from benchmarks import bench_sharded as bs
@@ -39,16 +38,6 @@ def _variants(text: str) -> dict[str, dict]:
         settings.installed().replace(**fields)
         out[item.strip()] = fields
     return out
-
-
-def timed(run, reps: int) -> float:
-    """ms per step of `reps` steps issued back to back, between two syncs."""
-    import tinn
-    tinn.runtime.sync()
-    t0 = time.perf_counter()
-    run(reps)
-    tinn.runtime.sync()
-    return 1e3 * (time.perf_counter() - t0) / reps
 
 
 def main():
@@ -75,7 +64,7 @@ def main():
     from tinn import checks, settings
     from tinn.trainer import Trainer
 
-    from benchmarks.common import settle
+    from benchmarks.common import settle, time_pipelined_blocks
 
     world, rank = td.world_size(), td.rank()
     build, dims = bs.scaling_model(args.model, bs.SCALING_GRID, "float16")
@@ -90,7 +79,7 @@ def main():
                 loop = bs.step_loop(trainer, *bs.synthetic_batch(b, dims, args.networks, 1))
                 with checks.disabled():
                     settle(lambda: loop(1))
-                    one[b] = min(timed(loop, args.reps) for _ in range(args.rounds))
+                    one[b] = 1e3 * min(time_pipelined_blocks(lambda: loop(1), 0, args.reps, args.rounds))
             trainer = loop = None
         bs.free_memory()
         bs.barrier()
@@ -106,8 +95,8 @@ def main():
             for _ in range(args.rounds):
                 for v, fields in variants.items():
                     settings.install(base.replace(**fields))
-                    loops[v](2)
-                    rounds[v].append(bs.max_over_ranks(timed(loops[v], args.reps) / 1e3) * 1e3)
+                    (seconds,) = time_pipelined_blocks(lambda: loops[v](1), 2, args.reps, 1)
+                    rounds[v].append(1e3 * bs.max_over_ranks(seconds))
         status = {v: t.step_graph_status for v, t in trainers.items()}
         settings.install(base)
         trainers = loops = data = None

@@ -89,18 +89,13 @@ def measure(trainer, dims, per_rank: int, n: int, seed: int, ahead: bool, steps:
             host_profile: int = 0) -> dict:
     import tinn
     from tinn import checks
-    from benchmarks.common import settle
+    from benchmarks.common import settle, time_pipelined_blocks
 
     x, target, ids = bs.synthetic_batch(per_rank, dims, n, seed)
     run = bs.step_loop(trainer, x, target, ids, ahead)
     with checks.disabled():
         settle(lambda: run(1))
-        run(3)
-        tinn.runtime.sync()
-        t0 = time.perf_counter()
-        run(reps)
-        tinn.runtime.sync()
-        wall = (time.perf_counter() - t0) / reps
+        (wall,) = time_pipelined_blocks(lambda: run(1), 3, reps, 1)
         # Host issue time: steps enqueued right after a sync (the device catches up only at a header read).
         t0 = time.perf_counter()
         run(4)
