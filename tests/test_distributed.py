@@ -370,8 +370,8 @@ def test_replicated_steps_with_graphs_asked_for_run_op_by_op_over_gloo(tmp_path)
 def test_replicated_steps_captured_with_their_collectives_over_nccl(tmp_path):
     """Over NCCL, one GPU per rank: the Trainer's steps captured as CUDA graphs with their all-reduces (one bucket,
     4 ranges) or the split optimizer's reduce-scatter and all-gather, the step graphs' trial (steps op by op between
-    the capture and the replays, a decision the ranks agree on), replays, each loss read on the host; two batch
-    shapes a rank, each rank's own: the same losses and tables as op by op."""
+    the capture and the replays, each rank deciding by its own timing), replays, each loss read on the host; two
+    batch shapes a rank, each rank's own: the same losses and tables as op by op."""
     runs = run_ranks("captured", tmp_path, TINN_ARCH="cuda", TRITON_INTERPRET=0, NCCL_NVLS_ENABLE=0)
     _check_captured(runs, captured=True, rtol=1e-4, atol=1e-6)
 
