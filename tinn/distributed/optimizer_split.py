@@ -31,19 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from .. import checks, gradient_scaling
+from .. import checks
 from ..config import Section
 from ..errors import CheckpointError, ConfigError, InputError
 from ..optimizers.base import Optimizer, is_matrix_param, rows_of
 from ..optimizers.registry import DEFAULT_OPTIMIZER, OPTIMIZERS, create_optimizer
-from .process import agree_on_overflow, all_gather_objects, collective
+from .process import agree_on_overflow, all_gather_flat, all_gather_objects, collective, reduce_scatter_flat
 from .profile import mark
-
-# torch renamed the flat collectives (the old names warn); either takes (output, input, ..., group=...).
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 #: `Replicated(optimizer_split=...)`: "auto" splits where the optimizer allows it, True insists, False never.
 SPLIT_CHOICES = ("auto", True, False)
@@ -168,7 +163,7 @@ class FlatSplit:
         direct = dtype == torch.float32 and not self.has_grad and self.grad.device == self.collective_device
         out = self.grad if direct else torch.empty(self.slice_len, dtype=dtype, device=self.collective_device)
         with collective(what, self.group):
-            _reduce_scatter(out, bucket, group=self.group)
+            reduce_scatter_flat(out, bucket, group=self.group)
         if direct:
             if post != 1.0:
                 out.mul_(post)
@@ -195,7 +190,7 @@ class FlatSplit:
         if self._in_place():
             flat = self.tables[0].detach().view(-1)
             with collective(what, self.group):
-                _all_gather(flat, flat[self.lo:self.hi], group=self.group)
+                all_gather_flat(flat, flat[self.lo:self.hi], group=self.group)
             return
         full = self.all_gather(self.gather_slice([p.view for p in self.pieces], torch.float32), what)
         with torch.no_grad():
@@ -215,7 +210,7 @@ class FlatSplit:
         """Every rank's (slice_len,) `local` end to end: the padded flat vector, on the collective device."""
         full = torch.empty(self.padded, dtype=local.dtype, device=self.collective_device)
         with collective(what, self.group):
-            _all_gather(full, local, group=self.group)
+            all_gather_flat(full, local, group=self.group)
         return full
 
 

@@ -24,6 +24,11 @@ from ..errors import ConfigError, DistributedError
 BACKENDS = ("nccl", "gloo")
 
 
+# torch renamed the flat collectives (the old names warn); either takes (output, input, ..., group=...).
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _pin_local_gpu(local_rank: int) -> None:
     """Leave this process one GPU, the LOCAL_RANK-th of those it was given (torchrun gives every rank all)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
