@@ -14,36 +14,22 @@ prints the medians and writes them, with the NCCL environment of the run, as JSO
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.common import gpu_ms, time_fn, write_json
 from tinn.distributed.process import all_gather_flat, reduce_scatter_flat
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _time_ms(fn, reps: int, device: torch.device, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
+def _median_ms(fn, reps: int, device: torch.device) -> float:
+    """fn's median time: between CUDA events on a GPU, synced wall time on the CPU (gloo)."""
+    if device.type == "cuda":
+        return gpu_ms(fn, reps)
+    return 1e3 * time_fn(fn, warmup=3, reps=reps)
 
 
 def check_results(per_rank: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -81,7 +67,7 @@ def measure(n_bytes: float, dtype: torch.dtype, reps: int, device: torch.device)
     rows = []
     for name, (fn, factor) in ops.items():
         dist.barrier()
-        ms = statistics.median(_time_ms(fn, reps, device))
+        ms = _median_ms(fn, reps, device)
         buffer = full.numel() * itemsize
         rows.append({"op": name, "dtype": str(dtype).removeprefix("torch."), "buffer_bytes": buffer, "ms": ms,
                      "bus_gb_s": buffer * factor / (ms * 1e-3) / 1e9})
@@ -125,9 +111,7 @@ def main():
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
         payload = {"label": label, "backend": dist.get_backend(), "nccl_env": env,
                    "world_size": dist.get_world_size(), "nccl_version": nccl, "rows": rows}
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(payload, f, indent=1)
+        write_json(args.out, payload)
     dist.destroy_process_group()
 
 

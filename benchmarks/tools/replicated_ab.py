@@ -16,8 +16,6 @@ each. Rank 0 prints the medians and writes them, with every round's time, as JSO
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 
 import tinn.distributed as td
@@ -64,7 +62,7 @@ def main():
     from tinn import checks, settings
     from tinn.trainer import Trainer
 
-    from benchmarks.common import settle, time_pipelined_blocks
+    from benchmarks.common import settle, time_pipelined_blocks, write_json
 
     world, rank = td.world_size(), td.rank()
     build, dims = bs.scaling_model(args.model, bs.SCALING_GRID, "float16")
@@ -110,9 +108,7 @@ def main():
     if rank == 0:
         record = {"world": world, "model": args.model, "networks": args.networks, "split": args.split == "on",
                   "rounds": args.rounds, "reps": args.reps, "results": results}
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+        write_json(args.out, record)
         width = max(len("variant"), *(len(v) for v in variants))
         print(f"{'global batch':>13}{'1 GPU ms':>10}  {'variant':<{width}}{'2 GPUs ms':>11}{'strong':>8}"
               f"{'same array':>12}  rounds ms")

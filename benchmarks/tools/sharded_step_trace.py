@@ -22,6 +22,7 @@ import time
 
 import tinn.distributed as td
 from benchmarks import bench_sharded as bs
+from benchmarks.common import write_json
 
 
 VARIANTS = ("one", "sharded", "sharded_ahead", "replicated", "replicated_split", "replicated_bf16")
@@ -167,8 +168,7 @@ def main():
         bs.free_memory()
         rows[variant] = bs.gather_objects(result)
     if rank == 0:
-        with open(os.path.join(args.out, "summary.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+        write_json(os.path.join(args.out, "summary.json"), rows)
         print(f"{'variant':<18}{'rank':>5}{'wall':>8}{'issue':>8}{'span':>8}{'host gap':>10}{'other gap':>10}"
               "  busy per stream (ms a step)")
         for variant, per_rank in rows.items():
